@@ -1,0 +1,5 @@
+//! One module per command group.
+
+pub mod input;
+pub mod models;
+pub mod tokens;

@@ -1,0 +1,70 @@
+//! Reading command input: a named file or standard input, as UTF-8 text or JSON, with errors
+//! that say where the input came from and what was wrong with it.
+
+use std::io::Read;
+use std::path::Path;
+
+use anyhow::{Context, Result, anyhow};
+
+/// Where an input came from, for error messages.
+pub fn describe(path: Option<&Path>) -> String {
+    match path {
+        Some(path) => path.display().to_string(),
+        None => "standard input".to_owned(),
+    }
+}
+
+/// Reads `path`, or standard input when `path` is `None` or `-`, as raw bytes.
+pub fn read_bytes(path: Option<&Path>) -> Result<Vec<u8>> {
+    let path = path.filter(|p| p.as_os_str() != "-");
+    let mut bytes = Vec::new();
+    match path {
+        Some(path) => {
+            bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?
+        }
+        None => {
+            std::io::stdin()
+                .read_to_end(&mut bytes)
+                .context("cannot read standard input")?;
+        }
+    }
+    Ok(bytes)
+}
+
+/// Reads `path` (or standard input) as UTF-8 text; invalid UTF-8 is an error naming the byte
+/// offset, line and column of the first bad byte.
+pub fn read_text(path: Option<&Path>) -> Result<String> {
+    let bytes = read_bytes(path)?;
+    String::from_utf8(bytes).map_err(|error| {
+        let offset = error.utf8_error().valid_up_to();
+        let valid = &error.as_bytes()[..offset];
+        let line = valid.iter().filter(|&&b| b == b'\n').count() + 1;
+        let column = offset - valid.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1) + 1;
+        anyhow!(
+            "{}: not valid UTF-8 at byte {offset} (line {line}, column {column})",
+            describe(path)
+        )
+    })
+}
+
+/// Reads `path` (or standard input) as JSON and deserializes it; a syntax or shape error
+/// names the line and column.
+pub fn read_json<T: serde::de::DeserializeOwned>(path: Option<&Path>) -> Result<T> {
+    let text = read_text(path)?;
+    serde_json::from_str(&text).map_err(|error| {
+        anyhow!(
+            "{}: invalid JSON at line {}, column {}: {}",
+            describe(path),
+            error.line(),
+            error.column(),
+            strip_position(&error.to_string())
+        )
+    })
+}
+
+/// serde_json appends " at line L column C" to its messages; we print the position our way.
+fn strip_position(message: &str) -> &str {
+    message
+        .rfind(" at line ")
+        .map_or(message, |index| &message[..index])
+}

@@ -1,0 +1,42 @@
+//! The `contexture` command line: argument parsing and printing only. Every command is a
+//! thin shell over a library call, so everything the CLI does is also a library feature.
+
+mod commands;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Contexture: the context engine for LLM agents and workflows.
+#[derive(Debug, Parser)]
+#[command(name = "contexture", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Count tokens of a text or of a chat request.
+    #[command(subcommand)]
+    Tokens(commands::tokens::TokensCommand),
+    /// List and show models of the registry.
+    #[command(subcommand)]
+    Models(commands::models::ModelsCommand),
+    // Later commands register here, one line each.
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Tokens(command) => commands::tokens::run(command),
+        Command::Models(command) => commands::models::run(command),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! Provider wire formats (PRODUCT.md F1): lossless import and export of OpenAI chat and Anthropic messages.

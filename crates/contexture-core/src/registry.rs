@@ -1,0 +1,1 @@
+//! Model registry (PRODUCT.md F3): window and output limits per model, longest-prefix match.

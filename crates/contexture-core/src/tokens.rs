@@ -1,0 +1,417 @@
+//! Token counting (PRODUCT.md F2).
+//!
+//! Exact BPE counts for OpenAI's `cl100k_base` and `o200k_base` encodings come from
+//! `bpe-openai`, whose encoding tables are compiled into the binary: nothing is read from
+//! disk or the network at run time.
+//!
+//! A whole chat request is counted by OpenAI's published recipe: every message costs
+//! [`TOKENS_PER_MESSAGE`] plus the tokens of its role and of each field's value, a `name`
+//! costs [`TOKENS_PER_NAME`] more, and the reply is primed with [`REPLY_PRIMING`] tokens.
+//! Tool schemas are counted by the recipe's function-definition rules ([`tools_tokens`]).
+//!
+//! A message's count is computed once per encoding and cached inside the [`Message`]; budget
+//! and fitting code reads the cache and never tokenizes a message twice.
+//!
+//! Models of other families have no public tokenizer we can ship exactly. They are counted
+//! with a [`TokenCounter::Estimate`]: an OpenAI encoding's exact count scaled by a ratio and
+//! rounded up. The built-in ratios (see the model registry) are deliberately on the high side
+//! so that a fitted request is rarely over the real window; a configured ratio can replace
+//! them.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::message::{Content, Message, Part};
+
+/// Tokens every message costs beyond its fields' values (OpenAI's chat recipe).
+pub const TOKENS_PER_MESSAGE: u32 = 3;
+/// Extra tokens a message's `name` field costs (OpenAI's chat recipe).
+pub const TOKENS_PER_NAME: u32 = 1;
+/// Tokens that prime the assistant's reply, counted once per request (OpenAI's chat recipe).
+pub const REPLY_PRIMING: u32 = 3;
+/// Tokens each tool call in an assistant turn costs beyond its name and arguments. OpenAI
+/// publishes no figure; this is an estimate on the safe side.
+pub const TOKENS_PER_TOOL_CALL: u32 = 4;
+/// Tokens counted for an image with `detail: low`: OpenAI's fixed cost.
+pub const IMAGE_TOKENS_LOW: u32 = 85;
+/// Tokens counted for an image of unknown size at `high` or `auto` detail: OpenAI's cost of a
+/// 1024x1024 image (4 tiles x 170 + 85). The size of a referenced image is not known without
+/// fetching it, which the core never does.
+pub const IMAGE_TOKENS_DEFAULT: u32 = 765;
+
+/// An exact BPE encoding shipped inside the binary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Encoding {
+    /// `cl100k_base`: GPT-4, GPT-3.5-turbo, text-embedding-3.
+    #[serde(rename = "cl100k_base")]
+    Cl100kBase,
+    /// `o200k_base`: GPT-4o, GPT-4.1, o-series, GPT-5.
+    #[serde(rename = "o200k_base")]
+    O200kBase,
+}
+
+/// An encoding name that is not one of the shipped encodings.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown encoding `{name}` (known encodings: cl100k_base, o200k_base)")]
+pub struct UnknownEncoding {
+    /// The name that was asked for.
+    pub name: String,
+}
+
+impl Encoding {
+    /// How many encodings exist (the size of a message's token cache).
+    pub const COUNT: usize = 2;
+    /// Every encoding.
+    pub const ALL: [Encoding; Encoding::COUNT] = [Encoding::Cl100kBase, Encoding::O200kBase];
+
+    /// The encoding's tiktoken name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Encoding::Cl100kBase => "cl100k_base",
+            Encoding::O200kBase => "o200k_base",
+        }
+    }
+
+    /// Looks an encoding up by its tiktoken name.
+    pub fn from_name(name: &str) -> Result<Encoding, UnknownEncoding> {
+        Encoding::ALL
+            .into_iter()
+            .find(|encoding| encoding.name() == name)
+            .ok_or_else(|| UnknownEncoding {
+                name: name.to_owned(),
+            })
+    }
+
+    pub(crate) fn index(self) -> usize {
+        match self {
+            Encoding::Cl100kBase => 0,
+            Encoding::O200kBase => 1,
+        }
+    }
+
+    fn tokenizer(self) -> &'static bpe_openai::Tokenizer {
+        match self {
+            Encoding::Cl100kBase => bpe_openai::cl100k_base(),
+            Encoding::O200kBase => bpe_openai::o200k_base(),
+        }
+    }
+
+    /// The exact number of tokens `text` encodes to.
+    pub fn count(self, text: &str) -> usize {
+        if text.is_empty() {
+            return 0;
+        }
+        self.tokenizer().count(text)
+    }
+
+    /// The token ids of `text` (used where text must be cut at a token boundary).
+    pub fn encode(self, text: &str) -> Vec<u32> {
+        self.tokenizer().encode(text)
+    }
+}
+
+impl std::fmt::Display for Encoding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Encoding {
+    type Err = UnknownEncoding;
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        Encoding::from_name(name)
+    }
+}
+
+/// How a model's tokens are counted.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum TokenCounter {
+    /// Exact counts with the model's own encoding.
+    Exact {
+        /// The model's encoding.
+        encoding: Encoding,
+    },
+    /// An estimate for a model whose tokenizer is not shipped: the exact count under
+    /// `encoding`, multiplied by `ratio` and rounded up.
+    Estimate {
+        /// The encoding whose counts are scaled.
+        encoding: Encoding,
+        /// The scale factor (for example 1.15 when the model's tokenizer produces about 15%
+        /// more tokens than `encoding` on typical text).
+        ratio: f64,
+    },
+}
+
+impl TokenCounter {
+    /// An exact counter for `encoding`.
+    pub const fn exact(encoding: Encoding) -> TokenCounter {
+        TokenCounter::Exact { encoding }
+    }
+
+    /// The encoding whose exact counts this counter starts from (and which the message cache
+    /// is keyed by).
+    pub fn encoding(&self) -> Encoding {
+        match *self {
+            TokenCounter::Exact { encoding } | TokenCounter::Estimate { encoding, .. } => encoding,
+        }
+    }
+
+    /// True when counts are exact.
+    pub fn is_exact(&self) -> bool {
+        matches!(self, TokenCounter::Exact { .. })
+    }
+
+    /// Converts an exact count under [`TokenCounter::encoding`] into this counter's count.
+    pub fn scale(&self, base: u32) -> u32 {
+        match *self {
+            TokenCounter::Exact { .. } => base,
+            TokenCounter::Estimate { ratio, .. } => (f64::from(base) * ratio).ceil() as u32,
+        }
+    }
+
+    /// The tokens of a plain text.
+    pub fn count_text(&self, text: &str) -> u32 {
+        self.scale(saturating_u32(self.encoding().count(text)))
+    }
+
+    /// The tokens one message costs in a request, by the chat recipe (cached per encoding).
+    pub fn count_message(&self, message: &Message) -> u32 {
+        self.scale(message_tokens(message, self.encoding()))
+    }
+
+    /// The tokens of a whole request: every message, the reply priming and the tool schemas.
+    pub fn count_request(&self, messages: &[Message], tools: &[Value]) -> RequestCount {
+        let encoding = self.encoding();
+        let per_message: Vec<u32> = messages
+            .iter()
+            .map(|message| self.scale(message_tokens(message, encoding)))
+            .collect();
+        let tools = if tools.is_empty() {
+            0
+        } else {
+            self.scale(tools_tokens(tools, encoding))
+        };
+        let total = per_message.iter().map(|&n| u64::from(n)).sum::<u64>()
+            + u64::from(REPLY_PRIMING)
+            + u64::from(tools);
+        RequestCount {
+            per_message,
+            reply_priming: REPLY_PRIMING,
+            tools,
+            total: u32::try_from(total).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+/// The token count of a whole request, part by part.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestCount {
+    /// Each message's tokens, in order, overhead included.
+    pub per_message: Vec<u32>,
+    /// The tokens that prime the reply.
+    pub reply_priming: u32,
+    /// The tokens of the tool schemas.
+    pub tools: u32,
+    /// Everything together.
+    pub total: u32,
+}
+
+/// The exact tokens `message` costs under `encoding` by the chat recipe, from the message's
+/// cache when it has been counted before.
+pub fn message_tokens(message: &Message, encoding: Encoding) -> u32 {
+    message.tokens_or_insert_with(encoding, || count_message_uncached(message, encoding))
+}
+
+fn count_message_uncached(message: &Message, encoding: Encoding) -> u32 {
+    let count = |text: &str| saturating_u32(encoding.count(text));
+    let mut tokens = TOKENS_PER_MESSAGE + count(message.role.as_str());
+    if let Some(content) = &message.content {
+        tokens = tokens.saturating_add(content_tokens(content, encoding));
+    }
+    if let Some(name) = &message.name {
+        tokens = tokens.saturating_add(count(name) + TOKENS_PER_NAME);
+    }
+    if let Some(id) = &message.tool_call_id {
+        tokens = tokens.saturating_add(count(id));
+    }
+    for call in &message.tool_calls {
+        tokens = tokens
+            .saturating_add(TOKENS_PER_TOOL_CALL)
+            .saturating_add(count(&call.name))
+            .saturating_add(count(&call.arguments));
+    }
+    tokens
+}
+
+fn content_tokens(content: &Content, encoding: Encoding) -> u32 {
+    match content {
+        Content::Text(text) => saturating_u32(encoding.count(text)),
+        Content::Parts(parts) => parts
+            .iter()
+            .map(|part| part_tokens(part, encoding))
+            .fold(0u32, u32::saturating_add),
+    }
+}
+
+fn part_tokens(part: &Part, encoding: Encoding) -> u32 {
+    match part {
+        Part::Text { text, .. } => saturating_u32(encoding.count(text)),
+        Part::Image { detail, .. } => match detail.as_deref() {
+            Some("low") => IMAGE_TOKENS_LOW,
+            _ => IMAGE_TOKENS_DEFAULT,
+        },
+        // Reasoning is counted although chat-completions providers drop it from input: a
+        // provider that keeps it (Anthropic's thinking blocks) bills it, so counting it is the
+        // safe side.
+        Part::Reasoning { text, redacted, .. } => saturating_u32(
+            encoding.count(text) + redacted.as_deref().map_or(0, |r| encoding.count(r)),
+        ),
+        Part::Other { value } => saturating_u32(encoding.count(&value.to_string())),
+    }
+}
+
+// The function-definition constants of OpenAI's published recipe for gpt-4o and gpt-4.
+const FUNC_INIT: i64 = 7;
+const PROP_INIT: i64 = 3;
+const PROP_KEY: i64 = 3;
+const ENUM_INIT: i64 = -3;
+const ENUM_ITEM: i64 = 3;
+const FUNC_END: i64 = 12;
+
+/// The tokens of tool schemas in OpenAI's format (`{"type": "function", "function": {name,
+/// description, parameters}}`, or the bare function object), by OpenAI's published recipe.
+/// Nested object properties are counted by the same rule as top-level ones; a schema that is
+/// not in the expected shape is counted as its JSON text, so nothing is ever counted as free.
+pub fn tools_tokens(tools: &[Value], encoding: Encoding) -> u32 {
+    if tools.is_empty() {
+        return 0;
+    }
+    let count = |text: &str| encoding.count(text) as i64;
+    let mut total: i64 = 0;
+    for tool in tools {
+        let function = tool.get("function").unwrap_or(tool);
+        let Some(name) = function.get("name").and_then(Value::as_str) else {
+            total += count(&tool.to_string());
+            continue;
+        };
+        total += FUNC_INIT;
+        let description = function
+            .get("description")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        total += count(&format!(
+            "{name}:{}",
+            description.strip_suffix('.').unwrap_or(description)
+        ));
+        if let Some(properties) = function
+            .get("parameters")
+            .and_then(|p| p.get("properties"))
+            .and_then(Value::as_object)
+        {
+            total += properties_tokens(properties, &count);
+        }
+    }
+    total += FUNC_END;
+    u32::try_from(total.max(0)).unwrap_or(u32::MAX)
+}
+
+fn properties_tokens(properties: &serde_json::Map<String, Value>, count: &dyn Fn(&str) -> i64) -> i64 {
+    if properties.is_empty() {
+        return 0;
+    }
+    let mut total = PROP_INIT;
+    for (key, schema) in properties {
+        total += PROP_KEY;
+        let kind = schema.get("type").map_or_else(String::new, |t| match t {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        });
+        let description = schema
+            .get("description")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if let Some(items) = schema.get("enum").and_then(Value::as_array) {
+            total += ENUM_INIT;
+            for item in items {
+                total += ENUM_ITEM;
+                total += match item {
+                    Value::String(s) => count(s),
+                    other => count(&other.to_string()),
+                };
+            }
+        }
+        total += count(&format!(
+            "{key}:{kind}:{}",
+            description.strip_suffix('.').unwrap_or(description)
+        ));
+        if let Some(nested) = schema.get("properties").and_then(Value::as_object) {
+            total += properties_tokens(nested, count);
+        }
+        if let Some(nested) = schema
+            .get("items")
+            .and_then(|items| items.get("properties"))
+            .and_then(Value::as_object)
+        {
+            total += properties_tokens(nested, count);
+        }
+    }
+    total
+}
+
+fn saturating_u32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::{Message, ToolCall};
+
+    #[test]
+    fn known_counts() {
+        // Figures from tiktoken.
+        assert_eq!(Encoding::Cl100kBase.count("hello world"), 2);
+        assert_eq!(Encoding::O200kBase.count("hello world"), 2);
+        assert_eq!(Encoding::Cl100kBase.count(""), 0);
+    }
+
+    #[test]
+    fn chat_recipe_matches_openai_cookbook_example() {
+        // The cookbook's example conversation counts 129 prompt tokens on gpt-4 and gpt-4o
+        // (as reported by the API); a shortened form is checked by hand here.
+        let counter = TokenCounter::exact(Encoding::Cl100kBase);
+        let messages = vec![
+            Message::system("You are a helpful assistant."),
+            Message::user("Hi").with_name("example_user"),
+        ];
+        let count = counter.count_request(&messages, &[]);
+        // system: 3 + role(1) + 6; user: 3 + role(1) + 1 + name(3) + 1; priming 3
+        assert_eq!(count.per_message, vec![10, 9]);
+        assert_eq!(count.total, 22);
+    }
+
+    #[test]
+    fn message_counts_are_cached() {
+        let message = Message::assistant_tool_calls(vec![ToolCall::new("c1", "search", "{}")]);
+        assert_eq!(message.cached_tokens(Encoding::O200kBase), None);
+        let first = message_tokens(&message, Encoding::O200kBase);
+        assert_eq!(message.cached_tokens(Encoding::O200kBase), Some(first));
+        assert_eq!(message.cached_tokens(Encoding::Cl100kBase), None);
+    }
+
+    #[test]
+    fn estimate_scales_and_rounds_up() {
+        let counter = TokenCounter::Estimate {
+            encoding: Encoding::Cl100kBase,
+            ratio: 1.5,
+        };
+        assert_eq!(counter.count_text("hello world"), 3);
+    }
+
+    #[test]
+    fn unknown_encoding_is_named() {
+        let err = Encoding::from_name("p50k").unwrap_err();
+        assert!(err.to_string().contains("p50k"));
+    }
+}

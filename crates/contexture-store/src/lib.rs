@@ -1,0 +1,1 @@
+//! Durable thread storage: the Store trait with SQLite and PostgreSQL implementations.
