@@ -316,7 +316,10 @@ pub fn tools_tokens(tools: &[Value], encoding: Encoding) -> u32 {
     u32::try_from(total.max(0)).unwrap_or(u32::MAX)
 }
 
-fn properties_tokens(properties: &serde_json::Map<String, Value>, count: &dyn Fn(&str) -> i64) -> i64 {
+fn properties_tokens(
+    properties: &serde_json::Map<String, Value>,
+    count: &dyn Fn(&str) -> i64,
+) -> i64 {
     if properties.is_empty() {
         return 0;
     }
@@ -378,17 +381,19 @@ mod tests {
 
     #[test]
     fn chat_recipe_matches_openai_cookbook_example() {
-        // The cookbook's example conversation counts 129 prompt tokens on gpt-4 and gpt-4o
-        // (as reported by the API); a shortened form is checked by hand here.
+        // The example conversation of OpenAI's "How to count tokens with tiktoken" cookbook,
+        // for which the API reports 129 prompt tokens on gpt-4 (cl100k_base).
         let counter = TokenCounter::exact(Encoding::Cl100kBase);
+        let system = |text: &str| Message::system(text);
         let messages = vec![
-            Message::system("You are a helpful assistant."),
-            Message::user("Hi").with_name("example_user"),
+            system("You are a helpful, pattern-following assistant that translates corporate jargon into plain English."),
+            system("New synergies will help drive top-line growth.").with_name("example_user"),
+            system("Things working well together will increase revenue.").with_name("example_assistant"),
+            system("Let's circle back when we have more bandwidth to touch base on opportunities for increased leverage.").with_name("example_user"),
+            system("Let's talk later when we're less busy about how to do better.").with_name("example_assistant"),
+            Message::user("This late pivot means we don't have time to boil the ocean for the client deliverable."),
         ];
-        let count = counter.count_request(&messages, &[]);
-        // system: 3 + role(1) + 6; user: 3 + role(1) + 1 + name(3) + 1; priming 3
-        assert_eq!(count.per_message, vec![10, 9]);
-        assert_eq!(count.total, 22);
+        assert_eq!(counter.count_request(&messages, &[]).total, 129);
     }
 
     #[test]
