@@ -1,1 +1,169 @@
-//! Provider wire formats (PRODUCT.md F1): lossless import and export of OpenAI chat and Anthropic messages.
+//! Provider wire formats (PRODUCT.md F1): lossless import and export of OpenAI chat and
+//! Anthropic messages.
+//!
+//! - [`openai`]: OpenAI chat-completions messages, one wire message per [`Message`].
+//! - [`anthropic`]: an Anthropic Messages API request body (`system` plus `messages`), where
+//!   one wire turn may become several neutral messages (tool results) and the system prompt
+//!   is lifted into a leading system message.
+//!
+//! Both directions are pure functions over [`serde_json::Value`]. Reading never panics: bad
+//! input is a [`FormatError`] naming the place in the input (for example
+//! `messages[3].tool_calls[0].function.arguments: expected a string, found a number`).
+//!
+//! Fields and parts the neutral model has no place for are kept (in the `extra` maps, or as
+//! [`Part::Other`]) and written back by the same format, so that a realistic message survives
+//! a round trip unchanged. Each module documents what does not carry over to the other
+//! format.
+//!
+//! [`Message`]: crate::message::Message
+//! [`Part::Other`]: crate::message::Part::Other
+
+pub mod anthropic;
+pub mod openai;
+
+use serde_json::{Map, Value};
+
+/// A wire message that cannot be read, or a neutral message that cannot be written in a
+/// format. Every variant names the place it is about (`path`), in the wire form's terms.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FormatError {
+    /// A field holds a value of the wrong JSON type.
+    #[error("{path}: expected {expected}, found {found}")]
+    WrongType {
+        /// Where the value is, e.g. `messages[3].tool_calls[0].function.arguments`.
+        path: String,
+        /// What the format wants there, e.g. `a string`.
+        expected: &'static str,
+        /// The JSON type that was found, e.g. `a number`.
+        found: &'static str,
+    },
+    /// A required field is absent.
+    #[error("{path}: missing required field")]
+    MissingField {
+        /// The field that is missing, e.g. `messages[0].role`.
+        path: String,
+    },
+    /// A role name the format does not have.
+    #[error("{path}: unknown role `{role}` (expected {expected})")]
+    UnknownRole {
+        /// Where the role is.
+        path: String,
+        /// The role name that was found.
+        role: String,
+        /// The roles the format accepts.
+        expected: &'static str,
+    },
+    /// A value of the right type whose content is not allowed there.
+    #[error("{path}: {reason}")]
+    Invalid {
+        /// Where the value is.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A neutral message that the target format has no way to express.
+    #[error("{path}: cannot be written in the {format} format: {reason}")]
+    Unmappable {
+        /// The neutral message (and field) concerned, e.g. `messages[4].tool_call_id`.
+        path: String,
+        /// The target format, `openai` or `anthropic`.
+        format: &'static str,
+        /// Why it cannot be written.
+        reason: String,
+    },
+}
+
+impl FormatError {
+    /// The place in the input the error is about.
+    pub fn path(&self) -> &str {
+        match self {
+            FormatError::WrongType { path, .. }
+            | FormatError::MissingField { path }
+            | FormatError::UnknownRole { path, .. }
+            | FormatError::Invalid { path, .. }
+            | FormatError::Unmappable { path, .. } => path,
+        }
+    }
+}
+
+/// The JSON type of `value`, with an article, for error messages.
+fn json_type(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// A [`FormatError::WrongType`] for `value` at `path`.
+fn wrong_type(path: impl Into<String>, expected: &'static str, value: &Value) -> FormatError {
+    FormatError::WrongType {
+        path: path.into(),
+        expected,
+        found: json_type(value),
+    }
+}
+
+/// `value` as an object, or a [`FormatError::WrongType`].
+fn expect_object<'a>(value: &'a Value, path: &str) -> Result<&'a Map<String, Value>, FormatError> {
+    value
+        .as_object()
+        .ok_or_else(|| wrong_type(path, "an object", value))
+}
+
+/// `value` as an array, or a [`FormatError::WrongType`].
+fn expect_array<'a>(value: &'a Value, path: &str) -> Result<&'a Vec<Value>, FormatError> {
+    value
+        .as_array()
+        .ok_or_else(|| wrong_type(path, "an array", value))
+}
+
+/// The string field `key` of `object`, or an error when it is absent or not a string.
+fn required_str<'a>(
+    object: &'a Map<String, Value>,
+    key: &str,
+    path: &str,
+) -> Result<&'a str, FormatError> {
+    match object.get(key) {
+        Some(Value::String(text)) => Ok(text),
+        Some(other) => Err(wrong_type(format!("{path}.{key}"), "a string", other)),
+        None => Err(FormatError::MissingField {
+            path: format!("{path}.{key}"),
+        }),
+    }
+}
+
+/// The string field `key` of `object` if present, or an error when it is not a string.
+fn optional_str(
+    object: &Map<String, Value>,
+    key: &str,
+    path: &str,
+) -> Result<Option<String>, FormatError> {
+    match object.get(key) {
+        None => Ok(None),
+        Some(Value::String(text)) => Ok(Some(text.clone())),
+        Some(other) => Err(wrong_type(format!("{path}.{key}"), "a string", other)),
+    }
+}
+
+/// The entries of `object` whose keys are not in `known`, in their original order.
+fn extra_fields(object: &Map<String, Value>, known: &[&str]) -> Map<String, Value> {
+    object
+        .iter()
+        .filter(|(key, _)| !known.contains(&key.as_str()))
+        .map(|(key, value)| (key.clone(), value.clone()))
+        .collect()
+}
+
+/// Appends the `extra` entries to `object`, skipping keys the format already wrote (a
+/// format's own fields always win over an `extra` entry of the same name).
+fn append_extra(object: &mut Map<String, Value>, extra: &Map<String, Value>) {
+    for (key, value) in extra {
+        if !object.contains_key(key) {
+            object.insert(key.clone(), value.clone());
+        }
+    }
+}

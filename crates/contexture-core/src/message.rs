@@ -195,7 +195,11 @@ pub struct ToolCall {
 
 impl ToolCall {
     /// A tool call with the given id, tool name and JSON arguments text.
-    pub fn new(id: impl Into<String>, name: impl Into<String>, arguments: impl Into<String>) -> Self {
+    pub fn new(
+        id: impl Into<String>,
+        name: impl Into<String>,
+        arguments: impl Into<String>,
+    ) -> Self {
         ToolCall {
             id: id.into(),
             name: name.into(),
@@ -238,6 +242,10 @@ pub struct Message {
     /// calls tools, with `content: null`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<Content>,
+    /// When `content` is `None`: true if the wire message had no `content` key at all, false
+    /// if it said `content: null`. Wire formats use it to write back exactly what they read.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub content_omitted: bool,
     /// The optional participant name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
@@ -263,6 +271,7 @@ impl Message {
         Message {
             role,
             content: Some(Content::Text(text.into())),
+            content_omitted: false,
             name: None,
             tool_calls: Vec::new(),
             tool_call_id: None,
@@ -350,7 +359,11 @@ impl Message {
     }
 
     /// The cached count for `encoding`, computing it with `compute` the first time.
-    pub(crate) fn tokens_or_insert_with(&self, encoding: Encoding, compute: impl FnOnce() -> u32) -> u32 {
+    pub(crate) fn tokens_or_insert_with(
+        &self,
+        encoding: Encoding,
+        compute: impl FnOnce() -> u32,
+    ) -> u32 {
         *self.tokens.slots[encoding.index()].get_or_init(compute)
     }
 }
