@@ -1,1 +1,393 @@
-//! Threads (PRODUCT.md F5-F8): the append-only event log, projections, context operations, fork and merge.
+//! Threads (PRODUCT.md F5-F8): the append-only event log, projections, context operations,
+//! fork and merge.
+//!
+//! A [`Thread`] is the fold of its events: [`Thread::apply`] takes the next event and updates
+//! the state, with no I/O. Stores persist the events and rebuild a thread by replaying them
+//! ([`Thread::replay`]). Everything a caller reads (the message [`Projection`], the key-value
+//! store, usage, whether a request is in flight) is a pure function of the events.
+//!
+//! Rules the fold enforces:
+//! - seqs start at 1 and have no gaps;
+//! - a context operation ([`EventKind::ContextReplaced`]) applies at once when no request is
+//!   in flight, otherwise it is queued and applies, in order, when the request ends (whatever
+//!   the outcome); an operation whose op id was seen before has no effect;
+//! - a replace based on seq `S` keeps every message appended after `S`;
+//! - system-like messages (system, developer) never enter the message list: the latest one in
+//!   effect is the context's system prompt, so restoring a snapshot that starts with a system
+//!   message replaces the prompt instead of duplicating it. A clear keeps the system prompt;
+//! - a fork shares its parent's events up to the fork point (it does not copy them); its own
+//!   log continues at `fork_seq + 1` with a [`EventKind::Forked`] event. A fork starts idle: a
+//!   request in flight in the parent belongs to the parent, and operations the parent had
+//!   queued apply in the fork at once.
+
+mod merge;
+mod projection;
+
+pub mod event;
+
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+
+use serde_json::{Map, Value};
+
+use crate::message::Message;
+
+pub use event::{
+    ConflictPolicy, ContextReplace, DEFAULT_CONTEXT, Event, EventKind, Merge, MergePolicy,
+    Provenance, RecordedBudget, ReplaceReason, RequestOutcome, RequestRecord, StoreChange, Usage,
+};
+pub use merge::{MergeError, MergeSpec};
+pub use projection::Projection;
+
+/// An event that cannot follow the thread's current state.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ThreadError {
+    /// The event's seq is not the next one.
+    #[error("thread `{thread}`: event seq {found} out of order, expected {expected}")]
+    SeqOutOfOrder {
+        /// The thread.
+        thread: String,
+        /// The next seq.
+        expected: u64,
+        /// The seq the event carried.
+        found: u64,
+    },
+    /// A context operation is based on a seq at or after its own.
+    #[error(
+        "event {seq}: a context operation cannot be based on seq {to_seq}, which is not before it"
+    )]
+    ReplaceBeyondLog {
+        /// The operation's seq.
+        seq: u64,
+        /// The seq it claims to be based on.
+        to_seq: u64,
+    },
+    /// A context operation's covered range is malformed.
+    #[error(
+        "event {seq}: covered range {from_seq}..={to_seq} is invalid (from_seq must be between 1 and to_seq + 1)"
+    )]
+    BadRange {
+        /// The operation's seq.
+        seq: u64,
+        /// First covered seq.
+        from_seq: u64,
+        /// Last covered seq.
+        to_seq: u64,
+    },
+    /// A `forked` event is not where a fork's own log begins.
+    #[error("event {seq}: a `forked` event at fork point {at_seq} must have seq {}", at_seq + 1)]
+    MisplacedFork {
+        /// The event's seq.
+        seq: u64,
+        /// The fork point it names.
+        at_seq: u64,
+    },
+    /// A request started while another one is in flight.
+    #[error("event {seq}: request `{started}` started while request `{in_flight}` is in flight")]
+    RequestInFlight {
+        /// The event's seq.
+        seq: u64,
+        /// The request in flight.
+        in_flight: String,
+        /// The request that tried to start.
+        started: String,
+    },
+    /// A request ended that is not in flight.
+    #[error("event {seq}: request `{request_id}` ended but is not in flight")]
+    RequestNotInFlight {
+        /// The event's seq.
+        seq: u64,
+        /// The request named.
+        request_id: String,
+    },
+}
+
+impl EventKind {
+    /// Checks the rules that depend only on the event and its seq (stores run this before
+    /// accepting an append, without loading the thread).
+    pub fn check_at(&self, seq: u64) -> Result<(), ThreadError> {
+        match self {
+            EventKind::ContextReplaced(op) => {
+                if op.to_seq >= seq {
+                    return Err(ThreadError::ReplaceBeyondLog {
+                        seq,
+                        to_seq: op.to_seq,
+                    });
+                }
+                if op.from_seq == 0 || op.from_seq > op.to_seq + 1 {
+                    return Err(ThreadError::BadRange {
+                        seq,
+                        from_seq: op.from_seq,
+                        to_seq: op.to_seq,
+                    });
+                }
+                Ok(())
+            }
+            EventKind::Forked { at_seq, .. } if *at_seq + 1 != seq => {
+                Err(ThreadError::MisplacedFork {
+                    seq,
+                    at_seq: *at_seq,
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Where a fork branched off its parent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForkPoint {
+    /// The parent thread.
+    pub parent: String,
+    /// The last parent event the fork shares.
+    pub at_seq: u64,
+}
+
+/// A message of the conversation with the seq of the event that brought it.
+#[derive(Debug, Clone)]
+struct Entry {
+    seq: u64,
+    message: Message,
+}
+
+/// The state of one named context: its last replace in effect and its own system prompt.
+#[derive(Debug, Clone, Default)]
+struct ContextState {
+    /// The last replace in effect: its base seq and its non-system messages.
+    anchor: Option<(u64, Vec<Message>)>,
+    /// The system prompt set by a replacement, with the order in which it took effect.
+    system: Option<(u64, Message)>,
+}
+
+/// A thread: the fold of its events. See the module documentation for the rules.
+#[derive(Debug, Clone)]
+pub struct Thread {
+    id: String,
+    fork: Option<ForkPoint>,
+    last_seq: u64,
+    entries: Vec<Entry>,
+    /// The latest appended system-like message, with the order in which it took effect.
+    system: Option<(u64, Message)>,
+    contexts: BTreeMap<String, ContextState>,
+    active: String,
+    store: Map<String, Value>,
+    in_flight: Option<String>,
+    queue: VecDeque<ContextReplace>,
+    seen_ops: HashSet<String>,
+    /// Usage per event (request ends and merges), by seq.
+    usage_log: Vec<(u64, Usage)>,
+    merged: BTreeMap<String, u64>,
+    /// Counts effects (appended system messages and applied replaces) to order them.
+    effects: u64,
+}
+
+impl Thread {
+    /// An empty thread.
+    pub fn new(id: impl Into<String>) -> Thread {
+        Thread {
+            id: id.into(),
+            fork: None,
+            last_seq: 0,
+            entries: Vec::new(),
+            system: None,
+            contexts: BTreeMap::new(),
+            active: DEFAULT_CONTEXT.to_string(),
+            store: Map::new(),
+            in_flight: None,
+            queue: VecDeque::new(),
+            seen_ops: HashSet::new(),
+            usage_log: Vec::new(),
+            merged: BTreeMap::new(),
+            effects: 0,
+        }
+    }
+
+    /// Replays `events` (the whole log, a fork's shared prefix included) into a thread.
+    pub fn replay(
+        id: impl Into<String>,
+        events: impl IntoIterator<Item = Event>,
+    ) -> Result<Thread, ThreadError> {
+        let mut thread = Thread::new(id);
+        for event in events {
+            thread.apply(event)?;
+        }
+        Ok(thread)
+    }
+
+    /// The thread's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The seq of the last event applied (0 for an empty thread).
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq
+    }
+
+    /// Where this thread was forked from, when it is a fork.
+    pub fn fork_point(&self) -> Option<&ForkPoint> {
+        self.fork.as_ref()
+    }
+
+    /// The request in flight, if any.
+    pub fn in_flight(&self) -> Option<&str> {
+        self.in_flight.as_deref()
+    }
+
+    /// Context operations waiting for the request in flight to end, in order.
+    pub fn queued_ops(&self) -> impl Iterator<Item = &ContextReplace> {
+        self.queue.iter()
+    }
+
+    /// The active named context.
+    pub fn active_context(&self) -> &str {
+        &self.active
+    }
+
+    /// The named contexts that have been replaced or switched to, plus the default one.
+    pub fn contexts(&self) -> BTreeSet<&str> {
+        let mut names: BTreeSet<&str> = self.contexts.keys().map(String::as_str).collect();
+        names.insert(DEFAULT_CONTEXT);
+        names.insert(&self.active);
+        names
+    }
+
+    /// The thread's key-value store.
+    pub fn store(&self) -> &Map<String, Value> {
+        &self.store
+    }
+
+    /// All tokens spent: requests of this thread (its shared prefix included) and merged forks.
+    pub fn usage(&self) -> Usage {
+        self.usage_since(0)
+    }
+
+    /// Tokens spent by events after `seq`.
+    pub fn usage_since(&self, seq: u64) -> Usage {
+        self.usage_log
+            .iter()
+            .filter(|(at, _)| *at > seq)
+            .fold(Usage::default(), |sum, (_, usage)| sum.plus(*usage))
+    }
+
+    /// Tokens spent by this thread's own events: for a fork, those after the fork point.
+    pub fn own_usage(&self) -> Usage {
+        self.usage_since(self.fork.as_ref().map_or(0, |f| f.at_seq))
+    }
+
+    /// The last seq of `child` merged into this thread, if it was ever merged.
+    pub fn merged_through(&self, child: &str) -> Option<u64> {
+        self.merged.get(child).copied()
+    }
+
+    /// Applies the next event.
+    pub fn apply(&mut self, event: Event) -> Result<(), ThreadError> {
+        let seq = event.seq;
+        if seq != self.last_seq + 1 {
+            return Err(ThreadError::SeqOutOfOrder {
+                thread: self.id.clone(),
+                expected: self.last_seq + 1,
+                found: seq,
+            });
+        }
+        event.kind.check_at(seq)?;
+        match event.kind {
+            EventKind::MessageAppended { message } => self.add_message(seq, message),
+            EventKind::ContextReplaced(op) => {
+                if self.seen_ops.insert(op.op_id.clone()) {
+                    if self.in_flight.is_some() {
+                        self.queue.push_back(op);
+                    } else {
+                        self.apply_replace(op);
+                    }
+                }
+            }
+            EventKind::ContextSwitched { context } => self.active = context,
+            EventKind::StoreChanged(change) => self.change_store(change),
+            EventKind::Forked { parent, at_seq } => {
+                self.fork = Some(ForkPoint { parent, at_seq });
+                self.in_flight = None;
+                self.drain_queue();
+            }
+            EventKind::Merged(merge) => {
+                for message in merge.messages {
+                    self.add_message(seq, message);
+                }
+                for change in merge.store_changes {
+                    self.change_store(change);
+                }
+                self.usage_log.push((seq, merge.usage));
+                self.merged.insert(merge.child, merge.child_seq);
+            }
+            EventKind::RequestStarted(record) => {
+                if let Some(in_flight) = &self.in_flight {
+                    return Err(ThreadError::RequestInFlight {
+                        seq,
+                        in_flight: in_flight.clone(),
+                        started: record.request_id,
+                    });
+                }
+                self.in_flight = Some(record.request_id);
+            }
+            EventKind::RequestEnded {
+                request_id, usage, ..
+            } => {
+                if self.in_flight.as_deref() != Some(request_id.as_str()) {
+                    return Err(ThreadError::RequestNotInFlight { seq, request_id });
+                }
+                self.in_flight = None;
+                self.usage_log.push((seq, usage));
+                self.drain_queue();
+            }
+        }
+        self.last_seq = seq;
+        Ok(())
+    }
+
+    fn add_message(&mut self, seq: u64, message: Message) {
+        if message.role.is_system_like() {
+            self.effects += 1;
+            self.system = Some((self.effects, message));
+        } else {
+            self.entries.push(Entry { seq, message });
+        }
+    }
+
+    fn apply_replace(&mut self, op: ContextReplace) {
+        self.effects += 1;
+        let order = self.effects;
+        let state = self.contexts.entry(op.context).or_default();
+        let mut kept = Vec::with_capacity(op.replacement.len());
+        for message in op.replacement {
+            if message.role.is_system_like() {
+                state.system = Some((order, message));
+            } else {
+                kept.push(message);
+            }
+        }
+        state.anchor = Some((op.to_seq, kept));
+    }
+
+    fn drain_queue(&mut self) {
+        while let Some(op) = self.queue.pop_front() {
+            self.apply_replace(op);
+        }
+    }
+
+    fn change_store(&mut self, change: StoreChange) {
+        match change {
+            StoreChange::Set { key, value } => {
+                self.store.insert(key, value);
+            }
+            StoreChange::Unset { key } => {
+                self.store.shift_remove(&key);
+            }
+            StoreChange::Cleared => self.store.clear(),
+        }
+    }
+
+    /// The messages appended after `seq` (merged messages included), system ones excluded.
+    fn messages_after(&self, seq: u64) -> &[Entry] {
+        let start = self.entries.partition_point(|entry| entry.seq <= seq);
+        &self.entries[start..]
+    }
+}

@@ -1,0 +1,359 @@
+//! The events of a thread's log (PRODUCT.md F5).
+//!
+//! A thread is an append-only sequence of [`Event`]s numbered 1, 2, 3, ... without gaps.
+//! Nothing ever edits or removes an event: a context operation is itself an event, and the
+//! message view a model sees is computed from the log (see [`crate::thread::Projection`]).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::message::Message;
+
+/// The name of the context a thread starts with.
+pub const DEFAULT_CONTEXT: &str = "main";
+
+fn default_context() -> String {
+    DEFAULT_CONTEXT.to_string()
+}
+
+fn is_default_context(name: &str) -> bool {
+    name == DEFAULT_CONTEXT
+}
+
+/// One entry of a thread's log: its position and what happened.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// The position in the thread's log, starting at 1, without gaps.
+    pub seq: u64,
+    /// What happened.
+    #[serde(flatten)]
+    pub kind: EventKind,
+}
+
+impl Event {
+    /// An event at `seq`.
+    pub fn new(seq: u64, kind: EventKind) -> Event {
+        Event { seq, kind }
+    }
+}
+
+/// What an event records.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum EventKind {
+    /// A message was added to the conversation.
+    MessageAppended {
+        /// The message.
+        message: Message,
+    },
+    /// A context operation (replace, clear, restore, compaction) on a named context. It takes
+    /// effect at once when no request is in flight, otherwise when the request ends, in the
+    /// order the operations were recorded.
+    ContextReplaced(ContextReplace),
+    /// The active named context changed: the next call sees `context`.
+    ContextSwitched {
+        /// The context that becomes active.
+        context: String,
+    },
+    /// The thread's key-value store changed.
+    StoreChanged(StoreChange),
+    /// This thread was forked from `parent` after the parent's event `at_seq`. It is the
+    /// first event of a fork, at `at_seq + 1`; the events before it are the parent's.
+    Forked {
+        /// The thread forked from.
+        parent: String,
+        /// The last parent event this thread shares.
+        at_seq: u64,
+    },
+    /// A fork was merged back into this thread.
+    Merged(Merge),
+    /// A request to a model began: exactly what was sent, and under which budget.
+    RequestStarted(RequestRecord),
+    /// The request in flight ended. Queued context operations apply now.
+    RequestEnded {
+        /// The id of the request that ended.
+        request_id: String,
+        /// How it ended.
+        outcome: RequestOutcome,
+        /// Tokens the provider reported for the request.
+        #[serde(default)]
+        usage: Usage,
+    },
+}
+
+impl EventKind {
+    /// The short name of the event's type, as serialized in its `type` field.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            EventKind::MessageAppended { .. } => "message_appended",
+            EventKind::ContextReplaced(_) => "context_replaced",
+            EventKind::ContextSwitched { .. } => "context_switched",
+            EventKind::StoreChanged(_) => "store_changed",
+            EventKind::Forked { .. } => "forked",
+            EventKind::Merged(_) => "merged",
+            EventKind::RequestStarted(_) => "request_started",
+            EventKind::RequestEnded { .. } => "request_ended",
+        }
+    }
+
+    /// Every message the event carries, in a fixed order (used by stores to save and restore
+    /// per-message token counts).
+    pub fn messages(&self) -> Vec<&Message> {
+        match self {
+            EventKind::MessageAppended { message } => vec![message],
+            EventKind::ContextReplaced(replace) => replace.replacement.iter().collect(),
+            EventKind::Merged(merge) => merge.messages.iter().collect(),
+            EventKind::RequestStarted(record) => record.messages.iter().collect(),
+            EventKind::ContextSwitched { .. }
+            | EventKind::StoreChanged(_)
+            | EventKind::Forked { .. }
+            | EventKind::RequestEnded { .. } => Vec::new(),
+        }
+    }
+
+    /// The operation id of a context operation, which makes it idempotent.
+    pub fn op_id(&self) -> Option<&str> {
+        match self {
+            EventKind::ContextReplaced(replace) => Some(&replace.op_id),
+            _ => None,
+        }
+    }
+}
+
+/// Why a context was replaced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplaceReason {
+    /// A summary replaced older messages.
+    Compaction,
+    /// A caller replaced the messages by hand.
+    Manual,
+    /// A snapshot taken earlier was put back.
+    Restore,
+    /// The conversation was emptied (pinned messages are kept by [`ContextReplace::clear`]).
+    Clear,
+}
+
+/// Where a replacement came from.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Provenance {
+    /// The model that wrote a summary, for compaction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summarizer_model: Option<String>,
+    /// A hash of the prompt given to the summarizer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_hash: Option<String>,
+    /// The seq of the event a restored snapshot was taken from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_seq: Option<u64>,
+}
+
+/// A context operation: replace the messages covered by `from_seq..=to_seq` of a named
+/// context with `replacement`. Messages appended after `to_seq` (the seq the operation was
+/// based on) are kept, even when the operation is applied later.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContextReplace {
+    /// The operation's id; a second operation with the same id has no effect.
+    pub op_id: String,
+    /// The named context it applies to.
+    #[serde(
+        default = "default_context",
+        skip_serializing_if = "is_default_context"
+    )]
+    pub context: String,
+    /// Why.
+    pub reason: ReplaceReason,
+    /// The first seq covered.
+    pub from_seq: u64,
+    /// The last seq covered: the seq the operation was based on.
+    pub to_seq: u64,
+    /// The messages that stand for the covered ones.
+    pub replacement: Vec<Message>,
+    /// Where the replacement came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provenance: Option<Provenance>,
+}
+
+impl ContextReplace {
+    /// A replace of the main context covering `1..=based_on`.
+    pub fn new(
+        op_id: impl Into<String>,
+        reason: ReplaceReason,
+        based_on: u64,
+        replacement: Vec<Message>,
+    ) -> ContextReplace {
+        ContextReplace {
+            op_id: op_id.into(),
+            context: default_context(),
+            reason,
+            from_seq: 1,
+            to_seq: based_on,
+            replacement,
+            provenance: None,
+        }
+    }
+
+    /// A clear of the main context based on `based_on` that keeps the pinned messages of
+    /// `current` (the view the caller saw at `based_on`).
+    pub fn clear(op_id: impl Into<String>, based_on: u64, current: &[Message]) -> ContextReplace {
+        let pinned = current.iter().filter(|m| m.is_pinned()).cloned().collect();
+        ContextReplace::new(op_id, ReplaceReason::Clear, based_on, pinned)
+    }
+
+    /// Builder: applies the operation to the named context `context`.
+    pub fn in_context(mut self, context: impl Into<String>) -> ContextReplace {
+        self.context = context.into();
+        self
+    }
+
+    /// Builder: records where the replacement came from.
+    pub fn with_provenance(mut self, provenance: Provenance) -> ContextReplace {
+        self.provenance = Some(provenance);
+        self
+    }
+}
+
+/// A change of the thread's key-value store.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum StoreChange {
+    /// `key` now holds `value`.
+    Set {
+        /// The key.
+        key: String,
+        /// The value.
+        value: Value,
+    },
+    /// `key` no longer exists.
+    Unset {
+        /// The key.
+        key: String,
+    },
+    /// Every key was removed.
+    Cleared,
+}
+
+/// What a merge brings back from a fork.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MergePolicy {
+    /// The messages the fork appended (after the fork point or its previous merge).
+    AppendMessages,
+    /// Only the fork's last assistant message, as its summary.
+    SummaryOnly,
+    /// Only declared keys of the fork's store (no messages).
+    OutputKeys,
+}
+
+/// What a merge does when a key it brings back already holds a different value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ConflictPolicy {
+    /// The fork's value replaces the parent's.
+    ChildWins,
+    /// The parent's value is kept.
+    ParentWins,
+    /// The merge fails.
+    Error,
+    /// The values are kept together in a list: the parent's (or its items, when it is a list)
+    /// followed by the fork's.
+    Append,
+}
+
+/// A merge of a fork into this thread, as recorded in the parent's log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Merge {
+    /// The fork merged.
+    pub child: String,
+    /// The fork's last seq this merge covers; a later merge of the same fork starts after it.
+    pub child_seq: u64,
+    /// What was brought back.
+    pub policy: MergePolicy,
+    /// How key conflicts were resolved.
+    pub conflict: ConflictPolicy,
+    /// The messages added to this thread's conversation.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub messages: Vec<Message>,
+    /// The store changes applied to this thread, after conflict resolution.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub store_changes: Vec<StoreChange>,
+    /// Tokens the fork spent on its own requests since the fork point (or its previous
+    /// merge); the parent's prefix is never counted twice.
+    #[serde(default)]
+    pub usage: Usage,
+}
+
+/// Exactly what one model call was sent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestRecord {
+    /// The request's id.
+    pub request_id: String,
+    /// The model called.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The messages sent, in order.
+    pub messages: Vec<Message>,
+    /// The budget the request was fitted to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<RecordedBudget>,
+}
+
+/// The token budget a request was built under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordedBudget {
+    /// The model's context window.
+    pub context_window: u32,
+    /// Tokens reserved for the reply.
+    pub max_output_tokens: u32,
+    /// Tokens the input was counted at.
+    pub input_tokens: u32,
+}
+
+/// How a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RequestOutcome {
+    /// The model answered.
+    Completed,
+    /// The call failed.
+    Failed,
+    /// The call was cancelled.
+    Cancelled,
+}
+
+/// Tokens spent, as reported by providers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    #[serde(default)]
+    pub input_tokens: u64,
+    /// Completion tokens.
+    #[serde(default)]
+    pub output_tokens: u64,
+}
+
+impl Usage {
+    /// Usage of `input_tokens` in and `output_tokens` out.
+    pub fn new(input_tokens: u64, output_tokens: u64) -> Usage {
+        Usage {
+            input_tokens,
+            output_tokens,
+        }
+    }
+
+    /// The sum of two usages (saturating).
+    pub fn plus(self, other: Usage) -> Usage {
+        Usage {
+            input_tokens: self.input_tokens.saturating_add(other.input_tokens),
+            output_tokens: self.output_tokens.saturating_add(other.output_tokens),
+        }
+    }
+
+    /// This usage less `other` (saturating at zero).
+    pub fn minus(self, other: Usage) -> Usage {
+        Usage {
+            input_tokens: self.input_tokens.saturating_sub(other.input_tokens),
+            output_tokens: self.output_tokens.saturating_sub(other.output_tokens),
+        }
+    }
+}

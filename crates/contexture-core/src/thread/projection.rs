@@ -1,0 +1,73 @@
+//! The message view of a thread (PRODUCT.md F6): the last replace in effect plus the messages
+//! appended after the seq it was based on, with the system prompt kept apart.
+
+use serde::Serialize;
+
+use crate::message::Message;
+use crate::thread::Thread;
+
+/// What a model call on a thread sees: the system prompt and the conversation.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Projection {
+    /// The named context projected.
+    pub context: String,
+    /// The system prompt in effect, if any. Never also present in `messages`.
+    pub system: Option<Message>,
+    /// The conversation, oldest first; never contains a system or developer message.
+    pub messages: Vec<Message>,
+}
+
+impl Projection {
+    /// The messages to send: the system prompt first (when there is one), then the
+    /// conversation.
+    pub fn to_messages(&self) -> Vec<Message> {
+        self.system
+            .iter()
+            .chain(self.messages.iter())
+            .cloned()
+            .collect()
+    }
+
+    /// Like [`Projection::to_messages`], consuming the projection.
+    pub fn into_messages(self) -> Vec<Message> {
+        let mut messages = Vec::with_capacity(self.messages.len() + 1);
+        messages.extend(self.system);
+        messages.extend(self.messages);
+        messages
+    }
+}
+
+impl Thread {
+    /// The projection of the active context, unlimited.
+    pub fn projection(&self) -> Projection {
+        self.projection_of(&self.active, None)
+    }
+
+    /// The projection of the named context `context`, keeping only the last `limit`
+    /// conversation messages when a limit is given (the system prompt is not counted).
+    /// A context never replaced shows the whole conversation.
+    pub fn projection_of(&self, context: &str, limit: Option<usize>) -> Projection {
+        let state = self.contexts.get(context);
+        let (base, replacement): (u64, &[Message]) = match state.and_then(|s| s.anchor.as_ref()) {
+            Some((to_seq, kept)) => (*to_seq, kept),
+            None => (0, &[]),
+        };
+        let after = self.messages_after(base);
+        let total = replacement.len() + after.len();
+        let skip = limit.map_or(0, |limit| total.saturating_sub(limit));
+        let mut messages = Vec::with_capacity(total - skip);
+        messages.extend(replacement.iter().skip(skip).cloned());
+        let skip_after = skip.saturating_sub(replacement.len());
+        messages.extend(after[skip_after..].iter().map(|e| e.message.clone()));
+        let own_system = state.and_then(|s| s.system.as_ref());
+        let system = match (&self.system, own_system) {
+            (Some(shared), Some(own)) => Some(if own.0 > shared.0 { own } else { shared }),
+            (shared, own) => shared.as_ref().or(own),
+        };
+        Projection {
+            context: context.to_string(),
+            system: system.map(|(_, message)| message.clone()),
+            messages,
+        }
+    }
+}

@@ -1,0 +1,255 @@
+//! The projection is a pure function of the events: random logs are replayed through
+//! [`Thread`] and checked against a naive reference written straight from the rules.
+
+use contexture_core::thread::{
+    ContextReplace, Event, EventKind, ReplaceReason, RequestOutcome, RequestRecord, StoreChange,
+    Thread, Usage,
+};
+use contexture_core::{Message, Role};
+use proptest::prelude::*;
+use serde_json::{Map, Value, json};
+
+/// What a random log does next; turned into a valid event by [`build`].
+#[derive(Debug, Clone)]
+enum Step {
+    Say {
+        role: Role,
+        text: u8,
+        pinned: bool,
+    },
+    Replace {
+        op: u8,
+        alt: bool,
+        back: u8,
+        lead_system: bool,
+        len: u8,
+    },
+    Switch {
+        alt: bool,
+    },
+    Request,
+    Set {
+        key: u8,
+        value: u8,
+    },
+    Unset {
+        key: u8,
+    },
+    Clear,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let role = prop_oneof![
+        Just(Role::System),
+        Just(Role::Developer),
+        Just(Role::User),
+        Just(Role::Assistant),
+        Just(Role::Tool),
+    ];
+    prop_oneof![
+        6 => (role, any::<u8>(), any::<bool>()).prop_map(|(role, text, pinned)| Step::Say { role, text, pinned }),
+        3 => (0u8..6, any::<bool>(), any::<u8>(), any::<bool>(), 0u8..4)
+            .prop_map(|(op, alt, back, lead_system, len)| Step::Replace { op, alt, back, lead_system, len }),
+        1 => any::<bool>().prop_map(|alt| Step::Switch { alt }),
+        2 => Just(Step::Request),
+        1 => (0u8..3, any::<u8>()).prop_map(|(key, value)| Step::Set { key, value }),
+        1 => (0u8..3).prop_map(|key| Step::Unset { key }),
+        1 => Just(Step::Clear),
+    ]
+}
+
+fn context(alt: bool) -> String {
+    if alt { "alt".into() } else { "main".into() }
+}
+
+/// Builds a valid log: requests alternate start and end (with varied outcomes).
+fn build(steps: &[Step]) -> Vec<Event> {
+    let mut events: Vec<Event> = Vec::new();
+    let mut busy: Option<String> = None;
+    for (i, step) in steps.iter().enumerate() {
+        let seq = events.len() as u64 + 1;
+        let kind = match step {
+            Step::Say { role, text, pinned } => {
+                let mut message = Message::new(*role, format!("m{seq}-{text}"));
+                message.metadata.pinned = *pinned;
+                EventKind::MessageAppended { message }
+            }
+            Step::Replace {
+                op,
+                alt,
+                back,
+                lead_system,
+                len,
+            } => {
+                let to_seq = (seq - 1).saturating_sub(u64::from(*back) % seq);
+                let mut replacement = Vec::new();
+                if *lead_system {
+                    replacement.push(Message::system(format!("snapshot-sys{seq}")));
+                }
+                for k in 0..*len {
+                    replacement.push(Message::assistant(format!("r{seq}-{k}")));
+                }
+                let reason = [
+                    ReplaceReason::Compaction,
+                    ReplaceReason::Manual,
+                    ReplaceReason::Restore,
+                    ReplaceReason::Clear,
+                ][usize::from(*op) % 4];
+                EventKind::ContextReplaced(
+                    ContextReplace::new(format!("op{op}"), reason, to_seq, replacement)
+                        .in_context(context(*alt)),
+                )
+            }
+            Step::Switch { alt } => EventKind::ContextSwitched {
+                context: context(*alt),
+            },
+            Step::Request => match busy.take() {
+                Some(request_id) => EventKind::RequestEnded {
+                    request_id,
+                    outcome: [
+                        RequestOutcome::Completed,
+                        RequestOutcome::Failed,
+                        RequestOutcome::Cancelled,
+                    ][i % 3],
+                    usage: Usage::new(seq, 1),
+                },
+                None => {
+                    let request_id = format!("req{seq}");
+                    busy = Some(request_id.clone());
+                    EventKind::RequestStarted(RequestRecord {
+                        request_id,
+                        model: None,
+                        messages: vec![],
+                        budget: None,
+                    })
+                }
+            },
+            Step::Set { key, value } => EventKind::StoreChanged(StoreChange::Set {
+                key: format!("k{key}"),
+                value: json!(value),
+            }),
+            Step::Unset { key } => EventKind::StoreChanged(StoreChange::Unset {
+                key: format!("k{key}"),
+            }),
+            Step::Clear => EventKind::StoreChanged(StoreChange::Cleared),
+        };
+        events.push(Event::new(seq, kind));
+    }
+    events
+}
+
+/// An effect in the order it took place.
+enum Effect<'a> {
+    System(&'a Message),
+    Replace(&'a ContextReplace),
+}
+
+/// The reference: returns (system prompt, conversation) of `context` with `limit`, the
+/// active context, and the key-value store.
+fn naive(
+    events: &[Event],
+    context: &str,
+    limit: Option<usize>,
+) -> (Option<Message>, Vec<Message>, String, Map<String, Value>) {
+    let mut effects = Vec::new();
+    let mut pending = Vec::new();
+    let mut seen = Vec::new();
+    let mut busy = false;
+    let mut active = "main".to_string();
+    let mut store = Map::new();
+    for event in events {
+        match &event.kind {
+            EventKind::MessageAppended { message } if message.role.is_system_like() => {
+                effects.push(Effect::System(message))
+            }
+            EventKind::ContextReplaced(op) => {
+                if !seen.contains(&op.op_id) {
+                    seen.push(op.op_id.clone());
+                    if busy {
+                        pending.push(op)
+                    } else {
+                        effects.push(Effect::Replace(op))
+                    }
+                }
+            }
+            EventKind::RequestStarted(_) => busy = true,
+            EventKind::RequestEnded { .. } => {
+                busy = false;
+                effects.extend(pending.drain(..).map(Effect::Replace));
+            }
+            EventKind::ContextSwitched { context } => active = context.clone(),
+            EventKind::StoreChanged(StoreChange::Set { key, value }) => {
+                store.insert(key.clone(), value.clone());
+            }
+            EventKind::StoreChanged(StoreChange::Unset { key }) => {
+                store.shift_remove(key);
+            }
+            EventKind::StoreChanged(StoreChange::Cleared) => store.clear(),
+            _ => {}
+        }
+    }
+    let mut system = None;
+    let mut anchor: Option<&ContextReplace> = None;
+    for effect in &effects {
+        match effect {
+            Effect::System(message) => system = Some((*message).clone()),
+            Effect::Replace(op) if op.context == context => {
+                anchor = Some(op);
+                if let Some(last) = op
+                    .replacement
+                    .iter()
+                    .rev()
+                    .find(|m| m.role.is_system_like())
+                {
+                    system = Some(last.clone());
+                }
+            }
+            Effect::Replace(_) => {}
+        }
+    }
+    let base = anchor.map_or(0, |op| op.to_seq);
+    let mut messages: Vec<Message> = anchor
+        .map(|op| {
+            op.replacement
+                .iter()
+                .filter(|m| !m.role.is_system_like())
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
+    for event in events {
+        if let EventKind::MessageAppended { message } = &event.kind
+            && event.seq > base
+            && !message.role.is_system_like()
+        {
+            messages.push(message.clone());
+        }
+    }
+    if let Some(limit) = limit {
+        let drop = messages.len().saturating_sub(limit);
+        messages.drain(..drop);
+    }
+    (system, messages, active, store)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn projection_matches_the_naive_reference(steps in prop::collection::vec(step(), 0..60), limit in prop::option::of(0usize..8)) {
+        let events = build(&steps);
+        let thread = Thread::replay("t", events.clone()).expect("built logs are valid");
+        for context in ["main", "alt"] {
+            let view = thread.projection_of(context, limit);
+            let (system, messages, active, store) = naive(&events, context, limit);
+            prop_assert_eq!(&view.system, &system);
+            prop_assert_eq!(&view.messages, &messages);
+            prop_assert!(view.messages.iter().all(|m| !m.role.is_system_like()));
+            prop_assert_eq!(thread.active_context(), active.as_str());
+            prop_assert_eq!(thread.store(), &store);
+        }
+        // Deterministic: replaying again gives the same view.
+        let again = Thread::replay("t", events).unwrap();
+        prop_assert_eq!(again.projection(), thread.projection());
+    }
+}
