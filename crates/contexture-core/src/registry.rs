@@ -235,6 +235,11 @@ impl Registry {
             .unwrap_or_else(|_| self.default.info(model, None))
     }
 
+    /// The default entry, used for models no entry matches.
+    pub fn default_model(&self) -> ModelInfo {
+        self.default.info("default", None)
+    }
+
     /// Every entry, as if its key were asked for, in key order.
     pub fn models(&self) -> Vec<ModelInfo> {
         self.entries

@@ -20,7 +20,8 @@ pub fn read_bytes(path: Option<&Path>) -> Result<Vec<u8>> {
     let mut bytes = Vec::new();
     match path {
         Some(path) => {
-            bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?
+            bytes =
+                std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?
         }
         None => {
             std::io::stdin()

@@ -1,0 +1,141 @@
+//! `contexture tokens`: count the tokens of a text or of a chat request.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use contexture_core::budget::{BudgetBreakdown, BudgetPolicy};
+use contexture_core::format::openai;
+use contexture_core::registry::ModelInfo;
+use contexture_core::{Encoding, TokenCounter};
+use serde::Serialize;
+use serde_json::Value;
+
+use super::input;
+use super::models::RegistryArgs;
+
+/// Token counting commands.
+#[derive(Debug, Subcommand)]
+pub enum TokensCommand {
+    /// Count the tokens of a text, or (with --messages) of a chat request.
+    Count(CountArgs),
+}
+
+/// Arguments of `contexture tokens count`.
+#[derive(Debug, Args)]
+pub struct CountArgs {
+    /// The encoding to count with (cl100k_base or o200k_base). Default: o200k_base, or the
+    /// model's encoding when --model is given.
+    #[arg(long, conflicts_with = "model")]
+    encoding: Option<String>,
+    /// Count as this model does (its encoding, or its documented estimate for models whose
+    /// tokenizer is not shipped).
+    #[arg(long)]
+    model: Option<String>,
+    /// Read a JSON array of OpenAI-format chat messages and count the whole request by the
+    /// chat recipe (per-message overhead, names, reply priming, tool schemas).
+    #[arg(long)]
+    messages: bool,
+    /// With --messages: a JSON file with the request's tool schemas (OpenAI format).
+    #[arg(long, requires = "messages")]
+    tools: Option<PathBuf>,
+    /// With --messages: print the per-message breakdown and the model's budget as JSON.
+    #[arg(long, requires = "messages")]
+    json: bool,
+    /// Tokens to reserve for the reply in the printed budget (default: the model's output
+    /// limit, at most a quarter of the window).
+    #[arg(long, requires = "json")]
+    reserve: Option<u32>,
+    #[command(flatten)]
+    registry: RegistryArgs,
+    /// The input file; standard input when absent or `-`.
+    file: Option<PathBuf>,
+}
+
+/// Runs a `tokens` command.
+pub fn run(command: TokensCommand) -> Result<()> {
+    match command {
+        TokensCommand::Count(args) => count(args),
+    }
+}
+
+fn count(args: CountArgs) -> Result<()> {
+    let model = match &args.model {
+        Some(name) => Some(args.registry.load()?.get(name)?),
+        None => None,
+    };
+    let counter = match (&args.encoding, &model) {
+        (Some(name), _) => TokenCounter::exact(Encoding::from_name(name)?),
+        (None, Some(model)) => model.counter,
+        (None, None) => TokenCounter::exact(Encoding::O200kBase),
+    };
+    if !args.messages {
+        let text = input::read_text(args.file.as_deref())?;
+        println!("{}", counter.count_text(&text));
+        return Ok(());
+    }
+    let value: Value = input::read_json(args.file.as_deref())?;
+    let messages = openai::parse_messages(&value).with_context(|| {
+        format!(
+            "{}: not a chat message array",
+            input::describe(args.file.as_deref())
+        )
+    })?;
+    let tools: Vec<Value> = match &args.tools {
+        Some(path) => input::read_json(Some(path))?,
+        None => Vec::new(),
+    };
+    let request = counter.count_request(&messages, &tools);
+    if !args.json {
+        println!("{}", request.total);
+        return Ok(());
+    }
+    let model = match model {
+        Some(model) => model,
+        None => args.registry.load()?.default_model(),
+    };
+    let policy = BudgetPolicy {
+        reserve_output: args.reserve,
+        ..BudgetPolicy::default()
+    };
+    let budget =
+        BudgetBreakdown::compute(&ModelInfo { counter, ..model }, &policy, &messages, &tools)?;
+    let report = CountReport {
+        encoding: counter.encoding().name(),
+        exact: counter.is_exact(),
+        messages: messages
+            .iter()
+            .zip(&request.per_message)
+            .enumerate()
+            .map(|(index, (message, &tokens))| MessageCount {
+                index,
+                role: message.role.as_str(),
+                tokens,
+            })
+            .collect(),
+        reply_priming: request.reply_priming,
+        tools: request.tools,
+        total: request.total,
+        budget,
+    };
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct CountReport {
+    encoding: &'static str,
+    exact: bool,
+    messages: Vec<MessageCount>,
+    reply_priming: u32,
+    tools: u32,
+    total: u32,
+    budget: BudgetBreakdown,
+}
+
+#[derive(Serialize)]
+struct MessageCount {
+    index: usize,
+    role: &'static str,
+    tokens: u32,
+}

@@ -1,0 +1,183 @@
+//! End-to-end tests of `contexture tokens` and `contexture models`, running the built binary.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+fn contexture(args: &[&str], stdin: &[u8]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_contexture"))
+        .args(args)
+        .env_remove("CONTEXTURE_MODELS")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    // A command that fails before reading its input closes the pipe: that is not an error here.
+    let _ = child.stdin.take().unwrap().write_all(stdin);
+    child.wait_with_output().unwrap()
+}
+
+fn stdout(output: &Output) -> String {
+    assert!(
+        output.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout.clone()).unwrap()
+}
+
+fn stderr_of_failure(output: &Output) -> String {
+    assert!(!output.status.success(), "expected a failure");
+    String::from_utf8(output.stderr.clone()).unwrap()
+}
+
+const EXAMPLE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../examples/conversation.json"
+);
+
+#[test]
+fn counts_text_from_stdin_and_file() {
+    assert_eq!(stdout(&contexture(&["tokens", "count"], b"hello world")), "2\n");
+    let text = "naïve café 東京 🚀 fn main() { println!(\"hi\"); }";
+    let counted: usize = stdout(&contexture(
+        &["tokens", "count", "--encoding", "cl100k_base"],
+        text.as_bytes(),
+    ))
+    .trim()
+    .parse()
+    .unwrap();
+    // The library's count, which tests/tokens_oracle.rs ties to tiktoken.
+    assert_eq!(counted, contexture_core::Encoding::Cl100kBase.count(text));
+    let from_file: u32 = stdout(&contexture(&["tokens", "count", EXAMPLE], b""))
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(from_file > 100, "{from_file}");
+}
+
+#[test]
+fn counts_a_request_by_the_chat_recipe() {
+    let total = stdout(&contexture(
+        &["tokens", "count", "--messages", "--model", "gpt-4o", EXAMPLE],
+        b"",
+    ));
+    let json = stdout(&contexture(
+        &[
+            "tokens",
+            "count",
+            "--messages",
+            "--model",
+            "gpt-4o",
+            "--json",
+            EXAMPLE,
+        ],
+        b"",
+    ));
+    let report: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(report["total"].to_string(), total.trim());
+    let per_message: u64 = report["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["tokens"].as_u64().unwrap())
+        .sum();
+    assert_eq!(per_message + 3, report["total"].as_u64().unwrap());
+    assert_eq!(report["budget"]["used"], report["total"]);
+    insta::assert_snapshot!("tokens_count_messages_json", json);
+}
+
+#[test]
+fn models_show_and_list() {
+    insta::assert_snapshot!(
+        "models_show_gpt41_mini",
+        stdout(&contexture(&["models", "show", "gpt-4.1-mini"], b""))
+    );
+    let list = stdout(&contexture(&["models", "list"], b""));
+    for family in [
+        "gpt-4o",
+        "claude-sonnet-4-5",
+        "gemini-2.5-pro",
+        "llama-3.1",
+        "mistral-large",
+        "qwen3",
+    ] {
+        assert!(list.contains(family), "{family} missing from the list");
+    }
+}
+
+#[test]
+fn a_models_file_overrides_entries() {
+    let dir = std::env::temp_dir().join(format!("contexture-models-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("models.toml");
+    std::fs::write(
+        &file,
+        "[models.\"in-house\"]\ncontext_window = 4096\nmax_output_tokens = 512\nencoding = \"cl100k_base\"\n",
+    )
+    .unwrap();
+    let shown = stdout(&contexture(
+        &["models", "show", "in-house-v2", "--models", file.to_str().unwrap()],
+        b"",
+    ));
+    assert!(shown.contains("\"context_window\": 4096"), "{shown}");
+    std::fs::write(&file, "[models.\"in-house\"]\ncontext_window = \"big\"\n").unwrap();
+    let error = stderr_of_failure(&contexture(
+        &["models", "show", "in-house", "--models", file.to_str().unwrap()],
+        b"",
+    ));
+    assert!(
+        error.contains("models.toml") && error.contains("line 2"),
+        "{error}"
+    );
+}
+
+#[test]
+fn bad_input_fails_with_a_located_message() {
+    let cases: &[(&[&str], &[u8], &str)] = &[
+        (
+            &["tokens", "count"],
+            b"ok \xff\xfe",
+            "not valid UTF-8 at byte 3 (line 1, column 4)",
+        ),
+        (
+            &["tokens", "count", "--encoding", "p50k_base"],
+            b"x",
+            "unknown encoding `p50k_base`",
+        ),
+        (
+            &["tokens", "count", "--model", "no-such-model"],
+            b"x",
+            "unknown model `no-such-model`",
+        ),
+        (
+            &["tokens", "count", "--messages"],
+            b"[{\"role\": \"user\",\n \"content\": }]",
+            "invalid JSON at line 2, column 13",
+        ),
+        (
+            &["tokens", "count", "--messages"],
+            b"[{\"role\": \"usr\", \"content\": \"x\"}]",
+            "messages[0].role",
+        ),
+        (
+            &["tokens", "count", "--messages"],
+            b"{\"role\": \"user\"}",
+            "not a chat message array",
+        ),
+        (
+            &["tokens", "count", "/no/such/file"],
+            b"",
+            "cannot read /no/such/file",
+        ),
+        (
+            &["models", "show", "no-such-model"],
+            b"",
+            "unknown model `no-such-model`",
+        ),
+    ];
+    for (args, stdin, expected) in cases {
+        let error = stderr_of_failure(&contexture(args, stdin));
+        assert!(error.contains(expected), "{args:?}: {error}");
+    }
+}
