@@ -81,6 +81,26 @@ pub struct ModelInfo {
     pub max_output_tokens: u32,
     /// How the model's tokens are counted.
     pub counter: TokenCounter,
+    /// The provider's list prices, when known.
+    pub pricing: Option<Pricing>,
+}
+
+/// A model's list prices in US dollars per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Pricing {
+    /// Dollars per million prompt tokens.
+    pub input_per_mtok: f64,
+    /// Dollars per million generated tokens.
+    pub output_per_mtok: f64,
+}
+
+impl Pricing {
+    /// The cost in dollars of a call with these token counts.
+    pub fn cost(&self, prompt_tokens: u64, completion_tokens: u64) -> f64 {
+        (prompt_tokens as f64 * self.input_per_mtok
+            + completion_tokens as f64 * self.output_per_mtok)
+            / 1_000_000.0
+    }
 }
 
 /// A per-call change to a model's limits or tokenizer.
@@ -126,6 +146,8 @@ struct EntrySpec {
     encoding: Option<String>,
     estimate_ratio: Option<f64>,
     provider: Option<String>,
+    input_cost_per_mtok: Option<f64>,
+    output_cost_per_mtok: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -144,6 +166,7 @@ struct Entry {
     encoding: Encoding,
     estimate_ratio: Option<f64>,
     provider: Option<String>,
+    pricing: Option<Pricing>,
 }
 
 impl Entry {
@@ -155,6 +178,7 @@ impl Entry {
             context_window: self.context_window,
             max_output_tokens: self.max_output_tokens,
             counter: counter_for(self.encoding, self.estimate_ratio),
+            pricing: self.pricing,
         }
     }
 }
@@ -190,6 +214,7 @@ impl Registry {
                 encoding: Encoding::O200kBase,
                 estimate_ratio: None,
                 provider: None,
+                pricing: None,
             },
             entries: BTreeMap::new(),
         };
@@ -316,7 +341,25 @@ fn merge(
             "estimate_ratio must be a positive number, not {ratio}"
         )));
     }
+    let pricing = match (spec.input_cost_per_mtok, spec.output_cost_per_mtok) {
+        (Some(input), Some(output)) => Some(Pricing {
+            input_per_mtok: input,
+            output_per_mtok: output,
+        }),
+        (None, None) => base.and_then(|b| b.pricing),
+        _ => {
+            return Err(invalid(
+                "input_cost_per_mtok and output_cost_per_mtok must be given together".to_owned(),
+            ));
+        }
+    };
+    if let Some(p) = pricing
+        && !(p.input_per_mtok >= 0.0 && p.output_per_mtok >= 0.0)
+    {
+        return Err(invalid("prices must be non-negative numbers".to_owned()));
+    }
     Ok(Entry {
+        pricing,
         context_window,
         max_output_tokens,
         encoding,
@@ -447,6 +490,20 @@ mod tests {
                 ratio: 1.5
             }
         );
+    }
+
+    #[test]
+    fn pricing_is_read_and_applied() {
+        let registry = Registry::builtin();
+        let pricing = registry.resolve("gpt-4o-2024-08-06").pricing.unwrap();
+        assert_eq!(pricing.input_per_mtok, 2.5);
+        assert!((pricing.cost(1_000_000, 100_000) - 3.5).abs() < 1e-9);
+        assert_eq!(registry.resolve("unknown-model").pricing, None);
+        let mut registry = registry;
+        let err = registry
+            .apply_toml("[models.\"x\"]\ncontext_window = 10\nmax_output_tokens = 5\ninput_cost_per_mtok = 1.0\n", "mine.toml")
+            .unwrap_err();
+        assert!(err.to_string().contains("must be given together"), "{err}");
     }
 
     #[test]
