@@ -5,6 +5,8 @@
 //! - [`anthropic`]: an Anthropic Messages API request body (`system` plus `messages`), where
 //!   one wire turn may become several neutral messages (tool results) and the system prompt
 //!   is lifted into a leading system message.
+//! - [`WireFormat`]: either of them chosen by name (`openai`, `anthropic`), for callers that
+//!   take the format as a setting.
 //!
 //! Both directions are pure functions over [`serde_json::Value`]. Reading never panics: bad
 //! input is a [`FormatError`] naming the place in the input (for example
@@ -22,6 +24,82 @@ pub mod anthropic;
 pub mod openai;
 
 use serde_json::{Map, Value};
+
+use crate::message::Message;
+
+/// A provider wire format, by the name used on command lines and in configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WireFormat {
+    /// OpenAI chat completions ([`openai`]).
+    OpenAi,
+    /// Anthropic Messages API ([`anthropic`]).
+    Anthropic,
+}
+
+/// A wire format name that is not one of the known formats.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown message format `{name}` (known formats: openai, anthropic)")]
+pub struct UnknownFormat {
+    /// The name that was asked for.
+    pub name: String,
+}
+
+impl WireFormat {
+    /// Every format.
+    pub const ALL: [WireFormat; 2] = [WireFormat::OpenAi, WireFormat::Anthropic];
+
+    /// The format's name: `openai` or `anthropic`.
+    pub fn name(self) -> &'static str {
+        match self {
+            WireFormat::OpenAi => "openai",
+            WireFormat::Anthropic => "anthropic",
+        }
+    }
+
+    /// Looks a format up by its name.
+    pub fn from_name(name: &str) -> Result<WireFormat, UnknownFormat> {
+        WireFormat::ALL
+            .into_iter()
+            .find(|format| format.name() == name)
+            .ok_or_else(|| UnknownFormat {
+                name: name.to_owned(),
+            })
+    }
+
+    /// Reads neutral messages: for OpenAI a JSON array of messages or a request body with
+    /// `messages` ([`openai::parse_request`]); for Anthropic a request body with `system` and
+    /// `messages` ([`anthropic::parse_request`]).
+    pub fn parse(self, value: &Value) -> Result<Vec<Message>, FormatError> {
+        match self {
+            WireFormat::OpenAi if value.is_array() => openai::parse_messages(value),
+            WireFormat::OpenAi => openai::parse_request(value),
+            WireFormat::Anthropic => anthropic::parse_request(value),
+        }
+    }
+
+    /// Writes neutral messages: for OpenAI a JSON array of messages (never fails); for
+    /// Anthropic `{"system": ..., "messages": [...]}`, which fails for what the format cannot
+    /// express (see [`anthropic`]).
+    pub fn write(self, messages: &[Message]) -> Result<Value, FormatError> {
+        match self {
+            WireFormat::OpenAi => Ok(openai::to_values(messages)),
+            WireFormat::Anthropic => anthropic::to_request(messages),
+        }
+    }
+}
+
+impl std::fmt::Display for WireFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for WireFormat {
+    type Err = UnknownFormat;
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        WireFormat::from_name(name)
+    }
+}
 
 /// A wire message that cannot be read, or a neutral message that cannot be written in a
 /// format. Every variant names the place it is about (`path`), in the wire form's terms.

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use contexture_core::format::{anthropic, openai};
+use contexture_core::format::{WireFormat, anthropic, openai};
 use contexture_core::{Content, Message, Part, Role};
 use serde_json::{Map, Value};
 
@@ -210,5 +210,42 @@ fn openai_vendor_sample_keeps_unknown_fields() {
     assert_eq!(
         messages[4].tool_calls[0].arguments,
         r#"{"n":"2305843009213693953""#
+    );
+}
+
+#[test]
+fn wire_formats_by_name() {
+    for format in WireFormat::ALL {
+        assert_eq!(WireFormat::from_name(format.name()), Ok(format));
+        assert_eq!(format.to_string().parse::<WireFormat>(), Ok(format));
+    }
+    let error = WireFormat::from_name("gemini").unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "unknown message format `gemini` (known formats: openai, anthropic)"
+    );
+
+    let wire = sample("openai_agent_loop.json");
+    let messages = WireFormat::OpenAi.parse(&wire).unwrap();
+    assert_eq!(WireFormat::OpenAi.write(&messages).unwrap(), wire);
+    let body = serde_json::json!({"model": "gpt-4.1", "messages": wire.clone(), "tools": []});
+    assert_eq!(WireFormat::OpenAi.parse(&body).unwrap(), messages);
+    assert_eq!(
+        WireFormat::OpenAi
+            .parse(&serde_json::json!({"model": "gpt-4.1"}))
+            .unwrap_err()
+            .to_string(),
+        "messages: missing required field"
+    );
+
+    let body = sample("anthropic_multimodal.json");
+    let messages = WireFormat::Anthropic.parse(&body).unwrap();
+    assert_eq!(
+        WireFormat::Anthropic.write(&messages).unwrap(),
+        conversation_of(&body)
+    );
+    assert_eq!(
+        WireFormat::Anthropic.parse(&wire).unwrap_err().to_string(),
+        "request: expected an object, found an array"
     );
 }

@@ -58,6 +58,17 @@ pub fn parse_messages(value: &Value) -> Result<Vec<Message>, FormatError> {
         .collect()
 }
 
+/// Reads the `messages` of a chat-completions request body (other fields, such as `model`
+/// and `tools`, are not read). Errors name the place as `messages[<index>].<field>`.
+pub fn parse_request(body: &Value) -> Result<Vec<Message>, FormatError> {
+    match expect_object(body, "request")?.get("messages") {
+        Some(messages) => parse_messages(messages),
+        None => Err(FormatError::MissingField {
+            path: "messages".into(),
+        }),
+    }
+}
+
 /// Writes one message in the chat-completions format.
 pub fn to_value(message: &Message) -> Value {
     let mut object = Map::new();
