@@ -319,7 +319,10 @@ impl<'a, C: Costs> Fitter<'a, C> {
         };
         let mut anchor = 0..0;
         if options.provider.requires_alternation()
-            && let Some(&first) = segmenter.pinned.iter().find(|&&unit| unit >= sys_end)
+            && let Some(&first) = segmenter
+                .pinned
+                .iter()
+                .find(|&&unit| unit >= sys_end && !units[unit].first_role.is_system_like())
             && units[first].first_role != Role::User
             && let Some(user) = (sys_end..first)
                 .rev()
@@ -406,10 +409,9 @@ impl<'a, C: Costs> Fitter<'a, C> {
     /// Moves `start` past units the kept history may not start with, unless a fixed unit
     /// after the system prompt already comes first.
     fn apply_start_on(&self, mut start: usize, end: usize, fixed: &[usize]) -> usize {
-        if fixed
-            .iter()
-            .any(|&unit| unit >= self.sys_end && unit < start)
-        {
+        if fixed.iter().any(|&unit| {
+            unit >= self.sys_end && unit < start && !self.units[unit].first_role.is_system_like()
+        }) {
             return start;
         }
         while start < end && !self.fixed(start) && !self.start_ok(self.units[start].first_role) {
@@ -522,10 +524,26 @@ impl<'a, C: Costs> Fitter<'a, C> {
                         over,
                     }
                 } else {
-                    let reserve = u64::from(
-                        self.counter
-                            .count_message(&marker_message(self.messages.len())),
-                    );
+                    // The marker's count grows with its number; reserve the larger of the
+                    // singular form and the largest possible number.
+                    let reserve = [1, self.messages.len()]
+                        .into_iter()
+                        .map(|k| u64::from(self.counter.count_message(&marker_message(k))))
+                        .max()
+                        .unwrap_or(0);
+                    if reserve > low {
+                        // No room for the marker: keep the most recent units that fit.
+                        let (tail_start, _, _) = self.walk_back(start, end, low, 0);
+                        return self.finish(
+                            Plan {
+                                kept: combine(&fixed, &[tail_start..end]),
+                                partial: None,
+                                marker: None,
+                                over,
+                            },
+                            overhead,
+                        );
+                    }
                     let budget = low.saturating_sub(reserve);
                     let mut acc = 0;
                     let mut taken = 0;
