@@ -624,7 +624,8 @@ impl<'a, C: Costs> Fitter<'a, C> {
             let kept = if keep_end {
                 lines[lines.len() - keep..].concat()
             } else {
-                lines[..keep].concat()
+                let kept = lines[..keep].concat();
+                kept.strip_suffix('\n').map(str::to_owned).unwrap_or(kept)
             };
             let mut cut = message.clone();
             cut.set_text(kept);
