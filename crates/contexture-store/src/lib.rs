@@ -1,1 +1,166 @@
-//! Durable thread storage: the Store trait with SQLite and PostgreSQL implementations.
+//! Durable thread storage: the [`Store`] trait with SQLite ([`SqliteStore`], the embedded
+//! default) and PostgreSQL ([`PgStore`]) implementations (PRODUCT.md F27).
+//!
+//! A store keeps each thread's append-only event log (see [`contexture_core::thread`]) and
+//! rebuilds threads by replaying it. Guarantees, the same for both stores and checked by one
+//! conformance suite (`tests/conformance.rs`):
+//! - an append is one transaction, acknowledged only after it commits;
+//! - concurrent appends to one thread, from many tasks or many processes, get unique,
+//!   gap-free seqs starting at 1 (SQLite: `BEGIN IMMEDIATE`; PostgreSQL: a row lock on the
+//!   thread);
+//! - an event may carry an idempotency key: a retry with the same key stores nothing and
+//!   returns the seq assigned the first time;
+//! - a fork records only its parent and fork point; reading it walks the parent's prefix;
+//! - each message's token counts, per encoding, are computed once at append time and stored,
+//!   so loading a thread never re-tokenizes;
+//! - migrations are numbered SQL files under `migrations/`, applied on open;
+//! - a thread that has forks is never deleted out from under them: [`Store::delete`] refuses
+//!   with [`StoreError::HasForks`], and [`Store::prune`] removes idle forks before their
+//!   parents and keeps a parent while any fork of it is kept.
+
+mod error;
+mod postgres;
+mod record;
+mod sqlite;
+mod url;
+
+use std::future::Future;
+use std::time::SystemTime;
+
+use contexture_core::thread::{Event, EventKind, Thread};
+
+pub use error::StoreError;
+pub use postgres::PgStore;
+pub use sqlite::SqliteStore;
+pub use url::{AnyStore, StoreUrl};
+
+/// An event to append, with an optional idempotency key.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEvent {
+    /// What happened.
+    pub kind: EventKind,
+    /// A key unique within the thread: appending an event with a key already stored stores
+    /// nothing and returns the seq assigned the first time.
+    pub idempotency_key: Option<String>,
+}
+
+impl NewEvent {
+    /// An event without an idempotency key.
+    pub fn new(kind: EventKind) -> NewEvent {
+        NewEvent {
+            kind,
+            idempotency_key: None,
+        }
+    }
+
+    /// Builder: sets the idempotency key.
+    pub fn with_key(mut self, key: impl Into<String>) -> NewEvent {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+}
+
+impl From<EventKind> for NewEvent {
+    fn from(kind: EventKind) -> NewEvent {
+        NewEvent::new(kind)
+    }
+}
+
+/// A summary of one stored thread.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ThreadInfo {
+    /// The thread's id.
+    pub id: String,
+    /// The thread it was forked from, when it is a fork.
+    pub parent: Option<String>,
+    /// The parent's last seq it shares, when it is a fork.
+    pub fork_seq: Option<u64>,
+    /// The seq of its last event (a fork's seqs continue its parent's prefix).
+    pub last_seq: u64,
+    /// When it was created, in milliseconds since the Unix epoch.
+    pub created_at_ms: i64,
+    /// When it was last appended to, in milliseconds since the Unix epoch.
+    pub updated_at_ms: i64,
+}
+
+/// What [`Store::prune`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PruneReport {
+    /// Threads deleted (forks before their parents).
+    pub deleted: Vec<String>,
+    /// Idle threads kept because a fork of theirs is kept.
+    pub kept_for_forks: Vec<String>,
+}
+
+/// Durable storage of thread event logs. See the crate documentation for the guarantees.
+pub trait Store: Send + Sync {
+    /// Appends `events` to `thread` in one transaction, creating the thread when it does not
+    /// exist, and returns the seq of each event (for a retried idempotency key, the seq stored
+    /// the first time). Returns only after the transaction committed.
+    fn append(
+        &self,
+        thread: &str,
+        events: Vec<NewEvent>,
+    ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
+
+    /// Every event of `thread`, oldest first; for a fork, the parent's events up to the fork
+    /// point come first.
+    fn events(&self, thread: &str) -> impl Future<Output = Result<Vec<Event>, StoreError>> + Send;
+
+    /// Creates `child` as a fork of `parent` after the parent's event `at_seq` (0 forks before
+    /// the first event) and returns the seq of the child's `forked` event (`at_seq + 1`).
+    /// Nothing is copied.
+    fn fork(
+        &self,
+        parent: &str,
+        at_seq: u64,
+        child: &str,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Every thread, by id.
+    fn list(&self) -> impl Future<Output = Result<Vec<ThreadInfo>, StoreError>> + Send;
+
+    /// Deletes `thread` and its events. Refuses with [`StoreError::HasForks`] when forks
+    /// of it exist (they read its events); delete or prune the forks first.
+    fn delete(&self, thread: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Deletes every thread last appended to before `idle_before`, forks before their
+    /// parents; a thread with a fork that is kept is kept too, and reported.
+    fn prune(
+        &self,
+        idle_before: SystemTime,
+    ) -> impl Future<Output = Result<PruneReport, StoreError>> + Send;
+
+    /// Appends one event and returns its seq.
+    fn append_one(
+        &self,
+        thread: &str,
+        event: NewEvent,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        async move {
+            let seqs = self.append(thread, vec![event]).await?;
+            seqs.first().copied().ok_or_else(|| StoreError::Corrupt {
+                thread: thread.to_string(),
+                seq: 0,
+                detail: "an append of one event returned no seq".into(),
+            })
+        }
+    }
+
+    /// Loads `thread` by replaying its events (messages carry their stored token counts).
+    fn load(&self, thread: &str) -> impl Future<Output = Result<Thread, StoreError>> + Send {
+        async move {
+            let events = self.events(thread).await?;
+            Thread::replay(thread, events).map_err(|source| StoreError::Replay {
+                thread: thread.to_string(),
+                source,
+            })
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch (0 for times before it).
+pub(crate) fn epoch_ms(time: SystemTime) -> i64 {
+    time.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}

@@ -1,0 +1,492 @@
+//! The PostgreSQL store.
+//!
+//! A pool of tokio-postgres connections (deadpool). An append locks the thread's row
+//! (`SELECT last_seq ... FOR UPDATE`) in its transaction, so concurrent appends from any
+//! number of tasks or processes get gap-free seqs; the primary key `(thread_id, seq)` is the
+//! backstop. Bodies are stored as text so they read back byte for byte.
+
+use std::time::SystemTime;
+
+use contexture_core::thread::Event;
+use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::{IsolationLevel, NoTls};
+
+use crate::error::Action;
+use crate::record::{self, db_seq, seq_of};
+use crate::{NewEvent, PruneReport, Store, StoreError, ThreadInfo, epoch_ms};
+
+/// The numbered migrations, applied in order on open.
+const MIGRATIONS: &[(u32, &str)] = &[(1, include_str!("../migrations/postgres/0001_threads.sql"))];
+
+/// Connections in the pool.
+const POOL_SIZE: usize = 16;
+
+/// A thread store in a PostgreSQL database. Cheap to clone; clones share the pool.
+#[derive(Clone)]
+pub struct PgStore {
+    pool: Pool,
+    schema: Option<String>,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("schema", &self.schema)
+            .finish()
+    }
+}
+
+fn invalid(url: &str, reason: impl std::fmt::Display) -> StoreError {
+    StoreError::InvalidUrl {
+        url: url.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+impl PgStore {
+    /// Connects to `url` (`postgres://user@host:port/db`) and applies pending migrations.
+    pub async fn open(url: &str) -> Result<PgStore, StoreError> {
+        PgStore::open_with_schema(url, None).await
+    }
+
+    /// Like [`PgStore::open`], keeping every table in `schema` (created when missing).
+    /// `schema` must be an identifier of ASCII letters, digits and underscores.
+    pub async fn open_in_schema(url: &str, schema: &str) -> Result<PgStore, StoreError> {
+        PgStore::open_with_schema(url, Some(schema)).await
+    }
+
+    async fn open_with_schema(url: &str, schema: Option<&str>) -> Result<PgStore, StoreError> {
+        let mut config: tokio_postgres::Config = url.parse().map_err(|e| invalid(url, e))?;
+        if let Some(schema) = schema {
+            if schema.is_empty()
+                || !schema
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_')
+            {
+                return Err(invalid(
+                    url,
+                    format!("schema name `{schema}` is not a plain identifier"),
+                ));
+            }
+            let (client, connection) = config.connect(NoTls).await.doing("connect")?;
+            let driver = tokio::spawn(connection);
+            let created = client
+                .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
+                .await
+                .doing("create the schema");
+            drop(client);
+            let _ = driver.await;
+            created?;
+            config.options(format!("-c search_path={schema}"));
+        }
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .build()
+            .map_err(|e| invalid(url, format!("cannot build the connection pool: {e}")))?;
+        let store = PgStore {
+            pool,
+            schema: schema.map(str::to_string),
+        };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// Drops the schema this store was opened in, with everything in it (for tests and
+    /// temporary stores). Does nothing for a store opened without a schema.
+    pub async fn drop_schema(&self) -> Result<(), StoreError> {
+        if let Some(schema) = &self.schema {
+            let client = self.pool.get().await?;
+            client
+                .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+                .await
+                .doing("drop the schema")?;
+        }
+        Ok(())
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await.doing("begin migrations")?;
+        // Serialize concurrent openers of the same schema.
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(hashtext('contexture:' || current_schema()))",
+            &[],
+        )
+        .await
+        .doing("lock for migrations")?;
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS schema_version (
+                 version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)",
+        )
+        .await
+        .doing("create schema_version")?;
+        let current: i32 = tx
+            .query_one("SELECT COALESCE(MAX(version), 0) FROM schema_version", &[])
+            .await
+            .doing("read the schema version")?
+            .get(0);
+        let current = u32::try_from(current).unwrap_or(0);
+        let known = MIGRATIONS.last().map_or(0, |(v, _)| *v);
+        if current > known {
+            return Err(StoreError::SchemaTooNew {
+                backend: "postgres",
+                found: current,
+                known,
+            });
+        }
+        for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
+            let failed = |e: tokio_postgres::Error| StoreError::Migration {
+                backend: "postgres",
+                version: *version,
+                detail: e.to_string(),
+            };
+            tx.batch_execute(sql).await.map_err(failed)?;
+            let number = i32::try_from(*version).unwrap_or(i32::MAX);
+            tx.execute(
+                "INSERT INTO schema_version (version, applied_at) VALUES ($1, $2)",
+                &[&number, &epoch_ms(SystemTime::now())],
+            )
+            .await
+            .map_err(failed)?;
+        }
+        tx.commit().await.doing("commit migrations")
+    }
+}
+
+/// The segments to read for `thread`, root first (see the SQLite store).
+async fn chain(
+    client: &impl GenericClient,
+    thread: &str,
+) -> Result<Vec<(String, Option<u64>)>, StoreError> {
+    let mut segments = Vec::new();
+    let mut current = thread.to_string();
+    let mut limit: Option<u64> = None;
+    loop {
+        let row = client
+            .query_opt(
+                "SELECT parent_id, fork_seq FROM threads WHERE id = $1",
+                &[&current],
+            )
+            .await
+            .doing("read the thread")?;
+        let Some(row) = row else {
+            return Err(if segments.is_empty() {
+                StoreError::NotFound {
+                    thread: thread.to_string(),
+                }
+            } else {
+                StoreError::Corrupt {
+                    thread: thread.to_string(),
+                    seq: 0,
+                    detail: format!("ancestor `{current}` is missing"),
+                }
+            });
+        };
+        let parent: Option<String> = row.get(0);
+        let fork_seq: Option<i64> = row.get(1);
+        segments.push((current, limit));
+        match (parent, fork_seq) {
+            (Some(parent), Some(fork_seq)) => {
+                let fork_seq = seq_of(thread, fork_seq)?;
+                limit = Some(limit.map_or(fork_seq, |l| l.min(fork_seq)));
+                current = parent;
+            }
+            _ => break,
+        }
+    }
+    segments.reverse();
+    Ok(segments)
+}
+
+async fn delete_thread(client: &impl GenericClient, thread: &str) -> Result<(), StoreError> {
+    client
+        .execute("DELETE FROM events WHERE thread_id = $1", &[&thread])
+        .await
+        .doing("delete events")?;
+    client
+        .execute("DELETE FROM threads WHERE id = $1", &[&thread])
+        .await
+        .doing("delete the thread")?;
+    Ok(())
+}
+
+impl Store for PgStore {
+    async fn append(&self, thread: &str, events: Vec<NewEvent>) -> Result<Vec<u64>, StoreError> {
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = events
+            .into_iter()
+            .map(|event| record::encode(thread, event))
+            .collect::<Result<Vec<_>, _>>()?;
+        let now = epoch_ms(SystemTime::now());
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await.doing("begin an append")?;
+        tx.execute(
+            "INSERT INTO threads (id, last_seq, created_at, updated_at) VALUES ($1, 0, $2, $2)
+             ON CONFLICT (id) DO NOTHING",
+            &[&thread, &now],
+        )
+        .await
+        .doing("create the thread")?;
+        let last: i64 = tx
+            .query_one(
+                "SELECT last_seq FROM threads WHERE id = $1 FOR UPDATE",
+                &[&thread],
+            )
+            .await
+            .doing("lock the thread")?
+            .get(0);
+        let mut last = seq_of(thread, last)?;
+        let find = tx
+            .prepare_cached("SELECT seq FROM events WHERE thread_id = $1 AND idempotency_key = $2")
+            .await
+            .doing("prepare the idempotency lookup")?;
+        let insert = tx
+            .prepare_cached(
+                "INSERT INTO events (thread_id, seq, kind, body, tokens, idempotency_key, created_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            )
+            .await
+            .doing("prepare the insert")?;
+        let mut seqs = Vec::with_capacity(rows.len());
+        for row in rows {
+            if let Some(key) = &row.key {
+                let stored = tx
+                    .query_opt(&find, &[&thread, key])
+                    .await
+                    .doing("look up the idempotency key")?;
+                if let Some(stored) = stored {
+                    seqs.push(seq_of(thread, stored.get(0))?);
+                    continue;
+                }
+            }
+            let seq = last + 1;
+            row.event
+                .check_at(seq)
+                .map_err(|source| StoreError::InvalidEvent {
+                    thread: thread.to_string(),
+                    source,
+                })?;
+            tx.execute(
+                &insert,
+                &[
+                    &thread,
+                    &db_seq(seq),
+                    &row.kind,
+                    &row.body,
+                    &row.tokens,
+                    &row.key,
+                    &now,
+                ],
+            )
+            .await
+            .doing("insert the event")?;
+            last = seq;
+            seqs.push(seq);
+        }
+        tx.execute(
+            "UPDATE threads SET last_seq = $2, updated_at = $3 WHERE id = $1",
+            &[&thread, &db_seq(last), &now],
+        )
+        .await
+        .doing("update the thread")?;
+        tx.commit().await.doing("commit the append")?;
+        Ok(seqs)
+    }
+
+    async fn events(&self, thread: &str) -> Result<Vec<Event>, StoreError> {
+        let mut client = self.pool.get().await?;
+        let tx = client
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await
+            .doing("begin a read")?;
+        let segments = chain(&tx, thread).await?;
+        let select = tx
+            .prepare_cached(
+                "SELECT seq, kind, body, tokens FROM events
+                 WHERE thread_id = $1 AND seq <= $2 ORDER BY seq",
+            )
+            .await
+            .doing("prepare the event query")?;
+        let mut events = Vec::new();
+        for (id, limit) in &segments {
+            let rows = tx
+                .query(&select, &[id, &limit.map_or(i64::MAX, db_seq)])
+                .await
+                .doing("query events")?;
+            events.reserve(rows.len());
+            for row in rows {
+                let seq = seq_of(thread, row.get(0))?;
+                events.push(record::decode(
+                    thread,
+                    seq,
+                    row.get(1),
+                    row.get(2),
+                    row.get(3),
+                )?);
+            }
+        }
+        tx.commit().await.doing("end the read")?;
+        Ok(events)
+    }
+
+    async fn fork(&self, parent: &str, at_seq: u64, child: &str) -> Result<u64, StoreError> {
+        let now = epoch_ms(SystemTime::now());
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await.doing("begin a fork")?;
+        let last = tx
+            .query_opt(
+                "SELECT last_seq FROM threads WHERE id = $1 FOR UPDATE",
+                &[&parent],
+            )
+            .await
+            .doing("lock the parent")?
+            .ok_or_else(|| StoreError::NotFound {
+                thread: parent.to_string(),
+            })?;
+        let last = seq_of(parent, last.get(0))?;
+        if at_seq > last {
+            return Err(StoreError::ForkBeyondEnd {
+                parent: parent.to_string(),
+                at_seq,
+                last_seq: last,
+            });
+        }
+        let seq = at_seq + 1;
+        let created = tx
+            .execute(
+                "INSERT INTO threads (id, parent_id, fork_seq, last_seq, created_at, updated_at)
+                 VALUES ($1, $2, $3, $4, $5, $5) ON CONFLICT (id) DO NOTHING",
+                &[&child, &parent, &db_seq(at_seq), &db_seq(seq), &now],
+            )
+            .await
+            .doing("create the fork")?;
+        if created == 0 {
+            return Err(StoreError::AlreadyExists {
+                thread: child.to_string(),
+            });
+        }
+        tx.execute(
+            "INSERT INTO events (thread_id, seq, kind, body, tokens, idempotency_key, created_at)
+             VALUES ($1, $2, 'forked', $3, NULL, NULL, $4)",
+            &[
+                &child,
+                &db_seq(seq),
+                &record::forked_body(parent, at_seq),
+                &now,
+            ],
+        )
+        .await
+        .doing("record the fork")?;
+        tx.commit().await.doing("commit the fork")?;
+        Ok(seq)
+    }
+
+    async fn list(&self) -> Result<Vec<ThreadInfo>, StoreError> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT id, parent_id, fork_seq, last_seq, created_at, updated_at
+                 FROM threads ORDER BY id",
+                &[],
+            )
+            .await
+            .doing("list threads")?;
+        rows.into_iter()
+            .map(|row| {
+                let id: String = row.get(0);
+                Ok(ThreadInfo {
+                    parent: row.get(1),
+                    fork_seq: row
+                        .get::<_, Option<i64>>(2)
+                        .map(|s| seq_of(&id, s))
+                        .transpose()?,
+                    last_seq: seq_of(&id, row.get(3))?,
+                    created_at_ms: row.get(4),
+                    updated_at_ms: row.get(5),
+                    id,
+                })
+            })
+            .collect()
+    }
+
+    async fn delete(&self, thread: &str) -> Result<(), StoreError> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await.doing("begin a delete")?;
+        tx.query_opt("SELECT 1 FROM threads WHERE id = $1 FOR UPDATE", &[&thread])
+            .await
+            .doing("lock the thread")?
+            .ok_or_else(|| StoreError::NotFound {
+                thread: thread.to_string(),
+            })?;
+        let forks: Vec<String> = tx
+            .query(
+                "SELECT id FROM threads WHERE parent_id = $1 ORDER BY id",
+                &[&thread],
+            )
+            .await
+            .doing("list forks")?
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        if !forks.is_empty() {
+            return Err(StoreError::HasForks {
+                thread: thread.to_string(),
+                forks,
+            });
+        }
+        delete_thread(&tx, thread).await?;
+        tx.commit().await.doing("commit the delete")
+    }
+
+    async fn prune(&self, idle_before: SystemTime) -> Result<PruneReport, StoreError> {
+        let cutoff = epoch_ms(idle_before);
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await.doing("begin pruning")?;
+        let mut report = PruneReport::default();
+        loop {
+            let leaves: Vec<String> = tx
+                .query(
+                    "SELECT id FROM threads t WHERE updated_at < $1
+                     AND NOT EXISTS (SELECT 1 FROM threads c WHERE c.parent_id = t.id)
+                     ORDER BY id FOR UPDATE",
+                    &[&cutoff],
+                )
+                .await
+                .doing("find idle threads")?
+                .iter()
+                .map(|row| row.get(0))
+                .collect();
+            if leaves.is_empty() {
+                break;
+            }
+            for id in leaves {
+                delete_thread(&tx, &id).await?;
+                report.deleted.push(id);
+            }
+        }
+        report.kept_for_forks = tx
+            .query(
+                "SELECT id FROM threads WHERE updated_at < $1 ORDER BY id",
+                &[&cutoff],
+            )
+            .await
+            .doing("find kept threads")?
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        tx.commit().await.doing("commit pruning")?;
+        Ok(report)
+    }
+}

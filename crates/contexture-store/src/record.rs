@@ -1,0 +1,154 @@
+//! The stored form of an event: its type name, a JSON body and the token counts of the
+//! messages it carries. Shared by both stores.
+//!
+//! - `kind`: the event's type name (`message_appended`, ...);
+//! - `body`: for `message_appended`, the message in Contexture's storage form; otherwise the
+//!   whole event (without its seq) as JSON. Kept as text, byte for byte;
+//! - `tokens`: for events carrying messages, each message's counts per encoding, messages
+//!   separated by `;`, encodings as `name=count` separated by `,` (for example
+//!   `cl100k_base=12,o200k_base=11`). Counted once at append time, restored on load.
+
+use contexture_core::Message;
+use contexture_core::thread::{Event, EventKind};
+use contexture_core::tokens::{Encoding, message_tokens};
+
+use crate::{NewEvent, StoreError};
+
+/// The type name of message events, stored with the message alone as the body.
+const MESSAGE_APPENDED: &str = "message_appended";
+
+/// An event ready to be written.
+pub(crate) struct Row {
+    /// The event's type name.
+    pub kind: &'static str,
+    /// The JSON body.
+    pub body: String,
+    /// The token counts, when the event carries messages.
+    pub tokens: Option<String>,
+    /// The idempotency key.
+    pub key: Option<String>,
+    /// The event, for checks that need its seq.
+    pub event: EventKind,
+}
+
+/// Encodes `event` for writing, counting its messages' tokens.
+pub(crate) fn encode(thread: &str, event: NewEvent) -> Result<Row, StoreError> {
+    if matches!(event.kind, EventKind::Forked { .. }) {
+        return Err(StoreError::ForkedEventAppended {
+            thread: thread.to_string(),
+        });
+    }
+    let body = match &event.kind {
+        EventKind::MessageAppended { message } => serde_json::to_string(message),
+        other => serde_json::to_string(other),
+    }
+    .map_err(|error| StoreError::Corrupt {
+        thread: thread.to_string(),
+        seq: 0,
+        detail: format!("cannot serialize the event: {error}"),
+    })?;
+    Ok(Row {
+        kind: event.kind.type_name(),
+        body,
+        tokens: count(&event.kind),
+        key: event.idempotency_key,
+        event: event.kind,
+    })
+}
+
+/// Encodes the `forked` event [`crate::Store::fork`] writes.
+pub(crate) fn forked_body(parent: &str, at_seq: u64) -> String {
+    serde_json::json!({"type": "forked", "parent": parent, "at_seq": at_seq}).to_string()
+}
+
+fn count(event: &EventKind) -> Option<String> {
+    let messages = event.messages();
+    if messages.is_empty() {
+        return None;
+    }
+    let mut text = String::new();
+    for (i, message) in messages.into_iter().enumerate() {
+        if i > 0 {
+            text.push(';');
+        }
+        for (j, encoding) in Encoding::ALL.into_iter().enumerate() {
+            if j > 0 {
+                text.push(',');
+            }
+            text.push_str(encoding.name());
+            text.push('=');
+            text.push_str(&message_tokens(message, encoding).to_string());
+        }
+    }
+    Some(text)
+}
+
+/// Decodes a stored event and restores its messages' token counts.
+pub(crate) fn decode(
+    thread: &str,
+    seq: u64,
+    kind: &str,
+    body: &str,
+    tokens: Option<&str>,
+) -> Result<Event, StoreError> {
+    let corrupt = |detail: String| StoreError::Corrupt {
+        thread: thread.to_string(),
+        seq,
+        detail,
+    };
+    let event = if kind == MESSAGE_APPENDED {
+        let message: Message = serde_json::from_str(body).map_err(|e| corrupt(e.to_string()))?;
+        EventKind::MessageAppended { message }
+    } else {
+        let event: EventKind = serde_json::from_str(body).map_err(|e| corrupt(e.to_string()))?;
+        if event.type_name() != kind {
+            return Err(corrupt(format!(
+                "stored as `{kind}` but the body is a `{}`",
+                event.type_name()
+            )));
+        }
+        event
+    };
+    if let Some(tokens) = tokens {
+        let messages = event.messages();
+        let counts: Vec<&str> = tokens.split(';').collect();
+        if counts.len() != messages.len() {
+            return Err(corrupt(format!(
+                "{} token counts for {} messages",
+                counts.len(),
+                messages.len()
+            )));
+        }
+        for (message, counts) in messages.into_iter().zip(counts) {
+            for pair in counts.split(',') {
+                let parsed = pair.split_once('=').and_then(|(name, n)| {
+                    Some((Encoding::from_name(name).ok()?, n.parse::<u32>().ok()?))
+                });
+                // A count under an encoding this build does not know is skipped (it would be
+                // recomputed); a malformed one is an error.
+                match parsed {
+                    Some((encoding, n)) => message.set_cached_tokens(encoding, n),
+                    None if pair
+                        .split_once('=')
+                        .is_some_and(|(_, n)| n.parse::<u32>().is_ok()) => {}
+                    None => return Err(corrupt(format!("bad token count `{pair}`"))),
+                }
+            }
+        }
+    }
+    Ok(Event::new(seq, event))
+}
+
+/// Converts a database integer to a seq.
+pub(crate) fn seq_of(thread: &str, value: i64) -> Result<u64, StoreError> {
+    u64::try_from(value).map_err(|_| StoreError::Corrupt {
+        thread: thread.to_string(),
+        seq: 0,
+        detail: format!("negative seq {value}"),
+    })
+}
+
+/// Converts a seq to a database integer.
+pub(crate) fn db_seq(seq: u64) -> i64 {
+    i64::try_from(seq).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,531 @@
+//! The SQLite store: the embedded default.
+//!
+//! One file in WAL mode with `synchronous = FULL`, so an append is on disk when its commit
+//! returns. Writes in this process go through one connection in turn; writers in other
+//! processes are serialized by `BEGIN IMMEDIATE` (waiting up to the busy timeout), and the
+//! seq of each new event is the thread's `last_seq + 1` read inside that transaction, with
+//! the primary key `(thread_id, seq)` as a backstop. Blocking calls run on tokio's blocking
+//! pool.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use contexture_core::thread::Event;
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+
+use crate::error::Action;
+use crate::record::{self, Row, db_seq, seq_of};
+use crate::{NewEvent, PruneReport, Store, StoreError, ThreadInfo, epoch_ms};
+
+/// The numbered migrations, applied in order on open.
+const MIGRATIONS: &[(u32, &str)] = &[(1, include_str!("../migrations/sqlite/0001_threads.sql"))];
+
+/// How long a write waits for another process's write transaction.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Connections kept for reads.
+const MAX_IDLE_READERS: usize = 8;
+
+/// A thread store in one SQLite file. Cheap to clone; clones share connections.
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    writer: Mutex<Connection>,
+    readers: Mutex<Vec<Connection>>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.inner.path)
+            .finish()
+    }
+}
+
+fn connect(path: &Path) -> Result<Connection, StoreError> {
+    let conn = Connection::open(path).doing("open the database file")?;
+    conn.busy_timeout(BUSY_TIMEOUT)
+        .doing("set the busy timeout")?;
+    conn.execute_batch(
+        "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;",
+    )
+    .doing("configure the connection")?;
+    Ok(conn)
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock cannot leave a connection half-way through a
+    // transaction: rusqlite rolls back uncommitted transactions when they are dropped.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .doing("begin migrations")?;
+    tx.execute_batch(
+        "CREATE TABLE IF NOT EXISTS schema_version (
+             version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
+    )
+    .doing("create schema_version")?;
+    let current: u32 = tx
+        .query_row(
+            "SELECT COALESCE(MAX(version), 0) FROM schema_version",
+            [],
+            |r| r.get(0),
+        )
+        .doing("read the schema version")?;
+    let known = MIGRATIONS.last().map_or(0, |(v, _)| *v);
+    if current > known {
+        return Err(StoreError::SchemaTooNew {
+            backend: "sqlite",
+            found: current,
+            known,
+        });
+    }
+    for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
+        let failed = |e: rusqlite::Error| StoreError::Migration {
+            backend: "sqlite",
+            version: *version,
+            detail: e.to_string(),
+        };
+        tx.execute_batch(sql).map_err(failed)?;
+        tx.execute(
+            "INSERT INTO schema_version (version, applied_at) VALUES (?1, ?2)",
+            params![version, epoch_ms(SystemTime::now())],
+        )
+        .map_err(failed)?;
+    }
+    tx.commit().doing("commit migrations")
+}
+
+impl SqliteStore {
+    /// Opens (creating when missing) the database at `path` and applies pending migrations.
+    pub async fn open(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        tokio::task::spawn_blocking(move || SqliteStore::open_blocking(path)).await?
+    }
+
+    /// Like [`SqliteStore::open`], on the calling thread.
+    pub fn open_blocking(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        let mut writer = connect(&path)?;
+        migrate(&mut writer)?;
+        Ok(SqliteStore {
+            inner: Arc::new(Inner {
+                path,
+                writer: Mutex::new(writer),
+                readers: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    async fn write<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || work(&mut lock(&inner.writer))).await?
+    }
+
+    async fn read<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || {
+            let pooled = lock(&inner.readers).pop();
+            let mut conn = match pooled {
+                Some(conn) => conn,
+                None => connect(&inner.path)?,
+            };
+            let result = work(&mut conn);
+            let mut readers = lock(&inner.readers);
+            if readers.len() < MAX_IDLE_READERS {
+                readers.push(conn);
+            }
+            result
+        })
+        .await?
+    }
+}
+
+fn append_rows(
+    conn: &mut Connection,
+    thread: &str,
+    rows: Vec<Row>,
+) -> Result<Vec<u64>, StoreError> {
+    let now = epoch_ms(SystemTime::now());
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .doing("begin an append")?;
+    tx.execute(
+        "INSERT INTO threads (id, last_seq, created_at, updated_at) VALUES (?1, 0, ?2, ?2)
+         ON CONFLICT (id) DO NOTHING",
+        params![thread, now],
+    )
+    .doing("create the thread")?;
+    let last: i64 = tx
+        .query_row(
+            "SELECT last_seq FROM threads WHERE id = ?1",
+            [thread],
+            |r| r.get(0),
+        )
+        .doing("read the last seq")?;
+    let mut last = seq_of(thread, last)?;
+    let mut seqs = Vec::with_capacity(rows.len());
+    {
+        let mut find = tx
+            .prepare_cached("SELECT seq FROM events WHERE thread_id = ?1 AND idempotency_key = ?2")
+            .doing("prepare the idempotency lookup")?;
+        let mut insert = tx
+            .prepare_cached(
+                "INSERT INTO events (thread_id, seq, kind, body, tokens, idempotency_key, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            )
+            .doing("prepare the insert")?;
+        for row in rows {
+            if let Some(key) = &row.key {
+                let stored: Option<i64> = find
+                    .query_row(params![thread, key], |r| r.get(0))
+                    .optional()
+                    .doing("look up the idempotency key")?;
+                if let Some(seq) = stored {
+                    seqs.push(seq_of(thread, seq)?);
+                    continue;
+                }
+            }
+            let seq = last + 1;
+            row.event
+                .check_at(seq)
+                .map_err(|source| StoreError::InvalidEvent {
+                    thread: thread.to_string(),
+                    source,
+                })?;
+            insert
+                .execute(params![
+                    thread,
+                    db_seq(seq),
+                    row.kind,
+                    row.body,
+                    row.tokens,
+                    row.key,
+                    now
+                ])
+                .doing("insert the event")?;
+            last = seq;
+            seqs.push(seq);
+        }
+    }
+    tx.execute(
+        "UPDATE threads SET last_seq = ?2, updated_at = ?3 WHERE id = ?1",
+        params![thread, db_seq(last), now],
+    )
+    .doing("update the thread")?;
+    tx.commit().doing("commit the append")?;
+    Ok(seqs)
+}
+
+/// The segments to read for `thread`, root first: each thread with the last seq to read
+/// from it (`None`: all of its own events).
+fn chain(conn: &Connection, thread: &str) -> Result<Vec<(String, Option<u64>)>, StoreError> {
+    let mut segments = Vec::new();
+    let mut current = thread.to_string();
+    let mut limit: Option<u64> = None;
+    loop {
+        let link: Option<(Option<String>, Option<i64>)> = conn
+            .query_row(
+                "SELECT parent_id, fork_seq FROM threads WHERE id = ?1",
+                [&current],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .doing("read the thread")?;
+        let Some((parent, fork_seq)) = link else {
+            return Err(if segments.is_empty() {
+                StoreError::NotFound {
+                    thread: thread.to_string(),
+                }
+            } else {
+                StoreError::Corrupt {
+                    thread: thread.to_string(),
+                    seq: 0,
+                    detail: format!("ancestor `{current}` is missing"),
+                }
+            });
+        };
+        segments.push((current, limit));
+        match (parent, fork_seq) {
+            (Some(parent), Some(fork_seq)) => {
+                let fork_seq = seq_of(thread, fork_seq)?;
+                limit = Some(limit.map_or(fork_seq, |l| l.min(fork_seq)));
+                current = parent;
+            }
+            _ => break,
+        }
+    }
+    segments.reverse();
+    Ok(segments)
+}
+
+fn read_events(conn: &mut Connection, thread: &str) -> Result<Vec<Event>, StoreError> {
+    let tx = conn.transaction().doing("begin a read")?;
+    let segments = chain(&tx, thread)?;
+    let mut events = Vec::new();
+    {
+        let mut select = tx
+            .prepare_cached(
+                "SELECT seq, kind, body, tokens FROM events
+                 WHERE thread_id = ?1 AND seq <= ?2 ORDER BY seq",
+            )
+            .doing("prepare the event query")?;
+        for (id, limit) in &segments {
+            let mut rows = select
+                .query(params![id, limit.map_or(i64::MAX, db_seq)])
+                .doing("query events")?;
+            while let Some(row) = rows.next().doing("read an event")? {
+                let seq = seq_of(thread, row.get(0).doing("read a seq")?)?;
+                let kind = row
+                    .get_ref(1)
+                    .and_then(|v| Ok(v.as_str()?))
+                    .doing("read a kind")?;
+                let body = row
+                    .get_ref(2)
+                    .and_then(|v| Ok(v.as_str()?))
+                    .doing("read a body")?;
+                let tokens = row
+                    .get_ref(3)
+                    .and_then(|v| Ok(v.as_str_or_null()?))
+                    .doing("read token counts")?;
+                events.push(record::decode(thread, seq, kind, body, tokens)?);
+            }
+        }
+    }
+    tx.commit().doing("end the read")?;
+    Ok(events)
+}
+
+fn fork_thread(
+    conn: &mut Connection,
+    parent: &str,
+    at_seq: u64,
+    child: &str,
+) -> Result<u64, StoreError> {
+    let now = epoch_ms(SystemTime::now());
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .doing("begin a fork")?;
+    let last: Option<i64> = tx
+        .query_row(
+            "SELECT last_seq FROM threads WHERE id = ?1",
+            [parent],
+            |r| r.get(0),
+        )
+        .optional()
+        .doing("read the parent")?;
+    let last = seq_of(
+        parent,
+        last.ok_or_else(|| StoreError::NotFound {
+            thread: parent.to_string(),
+        })?,
+    )?;
+    if at_seq > last {
+        return Err(StoreError::ForkBeyondEnd {
+            parent: parent.to_string(),
+            at_seq,
+            last_seq: last,
+        });
+    }
+    let exists: Option<i64> = tx
+        .query_row("SELECT 1 FROM threads WHERE id = ?1", [child], |r| r.get(0))
+        .optional()
+        .doing("check the fork's id")?;
+    if exists.is_some() {
+        return Err(StoreError::AlreadyExists {
+            thread: child.to_string(),
+        });
+    }
+    let seq = at_seq + 1;
+    tx.execute(
+        "INSERT INTO threads (id, parent_id, fork_seq, last_seq, created_at, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
+        params![child, parent, db_seq(at_seq), db_seq(seq), now],
+    )
+    .doing("create the fork")?;
+    tx.execute(
+        "INSERT INTO events (thread_id, seq, kind, body, tokens, idempotency_key, created_at)
+         VALUES (?1, ?2, 'forked', ?3, NULL, NULL, ?4)",
+        params![child, db_seq(seq), record::forked_body(parent, at_seq), now],
+    )
+    .doing("record the fork")?;
+    tx.commit().doing("commit the fork")?;
+    Ok(seq)
+}
+
+fn forks_of(conn: &Connection, thread: &str) -> Result<Vec<String>, StoreError> {
+    let mut select = conn
+        .prepare_cached("SELECT id FROM threads WHERE parent_id = ?1 ORDER BY id")
+        .doing("prepare the fork query")?;
+    let forks = select
+        .query_map([thread], |r| r.get(0))
+        .doing("list forks")?
+        .collect::<Result<Vec<String>, _>>()
+        .doing("read a fork id")?;
+    Ok(forks)
+}
+
+fn delete_thread(conn: &Connection, thread: &str) -> Result<(), StoreError> {
+    conn.execute("DELETE FROM events WHERE thread_id = ?1", [thread])
+        .doing("delete events")?;
+    conn.execute("DELETE FROM threads WHERE id = ?1", [thread])
+        .doing("delete the thread")?;
+    Ok(())
+}
+
+fn prune_idle(conn: &mut Connection, cutoff: i64) -> Result<PruneReport, StoreError> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .doing("begin pruning")?;
+    let mut report = PruneReport::default();
+    loop {
+        let leaves: Vec<String> = {
+            let mut select = tx
+                .prepare_cached(
+                    "SELECT id FROM threads t WHERE updated_at < ?1
+                     AND NOT EXISTS (SELECT 1 FROM threads c WHERE c.parent_id = t.id) ORDER BY id",
+                )
+                .doing("prepare the idle query")?;
+            select
+                .query_map([cutoff], |r| r.get(0))
+                .doing("find idle threads")?
+                .collect::<Result<_, _>>()
+                .doing("read an idle thread")?
+        };
+        if leaves.is_empty() {
+            break;
+        }
+        for id in leaves {
+            delete_thread(&tx, &id)?;
+            report.deleted.push(id);
+        }
+    }
+    let mut select = tx
+        .prepare_cached("SELECT id FROM threads WHERE updated_at < ?1 ORDER BY id")
+        .doing("prepare the kept query")?;
+    report.kept_for_forks = select
+        .query_map([cutoff], |r| r.get(0))
+        .doing("find kept threads")?
+        .collect::<Result<_, _>>()
+        .doing("read a kept thread")?;
+    drop(select);
+    tx.commit().doing("commit pruning")?;
+    Ok(report)
+}
+
+impl Store for SqliteStore {
+    async fn append(&self, thread: &str, events: Vec<NewEvent>) -> Result<Vec<u64>, StoreError> {
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        let thread = thread.to_string();
+        self.write(move |conn| {
+            let rows = events
+                .into_iter()
+                .map(|event| record::encode(&thread, event))
+                .collect::<Result<Vec<_>, _>>()?;
+            append_rows(conn, &thread, rows)
+        })
+        .await
+    }
+
+    async fn events(&self, thread: &str) -> Result<Vec<Event>, StoreError> {
+        let thread = thread.to_string();
+        self.read(move |conn| read_events(conn, &thread)).await
+    }
+
+    async fn fork(&self, parent: &str, at_seq: u64, child: &str) -> Result<u64, StoreError> {
+        let (parent, child) = (parent.to_string(), child.to_string());
+        self.write(move |conn| fork_thread(conn, &parent, at_seq, &child))
+            .await
+    }
+
+    async fn list(&self) -> Result<Vec<ThreadInfo>, StoreError> {
+        self.read(|conn| {
+            let mut select = conn
+                .prepare_cached(
+                    "SELECT id, parent_id, fork_seq, last_seq, created_at, updated_at
+                     FROM threads ORDER BY id",
+                )
+                .doing("prepare the thread list")?;
+            let rows = select
+                .query_map([], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, Option<String>>(1)?,
+                        r.get::<_, Option<i64>>(2)?,
+                        r.get::<_, i64>(3)?,
+                        r.get::<_, i64>(4)?,
+                        r.get::<_, i64>(5)?,
+                    ))
+                })
+                .doing("list threads")?
+                .collect::<Result<Vec<_>, _>>()
+                .doing("read a thread")?;
+            rows.into_iter()
+                .map(|(id, parent, fork_seq, last_seq, created, updated)| {
+                    Ok(ThreadInfo {
+                        fork_seq: fork_seq.map(|s| seq_of(&id, s)).transpose()?,
+                        last_seq: seq_of(&id, last_seq)?,
+                        id,
+                        parent,
+                        created_at_ms: created,
+                        updated_at_ms: updated,
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn delete(&self, thread: &str) -> Result<(), StoreError> {
+        let thread = thread.to_string();
+        self.write(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .doing("begin a delete")?;
+            let exists: Option<i64> = tx
+                .query_row("SELECT 1 FROM threads WHERE id = ?1", [&thread], |r| {
+                    r.get(0)
+                })
+                .optional()
+                .doing("read the thread")?;
+            if exists.is_none() {
+                return Err(StoreError::NotFound { thread });
+            }
+            let forks = forks_of(&tx, &thread)?;
+            if !forks.is_empty() {
+                return Err(StoreError::HasForks { thread, forks });
+            }
+            delete_thread(&tx, &thread)?;
+            tx.commit().doing("commit the delete")
+        })
+        .await
+    }
+
+    async fn prune(&self, idle_before: SystemTime) -> Result<PruneReport, StoreError> {
+        let cutoff = epoch_ms(idle_before);
+        self.write(move |conn| prune_idle(conn, cutoff)).await
+    }
+}

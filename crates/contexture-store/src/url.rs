@@ -1,0 +1,105 @@
+//! Choosing a store by URL: `sqlite:PATH` or `postgres://...`.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::SystemTime;
+
+use contexture_core::thread::Event;
+
+use crate::{NewEvent, PgStore, PruneReport, SqliteStore, Store, StoreError, ThreadInfo};
+
+/// A parsed database URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreUrl {
+    /// `sqlite:PATH` (also `sqlite://PATH`).
+    Sqlite(PathBuf),
+    /// `postgres://...` or `postgresql://...`, passed to the driver as is.
+    Postgres(String),
+}
+
+impl FromStr for StoreUrl {
+    type Err = StoreError;
+
+    fn from_str(url: &str) -> Result<StoreUrl, StoreError> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(StoreUrl::Postgres(url.to_string()));
+        }
+        if let Some(rest) = url.strip_prefix("sqlite:") {
+            let path = rest.strip_prefix("//").unwrap_or(rest);
+            if path.is_empty() {
+                return Err(StoreError::InvalidUrl {
+                    url: url.to_string(),
+                    reason: "no file path after `sqlite:`".into(),
+                });
+            }
+            return Ok(StoreUrl::Sqlite(PathBuf::from(path)));
+        }
+        Err(StoreError::InvalidUrl {
+            url: url.to_string(),
+            reason: "expected `sqlite:PATH` or `postgres://...`".into(),
+        })
+    }
+}
+
+/// Either store, chosen at run time.
+#[derive(Debug, Clone)]
+pub enum AnyStore {
+    /// An SQLite file.
+    Sqlite(SqliteStore),
+    /// A PostgreSQL database.
+    Postgres(PgStore),
+}
+
+impl AnyStore {
+    /// Opens the store `url` names (see [`StoreUrl`]), applying pending migrations.
+    pub async fn open(url: &str) -> Result<AnyStore, StoreError> {
+        Ok(match url.parse::<StoreUrl>()? {
+            StoreUrl::Sqlite(path) => AnyStore::Sqlite(SqliteStore::open(path).await?),
+            StoreUrl::Postgres(url) => AnyStore::Postgres(PgStore::open(&url).await?),
+        })
+    }
+}
+
+impl Store for AnyStore {
+    async fn append(&self, thread: &str, events: Vec<NewEvent>) -> Result<Vec<u64>, StoreError> {
+        match self {
+            AnyStore::Sqlite(store) => store.append(thread, events).await,
+            AnyStore::Postgres(store) => store.append(thread, events).await,
+        }
+    }
+
+    async fn events(&self, thread: &str) -> Result<Vec<Event>, StoreError> {
+        match self {
+            AnyStore::Sqlite(store) => store.events(thread).await,
+            AnyStore::Postgres(store) => store.events(thread).await,
+        }
+    }
+
+    async fn fork(&self, parent: &str, at_seq: u64, child: &str) -> Result<u64, StoreError> {
+        match self {
+            AnyStore::Sqlite(store) => store.fork(parent, at_seq, child).await,
+            AnyStore::Postgres(store) => store.fork(parent, at_seq, child).await,
+        }
+    }
+
+    async fn list(&self) -> Result<Vec<ThreadInfo>, StoreError> {
+        match self {
+            AnyStore::Sqlite(store) => store.list().await,
+            AnyStore::Postgres(store) => store.list().await,
+        }
+    }
+
+    async fn delete(&self, thread: &str) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Sqlite(store) => store.delete(thread).await,
+            AnyStore::Postgres(store) => store.delete(thread).await,
+        }
+    }
+
+    async fn prune(&self, idle_before: SystemTime) -> Result<PruneReport, StoreError> {
+        match self {
+            AnyStore::Sqlite(store) => store.prune(idle_before).await,
+            AnyStore::Postgres(store) => store.prune(idle_before).await,
+        }
+    }
+}

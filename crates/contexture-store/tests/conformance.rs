@@ -1,0 +1,501 @@
+//! One conformance suite, run against SQLite and PostgreSQL: every store operation,
+//! concurrency (8 writers x 1,000 appends to one thread) and reopening.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, SystemTime};
+
+use common::Harness;
+use contexture_core::thread::{
+    ConflictPolicy, ContextReplace, Event, EventKind, MergePolicy, MergeSpec, ReplaceReason,
+    RequestOutcome, RequestRecord, StoreChange, Thread, ThreadError, Usage,
+};
+use contexture_core::tokens::{Encoding, message_tokens};
+use contexture_core::{Message, ToolCall};
+use contexture_store::{NewEvent, PruneReport, Store, StoreError};
+use serde_json::json;
+
+fn say(message: Message) -> NewEvent {
+    NewEvent::new(EventKind::MessageAppended { message })
+}
+
+fn user(text: &str) -> NewEvent {
+    say(Message::user(text))
+}
+
+fn texts(messages: &[Message]) -> Vec<String> {
+    messages.iter().map(Message::text).collect()
+}
+
+async fn appends_get_gap_free_seqs_and_read_back_intact(h: &impl Harness) {
+    let s = h.store();
+    let tool_turn =
+        Message::assistant_tool_calls(vec![ToolCall::new("c1", "search", r#"{"q":"x"}"#)]);
+    let batch = vec![
+        say(Message::system("be brief")),
+        user("héllo 👋"),
+        say(tool_turn.clone()),
+        say(Message::tool_result("c1", "found")),
+    ];
+    assert_eq!(s.append("t1", batch.clone()).await.unwrap(), [1, 2, 3, 4]);
+    assert_eq!(s.append_one("t1", user("next")).await.unwrap(), 5);
+    assert_eq!(s.append("t1", vec![]).await.unwrap(), Vec::<u64>::new());
+    let events = s.events("t1").await.unwrap();
+    assert_eq!(
+        events.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        [1, 2, 3, 4, 5]
+    );
+    for (event, sent) in events.iter().zip(batch.iter().chain([&user("next")])) {
+        assert_eq!(event.kind, sent.kind);
+    }
+    // Token counts come back from the store, equal to a fresh count.
+    for event in &events {
+        let EventKind::MessageAppended { message } = &event.kind else {
+            panic!("not a message")
+        };
+        for encoding in Encoding::ALL {
+            let stored = message.cached_tokens(encoding).expect("count stored");
+            let fresh = message_tokens(&message.clone_without_cache(), encoding);
+            assert_eq!(stored, fresh, "seq {} {encoding}", event.seq);
+        }
+    }
+    assert!(matches!(
+        s.events("missing").await,
+        Err(StoreError::NotFound { .. })
+    ));
+}
+
+/// A message equal to `self` with an empty token cache.
+trait Fresh {
+    fn clone_without_cache(&self) -> Message;
+}
+
+impl Fresh for Message {
+    fn clone_without_cache(&self) -> Message {
+        let mut fresh = self.clone();
+        fresh.touch();
+        fresh
+    }
+}
+
+async fn idempotency_keys_store_a_retry_once(h: &impl Harness) {
+    let s = h.store();
+    assert_eq!(
+        s.append_one("t", user("a").with_key("k1")).await.unwrap(),
+        1
+    );
+    assert_eq!(s.append_one("t", user("b")).await.unwrap(), 2);
+    // A retry, even with another body, returns the first seq and stores nothing.
+    assert_eq!(
+        s.append_one("t", user("a again").with_key("k1"))
+            .await
+            .unwrap(),
+        1
+    );
+    // Inside one batch, a repeated key maps to the same seq.
+    let seqs = s
+        .append(
+            "t",
+            vec![
+                user("c").with_key("k2"),
+                user("d"),
+                user("c").with_key("k2"),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(seqs, [3, 4, 3]);
+    // Keys are per thread.
+    assert_eq!(
+        s.append_one("other", user("a").with_key("k1"))
+            .await
+            .unwrap(),
+        1
+    );
+    let thread = s.load("t").await.unwrap();
+    assert_eq!(texts(&thread.projection().messages), ["a", "b", "c", "d"]);
+}
+
+async fn invalid_batches_store_nothing(h: &impl Harness) {
+    let s = h.store();
+    s.append_one("t", user("a")).await.unwrap();
+    let beyond = NewEvent::new(EventKind::ContextReplaced(ContextReplace::new(
+        "op",
+        ReplaceReason::Manual,
+        3,
+        vec![],
+    )));
+    let error = s.append("t", vec![user("b"), beyond]).await.unwrap_err();
+    assert!(
+        matches!(&error, StoreError::InvalidEvent { thread, source: ThreadError::ReplaceBeyondLog { seq: 3, to_seq: 3 } } if thread == "t"),
+        "{error}"
+    );
+    let forked = NewEvent::new(EventKind::Forked {
+        parent: "x".into(),
+        at_seq: 1,
+    });
+    assert!(matches!(
+        s.append_one("t", forked).await,
+        Err(StoreError::ForkedEventAppended { .. })
+    ));
+    assert_eq!(s.events("t").await.unwrap().len(), 1);
+    assert_eq!(s.append_one("t", user("c")).await.unwrap(), 2);
+}
+
+async fn every_event_kind_round_trips_and_replays(h: &impl Harness) {
+    let s = h.store();
+    let kinds = vec![
+        EventKind::MessageAppended {
+            message: Message::system("sys"),
+        },
+        EventKind::MessageAppended {
+            message: Message::user("u1").pinned(),
+        },
+        EventKind::MessageAppended {
+            message: Message::assistant("a1"),
+        },
+        EventKind::RequestStarted(RequestRecord {
+            request_id: "r1".into(),
+            model: Some("gpt-4o".into()),
+            messages: vec![Message::system("sys"), Message::user("u1")],
+            budget: None,
+        }),
+        EventKind::ContextReplaced(ContextReplace::new(
+            "op1",
+            ReplaceReason::Compaction,
+            3,
+            vec![Message::assistant("summary")],
+        )),
+        EventKind::MessageAppended {
+            message: Message::user("u2"),
+        },
+        EventKind::RequestEnded {
+            request_id: "r1".into(),
+            outcome: RequestOutcome::Cancelled,
+            usage: Usage::new(7, 1),
+        },
+        EventKind::StoreChanged(StoreChange::Set {
+            key: "k".into(),
+            value: json!({"deep": [1, 2]}),
+        }),
+        EventKind::StoreChanged(StoreChange::Unset { key: "gone".into() }),
+        EventKind::ContextSwitched {
+            context: "main".into(),
+        },
+    ];
+    let seqs = s
+        .append("t", kinds.iter().cloned().map(NewEvent::new).collect())
+        .await
+        .unwrap();
+    assert_eq!(seqs, (1..=10).collect::<Vec<u64>>());
+    let events = s.events("t").await.unwrap();
+    let expected: Vec<Event> = kinds
+        .into_iter()
+        .zip(1..)
+        .map(|(k, seq)| Event::new(seq, k))
+        .collect();
+    assert_eq!(events, expected);
+    let thread = s.load("t").await.unwrap();
+    assert_eq!(thread.in_flight(), None);
+    assert_eq!(
+        texts(&thread.projection().to_messages()),
+        ["sys", "summary", "u2"]
+    );
+    assert_eq!(thread.usage(), Usage::new(7, 1));
+    assert_eq!(thread.store().get("k"), Some(&json!({"deep": [1, 2]})));
+}
+
+async fn forks_read_the_parent_prefix_without_copying(h: &impl Harness) {
+    let s = h.store();
+    s.append("p", (1..=5).map(|i| user(&format!("p{i}"))).collect())
+        .await
+        .unwrap();
+    assert_eq!(s.fork("p", 3, "c").await.unwrap(), 4);
+    assert_eq!(s.append_one("c", user("c5")).await.unwrap(), 5);
+    assert_eq!(s.append_one("p", user("p6")).await.unwrap(), 6);
+    let child = s.load("c").await.unwrap();
+    assert_eq!(
+        texts(&child.projection().messages),
+        ["p1", "p2", "p3", "c5"]
+    );
+    assert_eq!(
+        child.fork_point().map(|f| (f.parent.as_str(), f.at_seq)),
+        Some(("p", 3))
+    );
+
+    // A fork of the fork, at a point inside the grandparent's part.
+    assert_eq!(s.fork("c", 2, "g").await.unwrap(), 3);
+    s.append_one("g", user("g4")).await.unwrap();
+    let grandchild = s.load("g").await.unwrap();
+    assert_eq!(texts(&grandchild.projection().messages), ["p1", "p2", "g4"]);
+    // And one past the fork point.
+    s.fork("c", 5, "g2").await.unwrap();
+    assert_eq!(
+        texts(&s.load("g2").await.unwrap().projection().messages),
+        ["p1", "p2", "p3", "c5"]
+    );
+    // Fork before the first event.
+    s.fork("p", 0, "empty").await.unwrap();
+    assert!(
+        s.load("empty")
+            .await
+            .unwrap()
+            .projection()
+            .messages
+            .is_empty()
+    );
+
+    let errors = [
+        (s.fork("nope", 0, "x").await, "NotFound"),
+        (s.fork("p", 7, "x").await, "ForkBeyondEnd"),
+        (s.fork("p", 1, "c").await, "AlreadyExists"),
+        (s.fork("p", 1, "p").await, "AlreadyExists"),
+    ];
+    for (result, expected) in errors {
+        let error = result.unwrap_err();
+        assert!(format!("{error:?}").starts_with(expected), "{error:?}");
+    }
+}
+
+async fn merges_are_events_on_the_parent(h: &impl Harness) {
+    let s = h.store();
+    s.append("p", vec![user("task")]).await.unwrap();
+    s.fork("p", 1, "c").await.unwrap();
+    s.append(
+        "c",
+        vec![
+            NewEvent::new(EventKind::RequestStarted(RequestRecord {
+                request_id: "r".into(),
+                model: None,
+                messages: vec![],
+                budget: None,
+            })),
+            NewEvent::new(EventKind::RequestEnded {
+                request_id: "r".into(),
+                outcome: RequestOutcome::Completed,
+                usage: Usage::new(11, 4),
+            }),
+            say(Message::assistant("answer")),
+            NewEvent::new(EventKind::StoreChanged(StoreChange::Set {
+                key: "out".into(),
+                value: json!(1),
+            })),
+        ],
+    )
+    .await
+    .unwrap();
+    let parent = s.load("p").await.unwrap();
+    let child = s.load("c").await.unwrap();
+    let spec = MergeSpec {
+        policy: MergePolicy::SummaryOnly,
+        conflict: ConflictPolicy::Error,
+        keys: vec!["out".into()],
+    };
+    let merge = parent.plan_merge(&child, &spec).unwrap();
+    assert_eq!(
+        s.append_one("p", NewEvent::new(merge).with_key("merge-c-6"))
+            .await
+            .unwrap(),
+        2
+    );
+    let parent = s.load("p").await.unwrap();
+    assert_eq!(texts(&parent.projection().messages), ["task", "answer"]);
+    assert_eq!(parent.store().get("out"), Some(&json!(1)));
+    assert_eq!(parent.usage(), Usage::new(11, 4));
+    assert_eq!(parent.merged_through("c"), Some(6));
+}
+
+async fn list_describes_threads_and_forks(h: &impl Harness) {
+    let s = h.store();
+    s.append("b", vec![user("1"), user("2")]).await.unwrap();
+    s.append("a", vec![user("1")]).await.unwrap();
+    s.fork("b", 1, "b-fork").await.unwrap();
+    let list = s.list().await.unwrap();
+    let summary: Vec<_> = list
+        .iter()
+        .map(|t| (t.id.as_str(), t.parent.as_deref(), t.fork_seq, t.last_seq))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("a", None, None, 1),
+            ("b", None, None, 2),
+            ("b-fork", Some("b"), Some(1), 2)
+        ]
+    );
+    assert!(
+        list.iter()
+            .all(|t| t.created_at_ms > 0 && t.updated_at_ms >= t.created_at_ms)
+    );
+}
+
+async fn deleting_a_thread_with_forks_is_refused(h: &impl Harness) {
+    let s = h.store();
+    s.append("p", vec![user("1")]).await.unwrap();
+    s.fork("p", 1, "c1").await.unwrap();
+    s.fork("p", 0, "c2").await.unwrap();
+    match s.delete("p").await {
+        Err(StoreError::HasForks { thread, forks }) => {
+            assert_eq!(thread, "p");
+            assert_eq!(forks, ["c1", "c2"]);
+        }
+        other => panic!("expected HasForks, got {other:?}"),
+    }
+    assert_eq!(s.events("c1").await.unwrap().len(), 2);
+    s.delete("c1").await.unwrap();
+    s.delete("c2").await.unwrap();
+    s.delete("p").await.unwrap();
+    assert!(matches!(
+        s.delete("p").await,
+        Err(StoreError::NotFound { .. })
+    ));
+    assert!(s.list().await.unwrap().is_empty());
+    // The id can be used again from scratch.
+    assert_eq!(s.append_one("p", user("new")).await.unwrap(), 1);
+}
+
+async fn pruning_removes_idle_threads_forks_first(h: &impl Harness) {
+    let s = h.store();
+    s.append("a", vec![user("1")]).await.unwrap();
+    s.fork("a", 1, "a-fork").await.unwrap();
+    s.append("c", vec![user("1")]).await.unwrap();
+    s.fork("c", 1, "c-fork").await.unwrap();
+    s.append("solo", vec![user("1")]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let cutoff = SystemTime::now();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    s.append_one("c-fork", user("still active")).await.unwrap();
+    s.append_one("fresh", user("new")).await.unwrap();
+
+    let report = s.prune(cutoff).await.unwrap();
+    assert_eq!(
+        report,
+        PruneReport {
+            deleted: vec!["a-fork".into(), "solo".into(), "a".into()],
+            kept_for_forks: vec!["c".into()],
+        }
+    );
+    let ids: Vec<String> = s.list().await.unwrap().into_iter().map(|t| t.id).collect();
+    assert_eq!(ids, ["c", "c-fork", "fresh"]);
+    assert_eq!(
+        texts(&s.load("c-fork").await.unwrap().projection().messages),
+        ["1", "still active"]
+    );
+    // Nothing idle before the epoch.
+    assert_eq!(
+        s.prune(SystemTime::UNIX_EPOCH).await.unwrap(),
+        PruneReport::default()
+    );
+}
+
+async fn reopening_keeps_everything(h: &impl Harness) {
+    let s = h.store();
+    s.append("t", vec![user("1"), user("2").with_key("k")])
+        .await
+        .unwrap();
+    s.fork("t", 1, "f").await.unwrap();
+    let before = s.events("t").await.unwrap();
+    for _ in 0..2 {
+        let again = h.reopen().await;
+        assert_eq!(again.events("t").await.unwrap(), before);
+        assert_eq!(again.events("f").await.unwrap().len(), 2);
+        assert_eq!(
+            again
+                .append_one("t", user("2").with_key("k"))
+                .await
+                .unwrap(),
+            2
+        );
+    }
+    let again = h.reopen().await;
+    assert_eq!(again.append_one("t", user("3")).await.unwrap(), 3);
+    let loaded = again.load("t").await.unwrap();
+    assert_eq!(texts(&loaded.projection().messages), ["1", "2", "3"]);
+}
+
+async fn concurrent_writers_get_unique_gap_free_seqs(h: &impl Harness) {
+    const WRITERS: u64 = 8;
+    const APPENDS: u64 = 1_000;
+    let mut tasks = Vec::new();
+    for writer in 0..WRITERS {
+        let store = h.store().clone();
+        tasks.push(tokio::spawn(async move {
+            let mut seqs = Vec::with_capacity(APPENDS as usize);
+            for i in 0..APPENDS {
+                let seq = store
+                    .append_one("hot", user(&format!("w{writer}-{i}")))
+                    .await
+                    .expect("append");
+                seqs.push(seq);
+            }
+            seqs
+        }));
+    }
+    let mut all = BTreeSet::new();
+    let mut by_writer = Vec::new();
+    for task in tasks {
+        let seqs = task.await.expect("writer task");
+        assert!(
+            seqs.windows(2).all(|w| w[0] < w[1]),
+            "a writer's seqs increase"
+        );
+        all.extend(seqs.iter().copied());
+        by_writer.push(seqs);
+    }
+    assert_eq!(all.len() as u64, WRITERS * APPENDS, "no duplicate seq");
+    assert_eq!(
+        all.iter().copied().collect::<Vec<_>>(),
+        (1..=WRITERS * APPENDS).collect::<Vec<_>>()
+    );
+    let events = h.store().events("hot").await.unwrap();
+    assert_eq!(events.len() as u64, WRITERS * APPENDS);
+    for (writer, seqs) in by_writer.iter().enumerate() {
+        for (i, seq) in seqs.iter().enumerate() {
+            let EventKind::MessageAppended { message } = &events[*seq as usize - 1].kind else {
+                panic!("not a message")
+            };
+            assert_eq!(message.text(), format!("w{writer}-{i}"));
+        }
+    }
+    let thread: Thread = h.store().load("hot").await.unwrap();
+    assert_eq!(thread.last_seq(), WRITERS * APPENDS);
+}
+
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    let harness = crate::common::Sqlite::new().await;
+                    super::$name(&harness).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    let Some(harness) = crate::common::Pg::new().await else { return };
+                    super::$name(&harness).await;
+                    harness.cleanup().await;
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    appends_get_gap_free_seqs_and_read_back_intact,
+    idempotency_keys_store_a_retry_once,
+    invalid_batches_store_nothing,
+    every_event_kind_round_trips_and_replays,
+    forks_read_the_parent_prefix_without_copying,
+    merges_are_events_on_the_parent,
+    list_describes_threads_and_forks,
+    deleting_a_thread_with_forks_is_refused,
+    pruning_removes_idle_threads_forks_first,
+    reopening_keeps_everything,
+    concurrent_writers_get_unique_gap_free_seqs,
+);
