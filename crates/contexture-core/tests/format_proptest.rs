@@ -283,3 +283,358 @@ proptest! {
         prop_assert_eq!(anthropic::to_request(&back).unwrap(), body);
     }
 }
+
+/// JSON built from the formats' own vocabulary (keys, roles, part types), so that random
+/// values often get deep into the readers instead of failing at the first field.
+fn wire_like() -> impl Strategy<Value = Value> {
+    let word = prop_oneof![
+        Just("system"),
+        Just("developer"),
+        Just("user"),
+        Just("assistant"),
+        Just("tool"),
+        Just("text"),
+        Just("image_url"),
+        Just("image"),
+        Just("reasoning"),
+        Just("thinking"),
+        Just("redacted_thinking"),
+        Just("tool_use"),
+        Just("tool_result"),
+        Just("function"),
+        Just("base64"),
+        Just("url"),
+        Just("data:image/png;base64,AAAA"),
+        Just("{\"a\":1}"),
+        Just("x"),
+    ];
+    let key = prop_oneof![
+        Just("role"),
+        Just("content"),
+        Just("name"),
+        Just("tool_calls"),
+        Just("tool_call_id"),
+        Just("type"),
+        Just("text"),
+        Just("image_url"),
+        Just("url"),
+        Just("detail"),
+        Just("id"),
+        Just("function"),
+        Just("arguments"),
+        Just("source"),
+        Just("media_type"),
+        Just("data"),
+        Just("thinking"),
+        Just("signature"),
+        Just("input"),
+        Just("tool_use_id"),
+        Just("is_error"),
+        Just("system"),
+        Just("messages"),
+        Just("x_extra"),
+    ];
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        (-5i64..5).prop_map(Value::from),
+        word.prop_map(Value::from),
+    ];
+    leaf.prop_recursive(5, 64, 6, move |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            prop::collection::vec((key.clone(), inner), 0..6).prop_map(|entries| {
+                Value::Object(
+                    entries
+                        .into_iter()
+                        .map(|(k, v)| (k.to_owned(), v))
+                        .collect(),
+                )
+            }),
+        ]
+    })
+}
+
+/// Usually `valid`, sometimes any wire-like value, sometimes absent: mostly well-formed input
+/// with a few wrong or missing fields, to reach every branch of the readers.
+fn field(valid: BoxedStrategy<Value>) -> impl Strategy<Value = Option<Value>> {
+    prop_oneof![
+        40 => valid.prop_map(Some),
+        1 => wire_like().prop_map(Some),
+        2 => Just(None),
+    ]
+}
+
+fn object(fields: Vec<(&'static str, BoxedStrategy<Option<Value>>)>) -> BoxedStrategy<Value> {
+    let (keys, values): (Vec<_>, Vec<_>) = fields.into_iter().unzip();
+    (
+        values,
+        prop::collection::vec(("x_[a-z]{1,3}", json_value()), 0..2),
+    )
+        .prop_map(move |(values, extra)| {
+            let mut object: Map<String, Value> = keys
+                .iter()
+                .zip(values)
+                .filter_map(|(key, value)| value.map(|value| ((*key).to_owned(), value)))
+                .collect();
+            object.extend(extra);
+            Value::Object(object)
+        })
+        .boxed()
+}
+
+fn string_of(choices: &'static [&'static str]) -> BoxedStrategy<Value> {
+    prop::sample::select(choices).prop_map(Value::from).boxed()
+}
+
+fn openai_like_message() -> BoxedStrategy<Value> {
+    let part = object(vec![
+        (
+            "type",
+            field(string_of(&[
+                "text",
+                "image_url",
+                "reasoning",
+                "input_audio",
+            ]))
+            .boxed(),
+        ),
+        ("text", field(text().prop_map(Value::from).boxed()).boxed()),
+        (
+            "image_url",
+            field(object(vec![
+                ("url", field(text().prop_map(Value::from).boxed()).boxed()),
+                ("detail", field(string_of(&["low", "high"])).boxed()),
+            ]))
+            .boxed(),
+        ),
+        (
+            "signature",
+            field(text().prop_map(Value::from).boxed()).boxed(),
+        ),
+    ]);
+    let call = object(vec![
+        ("id", field(text().prop_map(Value::from).boxed()).boxed()),
+        ("type", field(string_of(&["function", "custom"])).boxed()),
+        (
+            "function",
+            field(object(vec![
+                ("name", field(text().prop_map(Value::from).boxed()).boxed()),
+                (
+                    "arguments",
+                    field(text().prop_map(Value::from).boxed()).boxed(),
+                ),
+            ]))
+            .boxed(),
+        ),
+    ]);
+    let content = prop_oneof![
+        text().prop_map(Value::from),
+        Just(Value::Null),
+        prop::collection::vec(part, 0..3).prop_map(Value::Array),
+    ]
+    .boxed();
+    object(vec![
+        (
+            "role",
+            field(string_of(&[
+                "system",
+                "developer",
+                "user",
+                "assistant",
+                "tool",
+                "function",
+            ]))
+            .boxed(),
+        ),
+        (
+            "tool_call_id",
+            field(text().prop_map(Value::from).boxed()).boxed(),
+        ),
+        ("name", field(text().prop_map(Value::from).boxed()).boxed()),
+        ("content", field(content).boxed()),
+        (
+            "tool_calls",
+            field(
+                prop::collection::vec(call, 0..3)
+                    .prop_map(Value::Array)
+                    .boxed(),
+            )
+            .boxed(),
+        ),
+    ])
+}
+
+fn anthropic_like_body() -> BoxedStrategy<Value> {
+    let text_value = || field(text().prop_map(Value::from).boxed()).boxed();
+    let source = object(vec![
+        ("type", field(string_of(&["base64", "url", "file"])).boxed()),
+        (
+            "media_type",
+            field(string_of(&["image/png", "image/jpeg", "a;b"])).boxed(),
+        ),
+        ("data", text_value()),
+        (
+            "url",
+            field(string_of(&[
+                "https://x.example/a.png",
+                "data:image/png;base64,AA",
+            ]))
+            .boxed(),
+        ),
+    ]);
+    let simple_block = object(vec![
+        (
+            "type",
+            field(string_of(&["text", "image", "document"])).boxed(),
+        ),
+        ("text", text_value()),
+        ("source", field(source.clone()).boxed()),
+    ]);
+    let kind = |name: &'static str| field(Just(Value::from(name)).boxed()).boxed();
+    let result_content = field(
+        prop_oneof![
+            text().prop_map(Value::from),
+            prop::collection::vec(simple_block.clone(), 0..3).prop_map(Value::Array),
+        ]
+        .boxed(),
+    )
+    .boxed();
+    let text_block = object(vec![("type", kind("text")), ("text", text_value())]);
+    let user_block = prop_oneof![
+        text_block.clone(),
+        object(vec![
+            ("type", kind("image")),
+            ("source", field(source).boxed())
+        ]),
+        object(vec![
+            ("type", kind("tool_result")),
+            ("tool_use_id", text_value()),
+            ("content", result_content),
+            (
+                "is_error",
+                field(any::<bool>().prop_map(Value::from).boxed()).boxed()
+            ),
+        ]),
+    ];
+    let assistant_block = prop_oneof![
+        text_block,
+        object(vec![
+            ("type", kind("thinking")),
+            ("thinking", text_value()),
+            ("signature", text_value()),
+        ]),
+        object(vec![
+            ("type", kind("redacted_thinking")),
+            ("data", text_value())
+        ]),
+        object(vec![
+            ("type", kind("tool_use")),
+            ("id", text_value()),
+            ("name", text_value()),
+            ("input", field(json_value().boxed()).boxed()),
+        ]),
+        object(vec![
+            ("type", kind("server_tool_use")),
+            ("id", text_value())
+        ]),
+    ];
+    let content = |blocks: BoxedStrategy<Value>| {
+        field(
+            prop_oneof![
+                1 => text().prop_map(Value::from),
+                3 => prop::collection::vec(blocks, 0..4).prop_map(Value::Array),
+            ]
+            .boxed(),
+        )
+        .boxed()
+    };
+    let strip_extra = |turn: Value| match turn {
+        // Only turns without tool results may keep turn-level fields: keep some of both.
+        Value::Object(mut object) if object.keys().any(|k| k.starts_with("x_")) => {
+            let has_results = object
+                .get("content")
+                .and_then(Value::as_array)
+                .is_some_and(|blocks| blocks.iter().any(|b| b["type"] == "tool_result"));
+            if has_results {
+                object.retain(|k, _| !k.starts_with("x_"));
+            }
+            Value::Object(object)
+        }
+        other => other,
+    };
+    let turn = prop_oneof![
+        4 => object(vec![("role", kind("user")), ("content", content(user_block.boxed()))])
+            .prop_map(strip_extra),
+        4 => object(vec![("role", kind("assistant")), ("content", content(assistant_block.boxed()))]),
+        1 => object(vec![("role", kind("system")), ("content", content(simple_block.clone()))]),
+    ];
+    object(vec![
+        (
+            "system",
+            field(
+                prop_oneof![
+                    text().prop_map(Value::from),
+                    prop::collection::vec(simple_block, 0..3).prop_map(Value::Array),
+                ]
+                .boxed(),
+            )
+            .boxed(),
+        ),
+        (
+            "messages",
+            field(
+                prop::collection::vec(turn, 0..5)
+                    .prop_map(Value::Array)
+                    .boxed(),
+            )
+            .boxed(),
+        ),
+    ])
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4096))]
+
+    /// Any input the OpenAI reader accepts is written back as an equal value.
+    #[test]
+    fn openai_reader_accepts_only_what_it_can_write_back(
+        value in prop_oneof![
+            1 => wire_like(),
+            3 => openai_like_message(),
+            3 => prop::collection::vec(openai_like_message(), 0..4).prop_map(Value::Array),
+        ]
+    ) {
+        let messages = match &value {
+            Value::Array(_) => openai::parse_messages(&value),
+            _ => openai::parse_message(&value).map(|message| vec![message]),
+        };
+        if let Ok(messages) = messages {
+            let written = match &value {
+                Value::Array(_) => openai::to_values(&messages),
+                _ => openai::to_value(&messages[0]),
+            };
+            prop_assert_eq!(written, value);
+        }
+    }
+
+    /// The Anthropic reader and writer never panic, whatever they are given, and what the
+    /// writer produces is read back and written again unchanged (writing normalizes once:
+    /// consecutive user turns holding tool results merge, tool_use blocks move last).
+    #[test]
+    fn anthropic_writer_output_is_a_fixed_point(
+        value in prop_oneof![1 => wire_like(), 4 => anthropic_like_body()]
+    ) {
+        if let Ok(messages) = anthropic::parse_request(&value)
+            && let Ok(written) = anthropic::to_request(&messages)
+        {
+            let reread = anthropic::parse_request(&written);
+            prop_assert!(reread.is_ok(), "{:?}", reread);
+            let rewritten = anthropic::to_request(&reread.unwrap());
+            prop_assert_eq!(rewritten, Ok(written));
+        }
+        if let Ok(messages) = openai::parse_messages(&value) {
+            let _ = anthropic::to_request(&messages);
+        }
+    }
+}
