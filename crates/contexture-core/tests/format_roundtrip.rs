@@ -249,3 +249,24 @@ fn wire_formats_by_name() {
         "request: expected an object, found an array"
     );
 }
+
+#[test]
+fn neutral_forms_are_pinned() {
+    // The neutral (storage) form of every sample, as a reviewable snapshot of the mapping.
+    for (path, wire) in samples("openai_") {
+        let messages = openai::parse_messages(&wire).unwrap();
+        insta::assert_json_snapshot!(snapshot_name(&path), messages);
+    }
+    for (path, body) in samples("anthropic_") {
+        let messages = anthropic::parse_request(&body).unwrap();
+        insta::assert_json_snapshot!(snapshot_name(&path), messages);
+    }
+}
+
+fn snapshot_name(path: &str) -> String {
+    let stem = Path::new(path)
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("sample");
+    format!("neutral_{stem}")
+}
