@@ -215,7 +215,7 @@ fn anthropic_read_errors_name_the_place() {
 
 #[test]
 fn anthropic_write_errors_name_the_message() {
-    let cases: Vec<(Vec<Message>, &str)> = vec![
+    let mut cases: Vec<(Vec<Message>, &str)> = vec![
         (
             vec![Message::user("hi"), Message::system("late")],
             "messages[1]: cannot be written in the anthropic format: a system or developer message after the conversation began (the format has only one system prompt, before all turns)",
@@ -252,6 +252,12 @@ fn anthropic_write_errors_name_the_message() {
             "messages[2].extra: cannot be written in the anthropic format: a user message merged into a tool-result turn cannot keep message-level fields",
         ),
     ];
+    let mut user_with_calls = Message::user("hi");
+    user_with_calls.tool_calls = vec![ToolCall::new("c1", "f", "{}")];
+    cases.push((
+        vec![user_with_calls],
+        "messages[0].tool_calls: cannot be written in the anthropic format: only assistant messages can carry tool calls",
+    ));
     for (messages, expected) in cases {
         let error = anthropic::to_request(&messages).expect_err("not expressible");
         assert_eq!(error.to_string(), expected);

@@ -25,7 +25,9 @@
 //! other blocks in an assistant turn come back after them.
 //!
 //! What does not carry over from OpenAI messages:
-//! - `name` (the format has no participant names) and an image's `detail` are dropped.
+//! - `name` (the format has no participant names), an image's `detail` and a `tool_call_id`
+//!   on anything but a tool message are dropped; tool calls on anything but an assistant
+//!   message are a [`FormatError::Unmappable`].
 //! - Fields of system messages other than their content are dropped; a system or developer
 //!   message after the first other message is a [`FormatError::Unmappable`].
 //! - Tool call arguments must be a JSON value (an empty string is read as `{}`); a tool result
@@ -112,6 +114,12 @@ pub fn to_request(messages: &[Message]) -> Result<Value, FormatError> {
     while index < messages.len() {
         let message = &messages[index];
         let path = format!("messages[{index}]");
+        if message.role != Role::Assistant && !message.tool_calls.is_empty() {
+            return Err(unmappable(
+                format!("{path}.tool_calls"),
+                "only assistant messages can carry tool calls",
+            ));
+        }
         match message.role {
             Role::System | Role::Developer => {
                 return Err(unmappable(
