@@ -1,0 +1,226 @@
+//! `contexture thread`: append to, read, fork, list, delete and prune threads in a store.
+//!
+//! `--db` names the store: `sqlite:PATH` (the default, `sqlite:contexture.db`) or
+//! `postgres://...`. Messages are read and printed in the OpenAI chat format; events are
+//! printed as JSON lines in Contexture's storage form.
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use contexture_core::budget::BudgetPolicy;
+use contexture_core::fit::{TrimOptions, trim};
+use contexture_core::format::openai;
+use contexture_core::thread::EventKind;
+use contexture_store::{AnyStore, NewEvent, Store};
+use serde_json::Value;
+
+use super::input;
+use super::models::RegistryArgs;
+
+/// Arguments of `contexture thread`.
+#[derive(Debug, Args)]
+pub struct ThreadArgs {
+    /// The store: `sqlite:PATH` or `postgres://user@host:port/db` (also $CONTEXTURE_DB).
+    #[arg(
+        long,
+        global = true,
+        env = "CONTEXTURE_DB",
+        default_value = "sqlite:contexture.db"
+    )]
+    db: String,
+    #[command(subcommand)]
+    command: ThreadCommand,
+}
+
+/// The `thread` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ThreadCommand {
+    /// Append one message (a JSON object) or several (an array) in one transaction; print
+    /// each assigned seq on its own line once committed.
+    Append {
+        /// The thread (created on first append).
+        #[arg(long)]
+        thread: String,
+        /// An idempotency key: a retry with the same key stores nothing and prints the seqs
+        /// assigned the first time (for an array, message i uses KEY:i).
+        #[arg(long)]
+        key: Option<String>,
+        /// The JSON file; standard input when absent or `-`.
+        file: Option<PathBuf>,
+    },
+    /// Print the thread's message view as a JSON array (fitted when --model or --max-tokens
+    /// is given).
+    Messages {
+        /// The thread.
+        #[arg(long)]
+        thread: String,
+        /// Fit for this model's window and tokenizer.
+        #[arg(long)]
+        model: Option<String>,
+        /// The most tokens the request may take (default with --model: the model's window
+        /// minus its reply reserve).
+        #[arg(long)]
+        max_tokens: Option<u32>,
+        /// Keep only the last N conversation messages (the system prompt is not counted).
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Project this named context instead of the active one.
+        #[arg(long)]
+        context: Option<String>,
+        #[command(flatten)]
+        registry: RegistryArgs,
+    },
+    /// Print the thread's events as JSON lines (a fork's shared prefix included).
+    Events {
+        /// The thread.
+        #[arg(long)]
+        thread: String,
+    },
+    /// Fork a thread after event SEQ without copying; print the seq of the fork's first event.
+    Fork {
+        /// The thread to fork.
+        #[arg(long)]
+        thread: String,
+        /// The last event the fork shares (0: none).
+        #[arg(long)]
+        at: u64,
+        /// The new thread's id.
+        #[arg(long = "new")]
+        new: String,
+    },
+    /// List threads: id, last seq, and the fork point of forks.
+    List {
+        /// Print JSON lines with timestamps instead.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a thread (refused while it has forks).
+    Delete {
+        /// The thread.
+        #[arg(long)]
+        thread: String,
+    },
+    /// Delete threads idle for longer than a duration, forks before their parents; print a
+    /// JSON report.
+    Prune {
+        /// Idle time in seconds.
+        #[arg(long, value_name = "SECONDS")]
+        idle_secs: u64,
+    },
+}
+
+/// Runs a `thread` command.
+pub fn run(args: ThreadArgs) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(execute(args))
+}
+
+async fn execute(args: ThreadArgs) -> Result<()> {
+    let store = AnyStore::open(&args.db)
+        .await
+        .with_context(|| format!("cannot open the store {}", args.db))?;
+    match args.command {
+        ThreadCommand::Append { thread, key, file } => {
+            let source = input::describe(file.as_deref());
+            let value: Value = input::read_json(file.as_deref())?;
+            let (messages, single) = match &value {
+                Value::Array(_) => (openai::parse_messages(&value), false),
+                _ => (openai::parse_message(&value).map(|m| vec![m]), true),
+            };
+            let messages = messages
+                .with_context(|| format!("{source}: not a chat message or message array"))?;
+            if messages.is_empty() {
+                bail!("{source}: the array holds no message");
+            }
+            let events = messages
+                .into_iter()
+                .enumerate()
+                .map(|(i, message)| {
+                    let event = NewEvent::new(EventKind::MessageAppended { message });
+                    match &key {
+                        Some(key) if single => event.with_key(key.clone()),
+                        Some(key) => event.with_key(format!("{key}:{i}")),
+                        None => event,
+                    }
+                })
+                .collect();
+            for seq in store.append(&thread, events).await? {
+                println!("{seq}");
+            }
+        }
+        ThreadCommand::Messages {
+            thread,
+            model,
+            max_tokens,
+            limit,
+            context,
+            registry,
+        } => {
+            let loaded = store.load(&thread).await?;
+            let context = context.unwrap_or_else(|| loaded.active_context().to_string());
+            let messages = loaded.projection_of(&context, limit).into_messages();
+            let messages = if model.is_some() || max_tokens.is_some() {
+                let registry = registry.load()?;
+                let model = match &model {
+                    Some(id) => registry.get(id)?,
+                    None => registry.default_model(),
+                };
+                let max_tokens = match max_tokens {
+                    Some(max) => max,
+                    None => BudgetPolicy::default().limits(&model)?.limit,
+                };
+                trim(&messages, &TrimOptions::new(max_tokens), &model.counter)
+                    .with_context(|| {
+                        format!(
+                            "cannot fit thread {thread} into {max_tokens} tokens for {}",
+                            model.id
+                        )
+                    })?
+                    .messages
+            } else {
+                messages
+            };
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&openai::to_values(&messages))?
+            );
+        }
+        ThreadCommand::Events { thread } => {
+            for event in store.events(&thread).await? {
+                println!("{}", serde_json::to_string(&event)?);
+            }
+        }
+        ThreadCommand::Fork { thread, at, new } => {
+            println!("{}", store.fork(&thread, at, &new).await?);
+        }
+        ThreadCommand::List { json } => {
+            for info in store.list().await? {
+                if json {
+                    println!("{}", serde_json::to_string(&info)?);
+                } else {
+                    match (&info.parent, info.fork_seq) {
+                        (Some(parent), Some(at)) => {
+                            println!("{}\t{}\tfork of {parent} at {at}", info.id, info.last_seq)
+                        }
+                        _ => println!("{}\t{}", info.id, info.last_seq),
+                    }
+                }
+            }
+        }
+        ThreadCommand::Delete { thread } => store.delete(&thread).await?,
+        ThreadCommand::Prune { idle_secs } => {
+            let cutoff = SystemTime::now()
+                .checked_sub(Duration::from_secs(idle_secs))
+                .unwrap_or(SystemTime::UNIX_EPOCH);
+            let report = store.prune(cutoff).await?;
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,238 @@
+//! `contexture thread`: append, messages (plain, limited and fitted), events, fork, list,
+//! delete and prune against an SQLite file, and the same round trip on PostgreSQL.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+/// A temporary directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let path = std::env::temp_dir().join(format!(
+            "contexture-cli-{name}-{}-{nanos}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&path).expect("temp dir");
+        TempDir(path)
+    }
+
+    fn db(&self) -> String {
+        format!("sqlite:{}", self.0.join("threads.db").display())
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn run(db: &str, args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_contexture"))
+        .arg("thread")
+        .args(args)
+        .args(["--db", db])
+        .env_remove("CONTEXTURE_DB")
+        .env_remove("CONTEXTURE_MODELS")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run contexture");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write stdin");
+    child.wait_with_output().expect("wait for contexture")
+}
+
+fn ok(db: &str, args: &[&str], stdin: &str) -> String {
+    let output = run(db, args, stdin);
+    assert!(
+        output.status.success(),
+        "contexture thread {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("UTF-8 output")
+}
+
+fn fail(db: &str, args: &[&str], stdin: &str) -> String {
+    let output = run(db, args, stdin);
+    assert!(
+        !output.status.success(),
+        "contexture thread {args:?} should fail"
+    );
+    String::from_utf8(output.stderr).expect("UTF-8 errors")
+}
+
+const HISTORY: &str = r#"[
+  {"role": "system", "content": "You are terse."},
+  {"role": "user", "content": "What is the capital of France?"},
+  {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{\"q\":\"France\"}"}}]},
+  {"role": "tool", "tool_call_id": "call_1", "content": "Paris"},
+  {"role": "assistant", "content": "Paris."}
+]"#;
+
+/// The whole command set on one store.
+fn round_trip(db: &str) {
+    assert_eq!(
+        ok(db, &["append", "--thread", "t1"], HISTORY),
+        "1\n2\n3\n4\n5\n"
+    );
+    assert_eq!(
+        ok(
+            db,
+            &["append", "--thread", "t1", "--key", "retry-1"],
+            r#"{"role": "user", "content": "And Spain?"}"#
+        ),
+        "6\n"
+    );
+    // A retry with the same key stores nothing and prints the first seq.
+    assert_eq!(
+        ok(
+            db,
+            &["append", "--thread", "t1", "--key", "retry-1"],
+            r#"{"role": "user", "content": "And Spain?"}"#
+        ),
+        "6\n"
+    );
+    insta::assert_snapshot!(
+        "thread_messages",
+        ok(db, &["messages", "--thread", "t1"], "")
+    );
+    insta::assert_snapshot!(
+        "thread_messages_limit_2",
+        ok(db, &["messages", "--thread", "t1", "--limit", "2"], "")
+    );
+    insta::assert_snapshot!("thread_events", ok(db, &["events", "--thread", "t1"], ""));
+
+    // Fitted: a tight budget keeps the system prompt and the most recent turns.
+    let fitted = ok(
+        db,
+        &[
+            "messages",
+            "--thread",
+            "t1",
+            "--model",
+            "gpt-4o",
+            "--max-tokens",
+            "40",
+        ],
+        "",
+    );
+    let fitted: serde_json::Value = serde_json::from_str(&fitted).expect("JSON array");
+    let fitted = fitted.as_array().expect("array");
+    assert!(fitted.len() < 6, "fitting dropped messages: {fitted:?}");
+    assert_eq!(fitted[0]["role"], "system");
+    assert_eq!(fitted.last().expect("a message")["content"], "And Spain?");
+
+    assert_eq!(
+        ok(
+            db,
+            &["fork", "--thread", "t1", "--at", "2", "--new", "t1-fork"],
+            ""
+        ),
+        "3\n"
+    );
+    assert_eq!(
+        ok(
+            db,
+            &["append", "--thread", "t1-fork"],
+            r#"{"role": "assistant", "content": "Lyon?"}"#
+        ),
+        "4\n"
+    );
+    insta::assert_snapshot!(
+        "thread_fork_messages",
+        ok(db, &["messages", "--thread", "t1-fork"], "")
+    );
+    assert_eq!(
+        ok(db, &["list"], ""),
+        "t1\t6\nt1-fork\t4\tfork of t1 at 2\n"
+    );
+
+    let refused = fail(db, &["delete", "--thread", "t1"], "");
+    assert!(
+        refused.contains("thread `t1` has forks (t1-fork)"),
+        "{refused}"
+    );
+    ok(db, &["delete", "--thread", "t1-fork"], "");
+    let report = ok(db, &["prune", "--idle-secs", "0"], "");
+    let report: serde_json::Value = serde_json::from_str(&report).expect("JSON report");
+    assert_eq!(report["deleted"], serde_json::json!(["t1"]));
+    assert_eq!(ok(db, &["list"], ""), "");
+}
+
+#[test]
+fn thread_commands_on_sqlite() {
+    let dir = TempDir::new("round-trip");
+    round_trip(&dir.db());
+}
+
+#[test]
+fn thread_commands_on_postgres() {
+    let url = std::env::var("CONTEXTURE_TEST_PG")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let schema = format!("ctx_cli_{}_{nanos}", std::process::id());
+    // The CLI takes a plain URL; the test isolates itself in a fresh schema via `options`.
+    let setup = Command::new("psql")
+        .args([url.as_str(), "-qc", &format!("CREATE SCHEMA {schema}")])
+        .output();
+    let reachable = setup.as_ref().is_ok_and(|o| o.status.success());
+    if !reachable {
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("CI=true and PostgreSQL at {url} is unreachable (via psql): {setup:?}");
+        }
+        eprintln!(
+            "\n!!! SKIPPING the PostgreSQL CLI test: {url} is unreachable via psql ({setup:?}).\n"
+        );
+        return;
+    }
+    let separator = if url.contains('?') { '&' } else { '?' };
+    let db = format!("{url}{separator}options=-csearch_path%3D{schema}");
+    round_trip(&db);
+    let _ = Command::new("psql")
+        .args([
+            url.as_str(),
+            "-qc",
+            &format!("DROP SCHEMA {schema} CASCADE"),
+        ])
+        .output();
+}
+
+#[test]
+fn bad_input_and_bad_urls_are_reported() {
+    let dir = TempDir::new("errors");
+    let db = dir.db();
+    let error = fail(
+        &db,
+        &["append", "--thread", "t"],
+        r#"{"role": "wizard", "content": "x"}"#,
+    );
+    assert!(error.contains("not a chat message"), "{error}");
+    let error = fail(&db, &["append", "--thread", "t"], "[]");
+    assert!(error.contains("holds no message"), "{error}");
+    let error = fail(&db, &["messages", "--thread", "missing"], "");
+    assert!(error.contains("thread `missing` not found"), "{error}");
+    let error = fail(
+        &db,
+        &["fork", "--thread", "missing", "--at", "0", "--new", "x"],
+        "",
+    );
+    assert!(error.contains("thread `missing` not found"), "{error}");
+    let error = fail("mysql://nope", &["list"], "");
+    assert!(
+        error.contains("invalid database URL `mysql://nope`"),
+        "{error}"
+    );
+}
