@@ -2,4 +2,5 @@
 
 pub mod input;
 pub mod models;
+pub mod thread;
 pub mod tokens;

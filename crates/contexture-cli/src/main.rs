@@ -23,6 +23,8 @@ enum Command {
     /// List and show models of the registry.
     #[command(subcommand)]
     Models(commands::models::ModelsCommand),
+    /// Append to, read, fork, list and prune threads in a store (--db sqlite:PATH | postgres://...).
+    Thread(commands::thread::ThreadArgs),
     // Later commands register here, one line each.
 }
 
@@ -31,6 +33,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Tokens(command) => commands::tokens::run(command),
         Command::Models(command) => commands::models::run(command),
+        Command::Thread(args) => commands::thread::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
