@@ -1,6 +1,9 @@
 //! One module per command group.
 
+pub mod expr;
 pub mod input;
 pub mod models;
+pub mod output;
+pub mod template;
 pub mod thread;
 pub mod tokens;

@@ -25,6 +25,15 @@ enum Command {
     Models(commands::models::ModelsCommand),
     /// Append to, read, fork, list and prune threads in a store (--db sqlite:PATH | postgres://...).
     Thread(commands::thread::ThreadArgs),
+    /// Parse step outputs as a workflow would (JSON, Python literals, fences, prose).
+    #[command(subcommand)]
+    Output(commands::output::OutputCommand),
+    /// Render templates against a context store.
+    #[command(subcommand)]
+    Template(commands::template::TemplateCommand),
+    /// Evaluate condition expressions against a context store.
+    #[command(subcommand)]
+    Expr(commands::expr::ExprCommand),
     // Later commands register here, one line each.
 }
 
@@ -34,6 +43,9 @@ fn main() -> ExitCode {
         Command::Tokens(command) => commands::tokens::run(command),
         Command::Models(command) => commands::models::run(command),
         Command::Thread(args) => commands::thread::run(args),
+        Command::Output(command) => commands::output::run(command),
+        Command::Template(command) => commands::template::run(command),
+        Command::Expr(command) => commands::expr::run(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -261,6 +261,14 @@ pub(crate) fn sandbox<'s>(undefined: UndefinedBehavior, fuel: u64) -> Environmen
     let mut env = Environment::new();
     env.set_undefined_behavior(undefined);
     env.set_fuel(Some(fuel));
+    // The text renders exactly: a template's final newline is kept, not stripped as Jinja's
+    // default does.
+    if let Ok(syntax) = minijinja::syntax::SyntaxConfig::builder()
+        .keep_trailing_newline(true)
+        .build()
+    {
+        env.set_syntax(syntax);
+    }
     env.set_formatter(|out, state, value| {
         use minijinja::value::ValueKind;
         match value.kind() {

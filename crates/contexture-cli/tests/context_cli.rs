@@ -1,0 +1,272 @@
+//! End-to-end tests of `contexture output parse`, `contexture template render` and
+//! `contexture expr eval`: the real binary, real files, exact stdout, stderr and exit codes.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+use serde_json::{Value, json};
+
+struct Run {
+    stdout: Vec<u8>,
+    stderr: String,
+    ok: bool,
+}
+
+fn contexture(args: &[&str], stdin: &[u8]) -> Run {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_contexture"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the contexture binary runs");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin)
+        .expect("write stdin");
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = child.wait_with_output().expect("output");
+    Run {
+        stdout,
+        stderr: String::from_utf8_lossy(&stderr).into_owned(),
+        ok: status.success(),
+    }
+}
+
+/// A scratch directory unique to one test.
+fn scratch(test: &str) -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("contexture-ctx-cli-{}-{test}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+fn write(dir: &std::path::Path, name: &str, content: &[u8]) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, content).expect("write file");
+    path.to_string_lossy().into_owned()
+}
+
+fn stdout_json(run: &Run) -> Value {
+    assert!(run.ok, "command failed: {}", run.stderr);
+    serde_json::from_slice(&run.stdout).expect("stdout is JSON")
+}
+
+#[test]
+fn output_parse_prints_value_and_stored() {
+    let run = contexture(
+        &["output", "parse"],
+        b"[{ 'file': 'a.txt', 'size': 100 }, { 'file': 'b.txt', 'size': 200 }]",
+    );
+    assert_eq!(
+        stdout_json(&run),
+        json!({
+            "value": [{"file": "a.txt", "size": 100}, {"file": "b.txt", "size": 200}],
+            "stored": {"file": "b.txt", "size": 200}
+        })
+    );
+
+    let dir = scratch("parse");
+    let file = write(&dir, "out.txt", b"The analysis completed successfully");
+    let run = contexture(&["output", "parse", &file], b"");
+    assert_eq!(
+        stdout_json(&run),
+        json!({"value": "The analysis completed successfully", "stored": {}})
+    );
+}
+
+#[test]
+fn output_parse_reports_bad_input_clearly() {
+    let run = contexture(&["output", "parse"], b"Here:\n```json\n{\"cut\": ");
+    assert_eq!(stdout_json(&run)["stored"], json!({}));
+    assert!(
+        run.stderr
+            .contains("```json fence opened at line 2 is never closed"),
+        "{}",
+        run.stderr
+    );
+
+    let run = contexture(&["output", "parse"], b"{\"a\": \"\xff\"}");
+    assert!(!run.ok);
+    assert!(run.stdout.is_empty());
+    assert!(
+        run.stderr
+            .contains("standard input: output is not valid UTF-8: invalid byte at offset 7"),
+        "{}",
+        run.stderr
+    );
+
+    let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+    let run = contexture(&["output", "parse"], deep.as_bytes());
+    assert_eq!(stdout_json(&run)["stored"], json!({}));
+    assert!(
+        run.stderr.contains("nesting deeper than 200 levels"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn template_render_prints_exactly_the_text() {
+    let dir = scratch("render");
+    let context = write(
+        &dir,
+        "ctx.json",
+        br#"{"user": {"name": "Alice"}, "files": [{"name": "a.txt"}]}"#,
+    );
+    let template = write(
+        &dir,
+        "t.txt",
+        b"Welcome {{user.name}} {{user.missing}} {{files/0/name}} {{ nobody }}\n",
+    );
+    let run = contexture(
+        &["template", "render", "--context", &context, &template],
+        b"",
+    );
+    assert!(run.ok, "{}", run.stderr);
+    assert_eq!(
+        String::from_utf8(run.stdout).expect("utf-8"),
+        "Welcome Alice {{user.missing}} a.txt {{ nobody }}\n"
+    );
+
+    // From standard input, no newline added.
+    let run = contexture(
+        &[
+            "template",
+            "render",
+            "--context",
+            &context,
+            "--missing",
+            "empty",
+        ],
+        b"[{{user.name}}][{{user.missing}}]",
+    );
+    assert_eq!(run.stdout, b"[Alice][]");
+
+    let run = contexture(
+        &[
+            "template",
+            "render",
+            "--context",
+            &context,
+            "--missing",
+            "error",
+            &template,
+        ],
+        b"",
+    );
+    assert!(!run.ok);
+    assert!(run.stdout.is_empty());
+    assert!(
+        run.stderr
+            .contains("missing variables: nobody, user.missing"),
+        "{}",
+        run.stderr
+    );
+
+    let run = contexture(
+        &["template", "render", "--context", &context, "--now", "0"],
+        b"{{ current_date }} {{ current_weekday }}",
+    );
+    assert_eq!(run.stdout, b"1970-01-01 Thursday");
+}
+
+#[test]
+fn template_render_rejects_bad_contexts_and_templates() {
+    let dir = scratch("render-bad");
+    let list = write(&dir, "list.json", b"[1, 2]");
+    let run = contexture(&["template", "render", "--context", &list], b"x");
+    assert!(!run.ok);
+    assert!(
+        run.stderr
+            .contains("the context must be a JSON object, not an array"),
+        "{}",
+        run.stderr
+    );
+
+    let cyclic = write(&dir, "cyclic.json", br#"{"a": "{{b}}", "b": "{{a}}"}"#);
+    let run = contexture(&["template", "render", "--context", &cyclic], b"{{a}}");
+    assert!(!run.ok);
+    assert!(
+        run.stderr
+            .contains("template cycle in context values: a -> b -> a"),
+        "{}",
+        run.stderr
+    );
+
+    let empty = write(&dir, "empty.json", b"{}");
+    let run = contexture(&["template", "render", "--context", &empty], b"{% for %}");
+    assert!(!run.ok);
+    assert!(
+        run.stderr.contains("template syntax error at line 1"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn expr_eval_prints_json() {
+    let dir = scratch("expr");
+    let context = write(
+        &dir,
+        "ctx.json",
+        br#"{"user_role": "admin", "count": 5, "status": "ok"}"#,
+    );
+    let run = contexture(
+        &[
+            "expr",
+            "eval",
+            "--context",
+            &context,
+            "user_role == 'admin'",
+        ],
+        b"",
+    );
+    assert_eq!(run.stdout, b"true\n");
+    let run = contexture(
+        &[
+            "expr",
+            "eval",
+            "--context",
+            &context,
+            "count > 3 and status in ['ok', 'done']",
+        ],
+        b"",
+    );
+    assert_eq!(run.stdout, b"true\n");
+    let run = contexture(
+        &["expr", "eval", "--context", &context, "{'n': count * 2}"],
+        b"",
+    );
+    assert_eq!(run.stdout, b"{\"n\":10}\n");
+
+    let output = write(&dir, "out.txt", b"{'score': 0.9}");
+    let run = contexture(
+        &[
+            "expr",
+            "eval",
+            "--context",
+            &context,
+            "--output",
+            &output,
+            "output.score > 0.5",
+        ],
+        b"",
+    );
+    assert_eq!(run.stdout, b"true\n");
+
+    let run = contexture(&["expr", "eval", "--context", &context, "count > > 3"], b"");
+    assert!(!run.ok);
+    assert!(
+        run.stderr
+            .contains("invalid expression \"count > > 3\" at column 9"),
+        "{}",
+        run.stderr
+    );
+}
