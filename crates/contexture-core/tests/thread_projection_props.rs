@@ -162,14 +162,12 @@ fn naive(
             EventKind::MessageAppended { message } if message.role.is_system_like() => {
                 effects.push(Effect::System(message))
             }
-            EventKind::ContextReplaced(op) => {
-                if !seen.contains(&op.op_id) {
-                    seen.push(op.op_id.clone());
-                    if busy {
-                        pending.push(op)
-                    } else {
-                        effects.push(Effect::Replace(op))
-                    }
+            EventKind::ContextReplaced(op) if !seen.contains(&op.op_id) => {
+                seen.push(op.op_id.clone());
+                if busy {
+                    pending.push(op)
+                } else {
+                    effects.push(Effect::Replace(op))
                 }
             }
             EventKind::RequestStarted(_) => busy = true,

@@ -47,7 +47,7 @@ fn child(path: &str) {
         let mut out = std::io::stdout().lock();
         let mut i = 0u64;
         loop {
-            let size = if i % 2 == 0 { 1 } else { 3 };
+            let size = if i.is_multiple_of(2) { 1 } else { 3 };
             let texts: Vec<String> = (i..i + size).map(|k| text(run, k)).collect();
             let events = texts
                 .iter()
