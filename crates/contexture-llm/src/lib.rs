@@ -1,0 +1,28 @@
+//! LLM providers for Contexture (PRODUCT.md F25).
+//!
+//! One [`Provider`] trait, three implementations:
+//! - [`OpenAiProvider`]: OpenAI-compatible chat completions (OpenAI, Ollama, vLLM, llama.cpp
+//!   server, ...), streaming or not;
+//! - [`AnthropicProvider`]: Anthropic's messages API;
+//! - [`ScriptedProvider`]: replays replies from a YAML script, for tests and demos.
+//!
+//! HTTP providers retry 429 and 5xx answers, timeouts and connection failures with
+//! exponential backoff, honouring `Retry-After` ([`RetryPolicy`]); every call returns the
+//! provider-reported [`Usage`]. API keys are never logged: the providers' `Debug` output
+//! redacts them.
+
+mod anthropic;
+mod error;
+mod http;
+mod openai;
+mod provider;
+mod retry;
+mod scripted;
+mod sse;
+
+pub use anthropic::AnthropicProvider;
+pub use error::LlmError;
+pub use openai::OpenAiProvider;
+pub use provider::{BoxFuture, ChatRequest, ChatResponse, Provider, StreamDelta, Usage};
+pub use retry::RetryPolicy;
+pub use scripted::{ScriptError, ScriptedProvider};
