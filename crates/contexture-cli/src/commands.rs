@@ -1,6 +1,7 @@
 //! One module per command group.
 
 pub mod expr;
+pub mod fit;
 pub mod input;
 pub mod models;
 pub mod output;

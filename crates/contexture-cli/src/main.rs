@@ -23,6 +23,8 @@ enum Command {
     /// List and show models of the registry.
     #[command(subcommand)]
     Models(commands::models::ModelsCommand),
+    /// Fit a chat history (OpenAI-format JSON messages) into a model's window.
+    Fit(commands::fit::FitArgs),
     /// Append to, read, fork, list and prune threads in a store (--db sqlite:PATH | postgres://...).
     Thread(commands::thread::ThreadArgs),
     /// Parse step outputs as a workflow would (JSON, Python literals, fences, prose).
@@ -42,6 +44,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Tokens(command) => commands::tokens::run(command),
         Command::Models(command) => commands::models::run(command),
+        Command::Fit(args) => commands::fit::run(args),
         Command::Thread(args) => commands::thread::run(args),
         Command::Output(command) => commands::output::run(command),
         Command::Template(command) => commands::template::run(command),

@@ -1,0 +1,275 @@
+//! `contexture fit`: fit a chat history (a JSON array of OpenAI-format messages) into a
+//! model's window, optionally clearing old tool results first, and print the fitted array.
+//!
+//! The budget bounds the whole request as `contexture tokens count --messages` counts it
+//! (messages, reply priming, and tool schemas given with `--tools`). Without `--max-tokens`
+//! it is the model's context window minus the reply reserve; the reserve defaults to the
+//! model's `max_output_tokens`, capped at a quarter of the window (the same rule as the
+//! budget breakdown of `contexture tokens count --json`).
+//!
+//! Messages are counted lazily from the kept end: a message the fit drops is not tokenized
+//! (except the unit at the edge of the cut, which must be counted to know it does not fit),
+//! so the report's `tokens_before` is `null` when the input was not counted in full;
+//! `tokens_before_at_least` is then a lower bound.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, ValueEnum};
+use contexture_core::budget::BudgetPolicy;
+use contexture_core::fit::{
+    ClearOptions, ClearTrigger, ClearedResult, Provider, RepairChange, Strategy, TrimOptions,
+    clear_tool_results, trim,
+};
+use contexture_core::format::openai;
+use contexture_core::{Message, Role};
+use serde::Serialize;
+use serde_json::Value;
+
+use super::input;
+use super::models::RegistryArgs;
+
+/// Arguments of `contexture fit`.
+#[derive(Debug, Args)]
+pub struct FitArgs {
+    /// The model whose window and tokenizer to fit for.
+    #[arg(long)]
+    model: String,
+    /// The most tokens the whole request may take (default: the model's window minus the
+    /// reserve).
+    #[arg(long)]
+    max_tokens: Option<u32>,
+    /// Tokens kept free for the reply when --max-tokens is not given (default: the model's
+    /// max output, at most a quarter of the window).
+    #[arg(long, conflicts_with = "max_tokens")]
+    reserve: Option<u32>,
+    /// Hysteresis: when over the budget, cut down to this many tokens.
+    #[arg(long)]
+    low_water: Option<u32>,
+    /// Which part of the history to keep.
+    #[arg(long, value_enum, default_value_t = StrategyArg::Last)]
+    strategy: StrategyArg,
+    /// With --strategy head-tail: how many units to keep at the start.
+    #[arg(long, default_value_t = 1)]
+    head: usize,
+    /// Roles the kept history may start with (after the system prompt); repeatable.
+    #[arg(long, value_enum)]
+    start_on: Vec<RoleArg>,
+    /// Roles the kept history may end with; repeatable.
+    #[arg(long, value_enum)]
+    end_on: Vec<RoleArg>,
+    /// Let the system prompt be dropped like any other message.
+    #[arg(long)]
+    drop_system: bool,
+    /// Use leftover budget for part of one more message, cut at line breaks.
+    #[arg(long)]
+    allow_partial: bool,
+    /// Pin the message at this index (always kept); repeatable.
+    #[arg(long = "pin", value_name = "INDEX")]
+    pins: Vec<usize>,
+    /// Whose message rules the output must follow (default: the model's provider, else
+    /// openai).
+    #[arg(long, value_enum)]
+    provider: Option<ProviderArg>,
+    /// A JSON file with the request's tool schemas (OpenAI format), counted in the budget.
+    #[arg(long, value_name = "FILE")]
+    tools: Option<PathBuf>,
+    /// Before trimming, clear the results of all but the N most recent tool uses.
+    #[arg(long, value_name = "N")]
+    clear_keep: Option<usize>,
+    /// With --clear-keep: never clear results of this tool; repeatable.
+    #[arg(long, value_name = "TOOL", requires = "clear_keep")]
+    clear_exclude: Vec<String>,
+    /// With --clear-keep: also replace the cleared calls' arguments with `{}`.
+    #[arg(long, requires = "clear_keep")]
+    clear_arguments: bool,
+    /// Write a JSON report (dropped indices, cleared results, tokens before and after) to
+    /// standard error.
+    #[arg(long)]
+    report: bool,
+    /// The messages file (a JSON array); standard input when absent or `-`.
+    file: Option<PathBuf>,
+    #[command(flatten)]
+    registry: RegistryArgs,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum StrategyArg {
+    Last,
+    First,
+    HeadTail,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum ProviderArg {
+    Openai,
+    Anthropic,
+    Gemini,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum RoleArg {
+    System,
+    User,
+    Assistant,
+    Tool,
+}
+
+impl From<RoleArg> for Role {
+    fn from(role: RoleArg) -> Role {
+        match role {
+            RoleArg::System => Role::System,
+            RoleArg::User => Role::User,
+            RoleArg::Assistant => Role::Assistant,
+            RoleArg::Tool => Role::Tool,
+        }
+    }
+}
+
+/// The JSON report written to standard error with `--report`.
+#[derive(Debug, Serialize)]
+struct Report<'a> {
+    model: &'a str,
+    provider: Provider,
+    max_tokens: u32,
+    low_water: Option<u32>,
+    messages_in: usize,
+    messages_out: usize,
+    over_budget: bool,
+    /// Dropped original indices as half-open ranges.
+    dropped: Vec<Range>,
+    dropped_count: usize,
+    partial: Option<usize>,
+    marker: Option<usize>,
+    cleared: Vec<ClearedResult>,
+    tokens_cleared: u64,
+    tokens_before: Option<u64>,
+    tokens_before_at_least: u64,
+    tokens_after: u64,
+    repairs: Vec<RepairChange>,
+}
+
+#[derive(Debug, Serialize)]
+struct Range {
+    start: usize,
+    end: usize,
+}
+
+/// Runs `contexture fit`.
+pub fn run(args: FitArgs) -> Result<()> {
+    let model = args.registry.load()?.get(&args.model)?;
+    let counter = model.counter;
+    let provider = match args.provider {
+        Some(ProviderArg::Openai) => Provider::OpenAi,
+        Some(ProviderArg::Anthropic) => Provider::Anthropic,
+        Some(ProviderArg::Gemini) => Provider::Gemini,
+        None => match model.provider.as_deref() {
+            Some("anthropic") => Provider::Anthropic,
+            Some("google") => Provider::Gemini,
+            _ => Provider::OpenAi,
+        },
+    };
+    let source = input::describe(args.file.as_deref());
+    let value: Value = input::read_json(args.file.as_deref())?;
+    let mut messages: Vec<Message> = openai::parse_messages(&value)
+        .with_context(|| format!("{source}: not a chat message array"))?;
+    for &index in &args.pins {
+        match messages.get_mut(index) {
+            Some(message) => message.metadata.pinned = true,
+            None => bail!(
+                "--pin {index}: {source} has only {} messages",
+                messages.len()
+            ),
+        }
+    }
+    let tools: Vec<Value> = match &args.tools {
+        Some(path) => input::read_json(Some(path))?,
+        None => Vec::new(),
+    };
+    let tools_tokens = counter.count_request(&[], &tools).tools;
+    let max_tokens = match args.max_tokens {
+        Some(max) => max,
+        None => {
+            let policy = BudgetPolicy {
+                reserve_output: args.reserve,
+                ..BudgetPolicy::default()
+            };
+            policy.limits(&model)?.limit
+        }
+    };
+
+    let messages_in = messages.len();
+    let (cleared, tokens_cleared) = match args.clear_keep {
+        Some(keep) => {
+            let options = ClearOptions {
+                trigger: ClearTrigger::ToolUses(keep),
+                keep_tool_uses: keep,
+                clear_at_least: None,
+                exclude_tools: args.clear_exclude.clone(),
+                clear_arguments: args.clear_arguments,
+                tools_tokens,
+            };
+            let result = clear_tool_results(&messages, &options, &counter);
+            messages = result.messages;
+            (result.cleared, result.tokens_cleared)
+        }
+        None => (Vec::new(), 0),
+    };
+
+    let options = TrimOptions {
+        max_tokens,
+        low_water: args.low_water,
+        tools_tokens,
+        strategy: match args.strategy {
+            StrategyArg::Last => Strategy::Last,
+            StrategyArg::First => Strategy::First,
+            StrategyArg::HeadTail => Strategy::HeadTail { head: args.head },
+        },
+        keep_system: !args.drop_system,
+        start_on: args.start_on.iter().copied().map(Role::from).collect(),
+        end_on: args.end_on.iter().copied().map(Role::from).collect(),
+        allow_partial: args.allow_partial,
+        provider,
+    };
+    let trimmed = trim(&messages, &options, &counter).with_context(|| {
+        format!(
+            "cannot fit {source} into {max_tokens} tokens for {}",
+            model.id
+        )
+    })?;
+
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&openai::to_values(&trimmed.messages))?
+    );
+    if args.report {
+        let report = Report {
+            model: &model.id,
+            provider,
+            max_tokens,
+            low_water: args.low_water,
+            messages_in,
+            messages_out: trimmed.messages.len(),
+            over_budget: trimmed.over_budget,
+            dropped_count: trimmed.dropped_count(),
+            dropped: trimmed
+                .dropped
+                .iter()
+                .map(|range| Range {
+                    start: range.start,
+                    end: range.end,
+                })
+                .collect(),
+            partial: trimmed.partial,
+            marker: trimmed.marker,
+            cleared,
+            tokens_cleared,
+            tokens_before: trimmed.tokens_before,
+            tokens_before_at_least: trimmed.tokens_before_at_least,
+            tokens_after: trimmed.tokens_after,
+            repairs: trimmed.repairs,
+        };
+        eprintln!("{}", serde_json::to_string_pretty(&report)?);
+    }
+    Ok(())
+}

@@ -1,0 +1,285 @@
+//! End-to-end tests of `contexture fit`: the built binary on message files.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+use contexture_core::format::openai;
+use contexture_core::{Encoding, TokenCounter};
+use serde_json::{Value, json};
+
+fn conversation() -> Value {
+    json!([
+        {"role": "system", "content": "You are a research assistant. Cite your sources."},
+        {"role": "user", "content": "Find the population of Lyon and of Porto."},
+        {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "search", "arguments": "{\"q\":\"Lyon population\"}"}},
+            {"id": "c2", "type": "function", "function": {"name": "search", "arguments": "{\"q\":\"Porto population\"}"}}
+        ]},
+        {"role": "tool", "tool_call_id": "c1", "content": "Lyon: 522,250 inhabitants (2021).\nMetropolis: 1.4 million."},
+        {"role": "tool", "tool_call_id": "c2", "content": "Porto: 231,800 inhabitants (2021).\nMetro area: 1.7 million."},
+        {"role": "assistant", "content": "Lyon has about 522,000 inhabitants and Porto about 232,000."},
+        {"role": "user", "content": "From now on, answer in French."},
+        {"role": "assistant", "content": "D'accord."},
+        {"role": "user", "content": "Fetch the Lyon article."},
+        {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "c3", "type": "function", "function": {"name": "fetch", "arguments": "{\"url\":\"https://example.org/lyon\"}"}}
+        ]},
+        {"role": "tool", "tool_call_id": "c3", "content": "Lyon is the third-largest city of France.\nIt lies at the confluence of the Rhône and the Saône.\nIts historic centre is a UNESCO World Heritage Site."},
+        {"role": "assistant", "content": "Lyon est la troisième ville de France."},
+        {"role": "user", "content": "Merci ! Laquelle est la plus ancienne ?"}
+    ])
+}
+
+fn write_input(name: &str, value: &Value) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("contexture-fit-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, serde_json::to_vec_pretty(value).unwrap()).unwrap();
+    path
+}
+
+fn contexture(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_contexture"))
+        .args(args)
+        .env_remove("CONTEXTURE_MODELS")
+        .output()
+        .unwrap()
+}
+
+fn stdout_json(output: &Output) -> Value {
+    assert!(
+        output.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+/// The request tokens of an output array, as `contexture tokens count --messages` counts it.
+fn request_tokens(messages: &Value) -> u32 {
+    let parsed = openai::parse_messages(messages).unwrap();
+    TokenCounter::exact(Encoding::O200kBase)
+        .count_request(&parsed, &[])
+        .total
+}
+
+#[test]
+fn fits_to_max_tokens_keeping_whole_tool_units() {
+    let path = write_input("fit.json", &conversation());
+    let output = contexture(&[
+        "fit",
+        "--model",
+        "gpt-4o-mini",
+        "--max-tokens",
+        "120",
+        path.to_str().unwrap(),
+    ]);
+    let fitted = stdout_json(&output);
+    let roles: Vec<&str> = fitted
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        roles,
+        [
+            "system",
+            "assistant",
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+            "user"
+        ]
+    );
+    assert!(request_tokens(&fitted) <= 120);
+    // The same count as the tokens command.
+    let out_path = write_input("fitted.json", &fitted);
+    let counted = contexture(&[
+        "tokens",
+        "count",
+        "--model",
+        "gpt-4o-mini",
+        "--messages",
+        out_path.to_str().unwrap(),
+    ]);
+    assert!(counted.status.success());
+    let total: u32 = String::from_utf8_lossy(&counted.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(total, request_tokens(&fitted));
+}
+
+#[test]
+fn report_goes_to_standard_error() {
+    let path = write_input("report.json", &conversation());
+    let output = contexture(&[
+        "fit",
+        "--model",
+        "gpt-4o-mini",
+        "--max-tokens",
+        "150",
+        "--pin",
+        "6",
+        "--start-on",
+        "user",
+        "--clear-keep",
+        "1",
+        "--report",
+        path.to_str().unwrap(),
+    ]);
+    let fitted = stdout_json(&output);
+    let report: Value = serde_json::from_slice(&output.stderr).unwrap();
+    insta::assert_json_snapshot!("fit_cli_report", report);
+    assert_eq!(
+        report["messages_out"],
+        json!(fitted.as_array().unwrap().len())
+    );
+    assert_eq!(report["tokens_after"], json!(request_tokens(&fitted)));
+    // The pinned message is kept.
+    assert!(
+        fitted
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["content"] == "From now on, answer in French.")
+    );
+}
+
+#[test]
+fn head_tail_inserts_one_marker() {
+    let path = write_input("head_tail.json", &conversation());
+    let output = contexture(&[
+        "fit",
+        "--model",
+        "gpt-4o-mini",
+        "--max-tokens",
+        "110",
+        "--strategy",
+        "head-tail",
+        path.to_str().unwrap(),
+    ]);
+    let fitted = stdout_json(&output);
+    let markers: Vec<&Value> = fitted
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| {
+            m["content"]
+                .as_str()
+                .is_some_and(|t| t.contains("earlier messages omitted"))
+        })
+        .collect();
+    assert_eq!(markers.len(), 1, "{fitted:#}");
+    assert_eq!(
+        fitted[1]["content"],
+        "Find the population of Lyon and of Porto."
+    );
+}
+
+#[test]
+fn anthropic_rules_start_on_a_user_turn() {
+    let path = write_input("anthropic.json", &conversation());
+    let output = contexture(&[
+        "fit",
+        "--model",
+        "gpt-4o-mini",
+        "--max-tokens",
+        "120",
+        "--provider",
+        "anthropic",
+        path.to_str().unwrap(),
+    ]);
+    let fitted = stdout_json(&output);
+    assert_eq!(fitted[1]["role"], "user");
+}
+
+#[test]
+fn without_max_tokens_the_model_window_applies_and_nothing_is_dropped() {
+    let path = write_input("window.json", &conversation());
+    let output = contexture(&[
+        "fit",
+        "--model",
+        "gpt-4o-mini",
+        "--report",
+        path.to_str().unwrap(),
+    ]);
+    let fitted = stdout_json(&output);
+    assert_eq!(fitted, conversation());
+    let report: Value = serde_json::from_slice(&output.stderr).unwrap();
+    // 128,000-token window minus a 16,384-token reserve.
+    assert_eq!(report["max_tokens"], json!(128_000 - 16_384));
+    assert_eq!(report["dropped_count"], json!(0));
+    assert_eq!(report["tokens_before"], report["tokens_after"]);
+}
+
+#[test]
+fn reads_standard_input() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_contexture"))
+        .args(["fit", "--model", "gpt-4o-mini", "--max-tokens", "60", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(conversation().to_string().as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    let fitted = stdout_json(&output);
+    assert!(request_tokens(&fitted) <= 60);
+    assert_eq!(fitted[0]["role"], "system");
+}
+
+#[test]
+fn fails_clearly_when_system_and_pinned_cannot_fit() {
+    let path = write_input("too_small.json", &conversation());
+    let output = contexture(&[
+        "fit",
+        "--model",
+        "gpt-4o-mini",
+        "--max-tokens",
+        "20",
+        "--pin",
+        "1",
+        path.to_str().unwrap(),
+    ]);
+    assert!(!output.status.success());
+    assert!(output.stdout.is_empty());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("cannot fit"), "{stderr}");
+    assert!(
+        stderr.contains("system prompt and pinned messages need"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn bad_input_is_named() {
+    let path = write_input("bad.json", &json!([{"role": "robot", "content": "hi"}]));
+    let output = contexture(&["fit", "--model", "gpt-4o-mini", path.to_str().unwrap()]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("bad.json"), "{stderr}");
+    let good = write_input("pin.json", &conversation());
+    let output = contexture(&[
+        "fit",
+        "--model",
+        "gpt-4o-mini",
+        "--pin",
+        "99",
+        good.to_str().unwrap(),
+    ]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--pin 99") && stderr.contains("13 messages"),
+        "{stderr}"
+    );
+}
