@@ -60,9 +60,8 @@ fn string_literal(content: &[(char, u8)], quote: Quote) -> String {
     };
     let mut out = open.to_owned();
     for &(c, how) in content {
-        if matches!(quote, Quote::Raw) {
-            out.push(c);
-        } else if how < 128 && !matches!(c, '\n' | '\\' | '\'' | '"') {
+        let plain = how < 128 && !matches!(c, '\n' | '\\' | '\'' | '"');
+        if matches!(quote, Quote::Raw) || plain {
             out.push(c);
         } else {
             escape_char(c, how, &mut out);

@@ -415,9 +415,7 @@ impl Parser<'_> {
             }
             let rest = &self.src[self.pos..];
             // Copy a run of ordinary characters at once.
-            let run = rest
-                .find(|c: char| c == quote as char || c == '\\' || c == '\n')
-                .unwrap_or(rest.len());
+            let run = rest.find([quote as char, '\\', '\n']).unwrap_or(rest.len());
             let run = run.max(1).min(rest.len());
             let run = if rest.is_char_boundary(run) {
                 run
