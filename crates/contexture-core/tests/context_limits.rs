@@ -16,6 +16,7 @@ fn timed<T>(what: &str, f: impl FnOnce() -> T) -> T {
     let start = Instant::now();
     let result = f();
     let elapsed = start.elapsed();
+    eprintln!("{what}: {elapsed:?}");
     assert!(elapsed < QUICK, "{what} took {elapsed:?}");
     result
 }
@@ -72,6 +73,19 @@ fn ten_megabyte_outputs_parse_quickly() {
     let spans = "{x {y {z}}} ".repeat(900_000);
     let parsed = timed("10 MB of bracketed non-JSON", || parse_output(&spans));
     assert_eq!(parsed.format, OutputFormat::PlainText);
+
+    // 10 MB of fence markers on one line, and a fence whose body is one 10 MB line full of
+    // markers that do not start a line: both would be quadratic with a naive line search.
+    let markers = "```".repeat(3_300_000);
+    let parsed = timed("10 MB of ``` markers", || parse_output(&markers));
+    assert_eq!(parsed.format, OutputFormat::PlainText);
+    let body = format!("```json\n{}", "x```".repeat(2_500_000));
+    let parsed = timed("10 MB fence body line", || parse_output(&body));
+    assert!(
+        parsed.notes.iter().any(|n| n.contains("never closed")),
+        "{:?}",
+        parsed.notes
+    );
 
     // An unterminated fence at the start of 10 MB.
     let fence = format!("```json\n{}", "{\"a\": 1, ".repeat(1_000_000));

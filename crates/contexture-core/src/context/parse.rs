@@ -181,27 +181,42 @@ enum Fence<'a> {
 }
 
 /// Finds the first `<marker>json` fence: the opening marker followed by `json` (any case) and
-/// the end of its line; the content runs to the next line that starts with the marker.
+/// the end of its line; the content runs to the next marker that starts a line (after optional
+/// indentation). Linear: every byte is looked at a bounded number of times.
 fn find_fence<'a>(text: &'a str, marker: &str) -> Fence<'a> {
+    let bytes = text.as_bytes();
+    let skip_blanks = |mut i: usize| {
+        while matches!(bytes.get(i), Some(b' ' | b'\t' | b'\r')) {
+            i += 1;
+        }
+        i
+    };
     let mut search = 0;
     while let Some(found) = text[search..].find(marker) {
         let open = search + found;
         let after = open + marker.len();
         search = after;
-        let tag_end = text[after..].find('\n').map_or(text.len(), |i| after + i);
-        let tag = text[after..tag_end].trim();
-        if !tag.eq_ignore_ascii_case("json") {
+        let tag = skip_blanks(after);
+        if !bytes
+            .get(tag..tag + 4)
+            .is_some_and(|t| t.eq_ignore_ascii_case(b"json"))
+        {
+            continue;
+        }
+        let tag_end = skip_blanks(tag + 4);
+        if !matches!(bytes.get(tag_end), None | Some(b'\n')) {
             continue;
         }
         let line = text[..open].matches('\n').count() + 1;
         let body_start = (tag_end + 1).min(text.len());
-        // The closing marker: at the start of a line (after optional indentation) or, for
-        // one-line fences, anywhere after the opening tag.
         let mut scan = body_start;
         while let Some(found) = text[scan..].find(marker) {
             let close = scan + found;
-            let line_start = text[..close].rfind('\n').map_or(0, |i| i + 1);
-            if text[line_start..close].trim().is_empty() || line_start < body_start {
+            let mut back = close;
+            while back > body_start && matches!(bytes[back - 1], b' ' | b'\t') {
+                back -= 1;
+            }
+            if back == body_start || bytes[back - 1] == b'\n' {
                 return Fence::Found {
                     content: &text[body_start..close],
                     line,
@@ -271,6 +286,16 @@ fn find_embedded_json(text: &str, notes: &mut Vec<String>) -> Option<Value> {
                     .to_owned(),
             );
             return None;
+        }
+        // Cheap rejection first: a JSON object's first token is a string or its end.
+        if bytes[start] == b'{' {
+            let first = bytes[start + 1..end]
+                .iter()
+                .find(|b| !b.is_ascii_whitespace())
+                .copied();
+            if !matches!(first, Some(b'"' | b'}')) {
+                continue;
+            }
         }
         match serde_json::from_str::<Value>(&text[start..end]) {
             Ok(value) => return Some(value),
