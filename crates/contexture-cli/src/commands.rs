@@ -8,3 +8,4 @@ pub mod output;
 pub mod template;
 pub mod thread;
 pub mod tokens;
+pub mod validate;

@@ -36,6 +36,8 @@ enum Command {
     /// Evaluate condition expressions against a context store.
     #[command(subcommand)]
     Expr(commands::expr::ExprCommand),
+    /// Check workflow files: references, reachability, expressions, templates.
+    Validate(commands::validate::ValidateArgs),
     // Later commands register here, one line each.
 }
 
@@ -49,6 +51,7 @@ fn main() -> ExitCode {
         Command::Output(command) => commands::output::run(command),
         Command::Template(command) => commands::template::run(command),
         Command::Expr(command) => commands::expr::run(command),
+        Command::Validate(args) => commands::validate::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,40 @@
+//! `contexture validate`: check workflow files without running them.
+
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use clap::Args;
+use contexture_engine::workflow::Workflow;
+
+use super::input;
+
+/// Arguments of `contexture validate`.
+#[derive(Debug, Args)]
+pub struct ValidateArgs {
+    /// Workflow YAML files.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+}
+
+/// Validates each file; prints `FILE: ok` per valid file and every problem of the others
+/// (with file, line and column), and fails when any file has a problem.
+pub fn run(args: ValidateArgs) -> Result<()> {
+    let mut failed = 0;
+    for path in &args.files {
+        let text = input::read_text(Some(path))?;
+        match Workflow::load(&text, &path.display().to_string()) {
+            Ok(workflow) => println!("{}: ok ({} states)", path.display(), workflow.states.len()),
+            Err(error) => {
+                eprintln!("{error}");
+                failed += 1;
+            }
+        }
+    }
+    if failed > 0 {
+        bail!(
+            "{failed} of {} workflow files have problems",
+            args.files.len()
+        );
+    }
+    Ok(())
+}
