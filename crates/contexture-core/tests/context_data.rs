@@ -8,7 +8,8 @@
 //! - `parse/*.txt|*.bin`: a raw step output -> parsed value, format, what it stores, notes.
 //! - `flags/*.json`: `{store, output, flags}` -> the transition outcome (one file per row of the
 //!   precedence table in docs/context-store.md, plus the page's examples).
-//! - `templates/*.txt`: a JSON header (`context`, optional `missing`, `fuel`), a line `---`,
+//! - `templates/*.txt`: a JSON header (`context`, optional `missing`, `fuel`, `variables`), a
+//!   line `---`,
 //!   then the template -> rendered text, used keys, missing paths, or the error.
 //! - `expr/*.txt`: a JSON header (`context`, optional `output`), `---`, then one expression
 //!   per line -> its value or error.
@@ -136,6 +137,11 @@ fn templates() {
                     .parse()
                     .expect("policy"),
             );
+        }
+        if let Some(Value::Object(variables)) = header.get("variables") {
+            for (name, value) in variables {
+                options = options.with_variable(name.clone(), value.clone());
+            }
         }
         if let Some(fuel) = header.get("fuel") {
             options = options.with_fuel(fuel.as_u64().expect("fuel is a number"));

@@ -112,19 +112,47 @@ impl IdSource for RandomIds {
     }
 }
 
-/// Render options with the real (or a fixed) clock and random ids.
+/// The system variables a render may use: `hostname`, `username`, `os`,
+/// `working_directory` (each only when it can be found).
+fn system_variables() -> Vec<(&'static str, String)> {
+    let mut variables = vec![("os", std::env::consts::OS.to_owned())];
+    let hostname = std::env::var("HOSTNAME").ok().or_else(|| {
+        std::fs::read_to_string("/etc/hostname")
+            .ok()
+            .map(|h| h.trim().to_owned())
+    });
+    if let Some(hostname) = hostname.filter(|h| !h.is_empty()) {
+        variables.push(("hostname", hostname));
+    }
+    if let Some(user) = std::env::var("USER")
+        .ok()
+        .or_else(|| std::env::var("USERNAME").ok())
+    {
+        variables.push(("username", user));
+    }
+    if let Ok(dir) = std::env::current_dir() {
+        variables.push(("working_directory", dir.display().to_string()));
+    }
+    variables
+}
+
+/// Render options with the real (or a fixed) clock, random ids and the system variables.
 pub fn options(now: Option<i64>) -> RenderOptions {
     let clock: Arc<dyn Clock> = match now {
         Some(seconds) => Arc::new(FixedClock::utc(seconds)),
         None => Arc::new(SystemClock),
     };
-    RenderOptions::new(
+    let mut options = RenderOptions::new(
         clock,
         Arc::new(RandomIds {
             state: RandomState::new(),
             counter: AtomicU64::new(0),
         }),
-    )
+    );
+    for (name, value) in system_variables() {
+        options = options.with_variable(name, Value::String(value));
+    }
+    options
 }
 
 fn render_command(args: RenderArgs) -> Result<()> {

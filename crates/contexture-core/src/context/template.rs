@@ -24,7 +24,8 @@
 //! [`TemplateError::Cycle`] naming the keys in order.
 //!
 //! **Dynamic variables** ([`super::dynamic::DYNAMIC_VARIABLES`]) come from the [`Clock`] and
-//! [`IdSource`] in the options; a context key of the same name takes precedence. Within one
+//! [`IdSource`] in the options, and caller-supplied ones (system values such as `hostname`)
+//! from [`RenderOptions::variables`]; a context key of the same name takes precedence. Within one
 //! render each dynamic variable has one value (`{{uuid}}` twice prints the same id).
 
 use std::collections::{BTreeSet, HashMap};
@@ -86,6 +87,10 @@ pub struct RenderOptions {
     pub clock: Arc<dyn Clock>,
     /// Source of `uuid` and `short_uuid`.
     pub ids: Arc<dyn IdSource>,
+    /// More variables supplied by the caller, such as the system values `hostname`,
+    /// `username`, `os` and `working_directory` (the CLI fills these; the core reads nothing
+    /// from the machine). A context key of the same name takes precedence.
+    pub variables: Map<String, Value>,
 }
 
 impl fmt::Debug for RenderOptions {
@@ -106,6 +111,7 @@ impl RenderOptions {
             fuel: DEFAULT_FUEL,
             clock,
             ids,
+            variables: Map::new(),
         }
     }
 
@@ -121,6 +127,12 @@ impl RenderOptions {
     /// The same options with another missing-variable policy.
     pub fn with_missing(mut self, missing: MissingPolicy) -> RenderOptions {
         self.missing = missing;
+        self
+    }
+
+    /// The same options with one more caller-supplied variable.
+    pub fn with_variable(mut self, name: impl Into<String>, value: Value) -> RenderOptions {
+        self.variables.insert(name.into(), value);
         self
     }
 
@@ -351,7 +363,11 @@ impl Shared {
     }
 
     fn path_exists(&self, path: &Path) -> bool {
-        match self.values.get(&path.root) {
+        match self
+            .values
+            .get(&path.root)
+            .or_else(|| self.options.variables.get(&path.root))
+        {
             Some(value) => path.lookup_below(value).is_some(),
             None => {
                 path.segments.is_empty()
@@ -459,6 +475,9 @@ impl Shared {
         if self.values.contains_key(name) {
             self.state().used.insert(name.to_owned());
             return self.resolve(name);
+        }
+        if let Some(value) = self.options.variables.get(name) {
+            return Some(JValue::from(minijinja::value::Serde(value)));
         }
         let mut state = self.state();
         if let Some(value) = state.dynamic.get(name) {
