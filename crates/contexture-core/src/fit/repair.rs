@@ -132,11 +132,10 @@ fn lift_system(list: &mut Vec<(usize, Message)>, changes: &mut Vec<RepairChange>
     if !list
         .first()
         .is_some_and(|(_, message)| message.role.is_system_like())
+        && let Some(first) = moved.next()
     {
-        if let Some(first) = moved.next() {
-            changes.push(RepairChange::MovedSystem { index: first.0 });
-            list.insert(0, first);
-        }
+        changes.push(RepairChange::MovedSystem { index: first.0 });
+        list.insert(0, first);
     }
     for (index, message) in moved {
         changes.push(RepairChange::MovedSystem { index });

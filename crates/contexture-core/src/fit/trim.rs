@@ -482,7 +482,7 @@ impl<'a, C: Costs> Fitter<'a, C> {
                     }
                 }
                 Plan {
-                    kept: combine(&fixed, &[start..end]),
+                    kept: combine(&fixed, start..end, 0..0),
                     partial,
                     marker: None,
                     over,
@@ -506,7 +506,7 @@ impl<'a, C: Costs> Fitter<'a, C> {
                     partial = self.partial(end, low - acc, false);
                 }
                 Plan {
-                    kept: combine(&fixed, &[start..end]),
+                    kept: combine(&fixed, start..end, 0..0),
                     partial,
                     marker: None,
                     over,
@@ -518,7 +518,7 @@ impl<'a, C: Costs> Fitter<'a, C> {
                 let (_, _, over) = self.walk_back(start, end, high, 0);
                 if !over {
                     Plan {
-                        kept: combine(&fixed, &[start..end]),
+                        kept: combine(&fixed, start..end, 0..0),
                         partial: None,
                         marker: None,
                         over,
@@ -536,7 +536,7 @@ impl<'a, C: Costs> Fitter<'a, C> {
                         let (tail_start, _, _) = self.walk_back(start, end, low, 0);
                         return self.finish(
                             Plan {
-                                kept: combine(&fixed, &[tail_start..end]),
+                                kept: combine(&fixed, tail_start..end, 0..0),
                                 partial: None,
                                 marker: None,
                                 over,
@@ -567,7 +567,7 @@ impl<'a, C: Costs> Fitter<'a, C> {
                     let (tail_start, _, _) = self.walk_back(head_end, end, budget, acc);
                     let omitted = self.omitted_messages(head_end, tail_start);
                     Plan {
-                        kept: combine(&fixed, &[start..head_end, tail_start..end]),
+                        kept: combine(&fixed, start..head_end, tail_start..end),
                         partial: None,
                         marker: (omitted > 0).then_some((head_end, omitted)),
                         over,
@@ -757,14 +757,15 @@ pub fn marker_message(omitted: usize) -> Message {
     marker
 }
 
-/// The fixed units outside `ranges` together with the units of `ranges`, ascending.
-fn combine(fixed: &[usize], ranges: &[Range<usize>]) -> Vec<usize> {
+/// The fixed units outside `head` and `tail` together with the units of both, ascending.
+fn combine(fixed: &[usize], head: Range<usize>, tail: Range<usize>) -> Vec<usize> {
     let mut kept: Vec<usize> = fixed
         .iter()
         .copied()
-        .filter(|unit| !ranges.iter().any(|range| range.contains(unit)))
-        .chain(ranges.iter().flat_map(Clone::clone))
+        .filter(|unit| !head.contains(unit) && !tail.contains(unit))
         .collect();
+    kept.extend(head);
+    kept.extend(tail);
     kept.sort_unstable();
     kept
 }
