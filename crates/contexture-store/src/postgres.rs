@@ -7,12 +7,12 @@
 
 use std::time::SystemTime;
 
-use contexture_core::thread::Event;
+use contexture_core::thread::{Event, EventKind};
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::{IsolationLevel, NoTls};
 
 use crate::error::Action;
-use crate::record::{self, db_seq, seq_of};
+use crate::record::{self, Row, db_seq, seq_of};
 use crate::{NewEvent, PruneReport, Store, StoreError, ThreadInfo, epoch_ms};
 
 /// The numbered migrations, applied in order on open.
@@ -205,6 +205,61 @@ async fn chain(
     Ok(segments)
 }
 
+/// True for events whose validity depends on the seq they get.
+fn needs_seq_check(event: &EventKind) -> bool {
+    matches!(
+        event,
+        EventKind::ContextReplaced(_) | EventKind::Forked { .. }
+    )
+}
+
+/// Appends events that need neither an idempotency lookup nor a seq-dependent check in one
+/// statement (its own transaction): the upsert of the thread's row takes the row lock and
+/// reserves the seqs, and the events are inserted with them.
+async fn append_fast(
+    client: &impl GenericClient,
+    thread: &str,
+    rows: Vec<Row>,
+    now: i64,
+) -> Result<Vec<u64>, StoreError> {
+    let count = i64::try_from(rows.len()).unwrap_or(i64::MAX);
+    let mut kinds = Vec::with_capacity(rows.len());
+    let mut bodies = Vec::with_capacity(rows.len());
+    let mut tokens = Vec::with_capacity(rows.len());
+    for row in rows {
+        kinds.push(row.kind);
+        bodies.push(row.body);
+        tokens.push(row.tokens);
+    }
+    let statement = client
+        .prepare_cached(
+            "WITH reserved AS (
+                 INSERT INTO threads (id, last_seq, created_at, updated_at) VALUES ($1, $2, $3, $3)
+                 ON CONFLICT (id) DO UPDATE
+                 SET last_seq = threads.last_seq + EXCLUDED.last_seq, updated_at = EXCLUDED.updated_at
+                 RETURNING last_seq)
+             INSERT INTO events (thread_id, seq, kind, body, tokens, idempotency_key, created_at)
+             SELECT $1, reserved.last_seq - $2 + e.ord, e.kind, e.body, e.tokens, NULL, $3
+             FROM reserved, UNNEST($4::text[], $5::text[], $6::text[]) WITH ORDINALITY AS e (kind, body, tokens, ord)
+             RETURNING seq",
+        )
+        .await
+        .doing("prepare the append")?;
+    let rows = client
+        .query(
+            &statement,
+            &[&thread, &count, &now, &kinds, &bodies, &tokens],
+        )
+        .await
+        .doing("append events")?;
+    let mut seqs = rows
+        .iter()
+        .map(|row| seq_of(thread, row.get(0)))
+        .collect::<Result<Vec<_>, _>>()?;
+    seqs.sort_unstable();
+    Ok(seqs)
+}
+
 async fn delete_thread(client: &impl GenericClient, thread: &str) -> Result<(), StoreError> {
     client
         .execute("DELETE FROM events WHERE thread_id = $1", &[&thread])
@@ -228,6 +283,12 @@ impl Store for PgStore {
             .collect::<Result<Vec<_>, _>>()?;
         let now = epoch_ms(SystemTime::now());
         let mut client = self.pool.get().await?;
+        if rows
+            .iter()
+            .all(|row| row.key.is_none() && !needs_seq_check(&row.event))
+        {
+            return append_fast(&client, thread, rows, now).await;
+        }
         let tx = client.transaction().await.doing("begin an append")?;
         tx.execute(
             "INSERT INTO threads (id, last_seq, created_at, updated_at) VALUES ($1, 0, $2, $2)
