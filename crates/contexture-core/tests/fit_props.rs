@@ -225,7 +225,8 @@ fn request_tokens(messages: &[Message], tools: u32) -> u64 {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 192, ..ProptestConfig::default() })]
+    // 256 cases by default; PROPTEST_CASES=N runs more.
+    #![proptest_config(ProptestConfig::default())]
 
     #[test]
     fn repair_output_validates_or_reports_what_it_left(

@@ -107,6 +107,9 @@ pub fn units(messages: &[Message]) -> Vec<Unit> {
 /// Appending a message costs one count of that message (cached inside it); fitting with
 /// [`IndexedHistory::fit`] then reads only the units it keeps (plus the pinned and system
 /// ones), never the whole history.
+///
+/// The index is append-only: a message's pin and content are read when it is pushed, so pin
+/// a message before pushing it (or rebuild the index after changing pushed messages).
 #[derive(Debug, Clone)]
 pub struct IndexedHistory {
     counter: TokenCounter,
