@@ -2,6 +2,8 @@
 //! killed with SIGKILL at random moments; after each kill the store is reopened (no repair
 //! step) and every acknowledged event must be present and intact, with no gap in the seqs.
 //!
+//! Then several processes append to one thread at once and must get gap-free, unique seqs.
+//!
 //! Runs without the test harness: the same executable is the parent (no argument) and, with
 //! `CONTEXTURE_CRASH_CHILD` set to a database path, the child.
 
@@ -16,6 +18,10 @@ use contexture_store::{NewEvent, SqliteStore, Store};
 
 const CHILD_DB: &str = "CONTEXTURE_CRASH_CHILD";
 const CHILD_RUN: &str = "CONTEXTURE_CRASH_RUN";
+const CHILD_LIMIT: &str = "CONTEXTURE_CRASH_LIMIT";
+const CHILD_THREAD: &str = "CONTEXTURE_CRASH_THREAD";
+const PROCESSES: u32 = 4;
+const PER_PROCESS: u64 = 150;
 const KILL_POINTS: u32 = 24;
 const THREAD: &str = "crash";
 
@@ -30,8 +36,8 @@ fn text(run: u32, i: u64) -> String {
     format!("run{run}-msg{i}-{}", "x".repeat((i % 7) as usize * 10))
 }
 
-/// Appends forever, alternating single events and batches of three, printing `ACK seq text`
-/// for each event once its transaction committed.
+/// Appends forever (or until `CONTEXTURE_CRASH_LIMIT` events), alternating single events and
+/// batches of three, printing `ACK seq text` for each event once its transaction committed.
 fn child(path: &str) {
     let run: u32 = std::env::var(CHILD_RUN)
         .ok()
@@ -45,8 +51,13 @@ fn child(path: &str) {
             .await
             .expect("child opens the store");
         let mut out = std::io::stdout().lock();
+        let limit: u64 = std::env::var(CHILD_LIMIT)
+            .ok()
+            .and_then(|l| l.parse().ok())
+            .unwrap_or(u64::MAX);
+        let thread = std::env::var(CHILD_THREAD).unwrap_or_else(|_| THREAD.to_string());
         let mut i = 0u64;
-        loop {
+        while i < limit {
             let size = if i.is_multiple_of(2) { 1 } else { 3 };
             let texts: Vec<String> = (i..i + size).map(|k| text(run, k)).collect();
             let events = texts
@@ -57,7 +68,7 @@ fn child(path: &str) {
                     })
                 })
                 .collect();
-            let seqs = store.append(THREAD, events).await.expect("child append");
+            let seqs = store.append(&thread, events).await.expect("child append");
             for (seq, text) in seqs.iter().zip(&texts) {
                 writeln!(out, "ACK {seq} {text}").expect("write ack");
             }
@@ -180,10 +191,67 @@ fn parent() {
         acked.len() > KILL_POINTS as usize,
         "the children acknowledged appends"
     );
+    several_processes(&exe, &db, &runtime);
     let _ = std::fs::remove_dir_all(&dir);
     println!(
         "crash test passed: {} acks checked in {:?}",
         acked.len(),
         started.elapsed()
+    );
+}
+
+/// `PROCESSES` children append `PER_PROCESS` events each to one thread at the same time.
+fn several_processes(
+    exe: &std::path::Path,
+    db: &std::path::Path,
+    runtime: &tokio::runtime::Runtime,
+) {
+    let children: Vec<_> = (0..PROCESSES)
+        .map(|p| {
+            Command::new(exe)
+                .env(CHILD_DB, db)
+                .env(CHILD_RUN, (1_000 + p).to_string())
+                .env(CHILD_LIMIT, PER_PROCESS.to_string())
+                .env(CHILD_THREAD, "multi")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("spawn a writer process")
+        })
+        .collect();
+    let mut acked = Vec::new();
+    for child in children {
+        let output = child.wait_with_output().expect("wait for a writer");
+        assert!(output.status.success(), "a writer process failed");
+        for line in String::from_utf8(output.stdout).expect("UTF-8").lines() {
+            let mut parts = line.splitn(3, ' ');
+            let (Some("ACK"), Some(seq), Some(text)) = (parts.next(), parts.next(), parts.next())
+            else {
+                panic!("unexpected writer output {line:?}");
+            };
+            acked.push((seq.parse::<u64>().expect("seq"), text.to_string()));
+        }
+    }
+    acked.sort();
+    let seqs: Vec<u64> = acked.iter().map(|(seq, _)| *seq).collect();
+    assert_eq!(
+        seqs,
+        (1..=acked.len() as u64).collect::<Vec<_>>(),
+        "unique, gap-free seqs across processes"
+    );
+    let events = runtime.block_on(async {
+        let store = SqliteStore::open(db).await.expect("open");
+        store.events("multi").await.expect("events")
+    });
+    assert_eq!(events.len(), acked.len());
+    for (event, (_, text)) in events.iter().zip(&acked) {
+        let EventKind::MessageAppended { message } = &event.kind else {
+            panic!("not a message")
+        };
+        assert_eq!(&message.text(), text);
+    }
+    println!(
+        "{PROCESSES} processes appended {} events with gap-free seqs",
+        acked.len()
     );
 }
