@@ -184,30 +184,25 @@ fn thread_commands_on_postgres() {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     let schema = format!("ctx_cli_{}_{nanos}", std::process::id());
-    // The CLI takes a plain URL; the test isolates itself in a fresh schema via `options`.
-    let setup = Command::new("psql")
-        .args([url.as_str(), "-qc", &format!("CREATE SCHEMA {schema}")])
-        .output();
-    let reachable = setup.as_ref().is_ok_and(|o| o.status.success());
-    if !reachable {
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!("CI=true and PostgreSQL at {url} is unreachable (via psql): {setup:?}");
+    // The CLI takes a plain URL; the test isolates itself in a fresh schema, created here
+    // through the store library and named in the URL's `options`.
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let store = match runtime.block_on(contexture_store::PgStore::open_in_schema(&url, &schema)) {
+        Ok(store) => store,
+        Err(error) => {
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!("CI=true and PostgreSQL at {url} is unreachable: {error}");
+            }
+            eprintln!("\n!!! SKIPPING the PostgreSQL CLI test: {url} is unreachable ({error}).\n");
+            return;
         }
-        eprintln!(
-            "\n!!! SKIPPING the PostgreSQL CLI test: {url} is unreachable via psql ({setup:?}).\n"
-        );
-        return;
-    }
+    };
     let separator = if url.contains('?') { '&' } else { '?' };
     let db = format!("{url}{separator}options=-csearch_path%3D{schema}");
     round_trip(&db);
-    let _ = Command::new("psql")
-        .args([
-            url.as_str(),
-            "-qc",
-            &format!("DROP SCHEMA {schema} CASCADE"),
-        ])
-        .output();
+    runtime
+        .block_on(store.drop_schema())
+        .expect("drop the test schema");
 }
 
 #[test]
