@@ -3,7 +3,10 @@
 //! A pool of tokio-postgres connections (deadpool). An append locks the thread's row
 //! (`SELECT last_seq ... FOR UPDATE`) in its transaction, so concurrent appends from any
 //! number of tasks or processes get gap-free seqs; the primary key `(thread_id, seq)` is the
-//! backstop. Bodies are stored as text so they read back byte for byte.
+//! backstop. Plain appends (no idempotency key, no event whose validity depends on its seq)
+//! take a faster path: one statement whose upsert of the thread row locks it and reserves the
+//! seqs, inserting the events in the same implicit transaction. Bodies are stored as text so
+//! they read back byte for byte.
 
 use std::time::SystemTime;
 
