@@ -103,3 +103,46 @@ impl Store for AnyStore {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_parse_by_scheme() {
+        let table = [
+            (
+                "sqlite:contexture.db",
+                Some(StoreUrl::Sqlite("contexture.db".into())),
+            ),
+            (
+                "sqlite:///tmp/x.db",
+                Some(StoreUrl::Sqlite("/tmp/x.db".into())),
+            ),
+            (
+                "sqlite://rel/x.db",
+                Some(StoreUrl::Sqlite("rel/x.db".into())),
+            ),
+            (
+                "postgres://postgres@127.0.0.1:5432/test",
+                Some(StoreUrl::Postgres(
+                    "postgres://postgres@127.0.0.1:5432/test".into(),
+                )),
+            ),
+            (
+                "postgresql://h/db",
+                Some(StoreUrl::Postgres("postgresql://h/db".into())),
+            ),
+            ("sqlite:", None),
+            ("mysql://h/db", None),
+            ("contexture.db", None),
+        ];
+        for (url, expected) in table {
+            match (url.parse::<StoreUrl>(), expected) {
+                (Ok(parsed), Some(expected)) => assert_eq!(parsed, expected, "{url}"),
+                (Err(StoreError::InvalidUrl { url: named, .. }), None) => assert_eq!(named, url),
+                (other, expected) => panic!("{url}: got {other:?}, expected {expected:?}"),
+            }
+        }
+    }
+}
