@@ -38,7 +38,10 @@ const EXAMPLE: &str = concat!(
 
 #[test]
 fn counts_text_from_stdin_and_file() {
-    assert_eq!(stdout(&contexture(&["tokens", "count"], b"hello world")), "2\n");
+    assert_eq!(
+        stdout(&contexture(&["tokens", "count"], b"hello world")),
+        "2\n"
+    );
     let text = "naïve café 東京 🚀 fn main() { println!(\"hi\"); }";
     let counted: usize = stdout(&contexture(
         &["tokens", "count", "--encoding", "cl100k_base"],
@@ -59,7 +62,14 @@ fn counts_text_from_stdin_and_file() {
 #[test]
 fn counts_a_request_by_the_chat_recipe() {
     let total = stdout(&contexture(
-        &["tokens", "count", "--messages", "--model", "gpt-4o", EXAMPLE],
+        &[
+            "tokens",
+            "count",
+            "--messages",
+            "--model",
+            "gpt-4o",
+            EXAMPLE,
+        ],
         b"",
     ));
     let json = stdout(&contexture(
@@ -117,13 +127,25 @@ fn a_models_file_overrides_entries() {
     )
     .unwrap();
     let shown = stdout(&contexture(
-        &["models", "show", "in-house-v2", "--models", file.to_str().unwrap()],
+        &[
+            "models",
+            "show",
+            "in-house-v2",
+            "--models",
+            file.to_str().unwrap(),
+        ],
         b"",
     ));
     assert!(shown.contains("\"context_window\": 4096"), "{shown}");
     std::fs::write(&file, "[models.\"in-house\"]\ncontext_window = \"big\"\n").unwrap();
     let error = stderr_of_failure(&contexture(
-        &["models", "show", "in-house", "--models", file.to_str().unwrap()],
+        &[
+            "models",
+            "show",
+            "in-house",
+            "--models",
+            file.to_str().unwrap(),
+        ],
         b"",
     ));
     assert!(

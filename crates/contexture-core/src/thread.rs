@@ -343,6 +343,23 @@ impl Thread {
         Ok(())
     }
 
+    /// Applies a message event whose body was not loaded because it cannot reach the
+    /// projection: its seq is at or below [`projection_watermark`] of the log and it is not
+    /// a system or developer message. Only [`Thread::projection`] (of the active context) and
+    /// the non-message state (store, usage, requests) stay exact on a thread built this way;
+    /// [`Thread::replay`] is the way to get everything.
+    pub fn apply_elided(&mut self, seq: u64) -> Result<(), ThreadError> {
+        if seq != self.last_seq + 1 {
+            return Err(ThreadError::SeqOutOfOrder {
+                thread: self.id.clone(),
+                expected: self.last_seq + 1,
+                found: seq,
+            });
+        }
+        self.last_seq = seq;
+        Ok(())
+    }
+
     fn add_message(&mut self, seq: u64, message: Message) {
         if message.role.is_system_like() {
             self.effects += 1;
@@ -390,4 +407,45 @@ impl Thread {
         let start = self.entries.partition_point(|entry| entry.seq <= seq);
         &self.entries[start..]
     }
+}
+
+/// The highest seq at or below which ordinary (non-system) messages cannot appear in the
+/// projection of the thread's active context once all `events` are applied: the base seq of
+/// that context's last replace in effect, or 0 when it has none.
+///
+/// `events` are the log's events other than `message_appended` ones, in order (message
+/// events never move an anchor). A store uses this to load a long thread for its projection
+/// while decoding only the messages after the anchor ([`Thread::apply_elided`]).
+pub fn projection_watermark<'a>(events: impl IntoIterator<Item = (u64, &'a EventKind)>) -> u64 {
+    let mut active = DEFAULT_CONTEXT.to_string();
+    let mut bases: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut seen: HashSet<&str> = HashSet::new();
+    let mut queue: Vec<&ContextReplace> = Vec::new();
+    let mut busy = false;
+    // Mirrors the fold's rules for when a replace takes effect (see `Thread::apply`).
+    for (_, kind) in events {
+        match kind {
+            EventKind::ContextReplaced(op) => {
+                if seen.insert(op.op_id.as_str()) {
+                    if busy {
+                        queue.push(op);
+                    } else {
+                        bases.insert(op.context.as_str(), op.to_seq);
+                    }
+                }
+            }
+            EventKind::ContextSwitched { context } => active = context.clone(),
+            EventKind::RequestStarted(_) => busy = true,
+            EventKind::RequestEnded { .. } | EventKind::Forked { .. } => {
+                busy = false;
+                for op in queue.drain(..) {
+                    bases.insert(op.context.as_str(), op.to_seq);
+                }
+            }
+            EventKind::MessageAppended { .. }
+            | EventKind::StoreChanged(_)
+            | EventKind::Merged(_) => {}
+        }
+    }
+    bases.get(active.as_str()).copied().unwrap_or(0)
 }

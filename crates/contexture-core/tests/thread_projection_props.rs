@@ -3,7 +3,7 @@
 
 use contexture_core::thread::{
     ContextReplace, Event, EventKind, ReplaceReason, RequestOutcome, RequestRecord, StoreChange,
-    Thread, Usage,
+    Thread, Usage, projection_watermark,
 };
 use contexture_core::{Message, Role};
 use proptest::prelude::*;
@@ -250,4 +250,90 @@ proptest! {
         let again = Thread::replay("t", events).unwrap();
         prop_assert_eq!(again.projection(), thread.projection());
     }
+
+    /// Loading for the projection only (what stores do for long threads) decodes no message
+    /// at or below the watermark except system ones, and gives the same projection, store and
+    /// usage as a full replay.
+    #[test]
+    fn elided_replay_gives_the_same_projection(steps in prop::collection::vec(step(), 0..80)) {
+        let events = build(&steps);
+        let full = Thread::replay("t", events.clone()).expect("built logs are valid");
+        let watermark = projection_watermark(
+            events
+                .iter()
+                .filter(|e| !matches!(e.kind, EventKind::MessageAppended { .. }))
+                .map(|e| (e.seq, &e.kind)),
+        );
+        let mut lazy = Thread::new("t");
+        let mut elided = 0;
+        for event in events {
+            match &event.kind {
+                EventKind::MessageAppended { message }
+                    if event.seq <= watermark && !message.role.is_system_like() =>
+                {
+                    elided += 1;
+                    lazy.apply_elided(event.seq).unwrap();
+                }
+                _ => lazy.apply(event).unwrap(),
+            }
+        }
+        prop_assert_eq!(lazy.projection(), full.projection());
+        prop_assert_eq!(lazy.store(), full.store());
+        prop_assert_eq!(lazy.usage(), full.usage());
+        prop_assert_eq!(lazy.last_seq(), full.last_seq());
+        prop_assert!(elided <= full.last_seq());
+    }
+}
+
+#[test]
+fn the_watermark_is_the_active_anchor() {
+    let say = |seq: u64, message: Message| Event::new(seq, EventKind::MessageAppended { message });
+    let replace = |seq: u64, op: &str, context: &str, to_seq: u64| {
+        let mut op = ContextReplace::new(
+            op.to_string(),
+            ReplaceReason::Compaction,
+            to_seq,
+            vec![Message::assistant("summary")],
+        );
+        op.context = context.to_string();
+        Event::new(seq, EventKind::ContextReplaced(op))
+    };
+    let events = vec![
+        say(1, Message::system("be brief")),
+        say(2, Message::user("a")),
+        say(3, Message::assistant("b")),
+        replace(4, "c1", "main", 3),
+        say(5, Message::user("c")),
+        replace(6, "c2", "alt", 5),
+    ];
+    let others = |events: &[Event]| -> u64 {
+        projection_watermark(
+            events
+                .iter()
+                .filter(|e| !matches!(e.kind, EventKind::MessageAppended { .. }))
+                .map(|e| (e.seq, &e.kind)),
+        )
+    };
+    assert_eq!(others(&events), 3);
+    let mut switched = events.clone();
+    switched.push(Event::new(
+        7,
+        EventKind::ContextSwitched {
+            context: "alt".into(),
+        },
+    ));
+    assert_eq!(others(&switched), 5);
+    // A replace queued behind a request in flight does not move the anchor yet.
+    let mut queued = events[..5].to_vec();
+    queued.push(Event::new(
+        6,
+        EventKind::RequestStarted(RequestRecord {
+            request_id: "r1".into(),
+            model: None,
+            messages: Vec::new(),
+            budget: None,
+        }),
+    ));
+    queued.push(replace(7, "c3", "main", 5));
+    assert_eq!(others(&queued), 3);
 }

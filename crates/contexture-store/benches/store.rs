@@ -157,7 +157,20 @@ fn load_fit(c: &mut Criterion) {
     });
     let model = Registry::builtin().resolve("gpt-4o");
     let mut group = c.benchmark_group("load_fit/sqlite");
+    // What a model call does: load the projection (only messages after the last compaction
+    // are decoded) and fit it with the stored counts.
     group.bench_function("100k", |b| {
+        b.iter(|| {
+            let projection = runtime
+                .block_on(store.load_projection("big"))
+                .expect("load");
+            let messages = projection.into_messages();
+            let fitted = trim(&messages, &TrimOptions::new(BUDGET), &model.counter).expect("fit");
+            black_box(fitted.messages.len())
+        })
+    });
+    // The same through a full replay of every event, for comparison.
+    group.bench_function("100k_full_replay", |b| {
         b.iter(|| {
             let thread = runtime.block_on(store.load("big")).expect("load");
             let messages = thread.projection().into_messages();

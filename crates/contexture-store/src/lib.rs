@@ -27,7 +27,7 @@ mod url;
 use std::future::Future;
 use std::time::SystemTime;
 
-use contexture_core::thread::{Event, EventKind, Thread};
+use contexture_core::thread::{Event, EventKind, Projection, Thread};
 
 pub use error::StoreError;
 pub use postgres::PgStore;
@@ -145,6 +145,17 @@ pub trait Store: Send + Sync {
                 detail: "an append of one event returned no seq".into(),
             })
         }
+    }
+
+    /// The projection of `thread`'s active context (system prompt kept apart), exactly as
+    /// `load(thread).projection()` gives it. Stores may compute it without decoding the
+    /// messages that the last context replace covers, so that long, compacted threads load
+    /// fast; the SQLite store does.
+    fn load_projection(
+        &self,
+        thread: &str,
+    ) -> impl Future<Output = Result<Projection, StoreError>> + Send {
+        async move { Ok(self.load(thread).await?.projection()) }
     }
 
     /// Loads `thread` by replaying its events (messages carry their stored token counts).

@@ -25,6 +25,8 @@ pub(crate) struct Row {
     pub body: String,
     /// The token counts, when the event carries messages.
     pub tokens: Option<String>,
+    /// True for a message event whose message is not a system or developer message.
+    pub ordinary_message: bool,
     /// The idempotency key.
     pub key: Option<String>,
     /// The event, for checks that need its seq.
@@ -47,7 +49,12 @@ pub(crate) fn encode(thread: &str, event: NewEvent) -> Result<Row, StoreError> {
         seq: 0,
         detail: format!("cannot serialize the event: {error}"),
     })?;
+    let ordinary_message = matches!(
+        &event.kind,
+        EventKind::MessageAppended { message } if !message.role.is_system_like()
+    );
     Ok(Row {
+        ordinary_message,
         kind: event.kind.type_name(),
         body,
         tokens: count(&event.kind),
@@ -151,4 +158,25 @@ pub(crate) fn seq_of(thread: &str, value: i64) -> Result<u64, StoreError> {
 /// Converts a seq to a database integer.
 pub(crate) fn db_seq(seq: u64) -> i64 {
     i64::try_from(seq).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SQLite's migration 0002 backfills `ordinary_message` from these body prefixes.
+    #[test]
+    fn message_bodies_start_with_their_role() {
+        let encoded = |message: Message| {
+            encode("t", NewEvent::new(EventKind::MessageAppended { message })).unwrap()
+        };
+        let system = encoded(Message::system("s"));
+        assert!(system.body.starts_with(r#"{"role":"system""#) && !system.ordinary_message);
+        let developer = encoded(Message::new(contexture_core::Role::Developer, "d"));
+        assert!(
+            developer.body.starts_with(r#"{"role":"developer""#) && !developer.ordinary_message
+        );
+        let user = encoded(Message::user("u"));
+        assert!(user.body.starts_with(r#"{"role":"user""#) && user.ordinary_message);
+    }
 }

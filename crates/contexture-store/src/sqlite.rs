@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
-use contexture_core::thread::Event;
+use contexture_core::thread::{Event, EventKind, Projection, Thread, projection_watermark};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use crate::error::Action;
@@ -19,7 +19,13 @@ use crate::record::{self, Row, db_seq, seq_of};
 use crate::{NewEvent, PruneReport, Store, StoreError, ThreadInfo, epoch_ms};
 
 /// The numbered migrations, applied in order on open.
-const MIGRATIONS: &[(u32, &str)] = &[(1, include_str!("../migrations/sqlite/0001_threads.sql"))];
+const MIGRATIONS: &[(u32, &str)] = &[
+    (1, include_str!("../migrations/sqlite/0001_threads.sql")),
+    (
+        2,
+        include_str!("../migrations/sqlite/0002_ordinary_messages.sql"),
+    ),
+];
 
 /// How long a write waits for another process's write transaction.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -192,8 +198,9 @@ fn append_rows(
             .doing("prepare the idempotency lookup")?;
         let mut insert = tx
             .prepare_cached(
-                "INSERT INTO events (thread_id, seq, kind, body, tokens, idempotency_key, created_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                "INSERT INTO events
+                     (thread_id, seq, kind, body, tokens, idempotency_key, created_at, ordinary_message)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             )
             .doing("prepare the insert")?;
         for row in rows {
@@ -222,7 +229,8 @@ fn append_rows(
                     row.body,
                     row.tokens,
                     row.key,
-                    now
+                    now,
+                    row.ordinary_message.then_some(1)
                 ])
                 .doing("insert the event")?;
             last = seq;
@@ -315,6 +323,83 @@ fn read_events(conn: &mut Connection, thread: &str) -> Result<Vec<Event>, StoreE
     }
     tx.commit().doing("end the read")?;
     Ok(events)
+}
+
+/// The projection of `thread`'s active context, decoding only what can reach it: first the
+/// events other than ordinary messages (found through the `events_special` index, so the
+/// messages are not even scanned), then the ordinary messages after the active context's
+/// anchor (see [`contexture_core::thread::projection_watermark`]). Seqs are gap-free, so
+/// every seq that is neither is an ordinary message the anchor covers.
+fn read_projection(conn: &mut Connection, thread: &str) -> Result<Projection, StoreError> {
+    let tx = conn.transaction().doing("begin a read")?;
+    let segments = chain(&tx, thread)?;
+    let read_rows = |sql: &str, low: u64| -> Result<Vec<Event>, StoreError> {
+        let mut select = tx.prepare_cached(sql).doing("prepare the event query")?;
+        let mut events = Vec::new();
+        for (id, limit) in &segments {
+            let mut rows = select
+                .query(params![id, db_seq(low), limit.map_or(i64::MAX, db_seq)])
+                .doing("query events")?;
+            while let Some(row) = rows.next().doing("read an event")? {
+                let seq = seq_of(thread, row.get(0).doing("read a seq")?)?;
+                let text = |index: usize| row.get_ref(index).and_then(|v| Ok(v.as_str()?));
+                let kind = text(1).doing("read a kind")?;
+                let body = text(2).doing("read a body")?;
+                let tokens = row
+                    .get_ref(3)
+                    .and_then(|v| Ok(v.as_str_or_null()?))
+                    .doing("read token counts")?;
+                events.push(record::decode(thread, seq, kind, body, tokens)?);
+            }
+        }
+        Ok(events)
+    };
+    let special = read_rows(
+        "SELECT seq, kind, body, tokens FROM events INDEXED BY events_special
+         WHERE thread_id = ?1 AND seq > ?2 AND seq <= ?3 AND ordinary_message IS NULL
+         ORDER BY seq",
+        0,
+    )?;
+    let watermark = projection_watermark(
+        special
+            .iter()
+            .filter(|event| !matches!(event.kind, EventKind::MessageAppended { .. }))
+            .map(|event| (event.seq, &event.kind)),
+    );
+    let messages = read_rows(
+        "SELECT seq, kind, body, tokens FROM events
+         WHERE thread_id = ?1 AND seq > ?2 AND seq <= ?3 AND ordinary_message = 1
+         ORDER BY seq",
+        watermark,
+    )?;
+    tx.commit().doing("end the read")?;
+
+    let replay_error = |source| StoreError::Replay {
+        thread: thread.to_string(),
+        source,
+    };
+    let mut fold = Thread::new(thread);
+    let mut special = special.into_iter().peekable();
+    let mut messages = messages.into_iter().peekable();
+    loop {
+        let seq = fold.last_seq() + 1;
+        if let Some(event) = special.next_if(|event| event.seq == seq) {
+            fold.apply(event).map_err(replay_error)?;
+        } else if let Some(event) = messages.next_if(|event| event.seq == seq) {
+            fold.apply(event).map_err(replay_error)?;
+        } else if seq <= watermark {
+            fold.apply_elided(seq).map_err(replay_error)?;
+        } else if special.peek().is_some() || messages.peek().is_some() {
+            return Err(StoreError::Corrupt {
+                thread: thread.to_string(),
+                seq,
+                detail: "the event log has a gap".into(),
+            });
+        } else {
+            break;
+        }
+    }
+    Ok(fold.projection())
 }
 
 fn fork_thread(
@@ -453,6 +538,11 @@ impl Store for SqliteStore {
     async fn events(&self, thread: &str) -> Result<Vec<Event>, StoreError> {
         let thread = thread.to_string();
         self.read(move |conn| read_events(conn, &thread)).await
+    }
+
+    async fn load_projection(&self, thread: &str) -> Result<Projection, StoreError> {
+        let thread = thread.to_string();
+        self.read(move |conn| read_projection(conn, &thread)).await
     }
 
     async fn fork(&self, parent: &str, at_seq: u64, child: &str) -> Result<u64, StoreError> {

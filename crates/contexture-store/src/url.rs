@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::SystemTime;
 
-use contexture_core::thread::Event;
+use contexture_core::thread::{Event, Projection};
 
 use crate::{NewEvent, PgStore, PruneReport, SqliteStore, Store, StoreError, ThreadInfo};
 
@@ -72,6 +72,13 @@ impl Store for AnyStore {
         match self {
             AnyStore::Sqlite(store) => store.events(thread).await,
             AnyStore::Postgres(store) => store.events(thread).await,
+        }
+    }
+
+    async fn load_projection(&self, thread: &str) -> Result<Projection, StoreError> {
+        match self {
+            AnyStore::Sqlite(store) => store.load_projection(thread).await,
+            AnyStore::Postgres(store) => store.load_projection(thread).await,
         }
     }
 

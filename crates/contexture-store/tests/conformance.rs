@@ -462,6 +462,62 @@ async fn concurrent_writers_get_unique_gap_free_seqs(h: &impl Harness) {
     assert_eq!(thread.last_seq(), WRITERS * APPENDS);
 }
 
+async fn projection_loads_match_full_replays(h: &impl Harness) {
+    let s = h.store();
+    let replace = |op: &str, to_seq: u64, text: &str| {
+        NewEvent::new(EventKind::ContextReplaced(ContextReplace::new(
+            op,
+            ReplaceReason::Compaction,
+            to_seq,
+            vec![Message::assistant(text)],
+        )))
+    };
+    let mut log = vec![say(Message::system("be brief"))];
+    log.extend((2..=40).map(|i| user(&format!("m{i}"))));
+    log.push(replace("c1", 30, "summary of 1..30"));
+    log.extend((42..=60).map(|i| user(&format!("m{i}"))));
+    log.push(say(Message::system("be briefer")));
+    log.push(NewEvent::new(EventKind::RequestStarted(RequestRecord {
+        request_id: "r1".into(),
+        model: None,
+        messages: Vec::new(),
+        budget: None,
+    })));
+    // Queued behind the request: it takes effect at the request's end.
+    log.push(replace("c2", 55, "summary of 1..55"));
+    log.push(user("during the request"));
+    log.push(NewEvent::new(EventKind::RequestEnded {
+        request_id: "r1".into(),
+        outcome: RequestOutcome::Completed,
+        usage: Usage::new(10, 2),
+    }));
+    log.push(user("after"));
+    s.append("long", log).await.unwrap();
+    s.fork("long", 45, "branch").await.unwrap();
+    s.append_one("branch", user("branch only")).await.unwrap();
+    for thread in ["long", "branch"] {
+        let lazy = s.load_projection(thread).await.unwrap();
+        let full = s.load(thread).await.unwrap().projection();
+        assert_eq!(lazy, full, "{thread}");
+        for (a, b) in lazy.messages.iter().zip(&full.messages) {
+            assert_eq!(
+                a.cached_tokens(Encoding::O200kBase),
+                b.cached_tokens(Encoding::O200kBase)
+            );
+        }
+    }
+    let long = s.load_projection("long").await.unwrap();
+    assert_eq!(
+        long.system.as_ref().map(Message::text).as_deref(),
+        Some("be briefer")
+    );
+    assert_eq!(long.messages[0].text(), "summary of 1..55");
+    assert!(matches!(
+        s.load_projection("missing").await,
+        Err(StoreError::NotFound { .. })
+    ));
+}
+
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -498,4 +554,5 @@ conformance!(
     pruning_removes_idle_threads_forks_first,
     reopening_keeps_everything,
     concurrent_writers_get_unique_gap_free_seqs,
+    projection_loads_match_full_replays,
 );

@@ -162,9 +162,20 @@ async fn execute(args: ThreadArgs) -> Result<()> {
             context,
             registry,
         } => {
-            let loaded = store.load(&thread).await?;
-            let context = context.unwrap_or_else(|| loaded.active_context().to_string());
-            let messages = loaded.projection_of(&context, limit).into_messages();
+            let projection = match context {
+                // The active context: the store's fast path, which decodes only the messages
+                // after the last compaction.
+                None => {
+                    let mut projection = store.load_projection(&thread).await?;
+                    if let Some(limit) = limit {
+                        let excess = projection.messages.len().saturating_sub(limit);
+                        projection.messages.drain(..excess);
+                    }
+                    projection
+                }
+                Some(context) => store.load(&thread).await?.projection_of(&context, limit),
+            };
+            let messages = projection.into_messages();
             let messages = if model.is_some() || max_tokens.is_some() {
                 let registry = registry.load()?;
                 let model = match &model {
