@@ -137,7 +137,10 @@ mod tests {
         );
         assert_eq!(
             index.locate("states[0].next.state_id"),
-            Position { line: 4, column: 17 }
+            Position {
+                line: 4,
+                column: 17
+            }
         );
         assert_eq!(
             index.locate("states[1].id"),
