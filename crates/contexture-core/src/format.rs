@@ -164,8 +164,8 @@ impl FormatError {
     }
 }
 
-/// The JSON type of `value`, with an article, for error messages.
-fn json_type(value: &Value) -> &'static str {
+/// The JSON type of `value`, with an article ("a string", "an object"), for error messages.
+pub fn json_type(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

@@ -16,6 +16,8 @@ use contexture_core::context::{
 };
 use serde_json::Value;
 
+use contexture_core::format::json_type;
+
 use super::input;
 
 /// Template commands.
@@ -60,19 +62,8 @@ pub fn read_context(path: &std::path::Path) -> Result<ContextStore> {
         other => Err(anyhow!(
             "{}: the context must be a JSON object, not {}",
             path.display(),
-            kind(&other)
+            json_type(&other)
         )),
-    }
-}
-
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 

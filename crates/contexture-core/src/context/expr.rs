@@ -144,16 +144,7 @@ impl Condition {
 
     /// Evaluates the expression to a JSON value (`undefined` becomes `null`).
     pub fn value(&self, scope: Scope<'_>) -> Result<Value, ExprError> {
-        let env = sandbox(UndefinedBehavior::Chainable, DEFAULT_FUEL);
-        let fail = |error: minijinja::Error| ExprError::Eval {
-            expression: self.source.clone(),
-            message: match error.detail() {
-                Some(detail) => format!("{}: {detail}", error.kind()),
-                None => error.kind().to_string(),
-            },
-        };
-        let expression = env.compile_expression(&self.source).map_err(fail)?;
-        let value = expression.eval(scope.to_value()).map_err(fail)?;
+        let value = self.eval(scope)?;
         if value.is_undefined() {
             return Ok(Value::Null);
         }
@@ -166,6 +157,11 @@ impl Condition {
     /// Evaluates the expression as a test, by Jinja truthiness (empty strings, lists and
     /// maps, zero, none and undefined are false).
     pub fn is_true(&self, scope: Scope<'_>) -> Result<bool, ExprError> {
+        Ok(self.eval(scope)?.is_true())
+    }
+
+    /// Evaluates the expression in a fresh sandbox.
+    fn eval(&self, scope: Scope<'_>) -> Result<minijinja::Value, ExprError> {
         let env = sandbox(UndefinedBehavior::Chainable, DEFAULT_FUEL);
         let fail = |error: minijinja::Error| ExprError::Eval {
             expression: self.source.clone(),
@@ -175,7 +171,7 @@ impl Condition {
             },
         };
         let expression = env.compile_expression(&self.source).map_err(fail)?;
-        Ok(expression.eval(scope.to_value()).map_err(fail)?.is_true())
+        expression.eval(scope.to_value()).map_err(fail)
     }
 }
 
