@@ -170,6 +170,24 @@ pub trait Store: Send + Sync {
     }
 }
 
+/// The migrations of `all` newer than the database's `current` version, in order; an error
+/// when the database was migrated by a newer build than this one.
+pub(crate) fn pending_migrations(
+    backend: &'static str,
+    all: &'static [(u32, &'static str)],
+    current: u32,
+) -> Result<impl Iterator<Item = &'static (u32, &'static str)>, StoreError> {
+    let known = all.last().map_or(0, |(version, _)| *version);
+    if current > known {
+        return Err(StoreError::SchemaTooNew {
+            backend,
+            found: current,
+            known,
+        });
+    }
+    Ok(all.iter().filter(move |(version, _)| *version > current))
+}
+
 /// Milliseconds since the Unix epoch (0 for times before it).
 pub(crate) fn epoch_ms(time: SystemTime) -> i64 {
     time.duration_since(SystemTime::UNIX_EPOCH)

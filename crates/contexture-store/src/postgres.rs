@@ -16,7 +16,7 @@ use tokio_postgres::{IsolationLevel, NoTls};
 
 use crate::error::Action;
 use crate::record::{self, Row, db_seq, seq_of};
-use crate::{NewEvent, PruneReport, Store, StoreError, ThreadInfo, epoch_ms};
+use crate::{NewEvent, PruneReport, Store, StoreError, ThreadInfo, epoch_ms, pending_migrations};
 
 /// The numbered migrations, applied in order on open.
 const MIGRATIONS: &[(u32, &str)] = &[(1, include_str!("../migrations/postgres/0001_threads.sql"))];
@@ -136,15 +136,7 @@ impl PgStore {
             .doing("read the schema version")?
             .get(0);
         let current = u32::try_from(current).unwrap_or(0);
-        let known = MIGRATIONS.last().map_or(0, |(v, _)| *v);
-        if current > known {
-            return Err(StoreError::SchemaTooNew {
-                backend: "postgres",
-                found: current,
-                known,
-            });
-        }
-        for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
+        for (version, sql) in pending_migrations("postgres", MIGRATIONS, current)? {
             let failed = |e: tokio_postgres::Error| StoreError::Migration {
                 backend: "postgres",
                 version: *version,

@@ -16,7 +16,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use crate::error::Action;
 use crate::record::{self, Row, db_seq, seq_of};
-use crate::{NewEvent, PruneReport, Store, StoreError, ThreadInfo, epoch_ms};
+use crate::{NewEvent, PruneReport, Store, StoreError, ThreadInfo, epoch_ms, pending_migrations};
 
 /// The numbered migrations, applied in order on open.
 const MIGRATIONS: &[(u32, &str)] = &[
@@ -88,15 +88,7 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
             |r| r.get(0),
         )
         .doing("read the schema version")?;
-    let known = MIGRATIONS.last().map_or(0, |(v, _)| *v);
-    if current > known {
-        return Err(StoreError::SchemaTooNew {
-            backend: "sqlite",
-            found: current,
-            known,
-        });
-    }
-    for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
+    for (version, sql) in pending_migrations("sqlite", MIGRATIONS, current)? {
         let failed = |e: rusqlite::Error| StoreError::Migration {
             backend: "sqlite",
             version: *version,
