@@ -16,7 +16,9 @@ use tokio_postgres::{IsolationLevel, NoTls};
 
 use crate::error::Action;
 use crate::record::{self, Row, db_seq, seq_of};
-use crate::{NewEvent, PruneReport, Store, StoreError, ThreadInfo, epoch_ms, pending_migrations};
+use crate::{
+    ForkChain, NewEvent, PruneReport, Store, StoreError, ThreadInfo, epoch_ms, pending_migrations,
+};
 
 /// The numbered migrations, applied in order on open.
 const MIGRATIONS: &[(u32, &str)] = &[(1, include_str!("../migrations/postgres/0001_threads.sql"))];
@@ -160,44 +162,20 @@ async fn chain(
     client: &impl GenericClient,
     thread: &str,
 ) -> Result<Vec<(String, Option<u64>)>, StoreError> {
-    let mut segments = Vec::new();
-    let mut current = thread.to_string();
-    let mut limit: Option<u64> = None;
+    let mut walk = ForkChain::new(thread);
     loop {
-        let row = client
+        let link = client
             .query_opt(
                 "SELECT parent_id, fork_seq FROM threads WHERE id = $1",
-                &[&current],
+                &[&walk.current()],
             )
             .await
-            .doing("read the thread")?;
-        let Some(row) = row else {
-            return Err(if segments.is_empty() {
-                StoreError::NotFound {
-                    thread: thread.to_string(),
-                }
-            } else {
-                StoreError::Corrupt {
-                    thread: thread.to_string(),
-                    seq: 0,
-                    detail: format!("ancestor `{current}` is missing"),
-                }
-            });
-        };
-        let parent: Option<String> = row.get(0);
-        let fork_seq: Option<i64> = row.get(1);
-        segments.push((current, limit));
-        match (parent, fork_seq) {
-            (Some(parent), Some(fork_seq)) => {
-                let fork_seq = seq_of(thread, fork_seq)?;
-                limit = Some(limit.map_or(fork_seq, |l| l.min(fork_seq)));
-                current = parent;
-            }
-            _ => break,
+            .doing("read the thread")?
+            .map(|row| (row.get(0), row.get(1)));
+        if !walk.step(link)? {
+            return Ok(walk.segments());
         }
     }
-    segments.reverse();
-    Ok(segments)
 }
 
 /// True for events whose validity depends on the seq they get.

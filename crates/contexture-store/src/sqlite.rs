@@ -16,7 +16,9 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use crate::error::Action;
 use crate::record::{self, Row, db_seq, seq_of};
-use crate::{NewEvent, PruneReport, Store, StoreError, ThreadInfo, epoch_ms, pending_migrations};
+use crate::{
+    ForkChain, NewEvent, PruneReport, Store, StoreError, ThreadInfo, epoch_ms, pending_migrations,
+};
 
 /// The numbered migrations, applied in order on open.
 const MIGRATIONS: &[(u32, &str)] = &[
@@ -241,43 +243,20 @@ fn append_rows(
 /// The segments to read for `thread`, root first: each thread with the last seq to read
 /// from it (`None`: all of its own events).
 fn chain(conn: &Connection, thread: &str) -> Result<Vec<(String, Option<u64>)>, StoreError> {
-    let mut segments = Vec::new();
-    let mut current = thread.to_string();
-    let mut limit: Option<u64> = None;
+    let mut walk = ForkChain::new(thread);
     loop {
         let link: Option<(Option<String>, Option<i64>)> = conn
             .query_row(
                 "SELECT parent_id, fork_seq FROM threads WHERE id = ?1",
-                [&current],
+                [walk.current()],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .optional()
             .doing("read the thread")?;
-        let Some((parent, fork_seq)) = link else {
-            return Err(if segments.is_empty() {
-                StoreError::NotFound {
-                    thread: thread.to_string(),
-                }
-            } else {
-                StoreError::Corrupt {
-                    thread: thread.to_string(),
-                    seq: 0,
-                    detail: format!("ancestor `{current}` is missing"),
-                }
-            });
-        };
-        segments.push((current, limit));
-        match (parent, fork_seq) {
-            (Some(parent), Some(fork_seq)) => {
-                let fork_seq = seq_of(thread, fork_seq)?;
-                limit = Some(limit.map_or(fork_seq, |l| l.min(fork_seq)));
-                current = parent;
-            }
-            _ => break,
+        if !walk.step(link)? {
+            return Ok(walk.segments());
         }
     }
-    segments.reverse();
-    Ok(segments)
 }
 
 fn read_events(conn: &mut Connection, thread: &str) -> Result<Vec<Event>, StoreError> {
