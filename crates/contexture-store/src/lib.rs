@@ -22,6 +22,8 @@ mod error;
 mod postgres;
 mod record;
 mod sqlite;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod url;
 
 use std::future::Future;
@@ -106,6 +108,14 @@ pub trait Store: Send + Sync {
     /// Every event of `thread`, oldest first; for a fork, the parent's events up to the fork
     /// point come first.
     fn events(&self, thread: &str) -> impl Future<Output = Result<Vec<Event>, StoreError>> + Send;
+
+    /// The events of `thread` with seq above `after`, oldest first (as [`Store::events`]
+    /// gives them): what a reader that has folded the log up to `after` is missing.
+    fn events_after(
+        &self,
+        thread: &str,
+        after: u64,
+    ) -> impl Future<Output = Result<Vec<Event>, StoreError>> + Send;
 
     /// Creates `child` as a fork of `parent` after the parent's event `at_seq` (0 forks before
     /// the first event) and returns the seq of the child's `forked` event (`at_seq + 1`).

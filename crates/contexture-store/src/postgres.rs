@@ -337,6 +337,10 @@ impl Store for PgStore {
     }
 
     async fn events(&self, thread: &str) -> Result<Vec<Event>, StoreError> {
+        self.events_after(thread, 0).await
+    }
+
+    async fn events_after(&self, thread: &str, after: u64) -> Result<Vec<Event>, StoreError> {
         let mut client = self.pool.get().await?;
         let tx = client
             .build_transaction()
@@ -349,14 +353,17 @@ impl Store for PgStore {
         let select = tx
             .prepare_cached(
                 "SELECT seq, kind, body, tokens FROM events
-                 WHERE thread_id = $1 AND seq <= $2 ORDER BY seq",
+                 WHERE thread_id = $1 AND seq <= $2 AND seq > $3 ORDER BY seq",
             )
             .await
             .doing("prepare the event query")?;
         let mut events = Vec::new();
         for (id, limit) in &segments {
             let rows = tx
-                .query(&select, &[id, &limit.map_or(i64::MAX, db_seq)])
+                .query(
+                    &select,
+                    &[id, &limit.map_or(i64::MAX, db_seq), &db_seq(after)],
+                )
                 .await
                 .doing("query events")?;
             events.reserve(rows.len());

@@ -259,7 +259,8 @@ fn chain(conn: &Connection, thread: &str) -> Result<Vec<(String, Option<u64>)>, 
     }
 }
 
-fn read_events(conn: &mut Connection, thread: &str) -> Result<Vec<Event>, StoreError> {
+/// The events of `thread` (its fork chain's shared prefix included) with seq above `after`.
+fn read_events(conn: &mut Connection, thread: &str, after: u64) -> Result<Vec<Event>, StoreError> {
     let tx = conn.transaction().doing("begin a read")?;
     let segments = chain(&tx, thread)?;
     let mut events = Vec::new();
@@ -267,12 +268,12 @@ fn read_events(conn: &mut Connection, thread: &str) -> Result<Vec<Event>, StoreE
         let mut select = tx
             .prepare_cached(
                 "SELECT seq, kind, body, tokens FROM events
-                 WHERE thread_id = ?1 AND seq <= ?2 ORDER BY seq",
+                 WHERE thread_id = ?1 AND seq <= ?2 AND seq > ?3 ORDER BY seq",
             )
             .doing("prepare the event query")?;
         for (id, limit) in &segments {
             let mut rows = select
-                .query(params![id, limit.map_or(i64::MAX, db_seq)])
+                .query(params![id, limit.map_or(i64::MAX, db_seq), db_seq(after)])
                 .doing("query events")?;
             while let Some(row) = rows.next().doing("read an event")? {
                 let seq = seq_of(thread, row.get(0).doing("read a seq")?)?;
@@ -507,8 +508,13 @@ impl Store for SqliteStore {
     }
 
     async fn events(&self, thread: &str) -> Result<Vec<Event>, StoreError> {
+        self.events_after(thread, 0).await
+    }
+
+    async fn events_after(&self, thread: &str, after: u64) -> Result<Vec<Event>, StoreError> {
         let thread = thread.to_string();
-        self.read(move |conn| read_events(conn, &thread)).await
+        self.read(move |conn| read_events(conn, &thread, after))
+            .await
     }
 
     async fn load_projection(&self, thread: &str) -> Result<Projection, StoreError> {

@@ -75,6 +75,13 @@ impl Store for AnyStore {
         }
     }
 
+    async fn events_after(&self, thread: &str, after: u64) -> Result<Vec<Event>, StoreError> {
+        match self {
+            AnyStore::Sqlite(store) => store.events_after(thread, after).await,
+            AnyStore::Postgres(store) => store.events_after(thread, after).await,
+        }
+    }
+
     async fn load_projection(&self, thread: &str) -> Result<Projection, StoreError> {
         match self {
             AnyStore::Sqlite(store) => store.load_projection(thread).await,

@@ -8,8 +8,10 @@ use std::time::{Duration, SystemTime};
 
 use common::Harness;
 use contexture_core::thread::{
-    ConflictPolicy, ContextReplace, Event, EventKind, MergePolicy, MergeSpec, ReplaceReason,
-    RequestOutcome, RequestRecord, StoreChange, Thread, ThreadError, Usage,
+    CompactionFailure, ConflictPolicy, ContextReplace, Event, EventKind, MergePolicy, MergeSpec,
+    ReplaceReason, RequestEnd, RequestOutcome, RequestRecord, RunEnd, RunLimits, RunStart,
+    RunStatus, StepEnd, StepFailure, StepMessage, StepStart, StoreChange, Thread, ThreadError,
+    Usage,
 };
 use contexture_core::tokens::{Encoding, message_tokens};
 use contexture_core::{Message, ToolCall};
@@ -160,6 +162,7 @@ async fn every_event_kind_round_trips_and_replays(h: &impl Harness) {
             model: Some("gpt-4o".into()),
             messages: vec![Message::system("sys"), Message::user("u1")],
             budget: None,
+            ..Default::default()
         }),
         EventKind::ContextReplaced(ContextReplace::new(
             "op1",
@@ -170,11 +173,11 @@ async fn every_event_kind_round_trips_and_replays(h: &impl Harness) {
         EventKind::MessageAppended {
             message: Message::user("u2"),
         },
-        EventKind::RequestEnded {
-            request_id: "r1".into(),
-            outcome: RequestOutcome::Cancelled,
-            usage: Usage::new(7, 1),
-        },
+        EventKind::RequestEnded(RequestEnd::new(
+            "r1",
+            RequestOutcome::Cancelled,
+            Usage::new(7, 1),
+        )),
         EventKind::StoreChanged(StoreChange::Set {
             key: "k".into(),
             value: json!({"deep": [1, 2]}),
@@ -204,6 +207,123 @@ async fn every_event_kind_round_trips_and_replays(h: &impl Harness) {
     );
     assert_eq!(thread.usage(), Usage::new(7, 1));
     assert_eq!(thread.store().get("k"), Some(&json!({"deep": [1, 2]})));
+}
+
+async fn execution_log_events_round_trip_with_token_counts(h: &impl Harness) {
+    let s = h.store();
+    let tool_turn =
+        Message::assistant_tool_calls(vec![ToolCall::new("c1", "search", r#"{"q":"x"}"#)]);
+    let mut end = RequestEnd::new("r1", RequestOutcome::Completed, Usage::new(20, 5));
+    end.reply = Some(tool_turn.clone());
+    end.finish_reason = Some("tool_calls".into());
+    end.cost_usd = Some(0.000_25);
+    end.attempts = Some(2);
+    let kinds = vec![
+        EventKind::RunStarted(RunStart {
+            workflow_file: "wf.yaml".into(),
+            workflow_text: "states: [{id: a}]".into(),
+            input: "{\"k\": 1}".into(),
+            llm: Some("scripted:r.yaml".into()),
+            parent_execution_id: Some("parent".into()),
+            limits: RunLimits {
+                max_tokens: Some(1000),
+                max_cost_usd: Some(0.5),
+                max_steps: None,
+            },
+            conversation: Some("conversation:t:u:w".into()),
+        }),
+        EventKind::StepStarted(StepStart {
+            step: 1,
+            state_id: "a".into(),
+            item: Some(0),
+            task: Some("do it".into()),
+            arguments: Some(json!({"sql": "SELECT 1"})),
+            child_execution_id: Some("x/child.1".into()),
+        }),
+        EventKind::RequestStarted(RequestRecord {
+            request_id: "r1".into(),
+            messages: vec![Message::user("do it")],
+            step: Some(1),
+            tools: vec![json!({"type": "function", "function": {"name": "search"}})],
+            ..Default::default()
+        }),
+        EventKind::RequestEnded(end),
+        EventKind::StepMessage(StepMessage {
+            step: 1,
+            message: tool_turn,
+        }),
+        EventKind::StepMessage(StepMessage {
+            step: 1,
+            message: Message::tool_result("c1", "found"),
+        }),
+        EventKind::StepFinished(StepEnd {
+            step: 1,
+            state_id: "a".into(),
+            item: Some(0),
+            output: "done".into(),
+            next: Some("b".into()),
+            items: Some(vec![json!(1), json!({"x": 2})]),
+            merge: Some(contexture_core::context::MergePolicy::Append),
+        }),
+        EventKind::StepFailed(StepFailure {
+            step: 2,
+            state_id: "b".into(),
+            error: "boom".into(),
+        }),
+        EventKind::RunEnded(RunEnd {
+            status: RunStatus::Failed,
+            output: None,
+            error: Some("boom".into()),
+        }),
+        EventKind::CompactionFailed(CompactionFailure {
+            from_seq: 1,
+            to_seq: 4,
+            summarizer: "gpt-4o-mini".into(),
+            error: "HTTP 500 (after 3 attempts)".into(),
+            attempts: 3,
+        }),
+    ];
+    let seqs = s
+        .append("x", kinds.iter().cloned().map(NewEvent::new).collect())
+        .await
+        .unwrap();
+    assert_eq!(seqs.len(), kinds.len());
+    let events = s.events("x").await.unwrap();
+    for (event, kind) in events.iter().zip(&kinds) {
+        assert_eq!(&event.kind, kind);
+        // Messages inside the events come back with their token counts.
+        for message in event.kind.messages() {
+            for encoding in Encoding::ALL {
+                let fresh = message_tokens(&message.clone_without_cache(), encoding);
+                assert_eq!(message.cached_tokens(encoding), Some(fresh));
+            }
+        }
+    }
+    // The execution log leaves the projection alone.
+    let thread = s.load("x").await.unwrap();
+    assert!(thread.projection().messages.is_empty());
+    assert_eq!(thread.usage(), Usage::new(20, 5));
+}
+
+async fn events_after_a_seq_are_the_rest_of_the_log(h: &impl Harness) {
+    let s = h.store();
+    s.append("p", (1..=5).map(|i| user(&format!("p{i}"))).collect())
+        .await
+        .unwrap();
+    let seqs = |events: Vec<Event>| events.iter().map(|e| e.seq).collect::<Vec<_>>();
+    assert_eq!(seqs(s.events_after("p", 0).await.unwrap()), [1, 2, 3, 4, 5]);
+    assert_eq!(seqs(s.events_after("p", 3).await.unwrap()), [4, 5]);
+    assert!(s.events_after("p", 5).await.unwrap().is_empty());
+    assert!(s.events_after("p", 99).await.unwrap().is_empty());
+    // In a fork, the parent's shared prefix counts as the fork's own log.
+    s.fork("p", 3, "c").await.unwrap();
+    s.append_one("c", user("c5")).await.unwrap();
+    assert_eq!(seqs(s.events_after("c", 2).await.unwrap()), [3, 4, 5]);
+    assert_eq!(seqs(s.events_after("c", 4).await.unwrap()), [5]);
+    assert_eq!(
+        s.events_after("c", 0).await.unwrap(),
+        s.events("c").await.unwrap()
+    );
 }
 
 async fn forks_read_the_parent_prefix_without_copying(h: &impl Harness) {
@@ -270,12 +390,13 @@ async fn merges_are_events_on_the_parent(h: &impl Harness) {
                 model: None,
                 messages: vec![],
                 budget: None,
+                ..Default::default()
             })),
-            NewEvent::new(EventKind::RequestEnded {
-                request_id: "r".into(),
-                outcome: RequestOutcome::Completed,
-                usage: Usage::new(11, 4),
-            }),
+            NewEvent::new(EventKind::RequestEnded(RequestEnd::new(
+                "r",
+                RequestOutcome::Completed,
+                Usage::new(11, 4),
+            ))),
             say(Message::assistant("answer")),
             NewEvent::new(EventKind::StoreChanged(StoreChange::Set {
                 key: "out".into(),
@@ -482,15 +603,16 @@ async fn projection_loads_match_full_replays(h: &impl Harness) {
         model: None,
         messages: Vec::new(),
         budget: None,
+        ..Default::default()
     })));
     // Queued behind the request: it takes effect at the request's end.
     log.push(replace("c2", 55, "summary of 1..55"));
     log.push(user("during the request"));
-    log.push(NewEvent::new(EventKind::RequestEnded {
-        request_id: "r1".into(),
-        outcome: RequestOutcome::Completed,
-        usage: Usage::new(10, 2),
-    }));
+    log.push(NewEvent::new(EventKind::RequestEnded(RequestEnd::new(
+        "r1",
+        RequestOutcome::Completed,
+        Usage::new(10, 2),
+    ))));
     log.push(user("after"));
     s.append("long", log).await.unwrap();
     s.fork("long", 45, "branch").await.unwrap();
@@ -547,6 +669,8 @@ conformance!(
     idempotency_keys_store_a_retry_once,
     invalid_batches_store_nothing,
     every_event_kind_round_trips_and_replays,
+    execution_log_events_round_trip_with_token_counts,
+    events_after_a_seq_are_the_rest_of_the_log,
     forks_read_the_parent_prefix_without_copying,
     merges_are_events_on_the_parent,
     list_describes_threads_and_forks,
