@@ -24,6 +24,7 @@ mod merge;
 mod projection;
 
 pub mod event;
+pub mod execution;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 
@@ -32,11 +33,15 @@ use serde_json::{Map, Value};
 use crate::message::Message;
 
 pub use event::{
-    ConflictPolicy, ContextReplace, DEFAULT_CONTEXT, Event, EventKind, Merge, MergePolicy,
-    Provenance, RecordedBudget, ReplaceReason, RequestOutcome, RequestRecord, StoreChange, Usage,
+    CancelRequest, CompactionFailure, ConflictPolicy, ContextReplace, DEFAULT_CONTEXT, Event,
+    EventKind, Merge, MergePolicy, Provenance, RecordedBudget, ReplaceReason, RequestEnd,
+    RequestOutcome, RequestRecord, StoreChange, Usage,
+};
+pub use execution::{
+    FitRecord, RunEnd, RunLimits, RunStart, RunStatus, StepEnd, StepFailure, StepMessage, StepStart,
 };
 pub use merge::{MergeError, MergeSpec};
-pub use projection::Projection;
+pub use projection::{ProjectedMessage, Projection};
 
 /// An event that cannot follow the thread's current state.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -149,11 +154,22 @@ struct Entry {
     message: Message,
 }
 
+/// The last replace in effect in a context.
+#[derive(Debug, Clone)]
+struct Anchor {
+    /// The first seq it covers.
+    from_seq: u64,
+    /// The seq it is based on: messages appended after it follow the replacement.
+    to_seq: u64,
+    /// The replacement's non-system messages.
+    messages: Vec<Message>,
+}
+
 /// The state of one named context: its last replace in effect and its own system prompt.
 #[derive(Debug, Clone, Default)]
 struct ContextState {
-    /// The last replace in effect: its base seq and its non-system messages.
-    anchor: Option<(u64, Vec<Message>)>,
+    /// The last replace in effect: its covered range and its non-system messages.
+    anchor: Option<Anchor>,
     /// The system prompt set by a replacement, with the order in which it took effect.
     system: Option<(u64, Message)>,
 }
@@ -328,16 +344,26 @@ impl Thread {
                 }
                 self.in_flight = Some(record.request_id);
             }
-            EventKind::RequestEnded {
-                request_id, usage, ..
-            } => {
-                if self.in_flight.as_deref() != Some(request_id.as_str()) {
-                    return Err(ThreadError::RequestNotInFlight { seq, request_id });
+            EventKind::RequestEnded(end) => {
+                if self.in_flight.as_deref() != Some(end.request_id.as_str()) {
+                    return Err(ThreadError::RequestNotInFlight {
+                        seq,
+                        request_id: end.request_id,
+                    });
                 }
                 self.in_flight = None;
-                self.usage_log.push((seq, usage));
+                self.usage_log.push((seq, end.usage));
                 self.drain_queue();
             }
+            // The execution log is read by the executor; it leaves the projection alone.
+            EventKind::RunStarted(_)
+            | EventKind::StepStarted(_)
+            | EventKind::StepMessage(_)
+            | EventKind::StepFinished(_)
+            | EventKind::StepFailed(_)
+            | EventKind::RunEnded(_)
+            | EventKind::CompactionFailed(_)
+            | EventKind::CancelRequested(_) => {}
         }
         self.last_seq = seq;
         Ok(())
@@ -381,7 +407,11 @@ impl Thread {
                 kept.push(message);
             }
         }
-        state.anchor = Some((op.to_seq, kept));
+        state.anchor = Some(Anchor {
+            from_seq: op.from_seq,
+            to_seq: op.to_seq,
+            messages: kept,
+        });
     }
 
     fn drain_queue(&mut self) {
@@ -436,7 +466,7 @@ pub fn projection_watermark<'a>(events: impl IntoIterator<Item = (u64, &'a Event
             }
             EventKind::ContextSwitched { context } => active = context.clone(),
             EventKind::RequestStarted(_) => busy = true,
-            EventKind::RequestEnded { .. } | EventKind::Forked { .. } => {
+            EventKind::RequestEnded(_) | EventKind::Forked { .. } => {
                 busy = false;
                 for op in queue.drain(..) {
                     bases.insert(op.context.as_str(), op.to_seq);
@@ -444,7 +474,15 @@ pub fn projection_watermark<'a>(events: impl IntoIterator<Item = (u64, &'a Event
             }
             EventKind::MessageAppended { .. }
             | EventKind::StoreChanged(_)
-            | EventKind::Merged(_) => {}
+            | EventKind::Merged(_)
+            | EventKind::RunStarted(_)
+            | EventKind::StepStarted(_)
+            | EventKind::StepMessage(_)
+            | EventKind::StepFinished(_)
+            | EventKind::StepFailed(_)
+            | EventKind::RunEnded(_)
+            | EventKind::CompactionFailed(_)
+            | EventKind::CancelRequested(_) => {}
         }
     }
     bases.get(active.as_str()).copied().unwrap_or(0)

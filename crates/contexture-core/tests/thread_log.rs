@@ -3,8 +3,8 @@
 
 use contexture_core::thread::{
     ConflictPolicy, ContextReplace, Event, EventKind, MergeError, MergePolicy, MergeSpec,
-    Provenance, ReplaceReason, RequestOutcome, RequestRecord, StoreChange, Thread, ThreadError,
-    Usage,
+    Provenance, ReplaceReason, RequestEnd, RequestOutcome, RequestRecord, StoreChange, Thread,
+    ThreadError, Usage,
 };
 use contexture_core::{Message, Role};
 use serde_json::json;
@@ -36,15 +36,12 @@ impl Log {
             model: Some("gpt-4o".into()),
             messages: vec![Message::user("sent")],
             budget: None,
+            ..Default::default()
         }))
     }
 
     fn end(&mut self, id: &str, outcome: RequestOutcome, usage: Usage) -> u64 {
-        self.push(EventKind::RequestEnded {
-            request_id: id.into(),
-            outcome,
-            usage,
-        })
+        self.push(EventKind::RequestEnded(RequestEnd::new(id, outcome, usage)))
     }
 
     fn set(&mut self, key: &str, value: serde_json::Value) -> u64 {
@@ -287,6 +284,7 @@ fn request_pairing_is_enforced() {
             model: None,
             messages: vec![],
             budget: None,
+            ..Default::default()
         }),
     );
     assert!(matches!(
@@ -295,11 +293,11 @@ fn request_pairing_is_enforced() {
     ));
     let wrong_end = Event::new(
         2,
-        EventKind::RequestEnded {
-            request_id: "b".into(),
-            outcome: RequestOutcome::Completed,
-            usage: Usage::default(),
-        },
+        EventKind::RequestEnded(RequestEnd::new(
+            "b",
+            RequestOutcome::Completed,
+            Usage::default(),
+        )),
     );
     assert!(matches!(
         thread.apply(wrong_end),

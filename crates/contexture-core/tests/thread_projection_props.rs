@@ -2,8 +2,8 @@
 //! [`Thread`] and checked against a naive reference written straight from the rules.
 
 use contexture_core::thread::{
-    ContextReplace, Event, EventKind, ReplaceReason, RequestOutcome, RequestRecord, StoreChange,
-    Thread, Usage, projection_watermark,
+    ContextReplace, Event, EventKind, ReplaceReason, RequestEnd, RequestOutcome, RequestRecord,
+    StoreChange, Thread, Usage, projection_watermark,
 };
 use contexture_core::{Message, Role};
 use proptest::prelude::*;
@@ -104,15 +104,15 @@ fn build(steps: &[Step]) -> Vec<Event> {
                 context: context(*alt),
             },
             Step::Request => match busy.take() {
-                Some(request_id) => EventKind::RequestEnded {
+                Some(request_id) => EventKind::RequestEnded(RequestEnd::new(
                     request_id,
-                    outcome: [
+                    [
                         RequestOutcome::Completed,
                         RequestOutcome::Failed,
                         RequestOutcome::Cancelled,
                     ][i % 3],
-                    usage: Usage::new(seq, 1),
-                },
+                    Usage::new(seq, 1),
+                )),
                 None => {
                     let request_id = format!("req{seq}");
                     busy = Some(request_id.clone());
@@ -121,6 +121,7 @@ fn build(steps: &[Step]) -> Vec<Event> {
                         model: None,
                         messages: vec![],
                         budget: None,
+                        ..Default::default()
                     })
                 }
             },
@@ -171,7 +172,7 @@ fn naive(
                 }
             }
             EventKind::RequestStarted(_) => busy = true,
-            EventKind::RequestEnded { .. } => {
+            EventKind::RequestEnded(_) => {
                 busy = false;
                 effects.extend(pending.drain(..).map(Effect::Replace));
             }
@@ -332,6 +333,7 @@ fn the_watermark_is_the_active_anchor() {
             model: None,
             messages: Vec::new(),
             budget: None,
+            ..Default::default()
         }),
     ));
     queued.push(replace(7, "c3", "main", 5));

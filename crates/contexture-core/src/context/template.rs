@@ -218,9 +218,10 @@ pub fn render(
     Ok(shared.finish(text))
 }
 
-/// Renders `template` to a JSON value: when the template is exactly one `{{ path }}` tag (with
-/// surrounding whitespace) whose path resolves, the value keeps its JSON type (a list stays a
-/// list); otherwise it is the rendered text as a string.
+/// Renders `template` to a JSON value: when the template is exactly one `{{ ... }}` tag (with
+/// surrounding whitespace) whose variables all resolve, the value keeps its JSON type (a list
+/// stays a list, `{{ items | length }}` is a number); otherwise it is the rendered text as a
+/// string.
 pub fn render_value(
     template: &str,
     store: &ContextStore,
@@ -241,7 +242,29 @@ pub fn render_value(
     }
     let text = shared.render_source(template)?;
     let rendered = shared.finish(text);
+    // Any other lone expression (`{{ items | length }}`, `{{ n + 1 }}`) keeps the JSON type
+    // of its value too, when every variable it reads exists.
+    if let Some(inner) = single_expression_tag(template)
+        && rendered.missing.is_empty()
+    {
+        let probe = format!("{{{{ ({inner}) | tojson }}}}");
+        if let Ok(json) = shared.render_source(&probe)
+            && let Ok(value) = serde_json::from_str::<Value>(&json)
+        {
+            return Ok((value, rendered));
+        }
+    }
     Ok((Value::String(rendered.text.clone()), rendered))
+}
+
+/// The expression of a template that is exactly one expression tag.
+fn single_expression_tag(template: &str) -> Option<&str> {
+    let trimmed = template.trim();
+    let tags = scan_tags(trimmed);
+    match tags.as_slice() {
+        [tag] if tag.start == 0 && tag.end == trimmed.len() => Some(tag.inner(trimmed).trim()),
+        _ => None,
+    }
 }
 
 /// The path of a template that is exactly one plain-path expression tag.
@@ -763,5 +786,27 @@ mod tests {
         let (value, _) =
             render_value("id {{ ids }}", &store(ctx), &RenderOptions::fixed(0)).unwrap();
         assert_eq!(value, json!("id [1,2]"));
+    }
+
+    #[test]
+    fn typed_values_for_single_expressions() {
+        let ctx = json!({"ids": [1, 2], "n": 4, "name": "<x>", "on": true});
+        let table = [
+            ("{{ ids | length }}", json!(2)),
+            ("{{ n + 1 }}", json!(5)),
+            ("{{ n / 8 }}", json!(0.5)),
+            ("{{ not on }}", json!(false)),
+            ("{{ name | upper }}", json!("<X>")),
+            ("{{ ids | map('string') | list }}", json!(["1", "2"])),
+            ("{{ {'a': n} }}", json!({"a": 4})),
+            // A missing variable keeps the literal text (the keep policy), as a string.
+            ("{{ missing }}", json!("{{ missing }}")),
+            ("{{ n }} and {{ n }}", json!("4 and 4")),
+        ];
+        for (template, expected) in table {
+            let (value, _) =
+                render_value(template, &store(ctx.clone()), &RenderOptions::fixed(0)).unwrap();
+            assert_eq!(value, expected, "{template}");
+        }
     }
 }

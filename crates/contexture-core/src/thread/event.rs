@@ -7,7 +7,11 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::budget::BudgetBreakdown;
 use crate::message::Message;
+use crate::thread::execution::{
+    FitRecord, RunEnd, RunStart, StepEnd, StepFailure, StepMessage, StepStart,
+};
 
 /// The name of the context a thread starts with.
 pub const DEFAULT_CONTEXT: &str = "main";
@@ -70,15 +74,25 @@ pub enum EventKind {
     /// A request to a model began: exactly what was sent, and under which budget.
     RequestStarted(RequestRecord),
     /// The request in flight ended. Queued context operations apply now.
-    RequestEnded {
-        /// The id of the request that ended.
-        request_id: String,
-        /// How it ended.
-        outcome: RequestOutcome,
-        /// Tokens the provider reported for the request.
-        #[serde(default)]
-        usage: Usage,
-    },
+    RequestEnded(RequestEnd),
+    /// A workflow run began (the first event of an execution's thread).
+    RunStarted(RunStart),
+    /// A workflow step began.
+    StepStarted(StepStart),
+    /// A message of a step's own log (tool calls and their results).
+    StepMessage(StepMessage),
+    /// A workflow step ended with an output.
+    StepFinished(StepEnd),
+    /// A workflow step failed.
+    StepFailed(StepFailure),
+    /// A workflow run ended.
+    RunEnded(RunEnd),
+    /// Someone asked for the execution to stop. The executor running it ends its step and
+    /// the run as cancelled; a run not running is cancelled when it would resume.
+    CancelRequested(CancelRequest),
+    /// A compaction was attempted and replaced nothing (its summarizer failed or returned
+    /// nothing); the thread goes on uncompacted.
+    CompactionFailed(CompactionFailure),
 }
 
 impl EventKind {
@@ -92,7 +106,15 @@ impl EventKind {
             EventKind::Forked { .. } => "forked",
             EventKind::Merged(_) => "merged",
             EventKind::RequestStarted(_) => "request_started",
-            EventKind::RequestEnded { .. } => "request_ended",
+            EventKind::RequestEnded(_) => "request_ended",
+            EventKind::RunStarted(_) => "run_started",
+            EventKind::StepStarted(_) => "step_started",
+            EventKind::StepMessage(_) => "step_message",
+            EventKind::StepFinished(_) => "step_finished",
+            EventKind::StepFailed(_) => "step_failed",
+            EventKind::RunEnded(_) => "run_ended",
+            EventKind::CompactionFailed(_) => "compaction_failed",
+            EventKind::CancelRequested(_) => "cancel_requested",
         }
     }
 
@@ -104,10 +126,18 @@ impl EventKind {
             EventKind::ContextReplaced(replace) => replace.replacement.iter().collect(),
             EventKind::Merged(merge) => merge.messages.iter().collect(),
             EventKind::RequestStarted(record) => record.messages.iter().collect(),
+            EventKind::StepMessage(step) => vec![&step.message],
+            EventKind::RequestEnded(end) => end.reply.iter().collect(),
             EventKind::ContextSwitched { .. }
             | EventKind::StoreChanged(_)
             | EventKind::Forked { .. }
-            | EventKind::RequestEnded { .. } => Vec::new(),
+            | EventKind::RunStarted(_)
+            | EventKind::StepStarted(_)
+            | EventKind::StepFinished(_)
+            | EventKind::StepFailed(_)
+            | EventKind::RunEnded(_)
+            | EventKind::CompactionFailed(_)
+            | EventKind::CancelRequested(_) => Vec::new(),
         }
     }
 
@@ -284,7 +314,7 @@ pub struct Merge {
 }
 
 /// Exactly what one model call was sent.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RequestRecord {
     /// The request's id.
     pub request_id: String,
@@ -296,6 +326,48 @@ pub struct RequestRecord {
     /// The budget the request was fitted to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<RecordedBudget>,
+    /// The workflow step that made the request, for an execution.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u64>,
+    /// The tool schemas sent with the messages.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<Value>,
+    /// The request's tokens part by part (system, tools, history, reserve).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breakdown: Option<BudgetBreakdown>,
+    /// What fitting the request to the window left out, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fit: Option<FitRecord>,
+    /// Why the call was made, when it is not a conversation turn (`compaction` for a
+    /// summarizer's call).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub purpose: Option<String>,
+}
+
+/// A request to cancel an execution.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CancelRequest {
+    /// Why, in words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The ancestor whose cancellation this one cascades from, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cascaded_from: Option<String>,
+}
+
+/// A compaction that replaced nothing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompactionFailure {
+    /// The first seq it would have covered.
+    pub from_seq: u64,
+    /// The last seq it would have covered.
+    pub to_seq: u64,
+    /// The summarizer it used.
+    pub summarizer: String,
+    /// What went wrong, after every retry.
+    pub error: String,
+    /// How many summaries were attempted.
+    pub attempts: u32,
 }
 
 /// The token budget a request was built under.
@@ -307,6 +379,53 @@ pub struct RecordedBudget {
     pub max_output_tokens: u32,
     /// Tokens the input was counted at.
     pub input_tokens: u32,
+}
+
+/// How a request ended, as recorded in the `request_ended` event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestEnd {
+    /// The id of the request that ended.
+    pub request_id: String,
+    /// How it ended.
+    pub outcome: RequestOutcome,
+    /// Tokens the provider reported for the request.
+    #[serde(default)]
+    pub usage: Usage,
+    /// True when the provider reported no usage and `usage` was counted here instead.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub usage_estimated: bool,
+    /// What the model answered, exactly as received, for a completed request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply: Option<Message>,
+    /// Why the provider stopped generating (`stop`, `length`, `tool_calls`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<String>,
+    /// What went wrong, for a failed or cancelled request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The request's cost in US dollars at the model's list price, when the price is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
+    /// How many HTTP attempts the call took (retries included), when more than one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u32>,
+}
+
+impl RequestEnd {
+    /// The end of `request_id` with `outcome` and `usage`, and nothing else recorded.
+    pub fn new(request_id: impl Into<String>, outcome: RequestOutcome, usage: Usage) -> RequestEnd {
+        RequestEnd {
+            request_id: request_id.into(),
+            outcome,
+            usage,
+            usage_estimated: false,
+            reply: None,
+            finish_reason: None,
+            error: None,
+            cost_usd: None,
+            attempts: None,
+        }
+    }
 }
 
 /// How a request ended.

@@ -6,6 +6,18 @@ use serde::Serialize;
 use crate::message::Message;
 use crate::thread::Thread;
 
+/// A message of the projection with the seqs it stands for: its own event's seq, or, for a
+/// message of a replacement, the range the replace covered.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProjectedMessage {
+    /// The first seq it stands for.
+    pub from_seq: u64,
+    /// The last seq it stands for.
+    pub to_seq: u64,
+    /// The message.
+    pub message: Message,
+}
+
 /// What a model call on a thread sees: the system prompt and the conversation.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Projection {
@@ -43,13 +55,41 @@ impl Thread {
         self.projection_of(&self.active, None)
     }
 
+    /// The active context's conversation (no system prompt) with the seqs each message stands
+    /// for: what compaction plans on.
+    pub fn projected_messages(&self) -> Vec<ProjectedMessage> {
+        let state = self.contexts.get(&self.active);
+        let anchor = state.and_then(|s| s.anchor.as_ref());
+        let base = anchor.map_or(0, |a| a.to_seq);
+        let mut messages: Vec<ProjectedMessage> = anchor
+            .into_iter()
+            .flat_map(|anchor| {
+                anchor.messages.iter().map(|message| ProjectedMessage {
+                    from_seq: anchor.from_seq,
+                    to_seq: anchor.to_seq,
+                    message: message.clone(),
+                })
+            })
+            .collect();
+        messages.extend(
+            self.messages_after(base)
+                .iter()
+                .map(|entry| ProjectedMessage {
+                    from_seq: entry.seq,
+                    to_seq: entry.seq,
+                    message: entry.message.clone(),
+                }),
+        );
+        messages
+    }
+
     /// The projection of the named context `context`, keeping only the last `limit`
     /// conversation messages when a limit is given (the system prompt is not counted).
     /// A context never replaced shows the whole conversation.
     pub fn projection_of(&self, context: &str, limit: Option<usize>) -> Projection {
         let state = self.contexts.get(context);
         let (base, replacement): (u64, &[Message]) = match state.and_then(|s| s.anchor.as_ref()) {
-            Some((to_seq, kept)) => (*to_seq, kept),
+            Some(anchor) => (anchor.to_seq, &anchor.messages),
             None => (0, &[]),
         };
         let after = self.messages_after(base);

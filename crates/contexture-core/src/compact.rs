@@ -1,0 +1,180 @@
+//! Compaction (PRODUCT.md F12), the pure part: when to compact, what the summary covers and
+//! what stays verbatim, what the summarizer is given, how an oversized part is split for
+//! map-reduce, the offline extractive summarizer, and the messages that replace the covered
+//! part. Running a summarizer and recording the result is the engine's job
+//! (`contexture_engine::compaction`); a compaction is a replace event, so the covered messages
+//! stay in the log and can be restored ([`restore_before`]).
+//!
+//! The replacement, in order: the original user request (verbatim, when it is covered), the
+//! covered pinned messages (verbatim, earlier notes among them), the new notes (verbatim, never
+//! shown to the summarizer), and the summary. The messages after the covered part (the kept
+//! tail) follow it unchanged. A summary that extends an earlier one (a running summary) gets
+//! the earlier summary and only the newer messages.
+
+mod extractive;
+mod plan;
+mod prompt;
+
+use serde::{Deserialize, Serialize};
+
+pub use extractive::{extractive_summary, identifiers};
+pub use plan::{Plan, plan};
+pub use prompt::{
+    DEFAULT_PROMPT, MERGE_PROMPT, PromptError, chunk_transcripts, cut_to_fit, merge_prompt,
+    prompt_hash, summary_prompt, transcript,
+};
+pub use replace::{RestoreError, replacement, restore_before, summary_text};
+
+mod replace;
+
+/// The tag of the message holding the original user request once a compaction kept it.
+pub const ORIGINAL_REQUEST_TAG: &str = "original-request";
+
+/// The tag of a notes message (verbatim content a compaction kept).
+pub const NOTES_TAG: &str = "notes";
+
+/// How the summary message begins.
+pub const SUMMARY_HEADING: &str = "Summary of the earlier conversation:";
+
+/// How a notes message begins.
+pub const NOTES_HEADING: &str = "Notes (kept verbatim):";
+
+/// When a compaction fires: any trigger that is set and exceeded fires it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Trigger {
+    /// The request's tokens (system prompt, tools, history, the step's own messages) are over
+    /// this number.
+    pub tokens: Option<u64>,
+    /// The request's tokens are over this share of the model's window, in (0, 1].
+    pub window_share: Option<f64>,
+    /// The history holds more than this many messages.
+    pub messages: Option<usize>,
+}
+
+impl Trigger {
+    /// True when no trigger is set.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_none() && self.window_share.is_none() && self.messages.is_none()
+    }
+
+    /// Why the compaction fires for a request of `tokens` tokens and a history of `messages`
+    /// messages on a model with a `window`-token window; `None` when it does not. Each
+    /// threshold fires only when exceeded, not when reached.
+    pub fn fires(&self, tokens: u64, messages: usize, window: u32) -> Option<String> {
+        if let Some(limit) = self.tokens
+            && tokens > limit
+        {
+            return Some(format!("the request has {tokens} tokens, over {limit}"));
+        }
+        if let Some(share) = self.window_share {
+            let limit = (f64::from(window) * share).floor() as u64;
+            if tokens > limit {
+                return Some(format!(
+                    "the request has {tokens} tokens, over {share} of the {window}-token window ({limit})"
+                ));
+            }
+        }
+        if let Some(limit) = self.messages
+            && messages > limit
+        {
+            return Some(format!("the history has {messages} messages, over {limit}"));
+        }
+        None
+    }
+}
+
+/// What stays verbatim after the summary: the most recent whole units (an assistant turn with
+/// its tool results, or one message) that fit both limits. The last unit always stays, and a
+/// tool call still waiting for its result is never summarized.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Keep {
+    /// The most tokens the kept tail may have.
+    pub tokens: Option<u64>,
+    /// The most messages the kept tail may have.
+    pub messages: Option<usize>,
+}
+
+impl Default for Keep {
+    fn default() -> Self {
+        Keep {
+            tokens: Some(2_000),
+            messages: None,
+        }
+    }
+}
+
+/// A compaction policy: for an assistant (in a workflow) or a thread.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CompactionPolicy {
+    /// When it fires (for automatic compaction before a request).
+    pub trigger: Trigger,
+    /// What stays verbatim.
+    pub keep: Keep,
+    /// The summarizer model; `None` uses the offline extractive summarizer.
+    pub summarizer: Option<String>,
+    /// The summarizer's prompt, overriding [`DEFAULT_PROMPT`]; it must contain
+    /// `{transcript}` and may contain `{previous_summary}`.
+    pub prompt: Option<String>,
+    /// Attempts after a failed or empty summary before the compaction gives up (default 2).
+    pub max_retries: u32,
+    /// The most tokens the summary may take (default 1,024): the summarizer's reply limit,
+    /// and the extractive summary's budget.
+    pub summary_tokens: u32,
+}
+
+impl Default for CompactionPolicy {
+    fn default() -> Self {
+        CompactionPolicy {
+            trigger: Trigger::default(),
+            keep: Keep::default(),
+            summarizer: None,
+            prompt: None,
+            max_retries: 2,
+            summary_tokens: 1_024,
+        }
+    }
+}
+
+impl CompactionPolicy {
+    /// Every problem with the policy's values, as (field, message).
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        let mut problems = Vec::new();
+        if let Some(share) = self.trigger.window_share
+            && !(share.is_finite() && share > 0.0 && share <= 1.0)
+        {
+            problems.push((
+                "trigger.window_share",
+                format!("window_share must be greater than 0 and at most 1, not {share}"),
+            ));
+        }
+        if self.keep.tokens == Some(0) || self.keep.messages == Some(0) {
+            problems.push((
+                "keep",
+                "keep limits must be at least 1 (the last unit always stays)".to_owned(),
+            ));
+        }
+        if let Some(prompt) = &self.prompt
+            && let Err(error) = prompt::check_template(prompt)
+        {
+            problems.push(("prompt", error.to_string()));
+        }
+        if self.summary_tokens < 16 {
+            problems.push((
+                "summary_tokens",
+                format!(
+                    "summary_tokens must be at least 16, not {}",
+                    self.summary_tokens
+                ),
+            ));
+        }
+        problems
+    }
+
+    /// The name recorded for the summarizer: the model, or `extractive`.
+    pub fn summarizer_name(&self) -> &str {
+        self.summarizer.as_deref().unwrap_or("extractive")
+    }
+}

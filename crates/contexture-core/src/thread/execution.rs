@@ -1,0 +1,178 @@
+//! The events a workflow execution records in its thread (PRODUCT.md F21).
+//!
+//! An execution is a thread: its conversation is the history the workflow's assistants share,
+//! its key-value store is the workflow's context store, and these events are the execution
+//! log. They do not change the projection; the executor folds them to know where a run
+//! stands, so a run can resume from its log after a crash.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::context::MergePolicy;
+use crate::message::Message;
+
+/// A run began.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunStart {
+    /// The workflow's file name, as given.
+    pub workflow_file: String,
+    /// The workflow's YAML text, so that the run can resume without the file.
+    pub workflow_text: String,
+    /// The user input the run started with.
+    pub input: String,
+    /// Which LLM answers (`scripted:FILE`, `openai:MODEL`, ...), as the caller named it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llm: Option<String>,
+    /// The execution that started this one, for a sub-workflow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_execution_id: Option<String>,
+    /// The limits the run was started with.
+    #[serde(default, skip_serializing_if = "RunLimits::is_unlimited")]
+    pub limits: RunLimits,
+    /// The conversation thread the run continues: its history was loaded at the start, and
+    /// the run's input and final answer are appended to it when the run completes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation: Option<String>,
+}
+
+/// What one execution may spend before it is stopped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunLimits {
+    /// Most tokens (prompt and completion, as providers report them) over all calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    /// Most dollars over all calls, at the models' list prices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost_usd: Option<f64>,
+    /// Most steps (state runs, each iteration item counting as one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_steps: Option<u64>,
+}
+
+impl RunLimits {
+    /// True when nothing is limited.
+    pub fn is_unlimited(&self) -> bool {
+        *self == RunLimits::default()
+    }
+
+    /// These limits, each one replaced by `other`'s where `other` sets it.
+    pub fn overridden_by(self, other: RunLimits) -> RunLimits {
+        RunLimits {
+            max_tokens: other.max_tokens.or(self.max_tokens),
+            max_cost_usd: other.max_cost_usd.or(self.max_cost_usd),
+            max_steps: other.max_steps.or(self.max_steps),
+        }
+    }
+}
+
+/// A step began: one state run, or one item of an iteration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepStart {
+    /// The step's number in the run, from 1.
+    pub step: u64,
+    /// The state it runs.
+    pub state_id: String,
+    /// The item's position, when the step is one item of an iteration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub item: Option<usize>,
+    /// The step's task as rendered (the user turn an assistant step adds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
+    /// For a tool step, the arguments the tool is called with; for a sub-workflow step, the
+    /// child's input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<Value>,
+    /// For a sub-workflow step, the child execution it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub child_execution_id: Option<String>,
+}
+
+/// A message that stays in a step's own log (F13): an assistant turn that called tools, or
+/// a tool's result. Only the step's final answer enters the shared history.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepMessage {
+    /// The step it belongs to.
+    pub step: u64,
+    /// The message.
+    pub message: Message,
+}
+
+/// A step ended with an output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepEnd {
+    /// The step's number.
+    pub step: u64,
+    /// The state it ran.
+    pub state_id: String,
+    /// The item's position, for one item of an iteration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub item: Option<usize>,
+    /// The step's output text (the assistant's final answer, the tool's result, or the
+    /// transform's values as JSON).
+    pub output: String,
+    /// Where the run goes next: a state id or `end`. `None` for an iteration item that is
+    /// not the last; the iteration's transition is taken once all its items have ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+    /// When the transition iterates (`iter_key`): the items the next state runs once each.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub items: Option<Vec<Value>>,
+    /// When the transition iterates: how the items' outputs come together in the store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merge: Option<MergePolicy>,
+}
+
+/// A step failed; the run stops and may be resumed from this step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepFailure {
+    /// The step's number.
+    pub step: u64,
+    /// The state it ran.
+    pub state_id: String,
+    /// What went wrong.
+    pub error: String,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// The workflow reached its end.
+    Completed,
+    /// A step failed or a budget was exceeded; the run can be resumed.
+    Failed,
+    /// The run was cancelled.
+    Cancelled,
+}
+
+/// A run ended (a failed run may still be resumed; a new `run_started` is then not written).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunEnd {
+    /// How it ended.
+    pub status: RunStatus,
+    /// The final output, for a completed run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+    /// What went wrong, for a failed or cancelled run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// What trimming did to one request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FitRecord {
+    /// The most tokens the request could use.
+    pub limit: u32,
+    /// The request's tokens before trimming, when every message was counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_before: Option<u64>,
+    /// The request's tokens as sent.
+    pub tokens_after: u64,
+    /// The history messages left out, as `[start, end)` ranges of the unfitted request.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dropped: Vec<[usize; 2]>,
+    /// Why anything was left out or changed, in words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
