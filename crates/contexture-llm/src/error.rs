@@ -2,6 +2,9 @@
 
 use std::time::Duration;
 
+/// How the error of a scripted provider that ran out of replies begins.
+pub const SCRIPT_EXHAUSTED: &str = "scripted provider: no reply left";
+
 /// Why a chat call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum LlmError {
@@ -58,7 +61,7 @@ pub enum LlmError {
         detail: String,
     },
     /// A scripted provider ran out of replies.
-    #[error("scripted provider: no reply left (the script has {replies} replies)")]
+    #[error("{SCRIPT_EXHAUSTED} (the script has {replies} replies)")]
     ScriptExhausted {
         /// How many replies the script had.
         replies: usize,

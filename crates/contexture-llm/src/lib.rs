@@ -21,7 +21,7 @@ mod scripted;
 mod sse;
 
 pub use anthropic::AnthropicProvider;
-pub use error::LlmError;
+pub use error::{LlmError, SCRIPT_EXHAUSTED};
 pub use openai::OpenAiProvider;
 pub use provider::{BoxFuture, ChatRequest, ChatResponse, Provider, StreamDelta, Usage};
 pub use retry::RetryPolicy;

@@ -145,6 +145,14 @@ impl ScriptedProvider {
         self.lock().requests.clone()
     }
 
+    /// Marks the next `count` replies as used, as if that many calls had been made: a run
+    /// resumed from its log continues the script where the interrupted run stopped. Skipping
+    /// past the end leaves no reply.
+    pub fn skip(&self, count: usize) {
+        let mut state = self.lock();
+        state.next = (state.next + count).min(self.replies.len());
+    }
+
     /// How many replies have not been used yet.
     pub fn remaining(&self) -> usize {
         self.replies.len() - self.lock().next
