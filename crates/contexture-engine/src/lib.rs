@@ -1,6 +1,26 @@
-//! Contexture's workflow engine (PRODUCT.md F20-F24).
+//! Contexture's workflow engine (PRODUCT.md F20-F25).
 //!
-//! Today: [`workflow`], YAML workflows and their validation, with file, line and column in
-//! every error. The executor, hooks and sub-workflows build on it.
+//! - [`workflow`]: YAML workflows and their validation, with file, line and column in every
+//!   error;
+//! - [`executor`]: runs a workflow against a [`contexture_store::Store`] and LLM providers,
+//!   recording every step and request in the execution's thread, and resumes from that log;
+//! - [`compaction`]: summarizing the older part of a thread into one recorded replace;
+//! - [`conversation`]: history carried across runs that name one conversation;
+//! - [`sources`]: where sub-workflows are read from;
+//! - [`llm`]: which provider answers each assistant (`scripted:FILE`, `openai:MODEL`, ...);
+//! - [`tools`]: tool implementations (programs, fixed answers, registered tools);
+//! - [`hooks`]: caller code around steps and LLM calls;
+//! - [`report`]: an execution's steps, calls and totals, read from its log;
+//! - [`system`]: the real clock, ids and machine variables for templates.
 
+mod calls;
+pub mod compaction;
+pub mod conversation;
+pub mod executor;
+pub mod hooks;
+pub mod llm;
+pub mod report;
+pub mod sources;
+pub mod system;
+pub mod tools;
 pub mod workflow;

@@ -35,11 +35,19 @@ mod validate;
 
 use std::collections::BTreeMap;
 
-use contexture_core::context::{Branch, ClearContextStore, Switch, TransitionFlags};
+use contexture_core::budget::BudgetPolicy;
+use contexture_core::compact::CompactionPolicy;
+use contexture_core::context::{
+    Branch, ClearContextStore, MergePolicy, MissingPolicy, Switch, TransitionFlags,
+};
+use contexture_core::fit::Strategy;
+use contexture_core::thread::RunLimits;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 pub use spans::Position;
+
+use crate::sources::WorkflowSource;
 
 /// The target name that ends a workflow.
 pub const END: &str = "end";
@@ -59,6 +67,28 @@ pub struct Workflow {
     pub tools: Vec<Tool>,
     /// The states; the first one runs first.
     pub states: Vec<State>,
+    /// MCP servers the workflow declares (PRODUCT.md F26). They are loaded and their
+    /// argument templates validated; running them is not implemented yet, and a run that
+    /// declares any is refused with an error saying so.
+    #[serde(default)]
+    pub mcp_servers: Vec<McpServer>,
+    /// The assistant of states that name none (`assistant_id`, `tool_id` and `transform`
+    /// all absent). Default: the only assistant, when exactly one is declared.
+    #[serde(default)]
+    pub default_assistant: Option<String>,
+    /// What a run may spend before it is stopped (the caller may override each limit).
+    #[serde(default)]
+    pub limits: RunLimits,
+    /// What a template variable that does not resolve renders as: `keep` (the literal
+    /// `{{name}}`, the default), `empty`, or `error` (the step fails).
+    #[serde(default)]
+    pub missing_variables: MissingPolicy,
+    /// Sub-workflows by id (a state's `workflow` may also give a path).
+    #[serde(default)]
+    pub workflows: Vec<WorkflowRef>,
+    /// How runs that continue a conversation load its history.
+    #[serde(default)]
+    pub conversation: ConversationPolicy,
 }
 
 /// An LLM configuration.
@@ -78,6 +108,21 @@ pub struct Assistant {
     /// How its requests are fitted to the model's window.
     #[serde(default)]
     pub context: ContextPolicy,
+    /// The most LLM calls one step may make (each reply with tool calls leads to one more);
+    /// a step whose last allowed call still asks for tools fails. Default 10.
+    #[serde(default = "default_max_iterations")]
+    pub max_iterations: u32,
+    /// Sampling temperature, sent as is.
+    #[serde(default)]
+    pub temperature: Option<f64>,
+    /// When and how the shared history is compacted before this assistant's requests (and
+    /// by its `context_manager` tool); see docs/compaction.md.
+    #[serde(default)]
+    pub compaction: Option<CompactionPolicy>,
+}
+
+fn default_max_iterations() -> u32 {
+    10
 }
 
 /// How an assistant's requests are fitted to its model's window.
@@ -91,6 +136,9 @@ pub struct ContextPolicy {
     pub reserve: Option<u32>,
     /// The share of the window a request may use, in (0, 1].
     pub budget_ratio: f64,
+    /// With `head_tail`: how many units at the start of the history are kept (default 1,
+    /// the run's input).
+    pub head: usize,
 }
 
 impl Default for ContextPolicy {
@@ -99,25 +147,99 @@ impl Default for ContextPolicy {
             strategy: "last".to_owned(),
             reserve: None,
             budget_ratio: 1.0,
+            head: 1,
         }
     }
 }
 
-/// A tool: a name, a description, and configured arguments (templates over the context).
+impl ContextPolicy {
+    /// The trimming strategy, when the name is known (`last`, `first`, `head_tail`).
+    pub fn trim_strategy(&self) -> Option<Strategy> {
+        match self.strategy.as_str() {
+            "last" => Some(Strategy::Last),
+            "first" => Some(Strategy::First),
+            "head_tail" | "head-tail" => Some(Strategy::HeadTail { head: self.head }),
+            _ => None,
+        }
+    }
+
+    /// The budget policy of the requests.
+    pub fn budget(&self) -> BudgetPolicy {
+        BudgetPolicy {
+            budget_ratio: self.budget_ratio,
+            reserve_output: self.reserve,
+        }
+    }
+}
+
+/// A tool: a name, a description, configured arguments (templates over the context), and
+/// what runs it.
+///
+/// What runs it, in order: `command` (a program on this machine), `response` (a fixed
+/// answer, rendered as a template: for demos and tests), else `tool`, the name of a built-in
+/// tool or of one the caller registered (default: the tool's id).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Tool {
-    /// Its id, unique among tools.
+    /// Its id, unique among tools; the name the model calls it by.
     pub id: String,
+    /// The implementation's name (a built-in such as `echo`, or a registered tool).
+    #[serde(default)]
+    pub tool: Option<String>,
     /// What it does, for the model.
     #[serde(default)]
     pub description: Option<String>,
-    /// Configured arguments; string values are templates. A context key never replaces one.
+    /// Configured arguments; string values are templates. A context key never replaces one,
+    /// and neither does an argument the model passes.
     #[serde(default)]
     pub arguments: BTreeMap<String, Value>,
     /// The JSON schema of the arguments the model may pass.
     #[serde(default)]
     pub parameters: Option<Value>,
+    /// Run this program: the first item is the program, the rest its arguments (each a
+    /// template). It receives the call's arguments as a JSON object on standard input; its
+    /// standard output is the result. A non-zero exit is an error.
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
+    /// Answer every call with this value (strings are templates over the context and the
+    /// call's arguments).
+    #[serde(default)]
+    pub response: Option<Value>,
+    /// Seconds a call may take before it fails (default 60).
+    #[serde(default)]
+    pub timeout_seconds: Option<f64>,
+    /// Render templates in the tool's output against the context before it is used.
+    #[serde(default)]
+    pub resolve_dynamic_values_in_response: bool,
+}
+
+/// An MCP server declaration (PRODUCT.md F26), as on the CodeMie reference page.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpServer {
+    /// Its name, unique among MCP servers.
+    pub name: String,
+    /// Render templates in `config.args` against the context.
+    #[serde(default)]
+    pub resolve_dynamic_values_in_arguments: bool,
+    /// How to start it.
+    #[serde(default)]
+    pub config: McpServerConfig,
+}
+
+/// How an MCP server is started.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpServerConfig {
+    /// The program.
+    #[serde(default)]
+    pub command: Option<String>,
+    /// Its arguments (templates when `resolve_dynamic_values_in_arguments` is set).
+    #[serde(default)]
+    pub args: Vec<Value>,
+    /// Environment variables.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
 }
 
 /// One step of a workflow.
@@ -132,9 +254,27 @@ pub struct State {
     /// Run this tool.
     #[serde(default)]
     pub tool_id: Option<String>,
-    /// Compute new context values from templates, with no LLM or tool call.
+    /// Compute new context values, with no LLM or tool call: each value's templates are
+    /// rendered (a lone `{{ path }}` keeps its JSON type) and the object is the output.
     #[serde(default)]
-    pub transform: Option<BTreeMap<String, String>>,
+    pub transform: Option<Map<String, Value>>,
+    /// Arguments for the tool of a tool state, over the tool's configured ones (templates).
+    #[serde(default)]
+    pub tool_args: Option<BTreeMap<String, Value>>,
+    /// Run another workflow: an id from `workflows`, or a path relative to this file.
+    #[serde(default)]
+    pub workflow: Option<String>,
+    /// For a sub-workflow state: what the child receives (default: the last message).
+    #[serde(default)]
+    pub input: Option<SubInput>,
+    /// For a sub-workflow state: what comes back as the state's output: the child's final
+    /// `output` (the default) or its final `context` store as a JSON object.
+    #[serde(default)]
+    pub result: SubResult,
+    /// For a sub-workflow state: add one message summarizing the child's result to this
+    /// workflow's history (default false: the result is only stored).
+    #[serde(default)]
+    pub history_summary: bool,
     /// The task: a template over the context store.
     #[serde(default)]
     pub task: Option<String>,
@@ -148,6 +288,66 @@ pub struct State {
 
 fn default_true() -> bool {
     true
+}
+
+/// What a sub-workflow receives from its parent: exactly one of the three (none: the last
+/// message). Nothing else of the parent's is visible to the child.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubInput {
+    /// The last message of the parent's history, as the child's input text.
+    #[serde(default)]
+    pub last_message: bool,
+    /// The last output of this parent state, as the child's input text.
+    #[serde(default)]
+    pub state: Option<String>,
+    /// A JSON object for the child's input: each child key takes the value at a dotted path
+    /// of the parent's context (`request.topic`, `files[0].name`).
+    #[serde(default)]
+    pub mapping: Option<BTreeMap<String, String>>,
+}
+
+/// What a sub-workflow state's output is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SubResult {
+    /// The child's final output.
+    #[default]
+    Output,
+    /// The child's final context store, as a JSON object.
+    Context,
+}
+
+/// A sub-workflow declared by id.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkflowRef {
+    /// Its id, unique among `workflows`.
+    pub id: String,
+    /// Its file, relative to this file.
+    pub path: String,
+}
+
+/// How runs that continue a conversation load and keep its history (PRODUCT.md F23).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConversationPolicy {
+    /// The most earlier messages a run loads (default 20).
+    pub history_messages: usize,
+    /// The most tokens of earlier messages a run loads (default 16,000).
+    pub history_tokens: u64,
+    /// Compaction of the conversation's thread when a run loads it.
+    pub compaction: Option<CompactionPolicy>,
+}
+
+impl Default for ConversationPolicy {
+    fn default() -> Self {
+        ConversationPolicy {
+            history_messages: 20,
+            history_tokens: 16_000,
+            compaction: None,
+        }
+    }
 }
 
 /// A state's transition and the context flags applied on it.
@@ -170,6 +370,13 @@ pub struct Next {
     /// (`/items`) into the output.
     #[serde(default)]
     pub iter_key: Option<String>,
+    /// With `iter_key`: how the items' outputs come together in the store once every item
+    /// has run: `last_wins` (default: each item's output is stored in turn, under the
+    /// iterated state's flags), `append` (as if that state had `append_to_context`: each key
+    /// collects the items' values in a list), or `error` (two items giving one key different
+    /// values fail the step).
+    #[serde(default)]
+    pub iter_merge: Option<MergePolicy>,
     /// See [`TransitionFlags::store_in_context`].
     #[serde(default = "default_true")]
     pub store_in_context: bool,
@@ -304,6 +511,41 @@ impl Workflow {
         Err(WorkflowError { diagnostics })
     }
 
+    /// Loads a workflow and, through `source`, every sub-workflow it names, recursively:
+    /// a child that cannot be read, that does not validate, or that names one of its own
+    /// ancestors is reported (the parent's `states[i].workflow` position for the first and
+    /// the last, the child's own positions for the second).
+    pub fn load_tree(
+        text: &str,
+        file: &str,
+        source: &dyn WorkflowSource,
+    ) -> Result<Workflow, WorkflowError> {
+        let mut diagnostics = Vec::new();
+        let workflow = Workflow::load(text, file)?;
+        check_children(
+            &workflow,
+            text,
+            file,
+            source,
+            &mut vec![file.to_owned()],
+            &mut diagnostics,
+        );
+        if diagnostics.is_empty() {
+            Ok(workflow)
+        } else {
+            Err(WorkflowError { diagnostics })
+        }
+    }
+
+    /// The file a sub-workflow reference names, relative to this workflow's file: the path
+    /// of the `workflows` entry with that id, or the reference itself.
+    pub fn workflow_path<'a>(&'a self, reference: &'a str) -> &'a str {
+        self.workflows
+            .iter()
+            .find(|w| w.id == reference)
+            .map_or(reference, |w| w.path.as_str())
+    }
+
     /// The state with id `id`.
     pub fn state(&self, id: &str) -> Option<&State> {
         self.states.iter().find(|state| state.id == id)
@@ -317,6 +559,110 @@ impl Workflow {
     /// The tool with id `id`.
     pub fn tool(&self, id: &str) -> Option<&Tool> {
         self.tools.iter().find(|tool| tool.id == id)
+    }
+
+    /// The assistant of states that name none: `default_assistant`, else the only
+    /// assistant when exactly one is declared.
+    pub fn default_assistant(&self) -> Option<&Assistant> {
+        match &self.default_assistant {
+            Some(id) => self.assistant(id),
+            None => match self.assistants.as_slice() {
+                [only] => Some(only),
+                _ => None,
+            },
+        }
+    }
+
+    /// What `state` runs.
+    pub fn step_kind<'a>(&'a self, state: &'a State) -> Option<StepKind<'a>> {
+        if let Some(reference) = &state.workflow {
+            return Some(StepKind::Workflow(reference));
+        }
+        if let Some(id) = &state.tool_id {
+            return self.tool(id).map(StepKind::Tool);
+        }
+        if let Some(values) = &state.transform {
+            return Some(StepKind::Transform(values));
+        }
+        match &state.assistant_id {
+            Some(id) => self.assistant(id),
+            None => self.default_assistant(),
+        }
+        .map(StepKind::Assistant)
+    }
+}
+
+/// What a state runs.
+#[derive(Debug, Clone, Copy)]
+pub enum StepKind<'a> {
+    /// An assistant: LLM calls, with its tools, until it answers.
+    Assistant(&'a Assistant),
+    /// A tool, called once with its configured arguments.
+    Tool(&'a Tool),
+    /// Context values computed from templates.
+    Transform(&'a Map<String, Value>),
+    /// Another workflow, run as a child execution (its reference: an id or a path).
+    Workflow(&'a str),
+}
+
+/// Checks the sub-workflows `workflow` names, depth first; `ancestors` are the files being
+/// checked above it.
+fn check_children(
+    workflow: &Workflow,
+    text: &str,
+    file: &str,
+    source: &dyn WorkflowSource,
+    ancestors: &mut Vec<String>,
+    diagnostics: &mut Vec<Diagnostic>,
+) {
+    let index = spans::SpanIndex::build(text);
+    let at = |path: String, message: String| {
+        let position = index.locate(&path);
+        Diagnostic {
+            file: file.to_owned(),
+            line: position.line,
+            column: position.column,
+            path,
+            message,
+        }
+    };
+    for (n, state) in workflow.states.iter().enumerate() {
+        let Some(reference) = &state.workflow else {
+            continue;
+        };
+        let path = format!("states[{n}].workflow");
+        let (child_file, child_text) = match source.load(workflow.workflow_path(reference), file) {
+            Ok(child) => child,
+            Err(error) => {
+                diagnostics.push(at(path, format!("sub-workflow `{reference}`: {error}")));
+                continue;
+            }
+        };
+        if ancestors.contains(&child_file) {
+            diagnostics.push(at(
+                path,
+                format!(
+                    "sub-workflow `{reference}` runs itself: {} -> {child_file}",
+                    ancestors.join(" -> ")
+                ),
+            ));
+            continue;
+        }
+        match Workflow::load(&child_text, &child_file) {
+            Ok(child) => {
+                ancestors.push(child_file.clone());
+                check_children(
+                    &child,
+                    &child_text,
+                    &child_file,
+                    source,
+                    ancestors,
+                    diagnostics,
+                );
+                ancestors.pop();
+            }
+            Err(error) => diagnostics.extend(error.diagnostics),
+        }
     }
 }
 

@@ -36,17 +36,29 @@ pub(super) fn problems(workflow: &Workflow) -> Problems {
         workflow.states.iter().map(|s| s.id.as_str()),
         &mut problems,
     );
+    unique_ids(
+        "mcp_servers",
+        workflow.mcp_servers.iter().map(|m| m.name.as_str()),
+        &mut problems,
+    );
+    settings(workflow, &mut problems);
     assistants(workflow, &mut problems);
     tools(workflow, &mut problems);
+    mcp_servers(workflow, &mut problems);
     states(workflow, &mut problems);
     reachability(workflow, &mut problems);
     problems
 }
 
 fn unique_ids<'a>(section: &str, ids: impl Iterator<Item = &'a str>, problems: &mut Problems) {
+    let field = if section == "mcp_servers" {
+        "name"
+    } else {
+        "id"
+    };
     let mut seen: HashMap<&str, usize> = HashMap::new();
     for (index, id) in ids.enumerate() {
-        let path = format!("{section}[{index}].id");
+        let path = format!("{section}[{index}].{field}");
         if id.trim().is_empty() {
             problems.push((path, "the id is empty".into()));
         } else if let Some(first) = seen.insert(id, index) {
@@ -89,8 +101,27 @@ fn assistants(workflow: &Workflow, problems: &mut Problems) {
         if let Some(prompt) = &assistant.system_prompt {
             template(prompt, format!("{base}.system_prompt"), problems);
         }
+        if assistant.max_iterations == 0 {
+            problems.push((
+                format!("{base}.max_iterations"),
+                "max_iterations must be at least 1".into(),
+            ));
+        }
+        if let Some(temperature) = assistant.temperature
+            && !(0.0..=2.0).contains(&temperature)
+        {
+            problems.push((
+                format!("{base}.temperature"),
+                format!("temperature must be between 0 and 2, not {temperature}"),
+            ));
+        }
+        if let Some(compaction) = &assistant.compaction {
+            for (field, problem) in compaction.problems() {
+                problems.push((format!("{base}.compaction.{field}"), problem));
+            }
+        }
         let policy = &assistant.context;
-        if !["last", "first", "head_tail", "head-tail"].contains(&policy.strategy.as_str()) {
+        if policy.trim_strategy().is_none() {
             problems.push((
                 format!("{base}.context.strategy"),
                 format!(
@@ -111,10 +142,98 @@ fn assistants(workflow: &Workflow, problems: &mut Problems) {
     }
 }
 
+fn settings(workflow: &Workflow, problems: &mut Problems) {
+    if let Some(id) = &workflow.default_assistant
+        && workflow.assistant(id).is_none()
+    {
+        problems.push((
+            "default_assistant".into(),
+            format!(
+                "unknown assistant `{id}` ({})",
+                known(workflow.assistants.iter().map(|a| a.id.clone()))
+            ),
+        ));
+    }
+    let limits = &workflow.limits;
+    if let Some(cost) = limits.max_cost_usd
+        && !(cost.is_finite() && cost >= 0.0)
+    {
+        problems.push((
+            "limits.max_cost_usd".into(),
+            format!("max_cost_usd must be a non-negative number of dollars, not {cost}"),
+        ));
+    }
+    if limits.max_steps == Some(0) {
+        problems.push((
+            "limits.max_steps".into(),
+            "max_steps must be at least 1".into(),
+        ));
+    }
+}
+
 fn tools(workflow: &Workflow, problems: &mut Problems) {
     for (index, tool) in workflow.tools.iter().enumerate() {
+        let base = format!("tools[{index}]");
         for (name, value) in &tool.arguments {
-            templates_in(value, format!("tools[{index}].arguments.{name}"), problems);
+            templates_in(value, format!("{base}.arguments.{name}"), problems);
+        }
+        if let Some(response) = &tool.response {
+            templates_in(response, format!("{base}.response"), problems);
+        }
+        match &tool.command {
+            Some(command) if command.is_empty() || command[0].trim().is_empty() => {
+                problems.push((
+                    format!("{base}.command"),
+                    "the command is empty: give the program first, then its arguments".into(),
+                ));
+            }
+            Some(command) => {
+                for (n, arg) in command.iter().enumerate() {
+                    template(arg, format!("{base}.command[{n}]"), problems);
+                }
+            }
+            None => {}
+        }
+        let ways = [
+            tool.command.is_some(),
+            tool.response.is_some(),
+            tool.tool.is_some(),
+        ];
+        if ways.iter().filter(|&&set| set).count() > 1 {
+            problems.push((
+                base.clone(),
+                "a tool has one implementation: give only one of command, response and tool".into(),
+            ));
+        }
+        if let Some(timeout) = tool.timeout_seconds
+            && !(timeout.is_finite() && timeout > 0.0)
+        {
+            problems.push((
+                format!("{base}.timeout_seconds"),
+                format!("timeout_seconds must be a positive number, not {timeout}"),
+            ));
+        }
+        if let Some(parameters) = &tool.parameters
+            && !parameters.is_object()
+        {
+            problems.push((
+                format!("{base}.parameters"),
+                "parameters must be a JSON schema object".into(),
+            ));
+        }
+    }
+}
+
+fn mcp_servers(workflow: &Workflow, problems: &mut Problems) {
+    for (index, server) in workflow.mcp_servers.iter().enumerate() {
+        if server.resolve_dynamic_values_in_arguments {
+            for (n, arg) in server.config.args.iter().enumerate() {
+                templates_in(
+                    arg,
+                    format!("mcp_servers[{index}].config.args[{n}]"),
+                    problems,
+                );
+            }
         }
     }
 }
@@ -159,13 +278,36 @@ fn states(workflow: &Workflow, problems: &mut Problems) {
             state.assistant_id.is_some(),
             state.tool_id.is_some(),
             state.transform.is_some(),
+            state.workflow.is_some(),
         ];
-        if kinds.iter().filter(|&&set| set).count() > 1 {
-            problems.push((
+        match kinds.iter().filter(|&&set| set).count() {
+            0 if workflow.default_assistant().is_none() => problems.push((
+                format!("{base}.id"),
+                format!(
+                    "state `{}` runs nothing: give assistant_id, tool_id, transform or workflow \
+                     (a state without them runs the default assistant: set default_assistant, \
+                     or declare exactly one assistant)",
+                    state.id
+                ),
+            )),
+            0 | 1 => {}
+            _ => problems.push((
                 base.clone(),
-                "a state runs one thing: give only one of assistant_id, tool_id and transform"
+                "a state runs one thing: give only one of assistant_id, tool_id, transform and workflow"
                     .into(),
-            ));
+            )),
+        }
+        sub_workflow(workflow, state, &base, problems);
+        if let Some(args) = &state.tool_args {
+            if state.tool_id.is_none() {
+                problems.push((
+                    format!("{base}.tool_args"),
+                    "tool_args needs tool_id: only a tool state calls a tool with them".into(),
+                ));
+            }
+            for (name, value) in args {
+                templates_in(value, format!("{base}.tool_args.{name}"), problems);
+            }
         }
         if let Some(id) = &state.assistant_id
             && workflow.assistant(id).is_none()
@@ -193,7 +335,7 @@ fn states(workflow: &Workflow, problems: &mut Problems) {
             template(task, format!("{base}.task"), problems);
         }
         for (key, value) in state.transform.iter().flatten() {
-            template(value, format!("{base}.transform.{key}"), problems);
+            templates_in(value, format!("{base}.transform.{key}"), problems);
         }
         let Some(next) = &state.next else {
             continue;
@@ -237,12 +379,84 @@ fn states(workflow: &Workflow, problems: &mut Problems) {
                 "iter_key is empty: name a context list, or a JSON pointer such as /items".into(),
             ));
         }
+        if next.iter_merge.is_some() && next.iter_key.is_none() {
+            problems.push((
+                format!("{base}.next.iter_merge"),
+                "iter_merge needs iter_key: it says how an iteration's items come together".into(),
+            ));
+        }
         if let Some(key) = &next.output_key
             && key.trim().is_empty()
         {
             problems.push((
                 format!("{base}.next.output_key"),
                 "output_key is empty".into(),
+            ));
+        }
+    }
+}
+
+/// A sub-workflow state's own settings: a reference, one input source, mapping paths that
+/// parse, a source state that exists. Settings only a sub-workflow takes are refused on
+/// other states.
+fn sub_workflow(workflow: &Workflow, state: &super::State, base: &str, problems: &mut Problems) {
+    let Some(reference) = &state.workflow else {
+        if state.input.is_some() {
+            problems.push((
+                format!("{base}.input"),
+                "input needs workflow: only a sub-workflow state takes an input".into(),
+            ));
+        }
+        if state.history_summary {
+            problems.push((
+                format!("{base}.history_summary"),
+                "history_summary needs workflow".into(),
+            ));
+        }
+        return;
+    };
+    if reference.trim().is_empty() {
+        problems.push((format!("{base}.workflow"), "the workflow is empty".into()));
+    }
+    if state.task.is_some() {
+        problems.push((
+            format!("{base}.task"),
+            "a sub-workflow state has no task: its input says what the child receives".into(),
+        ));
+    }
+    let Some(input) = &state.input else {
+        return;
+    };
+    let sources = [
+        input.last_message,
+        input.state.is_some(),
+        input.mapping.is_some(),
+    ]
+    .iter()
+    .filter(|&&set| set)
+    .count();
+    if sources > 1 {
+        problems.push((
+            format!("{base}.input"),
+            "input takes one of last_message, state and mapping".into(),
+        ));
+    }
+    if let Some(source) = &input.state
+        && workflow.state(source).is_none()
+    {
+        problems.push((
+            format!("{base}.input.state"),
+            format!(
+                "unknown state `{source}` ({})",
+                known(workflow.states.iter().map(|s| s.id.clone()))
+            ),
+        ));
+    }
+    for (key, path) in input.mapping.iter().flatten() {
+        if let Err(error) = contexture_core::context::Path::parse(path) {
+            problems.push((
+                format!("{base}.input.mapping.{key}"),
+                format!("invalid path `{path}`: {}", error.reason),
             ));
         }
     }

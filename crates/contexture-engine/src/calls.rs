@@ -1,0 +1,48 @@
+//! How an LLM call's end is recorded (`request_ended`), shared by the executor's calls and
+//! the summarizer's.
+
+use contexture_core::registry::ModelInfo;
+use contexture_core::thread::{RequestEnd, RequestOutcome, Usage};
+use contexture_llm::{ChatResponse, LlmError};
+
+/// The record of a call's end: the reply as received, the provider's usage (or, when it
+/// reported none, `input_tokens` and the reply counted here, marked estimated), the cost at
+/// the model's list price, the attempts; or the error.
+pub(crate) fn request_end(
+    request_id: &str,
+    response: &Result<ChatResponse, LlmError>,
+    model: &ModelInfo,
+    input_tokens: u32,
+) -> RequestEnd {
+    match response {
+        Ok(response) => {
+            let (usage, estimated) = match response.usage {
+                Some(usage) => (
+                    Usage::new(usage.prompt_tokens, usage.completion_tokens),
+                    false,
+                ),
+                None => (
+                    Usage::new(
+                        u64::from(input_tokens),
+                        u64::from(model.counter.count_message(&response.message)),
+                    ),
+                    true,
+                ),
+            };
+            let mut end = RequestEnd::new(request_id, RequestOutcome::Completed, usage);
+            end.usage_estimated = estimated;
+            end.reply = Some(response.message.clone());
+            end.finish_reason = response.finish_reason.clone();
+            end.cost_usd = model
+                .pricing
+                .map(|pricing| pricing.cost(usage.input_tokens, usage.output_tokens));
+            end.attempts = (response.attempts > 1).then_some(response.attempts);
+            end
+        }
+        Err(error) => {
+            let mut end = RequestEnd::new(request_id, RequestOutcome::Failed, Usage::default());
+            end.error = Some(error.to_string());
+            end
+        }
+    }
+}

@@ -1,0 +1,568 @@
+//! Running a compaction (PRODUCT.md F12): plan it ([`contexture_core::compact`]), summarize
+//! the covered part (a model through the router, map-reduce when it exceeds the summarizer's
+//! window; or the offline extractive summarizer), and record the result as one replace event.
+//!
+//! It is all or nothing: every summarizer call is recorded (`request_started` /
+//! `request_ended`, purpose `compaction`), and when the summarizer fails, times out or
+//! returns an empty text after every retry, nothing is replaced; a `compaction_failed` event
+//! records why and the thread goes on as it was (requests are still fitted by trimming).
+
+use std::sync::Arc;
+
+use contexture_core::Message;
+use contexture_core::budget::{BudgetBreakdown, BudgetPolicy};
+use contexture_core::compact::{
+    CompactionPolicy, DEFAULT_PROMPT, Plan, chunk_transcripts, extractive_summary, merge_prompt,
+    plan, prompt_hash, replacement, summary_prompt, summary_text, transcript,
+};
+use contexture_core::registry::{ModelInfo, Registry};
+use contexture_core::thread::{
+    CompactionFailure, ContextReplace, Event, EventKind, ProjectedMessage, Provenance,
+    RecordedBudget, ReplaceReason, RequestRecord, Thread,
+};
+use contexture_core::tokens::TokenCounter;
+use contexture_llm::ChatRequest;
+use contexture_store::{NewEvent, Store};
+use serde::Serialize;
+
+use crate::calls::request_end;
+use crate::executor::ExecError;
+use crate::hooks::{CompactionInfo, Hook};
+use crate::llm::Router;
+
+/// One compaction to run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompactRequest {
+    /// What stays verbatim, the summarizer, its prompt and retries.
+    pub policy: CompactionPolicy,
+    /// Verbatim content kept before the summary, never shown to the summarizer.
+    pub notes: Option<String>,
+    /// `false` keeps only the notes (and pinned messages): no summary is written.
+    pub preserve_history: bool,
+    /// More lines for the summarizer to read after the covered messages (the context
+    /// manager tool's `history` argument).
+    pub extra_history: Vec<String>,
+    /// Why it runs (a trigger's reason, `manual`, `tool`), for hooks and the report.
+    pub reason: String,
+    /// The model whose tokenizer measures the thread before and after.
+    pub measure_model: String,
+    /// The workflow step it runs in, if any (recorded with the summarizer's calls).
+    pub step: Option<u64>,
+}
+
+impl CompactRequest {
+    /// A compaction under `policy` for `reason`, keeping the history as a summary.
+    pub fn new(policy: CompactionPolicy, reason: impl Into<String>) -> CompactRequest {
+        CompactRequest {
+            policy,
+            notes: None,
+            preserve_history: true,
+            extra_history: Vec::new(),
+            reason: reason.into(),
+            measure_model: "gpt-4o".to_owned(),
+            step: None,
+        }
+    }
+}
+
+/// How a compaction ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum CompactionOutcome {
+    /// The covered part was replaced.
+    Compacted {
+        /// The seq of the replace event.
+        replace_seq: u64,
+    },
+    /// Nothing was done, for this reason.
+    Skipped {
+        /// Why.
+        reason: String,
+    },
+    /// The summarizer failed; nothing was replaced.
+    Failed {
+        /// What went wrong, after every retry.
+        error: String,
+    },
+}
+
+/// What a compaction did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CompactionReport {
+    /// How it ended.
+    #[serde(flatten)]
+    pub outcome: CompactionOutcome,
+    /// The covered seqs, when there was something to cover.
+    pub covered: Option<(u64, u64)>,
+    /// How many messages the covered part held.
+    pub covered_messages: usize,
+    /// The projection's tokens before (system prompt and messages).
+    pub tokens_before: u64,
+    /// The projection's tokens after.
+    pub tokens_after: u64,
+    /// The summarizer: a model, or `extractive`.
+    pub summarizer: String,
+    /// How many summarizer calls were made (retries included).
+    pub calls: u32,
+    /// The summary written, when there is one.
+    pub summary: Option<String>,
+}
+
+/// A thread a compaction works on: it reads the thread and appends events to it.
+pub trait CompactionTarget: Send {
+    /// The thread's id.
+    fn thread_id(&self) -> &str;
+    /// The thread as it is now.
+    fn thread(&self) -> &Thread;
+    /// Appends events in one transaction (and folds them into [`CompactionTarget::thread`]).
+    fn append(
+        &mut self,
+        events: Vec<EventKind>,
+    ) -> impl Future<Output = Result<(), ExecError>> + Send;
+}
+
+/// A stored thread as a compaction target.
+pub struct StoredThread<'s, S> {
+    store: &'s S,
+    id: String,
+    thread: Thread,
+}
+
+impl<'s, S: Store> StoredThread<'s, S> {
+    /// Loads `id` from `store`.
+    pub async fn load(store: &'s S, id: &str) -> Result<StoredThread<'s, S>, ExecError> {
+        let thread = store.load(id).await?;
+        Ok(StoredThread {
+            store,
+            id: id.to_owned(),
+            thread,
+        })
+    }
+
+    /// The thread as it is now.
+    pub fn into_thread(self) -> Thread {
+        self.thread
+    }
+}
+
+impl<S: Store> CompactionTarget for StoredThread<'_, S> {
+    fn thread_id(&self) -> &str {
+        &self.id
+    }
+
+    fn thread(&self) -> &Thread {
+        &self.thread
+    }
+
+    async fn append(&mut self, events: Vec<EventKind>) -> Result<(), ExecError> {
+        let seqs = self
+            .store
+            .append(
+                &self.id,
+                events.iter().cloned().map(NewEvent::new).collect(),
+            )
+            .await?;
+        let follows = seqs
+            .iter()
+            .enumerate()
+            .all(|(n, seq)| *seq == self.thread.last_seq() + 1 + n as u64);
+        if follows {
+            for (seq, kind) in seqs.into_iter().zip(events) {
+                self.thread
+                    .apply(Event::new(seq, kind))
+                    .map_err(|source| ExecError::Store(thread_error(&self.id, source)))?;
+            }
+        } else {
+            // Another writer appended in between: read the thread again.
+            self.thread = self.store.load(&self.id).await?;
+        }
+        Ok(())
+    }
+}
+
+fn thread_error(
+    id: &str,
+    source: contexture_core::thread::ThreadError,
+) -> contexture_store::StoreError {
+    contexture_store::StoreError::Replay {
+        thread: id.to_owned(),
+        source,
+    }
+}
+
+/// Runs compactions: summarizer calls go where the router says.
+#[derive(Clone)]
+pub struct Compactor {
+    router: Arc<dyn Router>,
+    registry: Arc<Registry>,
+    hooks: Vec<Arc<dyn Hook>>,
+}
+
+/// Why a summary could not be written.
+struct SummaryFailed {
+    error: String,
+    attempts: u32,
+}
+
+impl Compactor {
+    /// A compactor whose summarizer calls go through `router`, with models from `registry`.
+    pub fn new(router: Arc<dyn Router>, registry: Arc<Registry>) -> Compactor {
+        Compactor {
+            router,
+            registry,
+            hooks: Vec::new(),
+        }
+    }
+
+    /// Builder: the hooks told before and after each compaction.
+    pub fn with_hooks(mut self, hooks: Vec<Arc<dyn Hook>>) -> Compactor {
+        self.hooks = hooks;
+        self
+    }
+
+    /// Compacts the target's active context as `request` says.
+    pub async fn compact(
+        &self,
+        target: &mut impl CompactionTarget,
+        request: &CompactRequest,
+    ) -> Result<CompactionReport, ExecError> {
+        let policy = &request.policy;
+        let counter = self.registry.resolve(&request.measure_model).counter;
+        let projected = target.thread().projected_messages();
+        let tokens_before = projection_tokens(target.thread(), &counter);
+        let mut report = CompactionReport {
+            outcome: CompactionOutcome::Skipped {
+                reason: String::new(),
+            },
+            covered: None,
+            covered_messages: 0,
+            tokens_before,
+            tokens_after: tokens_before,
+            summarizer: policy.summarizer_name().to_owned(),
+            calls: 0,
+            summary: None,
+        };
+        let Some(plan) = plan(&projected, &policy.keep, &counter) else {
+            report.outcome = CompactionOutcome::Skipped {
+                reason: "nothing older than the kept tail to summarize".to_owned(),
+            };
+            return Ok(report);
+        };
+        report.covered = Some((plan.from_seq, plan.to_seq));
+        report.covered_messages = plan.covered.len();
+        let info = CompactionInfo {
+            thread_id: target.thread_id().to_owned(),
+            reason: request.reason.clone(),
+            from_seq: plan.from_seq,
+            to_seq: plan.to_seq,
+            covered_messages: plan.covered.len(),
+        };
+        if let Some(hook) = self
+            .hooks
+            .iter()
+            .find(|hook| !hook.before_compaction(&info))
+        {
+            report.outcome = CompactionOutcome::Skipped {
+                reason: format!("hook `{}` declined it", hook.name()),
+            };
+            return Ok(report);
+        }
+
+        let summary = if !request.preserve_history {
+            None
+        } else {
+            match &policy.summarizer {
+                None => Some(self.extractive(&plan, &projected, request, &counter)),
+                Some(model) => {
+                    match self
+                        .summarize(target, model, &plan, &projected, request, &mut report)
+                        .await?
+                    {
+                        Ok(summary) => Some(summary),
+                        Err(failed) => {
+                            target
+                                .append(vec![EventKind::CompactionFailed(CompactionFailure {
+                                    from_seq: plan.from_seq,
+                                    to_seq: plan.to_seq,
+                                    summarizer: model.clone(),
+                                    error: failed.error.clone(),
+                                    attempts: failed.attempts,
+                                })])
+                                .await?;
+                            report.outcome = CompactionOutcome::Failed {
+                                error: failed.error,
+                            };
+                            for hook in &self.hooks {
+                                hook.after_compaction(&info, &report);
+                            }
+                            return Ok(report);
+                        }
+                    }
+                }
+            }
+        };
+        let messages = replacement(
+            &plan,
+            &projected,
+            summary.as_deref(),
+            request.notes.as_deref(),
+        );
+        let template = policy.prompt.as_deref().unwrap_or(DEFAULT_PROMPT);
+        let op = ContextReplace {
+            op_id: format!(
+                "{}/compaction-{}",
+                target.thread_id(),
+                target.thread().last_seq() + 1
+            ),
+            context: target.thread().active_context().to_owned(),
+            reason: ReplaceReason::Compaction,
+            from_seq: plan.from_seq,
+            to_seq: plan.to_seq,
+            replacement: messages,
+            provenance: Some(Provenance {
+                summarizer_model: Some(policy.summarizer_name().to_owned()),
+                prompt_hash: policy.summarizer.as_ref().map(|_| prompt_hash(template)),
+                snapshot_seq: None,
+            }),
+        };
+        target.append(vec![EventKind::ContextReplaced(op)]).await?;
+        report.outcome = CompactionOutcome::Compacted {
+            replace_seq: target.thread().last_seq(),
+        };
+        report.tokens_after = projection_tokens(target.thread(), &counter);
+        report.summary = summary;
+        for hook in &self.hooks {
+            hook.after_compaction(&info, &report);
+        }
+        Ok(report)
+    }
+
+    /// The offline summary: an earlier summary carried over (within half the budget), then
+    /// the extract of the newer messages.
+    fn extractive(
+        &self,
+        plan: &Plan,
+        projected: &[ProjectedMessage],
+        request: &CompactRequest,
+        counter: &TokenCounter,
+    ) -> String {
+        let budget = request.policy.summary_tokens;
+        let mut messages: Vec<Message> = plan
+            .to_summarize
+            .iter()
+            .map(|&i| projected[i].message.clone())
+            .collect();
+        messages.extend(request.extra_history.iter().map(Message::user));
+        let refs: Vec<&Message> = messages.iter().collect();
+        match plan.previous_summary {
+            None => extractive_summary(&refs, budget, counter),
+            Some(index) => {
+                let previous = summary_text(&projected[index].message);
+                let previous = contexture_core::compact::cut_to_fit(&previous, budget / 2, counter);
+                let used = counter.count_text(&previous) + 2;
+                let newer = extractive_summary(&refs, budget.saturating_sub(used), counter);
+                format!("{previous}\n\n{newer}")
+            }
+        }
+    }
+
+    /// Summarizes with `model`: in one call when the covered part fits its window, else by
+    /// map-reduce. `Ok(Err(..))` when the summarizer failed.
+    async fn summarize(
+        &self,
+        target: &mut impl CompactionTarget,
+        model: &str,
+        plan: &Plan,
+        projected: &[ProjectedMessage],
+        request: &CompactRequest,
+        report: &mut CompactionReport,
+    ) -> Result<Result<String, SummaryFailed>, ExecError> {
+        let policy = &request.policy;
+        let info = self.registry.resolve(model);
+        let counter = info.counter;
+        let template = policy.prompt.as_deref().unwrap_or(DEFAULT_PROMPT);
+        let previous = plan
+            .previous_summary
+            .map(|i| summary_text(&projected[i].message));
+        let mut messages: Vec<Message> = plan
+            .to_summarize
+            .iter()
+            .map(|&i| projected[i].message.clone())
+            .collect();
+        messages.extend(request.extra_history.iter().map(Message::user));
+        let refs: Vec<&Message> = messages.iter().collect();
+        // What one call may spend on the transcript: the window, less the summary's room, the
+        // prompt around the transcript and the chat overhead.
+        let room = |previous: Option<&str>| -> u32 {
+            let overhead = counter.count_text(&summary_prompt(template, "", previous)) + 16;
+            info.context_window
+                .saturating_sub(policy.summary_tokens)
+                .saturating_sub(overhead)
+        };
+        let whole = transcript(&refs);
+        if counter.count_text(&whole) <= room(previous.as_deref()) {
+            let prompt = summary_prompt(template, &whole, previous.as_deref());
+            return self
+                .call(target, model, &info, prompt, request, report)
+                .await;
+        }
+        // Map: each chunk summarized on its own.
+        let limit = room(None);
+        if limit < 64 {
+            return Ok(Err(SummaryFailed {
+                error: format!(
+                    "the summarizer `{model}` has a {}-token window: too small for a prompt and a {}-token summary",
+                    info.context_window, policy.summary_tokens
+                ),
+                attempts: 0,
+            }));
+        }
+        let mut partials: Vec<String> = previous.into_iter().collect();
+        for chunk in chunk_transcripts(&refs, limit, &counter) {
+            let prompt = summary_prompt(template, &chunk, None);
+            match self
+                .call(target, model, &info, prompt, request, report)
+                .await?
+            {
+                Ok(summary) => partials.push(summary),
+                Err(failed) => return Ok(Err(failed)),
+            }
+        }
+        // Reduce: merge the partial summaries, in groups that fit, until one is left.
+        let merge_room = info.context_window.saturating_sub(policy.summary_tokens);
+        while partials.len() > 1 {
+            let mut groups: Vec<Vec<String>> = vec![Vec::new()];
+            for partial in partials {
+                let partial =
+                    contexture_core::compact::cut_to_fit(&partial, merge_room / 2, &counter);
+                let mut candidate = groups.last().cloned().unwrap_or_default();
+                candidate.push(partial.clone());
+                if groups.last().is_some_and(|g| !g.is_empty())
+                    && counter.count_text(&merge_prompt(&candidate)) + 16 > merge_room
+                {
+                    groups.push(vec![partial]);
+                } else if let Some(group) = groups.last_mut() {
+                    group.push(partial);
+                }
+            }
+            let mut merged = Vec::new();
+            for group in groups {
+                if group.len() == 1 {
+                    merged.extend(group);
+                    continue;
+                }
+                let prompt = merge_prompt(&group);
+                match self
+                    .call(target, model, &info, prompt, request, report)
+                    .await?
+                {
+                    Ok(summary) => merged.push(summary),
+                    Err(failed) => return Ok(Err(failed)),
+                }
+            }
+            partials = merged;
+        }
+        Ok(Ok(partials.pop().unwrap_or_default()))
+    }
+
+    /// One summarizer call with its retries, each attempt recorded. An empty reply counts as
+    /// a failure.
+    async fn call(
+        &self,
+        target: &mut impl CompactionTarget,
+        model: &str,
+        info: &ModelInfo,
+        prompt: String,
+        request: &CompactRequest,
+        report: &mut CompactionReport,
+    ) -> Result<Result<String, SummaryFailed>, ExecError> {
+        let route = self.router.route(model);
+        let messages = vec![Message::user(prompt)];
+        let policy = BudgetPolicy {
+            budget_ratio: 1.0,
+            reserve_output: Some(request.policy.summary_tokens),
+        };
+        let breakdown =
+            BudgetBreakdown::compute(info, &policy, &messages, &[]).map_err(|error| {
+                ExecError::NotRunnable {
+                    file: String::new(),
+                    problems: vec![error.to_string()],
+                }
+            })?;
+        let mut last_error = String::new();
+        let attempts = request.policy.max_retries + 1;
+        for _ in 0..attempts {
+            report.calls += 1;
+            let request_id = format!(
+                "{}/compaction-{}/call-{}",
+                target.thread_id(),
+                target.thread().last_seq() + 1,
+                report.calls
+            );
+            target
+                .append(vec![EventKind::RequestStarted(RequestRecord {
+                    request_id: request_id.clone(),
+                    model: Some(route.model.clone()),
+                    messages: messages.clone(),
+                    budget: Some(RecordedBudget {
+                        context_window: info.context_window,
+                        max_output_tokens: request.policy.summary_tokens,
+                        input_tokens: breakdown.used,
+                    }),
+                    step: request.step,
+                    tools: Vec::new(),
+                    breakdown: Some(breakdown.clone()),
+                    fit: None,
+                    purpose: Some("compaction".to_owned()),
+                })])
+                .await?;
+            let mut chat = ChatRequest::new(route.model.clone(), messages.clone());
+            chat.max_tokens = Some(request.policy.summary_tokens);
+            let response = route.provider.complete(&chat).await;
+            let mut end = request_end(&request_id, &response, info, breakdown.used);
+            let text = response
+                .as_ref()
+                .ok()
+                .map(|r| r.message.text().trim().to_owned());
+            if text.as_deref() == Some("") {
+                end.error = Some("the summarizer returned an empty text".to_owned());
+            }
+            target
+                .append(vec![EventKind::RequestEnded(end.clone())])
+                .await?;
+            match text {
+                Some(text) if !text.is_empty() => return Ok(Ok(text)),
+                _ => {
+                    last_error = end
+                        .error
+                        .unwrap_or_else(|| "the summarizer returned nothing".to_owned())
+                }
+            }
+        }
+        Ok(Err(SummaryFailed {
+            error: format!("{last_error} (after {attempts} attempts)"),
+            attempts,
+        }))
+    }
+}
+
+/// The tokens of a thread's projection: its system prompt and messages.
+fn projection_tokens(thread: &Thread, counter: &TokenCounter) -> u64 {
+    thread
+        .projection()
+        .to_messages()
+        .iter()
+        .map(|m| u64::from(counter.count_message(m)))
+        .sum()
+}
+
+/// Compacts the stored thread `thread_id` (a convenience over [`StoredThread`]).
+pub async fn compact_stored<S: Store>(
+    compactor: &Compactor,
+    store: &S,
+    thread_id: &str,
+    request: &CompactRequest,
+) -> Result<CompactionReport, ExecError> {
+    let mut target = StoredThread::load(store, thread_id).await?;
+    compactor.compact(&mut target, request).await
+}

@@ -1,0 +1,437 @@
+//! An assistant step: LLM calls fitted to the model's window, the hooks around each call,
+//! the execution's token and cost budgets, and the tool-call loop. The step's tool calls and
+//! results are `step_message` events of its own log; only its final answer is returned to
+//! enter the shared history (PRODUCT.md F13).
+
+use contexture_core::context::{ContextStore, RenderOptions, render};
+use contexture_core::fit::Strategy;
+use contexture_core::registry::ModelInfo;
+use contexture_core::thread::{
+    CancelRequest, ContextReplace, EventKind, RecordedBudget, ReplaceReason, RequestEnd,
+    RequestOutcome, RequestRecord, StepMessage, Usage,
+};
+use contexture_core::{Message, budget::BudgetBreakdown};
+use contexture_llm::{ChatRequest, ChatResponse, LlmError};
+use contexture_store::Store;
+use serde_json::Value;
+
+use super::error::StepError;
+use super::request::{Prepared, Target, check_view, prepare};
+use super::step::Abort;
+use super::{Executor, Run, cancel_text, cancelled_results};
+use crate::calls::request_end;
+use crate::hooks::{BeforeCall, CallInfo, HistoryChange, StepInfo};
+use crate::llm::{Route, rules_for_model};
+use crate::tools::{
+    configured_arguments, is_context_manager, merge_arguments, parse_model_arguments, schema,
+};
+use crate::workflow::Assistant;
+
+/// A request after the hooks: the messages to send and their breakdown.
+struct Outgoing {
+    messages: Vec<Message>,
+    breakdown: BudgetBreakdown,
+    prepared: Prepared,
+}
+
+impl<S: Store> Executor<S> {
+    /// Runs an assistant step and returns its final answer.
+    pub(crate) async fn run_assistant(
+        &self,
+        run: &mut Run,
+        info: &StepInfo,
+        assistant: &Assistant,
+        task: Option<&str>,
+        context: &ContextStore,
+        options: &RenderOptions,
+    ) -> Result<String, Abort> {
+        let workflow = run.workflow.clone();
+        let route = self.router.route(&assistant.model);
+        let model = self.registry.resolve(&route.model);
+        let policy = assistant.context.budget();
+        let tools: Vec<Value> = assistant
+            .tools
+            .iter()
+            .filter_map(|id| workflow.tool(id))
+            .map(schema)
+            .collect();
+        let target = Target {
+            model: &model,
+            policy: &policy,
+            strategy: assistant.context.trim_strategy().unwrap_or(Strategy::Last),
+            rules: route
+                .rules
+                .unwrap_or_else(|| rules_for_model(&self.registry, &route.model)),
+            tools: &tools,
+        };
+        let system = match &assistant.system_prompt {
+            Some(prompt) => Some(Message::system(
+                render(prompt, context, options)
+                    .map_err(|error| StepError::Template {
+                        place: format!("the system prompt of assistant `{}`", assistant.id),
+                        error,
+                    })?
+                    .text,
+            )),
+            None => None,
+        };
+        if run.limits.max_cost_usd.is_some() && model.pricing.is_none() {
+            return Err(StepError::NoPrice {
+                model: model.id.clone(),
+            }
+            .into());
+        }
+        let mut own: Vec<Message> = task
+            .map(|task| {
+                let mut message = Message::user(task);
+                message.metadata.origin_step = Some(info.state_id.clone());
+                vec![message]
+            })
+            .unwrap_or_default();
+        for round in 0..assistant.max_iterations {
+            self.refresh(run).await?;
+            if let Some(request) = run.log.cancel_requested().cloned() {
+                return Err(self.cancel_step(run, info.step, &own, request).await);
+            }
+            let call = CallInfo {
+                step: info.clone(),
+                assistant_id: assistant.id.clone(),
+                model: route.model.clone(),
+                round,
+            };
+            if let Some(policy) = &assistant.compaction {
+                self.compact_if_triggered(
+                    run,
+                    policy,
+                    &model,
+                    system.as_ref(),
+                    &own,
+                    &tools,
+                    info.step,
+                )
+                .await?;
+            }
+            let outgoing = self
+                .outgoing(run, &call, system.as_ref(), &own, &target)
+                .await?;
+            self.check_budget_before(run, &model, &outgoing.breakdown)?;
+            let reply = self
+                .call(run, &call, &route, &model, &outgoing, &tools, assistant)
+                .await?;
+            self.check_budget_after(run)?;
+            let reply = self
+                .hooks
+                .iter()
+                .fold(reply, |reply, hook| hook.after_llm_call(&call, reply));
+            if reply.tool_calls.is_empty() {
+                return Ok(reply.text());
+            }
+            if round + 1 == assistant.max_iterations {
+                break;
+            }
+            self.record_step_message(run, info.step, reply.clone())
+                .await?;
+            own.push(reply.clone());
+            for tool_call in &reply.tool_calls {
+                let (id, seq) = (run.id.clone(), run.log.thread().last_seq());
+                let text = tokio::select! {
+                    biased;
+                    text = self.run_tool_call(
+                        run, info.step, &workflow, assistant, tool_call, context, options,
+                    ) => text,
+                    request = self.cancellation(&id, seq) => {
+                        return Err(self.cancel_step(run, info.step, &own, request).await);
+                    }
+                };
+                let result = Message::tool_result(tool_call.id.clone(), text);
+                self.record_step_message(run, info.step, result.clone())
+                    .await?;
+                own.push(result);
+            }
+        }
+        Err(StepError::MaxIterations {
+            assistant: assistant.id.clone(),
+            max: assistant.max_iterations,
+        }
+        .into())
+    }
+
+    /// Fits the request, then passes it through the hooks.
+    async fn outgoing(
+        &self,
+        run: &mut Run,
+        call: &CallInfo,
+        system: Option<&Message>,
+        own: &[Message],
+        target: &Target<'_>,
+    ) -> Result<Outgoing, Abort> {
+        let build = |run: &Run| -> Result<Prepared, StepError> {
+            let projection = run.log.thread().projection();
+            let system = system.or(projection.system.as_ref());
+            prepare(system, &projection.messages, own, target)
+        };
+        let mut prepared = build(run)?;
+        let mut messages = prepared.messages.clone();
+        let mut breakdown = prepared.breakdown.clone();
+        for (index, hook) in self.hooks.iter().enumerate() {
+            match hook.before_llm_call(call, &messages) {
+                BeforeCall::Continue => {}
+                BeforeCall::View(view) => {
+                    let limit = prepared.limits.limit;
+                    (messages, breakdown) = check_view(hook.name(), view, target, limit)?;
+                }
+                BeforeCall::Record(change) => {
+                    let events = match change {
+                        HistoryChange::Append(added) => added
+                            .into_iter()
+                            .map(|message| EventKind::MessageAppended { message })
+                            .collect(),
+                        HistoryChange::Replace(replacement) => {
+                            vec![EventKind::ContextReplaced(ContextReplace::new(
+                                format!(
+                                    "{}/step-{}/call-{}/hook-{index}",
+                                    run.id, call.step.step, call.round
+                                ),
+                                ReplaceReason::Manual,
+                                run.log.thread().last_seq(),
+                                replacement,
+                            ))]
+                        }
+                    };
+                    self.append(run, events).await?;
+                    prepared = build(run)?;
+                    messages = prepared.messages.clone();
+                    breakdown = prepared.breakdown.clone();
+                }
+            }
+        }
+        Ok(Outgoing {
+            messages,
+            breakdown,
+            prepared,
+        })
+    }
+
+    /// Sends one request, recording it before and its end after, whatever the outcome.
+    #[allow(clippy::too_many_arguments)]
+    async fn call(
+        &self,
+        run: &mut Run,
+        call: &CallInfo,
+        route: &Route,
+        model: &ModelInfo,
+        outgoing: &Outgoing,
+        tools: &[Value],
+        assistant: &Assistant,
+    ) -> Result<Message, Abort> {
+        let request_id = format!("{}/step-{}/call-{}", run.id, call.step.step, call.round);
+        let limits = outgoing.prepared.limits;
+        self.append(
+            run,
+            vec![EventKind::RequestStarted(RequestRecord {
+                request_id: request_id.clone(),
+                model: Some(route.model.clone()),
+                messages: outgoing.messages.clone(),
+                budget: Some(RecordedBudget {
+                    context_window: limits.context_window,
+                    max_output_tokens: limits.reserve_output,
+                    input_tokens: outgoing.breakdown.used,
+                }),
+                step: Some(call.step.step),
+                tools: tools.to_vec(),
+                breakdown: Some(outgoing.breakdown.clone()),
+                fit: Some(outgoing.prepared.fit.clone()),
+                purpose: None,
+            })],
+        )
+        .await?;
+        let mut request = ChatRequest::new(route.model.clone(), outgoing.messages.clone());
+        request.tools = tools.to_vec();
+        request.max_tokens = Some(limits.reserve_output);
+        request.temperature = assistant.temperature;
+        let (id, seq) = (run.id.clone(), run.log.thread().last_seq());
+        let response = tokio::select! {
+            biased;
+            response = self.send(run, call, route, &request) => response,
+            cancel = self.cancellation(&id, seq) => {
+                let mut end =
+                    RequestEnd::new(&request_id, RequestOutcome::Cancelled, Usage::default());
+                end.error = Some(cancel_text(cancel.reason.as_deref()));
+                self.append(run, vec![EventKind::RequestEnded(end)]).await?;
+                return Err(StepError::Cancelled { reason: cancel.reason }.into());
+            }
+        };
+        let end = request_end(&request_id, &response, model, outgoing.breakdown.used);
+        self.append(run, vec![EventKind::RequestEnded(end)]).await?;
+        Ok(response.map_err(StepError::Llm)?.message)
+    }
+
+    /// The provider call itself, streamed when streaming is on.
+    async fn send(
+        &self,
+        run: &Run,
+        call: &CallInfo,
+        route: &Route,
+        request: &ChatRequest,
+    ) -> Result<ChatResponse, LlmError> {
+        if !self.stream {
+            return route.provider.complete(request).await;
+        }
+        let observer = self.observer.clone();
+        let execution_id = run.id.clone();
+        let step = call.step.step;
+        let mut on_delta = move |delta: contexture_llm::StreamDelta| {
+            if let Some(observer) = &observer {
+                observer.on_delta(&execution_id, step, &delta);
+            }
+        };
+        route.provider.stream(request, &mut on_delta).await
+    }
+
+    /// Refuses a request that would take the execution over its token or cost budget.
+    fn check_budget_before(
+        &self,
+        run: &Run,
+        model: &ModelInfo,
+        breakdown: &BudgetBreakdown,
+    ) -> Result<(), StepError> {
+        let usage = run.log.usage();
+        let spent = usage.input_tokens + usage.output_tokens;
+        let request = u64::from(breakdown.used);
+        if let Some(limit) = run.limits.max_tokens
+            && spent + request > limit
+        {
+            return Err(StepError::TokenBudget {
+                spent,
+                request: Some(request),
+                limit,
+            });
+        }
+        if let Some(limit) = run.limits.max_cost_usd {
+            let pricing = model.pricing.ok_or_else(|| StepError::NoPrice {
+                model: model.id.clone(),
+            })?;
+            let request = pricing.cost(request, 0);
+            let spent = run.log.cost_usd();
+            if spent + request > limit {
+                return Err(StepError::CostBudget {
+                    spent,
+                    request: Some(request),
+                    limit,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops the run once a call took the execution over a budget.
+    fn check_budget_after(&self, run: &Run) -> Result<(), StepError> {
+        let usage = run.log.usage();
+        let spent = usage.input_tokens + usage.output_tokens;
+        if let Some(limit) = run.limits.max_tokens
+            && spent > limit
+        {
+            return Err(StepError::TokenBudget {
+                spent,
+                request: None,
+                limit,
+            });
+        }
+        if let Some(limit) = run.limits.max_cost_usd
+            && run.log.cost_usd() > limit
+        {
+            return Err(StepError::CostBudget {
+                spent: run.log.cost_usd(),
+                request: None,
+                limit,
+            });
+        }
+        Ok(())
+    }
+
+    /// Stops a step that a cancellation reached: the calls of its last tool-calling turn
+    /// that have no result get a synthetic "cancelled" result in the step's log, so the
+    /// step's own history stays valid.
+    async fn cancel_step(
+        &self,
+        run: &mut Run,
+        step: u64,
+        own: &[Message],
+        request: CancelRequest,
+    ) -> Abort {
+        let events: Vec<EventKind> = cancelled_results(own)
+            .into_iter()
+            .map(|message| EventKind::StepMessage(StepMessage { step, message }))
+            .collect();
+        if !events.is_empty()
+            && let Err(error) = self.append(run, events).await
+        {
+            return Abort::Exec(error);
+        }
+        StepError::Cancelled {
+            reason: request.reason,
+        }
+        .into()
+    }
+
+    async fn record_step_message(
+        &self,
+        run: &mut Run,
+        step: u64,
+        message: Message,
+    ) -> Result<(), Abort> {
+        self.append(
+            run,
+            vec![EventKind::StepMessage(StepMessage { step, message })],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Runs one tool call of the model. Whatever goes wrong becomes the result text, so the
+    /// model can see it and recover.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_tool_call(
+        &self,
+        run: &mut Run,
+        step: u64,
+        workflow: &crate::workflow::Workflow,
+        assistant: &Assistant,
+        call: &contexture_core::ToolCall,
+        context: &ContextStore,
+        options: &RenderOptions,
+    ) -> String {
+        let tool = assistant
+            .tools
+            .contains(&call.name)
+            .then(|| workflow.tool(&call.name))
+            .flatten();
+        let Some(tool) = tool else {
+            return format!(
+                "error: there is no tool `{}` (available: {})",
+                call.name,
+                assistant.tools.join(", ")
+            );
+        };
+        let model_arguments = match parse_model_arguments(&call.arguments) {
+            Ok(arguments) => arguments,
+            Err(error) => return format!("error: {error}"),
+        };
+        let configured = match configured_arguments(tool, None, context, options) {
+            Ok(configured) => configured,
+            Err(error) => return format!("error: {error}"),
+        };
+        let arguments = merge_arguments(model_arguments, configured);
+        if is_context_manager(tool) {
+            let model = self.router.route(&assistant.model).model;
+            return self
+                .context_manager(run, assistant.compaction.as_ref(), &arguments, &model, step)
+                .await
+                .unwrap_or_else(|error| format!("error: {error}"));
+        }
+        match self.tools.run(tool, arguments, context, options).await {
+            Ok(text) => text,
+            Err(error) => format!("error: {error}"),
+        }
+    }
+}

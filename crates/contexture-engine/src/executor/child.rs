@@ -1,0 +1,84 @@
+//! Sub-workflow steps (PRODUCT.md F22): the child runs as its own execution (fresh messages,
+//! its own context store, `parent_execution_id` in its log), with only the input its parent
+//! scoped for it. A resumed parent resumes the child it had started instead of starting over,
+//! and a child that completed before the parent crashed is not run again.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use contexture_store::Store;
+use serde_json::Value;
+
+use super::error::{ExecError, StepError};
+use super::step::{Abort, ChildPlan};
+use super::{Executor, Run, RunOutcome, RunRequest};
+use crate::workflow::{State, SubResult};
+
+/// A child run, boxed: runs nest, so the future's type cannot be spelled out.
+type ChildRun<'a> = Pin<Box<dyn Future<Output = Result<RunOutcome, ExecError>> + Send + 'a>>;
+
+impl<S: Store> Executor<S> {
+    /// Runs (or resumes) the child execution `child` and returns the state's output.
+    pub(crate) async fn run_child(
+        &self,
+        run: &mut Run,
+        state: &State,
+        reference: &str,
+        child: &ChildPlan,
+    ) -> Result<String, Abort> {
+        let failed = |error: String| StepError::SubWorkflow {
+            workflow: reference.to_owned(),
+            child: child.id.clone(),
+            error,
+        };
+        let parent_file = run
+            .log
+            .start()
+            .map(|s| s.workflow_file.clone())
+            .unwrap_or_default();
+        let path = run.workflow.workflow_path(reference).to_owned();
+        let (file, text) = self.sources.load(&path, &parent_file).map_err(&failed)?;
+        let existing = match self.load(&child.id).await {
+            Ok(log) => Some(log),
+            Err(ExecError::NotFound { .. }) => None,
+            Err(other) => return Err(other.into()),
+        };
+        // A child this step started before (the parent was resumed) goes on where it
+        // stopped; a completed one gives its outcome without running again.
+        let outcome = match existing {
+            Some(_) => self.resume_boxed(&child.id).await,
+            None => {
+                let mut request = RunRequest::new(file, text, child.input_text());
+                request.execution_id = Some(child.id.clone());
+                request.llm = run.log.start().and_then(|s| s.llm.clone());
+                self.begin_boxed(request, run.id.clone()).await
+            }
+        };
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(error) => {
+                // The parent's own cancellation (it cascades) wins over the child's error.
+                self.refresh(run).await?;
+                if let Some(request) = run.log.cancel_requested() {
+                    return Err(StepError::Cancelled {
+                        reason: request.reason.clone(),
+                    }
+                    .into());
+                }
+                return Err(failed(error.to_string()).into());
+            }
+        };
+        Ok(match state.result {
+            SubResult::Output => outcome.output,
+            SubResult::Context => Value::Object(outcome.context.into_map()).to_string(),
+        })
+    }
+
+    fn begin_boxed(&self, request: RunRequest, parent: String) -> ChildRun<'_> {
+        Box::pin(self.begin(request, Some(parent)))
+    }
+
+    fn resume_boxed<'a>(&'a self, id: &'a str) -> ChildRun<'a> {
+        Box::pin(self.resume(id))
+    }
+}

@@ -1,0 +1,202 @@
+//! Compaction inside a run: the execution's thread as a compaction target, automatic
+//! compaction when an assistant's trigger fires, and the `context_manager` tool.
+
+use contexture_core::Message;
+use contexture_core::compact::CompactionPolicy;
+use contexture_core::registry::ModelInfo;
+use contexture_core::thread::{EventKind, Thread};
+use contexture_core::tokens::{REPLY_PRIMING, tools_tokens};
+use contexture_store::Store;
+use serde_json::{Map, Value};
+
+use super::error::ExecError;
+use super::{Executor, Run};
+use crate::compaction::{
+    CompactRequest, CompactionOutcome, CompactionReport, CompactionTarget, Compactor,
+};
+
+/// A run's thread, compacted through the executor so its fold stays in step.
+struct RunTarget<'a, S> {
+    executor: &'a Executor<S>,
+    run: &'a mut Run,
+}
+
+impl<S: Store> CompactionTarget for RunTarget<'_, S> {
+    fn thread_id(&self) -> &str {
+        &self.run.id
+    }
+
+    fn thread(&self) -> &Thread {
+        self.run.log.thread()
+    }
+
+    async fn append(&mut self, events: Vec<EventKind>) -> Result<(), ExecError> {
+        self.executor.append(self.run, events).await
+    }
+}
+
+impl<S: Store> Executor<S> {
+    fn compactor(&self) -> Compactor {
+        Compactor::new(self.router.clone(), self.registry.clone()).with_hooks(self.hooks.clone())
+    }
+
+    /// Compacts the run's shared history.
+    pub(crate) async fn compact_run(
+        &self,
+        run: &mut Run,
+        request: CompactRequest,
+    ) -> Result<CompactionReport, ExecError> {
+        let compactor = self.compactor();
+        let mut target = RunTarget {
+            executor: self,
+            run,
+        };
+        compactor.compact(&mut target, &request).await
+    }
+
+    /// Compacts the shared history when the policy's trigger fires for a request made of
+    /// `system`, the history, `own` messages and `tools` to `model`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn compact_if_triggered(
+        &self,
+        run: &mut Run,
+        policy: &CompactionPolicy,
+        model: &ModelInfo,
+        system: Option<&Message>,
+        own: &[Message],
+        tools: &[Value],
+        step: u64,
+    ) -> Result<Option<CompactionReport>, ExecError> {
+        if policy.trigger.is_empty() {
+            return Ok(None);
+        }
+        let counter = model.counter;
+        let projection = run.log.thread().projection();
+        let system = system.or(projection.system.as_ref());
+        let tools_tokens = if tools.is_empty() {
+            0
+        } else {
+            u64::from(counter.scale(tools_tokens(tools, counter.encoding())))
+        };
+        let tokens: u64 = system
+            .into_iter()
+            .chain(&projection.messages)
+            .chain(own)
+            .map(|m| u64::from(counter.count_message(m)))
+            .sum::<u64>()
+            + tools_tokens
+            + u64::from(REPLY_PRIMING);
+        let Some(reason) =
+            policy
+                .trigger
+                .fires(tokens, projection.messages.len(), model.context_window)
+        else {
+            return Ok(None);
+        };
+        let mut request = CompactRequest::new(policy.clone(), reason);
+        request.measure_model = model.id.clone();
+        request.step = Some(step);
+        self.compact_run(run, request).await.map(Some)
+    }
+
+    /// Runs the `context_manager` tool with `arguments`; the result text says what happened.
+    pub(crate) async fn context_manager(
+        &self,
+        run: &mut Run,
+        policy: Option<&CompactionPolicy>,
+        arguments: &Map<String, Value>,
+        measure_model: &str,
+        step: u64,
+    ) -> Result<String, String> {
+        let notes = match arguments.get("notes") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(notes)) => Some(notes.clone()),
+            Some(other) => Some(other.to_string()),
+        };
+        let preserve = match arguments.get("is_history_preserved") {
+            None | Some(Value::Null) => true,
+            Some(Value::Bool(flag)) => *flag,
+            Some(other) => {
+                return Err(format!(
+                    "is_history_preserved must be true or false, not {other}"
+                ));
+            }
+        };
+        let extra_history = match arguments.get("history") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::String(text)) => vec![text.clone()],
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|item| match item {
+                    Value::String(text) => text.clone(),
+                    Value::Object(message) => message
+                        .get("content")
+                        .and_then(Value::as_str)
+                        .map_or_else(|| item.to_string(), str::to_owned),
+                    other => other.to_string(),
+                })
+                .collect(),
+            Some(other) => {
+                return Err(format!(
+                    "history must be a string or a list of strings, not {other}"
+                ));
+            }
+        };
+        let mut policy = policy.cloned().unwrap_or_default();
+        match arguments.get("summarizer") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(model)) => policy.summarizer = Some(model.clone()),
+            Some(other) => return Err(format!("summarizer must be a model id, not {other}")),
+        }
+        let positive =
+            |key: &str| -> Result<Option<u64>, String> {
+                match arguments.get(key) {
+                    None | Some(Value::Null) => Ok(None),
+                    Some(value) => value.as_u64().filter(|n| *n > 0).map(Some).ok_or_else(|| {
+                        format!("{key} must be a positive whole number, not {value}")
+                    }),
+                }
+            };
+        if let Some(tokens) = positive("keep_tokens")? {
+            policy.keep.tokens = Some(tokens);
+        }
+        if let Some(messages) = positive("keep_messages")? {
+            policy.keep.messages = Some(usize::try_from(messages).unwrap_or(usize::MAX));
+        }
+        let mut request = CompactRequest::new(policy, "the context_manager tool");
+        request.notes = notes;
+        request.preserve_history = preserve;
+        request.extra_history = extra_history;
+        request.measure_model = measure_model.to_owned();
+        request.step = Some(step);
+        let report = self
+            .compact_run(run, request)
+            .await
+            .map_err(|error| error.to_string())?;
+        Ok(describe(&report))
+    }
+}
+
+/// What a compaction did, in one line for a model or a log.
+pub(crate) fn describe(report: &CompactionReport) -> String {
+    match &report.outcome {
+        CompactionOutcome::Compacted { .. } => {
+            let (from, to) = report.covered.unwrap_or_default();
+            format!(
+                "Context compacted: {} earlier messages (seqs {from}-{to}) were replaced by {}; the history went from {} to {} tokens.",
+                report.covered_messages,
+                if report.summary.is_some() {
+                    "a summary"
+                } else {
+                    "the notes"
+                },
+                report.tokens_before,
+                report.tokens_after
+            )
+        }
+        CompactionOutcome::Skipped { reason } => format!("Nothing was compacted: {reason}."),
+        CompactionOutcome::Failed { error } => {
+            format!("Compaction failed and nothing was replaced: {error}")
+        }
+    }
+}

@@ -1,0 +1,669 @@
+//! The workflow executor (PRODUCT.md F21): runs a workflow's states from the first, fits
+//! every LLM request to its model's window, applies the transition flags, and records
+//! everything in the execution's thread, so that a run can resume after a crash.
+//!
+//! An execution is a thread (its id is the execution id). Its log holds:
+//! - `run_started` (the workflow's text, the input, the limits), the input as the first user
+//!   message of the shared history, and the input's JSON root keys as store changes;
+//! - per step: `step_started` (the rendered task, a tool's arguments); for an assistant,
+//!   each LLM call as `request_started` (exactly what was sent, the budget breakdown, what
+//!   fitting left out and why) and `request_ended` (the reply, usage, cost), and the
+//!   step's tool calls and results as `step_message` events, which stay in the step's own
+//!   log (F13); then, in one transaction, the step's exchange (its task and final answer)
+//!   in the shared history, the store changes and `step_finished` with the next state;
+//! - `step_failed` and `run_ended` when a step fails, `run_ended` when the run completes.
+//!
+//! Resuming folds the log ([`ExecutionLog`]) and continues with the step that has not
+//! finished: finished steps never run again.
+
+mod assistant;
+mod child;
+mod compacting;
+mod error;
+mod log;
+mod request;
+mod step;
+mod transition;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use contexture_core::Message;
+use contexture_core::context::{ContextStore, RenderOptions};
+use contexture_core::fit::cancelled_result_text;
+use contexture_core::registry::Registry;
+use contexture_core::thread::{
+    CancelRequest, Event, EventKind, RequestEnd, RequestOutcome, RunEnd, RunLimits, RunStart,
+    RunStatus, StoreChange, Usage,
+};
+use contexture_llm::StreamDelta;
+use contexture_store::{NewEvent, Store};
+
+pub use error::{ExecError, StepError};
+pub use log::{ExecutionLog, ItemResult, Iteration, LogError, Position};
+
+use crate::compaction::{CompactRequest, CompactionTarget, Compactor, StoredThread};
+use crate::conversation::{self, ConversationKey};
+use crate::hooks::Hook;
+use crate::llm::Router;
+use crate::sources::{FileSource, WorkflowSource};
+use crate::system::new_id;
+use crate::tools::Toolbox;
+use crate::workflow::Workflow;
+
+/// Sees a run as it happens: every event as it is recorded, and streamed reply pieces.
+/// Used for progress displays and live feeds; it cannot change anything.
+pub trait Observer: Send + Sync {
+    /// An event was recorded in the execution's log.
+    fn on_event(&self, execution_id: &str, event: &Event) {
+        let _ = (execution_id, event);
+    }
+
+    /// A piece of a streamed reply arrived (only when streaming is on).
+    fn on_delta(&self, execution_id: &str, step: u64, delta: &StreamDelta) {
+        let _ = (execution_id, step, delta);
+    }
+}
+
+/// A run to start.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunRequest {
+    /// The workflow's file name, for errors and the log.
+    pub workflow_file: String,
+    /// The workflow's YAML text.
+    pub workflow_text: String,
+    /// The user input: JSON (its root keys fill the context store) or plain text.
+    pub input: String,
+    /// The execution id; a fresh UUID when `None`.
+    pub execution_id: Option<String>,
+    /// How the caller named the LLM (`scripted:FILE`, `openai:MODEL`, ...), for the log.
+    pub llm: Option<String>,
+    /// The conversation the run continues: its recent history is loaded first, and the
+    /// run's input and answer are added to it when the run completes.
+    pub conversation: Option<ConversationKey>,
+}
+
+impl RunRequest {
+    /// A run of `workflow_text` (named `workflow_file`) with `input`, a fresh id, no LLM
+    /// label and no conversation.
+    pub fn new(
+        workflow_file: impl Into<String>,
+        workflow_text: impl Into<String>,
+        input: impl Into<String>,
+    ) -> RunRequest {
+        RunRequest {
+            workflow_file: workflow_file.into(),
+            workflow_text: workflow_text.into(),
+            input: input.into(),
+            execution_id: None,
+            llm: None,
+            conversation: None,
+        }
+    }
+}
+
+/// A finished run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunOutcome {
+    /// The execution's id.
+    pub execution_id: String,
+    /// The last step's output (for a final iteration, its items' outputs as a JSON list).
+    pub output: String,
+    /// The context store at the end.
+    pub context: ContextStore,
+    /// Tokens spent, as providers reported them.
+    pub usage: Usage,
+    /// Dollars spent on calls whose price is known.
+    pub cost_usd: f64,
+    /// Steps run (a step re-run after a failure counts again).
+    pub steps: u64,
+}
+
+/// Runs workflows against a store and an LLM router.
+pub struct Executor<S> {
+    store: S,
+    router: Arc<dyn Router>,
+    registry: Arc<Registry>,
+    tools: Toolbox,
+    hooks: Vec<Arc<dyn Hook>>,
+    observer: Option<Arc<dyn Observer>>,
+    render: RenderOptions,
+    limits: RunLimits,
+    stream: bool,
+    sources: Arc<dyn WorkflowSource>,
+    cancel_poll: Duration,
+}
+
+/// A run in progress: its workflow and the fold of its log, kept in step with the store.
+pub(crate) struct Run {
+    pub id: String,
+    pub workflow: Arc<Workflow>,
+    pub log: ExecutionLog,
+    pub limits: RunLimits,
+}
+
+impl<S: Store> Executor<S> {
+    /// An executor over `store` whose LLM calls go where `router` says; the built-in model
+    /// registry and tools, no hooks, the system clock and random ids for templates.
+    pub fn new(store: S, router: Arc<dyn Router>) -> Executor<S> {
+        Executor {
+            store,
+            router,
+            registry: Arc::new(Registry::builtin()),
+            tools: Toolbox::default(),
+            hooks: Vec::new(),
+            observer: None,
+            render: crate::system::render_options(None),
+            limits: RunLimits::default(),
+            stream: false,
+            sources: Arc::new(FileSource),
+            cancel_poll: Duration::from_millis(250),
+        }
+    }
+
+    /// Builder: where sub-workflows are read from (default: files, relative to the parent's).
+    pub fn with_workflow_source(mut self, sources: Arc<dyn WorkflowSource>) -> Executor<S> {
+        self.sources = sources;
+        self
+    }
+
+    /// Builder: how often a running step looks for a cancellation asked for by another
+    /// process (default 250 ms).
+    pub fn with_cancel_poll(mut self, interval: Duration) -> Executor<S> {
+        self.cancel_poll = interval;
+        self
+    }
+
+    /// Builder: the model registry (windows, tokenizers, prices).
+    pub fn with_registry(mut self, registry: Arc<Registry>) -> Executor<S> {
+        self.registry = registry;
+        self
+    }
+
+    /// Builder: the tool implementations.
+    pub fn with_tools(mut self, tools: Toolbox) -> Executor<S> {
+        self.tools = tools;
+        self
+    }
+
+    /// Builder: adds a hook after those already added.
+    pub fn with_hook(mut self, hook: Arc<dyn Hook>) -> Executor<S> {
+        self.hooks.push(hook);
+        self
+    }
+
+    /// Builder: the observer of events and streamed pieces.
+    pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Executor<S> {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// Builder: the clock, ids and variables templates see.
+    pub fn with_render_options(mut self, options: RenderOptions) -> Executor<S> {
+        self.render = options;
+        self
+    }
+
+    /// Builder: limits that override the workflow's (and, on resume, the recorded ones).
+    pub fn with_limits(mut self, limits: RunLimits) -> Executor<S> {
+        self.limits = limits;
+        self
+    }
+
+    /// Builder: stream replies (the observer sees each piece as it arrives).
+    pub fn with_streaming(mut self, stream: bool) -> Executor<S> {
+        self.stream = stream;
+        self
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Starts a run and drives it to its end.
+    pub async fn start(&self, request: RunRequest) -> Result<RunOutcome, ExecError> {
+        self.begin(request, None).await
+    }
+
+    /// Starts a run, as a child of `parent` when given.
+    pub(crate) async fn begin(
+        &self,
+        request: RunRequest,
+        parent: Option<String>,
+    ) -> Result<RunOutcome, ExecError> {
+        let workflow = Workflow::load_tree(
+            &request.workflow_text,
+            &request.workflow_file,
+            self.sources.as_ref(),
+        )?;
+        self.check_runnable(&workflow, &request.workflow_file)?;
+        let id = request
+            .execution_id
+            .clone()
+            .unwrap_or_else(|| new_id(self.render.ids.as_ref()));
+        let limits = workflow.limits.overridden_by(self.limits);
+        match self.store.events(&id).await {
+            Ok(existing) if !existing.is_empty() => {
+                return Err(ExecError::AlreadyExists { execution_id: id });
+            }
+            Ok(_) | Err(contexture_store::StoreError::NotFound { .. }) => {}
+            Err(other) => return Err(other.into()),
+        }
+        let conversation = request
+            .conversation
+            .as_ref()
+            .map(ConversationKey::thread_id);
+        let history = match &conversation {
+            Some(thread) => self.conversation_history(&workflow, thread).await?,
+            None => Vec::new(),
+        };
+        let mut events = vec![EventKind::RunStarted(RunStart {
+            workflow_file: request.workflow_file,
+            workflow_text: request.workflow_text,
+            input: request.input.clone(),
+            llm: request.llm,
+            parent_execution_id: parent,
+            limits,
+            conversation,
+        })];
+        events.extend(
+            history
+                .into_iter()
+                .map(|message| EventKind::MessageAppended { message }),
+        );
+        if !request.input.is_empty() {
+            events.push(EventKind::MessageAppended {
+                message: Message::user(request.input.clone()),
+            });
+        }
+        let initial = ContextStore::from_user_input(&request.input);
+        events.extend(
+            initial
+                .into_map()
+                .into_iter()
+                .map(|(key, value)| EventKind::StoreChanged(StoreChange::Set { key, value })),
+        );
+        let seqs = self
+            .store
+            .append(&id, events.iter().cloned().map(NewEvent::new).collect())
+            .await?;
+        // Another start with the same id got there first.
+        if seqs.first() != Some(&1) {
+            return Err(ExecError::AlreadyExists { execution_id: id });
+        }
+        let mut run = Run {
+            id: id.clone(),
+            workflow: Arc::new(workflow),
+            log: ExecutionLog::new(id.clone()),
+            limits,
+        };
+        self.absorb(&mut run, &seqs, events).await?;
+        self.drive(&mut run).await
+    }
+
+    /// Continues a run from its log: finished steps are not run again; the step that was
+    /// running (or failed) runs anew. A completed run is returned as it is; a cancelled one
+    /// (or one whose cancellation was asked for) is not run again.
+    pub async fn resume(&self, execution_id: &str) -> Result<RunOutcome, ExecError> {
+        let log = self.load(execution_id).await?;
+        let start = log.start().cloned().ok_or_else(|| ExecError::NotFound {
+            execution_id: execution_id.to_owned(),
+        })?;
+        match log.end().map(|end| end.status) {
+            Some(RunStatus::Completed) => return Ok(outcome(execution_id, &log)),
+            Some(RunStatus::Cancelled) => {
+                return Err(ExecError::Cancelled {
+                    execution_id: execution_id.to_owned(),
+                    reason: log
+                        .cancel_requested()
+                        .and_then(|c| c.reason.clone())
+                        .unwrap_or_else(|| "cancelled".to_owned()),
+                });
+            }
+            _ => {}
+        }
+        let workflow = Workflow::load(&start.workflow_text, &start.workflow_file)?;
+        self.check_runnable(&workflow, &start.workflow_file)?;
+        let mut run = Run {
+            id: execution_id.to_owned(),
+            workflow: Arc::new(workflow),
+            limits: start.limits.overridden_by(self.limits),
+            log,
+        };
+        if let Some(request_id) = run.log.thread().in_flight().map(str::to_owned) {
+            let mut end = RequestEnd::new(request_id, RequestOutcome::Failed, Usage::default());
+            end.error = Some("interrupted: the run stopped before the reply was recorded".into());
+            self.append(&mut run, vec![EventKind::RequestEnded(end)])
+                .await?;
+        }
+        self.drive(&mut run).await
+    }
+
+    /// Cancels an execution and all its descendants (through the store, so a run in another
+    /// process stops too): each gets a `cancel_requested` event; a run that is not running
+    /// (it failed) ends as cancelled at once. Returns the executions newly marked, the given
+    /// one first.
+    pub async fn cancel(
+        &self,
+        execution_id: &str,
+        reason: Option<String>,
+    ) -> Result<Vec<String>, ExecError> {
+        let mut marked = Vec::new();
+        let mut queue = vec![execution_id.to_owned()];
+        while let Some(id) = queue.pop() {
+            let log = self.load(&id).await?;
+            queue.extend(log.children().iter().rev().cloned());
+            if log.is_over() || log.cancel_requested().is_some() {
+                continue;
+            }
+            let mut events = vec![EventKind::CancelRequested(CancelRequest {
+                reason: reason.clone(),
+                cascaded_from: (id != execution_id).then(|| execution_id.to_owned()),
+            })];
+            if log.end().is_some() {
+                events.push(EventKind::RunEnded(RunEnd {
+                    status: RunStatus::Cancelled,
+                    output: None,
+                    error: Some(cancel_text(reason.as_deref())),
+                }));
+            }
+            self.store
+                .append(&id, events.into_iter().map(NewEvent::new).collect())
+                .await?;
+            marked.push(id);
+        }
+        Ok(marked)
+    }
+
+    /// The fold of an execution's log.
+    pub async fn load(&self, execution_id: &str) -> Result<ExecutionLog, ExecError> {
+        let events = self
+            .store
+            .events(execution_id)
+            .await
+            .map_err(|error| match error {
+                contexture_store::StoreError::NotFound { .. } => ExecError::NotFound {
+                    execution_id: execution_id.to_owned(),
+                },
+                other => ExecError::Store(other),
+            })?;
+        if events.is_empty() {
+            return Err(ExecError::NotFound {
+                execution_id: execution_id.to_owned(),
+            });
+        }
+        ExecutionLog::replay(execution_id, events).map_err(|source| ExecError::Log {
+            execution_id: execution_id.to_owned(),
+            source,
+        })
+    }
+
+    /// Problems that would stop the workflow before or during its run, found up front.
+    fn check_runnable(&self, workflow: &Workflow, file: &str) -> Result<(), ExecError> {
+        let mut problems: Vec<String> = workflow
+            .tools
+            .iter()
+            .filter_map(|tool| self.tools.check(tool).err())
+            .collect();
+        if !workflow.mcp_servers.is_empty() {
+            problems.push(format!(
+                "mcp_servers are declared ({}), but running MCP servers is not supported yet; remove them to run",
+                workflow
+                    .mcp_servers
+                    .iter()
+                    .map(|m| m.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ExecError::NotRunnable {
+                file: file.to_owned(),
+                problems,
+            })
+        }
+    }
+
+    /// Runs steps until the workflow ends or a step fails.
+    async fn drive(&self, run: &mut Run) -> Result<RunOutcome, ExecError> {
+        loop {
+            self.refresh(run).await?;
+            if let Some(request) = run.log.cancel_requested().cloned() {
+                return Err(self.end_cancelled(run, &request).await);
+            }
+            match run.log.position().clone() {
+                Position::Start => {
+                    let first = run.workflow.states[0].id.clone();
+                    self.run_state(run, first, step::Work::Plain).await?;
+                }
+                Position::State(id) => self.run_state(run, id, step::Work::Plain).await?,
+                Position::Iteration(iteration) => {
+                    let state = iteration.state_id.clone();
+                    self.run_state(run, state, step::Work::item(iteration))
+                        .await?;
+                }
+                Position::End => {
+                    let output = run.log.last_output().unwrap_or_default().to_owned();
+                    if let Some(thread) = run.log.start().and_then(|s| s.conversation.clone()) {
+                        let input = run.log.start().map(|s| s.input.clone()).unwrap_or_default();
+                        self.store
+                            .append(&thread, conversation::turns(&run.id, &input, &output))
+                            .await?;
+                    }
+                    self.append(
+                        run,
+                        vec![EventKind::RunEnded(RunEnd {
+                            status: RunStatus::Completed,
+                            output: Some(output),
+                            error: None,
+                        })],
+                    )
+                    .await?;
+                    return Ok(outcome(&run.id, &run.log));
+                }
+            }
+        }
+    }
+
+    /// Appends `events` to the run's log in one transaction and folds them in.
+    pub(crate) async fn append(
+        &self,
+        run: &mut Run,
+        events: Vec<EventKind>,
+    ) -> Result<(), ExecError> {
+        let seqs = self
+            .store
+            .append(&run.id, events.iter().cloned().map(NewEvent::new).collect())
+            .await?;
+        self.absorb(run, &seqs, events).await
+    }
+
+    /// Folds events the store acknowledged at `seqs`. When another writer appended in
+    /// between (the seqs do not follow the fold), the fold catches up from the store.
+    async fn absorb(
+        &self,
+        run: &mut Run,
+        seqs: &[u64],
+        events: Vec<EventKind>,
+    ) -> Result<(), ExecError> {
+        let expected = run.log.thread().last_seq() + 1;
+        let in_order = seqs
+            .iter()
+            .enumerate()
+            .all(|(n, seq)| *seq == expected + n as u64);
+        let fold = |run: &mut Run, event: Event| {
+            if let Some(observer) = &self.observer {
+                observer.on_event(&run.id, &event);
+            }
+            run.log.apply(event).map_err(|source| ExecError::Log {
+                execution_id: run.id.clone(),
+                source,
+            })
+        };
+        if in_order {
+            for (seq, kind) in seqs.iter().zip(events) {
+                fold(run, Event::new(*seq, kind))?;
+            }
+        } else {
+            let last = run.log.thread().last_seq();
+            for event in self.store.events(&run.id).await? {
+                if event.seq > last {
+                    fold(run, event)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<S: Store> Executor<S> {
+    /// Folds in what other writers appended to the run's log (a cancellation, say).
+    pub(crate) async fn refresh(&self, run: &mut Run) -> Result<(), ExecError> {
+        let last = run.log.thread().last_seq();
+        for event in self.store.events_after(&run.id, last).await? {
+            if let Some(observer) = &self.observer {
+                observer.on_event(&run.id, &event);
+            }
+            run.log.apply(event).map_err(|source| ExecError::Log {
+                execution_id: run.id.clone(),
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Resolves when a cancellation of `execution_id` is recorded after `after` (polling
+    /// the store); never resolves otherwise.
+    pub(crate) async fn cancellation(&self, execution_id: &str, mut after: u64) -> CancelRequest {
+        loop {
+            tokio::time::sleep(self.cancel_poll).await;
+            // A store error here is not the call's business: the next poll tries again.
+            if let Ok(events) = self.store.events_after(execution_id, after).await {
+                for event in events {
+                    after = event.seq;
+                    if let EventKind::CancelRequested(request) = event.kind {
+                        return request;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ends a run between steps as cancelled: calls left unanswered in the shared history
+    /// get a synthetic result, then the run's end is recorded.
+    async fn end_cancelled(&self, run: &mut Run, request: &CancelRequest) -> ExecError {
+        let reason = cancel_text(request.reason.as_deref());
+        let mut events = cancelled_results(&run.log.thread().projection().messages)
+            .into_iter()
+            .map(|message| EventKind::MessageAppended { message })
+            .collect::<Vec<_>>();
+        events.push(EventKind::RunEnded(RunEnd {
+            status: RunStatus::Cancelled,
+            output: None,
+            error: Some(reason.clone()),
+        }));
+        if let Err(error) = self.append(run, events).await {
+            return error;
+        }
+        ExecError::Cancelled {
+            execution_id: run.id.clone(),
+            reason,
+        }
+    }
+
+    /// The recent history a run continuing the conversation `thread` starts with,
+    /// compacting the conversation first when its policy's trigger fires.
+    async fn conversation_history(
+        &self,
+        workflow: &Workflow,
+        thread: &str,
+    ) -> Result<Vec<Message>, ExecError> {
+        let policy = &workflow.conversation;
+        let model = workflow.assistants.first().map_or_else(
+            || "gpt-4o".to_owned(),
+            |a| self.router.route(&a.model).model,
+        );
+        let model = self.registry.resolve(&model);
+        let mut target = match StoredThread::load(&self.store, thread).await {
+            Ok(target) => target,
+            Err(ExecError::Store(contexture_store::StoreError::NotFound { .. })) => {
+                return Ok(Vec::new());
+            }
+            Err(other) => return Err(other),
+        };
+        if let Some(compaction) = &policy.compaction {
+            let projection = target.thread().projection();
+            let tokens: u64 = projection
+                .to_messages()
+                .iter()
+                .map(|m| u64::from(model.counter.count_message(m)))
+                .sum();
+            if let Some(reason) =
+                compaction
+                    .trigger
+                    .fires(tokens, projection.messages.len(), model.context_window)
+            {
+                let mut request = CompactRequest::new(compaction.clone(), reason);
+                request.measure_model = model.id.clone();
+                Compactor::new(self.router.clone(), self.registry.clone())
+                    .with_hooks(self.hooks.clone())
+                    .compact(&mut target, &request)
+                    .await?;
+            }
+        }
+        Ok(conversation::history(
+            target.thread(),
+            policy,
+            &model.counter,
+        ))
+    }
+}
+
+/// What a cancellation's records say.
+pub(crate) fn cancel_text(reason: Option<&str>) -> String {
+    match reason {
+        Some(reason) => format!("cancelled: {reason}"),
+        None => "cancelled".to_owned(),
+    }
+}
+
+/// A synthetic "cancelled" result for each call in `messages` that has no result, so the
+/// history stays valid for every provider (PRODUCT.md F9).
+pub(crate) fn cancelled_results(messages: &[Message]) -> Vec<Message> {
+    let Some(last_turn) = messages.iter().rposition(|m| !m.tool_calls.is_empty()) else {
+        return Vec::new();
+    };
+    let answered: Vec<&str> = messages[last_turn + 1..]
+        .iter()
+        .filter_map(|m| m.tool_call_id.as_deref())
+        .collect();
+    // Only an open turn at the end needs answers; one followed by other turns was repaired
+    // or answered already.
+    if messages[last_turn + 1..]
+        .iter()
+        .any(|m| m.tool_call_id.is_none())
+    {
+        return Vec::new();
+    }
+    messages[last_turn]
+        .tool_calls
+        .iter()
+        .filter(|call| !answered.contains(&call.id.as_str()))
+        .map(|call| Message::tool_result(call.id.clone(), cancelled_result_text(&call.name)))
+        .collect()
+}
+
+/// The outcome a log describes.
+fn outcome(execution_id: &str, log: &ExecutionLog) -> RunOutcome {
+    RunOutcome {
+        execution_id: execution_id.to_owned(),
+        output: log.last_output().unwrap_or_default().to_owned(),
+        context: log.store(),
+        usage: log.usage(),
+        cost_usd: log.cost_usd(),
+        steps: log.steps_started(),
+    }
+}

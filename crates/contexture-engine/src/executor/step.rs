@@ -1,0 +1,518 @@
+//! Running one state: rendering its task, running what it runs (an assistant, a tool, a
+//! transform), and recording its end. A failure is recorded (`step_failed`, `run_ended`)
+//! before it is returned.
+
+use contexture_core::Message;
+use contexture_core::context::Path;
+use contexture_core::context::args::resolve_args;
+use contexture_core::context::iter::plan_items;
+use contexture_core::context::{ContextStore, MergePolicy, RenderOptions, render};
+use contexture_core::thread::{EventKind, RunEnd, RunStatus, StepEnd, StepFailure, StepStart};
+use serde_json::{Map, Value};
+
+use super::error::{ExecError, StepError};
+use super::log::{ExecutionLog, ItemResult, Iteration};
+use super::transition::{Finishing, finish};
+use super::{Executor, Run, cancelled_results};
+use crate::hooks::StepInfo;
+use crate::tools::{ToolError, configured_arguments, is_context_manager};
+use crate::workflow::StepKind;
+use contexture_store::Store;
+
+/// The model whose tokenizer measures a compaction a tool state runs (no assistant names
+/// one there).
+const DEFAULT_MEASURE_MODEL: &str = "gpt-4o";
+
+/// What a state run is part of.
+#[derive(Debug, Clone)]
+pub(crate) enum Work {
+    /// A state run once.
+    Plain,
+    /// One item of an iteration.
+    Item {
+        /// Its position.
+        index: usize,
+        /// The item.
+        value: Value,
+        /// How many items there are.
+        total: usize,
+        /// The items finished before it.
+        done: Vec<ItemResult>,
+        /// How the items' outputs come together.
+        merge: MergePolicy,
+    },
+    /// An iteration over an empty list: the state runs no item and its transition is taken
+    /// at once.
+    NoItems,
+}
+
+impl Work {
+    /// The work of an iteration's next item.
+    pub(crate) fn item(iteration: Iteration) -> Work {
+        let index = iteration.done.len();
+        match iteration.items.get(index) {
+            Some(value) => Work::Item {
+                index,
+                value: value.clone(),
+                total: iteration.items.len(),
+                done: iteration.done,
+                merge: iteration.merge,
+            },
+            None => Work::NoItems,
+        }
+    }
+
+    fn item_index(&self) -> Option<usize> {
+        match self {
+            Work::Item { index, .. } => Some(*index),
+            _ => None,
+        }
+    }
+}
+
+/// A step's task, a tool state's arguments, or a sub-workflow's child, worked out before
+/// the step is recorded.
+pub(crate) struct StepInput {
+    task: Option<String>,
+    arguments: Option<Map<String, Value>>,
+    child: Option<ChildPlan>,
+}
+
+/// The child execution a sub-workflow step runs.
+#[derive(Debug, Clone)]
+pub(crate) struct ChildPlan {
+    /// Its id: the parent's, the state and its visit (and the item, in an iteration), so a
+    /// resumed parent finds the child it had started.
+    pub id: String,
+    /// What it receives: a string, or an object from an input mapping.
+    pub input_value: Value,
+}
+
+impl ChildPlan {
+    /// The child's input text.
+    pub fn input_text(&self) -> String {
+        match &self.input_value {
+            Value::String(text) => text.clone(),
+            other => other.to_string(),
+        }
+    }
+}
+
+/// What a sub-workflow state hands its child: the parent's last message, a state's last
+/// output, or an object built from dotted paths into the parent's context. Nothing else.
+fn child_input(
+    state: &crate::workflow::State,
+    context: &ContextStore,
+    log: &ExecutionLog,
+) -> Result<Value, StepError> {
+    let input = state.input.clone().unwrap_or_default();
+    if let Some(mapping) = &input.mapping {
+        let mut object = Map::new();
+        for (key, path) in mapping {
+            let parsed = Path::parse(path).map_err(|error| {
+                StepError::SubWorkflowInput(format!("invalid path `{path}`: {}", error.reason))
+            })?;
+            let value = context.lookup(&parsed).ok_or_else(|| {
+                StepError::SubWorkflowInput(format!(
+                    "`{key}` maps `{path}`, which is not in the context (its keys: {})",
+                    if context.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        context.keys().collect::<Vec<_>>().join(", ")
+                    }
+                ))
+            })?;
+            object.insert(key.clone(), value.clone());
+        }
+        return Ok(Value::Object(object));
+    }
+    if let Some(source) = &input.state {
+        return log
+            .output_of(source)
+            .map(|output| Value::String(output.to_owned()))
+            .ok_or_else(|| {
+                StepError::SubWorkflowInput(format!(
+                    "state `{source}` has not run in this execution yet"
+                ))
+            });
+    }
+    Ok(Value::String(
+        log.thread()
+            .projection()
+            .messages
+            .last()
+            .map(Message::text)
+            .unwrap_or_default(),
+    ))
+}
+
+/// Why a step stopped: a step error is recorded in the log; an execution error (the store
+/// failed) is returned as it is.
+pub(crate) enum Abort {
+    Step(StepError),
+    Exec(ExecError),
+}
+
+impl From<StepError> for Abort {
+    fn from(error: StepError) -> Abort {
+        Abort::Step(error)
+    }
+}
+
+impl From<ExecError> for Abort {
+    fn from(error: ExecError) -> Abort {
+        Abort::Exec(error)
+    }
+}
+
+impl<S: Store> Executor<S> {
+    /// Runs `state_id` as `work` and records its end (or its failure).
+    pub(crate) async fn run_state(
+        &self,
+        run: &mut Run,
+        state_id: String,
+        work: Work,
+    ) -> Result<(), ExecError> {
+        let workflow = run.workflow.clone();
+        let state = workflow
+            .state(&state_id)
+            .ok_or_else(|| ExecError::UnknownState {
+                execution_id: run.id.clone(),
+                state_id: state_id.clone(),
+            })?;
+        let step = run.log.steps_started() + 1;
+        if let Some(max) = run.limits.max_steps
+            && step > max
+        {
+            let error = StepError::StepLimit { max };
+            self.append(
+                run,
+                vec![EventKind::RunEnded(RunEnd {
+                    status: RunStatus::Failed,
+                    output: None,
+                    error: Some(error.to_string()),
+                })],
+            )
+            .await?;
+            return Err(ExecError::StepFailed {
+                execution_id: run.id.clone(),
+                step,
+                state_id,
+                error: Box::new(error),
+            });
+        }
+        let info = StepInfo {
+            execution_id: run.id.clone(),
+            step,
+            state_id: state_id.clone(),
+            item: work.item_index(),
+        };
+        let store = run.log.store();
+        let mut options = self.render.clone().with_missing(workflow.missing_variables);
+        let context = match &work {
+            Work::Item { index, value, .. } => {
+                options = options
+                    .with_variable("item", value.clone())
+                    .with_variable("item_index", Value::from(*index));
+                plan_items(vec![value.clone()], &store, None)
+                    .pop()
+                    .map_or_else(|| store.clone(), |item| item.context)
+            }
+            _ => store.clone(),
+        };
+
+        let kind = workflow
+            .step_kind(state)
+            .ok_or_else(|| ExecError::NotRunnable {
+                file: run
+                    .log
+                    .start()
+                    .map(|s| s.workflow_file.clone())
+                    .unwrap_or_default(),
+                problems: vec![format!("state `{state_id}` runs nothing")],
+            })?;
+        let prepared = self.prepare_step(
+            state, kind, &work, &context, &options, &info, &run.log, &run.id,
+        );
+        let (task, arguments, child) = match &prepared {
+            Ok(input) => (
+                input.task.clone(),
+                input.arguments.clone(),
+                input.child.clone(),
+            ),
+            Err(_) => (None, None, None),
+        };
+        self.append(
+            run,
+            vec![EventKind::StepStarted(StepStart {
+                step,
+                state_id: state_id.clone(),
+                item: info.item,
+                task: task.clone(),
+                arguments: match &child {
+                    Some(child) => Some(child.input_value.clone()),
+                    None => arguments.clone().map(Value::Object),
+                },
+                child_execution_id: child.as_ref().map(|c| c.id.clone()),
+            })],
+        )
+        .await?;
+
+        let result = match prepared {
+            Err(error) => Err(Abort::Step(error)),
+            Ok(_) if matches!(work, Work::NoItems) => Ok(None),
+            Ok(_) => self
+                .execute(
+                    run,
+                    &info,
+                    kind,
+                    task.as_deref(),
+                    arguments,
+                    child.as_ref(),
+                    &context,
+                    &options,
+                )
+                .await
+                .map(Some),
+        };
+        let output = match result {
+            Ok(output) => output,
+            Err(Abort::Exec(error)) => return Err(error),
+            Err(Abort::Step(error)) => return Err(self.fail(run, &info, error).await),
+        };
+        let output = output.map(|output| {
+            self.hooks
+                .iter()
+                .fold(output, |output, hook| hook.on_step_exit(&info, output))
+        });
+
+        let history = run.log.thread().projection().messages;
+        let own = output.clone().unwrap_or_else(|| "[]".to_owned());
+        let at = Finishing {
+            execution_id: &run.id,
+            step,
+            state,
+            item: info.item,
+            output: &own,
+            store: &store,
+            history: &history,
+            last_seq: run.log.thread().last_seq(),
+        };
+        let exchange = ItemResult {
+            task,
+            output: own.clone(),
+            child_execution_id: child.map(|c| c.id),
+        };
+        let events = match work {
+            Work::Plain => finish(&at, &[exchange], None),
+            Work::NoItems => finish(&at, &[], Some(MergePolicy::LastWins)),
+            Work::Item { index, total, .. } if index + 1 < total => {
+                Ok(vec![EventKind::StepFinished(StepEnd {
+                    step,
+                    state_id: state_id.clone(),
+                    item: Some(index),
+                    output: own.clone(),
+                    next: None,
+                    items: None,
+                    merge: None,
+                })])
+            }
+            Work::Item {
+                mut done, merge, ..
+            } => {
+                done.push(exchange);
+                finish(&at, &done, Some(merge))
+            }
+        };
+        match events {
+            Ok(events) => self.append(run, events).await,
+            Err(error) => Err(self.fail(run, &info, error).await),
+        }
+    }
+
+    /// The step's task (rendered, then passed through the hooks); for a tool state, the
+    /// configured arguments it calls the tool with; for a sub-workflow state, the child's
+    /// id and input.
+    #[allow(clippy::too_many_arguments)]
+    fn prepare_step(
+        &self,
+        state: &crate::workflow::State,
+        kind: StepKind<'_>,
+        work: &Work,
+        context: &ContextStore,
+        options: &RenderOptions,
+        info: &StepInfo,
+        log: &ExecutionLog,
+        execution_id: &str,
+    ) -> Result<StepInput, StepError> {
+        if let StepKind::Workflow(_) = kind {
+            let mut id = format!("{execution_id}/{}.{}", state.id, log.visits(&state.id) + 1);
+            if let Some(item) = info.item {
+                id.push_str(&format!(".{item}"));
+            }
+            let input_value = child_input(state, context, log)?;
+            return Ok(StepInput {
+                task: None,
+                arguments: None,
+                child: Some(ChildPlan { id, input_value }),
+            });
+        }
+        let task = match (&state.task, work) {
+            (Some(task), _) if state.resolve_dynamic_values_in_prompt => Some(
+                render(task, context, options)
+                    .map_err(|error| StepError::Template {
+                        place: "the task".into(),
+                        error,
+                    })?
+                    .text,
+            ),
+            (Some(task), _) => Some(task.clone()),
+            // An item with no task is handed over as the step's user turn.
+            (None, Work::Item { value, .. }) => Some(match value {
+                Value::String(text) => text.clone(),
+                other => other.to_string(),
+            }),
+            (None, _) => None,
+        };
+        let task = self
+            .hooks
+            .iter()
+            .fold(task, |task, hook| hook.on_step_enter(info, task));
+        let arguments = match kind {
+            StepKind::Tool(tool) => Some(
+                configured_arguments(tool, state.tool_args.as_ref(), context, options).map_err(
+                    |error| StepError::Template {
+                        place: format!("argument `{}` of tool `{}`", error.argument, tool.id),
+                        error: error.error,
+                    },
+                )?,
+            ),
+            _ => None,
+        };
+        Ok(StepInput {
+            task,
+            arguments,
+            child: None,
+        })
+    }
+
+    /// Runs what the state runs and returns its output.
+    #[allow(clippy::too_many_arguments)]
+    async fn execute(
+        &self,
+        run: &mut Run,
+        info: &StepInfo,
+        kind: StepKind<'_>,
+        task: Option<&str>,
+        arguments: Option<Map<String, Value>>,
+        child: Option<&ChildPlan>,
+        context: &ContextStore,
+        options: &RenderOptions,
+    ) -> Result<String, Abort> {
+        match kind {
+            StepKind::Workflow(reference) => {
+                let child = child.ok_or_else(|| StepError::SubWorkflow {
+                    workflow: reference.to_owned(),
+                    child: String::new(),
+                    error: "no child execution was planned".to_owned(),
+                })?;
+                let state = run
+                    .workflow
+                    .clone()
+                    .state(&info.state_id)
+                    .cloned()
+                    .ok_or_else(|| ExecError::UnknownState {
+                        execution_id: run.id.clone(),
+                        state_id: info.state_id.clone(),
+                    })?;
+                self.run_child(run, &state, reference, child).await
+            }
+            StepKind::Assistant(assistant) => {
+                self.run_assistant(run, info, assistant, task, context, options)
+                    .await
+            }
+            StepKind::Tool(tool) if is_context_manager(tool) => Ok(self
+                .context_manager(
+                    run,
+                    None,
+                    &arguments.unwrap_or_default(),
+                    DEFAULT_MEASURE_MODEL,
+                    info.step,
+                )
+                .await
+                .map_err(|message| {
+                    StepError::Tool(ToolError {
+                        tool: tool.id.clone(),
+                        message,
+                    })
+                })?),
+            StepKind::Tool(tool) => {
+                let (id, seq) = (run.id.clone(), run.log.thread().last_seq());
+                tokio::select! {
+                    biased;
+                    result = self.tools.run(tool, arguments.unwrap_or_default(), context, options) => {
+                        Ok(result.map_err(StepError::Tool)?)
+                    }
+                    request = self.cancellation(&id, seq) => {
+                        Err(StepError::Cancelled { reason: request.reason }.into())
+                    }
+                }
+            }
+            StepKind::Transform(values) => Ok(transform(values, context, options)?),
+        }
+    }
+
+    /// Records a step's failure and the run's end (failed, or cancelled), and returns the
+    /// error to report. Calls left unanswered in the shared history by a cancellation get a
+    /// synthetic result first.
+    async fn fail(&self, run: &mut Run, info: &StepInfo, error: StepError) -> ExecError {
+        let message = error.to_string();
+        let cancelled = matches!(error, StepError::Cancelled { .. });
+        let mut events: Vec<EventKind> = if cancelled {
+            cancelled_results(&run.log.thread().projection().messages)
+                .into_iter()
+                .map(|message| EventKind::MessageAppended { message })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        events.push(EventKind::StepFailed(StepFailure {
+            step: info.step,
+            state_id: info.state_id.clone(),
+            error: message.clone(),
+        }));
+        events.push(EventKind::RunEnded(RunEnd {
+            status: if cancelled {
+                RunStatus::Cancelled
+            } else {
+                RunStatus::Failed
+            },
+            output: None,
+            error: Some(message),
+        }));
+        let recorded = self.append(run, events).await;
+        match recorded {
+            Err(store_error) => store_error,
+            Ok(()) => ExecError::StepFailed {
+                execution_id: run.id.clone(),
+                step: info.step,
+                state_id: info.state_id.clone(),
+                error: Box::new(error),
+            },
+        }
+    }
+}
+
+/// A transform state's output: its values with their templates rendered (a lone
+/// `{{ path }}` keeps its JSON type), as one JSON object.
+fn transform(
+    values: &Map<String, Value>,
+    context: &ContextStore,
+    options: &RenderOptions,
+) -> Result<String, StepError> {
+    let resolved = resolve_args(values, context, options).map_err(|error| StepError::Template {
+        place: format!("transform value `{}`", error.argument),
+        error: error.error,
+    })?;
+    Ok(Value::Object(resolved.args).to_string())
+}

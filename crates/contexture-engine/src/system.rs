@@ -1,0 +1,104 @@
+//! The machine's time, ids and identity, for templates: the sources the pure core is given
+//! (PRODUCT.md F16). The core reads no clock and no randomness itself; the CLI, the server
+//! and the executor pass these.
+
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use contexture_core::context::dynamic::format_uuid;
+use contexture_core::context::{Clock, FixedClock, IdSource, RenderOptions, Timestamp};
+use serde_json::Value;
+
+/// The real clock, in UTC.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Timestamp {
+        let unix_seconds = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        Timestamp {
+            unix_seconds,
+            utc_offset_minutes: 0,
+        }
+    }
+}
+
+/// Random ids from the standard library's randomly keyed hasher (no extra dependency),
+/// mixed with a counter and the time so that two ids of one process never repeat.
+#[derive(Debug)]
+pub struct RandomIds {
+    state: RandomState,
+    counter: AtomicU64,
+}
+
+impl Default for RandomIds {
+    fn default() -> Self {
+        RandomIds {
+            state: RandomState::new(),
+            counter: AtomicU64::new(0),
+        }
+    }
+}
+
+impl IdSource for RandomIds {
+    fn next_id(&self) -> [u8; 16] {
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let a = self.state.hash_one((n, nanos, 0u8));
+        let b = self.state.hash_one((n, nanos, 1u8));
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&a.to_le_bytes());
+        bytes[8..].copy_from_slice(&b.to_le_bytes());
+        bytes
+    }
+}
+
+/// A fresh id from `ids`, formatted as a UUID.
+pub fn new_id(ids: &dyn IdSource) -> String {
+    format_uuid(ids.next_id())
+}
+
+/// The system variables a render may use: `hostname`, `username`, `os`,
+/// `working_directory` (each only when it can be found).
+pub fn system_variables() -> Vec<(&'static str, String)> {
+    let mut variables = vec![("os", std::env::consts::OS.to_owned())];
+    let hostname = std::env::var("HOSTNAME").ok().or_else(|| {
+        std::fs::read_to_string("/etc/hostname")
+            .ok()
+            .map(|h| h.trim().to_owned())
+    });
+    if let Some(hostname) = hostname.filter(|h| !h.is_empty()) {
+        variables.push(("hostname", hostname));
+    }
+    if let Some(user) = std::env::var("USER")
+        .ok()
+        .or_else(|| std::env::var("USERNAME").ok())
+    {
+        variables.push(("username", user));
+    }
+    if let Ok(dir) = std::env::current_dir() {
+        variables.push(("working_directory", dir.display().to_string()));
+    }
+    variables
+}
+
+/// Render options with the real clock (or one stopped at `now`, in Unix seconds), random
+/// ids and the system variables.
+pub fn render_options(now: Option<i64>) -> RenderOptions {
+    let clock: Arc<dyn Clock> = match now {
+        Some(seconds) => Arc::new(FixedClock::utc(seconds)),
+        None => Arc::new(SystemClock),
+    };
+    let mut options = RenderOptions::new(clock, Arc::new(RandomIds::default()));
+    for (name, value) in system_variables() {
+        options = options.with_variable(name, Value::String(value));
+    }
+    options
+}

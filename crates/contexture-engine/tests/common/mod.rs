@@ -1,0 +1,81 @@
+//! Shared test support: a store in a temporary directory, executors over scripted or HTTP
+//! providers, and a local OpenAI-compatible test server that records what it receives.
+
+#![allow(dead_code)]
+
+pub mod server;
+
+use std::sync::Arc;
+
+use contexture_core::Message;
+use contexture_core::context::RenderOptions;
+use contexture_core::thread::{Event, EventKind, RequestRecord};
+use contexture_engine::executor::{ExecError, Executor, RunOutcome, RunRequest};
+use contexture_engine::llm::FixedRouter;
+use contexture_llm::{Provider, ScriptedProvider};
+use contexture_store::testing::TempDir;
+use contexture_store::{SqliteStore, Store};
+
+/// A fresh SQLite store (the directory is removed when the first value is dropped).
+pub async fn sqlite() -> (TempDir, SqliteStore) {
+    let dir = TempDir::new("contexture-engine-test");
+    let store = SqliteStore::open(dir.join("runs.db"))
+        .await
+        .expect("open sqlite");
+    (dir, store)
+}
+
+/// A scripted provider from a YAML script.
+pub fn script(yaml: &str) -> Arc<ScriptedProvider> {
+    Arc::new(ScriptedProvider::from_yaml(yaml, "script.yaml").expect("a valid script"))
+}
+
+/// An executor over `store` whose every call goes to `provider`, rendering at a fixed time.
+pub fn executor<S: Store>(store: S, provider: Arc<dyn Provider>) -> Executor<S> {
+    Executor::new(store, Arc::new(FixedRouter::new(provider)))
+        .with_render_options(RenderOptions::fixed(1_767_225_600))
+}
+
+/// Starts `workflow` (YAML text) with `input`.
+pub async fn start<S: Store>(
+    executor: &Executor<S>,
+    workflow: &str,
+    input: &str,
+) -> Result<RunOutcome, ExecError> {
+    executor
+        .start(RunRequest {
+            workflow_file: "workflow.yaml".into(),
+            workflow_text: workflow.into(),
+            input: input.into(),
+            execution_id: Some("run-1".into()),
+            llm: None,
+            conversation: None,
+        })
+        .await
+}
+
+/// Every event of an execution.
+pub async fn events<S: Store>(store: &S, id: &str) -> Vec<Event> {
+    store.events(id).await.expect("read the execution's events")
+}
+
+/// The requests an execution recorded, in order.
+pub fn requests(events: &[Event]) -> Vec<RequestRecord> {
+    events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::RequestStarted(record) => Some(record.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The texts of messages.
+pub fn texts(messages: &[Message]) -> Vec<String> {
+    messages.iter().map(Message::text).collect()
+}
+
+/// The type names of events, in order.
+pub fn kinds(events: &[Event]) -> Vec<&'static str> {
+    events.iter().map(|event| event.kind.type_name()).collect()
+}

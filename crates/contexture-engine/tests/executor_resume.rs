@@ -1,0 +1,217 @@
+//! Resuming runs from their log (PRODUCT.md F21): finished steps never run again, a failed
+//! or interrupted step runs anew, and the same workflow gives the same result on SQLite and
+//! on PostgreSQL.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{events, executor, kinds, script, sqlite, start, texts};
+use contexture_core::thread::{EventKind, RequestOutcome, RunStatus};
+use contexture_engine::executor::{ExecError, Executor, RunRequest};
+use contexture_llm::{BoxFuture, ChatRequest, ChatResponse, LlmError, Provider, StreamDelta};
+use contexture_store::{NewEvent, Store};
+
+const THREE_STEPS: &str = r#"
+assistants: [{id: a, model: gpt-4o-mini}]
+states:
+  - {id: one, assistant_id: a, task: One, next: {state_id: two}}
+  - {id: two, assistant_id: a, task: Two, next: {state_id: three}}
+  - {id: three, assistant_id: a, task: Three, next: {end: true}}
+"#;
+
+#[tokio::test]
+async fn a_failed_step_runs_anew_on_resume_and_finished_steps_do_not() {
+    let (_dir, store) = sqlite().await;
+    let provider = script("[{content: '{\"a\": 1}'}, {error: {status: 500, message: down}}]");
+    let exec = executor(store.clone(), provider.clone());
+    let error = start(&exec, THREE_STEPS, "go").await.unwrap_err();
+    assert!(
+        matches!(&error, ExecError::StepFailed { step: 2, state_id, .. } if state_id == "two"),
+        "{error}"
+    );
+    assert!(error.to_string().contains("HTTP 500: down"), "{error}");
+    let failed = exec.load("run-1").await.unwrap();
+    assert_eq!(failed.end().unwrap().status, RunStatus::Failed);
+
+    let provider = script("[{content: '{\"b\": 2}'}, {content: done}]");
+    let exec = executor(store.clone(), provider.clone());
+    let out = exec.resume("run-1").await.unwrap();
+    assert_eq!(out.output, "done");
+    assert_eq!(
+        serde_json::to_value(&out.context).unwrap(),
+        serde_json::json!({"a": 1, "b": 2})
+    );
+    let sent = provider.requests();
+    assert_eq!(sent.len(), 2, "step one was not sent again");
+    assert_eq!(
+        texts(&sent[0].messages),
+        ["go", "One", r#"{"a": 1}"#, "Two"]
+    );
+    assert_eq!(out.steps, 4, "steps one, two (failed), two, three");
+    let log = events(&store, "run-1").await;
+    let names = kinds(&log);
+    assert_eq!(names.iter().filter(|k| **k == "run_ended").count(), 2);
+    assert_eq!(names.iter().filter(|k| **k == "step_failed").count(), 1);
+
+    // Resuming a completed run changes nothing.
+    let again = executor(store.clone(), script("[]"))
+        .resume("run-1")
+        .await
+        .unwrap();
+    assert_eq!(again, out);
+    assert_eq!(events(&store, "run-1").await.len(), log.len());
+}
+
+/// A provider that never answers: the process "dies" during the call.
+struct Hang;
+
+impl Provider for Hang {
+    fn name(&self) -> &str {
+        "hang"
+    }
+    fn complete<'a>(
+        &'a self,
+        _request: &'a ChatRequest,
+    ) -> BoxFuture<'a, Result<ChatResponse, LlmError>> {
+        Box::pin(std::future::pending())
+    }
+    fn stream<'a>(
+        &'a self,
+        _request: &'a ChatRequest,
+        _on_delta: &'a mut (dyn FnMut(StreamDelta) + Send),
+    ) -> BoxFuture<'a, Result<ChatResponse, LlmError>> {
+        Box::pin(std::future::pending())
+    }
+}
+
+#[tokio::test]
+async fn a_run_interrupted_during_a_call_closes_the_call_and_runs_the_step_anew() {
+    let (_dir, store) = sqlite().await;
+    let exec = executor(store.clone(), Arc::new(Hang));
+    let interrupted =
+        tokio::time::timeout(Duration::from_millis(300), start(&exec, THREE_STEPS, "go")).await;
+    assert!(interrupted.is_err(), "the run was cut off");
+    let log = exec.load("run-1").await.unwrap();
+    assert!(log.open_step().is_some());
+    assert!(log.thread().in_flight().is_some());
+
+    let provider = script("[{content: a}, {content: b}, {content: c}]");
+    let out = executor(store.clone(), provider.clone())
+        .resume("run-1")
+        .await
+        .unwrap();
+    assert_eq!(out.output, "c");
+    let ends: Vec<_> = events(&store, "run-1")
+        .await
+        .into_iter()
+        .filter_map(|e| match e.kind {
+            EventKind::RequestEnded(end) => Some((end.outcome, end.error)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ends[0].0, RequestOutcome::Failed);
+    assert!(ends[0].1.as_deref().unwrap().starts_with("interrupted"));
+    assert_eq!(ends.len(), 4);
+}
+
+#[tokio::test]
+async fn an_iteration_resumes_at_the_first_unfinished_item() {
+    let workflow = r#"
+assistants: [{id: a, model: gpt-4o-mini}]
+states:
+  - {id: start, transform: {n: 3}, next: {state_id: each, iter_key: items, include_in_llm_history: false}}
+  - {id: each, assistant_id: a, task: 'Item {{item}}', next: {end: true, output_key: out, append_to_context: true}}
+"#;
+    let (_dir, store) = sqlite().await;
+    let provider = script("[{content: r1}, {error: {status: 503}}]");
+    let exec = executor(store.clone(), provider);
+    start(&exec, workflow, r#"{"items": ["x", "y", "z"]}"#)
+        .await
+        .unwrap_err();
+    let provider = script("[{content: r2}, {content: r3}]");
+    let out = executor(store.clone(), provider.clone())
+        .resume("run-1")
+        .await
+        .unwrap();
+    let sent: Vec<String> = provider
+        .requests()
+        .iter()
+        .map(|r| r.messages.last().unwrap().text())
+        .collect();
+    assert_eq!(sent, ["Item y", "Item z"]);
+    assert_eq!(
+        out.context.get("out"),
+        Some(&serde_json::json!(["r1", "r2", "r3"]))
+    );
+}
+
+#[tokio::test]
+async fn resuming_what_is_not_a_run_says_so() {
+    let (_dir, store) = sqlite().await;
+    let exec = executor(store.clone(), script("[]"));
+    assert!(matches!(
+        exec.resume("nope").await.unwrap_err(),
+        ExecError::NotFound { .. }
+    ));
+    store
+        .append_one(
+            "chat",
+            NewEvent::new(EventKind::MessageAppended {
+                message: contexture_core::Message::user("hi"),
+            }),
+        )
+        .await
+        .unwrap();
+    let error = exec.resume("chat").await.unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("this thread is not an execution"),
+        "{error}"
+    );
+}
+
+async fn run_example<S: Store>(store: S, id: &str) -> contexture_engine::executor::RunOutcome {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/iterate");
+    let replies = std::fs::read_to_string(format!("{root}/replies.yaml")).unwrap();
+    let exec: Executor<S> = executor(store, script(&replies));
+    exec.start(RunRequest {
+        workflow_file: "examples/iterate/workflow.yaml".into(),
+        workflow_text: std::fs::read_to_string(format!("{root}/workflow.yaml")).unwrap(),
+        input: std::fs::read_to_string(format!("{root}/input.json")).unwrap(),
+        execution_id: Some(id.into()),
+        llm: None,
+        conversation: None,
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn the_same_run_on_postgresql_gives_the_same_outcome_and_log() {
+    let Some((pg, _schema)) = contexture_store::testing::pg_store("ctx_engine").await else {
+        return;
+    };
+    let (_dir, sqlite) = sqlite().await;
+    let on_pg = run_example(pg.clone(), "iterate").await;
+    let on_sqlite = run_example(sqlite.clone(), "iterate").await;
+    assert_eq!(on_pg, on_sqlite);
+    assert_eq!(
+        events(&pg, "iterate").await,
+        events(&sqlite, "iterate").await
+    );
+    // Resuming on PostgreSQL after a failure works the same way.
+    let exec = executor(
+        pg.clone(),
+        script("[{content: '{\"a\": 1}'}, {error: {status: 500}}]"),
+    );
+    start(&exec, THREE_STEPS, "").await.unwrap_err();
+    let out = executor(pg.clone(), script("[{content: b}, {content: c}]"))
+        .resume("run-1")
+        .await
+        .unwrap();
+    assert_eq!(out.output, "c");
+    pg.drop_schema().await.unwrap();
+}

@@ -1,0 +1,478 @@
+//! Sub-workflows, cancellation and usage roll-up (PRODUCT.md F22): a child sees only what its
+//! parent scoped for it, runs as its own execution, returns structured data; cancelling a
+//! parent stops its running descendants with valid histories; subtree usage adds up.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{events, executor, script, sqlite, start, texts};
+use contexture_core::fit::{Provider as Rules, validate};
+use contexture_core::thread::{EventKind, RunStatus, Usage};
+use contexture_core::{Message, Role};
+use contexture_engine::executor::{ExecError, Executor, RunRequest};
+use contexture_engine::report::{ExecutionStatus, usage_tree};
+use contexture_engine::sources::WorkflowSource;
+use contexture_llm::ScriptedProvider;
+use contexture_store::{SqliteStore, Store};
+
+/// Sub-workflows kept in memory, by path.
+struct Library(HashMap<String, String>);
+
+impl WorkflowSource for Library {
+    fn load(&self, path: &str, _parent: &str) -> Result<(String, String), String> {
+        self.0
+            .get(path)
+            .map(|text| (path.to_owned(), text.clone()))
+            .ok_or_else(|| format!("no workflow {path}"))
+    }
+}
+
+fn library(entries: &[(&str, &str)]) -> Arc<Library> {
+    Arc::new(Library(
+        entries
+            .iter()
+            .map(|(path, text)| (path.to_string(), text.to_string()))
+            .collect(),
+    ))
+}
+
+const PARENT: &str = r#"
+assistants: [{id: a, model: gpt-4o-mini}]
+workflows:
+  - {id: researcher, path: research.yaml}
+states:
+  - id: brief
+    assistant_id: a
+    task: 'Brief on {{topic}}'
+    next: {state_id: research}
+  - id: research
+    workflow: researcher
+    input:
+      mapping: {subject: topic, depth: settings.depth}
+    result: context
+    next: {state_id: review, output_key: research}
+  - id: review
+    workflow: review.yaml
+    history_summary: true
+    next: {state_id: final}
+  - id: final
+    assistant_id: a
+    task: 'Conclude from {{ research.finding }}'
+    next: {end: true}
+"#;
+
+const RESEARCH: &str = r#"
+assistants: [{id: r, model: gpt-4o-mini}]
+states:
+  - id: dig
+    assistant_id: r
+    task: 'Research {{subject}} at depth {{depth}}; the parent secret is {{secret}}'
+    next: {end: true}
+"#;
+
+const REVIEW: &str = r#"
+assistants: [{id: v, model: gpt-4o-mini}]
+states:
+  - {id: check, assistant_id: v, task: Review it, next: {end: true}}
+"#;
+
+#[tokio::test]
+async fn children_see_only_what_is_scoped_and_return_structured_data() {
+    let (_dir, store) = sqlite().await;
+    let provider = script(
+        r#"
+- content: the brief
+- content: '{"finding": "Rust is memory safe", "confidence": 0.9}'
+- content: looks right
+- content: concluded
+"#,
+    );
+    let exec = executor(store.clone(), provider.clone()).with_workflow_source(library(&[
+        ("research.yaml", RESEARCH),
+        ("review.yaml", REVIEW),
+    ]));
+    let out = start(
+        &exec,
+        PARENT,
+        r#"{"topic": "rust", "secret": "s3cr3t", "settings": {"depth": 2}}"#,
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.output, "concluded");
+    let sent = provider.requests();
+    // The research child: fresh messages, only its mapped input.
+    assert_eq!(
+        texts(&sent[1].messages),
+        [
+            r#"{"depth":2,"subject":"rust"}"#,
+            "Research rust at depth 2; the parent secret is {{secret}}"
+        ]
+    );
+    assert!(!format!("{:?}", sent[1]).contains("s3cr3t"));
+    // The review child gets the parent's last message (nothing else).
+    assert_eq!(texts(&sent[2].messages)[0], "the brief");
+    assert_eq!(sent[2].messages.len(), 2);
+    // The child's result is structured data in the parent's context.
+    assert_eq!(
+        out.context.get("research").unwrap()["finding"],
+        "Rust is memory safe"
+    );
+    // The final request sees one summary message for the review, none for the research.
+    let last = texts(&sent[3].messages);
+    assert!(last.iter().any(
+        |t| t.starts_with("Sub-workflow `review.yaml`") && t.ends_with("returned: looks right")
+    ));
+    assert!(
+        !last
+            .iter()
+            .any(|t| t.contains("Rust is memory safe") && t.starts_with("Sub"))
+    );
+    assert_eq!(last.last().unwrap(), "Conclude from Rust is memory safe");
+    // Children are executions of their own, under the parent.
+    let child = exec.load("run-1/research.1").await.unwrap();
+    assert_eq!(
+        child.start().unwrap().parent_execution_id.as_deref(),
+        Some("run-1")
+    );
+    assert!(child.store().get("secret").is_none());
+    let parent = exec.load("run-1").await.unwrap();
+    assert_eq!(parent.children(), ["run-1/research.1", "run-1/review.1"]);
+}
+
+#[tokio::test]
+async fn an_unmapped_path_and_an_unknown_source_state_are_clear_errors() {
+    let (_dir, store) = sqlite().await;
+    let exec =
+        executor(store.clone(), script("[{content: brief}]")).with_workflow_source(library(&[
+            ("research.yaml", RESEARCH),
+            ("review.yaml", REVIEW),
+        ]));
+    let error = start(&exec, PARENT, r#"{"topic": "rust"}"#)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "execution `run-1`, step 2 (`research`): the sub-workflow's input: `depth` maps `settings.depth`, which is not in the context (its keys: topic)"
+    );
+    // An input state that does not exist is caught before the run.
+    let broken = PARENT.replace(
+        "mapping: {subject: topic, depth: settings.depth}",
+        "state: nowhere",
+    );
+    let error = start(&exec, &broken, "{}").await.unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("states[1].input.state: unknown state `nowhere`"),
+        "{error}"
+    );
+}
+
+/// Sums the usage of every call recorded in an execution's own log.
+async fn calls_usage(store: &SqliteStore, id: &str) -> Usage {
+    events(store, id)
+        .await
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::RequestEnded(end) => Some(end.usage),
+            _ => None,
+        })
+        .fold(Usage::default(), Usage::plus)
+}
+
+#[tokio::test]
+async fn subtree_usage_is_the_sum_of_its_calls_each_counted_once() {
+    let (_dir, store) = sqlite().await;
+    let provider = script(
+        r#"
+- {content: the brief, usage: {prompt_tokens: 100, completion_tokens: 10}}
+- {content: '{"finding": "x"}', usage: {prompt_tokens: 200, completion_tokens: 20}}
+- {content: ok, usage: {prompt_tokens: 300, completion_tokens: 30}}
+- {content: done, usage: {prompt_tokens: 400, completion_tokens: 40}}
+"#,
+    );
+    let exec = executor(store.clone(), provider).with_workflow_source(library(&[
+        ("research.yaml", RESEARCH),
+        ("review.yaml", REVIEW),
+    ]));
+    let out = start(&exec, PARENT, r#"{"topic": "t", "settings": {"depth": 1}}"#)
+        .await
+        .unwrap();
+    assert_eq!(out.usage, Usage::new(500, 50), "the parent's own calls");
+    let tree = usage_tree(&store, "run-1").await.unwrap();
+    assert_eq!(tree.own, Usage::new(500, 50));
+    assert_eq!(tree.total, Usage::new(1000, 100));
+    let mut sum = Usage::default();
+    for id in ["run-1", "run-1/research.1", "run-1/review.1"] {
+        sum = sum.plus(calls_usage(&store, id).await);
+    }
+    assert_eq!(tree.total, sum);
+    assert_eq!(tree.children.len(), 2);
+    assert_eq!(tree.children[0].own, Usage::new(200, 20));
+    assert_eq!(tree.children[0].total, tree.children[0].own);
+    assert!(
+        (tree.total_cost_usd
+            - (tree.own_cost_usd + tree.children.iter().map(|c| c.total_cost_usd).sum::<f64>()))
+        .abs()
+            < 1e-12
+    );
+}
+
+#[tokio::test]
+async fn a_resumed_parent_resumes_its_child_without_rerunning_finished_steps() {
+    let child = r#"
+assistants: [{id: r, model: gpt-4o-mini}]
+states:
+  - {id: one, assistant_id: r, task: Child one, next: {state_id: two}}
+  - {id: two, assistant_id: r, task: Child two, next: {end: true}}
+"#;
+    let parent = r#"
+assistants: [{id: a, model: gpt-4o-mini}]
+states:
+  - {id: sub, workflow: child.yaml, next: {state_id: after}}
+  - {id: after, assistant_id: a, task: After, next: {end: true}}
+"#;
+    let (_dir, store) = sqlite().await;
+    let source = library(&[("child.yaml", child)]);
+    let exec = executor(
+        store.clone(),
+        script("[{content: c1}, {error: {status: 500}}]"),
+    )
+    .with_workflow_source(source.clone());
+    let error = start(&exec, parent, "go").await.unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("sub-workflow `child.yaml` (execution `run-1/sub.1`)"),
+        "{error}"
+    );
+    let provider = script("[{content: c2}, {content: finished}]");
+    let exec = executor(store.clone(), provider.clone()).with_workflow_source(source);
+    let out = exec.resume("run-1").await.unwrap();
+    assert_eq!(out.output, "finished");
+    let sent: Vec<String> = provider
+        .requests()
+        .iter()
+        .map(|r| r.messages.last().unwrap().text())
+        .collect();
+    assert_eq!(
+        sent,
+        ["Child two", "After"],
+        "the child's first step did not run again"
+    );
+    assert_eq!(
+        exec.load("run-1").await.unwrap().children(),
+        ["run-1/sub.1"]
+    );
+}
+
+const CASCADE_PARENT: &str = r#"
+states:
+  - {id: sub, workflow: child.yaml, next: {end: true}}
+"#;
+
+const CASCADE_CHILD: &str = r#"
+states:
+  - {id: deeper, workflow: grandchild.yaml, next: {end: true}}
+"#;
+
+const CASCADE_GRANDCHILD: &str = r#"
+assistants: [{id: g, model: gpt-4o-mini, tools: [slow, quick]}]
+tools:
+  - {id: slow, command: [sleep, '30']}
+  - {id: quick, response: quick result}
+states:
+  - {id: work, assistant_id: g, task: Work, next: {end: true}}
+"#;
+
+#[tokio::test]
+async fn cancelling_a_parent_stops_its_running_child_and_grandchild_with_valid_histories() {
+    let (_dir, store) = sqlite().await;
+    // The grandchild's model calls a quick tool and a slow one; the slow one is running when
+    // the parent is cancelled.
+    let provider = Arc::new(
+        ScriptedProvider::from_yaml(
+            "[{tool_calls: [{id: q1, name: quick}, {id: s1, name: slow}]}, {content: never}]",
+            "script.yaml",
+        )
+        .unwrap(),
+    );
+    let exec = Arc::new(
+        executor(store.clone(), provider)
+            .with_workflow_source(library(&[
+                ("child.yaml", CASCADE_CHILD),
+                ("grandchild.yaml", CASCADE_GRANDCHILD),
+            ]))
+            .with_cancel_poll(Duration::from_millis(20)),
+    );
+    let running = {
+        let exec = exec.clone();
+        tokio::spawn(async move {
+            exec.start(RunRequest {
+                execution_id: Some("parent".into()),
+                ..RunRequest::new("parent.yaml", CASCADE_PARENT, "go")
+            })
+            .await
+        })
+    };
+    let grandchild = "parent/sub.1/deeper.1";
+    // Wait until the slow tool is running: the quick one's result is in the step's log.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let results = match store.events(grandchild).await {
+            Ok(events) => events
+                .iter()
+                .filter(|e| matches!(&e.kind, EventKind::StepMessage(m) if m.message.role == Role::Tool))
+                .count(),
+            Err(_) => 0,
+        };
+        if results == 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the grandchild never got busy"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let marked = exec
+        .cancel("parent", Some("the user gave up".into()))
+        .await
+        .unwrap();
+    assert_eq!(marked, ["parent", "parent/sub.1", grandchild]);
+    let error = tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("the cancellation stops the run promptly")
+        .unwrap()
+        .unwrap_err();
+    assert!(error.is_cancelled(), "{error}");
+    assert!(error.to_string().contains("the user gave up"), "{error}");
+
+    for id in ["parent", "parent/sub.1", grandchild] {
+        let log = exec.load(id).await.unwrap();
+        assert_eq!(
+            log.end().map(|e| e.status),
+            Some(RunStatus::Cancelled),
+            "{id}"
+        );
+        assert!(log.cancel_requested().is_some(), "{id}");
+        assert!(log.thread().in_flight().is_none(), "{id}");
+        assert!(
+            validate(&log.thread().projection().to_messages(), Rules::OpenAi).is_empty(),
+            "{id}"
+        );
+    }
+    // The grandchild's own step log: the call turn, the quick result, and a synthetic
+    // result for the slow call the cancellation cut.
+    let step_log: Vec<Message> = events(&store, grandchild)
+        .await
+        .into_iter()
+        .filter_map(|e| match e.kind {
+            EventKind::StepMessage(m) => Some(m.message),
+            _ => None,
+        })
+        .collect();
+    let mut history = vec![Message::user("Work")];
+    history.extend(step_log.iter().cloned());
+    assert_eq!(validate(&history, Rules::OpenAi), vec![]);
+    assert_eq!(
+        step_log.last().unwrap().text(),
+        "[call to `slow` was cancelled; no result]"
+    );
+    // Cancelled runs do not resume, and cancelling again does nothing.
+    assert!(matches!(
+        exec.resume("parent").await.unwrap_err(),
+        ExecError::Cancelled { .. }
+    ));
+    assert!(exec.cancel("parent", None).await.unwrap().is_empty());
+    let tree = usage_tree(&store, "parent").await.unwrap();
+    assert_eq!(tree.status, ExecutionStatus::Cancelled);
+    assert_eq!(
+        tree.children[0].children[0].status,
+        ExecutionStatus::Cancelled
+    );
+}
+
+#[tokio::test]
+async fn a_failed_run_is_cancelled_at_once_and_a_running_one_from_another_executor() {
+    let (_dir, store) = sqlite().await;
+    // A failed run: cancelling it ends it.
+    let exec = executor(store.clone(), script("[{error: {status: 500}}]"));
+    let workflow =
+        "assistants: [{id: a, model: gpt-4o-mini}]\nstates: [{id: s, assistant_id: a, task: T}]";
+    start(&exec, workflow, "").await.unwrap_err();
+    assert_eq!(exec.cancel("run-1", None).await.unwrap(), ["run-1"]);
+    let log = exec.load("run-1").await.unwrap();
+    assert_eq!(log.end().map(|e| e.status), Some(RunStatus::Cancelled));
+
+    // A run left behind by a crashed process (a call in flight, nothing running it): the
+    // cancellation is recorded, and a resume ends it as cancelled instead of running it.
+    let (_dir, store) = sqlite().await;
+    let hang: Arc<dyn contexture_llm::Provider> = Arc::new(Never);
+    let exec = executor(store.clone(), hang);
+    let _ = tokio::time::timeout(Duration::from_millis(200), start(&exec, workflow, "")).await;
+    assert_eq!(
+        exec.cancel("run-1", Some("stale".into())).await.unwrap(),
+        ["run-1"]
+    );
+    let resumer: Executor<SqliteStore> = executor(store.clone(), script("[{content: x}]"));
+    let error = resumer.resume("run-1").await.unwrap_err();
+    assert!(error.is_cancelled(), "{error}");
+    let log = resumer.load("run-1").await.unwrap();
+    assert_eq!(log.end().map(|e| e.status), Some(RunStatus::Cancelled));
+    assert!(log.thread().in_flight().is_none());
+}
+
+/// A provider that never answers.
+struct Never;
+
+impl contexture_llm::Provider for Never {
+    fn name(&self) -> &str {
+        "never"
+    }
+    fn complete<'a>(
+        &'a self,
+        _: &'a contexture_llm::ChatRequest,
+    ) -> contexture_llm::BoxFuture<'a, Result<contexture_llm::ChatResponse, contexture_llm::LlmError>>
+    {
+        Box::pin(std::future::pending())
+    }
+    fn stream<'a>(
+        &'a self,
+        _: &'a contexture_llm::ChatRequest,
+        _: &'a mut (dyn FnMut(contexture_llm::StreamDelta) + Send),
+    ) -> contexture_llm::BoxFuture<'a, Result<contexture_llm::ChatResponse, contexture_llm::LlmError>>
+    {
+        Box::pin(std::future::pending())
+    }
+}
+
+#[test]
+fn sub_workflows_are_checked_before_a_run() {
+    use contexture_engine::workflow::Workflow;
+    let source = library(&[
+        ("ok.yaml", REVIEW),
+        ("broken.yaml", "states: [{id: s, assistant_id: ghost}]"),
+        ("loop.yaml", "states: [{id: again, workflow: loop.yaml}]"),
+    ]);
+    let parent = r#"
+states:
+  - {id: a, workflow: ok.yaml, next: {state_id: b}}
+  - {id: b, workflow: missing.yaml, next: {state_id: c}}
+  - {id: c, workflow: broken.yaml, next: {state_id: d}}
+  - {id: d, workflow: loop.yaml}
+"#;
+    let error = Workflow::load_tree(parent, "parent.yaml", source.as_ref()).unwrap_err();
+    let lines: Vec<String> = error.diagnostics.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        lines,
+        [
+            "parent.yaml:4:23: states[1].workflow: sub-workflow `missing.yaml`: no workflow missing.yaml",
+            "broken.yaml:1:32: states[0].assistant_id: unknown assistant `ghost` (none are declared)",
+            "loop.yaml:1:32: states[0].workflow: sub-workflow `loop.yaml` runs itself: parent.yaml -> loop.yaml -> loop.yaml",
+        ]
+    );
+}
