@@ -1,10 +1,14 @@
 //! One module per command group.
 
+pub mod cancel;
 pub mod expr;
 pub mod fit;
 pub mod input;
+pub mod inspect;
+pub mod llm;
 pub mod models;
 pub mod output;
+pub mod run;
 pub mod template;
 pub mod thread;
 pub mod tokens;

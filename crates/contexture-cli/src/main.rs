@@ -38,10 +38,24 @@ enum Command {
     Expr(commands::expr::ExprCommand),
     /// Check workflow files: references, reachability, expressions, templates.
     Validate(commands::validate::ValidateArgs),
+    /// Run a YAML workflow (or resume one) and print its final output.
+    Run(commands::run::RunArgs),
+    /// Show an execution: its steps, its sub-executions, usage, and each LLM call's token
+    /// budget as a bar.
+    Inspect(commands::inspect::InspectArgs),
+    /// Cancel an execution and all its descendants (a run in another process stops too).
+    Cancel(commands::cancel::CancelArgs),
     // Later commands register here, one line each.
 }
 
 fn main() -> ExitCode {
+    // Output piped into a command that stops reading (`contexture models list | head`) ends
+    // the program quietly, as for any Unix tool, instead of a panic on the broken pipe.
+    #[cfg(unix)]
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Tokens(command) => commands::tokens::run(command),
@@ -52,6 +66,9 @@ fn main() -> ExitCode {
         Command::Template(command) => commands::template::run(command),
         Command::Expr(command) => commands::expr::run(command),
         Command::Validate(args) => commands::validate::run(args),
+        Command::Run(args) => commands::run::run(args),
+        Command::Inspect(args) => commands::inspect::run(args),
+        Command::Cancel(args) => commands::cancel::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

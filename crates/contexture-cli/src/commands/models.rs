@@ -57,16 +57,22 @@ pub fn run(command: ModelsCommand) -> Result<()> {
                 println!("{}", serde_json::to_string_pretty(&models)?);
             } else {
                 println!(
-                    "{:<22} {:>10} {:>10}  {:<11} tokenizer",
-                    "model", "window", "output", "provider"
+                    "{:<22} {:>10} {:>10}  {:<11} {:>9} {:>9}  tokenizer",
+                    "model", "window", "output", "provider", "$/M in", "$/M out"
                 );
                 for model in &models {
+                    let (input, output) =
+                        model.pricing.map_or(("-".to_owned(), "-".to_owned()), |p| {
+                            (p.input_per_mtok.to_string(), p.output_per_mtok.to_string())
+                        });
                     println!(
-                        "{:<22} {:>10} {:>10}  {:<11} {}",
+                        "{:<22} {:>10} {:>10}  {:<11} {:>9} {:>9}  {}",
                         model.id,
                         model.context_window,
                         model.max_output_tokens,
                         model.provider.as_deref().unwrap_or("-"),
+                        input,
+                        output,
                         describe_counter(&model.counter)
                     );
                 }

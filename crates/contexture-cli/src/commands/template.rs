@@ -1,19 +1,12 @@
 //! `contexture template render`: render a template against a context file, as a workflow
 //! step would.
 
-use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, anyhow};
 use clap::{Args, Subcommand};
-use contexture_core::context::{
-    Clock, ContextStore, FixedClock, IdSource, MissingPolicy, RenderOptions, Timestamp, render,
-};
+use contexture_core::context::{ContextStore, MissingPolicy, render};
 use serde_json::Value;
 
 use contexture_core::format::json_type;
@@ -67,90 +60,11 @@ pub fn read_context(path: &std::path::Path) -> Result<ContextStore> {
     }
 }
 
-/// The real clock, in UTC.
-struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now(&self) -> Timestamp {
-        let unix_seconds = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
-        Timestamp {
-            unix_seconds,
-            utc_offset_minutes: 0,
-        }
-    }
-}
-
-/// Random ids from the standard library's randomly keyed hasher (no extra dependency).
-struct RandomIds {
-    state: RandomState,
-    counter: AtomicU64,
-}
-
-impl IdSource for RandomIds {
-    fn next_id(&self) -> [u8; 16] {
-        let n = self.counter.fetch_add(1, Ordering::Relaxed);
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let a = self.state.hash_one((n, nanos, 0u8));
-        let b = self.state.hash_one((n, nanos, 1u8));
-        let mut bytes = [0u8; 16];
-        bytes[..8].copy_from_slice(&a.to_le_bytes());
-        bytes[8..].copy_from_slice(&b.to_le_bytes());
-        bytes
-    }
-}
-
-/// The system variables a render may use: `hostname`, `username`, `os`,
-/// `working_directory` (each only when it can be found).
-fn system_variables() -> Vec<(&'static str, String)> {
-    let mut variables = vec![("os", std::env::consts::OS.to_owned())];
-    let hostname = std::env::var("HOSTNAME").ok().or_else(|| {
-        std::fs::read_to_string("/etc/hostname")
-            .ok()
-            .map(|h| h.trim().to_owned())
-    });
-    if let Some(hostname) = hostname.filter(|h| !h.is_empty()) {
-        variables.push(("hostname", hostname));
-    }
-    if let Some(user) = std::env::var("USER")
-        .ok()
-        .or_else(|| std::env::var("USERNAME").ok())
-    {
-        variables.push(("username", user));
-    }
-    if let Ok(dir) = std::env::current_dir() {
-        variables.push(("working_directory", dir.display().to_string()));
-    }
-    variables
-}
-
-/// Render options with the real (or a fixed) clock, random ids and the system variables.
-pub fn options(now: Option<i64>) -> RenderOptions {
-    let clock: Arc<dyn Clock> = match now {
-        Some(seconds) => Arc::new(FixedClock::utc(seconds)),
-        None => Arc::new(SystemClock),
-    };
-    let mut options = RenderOptions::new(
-        clock,
-        Arc::new(RandomIds {
-            state: RandomState::new(),
-            counter: AtomicU64::new(0),
-        }),
-    );
-    for (name, value) in system_variables() {
-        options = options.with_variable(name, Value::String(value));
-    }
-    options
-}
-
 fn render_command(args: RenderArgs) -> Result<()> {
     let store = read_context(&args.context)?;
     let template = input::read_text(args.template.as_deref())?;
     let missing: MissingPolicy = args.missing.parse().map_err(|e: String| anyhow!(e))?;
-    let options = options(args.now).with_missing(missing);
+    let options = contexture_engine::system::render_options(args.now).with_missing(missing);
     let rendered = render(&template, &store, &options).with_context(|| {
         format!(
             "cannot render {}",

@@ -5,18 +5,23 @@
 //! printed as JSON lines in Contexture's storage form.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use contexture_core::budget::BudgetPolicy;
+use contexture_core::compact::{CompactionPolicy, restore_before};
 use contexture_core::fit::{TrimOptions, trim};
 use contexture_core::format::openai;
 use contexture_core::thread::EventKind;
+use contexture_engine::compaction::{CompactRequest, CompactionOutcome, Compactor, compact_stored};
+use contexture_engine::llm::LlmSpec;
 use contexture_store::{AnyStore, NewEvent, Store};
 use serde_json::Value;
 
 use super::input;
+use super::llm::LlmArgs;
 use super::models::RegistryArgs;
 
 /// Arguments of `contexture thread`.
@@ -109,6 +114,62 @@ pub enum ThreadCommand {
         #[arg(long, value_name = "SECONDS")]
         idle_secs: u64,
     },
+    /// Summarize the older part of a thread into one message (a recorded replace: the
+    /// original events stay); print what was covered and the tokens before and after.
+    Compact(CompactArgs),
+    /// Put back the thread's messages as they were just before a replace event (a compaction
+    /// or a clear), followed by everything appended since; print the restore's seq.
+    Restore {
+        /// The thread.
+        #[arg(long)]
+        thread: String,
+        /// The seq of the replace event to undo.
+        #[arg(long, value_name = "SEQ")]
+        before: u64,
+    },
+}
+
+/// Arguments of `contexture thread compact`.
+#[derive(Debug, Args)]
+pub struct CompactArgs {
+    /// The thread.
+    #[arg(long)]
+    thread: String,
+    /// The summarizer model (through --llm); without it, the offline extractive summarizer.
+    #[arg(long)]
+    model: Option<String>,
+    /// Keep at most this many of the most recent tokens verbatim (default 2,000).
+    #[arg(long, value_name = "N")]
+    keep_tokens: Option<u64>,
+    /// Keep at most this many of the most recent messages verbatim.
+    #[arg(long, value_name = "N")]
+    keep_messages: Option<usize>,
+    /// Verbatim content kept before the summary and never shown to the summarizer.
+    #[arg(long)]
+    notes: Option<String>,
+    /// Keep only the notes (and pinned messages): no summary.
+    #[arg(long)]
+    no_history: bool,
+    /// The most tokens the summary may take (default 1,024).
+    #[arg(long, value_name = "N")]
+    summary_tokens: Option<u32>,
+    /// Summarizer attempts after a failed or empty summary (default 2).
+    #[arg(long, value_name = "N")]
+    retries: Option<u32>,
+    /// A file holding the summarizer's prompt (with {transcript}, optionally
+    /// {previous_summary}) instead of the default.
+    #[arg(long, value_name = "FILE")]
+    prompt: Option<PathBuf>,
+    /// The model whose tokenizer counts the tokens before and after.
+    #[arg(long, default_value = "gpt-4o")]
+    tokens_model: String,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    llm: LlmArgs,
+    #[command(flatten)]
+    registry: RegistryArgs,
 }
 
 /// Runs a `thread` command.
@@ -225,6 +286,17 @@ async fn execute(args: ThreadArgs) -> Result<()> {
             }
         }
         ThreadCommand::Delete { thread } => store.delete(&thread).await?,
+        ThreadCommand::Compact(args) => compact(&store, args).await?,
+        ThreadCommand::Restore { thread, before } => {
+            let events = store.events(&thread).await?;
+            let op_id = format!("{thread}/restore-before-{before}-at-{}", events.len() + 1);
+            let restore = restore_before(&events, before, op_id)
+                .with_context(|| format!("cannot restore thread {thread}"))?;
+            let seq = store
+                .append_one(&thread, NewEvent::new(EventKind::ContextReplaced(restore)))
+                .await?;
+            println!("{seq}");
+        }
         ThreadCommand::Prune { idle_secs } => {
             let cutoff = SystemTime::now()
                 .checked_sub(Duration::from_secs(idle_secs))
@@ -232,6 +304,77 @@ async fn execute(args: ThreadArgs) -> Result<()> {
             let report = store.prune(cutoff).await?;
             println!("{}", serde_json::to_string_pretty(&report)?);
         }
+    }
+    Ok(())
+}
+
+/// `contexture thread compact`.
+async fn compact(store: &AnyStore, args: CompactArgs) -> Result<()> {
+    let registry = Arc::new(args.registry.load()?);
+    let mut policy = CompactionPolicy {
+        summarizer: args.model.clone(),
+        ..CompactionPolicy::default()
+    };
+    if args.keep_tokens.is_some() || args.keep_messages.is_some() {
+        policy.keep.tokens = args.keep_tokens;
+        policy.keep.messages = args.keep_messages;
+    }
+    if let Some(tokens) = args.summary_tokens {
+        policy.summary_tokens = tokens;
+    }
+    if let Some(retries) = args.retries {
+        policy.max_retries = retries;
+    }
+    if let Some(path) = &args.prompt {
+        policy.prompt = Some(input::read_text(Some(path))?);
+    }
+    if let Some((field, problem)) = policy.problems().into_iter().next() {
+        bail!("invalid compaction settings ({field}): {problem}");
+    }
+    let spec: LlmSpec = args.llm.llm.as_deref().unwrap_or("auto").parse()?;
+    let router = spec.router(&args.llm.settings()?, registry.clone(), 0)?;
+    let compactor = Compactor::new(router, registry);
+    let mut request = CompactRequest::new(policy, "manual");
+    request.notes = args.notes.clone();
+    request.preserve_history = !args.no_history;
+    request.measure_model = args.tokens_model.clone();
+    let report = compact_stored(&compactor, store, &args.thread, &request)
+        .await
+        .with_context(|| format!("cannot compact thread {}", args.thread))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        match &report.outcome {
+            CompactionOutcome::Compacted { replace_seq } => {
+                let (from, to) = report.covered.unwrap_or_default();
+                println!(
+                    "compacted thread {}: seqs {from}..{to} ({} messages) replaced by {} (event {replace_seq}, summarizer {}, {} calls)",
+                    args.thread,
+                    report.covered_messages,
+                    if report.summary.is_some() {
+                        "a summary"
+                    } else {
+                        "the notes"
+                    },
+                    report.summarizer,
+                    report.calls
+                );
+                println!(
+                    "tokens: {} -> {} ({})",
+                    report.tokens_before, report.tokens_after, args.tokens_model
+                );
+            }
+            CompactionOutcome::Skipped { reason } => {
+                println!("nothing compacted in thread {}: {reason}", args.thread);
+            }
+            CompactionOutcome::Failed { .. } => {}
+        }
+    }
+    if let CompactionOutcome::Failed { error } = &report.outcome {
+        bail!(
+            "compaction of thread {} failed and replaced nothing: {error}",
+            args.thread
+        );
     }
     Ok(())
 }

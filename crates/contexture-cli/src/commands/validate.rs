@@ -4,11 +4,13 @@ use std::path::PathBuf;
 
 use anyhow::{Result, bail};
 use clap::Args;
+use contexture_engine::sources::FileSource;
 use contexture_engine::workflow::Workflow;
 
 use super::input;
 
-/// Arguments of `contexture validate`.
+/// Arguments of `contexture validate` (sub-workflows are checked too, read relative to the
+/// workflow that names them).
 #[derive(Debug, Args)]
 pub struct ValidateArgs {
     /// Workflow YAML files.
@@ -22,7 +24,7 @@ pub fn run(args: ValidateArgs) -> Result<()> {
     let mut failed = 0;
     for path in &args.files {
         let text = input::read_text(Some(path))?;
-        match Workflow::load(&text, &path.display().to_string()) {
+        match Workflow::load_tree(&text, &path.display().to_string(), &FileSource) {
             Ok(workflow) => println!("{}: ok ({} states)", path.display(), workflow.states.len()),
             Err(error) => {
                 eprintln!("{error}");

@@ -1,0 +1,57 @@
+//! `contexture cancel`: cancel an execution and all its descendants, wherever they run (the
+//! cancellation goes through the store).
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use contexture_engine::executor::Executor;
+use contexture_engine::llm::{FixedRouter, Router};
+use contexture_llm::ScriptedProvider;
+use contexture_store::AnyStore;
+
+/// Arguments of `contexture cancel`.
+#[derive(Debug, Args)]
+pub struct CancelArgs {
+    /// The execution's id.
+    execution_id: String,
+    /// Why, recorded with the cancellation.
+    #[arg(long)]
+    reason: Option<String>,
+    /// The store: `sqlite:PATH` or `postgres://...` (also $CONTEXTURE_DB).
+    #[arg(long, env = "CONTEXTURE_DB", default_value = "sqlite:contexture.db")]
+    db: String,
+}
+
+/// Runs `contexture cancel`: prints each execution newly marked, the given one first.
+pub fn run(args: CancelArgs) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let store = AnyStore::open(&args.db)
+            .await
+            .with_context(|| format!("cannot open the store {}", args.db))?;
+        // Cancelling calls no model: the executor only needs the store.
+        let router: Arc<dyn Router> =
+            Arc::new(FixedRouter::new(Arc::new(ScriptedProvider::texts(Vec::<
+                String,
+            >::new(
+            )))));
+        let marked = Executor::new(store, router)
+            .cancel(&args.execution_id, args.reason)
+            .await
+            .with_context(|| format!("cannot cancel execution {}", args.execution_id))?;
+        if marked.is_empty() {
+            println!(
+                "execution {} is already over or being cancelled; nothing to do",
+                args.execution_id
+            );
+        }
+        for id in marked {
+            println!("cancel requested: {id}");
+        }
+        Ok(())
+    })
+}

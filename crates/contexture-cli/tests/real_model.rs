@@ -1,0 +1,186 @@
+//! End to end against a real small model (SmolLM2-135M-Instruct, 8,192-token window) behind a
+//! local OpenAI-compatible endpoint: a workflow run and a compaction, over real HTTP, with the
+//! model's own usage. `.ci/run` starts the model (`tests/local-llm/start.sh`) and sets
+//! `CONTEXTURE_TEST_LLM_URL`; under `CI=true` a missing model fails these tests, elsewhere they
+//! say loudly that they skipped.
+//!
+//! A 135M model repeats rather than summarises, so these tests check the plumbing (requests
+//! within the real window, usage, recording, all-or-nothing compaction) and print how many
+//! facts a summary kept, as a measurement, never as a pass/fail condition.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use contexture_store::testing::{TempDir, in_ci};
+use serde_json::Value;
+
+fn base_url() -> Option<String> {
+    match std::env::var("CONTEXTURE_TEST_LLM_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if in_ci() => panic!(
+            "CI=true and CONTEXTURE_TEST_LLM_URL is not set: .ci/run starts the local model with tests/local-llm/start.sh"
+        ),
+        _ => {
+            eprintln!(
+                "\n!!! SKIPPING a real-model test: set CONTEXTURE_TEST_LLM_URL (tests/local-llm/start.sh prints it).\n"
+            );
+            None
+        }
+    }
+}
+
+const MODELS: &str = r#"
+[models.smollm2]
+provider = "huggingface"
+context_window = 8192
+max_output_tokens = 96
+encoding = "cl100k_base"
+estimate_ratio = 1.1
+"#;
+
+/// Runs `contexture ARGS --db ...`; with `base`, the model options too.
+fn contexture(dir: &TempDir, base: Option<&str>, args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_contexture"));
+    command
+        .current_dir(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")))
+        .args(args)
+        .args(["--db", &format!("sqlite:{}", dir.join("runs.db").display())]);
+    if let Some(base) = base {
+        command
+            .args(["--models", dir.join("models.toml").to_str().unwrap()])
+            .args(["--llm", "openai:smollm2", "--openai-base-url", base])
+            .args(["--llm-timeout", "120"]);
+    }
+    let output = command
+        .env_remove("CONTEXTURE_DB")
+        .env_remove("CONTEXTURE_LLM")
+        .env("OPENAI_API_KEY", "unused-by-the-local-server")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run contexture");
+    assert!(
+        output.status.success(),
+        "contexture {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+#[test]
+fn a_workflow_and_a_compaction_against_a_real_model() {
+    let Some(base) = base_url() else { return };
+    let dir = TempDir::new("contexture-real-model");
+    std::fs::write(dir.join("models.toml"), MODELS).unwrap();
+    let workflow = dir.join("wf.yaml");
+    std::fs::write(
+        &workflow,
+        r#"
+assistants:
+  - id: helper
+    model: smollm2
+    system_prompt: You are a concise assistant. Answer in one or two sentences.
+states:
+  - {id: capital, assistant_id: helper, task: 'What is the capital of {{country}}?', next: {state_id: river, output_key: capital}}
+  - {id: river, assistant_id: helper, task: 'Name a river in {{country}}.', next: {end: true}}
+"#,
+    )
+    .unwrap();
+    let output = contexture(
+        &dir,
+        Some(&base),
+        &[
+            "run",
+            workflow.to_str().unwrap(),
+            "--input",
+            r#"{"country": "France"}"#,
+            "--execution-id",
+            "real",
+        ],
+    );
+    let answer = String::from_utf8(output.stdout).unwrap();
+    assert!(!answer.trim().is_empty());
+    let report: Value =
+        serde_json::from_slice(&contexture(&dir, None, &["inspect", "real", "--json"]).stdout)
+            .unwrap();
+    assert_eq!(report["status"], "completed");
+    let calls = report["calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 2);
+    for call in calls {
+        let budget = &call["request"]["breakdown"];
+        assert_eq!(budget["context_window"], 8192);
+        assert!(budget["remaining"].as_i64().unwrap() >= 0);
+        let end = &call["end"];
+        assert_eq!(end["outcome"], "completed");
+        assert!(
+            end["usage_estimated"].is_null(),
+            "the server reported usage"
+        );
+        assert!(end["usage"]["input_tokens"].as_u64().unwrap() > 0);
+    }
+    eprintln!("real model answer: {}", answer.trim());
+
+    // A conversation with facts, compacted by the real model.
+    let facts = [
+        ("ORD-4471", "The order id is ORD-4471."),
+        ("Lisbon", "The parcel ships from Lisbon."),
+        ("12 kg", "It weighs 12 kg."),
+        ("Friday", "Delivery is due on Friday."),
+        ("Maria", "The customer is Maria."),
+    ];
+    let mut conversation =
+        vec![serde_json::json!({"role": "user", "content": "Track my parcel, please."})];
+    for (_, fact) in facts {
+        conversation.push(serde_json::json!({"role": "assistant", "content": fact}));
+        conversation.push(serde_json::json!({"role": "user", "content": "Thanks. What else?"}));
+    }
+    conversation.push(serde_json::json!({"role": "assistant", "content": "That is all I know."}));
+    std::fs::write(
+        dir.join("conversation.json"),
+        serde_json::to_string(&conversation).unwrap(),
+    )
+    .unwrap();
+    let db = format!("sqlite:{}", dir.join("runs.db").display());
+    let appended = Command::new(env!("CARGO_BIN_EXE_contexture"))
+        .args(["thread", "append", "--thread", "parcel", "--db", &db])
+        .arg(dir.join("conversation.json"))
+        .output()
+        .unwrap();
+    assert!(appended.status.success());
+    let output = contexture(
+        &dir,
+        Some(&base),
+        &[
+            "thread",
+            "compact",
+            "--thread",
+            "parcel",
+            "--model",
+            "smollm2",
+            "--keep-messages",
+            "2",
+            "--summary-tokens",
+            "96",
+            "--json",
+        ],
+    );
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    // All or nothing: compacted with a summary, or failed with nothing replaced.
+    match report["outcome"].as_str().unwrap() {
+        "compacted" => {
+            let summary = report["summary"].as_str().unwrap();
+            assert!(!summary.trim().is_empty());
+            let kept = facts
+                .iter()
+                .filter(|(key, _)| summary.contains(key))
+                .count();
+            eprintln!(
+                "real-model summary kept {kept} of {} facts ({} calls, tokens {} -> {}): {summary}",
+                facts.len(),
+                report["calls"],
+                report["tokens_before"],
+                report["tokens_after"]
+            );
+        }
+        other => panic!("unexpected outcome {other}: {report}"),
+    }
+}

@@ -1,0 +1,323 @@
+//! `contexture run` and `contexture inspect`: the examples run as documented, errors point
+//! into the file, and a run killed with SIGKILL in the middle of an LLM call resumes from its
+//! log without re-running its finished steps.
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::routing::post;
+use contexture_store::testing::TempDir;
+use serde_json::{Value, json};
+
+fn root() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
+fn contexture(dir: &TempDir, args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_contexture"));
+    command.current_dir(root()).args(args);
+    if matches!(args.first(), Some(&"run" | &"inspect")) {
+        command.args(["--db", &format!("sqlite:{}", dir.join("runs.db").display())]);
+    }
+    command
+        .env_remove("CONTEXTURE_DB")
+        .env_remove("CONTEXTURE_LLM")
+        .env_remove("CONTEXTURE_MODELS")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+fn run(dir: &TempDir, args: &[&str]) -> Output {
+    contexture(dir, args).output().expect("run contexture")
+}
+
+fn ok(dir: &TempDir, args: &[&str]) -> String {
+    let output = run(dir, args);
+    assert!(
+        output.status.success(),
+        "contexture {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+fn failure(dir: &TempDir, args: &[&str]) -> String {
+    let output = run(dir, args);
+    assert!(!output.status.success(), "contexture {args:?} succeeded");
+    String::from_utf8(output.stderr).unwrap()
+}
+
+#[test]
+fn the_examples_run_as_documented() {
+    let dir = TempDir::new("contexture-run-cli");
+    let multi = ok(
+        &dir,
+        &[
+            "run",
+            "examples/multi-phase/workflow.yaml",
+            "--input",
+            r#"{"product": "Acme Sync", "version": "2.4"}"#,
+            "--llm",
+            "scripted:examples/multi-phase/replies.yaml",
+            "--execution-id",
+            "multi-phase",
+            "--print-context",
+        ],
+    );
+    insta::assert_snapshot!("multi_phase_output", multi);
+    let iterate = ok(
+        &dir,
+        &[
+            "run",
+            "examples/iterate/workflow.yaml",
+            "--input-file",
+            "examples/iterate/input.json",
+            "--llm",
+            "scripted:examples/iterate/replies.yaml",
+            "--print-context",
+        ],
+    );
+    insta::assert_snapshot!("iterate_output", iterate);
+    let branching = ok(
+        &dir,
+        &[
+            "run",
+            "examples/branching/workflow.yaml",
+            "--input",
+            r#"{"ticket_id": "T-1042", "ticket": "Nothing loads since 9:00, all users affected", "customer_tier": "enterprise"}"#,
+            "--llm",
+            "scripted:examples/branching/replies.yaml",
+        ],
+    );
+    assert_eq!(branching, "Paged sre for T-1042 (outage, high urgency).\n");
+    // Every example validates.
+    let validated = ok(
+        &dir,
+        &[
+            "validate",
+            "examples/multi-phase/workflow.yaml",
+            "examples/iterate/workflow.yaml",
+            "examples/branching/workflow.yaml",
+        ],
+    );
+    assert_eq!(validated.lines().count(), 3);
+    // Inspect draws each call's budget.
+    insta::assert_snapshot!("multi_phase_inspect", ok(&dir, &["inspect", "multi-phase"]));
+    let report: Value =
+        serde_json::from_str(&ok(&dir, &["inspect", "multi-phase", "--json"])).unwrap();
+    assert_eq!(report["status"], "completed");
+    assert_eq!(report["calls"].as_array().unwrap().len(), 4);
+}
+
+#[test]
+fn errors_say_where_and_how_to_go_on() {
+    let dir = TempDir::new("contexture-run-cli");
+    let workflow = dir.join("bad.yaml");
+    std::fs::write(
+        &workflow,
+        "assistants: [{id: a, model: gpt-4o-mini}]\nstates:\n  - id: s\n    assistant_id: b\n",
+    )
+    .unwrap();
+    let stderr = failure(
+        &dir,
+        &["run", workflow.to_str().unwrap(), "--llm", "scripted:x"],
+    );
+    assert!(
+        stderr.contains("bad.yaml:4:19: states[0].assistant_id: unknown assistant `b`"),
+        "{stderr}"
+    );
+    let stderr = failure(
+        &dir,
+        &[
+            "run",
+            "examples/branching/workflow.yaml",
+            "--llm",
+            "gemini:x",
+        ],
+    );
+    assert!(stderr.contains("invalid LLM `gemini:x`"), "{stderr}");
+    let stderr = failure(
+        &dir,
+        &[
+            "run",
+            "examples/branching/workflow.yaml",
+            "--llm",
+            "scripted:does/not/exist.yaml",
+        ],
+    );
+    assert!(
+        stderr.contains("cannot read the script does/not/exist.yaml"),
+        "{stderr}"
+    );
+    // A script that runs out fails the step; the error tells how to resume.
+    let script = dir.join("short.yaml");
+    std::fs::write(
+        &script,
+        "replies: [{content: '{\"category\": \"billing\"}'}]\n",
+    )
+    .unwrap();
+    let stderr = failure(
+        &dir,
+        &[
+            "run",
+            "examples/branching/workflow.yaml",
+            "--input",
+            r#"{"ticket_id": "T-1", "ticket": "refund?", "customer_tier": "free"}"#,
+            "--llm",
+            &format!("scripted:{}", script.display()),
+            "--execution-id",
+            "short",
+        ],
+    );
+    assert!(
+        stderr.contains("execution `short`, step 2 (`billing`): the LLM call failed: scripted provider: no reply left"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("resume it with `contexture run --resume short`"),
+        "{stderr}"
+    );
+    std::fs::write(
+        &script,
+        "replies: [{content: '{\"category\": \"billing\"}'}, {content: Refund sent.}]\n",
+    )
+    .unwrap();
+    // The resumed scripted run skips the reply its log already used.
+    assert_eq!(ok(&dir, &["run", "--resume", "short"]), "Refund sent.\n");
+    let stderr = failure(&dir, &["run", "--resume", "missing"]);
+    assert!(stderr.contains("no execution `missing`"), "{stderr}");
+}
+
+/// A local OpenAI-compatible server: answers in order, the `hang` ones never.
+#[derive(Default)]
+struct Upstream {
+    answers: Mutex<VecDeque<Option<String>>>,
+    received: Mutex<Vec<Value>>,
+}
+
+async fn complete(State(upstream): State<Arc<Upstream>>, body: Bytes) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    upstream
+        .received
+        .lock()
+        .unwrap()
+        .push(serde_json::from_slice(&body).unwrap());
+    let answer = upstream.answers.lock().unwrap().pop_front().flatten();
+    let Some(text) = answer else {
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        return axum::http::StatusCode::GATEWAY_TIMEOUT.into_response();
+    };
+    axum::Json(json!({
+        "id": "x", "object": "chat.completion", "model": "gpt-4o-mini",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}
+    }))
+    .into_response()
+}
+
+#[test]
+fn a_run_killed_during_a_call_resumes_without_rerunning_finished_steps() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let upstream = Arc::new(Upstream::default());
+    upstream.answers.lock().unwrap().extend([
+        Some(r#"{"product": "Acme Sync", "changes": ["sync"]}"#.to_owned()),
+        None, // the second call hangs until the process is killed
+    ]);
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let base = format!("http://{}/v1", listener.local_addr().unwrap());
+    let app = Router::new()
+        .route("/v1/chat/completions", post(complete))
+        .with_state(upstream.clone());
+    runtime.spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let dir = TempDir::new("contexture-run-cli");
+    let workflow = dir.join("wf.yaml");
+    std::fs::write(
+        &workflow,
+        r#"
+assistants: [{id: a, model: gpt-4o-mini}]
+states:
+  - {id: research, assistant_id: a, task: Research, next: {state_id: summarize}}
+  - {id: summarize, assistant_id: a, task: 'Summarize {{changes | length}} change', next: {state_id: write}}
+  - {id: write, assistant_id: a, task: Write, next: {end: true}}
+"#,
+    )
+    .unwrap();
+    let mut child = contexture(
+        &dir,
+        &[
+            "run",
+            workflow.to_str().unwrap(),
+            "--llm",
+            "openai",
+            "--execution-id",
+            "killed",
+        ],
+    )
+    .env("OPENAI_BASE_URL", &base)
+    .env("OPENAI_API_KEY", "sk-test")
+    .spawn()
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while upstream.received.lock().unwrap().len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the run never reached its second call"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+
+    upstream.answers.lock().unwrap().extend([
+        Some("One change.".to_owned()),
+        Some("Release notes.".to_owned()),
+    ]);
+    let output = contexture(&dir, &["run", "--resume", "killed"])
+        .env("OPENAI_BASE_URL", &base)
+        .env("OPENAI_API_KEY", "sk-test")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(
+        String::from_utf8(output.stdout).unwrap(),
+        "Release notes.\n"
+    );
+    let received = upstream.received.lock().unwrap().clone();
+    let tasks: Vec<String> = received
+        .iter()
+        .map(|body| {
+            body["messages"].as_array().unwrap().last().unwrap()["content"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(
+        tasks,
+        [
+            "Research",
+            "Summarize 1 change",
+            "Summarize 1 change",
+            "Write"
+        ],
+        "the research step ran once; the interrupted step ran again"
+    );
+    assert_eq!(received[1], received[2]);
+    let inspect = ok(&dir, &["inspect", "killed"]);
+    assert!(inspect.contains("failed: interrupted"), "{inspect}");
+}
