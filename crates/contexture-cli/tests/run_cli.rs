@@ -1,6 +1,7 @@
-//! `contexture run` and `contexture inspect`: the examples run as documented, errors point
-//! into the file, and a run killed with SIGKILL in the middle of an LLM call resumes from its
-//! log without re-running its finished steps.
+//! `contexture run`, `inspect` and `cancel`: the examples run as documented, errors point
+//! into the file, a run killed with SIGKILL in the middle of an LLM call resumes from its log
+//! without re-running its finished steps, conversations carry turns across runs, and a cancel
+//! from another process stops a run and its sub-workflow.
 
 use std::collections::VecDeque;
 use std::path::Path;
@@ -22,7 +23,7 @@ fn root() -> &'static Path {
 fn contexture(dir: &TempDir, args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_contexture"));
     command.current_dir(root()).args(args);
-    if matches!(args.first(), Some(&"run" | &"inspect")) {
+    if matches!(args.first(), Some(&"run" | &"inspect" | &"cancel")) {
         command.args(["--db", &format!("sqlite:{}", dir.join("runs.db").display())]);
     }
     command
@@ -320,4 +321,148 @@ states:
     assert_eq!(received[1], received[2]);
     let inspect = ok(&dir, &["inspect", "killed"]);
     assert!(inspect.contains("failed: interrupted"), "{inspect}");
+}
+
+const SUB_WORKFLOW_INPUT: &str = r#"{"product": "Acme Sync", "changes": ["faster sync", "fix: lost edits"], "internal_notes": "do not publish"}"#;
+
+fn sub_workflow_run(dir: &TempDir, id: &str, conversation: &str, trace: bool) -> Output {
+    let mut args = vec![
+        "run",
+        "examples/sub-workflow/workflow.yaml",
+        "--input",
+        SUB_WORKFLOW_INPUT,
+        "--llm",
+        "scripted:examples/sub-workflow/replies.yaml",
+        "--conversation",
+        conversation,
+        "--execution-id",
+        id,
+    ];
+    if trace {
+        args.push("--trace");
+    }
+    let output = run(dir, &args);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+#[test]
+fn the_sub_workflow_example_scopes_its_child_and_continues_a_conversation() {
+    let dir = TempDir::new("contexture-run-cli");
+    let first = sub_workflow_run(&dir, "notes-1", "alice", true);
+    let answer = String::from_utf8(first.stdout).unwrap();
+    assert!(answer.starts_with("Acme Sync: sync is now twice as fast"), "{answer}");
+    let trace = String::from_utf8(first.stderr).unwrap();
+    let child_request = trace
+        .split("--- request ")
+        .find(|request| request.starts_with("notes-1/research.1/"))
+        .expect("the child's request is traced");
+    assert!(child_request.contains("faster sync"), "{child_request}");
+    assert!(
+        !child_request.contains("internal_notes"),
+        "an unmapped key reached the child: {child_request}"
+    );
+    insta::assert_snapshot!("sub_workflow_inspect", ok(&dir, &["inspect", "notes-1"]));
+
+    // The same conversation: the second run's request carries the first run's turns.
+    let second = sub_workflow_run(&dir, "notes-2", "alice", true);
+    let trace = String::from_utf8(second.stderr).unwrap();
+    let request = trace.split("--- request notes-2/step-2").nth(1).unwrap();
+    assert!(
+        request.contains("do not publish") && request.contains("edits made offline"),
+        "{request}"
+    );
+    // Another user's conversation sees none of it.
+    let other = sub_workflow_run(&dir, "notes-3", "bob", true);
+    let trace = String::from_utf8(other.stderr).unwrap();
+    let request = trace.split("--- request notes-3/step-2").nth(1).unwrap();
+    assert_eq!(request.matches("edits made offline").count(), 0, "{request}");
+}
+
+#[test]
+fn cancel_from_another_process_stops_a_run_and_its_sub_workflow() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let upstream = Arc::new(Upstream::default());
+    upstream.answers.lock().unwrap().extend([
+        Some("the brief".to_owned()),
+        None, // the child's call hangs until the cancellation stops it
+    ]);
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let base = format!("http://{}/v1", listener.local_addr().unwrap());
+    let app = Router::new()
+        .route("/v1/chat/completions", post(complete))
+        .with_state(upstream.clone());
+    runtime.spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let dir = TempDir::new("contexture-run-cli");
+    std::fs::write(
+        dir.join("parent.yaml"),
+        r#"
+assistants: [{id: a, model: gpt-4o-mini}]
+states:
+  - {id: brief, assistant_id: a, task: Brief, next: {state_id: research}}
+  - {id: research, workflow: child.yaml, next: {state_id: write}}
+  - {id: write, assistant_id: a, task: Write, next: {end: true}}
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("child.yaml"),
+        "assistants: [{id: a, model: gpt-4o-mini}]\nstates: [{id: dig, assistant_id: a, task: Dig, next: {end: true}}]\n",
+    )
+    .unwrap();
+    let parent = dir.join("parent.yaml");
+    let running = contexture(
+        &dir,
+        &[
+            "run",
+            parent.to_str().unwrap(),
+            "--llm",
+            "openai",
+            "--execution-id",
+            "job",
+        ],
+    )
+    .env("OPENAI_BASE_URL", &base)
+    .env("OPENAI_API_KEY", "sk-test")
+    .spawn()
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while upstream.received.lock().unwrap().len() < 2 {
+        assert!(Instant::now() < deadline, "the child never made its call");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let cancelled = ok(&dir, &["cancel", "job", "--reason", "user stopped it"]);
+    assert_eq!(
+        cancelled,
+        "cancel requested: job\ncancel requested: job/research.1\n"
+    );
+    let started = Instant::now();
+    let output = running.wait_with_output().unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the run went on for {:?} after the cancel",
+        started.elapsed()
+    );
+    assert!(!output.status.success());
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(stderr.contains("cancelled"), "{stderr}");
+    assert_eq!(upstream.received.lock().unwrap().len(), 2, "no call after the cancel");
+    let inspect = ok(&dir, &["inspect", "job"]);
+    assert!(
+        inspect.contains("job (") && inspect.matches("cancelled").count() >= 2,
+        "{inspect}"
+    );
+    assert!(
+        ok(&dir, &["cancel", "job"]).contains("already over"),
+        "a second cancel has nothing to do"
+    );
+    let stderr = failure(&dir, &["cancel", "nobody"]);
+    assert!(stderr.contains("nobody"), "{stderr}");
 }
