@@ -45,6 +45,10 @@ enum Command {
     Inspect(commands::inspect::InspectArgs),
     /// Cancel an execution and all its descendants (a run in another process stops too).
     Cancel(commands::cancel::CancelArgs),
+    /// Serve the HTTP API and the OpenAI-compatible chat endpoint.
+    Serve(commands::serve::ServeArgs),
+    /// Make, list and revoke the server's API keys.
+    Keys(commands::keys::KeysArgs),
     // Later commands register here, one line each.
 }
 
@@ -69,6 +73,8 @@ fn main() -> ExitCode {
         Command::Run(args) => commands::run::run(args),
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Cancel(args) => commands::cancel::run(args),
+        Command::Serve(args) => commands::serve::run(args),
+        Command::Keys(args) => commands::keys::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -355,7 +355,10 @@ fn the_sub_workflow_example_scopes_its_child_and_continues_a_conversation() {
     let dir = TempDir::new("contexture-run-cli");
     let first = sub_workflow_run(&dir, "notes-1", "alice", true);
     let answer = String::from_utf8(first.stdout).unwrap();
-    assert!(answer.starts_with("Acme Sync: sync is now twice as fast"), "{answer}");
+    assert!(
+        answer.starts_with("Acme Sync: sync is now twice as fast"),
+        "{answer}"
+    );
     let trace = String::from_utf8(first.stderr).unwrap();
     let child_request = trace
         .split("--- request ")
@@ -380,7 +383,11 @@ fn the_sub_workflow_example_scopes_its_child_and_continues_a_conversation() {
     let other = sub_workflow_run(&dir, "notes-3", "bob", true);
     let trace = String::from_utf8(other.stderr).unwrap();
     let request = trace.split("--- request notes-3/step-2").nth(1).unwrap();
-    assert_eq!(request.matches("edits made offline").count(), 0, "{request}");
+    assert_eq!(
+        request.matches("edits made offline").count(),
+        0,
+        "{request}"
+    );
 }
 
 #[test]
@@ -453,7 +460,11 @@ states:
     assert!(!output.status.success());
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert!(stderr.contains("cancelled"), "{stderr}");
-    assert_eq!(upstream.received.lock().unwrap().len(), 2, "no call after the cancel");
+    assert_eq!(
+        upstream.received.lock().unwrap().len(),
+        2,
+        "no call after the cancel"
+    );
     let inspect = ok(&dir, &["inspect", "job"]);
     assert!(
         inspect.contains("job (") && inspect.matches("cancelled").count() >= 2,

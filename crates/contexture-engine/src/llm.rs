@@ -223,6 +223,8 @@ pub struct HttpSettings {
     pub retry: RetryPolicy,
     /// The OpenAI-compatible base URL; `None` reads `OPENAI_BASE_URL` (default OpenAI's).
     pub openai_base_url: Option<String>,
+    /// The OpenAI-compatible API key; `None` reads `OPENAI_API_KEY`.
+    pub openai_api_key: Option<String>,
 }
 
 impl Default for HttpSettings {
@@ -231,6 +233,7 @@ impl Default for HttpSettings {
             timeout: Duration::from_secs(60),
             retry: RetryPolicy::default(),
             openai_base_url: None,
+            openai_api_key: None,
         }
     }
 }
@@ -262,8 +265,19 @@ impl LlmSpec {
         skip: usize,
     ) -> Result<Arc<dyn Router>, LlmSetupError> {
         let openai = || {
+            let key = || {
+                settings
+                    .openai_api_key
+                    .clone()
+                    .or_else(|| std::env::var("OPENAI_API_KEY").ok())
+            };
             let provider = match &settings.openai_base_url {
-                Some(url) => OpenAiProvider::new(url.clone(), std::env::var("OPENAI_API_KEY").ok()),
+                Some(url) => OpenAiProvider::new(url.clone(), key()),
+                None if settings.openai_api_key.is_some() => OpenAiProvider::new(
+                    std::env::var("OPENAI_BASE_URL")
+                        .unwrap_or_else(|_| "https://api.openai.com/v1".to_owned()),
+                    key(),
+                ),
                 None => OpenAiProvider::from_env(),
             };
             Arc::new(

@@ -43,6 +43,7 @@ impl LlmArgs {
                 ..RetryPolicy::default()
             },
             openai_base_url: self.openai_base_url.clone(),
+            openai_api_key: None,
         })
     }
 }

@@ -41,6 +41,9 @@ use contexture_store::{NewEvent, Store};
 
 pub use error::{ExecError, StepError};
 pub use log::{ExecutionLog, ItemResult, Iteration, LogError, Position};
+/// Fitting a request outside a run (a thread's projection for a model, as the server
+/// returns it and sends it upstream), by the same rules as a step's request.
+pub use request::{Prepared as FittedRequest, Target as FitTarget, prepare as fit_request};
 
 use crate::compaction::{CompactRequest, CompactionTarget, Compactor, StoredThread};
 use crate::conversation::{self, ConversationKey};
@@ -165,6 +168,11 @@ impl<S: Store> Executor<S> {
     pub fn with_workflow_source(mut self, sources: Arc<dyn WorkflowSource>) -> Executor<S> {
         self.sources = sources;
         self
+    }
+
+    /// Where sub-workflows are read from.
+    pub fn sources(&self) -> &Arc<dyn WorkflowSource> {
+        &self.sources
     }
 
     /// Builder: how often a running step looks for a cancellation asked for by another

@@ -17,7 +17,7 @@ const OWN_TAG: &str = "contexture:step-own";
 
 /// What one request is fitted for.
 #[derive(Debug, Clone)]
-pub(crate) struct Target<'a> {
+pub struct Target<'a> {
     /// The model (window, tokenizer, prices).
     pub model: &'a ModelInfo,
     /// The share of the window and the reply reserve.
@@ -32,7 +32,7 @@ pub(crate) struct Target<'a> {
 
 /// A request ready to send.
 #[derive(Debug, Clone)]
-pub(crate) struct Prepared {
+pub struct Prepared {
     /// The messages, system prompt first.
     pub messages: Vec<Message>,
     /// The window arithmetic.
@@ -44,8 +44,9 @@ pub(crate) struct Prepared {
 }
 
 /// Fits `system + history + own` to `target`. The step's own messages are always kept
-/// whole; history is trimmed by the strategy.
-pub(crate) fn prepare(
+/// whole; history is trimmed by the strategy. The result passed the provider-rule
+/// validator.
+pub fn prepare(
     system: Option<&Message>,
     history: &[Message],
     own: &[Message],

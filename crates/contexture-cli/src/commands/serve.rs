@@ -1,0 +1,102 @@
+//! `contexture serve`: the HTTP API (see the server crate), configured by a TOML file and
+//! environment variables; with neither it serves on 127.0.0.1:8080 over `contexture.db`.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use contexture_server::{AppState, ServerConfig, bind, serve, shutdown_signal};
+
+/// Arguments of `contexture serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The configuration file (TOML; see docs/server.md). Environment variables override it.
+    #[arg(long, env = "CONTEXTURE_CONFIG")]
+    config: Option<PathBuf>,
+    /// The address to listen on (over the file and $CONTEXTURE_BIND).
+    #[arg(long)]
+    bind: Option<std::net::SocketAddr>,
+    /// The store (over the file and $CONTEXTURE_DB).
+    #[arg(long)]
+    db: Option<String>,
+    /// Log lines as JSON objects (for log collectors) or as text.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+/// How log lines look.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Runs `contexture serve` until SIGINT or SIGTERM.
+pub fn run(args: ServeArgs) -> Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CONTEXTURE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match args.log_format {
+        LogFormat::Json => subscriber.json().init(),
+        LogFormat::Text => subscriber.init(),
+    }
+    let mut config = ServerConfig::load(args.config.as_deref(), |name| std::env::var(name).ok())?;
+    if let Some(bind) = args.bind {
+        config.bind = bind;
+    }
+    if let Some(db) = args.db {
+        config.database = db;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let listener = bind(&config).await?;
+        let address = listener
+            .local_addr()
+            .context("cannot read the bound address")?;
+        tracing::info!(
+            %address,
+            database = %redact_database(&config.database),
+            upstream = %config.upstream.base_url,
+            "contexture serve listening"
+        );
+        // The line a supervisor (or a test) waits for.
+        eprintln!("listening on http://{address}");
+        let state = AppState::new(config).await?;
+        serve(state, listener, shutdown_signal())
+            .await
+            .context("the server stopped with an error")?;
+        tracing::info!("stopped");
+        Ok(())
+    })
+}
+
+/// A database URL without its password.
+fn redact_database(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let credentials = &url[scheme + 3..at];
+            match credentials.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn passwords_are_not_logged() {
+        assert_eq!(
+            super::redact_database("postgres://me:secret@db:5432/x"),
+            "postgres://me:***@db:5432/x"
+        );
+        assert_eq!(super::redact_database("sqlite:a.db"), "sqlite:a.db");
+    }
+}

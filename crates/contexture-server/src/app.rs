@@ -1,0 +1,372 @@
+//! The application: shared state, the router, and serving with graceful shutdown.
+
+use std::future::Future;
+use std::ops::Deref;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::middleware;
+use axum::routing::{get, post};
+use contexture_core::registry::Registry;
+use contexture_engine::compaction::Compactor;
+use contexture_engine::executor::Executor;
+use contexture_engine::llm::{HttpSettings, LlmSpec};
+use contexture_engine::sources::WorkflowSource;
+use contexture_llm::RetryPolicy;
+use contexture_llm::passthrough::{Passthrough, UpstreamConfig as PassthroughConfig};
+use contexture_store::{AnyStore, StoreError};
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+
+use crate::auth::{RateLimiter, authenticate};
+use crate::config::ServerConfig;
+use crate::metrics::{Metrics, track};
+use crate::routes::{chat, executions, ops, threads};
+use crate::tenancy::Tenant;
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The store could not be opened.
+    #[error("cannot open the store {url}: {source}")]
+    Store {
+        /// Its URL.
+        url: String,
+        /// Why.
+        source: StoreError,
+    },
+    /// The models file could not be used.
+    #[error("models file {}: {message}", path.display())]
+    Models {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong.
+        message: String,
+    },
+    /// The executions' LLM could not be set up.
+    #[error("llm `{spec}`: {message}")]
+    Llm {
+        /// The setting.
+        spec: String,
+        /// What was wrong.
+        message: String,
+    },
+    /// The upstream client could not be built.
+    #[error("upstream: {0}")]
+    Upstream(String),
+    /// The configuration is invalid.
+    #[error("{0}")]
+    Config(String),
+    /// The address could not be bound.
+    #[error("cannot listen on {address}: {source}")]
+    Bind {
+        /// The address.
+        address: std::net::SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// What every handler shares.
+pub struct Shared {
+    /// The store.
+    pub store: AnyStore,
+    /// The model registry.
+    pub registry: Arc<Registry>,
+    /// Runs workflow executions.
+    pub executor: Arc<Executor<AnyStore>>,
+    /// Runs compactions (its summarizer calls go through the executions' LLM).
+    pub compactor: Arc<Compactor>,
+    /// The upstream of the chat endpoint.
+    pub upstream: Passthrough,
+    /// The configuration.
+    pub config: ServerConfig,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// The per-key rate limit.
+    pub rate_limiter: RateLimiter,
+    /// The tenant of requests without a key, when allowed.
+    pub anonymous: Option<Tenant>,
+    /// Where executions' workflows are read from (canonical).
+    pub workflows_dir: PathBuf,
+    /// Work that outlives its request (recording a streamed answer), which a shutdown
+    /// waits for.
+    pub in_flight: Arc<InFlight>,
+}
+
+/// Counts work in flight outside requests, so a shutdown can wait for it.
+#[derive(Debug, Default)]
+pub struct InFlight {
+    count: AtomicUsize,
+    idle: Notify,
+}
+
+/// One piece of work in flight; dropping it ends it.
+#[derive(Debug)]
+pub struct InFlightGuard(Arc<InFlight>);
+
+impl InFlight {
+    /// Starts a piece of work.
+    pub fn enter(self: &Arc<Self>) -> InFlightGuard {
+        self.count.fetch_add(1, Ordering::SeqCst);
+        InFlightGuard(self.clone())
+    }
+
+    /// Resolves once no work is in flight.
+    pub async fn idle(&self) {
+        loop {
+            let notified = self.idle.notified();
+            if self.count.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+/// The handlers' state: cheap to clone.
+#[derive(Clone)]
+pub struct AppState(Arc<Shared>);
+
+impl Deref for AppState {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+impl AppState {
+    /// Opens the store and builds everything the configuration names.
+    pub async fn new(config: ServerConfig) -> Result<AppState, StartError> {
+        let store = AnyStore::open(&config.database)
+            .await
+            .map_err(|source| StartError::Store {
+                url: config.database.clone(),
+                source,
+            })?;
+        AppState::with_store(config, store)
+    }
+
+    /// Builds the state over an open store.
+    pub fn with_store(config: ServerConfig, store: AnyStore) -> Result<AppState, StartError> {
+        let mut registry = Registry::builtin();
+        if let Some(path) = &config.models_file {
+            let text = std::fs::read_to_string(path).map_err(|error| StartError::Models {
+                path: path.clone(),
+                message: error.to_string(),
+            })?;
+            registry
+                .apply_toml(&text, &path.display().to_string())
+                .map_err(|error| StartError::Models {
+                    path: path.clone(),
+                    message: error.to_string(),
+                })?;
+        }
+        let registry = Arc::new(registry);
+        let spec: LlmSpec = config.llm.parse().map_err(|error| StartError::Llm {
+            spec: config.llm.clone(),
+            message: format!("{error}"),
+        })?;
+        let settings = HttpSettings {
+            timeout: config.upstream.timeout(),
+            retry: RetryPolicy {
+                max_retries: config.upstream.retries,
+                ..RetryPolicy::default()
+            },
+            openai_base_url: Some(config.upstream.base_url.clone()),
+            openai_api_key: config.upstream.api_key.clone(),
+        };
+        let router = spec
+            .router(&settings, registry.clone(), 0)
+            .map_err(|error| StartError::Llm {
+                spec: config.llm.clone(),
+                message: error.to_string(),
+            })?;
+        let workflows_dir = config
+            .workflows_dir
+            .canonicalize()
+            .unwrap_or_else(|_| config.workflows_dir.clone());
+        let executor = Executor::new(store.clone(), router.clone())
+            .with_registry(registry.clone())
+            .with_workflow_source(Arc::new(ConfinedFiles {
+                root: workflows_dir.clone(),
+            }));
+        let compactor = Compactor::new(router, registry.clone());
+        let mut upstream_config = PassthroughConfig::new(
+            config.upstream.base_url.clone(),
+            config.upstream.api_key.clone(),
+        );
+        upstream_config.timeout = config.upstream.timeout();
+        upstream_config.retries = config.upstream.retries;
+        let upstream = Passthrough::new(upstream_config)
+            .map_err(|error| StartError::Upstream(error.to_string()))?;
+        let anonymous = match &config.auth.anonymous_tenant {
+            Some(name) => Some(Tenant::new(name.clone()).map_err(StartError::Config)?),
+            None => None,
+        };
+        Ok(AppState(Arc::new(Shared {
+            store,
+            registry,
+            executor: Arc::new(executor),
+            compactor: Arc::new(compactor),
+            upstream,
+            rate_limiter: RateLimiter::new(config.limits.requests_per_second, config.limits.burst),
+            metrics: Arc::new(Metrics::default()),
+            anonymous,
+            workflows_dir,
+            in_flight: Arc::new(InFlight::default()),
+            config,
+        })))
+    }
+
+    /// Resolves a workflow an execution names, inside the workflows directory.
+    pub fn workflow_path(&self, name: &str) -> Result<PathBuf, String> {
+        confined(&self.workflows_dir, Path::new(name))
+    }
+}
+
+/// `path` under `root`, refusing absolute paths and `..`.
+fn confined(root: &Path, path: &Path) -> Result<PathBuf, String> {
+    if path
+        .components()
+        .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+    {
+        return Err(format!(
+            "`{}` must be a relative path inside the workflows directory, without `..`",
+            path.display()
+        ));
+    }
+    Ok(root.join(path))
+}
+
+/// Sub-workflows read from files under the workflows directory only.
+struct ConfinedFiles {
+    root: PathBuf,
+}
+
+impl WorkflowSource for ConfinedFiles {
+    fn load(&self, path: &str, parent_file: &str) -> Result<(String, String), String> {
+        let parent_dir = Path::new(parent_file)
+            .parent()
+            .and_then(|dir| dir.strip_prefix(&self.root).ok())
+            .unwrap_or(Path::new(""));
+        let file = confined(&self.root, &parent_dir.join(path))?;
+        let text = std::fs::read_to_string(&file)
+            .map_err(|error| format!("cannot read {path}: {error}"))?;
+        Ok((file.display().to_string(), text))
+    }
+}
+
+/// The whole API.
+pub fn router(state: AppState) -> Router {
+    let api = Router::new()
+        .route("/v1/threads", post(threads::create).get(threads::list))
+        .route(
+            "/v1/threads/{id}",
+            get(threads::show).delete(threads::delete),
+        )
+        .route("/v1/threads/{id}/messages", post(threads::append))
+        .route("/v1/threads/{id}/context", get(threads::context))
+        .route("/v1/threads/{id}/events", get(threads::events))
+        .route("/v1/threads/{id}/fork", post(threads::fork))
+        .route("/v1/threads/{id}/merge", post(threads::merge))
+        .route("/v1/threads/{id}/compact", post(threads::compact))
+        .route("/v1/executions", post(executions::start))
+        .route("/v1/executions/{id}", get(executions::status))
+        .route("/v1/executions/{id}/events", get(executions::events))
+        .route("/v1/executions/{id}/cancel", post(executions::cancel))
+        .route("/v1/executions/{id}/requests", get(executions::requests))
+        .route("/v1/chat/completions", post(chat::completions))
+        .route("/v1/models", get(chat::models))
+        .route_layer(middleware::from_fn_with_state(state.clone(), authenticate));
+    let open = Router::new()
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(ops::metrics))
+        .route("/openapi.json", get(ops::openapi));
+    api.merge(open)
+        .fallback(ops::not_found)
+        .layer(DefaultBodyLimit::max(state.config.limits.max_body_bytes))
+        .route_layer(middleware::from_fn_with_state(state.metrics.clone(), track))
+        .with_state(state)
+}
+
+/// Serves `state` on `listener` until `shutdown` resolves, then stops accepting and lets
+/// the requests in flight finish (at most the configured grace period).
+pub async fn serve(
+    state: AppState,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let grace = Duration::from_secs(state.config.shutdown_grace_secs);
+    let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
+    let in_flight = state.in_flight.clone();
+    let app = router(state);
+    let server = async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                shutdown.await;
+                tracing::info!("shutting down: finishing the requests in flight");
+                let _ = stopping_tx.send(true);
+            })
+            .await?;
+        // Answers of streams that just ended are still being recorded.
+        in_flight.idle().await;
+        Ok(())
+    };
+    let mut stopping = stopping_rx;
+    tokio::select! {
+        result = server => result,
+        _ = async {
+            let _ = stopping.wait_for(|stopping| *stopping).await;
+            tokio::time::sleep(grace).await;
+        } => {
+            tracing::warn!("requests still in flight after {} s; stopping", grace.as_secs());
+            Ok(())
+        }
+    }
+}
+
+/// Binds the configured address.
+pub async fn bind(config: &ServerConfig) -> Result<TcpListener, StartError> {
+    TcpListener::bind(config.bind)
+        .await
+        .map_err(|source| StartError::Bind {
+            address: config.bind,
+            source,
+        })
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = interrupt => {}
+        _ = terminate => {}
+    }
+}

@@ -1,0 +1,384 @@
+//! The server's configuration: a TOML file, then environment variables over it, then
+//! defaults. With neither, the server binds 127.0.0.1:8080 and keeps its data in
+//! `contexture.db` (SQLite).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use contexture_core::budget::BudgetPolicy;
+use contexture_core::compact::CompactionPolicy;
+use serde::{Deserialize, Serialize};
+
+/// Everything `contexture serve` can be told.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// The address to listen on (`CONTEXTURE_BIND`).
+    pub bind: SocketAddr,
+    /// The store: `sqlite:PATH` or `postgres://...` (`CONTEXTURE_DB`).
+    pub database: String,
+    /// Where the workflows that executions name are read from (`CONTEXTURE_WORKFLOWS_DIR`).
+    pub workflows_dir: PathBuf,
+    /// A models file (the format of `contexture models`) over the built-in registry
+    /// (`CONTEXTURE_MODELS`).
+    pub models_file: Option<PathBuf>,
+    /// Authentication.
+    pub auth: AuthConfig,
+    /// Request limits.
+    pub limits: LimitsConfig,
+    /// The OpenAI-compatible provider that chat completions are forwarded to.
+    pub upstream: UpstreamConfig,
+    /// The LLM of workflow executions: `auto`, `openai[:MODEL]`, `anthropic[:MODEL]` or
+    /// `scripted:FILE` (`CONTEXTURE_LLM`).
+    pub llm: String,
+    /// The default context policy of chat threads.
+    pub context: ContextConfig,
+    /// How long a shutdown waits for requests in flight to finish, in seconds.
+    pub shutdown_grace_secs: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            bind: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            database: "sqlite:contexture.db".into(),
+            workflows_dir: PathBuf::from("."),
+            models_file: None,
+            auth: AuthConfig::default(),
+            limits: LimitsConfig::default(),
+            upstream: UpstreamConfig::default(),
+            llm: "auto".into(),
+            context: ContextConfig::default(),
+            shutdown_grace_secs: 30,
+        }
+    }
+}
+
+/// Who may call the API.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// When set, requests without an API key act as this tenant (for local development;
+    /// `CONTEXTURE_ANONYMOUS_TENANT`). By default every request needs a key.
+    pub anonymous_tenant: Option<String>,
+}
+
+/// Limits on what one client may send.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// The largest request body, in bytes (default 4 MiB).
+    pub max_body_bytes: usize,
+    /// Requests per second per API key, sustained (`CONTEXTURE_RATE_LIMIT`; 0: no limit).
+    pub requests_per_second: f64,
+    /// Requests per API key allowed in a burst above the sustained rate.
+    pub burst: u32,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_body_bytes: 4 * 1024 * 1024,
+            requests_per_second: 100.0,
+            burst: 200,
+        }
+    }
+}
+
+/// The upstream provider of `/v1/chat/completions` and `/v1/models`.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// Its base URL (`CONTEXTURE_UPSTREAM_URL`, else `OPENAI_BASE_URL`).
+    pub base_url: String,
+    /// Its API key (`CONTEXTURE_UPSTREAM_KEY`, else `OPENAI_API_KEY`). Never logged or
+    /// returned.
+    pub api_key: Option<String>,
+    /// Seconds to wait for a connection and for the response's start (and between two
+    /// chunks of a stream).
+    pub timeout_secs: f64,
+    /// Retries on connection failures, 429 and 5xx before any byte was returned.
+    pub retries: u32,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        UpstreamConfig {
+            base_url: "https://api.openai.com/v1".into(),
+            api_key: None,
+            timeout_secs: 120.0,
+            retries: 2,
+        }
+    }
+}
+
+impl std::fmt::Debug for UpstreamConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamConfig")
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("timeout_secs", &self.timeout_secs)
+            .field("retries", &self.retries)
+            .finish()
+    }
+}
+
+impl UpstreamConfig {
+    /// The timeout as a duration.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.timeout_secs)
+    }
+}
+
+/// How a chat thread's requests are fitted and compacted, unless a request says otherwise.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ContextConfig {
+    /// The share of the window and the reply reserve.
+    #[serde(flatten)]
+    pub budget: BudgetPolicy,
+    /// Which history survives trimming: `last`, `first` or `head-tail`.
+    pub strategy: String,
+    /// Compaction of chat threads before a request, when a trigger fires (absent: none;
+    /// requests are still trimmed to fit).
+    pub compaction: Option<CompactionPolicy>,
+}
+
+impl Default for ContextConfig {
+    fn default() -> Self {
+        ContextConfig {
+            budget: BudgetPolicy::default(),
+            strategy: "last".into(),
+            compaction: None,
+        }
+    }
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read the configuration file {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this configuration.
+    #[error("{}: {message}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong, with line and column.
+        message: String,
+    },
+    /// An environment variable has a value that cannot be used.
+    #[error("environment variable {name}: {problem}")]
+    Env {
+        /// The variable.
+        name: &'static str,
+        /// What was wrong.
+        problem: String,
+    },
+    /// A value is out of range.
+    #[error("{field}: {problem}")]
+    Invalid {
+        /// The setting.
+        field: &'static str,
+        /// What was wrong.
+        problem: String,
+    },
+}
+
+impl ServerConfig {
+    /// Reads `file` (when given), then applies the environment `env` gives (use
+    /// `|name| std::env::var(name).ok()`), then checks the result.
+    pub fn load(
+        file: Option<&Path>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<ServerConfig, ConfigError> {
+        let mut config = match file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.to_owned(),
+                    source,
+                })?;
+                Self::parse(&text, path)?
+            }
+            None => ServerConfig::default(),
+        };
+        config.apply_env(env)?;
+        config.check()?;
+        Ok(config)
+    }
+
+    /// Parses a TOML text (`path` names it in errors).
+    pub fn parse(text: &str, path: &Path) -> Result<ServerConfig, ConfigError> {
+        toml::from_str(text).map_err(|error| {
+            let position = error
+                .span()
+                .map(|span| {
+                    let before = &text[..span.start.min(text.len())];
+                    let line = before.matches('\n').count() + 1;
+                    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+                    format!("{line}:{column}: ")
+                })
+                .unwrap_or_default();
+            ConfigError::Parse {
+                path: path.to_owned(),
+                message: format!("{position}{}", error.message()),
+            }
+        })
+    }
+
+    fn apply_env(&mut self, env: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        let set = |name: &str| env(name).filter(|value| !value.is_empty());
+        if let Some(bind) = set("CONTEXTURE_BIND") {
+            self.bind = bind.parse().map_err(|error| ConfigError::Env {
+                name: "CONTEXTURE_BIND",
+                problem: format!("`{bind}` is not an address like 127.0.0.1:8080 ({error})"),
+            })?;
+        }
+        if let Some(db) = set("CONTEXTURE_DB") {
+            self.database = db;
+        }
+        if let Some(dir) = set("CONTEXTURE_WORKFLOWS_DIR") {
+            self.workflows_dir = dir.into();
+        }
+        if let Some(file) = set("CONTEXTURE_MODELS") {
+            self.models_file = Some(file.into());
+        }
+        if let Some(llm) = set("CONTEXTURE_LLM") {
+            self.llm = llm;
+        }
+        if let Some(tenant) = set("CONTEXTURE_ANONYMOUS_TENANT") {
+            self.auth.anonymous_tenant = Some(tenant);
+        }
+        if let Some(url) = set("CONTEXTURE_UPSTREAM_URL").or_else(|| set("OPENAI_BASE_URL")) {
+            self.upstream.base_url = url;
+        }
+        if let Some(key) = set("CONTEXTURE_UPSTREAM_KEY").or_else(|| set("OPENAI_API_KEY")) {
+            self.upstream.api_key = Some(key);
+        }
+        if let Some(rate) = set("CONTEXTURE_RATE_LIMIT") {
+            self.limits.requests_per_second = rate.parse().map_err(|_| ConfigError::Env {
+                name: "CONTEXTURE_RATE_LIMIT",
+                problem: format!("`{rate}` is not a number of requests per second"),
+            })?;
+        }
+        Ok(())
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        let invalid = |field, problem: String| Err(ConfigError::Invalid { field, problem });
+        if self.limits.max_body_bytes == 0 {
+            return invalid("limits.max_body_bytes", "must be above 0".into());
+        }
+        if !(self.limits.requests_per_second.is_finite() && self.limits.requests_per_second >= 0.0)
+        {
+            return invalid(
+                "limits.requests_per_second",
+                format!(
+                    "must be 0 (no limit) or more, not {}",
+                    self.limits.requests_per_second
+                ),
+            );
+        }
+        if !(self.upstream.timeout_secs.is_finite() && self.upstream.timeout_secs > 0.0) {
+            return invalid(
+                "upstream.timeout_secs",
+                format!("must be above 0, not {}", self.upstream.timeout_secs),
+            );
+        }
+        if let Err(error) = self.context.budget.validate() {
+            return invalid("context.budget_ratio", error.to_string());
+        }
+        if crate::fitting::parse_strategy(&self.context.strategy).is_none() {
+            return invalid(
+                "context.strategy",
+                format!(
+                    "`{}` is not one of last, first, head-tail",
+                    self.context.strategy
+                ),
+            );
+        }
+        if let Some(policy) = &self.context.compaction
+            && let Some((field, problem)) = policy.problems().into_iter().next()
+        {
+            return invalid("context.compaction", format!("{field}: {problem}"));
+        }
+        if let Some(tenant) = &self.auth.anonymous_tenant
+            && let Err(problem) = crate::tenancy::check_tenant(tenant)
+        {
+            return invalid("auth.anonymous_tenant", problem);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_file_and_no_environment_give_the_defaults() {
+        let config = ServerConfig::load(None, |_| None).unwrap();
+        assert_eq!(config, ServerConfig::default());
+        assert_eq!(config.database, "sqlite:contexture.db");
+    }
+
+    #[test]
+    fn the_environment_wins_over_the_file() {
+        let file = ServerConfig::parse(
+            "bind = \"127.0.0.1:9000\"\ndatabase = \"sqlite:a.db\"\n[upstream]\nbase_url = \"http://file\"\n",
+            Path::new("c.toml"),
+        )
+        .unwrap();
+        assert_eq!(file.bind.port(), 9000);
+        let mut config = file;
+        config
+            .apply_env(|name| match name {
+                "CONTEXTURE_DB" => Some("postgres://x/y".into()),
+                "OPENAI_API_KEY" => Some("sk-secret".into()),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(config.database, "postgres://x/y");
+        assert_eq!(config.upstream.base_url, "http://file");
+        assert_eq!(config.upstream.api_key.as_deref(), Some("sk-secret"));
+        assert!(!format!("{config:?}").contains("sk-secret"));
+    }
+
+    #[test]
+    fn mistakes_say_where() {
+        let error =
+            ServerConfig::parse("bind = \"x\"\n[limits]\nburst = -1\n", Path::new("c.toml"))
+                .unwrap_err()
+                .to_string();
+        assert!(error.starts_with("c.toml:1:8: "), "{error}");
+        let error = ServerConfig::parse("[limit]\n", Path::new("c.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("unknown field `limit`"), "{error}");
+        let error = ServerConfig::load(None, |name| {
+            (name == "CONTEXTURE_BIND").then(|| "localhost".to_owned())
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.starts_with("environment variable CONTEXTURE_BIND"),
+            "{error}"
+        );
+        let mut config = ServerConfig::default();
+        config.context.strategy = "middle".into();
+        assert!(
+            config
+                .check()
+                .unwrap_err()
+                .to_string()
+                .contains("context.strategy")
+        );
+    }
+}

@@ -1,0 +1,127 @@
+//! API errors: a status and a JSON body in the OpenAI error shape, so that clients written
+//! for OpenAI show the message: `{"error": {"message", "type", "param", "code"}}`. `param`
+//! names the field that was wrong, when one was.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use contexture_store::StoreError;
+use serde_json::json;
+
+/// An error answered to a client.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// A short machine-readable code (`not_found`, `invalid_request`, ...).
+    pub code: &'static str,
+    /// What was wrong, for a person.
+    pub message: String,
+    /// The request field that was wrong (`messages[2].role`, `model`), when one was.
+    pub param: Option<String>,
+}
+
+impl ApiError {
+    /// 400: the request is malformed; `param` names the field.
+    pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            code: "invalid_request",
+            message: message.into(),
+            param: Some(param.into()),
+        }
+    }
+
+    /// 404: nothing of this tenant's has that id (other tenants' ids look the same).
+    pub fn not_found(what: &str, id: &str) -> ApiError {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            code: "not_found",
+            message: format!("no {what} `{id}`"),
+            param: None,
+        }
+    }
+
+    /// 409: the request conflicts with what is stored.
+    pub fn conflict(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::CONFLICT,
+            code: "conflict",
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    /// 401: no API key, or one that is unknown or revoked.
+    pub fn unauthorized(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            code: "invalid_api_key",
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    /// 422: the request is well formed but cannot be done (a thread that cannot fit).
+    pub fn unprocessable(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+            code: "unprocessable",
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    /// 502: the upstream provider could not be reached or answered nonsense.
+    pub fn upstream(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_GATEWAY,
+            code: "upstream_error",
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    /// 500 for a store failure; the detail is logged, the client gets a generic message.
+    pub fn store(error: &StoreError) -> ApiError {
+        tracing::error!(%error, "store error");
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            code: "store_error",
+            message: "the store failed; the operation may be retried".into(),
+            param: None,
+        }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> ApiError {
+        ApiError::store(&error)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({
+            "error": {
+                "message": self.message,
+                "type": self.code,
+                "param": self.param,
+                "code": self.code,
+            }
+        });
+        let mut response = (self.status, Json(body)).into_response();
+        if self.code == "store_error" {
+            // The metrics layer counts store errors by this mark.
+            response.extensions_mut().insert(StoreFailure);
+        }
+        response
+    }
+}
+
+/// Marks a response that a store error caused.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreFailure;
+
+/// The result of a handler.
+pub type ApiResult<T> = Result<T, ApiError>;

@@ -1,0 +1,125 @@
+//! Fitting a thread's projection to a model, for `GET /v1/threads/{id}/context` and for the
+//! requests the chat endpoint sends upstream: the engine's request fitting (the same as a
+//! workflow step's), with the server's default policy and a request's overrides.
+
+use contexture_core::Message;
+use contexture_core::budget::BudgetPolicy;
+use contexture_core::fit::Strategy;
+use contexture_core::registry::ModelInfo;
+use contexture_core::thread::Projection;
+use contexture_engine::executor::{FitTarget, FittedRequest, fit_request};
+use contexture_engine::llm::rules_for_model;
+use serde_json::Value;
+
+use crate::app::AppState;
+use crate::error::ApiError;
+
+/// `last`, `first`, `head-tail` (keeping 2 head units) or `head-tail:N`.
+pub fn parse_strategy(text: &str) -> Option<Strategy> {
+    match text {
+        "last" => Some(Strategy::Last),
+        "first" => Some(Strategy::First),
+        "head-tail" => Some(Strategy::HeadTail { head: 2 }),
+        _ => text
+            .strip_prefix("head-tail:")
+            .and_then(|n| n.parse().ok())
+            .map(|head| Strategy::HeadTail { head }),
+    }
+}
+
+/// How one fit is done: the server's default context policy with a request's overrides.
+#[derive(Debug, Clone)]
+pub struct FitSettings {
+    /// The model.
+    pub model: ModelInfo,
+    /// Window share and reply reserve.
+    pub budget: BudgetPolicy,
+    /// Which history survives.
+    pub strategy: Strategy,
+}
+
+impl FitSettings {
+    /// The settings for `model` (`param` names the field in errors), with optional
+    /// overrides of the strategy, the ratio and the reserve.
+    pub fn new(
+        state: &AppState,
+        model: &str,
+        strategy: Option<&str>,
+        budget_ratio: Option<f64>,
+        reserve_output: Option<u32>,
+    ) -> Result<FitSettings, ApiError> {
+        let model = state
+            .registry
+            .get(model)
+            .map_err(|error| ApiError::invalid("model", error.to_string()))?;
+        let strategy_text = strategy.unwrap_or(&state.config.context.strategy);
+        let strategy = parse_strategy(strategy_text).ok_or_else(|| {
+            ApiError::invalid(
+                "strategy",
+                format!("`{strategy_text}` is not one of last, first, head-tail, head-tail:N"),
+            )
+        })?;
+        let mut budget = state.config.context.budget.clone();
+        if let Some(ratio) = budget_ratio {
+            budget.budget_ratio = ratio;
+        }
+        if reserve_output.is_some() {
+            budget.reserve_output = reserve_output;
+        }
+        budget
+            .validate()
+            .map_err(|error| ApiError::invalid("budget_ratio", error.to_string()))?;
+        Ok(FitSettings {
+            model,
+            budget,
+            strategy,
+        })
+    }
+
+    /// Fits `projection` (its system prompt, then its messages) followed by `own` (kept
+    /// whole: the messages of the request being answered) with `tools`. The result passed
+    /// the provider-rule validator.
+    pub fn fit(
+        &self,
+        state: &AppState,
+        projection: &Projection,
+        own: &[Message],
+        tools: &[Value],
+    ) -> Result<FittedRequest, ApiError> {
+        let target = FitTarget {
+            model: &self.model,
+            policy: &self.budget,
+            strategy: self.strategy,
+            rules: rules_for_model(&state.registry, &self.model.id),
+            tools,
+        };
+        let fitted = fit_request(
+            projection.system.as_ref(),
+            &projection.messages,
+            own,
+            &target,
+        )
+        .map_err(|error| ApiError::unprocessable(error.to_string()))?;
+        state.metrics.fitted(
+            u64::from(fitted.breakdown.used),
+            !fitted.fit.dropped.is_empty(),
+        );
+        Ok(fitted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strategies_parse() {
+        assert_eq!(parse_strategy("last"), Some(Strategy::Last));
+        assert_eq!(parse_strategy("first"), Some(Strategy::First));
+        assert_eq!(
+            parse_strategy("head-tail:3"),
+            Some(Strategy::HeadTail { head: 3 })
+        );
+        assert_eq!(parse_strategy("middle"), None);
+    }
+}

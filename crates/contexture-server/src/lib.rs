@@ -1,0 +1,26 @@
+//! `contexture serve` (PRODUCT.md F28): Contexture over HTTP, for services in any language.
+//!
+//! - a REST API for threads and workflow executions, described by `/openapi.json`;
+//! - an OpenAI-compatible `/v1/chat/completions` that keeps each thread's history for the
+//!   client (fitted to the model's window, compacted by policy) and forwards to an upstream
+//!   provider, streaming passed through;
+//! - API keys stored hashed and bound to tenants; a tenant never sees another's data (404);
+//!   body size limits, a rate limit per key; Prometheus metrics at `/metrics`.
+//!
+//! Servers hold no state of their own beyond caches: several share one PostgreSQL database
+//! (appends stay gap-free; a cancel reaches a run on another server through the database).
+//! This crate is the only one that knows HTTP serving; storage, fitting, compaction and runs
+//! are the other crates' work.
+
+pub mod app;
+pub mod auth;
+pub mod body;
+pub mod config;
+pub mod error;
+pub mod fitting;
+pub mod metrics;
+pub mod routes;
+pub mod tenancy;
+
+pub use app::{AppState, StartError, bind, router, serve, shutdown_signal};
+pub use config::ServerConfig;

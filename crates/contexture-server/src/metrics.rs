@@ -1,0 +1,165 @@
+//! Prometheus metrics, served at `/metrics` in the text exposition format: requests and
+//! their latencies by route, tokens counted, trims, compactions and store errors.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::error::StoreFailure;
+
+/// The labels of a request.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    method: String,
+    route: String,
+    status: u16,
+}
+
+/// The labels of a latency.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    route: String,
+}
+
+/// The labels of a compaction.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: String,
+}
+
+type LatencyFamily = Family<RouteLabels, Histogram, fn() -> Histogram>;
+
+/// The server's metrics.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    latency: LatencyFamily,
+    tokens_counted: Counter,
+    trims: Counter,
+    compactions: Family<OutcomeLabels, Counter>,
+    store_errors: Counter,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+fn latency_histogram() -> Histogram {
+    // 0.1 ms to about 13 s.
+    Histogram::new(exponential_buckets(0.0001, 2.0, 18))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("contexture");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register("http_requests", "HTTP requests answered", requests.clone());
+        let latency: LatencyFamily = Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "http_request_duration_seconds",
+            "Time to answer a request (to the start of a streamed body)",
+            latency.clone(),
+        );
+        let tokens_counted = Counter::default();
+        registry.register(
+            "tokens_counted",
+            "Tokens of the requests fitted (projections returned and chat requests sent)",
+            tokens_counted.clone(),
+        );
+        let trims = Counter::default();
+        registry.register(
+            "trims",
+            "Fitted requests that left messages out to fit",
+            trims.clone(),
+        );
+        let compactions = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "compactions",
+            "Compactions run, by outcome (compacted, skipped, failed)",
+            compactions.clone(),
+        );
+        let store_errors = Counter::default();
+        registry.register(
+            "store_errors",
+            "Requests that failed in the store",
+            store_errors.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            latency,
+            tokens_counted,
+            trims,
+            compactions,
+            store_errors,
+        }
+    }
+}
+
+impl Metrics {
+    /// Counts the tokens of a fitted request, and whether it was trimmed.
+    pub fn fitted(&self, tokens: u64, trimmed: bool) {
+        self.tokens_counted.inc_by(tokens);
+        if trimmed {
+            self.trims.inc();
+        }
+    }
+
+    /// Counts a compaction by its outcome.
+    pub fn compaction(&self, outcome: &str) {
+        self.compactions
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+
+    /// The text exposition.
+    pub fn render(&self) -> String {
+        let mut text = String::new();
+        // Writing to a String cannot fail.
+        let _ = encode(&mut text, &self.registry);
+        text
+    }
+}
+
+/// Middleware: counts each request and its latency under its route's pattern (never the
+/// raw path, which holds ids), and store errors.
+pub async fn track(State(metrics): State<Arc<Metrics>>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = request.method().to_string();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |path| path.as_str().to_owned());
+    let response = next.run(request).await;
+    metrics
+        .latency
+        .get_or_create(&RouteLabels {
+            route: route.clone(),
+        })
+        .observe(started.elapsed().as_secs_f64());
+    metrics
+        .requests
+        .get_or_create(&RequestLabels {
+            method,
+            route,
+            status: response.status().as_u16(),
+        })
+        .inc();
+    if response.extensions().get::<StoreFailure>().is_some() {
+        metrics.store_errors.inc();
+    }
+    response
+}

@@ -1,0 +1,493 @@
+//! The OpenAI-compatible endpoint. `POST /v1/chat/completions` with a thread (header
+//! `X-Contexture-Thread`, or `metadata.contexture_thread` in the body) keeps the history for
+//! the client: the request's new messages are appended to the thread, the thread's
+//! projection (compacted when the policy's trigger fires) is fitted to the model's window
+//! and sent upstream in place of the request's messages, and the answer is appended. The
+//! upstream's response (streamed chunk by chunk) goes back unchanged. Without a thread the
+//! endpoint is a transparent proxy. `GET /v1/models` is the upstream's list.
+//!
+//! Which messages are new: the request may carry the whole conversation (as stateless
+//! clients do) or only the new turn. Messages up to and including the last one equal to the
+//! thread's last message are taken as already stored; the rest are new. A system message
+//! that differs from the thread's system prompt replaces it.
+
+use axum::Extension;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use contexture_core::Message;
+use contexture_core::format::openai;
+use contexture_core::thread::{
+    EventKind, Projection, RecordedBudget, RequestEnd, RequestOutcome, RequestRecord, Usage,
+};
+use contexture_engine::compaction::CompactRequest;
+use contexture_engine::compaction::{CompactionOutcome, compact_stored};
+use contexture_llm::passthrough::{
+    Answer, PassthroughError, UpstreamBody, UpstreamResponse, record_stream,
+};
+use contexture_store::{NewEvent, Store};
+use serde_json::{Map, Value};
+
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::body::JsonBody;
+use crate::error::{ApiError, ApiResult};
+use crate::fitting::FitSettings;
+use crate::routes::threads::{parse_messages, store_error};
+use crate::tenancy::{Tenant, check_id};
+
+/// The header that names the thread.
+pub const THREAD_HEADER: &str = "x-contexture-thread";
+/// The `metadata` key that names the thread.
+pub const THREAD_METADATA_KEY: &str = "contexture_thread";
+
+/// `POST /v1/chat/completions`.
+pub async fn completions(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<Value>,
+) -> ApiResult<Response> {
+    let Value::Object(mut body) = body else {
+        return Err(ApiError::invalid("body", "the body must be a JSON object"));
+    };
+    let thread = thread_name(&headers, &mut body)?;
+    let Some(thread) = thread else {
+        let response = forward(&state, &Value::Object(body)).await?;
+        return Ok(passthrough_response(response, None));
+    };
+    check_id("the thread", &thread).map_err(|problem| ApiError::invalid(THREAD_HEADER, problem))?;
+    let model = match body.get("model") {
+        Some(Value::String(model)) => model.clone(),
+        Some(_) => return Err(ApiError::invalid("model", "model: must be a string")),
+        None => return Err(ApiError::invalid("model", "model: missing")),
+    };
+    let requested = parse_messages(body.get("messages").unwrap_or(&Value::Null), "messages")?;
+    let tools: Vec<Value> = match body.get("tools") {
+        Some(Value::Array(tools)) => tools.clone(),
+        Some(Value::Null) | None => Vec::new(),
+        Some(_) => return Err(ApiError::invalid("tools", "tools: must be an array")),
+    };
+    let settings = FitSettings::new(&state, &model, None, None, None)?;
+    let tenant = &caller.tenant;
+    let scoped = tenant.scope(&thread);
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned);
+
+    // 1. The new messages go into the thread before anything is sent upstream, so a failed
+    //    call loses nothing the client said.
+    let stored = match state.store.load_projection(&scoped).await {
+        Ok(projection) => projection,
+        Err(contexture_store::StoreError::NotFound { .. }) => Projection {
+            context: "main".into(),
+            system: None,
+            messages: Vec::new(),
+        },
+        Err(error) => return Err(store_error(tenant, error)),
+    };
+    let new = new_messages(&stored, requested);
+    let new_count = new.iter().filter(|m| !m.role.is_system_like()).count();
+    if !new.is_empty() {
+        let events = new
+            .into_iter()
+            .enumerate()
+            .map(|(i, message)| {
+                let event = NewEvent::new(EventKind::MessageAppended { message });
+                match &key {
+                    Some(key) => event.with_key(format!("{key}:{i}")),
+                    None => event,
+                }
+            })
+            .collect();
+        state
+            .store
+            .append(&scoped, events)
+            .await
+            .map_err(|error| store_error(tenant, error))?;
+    }
+
+    // 2. Compaction, when the policy's trigger fires; a failure replaces nothing and the
+    //    request is still trimmed to fit.
+    let mut projection = state
+        .store
+        .load_projection(&scoped)
+        .await
+        .map_err(|error| store_error(tenant, error))?;
+    if let Some(policy) = &state.config.context.compaction {
+        let tokens = u64::from(
+            settings
+                .model
+                .counter
+                .count_request(&projection.to_messages(), &tools)
+                .total,
+        );
+        if let Some(reason) = policy.trigger.fires(
+            tokens,
+            projection.messages.len(),
+            settings.model.context_window,
+        ) {
+            let request = CompactRequest::new(policy.clone(), reason);
+            match compact_stored(&state.compactor, &state.store, &scoped, &request).await {
+                Ok(report) => {
+                    state.metrics.compaction(match report.outcome {
+                        CompactionOutcome::Compacted { .. } => "compacted",
+                        CompactionOutcome::Skipped { .. } => "skipped",
+                        CompactionOutcome::Failed { .. } => "failed",
+                    });
+                    if matches!(report.outcome, CompactionOutcome::Compacted { .. }) {
+                        projection = state
+                            .store
+                            .load_projection(&scoped)
+                            .await
+                            .map_err(|error| store_error(tenant, error))?;
+                    }
+                }
+                Err(error) => {
+                    state.metrics.compaction("failed");
+                    tracing::warn!(thread = %scoped, %error, "compaction failed; trimming instead");
+                }
+            }
+        }
+    }
+
+    // 3. Fit: the request's new turns are kept whole, the rest of the history is trimmed.
+    let split = projection.messages.len().saturating_sub(new_count);
+    let own = projection.messages.split_off(split);
+    let fitted = settings.fit(&state, &projection, &own, &tools)?;
+    body.insert("messages".into(), openai::to_values(&fitted.messages));
+    let request_id = format!(
+        "{scoped}/chat-{}",
+        contexture_engine::system::new_id(&contexture_engine::system::RandomIds::default())
+    );
+    let record = RequestRecord {
+        request_id: request_id.clone(),
+        model: Some(model.clone()),
+        messages: fitted.messages.clone(),
+        budget: Some(RecordedBudget {
+            context_window: fitted.limits.context_window,
+            max_output_tokens: fitted.limits.reserve_output,
+            input_tokens: fitted.breakdown.used,
+        }),
+        tools: tools.clone(),
+        breakdown: Some(fitted.breakdown.clone()),
+        fit: Some(fitted.fit.clone()),
+        purpose: Some("chat".into()),
+        ..RequestRecord::default()
+    };
+    state
+        .store
+        .append_one(&scoped, NewEvent::new(EventKind::RequestStarted(record)))
+        .await
+        .map_err(|error| store_error(tenant, error))?;
+
+    // 4. Forward, then record the answer (for a stream, once it has been passed through).
+    let recorder = Recorder {
+        state: state.clone(),
+        tenant: tenant.clone(),
+        thread: scoped.clone(),
+        request_id,
+    };
+    let response = match forward(&state, &Value::Object(body)).await {
+        Ok(response) => response,
+        Err(error) => {
+            recorder.failed(error.message.clone()).await;
+            return Err(error);
+        }
+    };
+    let response = match response.body {
+        UpstreamBody::Full(bytes) => {
+            if (200..300).contains(&response.status) {
+                match contexture_llm::passthrough::AnswerAccumulator::from_completion(&bytes) {
+                    Ok(answer) => recorder.answered(answer).await?,
+                    Err(error) => recorder.failed(error.to_string()).await,
+                }
+            } else {
+                recorder
+                    .failed(format!("upstream answered {}", response.status))
+                    .await;
+            }
+            UpstreamResponse {
+                body: UpstreamBody::Full(bytes),
+                ..response
+            }
+        }
+        UpstreamBody::Stream(stream) if (200..300).contains(&response.status) => {
+            let guard = state.in_flight.enter();
+            let stream = record_stream(stream, move |outcome| {
+                tokio::spawn(async move {
+                    let _guard = guard;
+                    match outcome {
+                        Ok(answer) => {
+                            if let Err(error) = recorder.answered(answer).await {
+                                tracing::error!(error = %error.message, "cannot record a streamed answer");
+                            }
+                        }
+                        Err(error) => recorder.failed(error.to_string()).await,
+                    }
+                });
+            });
+            UpstreamResponse {
+                body: UpstreamBody::Stream(stream),
+                ..response
+            }
+        }
+        UpstreamBody::Stream(stream) => {
+            recorder
+                .failed(format!("upstream answered {}", response.status))
+                .await;
+            UpstreamResponse {
+                body: UpstreamBody::Stream(stream),
+                ..response
+            }
+        }
+    };
+    Ok(passthrough_response(response, Some(&thread)))
+}
+
+/// Records how a chat request ended in its thread.
+struct Recorder {
+    state: AppState,
+    tenant: Tenant,
+    thread: String,
+    request_id: String,
+}
+
+impl Recorder {
+    /// The answer: the request's end and the assistant message, in one transaction.
+    async fn answered(&self, answer: Answer) -> ApiResult<()> {
+        let usage = answer
+            .usage
+            .map(|usage| Usage::new(usage.prompt_tokens, usage.completion_tokens))
+            .unwrap_or_default();
+        let mut end = RequestEnd::new(&self.request_id, RequestOutcome::Completed, usage);
+        end.usage_estimated = answer.usage.is_none();
+        end.finish_reason = answer.finish_reason.clone();
+        let events = vec![
+            NewEvent::new(EventKind::RequestEnded(end)),
+            NewEvent::new(EventKind::MessageAppended {
+                message: answer.message,
+            }),
+        ];
+        self.state
+            .store
+            .append(&self.thread, events)
+            .await
+            .map(|_| ())
+            .map_err(|error| store_error(&self.tenant, error))
+    }
+
+    /// A failed call: recorded, and nothing appended to the conversation.
+    async fn failed(&self, error: String) {
+        let mut end = RequestEnd::new(&self.request_id, RequestOutcome::Failed, Usage::default());
+        end.error = Some(error);
+        if let Err(error) = self
+            .state
+            .store
+            .append_one(&self.thread, NewEvent::new(EventKind::RequestEnded(end)))
+            .await
+        {
+            tracing::error!(%error, thread = %self.thread, "cannot record a failed chat request");
+        }
+    }
+}
+
+/// The thread a request names, taken out of `metadata` (which is forwarded without it).
+fn thread_name(headers: &HeaderMap, body: &mut Map<String, Value>) -> ApiResult<Option<String>> {
+    let from_metadata = match body.get_mut("metadata") {
+        Some(Value::Object(metadata)) => {
+            let name = metadata.remove(THREAD_METADATA_KEY);
+            let empty = metadata.is_empty();
+            if empty {
+                body.remove("metadata");
+            }
+            match name {
+                Some(Value::String(name)) => Some(name),
+                Some(_) => {
+                    return Err(ApiError::invalid(
+                        "metadata.contexture_thread",
+                        "metadata.contexture_thread: must be a string",
+                    ));
+                }
+                None => None,
+            }
+        }
+        _ => None,
+    };
+    let from_header = match headers.get(THREAD_HEADER) {
+        Some(value) => Some(
+            value
+                .to_str()
+                .map_err(|_| {
+                    ApiError::invalid(THREAD_HEADER, "X-Contexture-Thread must be visible ASCII")
+                })?
+                .to_owned(),
+        ),
+        None => None,
+    };
+    match (from_header, from_metadata) {
+        (Some(a), Some(b)) if a != b => Err(ApiError::invalid(
+            THREAD_HEADER,
+            format!("the header names thread `{a}` and metadata.contexture_thread `{b}`"),
+        )),
+        (Some(name), _) | (None, Some(name)) => Ok(Some(name)),
+        (None, None) => Ok(None),
+    }
+}
+
+/// Two messages are the same turn when they serialize alike in the OpenAI format.
+fn same_turn(a: &Message, b: &Message) -> bool {
+    a.role == b.role && openai::to_value(a) == openai::to_value(b)
+}
+
+/// The request's messages that the thread does not hold yet (see the module docs).
+fn new_messages(stored: &Projection, requested: Vec<Message>) -> Vec<Message> {
+    let (system, turns): (Vec<Message>, Vec<Message>) = requested
+        .into_iter()
+        .partition(|message| message.role.is_system_like());
+    let mut new = Vec::new();
+    if let Some(system) = system.into_iter().last()
+        && !stored
+            .system
+            .as_ref()
+            .is_some_and(|current| same_turn(current, &system))
+    {
+        new.push(system);
+    }
+    let start = match stored.messages.last() {
+        Some(last) => turns
+            .iter()
+            .rposition(|message| same_turn(message, last))
+            .map_or(0, |at| at + 1),
+        None => 0,
+    };
+    new.extend(turns.into_iter().skip(start));
+    new
+}
+
+async fn forward(state: &AppState, body: &Value) -> ApiResult<UpstreamResponse> {
+    state
+        .upstream
+        .chat_completions(body)
+        .await
+        .map_err(|error| upstream_error(&error))
+}
+
+fn upstream_error(error: &PassthroughError) -> ApiError {
+    // The error texts never hold the upstream key.
+    tracing::warn!(%error, "upstream call failed");
+    match error {
+        PassthroughError::Timeout { .. } => ApiError {
+            status: StatusCode::GATEWAY_TIMEOUT,
+            code: "upstream_timeout",
+            message: error.to_string(),
+            param: None,
+        },
+        _ => ApiError::upstream(error.to_string()),
+    }
+}
+
+/// The upstream's response as it came (status, content type, body), plus the thread.
+fn passthrough_response(response: UpstreamResponse, thread: Option<&str>) -> Response {
+    let status = StatusCode::from_u16(response.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    let body = match response.body {
+        UpstreamBody::Full(bytes) => Body::from(bytes),
+        UpstreamBody::Stream(stream) => Body::from_stream(stream),
+    };
+    let mut out = (status, body).into_response();
+    if let Some(content_type) = response
+        .content_type
+        .and_then(|value| HeaderValue::from_str(&value).ok())
+    {
+        out.headers_mut().insert(header::CONTENT_TYPE, content_type);
+    }
+    if let Some(thread) = thread.and_then(|thread| HeaderValue::from_str(thread).ok()) {
+        out.headers_mut().insert(THREAD_HEADER, thread);
+    }
+    out
+}
+
+/// `GET /v1/models`: the upstream's list, as it answered.
+pub async fn models(State(state): State<AppState>) -> ApiResult<Response> {
+    let response = state
+        .upstream
+        .models()
+        .await
+        .map_err(|error| upstream_error(&error))?;
+    Ok(passthrough_response(response, None))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn projection(system: Option<&str>, messages: Vec<Message>) -> Projection {
+        Projection {
+            context: "main".into(),
+            system: system.map(Message::system),
+            messages,
+        }
+    }
+
+    #[test]
+    fn a_resent_history_adds_only_its_new_turns() {
+        let stored = projection(
+            Some("Be brief."),
+            vec![Message::user("Hi"), Message::assistant("Hello!")],
+        );
+        let full = vec![
+            Message::system("Be brief."),
+            Message::user("Hi"),
+            Message::assistant("Hello!"),
+            Message::user("What is 2+2?"),
+        ];
+        let new = new_messages(&stored, full);
+        assert_eq!(new.len(), 1);
+        assert_eq!(new[0].text(), "What is 2+2?");
+        // Only the new turn: all of it is new.
+        let new = new_messages(&stored, vec![Message::user("And 3+3?")]);
+        assert_eq!(new.len(), 1);
+        // A different system prompt replaces the thread's.
+        let new = new_messages(
+            &stored,
+            vec![Message::system("Be verbose."), Message::user("Hi again")],
+        );
+        assert_eq!(new.len(), 2);
+        assert!(new[0].role.is_system_like());
+        // An empty thread takes everything.
+        assert_eq!(
+            new_messages(
+                &projection(None, vec![]),
+                vec![Message::user("a"), Message::assistant("b")]
+            )
+            .len(),
+            2
+        );
+    }
+
+    #[test]
+    fn the_thread_comes_from_the_header_or_the_metadata() {
+        let mut headers = HeaderMap::new();
+        let mut body: Map<String, Value> =
+            serde_json::from_str(r#"{"metadata": {"contexture_thread": "t1"}, "model": "m"}"#)
+                .unwrap();
+        assert_eq!(
+            thread_name(&headers, &mut body).unwrap().as_deref(),
+            Some("t1")
+        );
+        assert!(!body.contains_key("metadata"), "forwarded without our key");
+        headers.insert(THREAD_HEADER, HeaderValue::from_static("t2"));
+        let mut body: Map<String, Value> =
+            serde_json::from_str(r#"{"metadata": {"contexture_thread": "t1", "user": "u"}}"#)
+                .unwrap();
+        let error = thread_name(&headers, &mut body).unwrap_err();
+        assert_eq!(error.status, StatusCode::BAD_REQUEST);
+        let mut body = Map::new();
+        assert_eq!(
+            thread_name(&headers, &mut body).unwrap().as_deref(),
+            Some("t2")
+        );
+    }
+}

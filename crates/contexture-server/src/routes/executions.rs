@@ -1,0 +1,362 @@
+//! `/v1/executions`: start a workflow run (202 with its id at once), its status with the
+//! usage tree, its events as server-sent events, cascading cancel, the log of its LLM
+//! requests. Runs go on in the server that started them; status, events and cancel work
+//! from any server on the same database.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use contexture_core::thread::{Event, EventKind};
+use contexture_engine::conversation::ConversationKey;
+use contexture_engine::executor::{ExecError, RunRequest};
+use contexture_engine::report::{report, usage_tree};
+use contexture_engine::workflow::Workflow;
+use contexture_store::Store;
+use futures_util::stream::{self, Stream};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::body::JsonBody;
+use crate::error::{ApiError, ApiResult};
+use crate::routes::threads::store_error;
+use crate::tenancy::{Tenant, check_id};
+
+/// How often an event stream looks for new events.
+const POLL: Duration = Duration::from_millis(100);
+
+/// `POST /v1/executions` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StartExecution {
+    /// A workflow file under the server's workflows directory.
+    workflow: Option<String>,
+    /// Or the workflow's YAML text (its sub-workflows are read from the workflows
+    /// directory).
+    workflow_yaml: Option<String>,
+    /// The input: a JSON object (its keys fill the context store) or a text.
+    #[serde(default)]
+    input: Value,
+    /// The execution's id (default: a fresh UUID).
+    id: Option<String>,
+    /// Continue a conversation of this user (and chat).
+    conversation: Option<ConversationBody>,
+}
+
+/// A conversation named by a request; the tenant is the caller's.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConversationBody {
+    /// The user.
+    user: String,
+    /// A chat id, for several conversations of one user with one workflow.
+    chat: Option<String>,
+}
+
+fn relative_text(state: &AppState, text: String) -> String {
+    text.replace(&format!("{}/", state.workflows_dir.display()), "")
+}
+
+/// `POST /v1/executions`: validates the workflow (and its sub-workflows), then starts the
+/// run in the background and answers 202 with its id.
+pub async fn start(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    JsonBody(body): JsonBody<StartExecution>,
+) -> ApiResult<Response> {
+    let tenant = caller.tenant.clone();
+    let (file, text) = match (&body.workflow, body.workflow_yaml) {
+        (Some(name), None) => {
+            let path = state
+                .workflow_path(name)
+                .map_err(|problem| ApiError::invalid("workflow", problem))?;
+            let text = std::fs::read_to_string(&path).map_err(|error| {
+                ApiError::invalid(
+                    "workflow",
+                    format!("cannot read workflow `{name}`: {error}"),
+                )
+            })?;
+            (path, text)
+        }
+        (None, Some(text)) => (state.workflows_dir.join("request.yaml"), text),
+        _ => {
+            return Err(ApiError::invalid(
+                "workflow",
+                "give exactly one of `workflow` (a file in the workflows directory) and `workflow_yaml`",
+            ));
+        }
+    };
+    let file = file.display().to_string();
+    let workflow = Workflow::load_tree(&text, &file, state.executor.sources().as_ref())
+        .map_err(|error| ApiError::invalid("workflow", relative_text(&state, error.to_string())))?;
+    let id = body.id.unwrap_or_else(|| {
+        contexture_engine::system::new_id(&contexture_engine::system::RandomIds::default())
+    });
+    check_id("an execution id", &id).map_err(|problem| ApiError::invalid("id", problem))?;
+    if id.contains('/') {
+        // Child executions are named `PARENT/STATE.VISIT`.
+        return Err(ApiError::invalid(
+            "id",
+            "an execution id may not contain `/`",
+        ));
+    }
+    let scoped = tenant.scope(&id);
+    if state.store.events_after(&scoped, u64::MAX).await.is_ok() {
+        return Err(ApiError::conflict(format!(
+            "execution `{id}` already exists"
+        )));
+    }
+    let input = match body.input {
+        Value::String(text) => text,
+        Value::Null => String::new(),
+        other => other.to_string(),
+    };
+    let conversation = match body.conversation {
+        Some(conversation) => {
+            check_id("conversation.user", &conversation.user)
+                .map_err(|problem| ApiError::invalid("conversation.user", problem))?;
+            Some(ConversationKey {
+                tenant: tenant.name().to_owned(),
+                user: conversation.user,
+                workflow: workflow.name.clone().unwrap_or_else(|| {
+                    std::path::Path::new(&file)
+                        .file_stem()
+                        .map(|stem| stem.to_string_lossy().into_owned())
+                        .unwrap_or_default()
+                }),
+                chat: conversation.chat,
+            })
+        }
+        None => None,
+    };
+    let mut request = RunRequest::new(file, text, input);
+    request.execution_id = Some(scoped.clone());
+    request.llm = Some(state.config.llm.clone());
+    request.conversation = conversation;
+    let executor = state.executor.clone();
+    tokio::spawn(async move {
+        match executor.start(request).await {
+            Ok(_) => tracing::info!(execution = %scoped, "execution completed"),
+            Err(ExecError::Cancelled { .. }) => {
+                tracing::info!(execution = %scoped, "execution cancelled")
+            }
+            Err(error) => tracing::warn!(execution = %scoped, %error, "execution failed"),
+        }
+    });
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({"id": id, "status": "running"})),
+    )
+        .into_response())
+}
+
+async fn execution_events(state: &AppState, tenant: &Tenant, id: &str) -> ApiResult<Vec<Event>> {
+    let events = state
+        .store
+        .events(&tenant.scope(id))
+        .await
+        .map_err(|error| match store_error(tenant, error) {
+            not_found if not_found.status == StatusCode::NOT_FOUND => {
+                ApiError::not_found("execution", id)
+            }
+            other => other,
+        })?;
+    if !events
+        .iter()
+        .any(|event| matches!(event.kind, EventKind::RunStarted(_)))
+    {
+        // A thread that is not an execution.
+        return Err(ApiError::not_found("execution", id));
+    }
+    Ok(events)
+}
+
+/// `GET /v1/executions/{id}`: status, steps, calls, usage, and the usage tree of the
+/// execution and its sub-executions.
+pub async fn status(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let tenant = &caller.tenant;
+    let events = execution_events(&state, tenant, &id).await?;
+    let scoped = tenant.scope(&id);
+    let report = report(&scoped, &events).ok_or_else(|| ApiError::not_found("execution", &id))?;
+    let tree = usage_tree(&state.store, &scoped).await?;
+    let mut value = json!({
+        "id": id,
+        "status": report.status,
+        "output": report.output,
+        "error": report.error,
+        "cancel_requested": report.cancel_requested,
+        "usage": report.usage,
+        "cost_usd": report.cost_usd,
+        "steps": report.steps,
+        "children": report.children,
+        "parent_execution_id": report.parent_execution_id,
+        "usage_tree": tree,
+    });
+    tenant.unscope_json(&mut value);
+    strip_workflow_paths(&state, &mut value);
+    Ok(Json(value))
+}
+
+/// Workflow files are shown relative to the workflows directory.
+fn strip_workflow_paths(state: &AppState, value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            for (key, value) in map.iter_mut() {
+                match value {
+                    Value::String(text) if key == "workflow_file" => {
+                        *text = relative_text(state, std::mem::take(text));
+                    }
+                    other => strip_workflow_paths(state, other),
+                }
+            }
+        }
+        Value::Array(items) => items
+            .iter_mut()
+            .for_each(|item| strip_workflow_paths(state, item)),
+        _ => {}
+    }
+}
+
+/// `GET /v1/executions/{id}/requests`: every LLM request of the execution: exactly the
+/// messages sent, the budget breakdown, what fitting left out, and how each call ended.
+pub async fn requests(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let tenant = &caller.tenant;
+    let events = execution_events(&state, tenant, &id).await?;
+    let report =
+        report(&tenant.scope(&id), &events).ok_or_else(|| ApiError::not_found("execution", &id))?;
+    let mut value = json!({ "id": id, "requests": report.calls });
+    tenant.unscope_json(&mut value);
+    Ok(Json(value))
+}
+
+/// `POST /v1/executions/{id}/cancel` body.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CancelExecution {
+    /// Why, recorded with the cancellation.
+    reason: Option<String>,
+}
+
+/// `POST /v1/executions/{id}/cancel`: cancels the execution and its descendants, wherever
+/// they run (through the store); lists the executions newly marked.
+pub async fn cancel(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> ApiResult<Json<Value>> {
+    let tenant = &caller.tenant;
+    let reason = if body.is_empty() {
+        None
+    } else {
+        crate::body::parse::<CancelExecution>(&body)?.reason
+    };
+    execution_events(&state, tenant, &id).await?;
+    let marked = state
+        .executor
+        .cancel(&tenant.scope(&id), reason)
+        .await
+        .map_err(|error| match error {
+            ExecError::Store(error) => store_error(tenant, error),
+            other => ApiError::conflict(
+                other
+                    .to_string()
+                    .replace(&format!("`{}/", tenant.name()), "`"),
+            ),
+        })?;
+    let marked: Vec<&str> = marked
+        .iter()
+        .map(|stored| tenant.unscope(stored).unwrap_or(stored))
+        .collect();
+    Ok(Json(json!({ "id": id, "cancel_requested": marked })))
+}
+
+/// `GET /v1/executions/{id}/events` query.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventsQuery {
+    /// Start after this seq (default 0; the `Last-Event-ID` header also sets it).
+    after: Option<u64>,
+}
+
+/// `GET /v1/executions/{id}/events`: the execution's events as server-sent events (`id`:
+/// the seq, `event`: the event's type, `data`: the event as JSON), from `after`, live until
+/// the run ends.
+pub async fn events(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>> {
+    let Query(query) =
+        query.map_err(|rejection| ApiError::invalid("query", rejection.body_text()))?;
+    let tenant = caller.tenant.clone();
+    execution_events(&state, &tenant, &id).await?;
+    let after = query.after.unwrap_or_else(|| {
+        headers
+            .get("last-event-id")
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.parse().ok())
+            .unwrap_or(0)
+    });
+    let scoped = tenant.scope(&id);
+    struct Cursor {
+        after: u64,
+        pending: std::collections::VecDeque<Event>,
+        ended: bool,
+    }
+    let cursor = Cursor {
+        after,
+        pending: Default::default(),
+        ended: false,
+    };
+    let stream = stream::unfold(cursor, move |mut cursor| {
+        let state = state.clone();
+        let scoped = scoped.clone();
+        let tenant = tenant.clone();
+        async move {
+            loop {
+                if let Some(event) = cursor.pending.pop_front() {
+                    cursor.after = event.seq;
+                    if matches!(event.kind, EventKind::RunEnded(_)) {
+                        cursor.ended = true;
+                    }
+                    let mut data = serde_json::to_value(&event).unwrap_or_default();
+                    tenant.unscope_json(&mut data);
+                    let sse = SseEvent::default()
+                        .id(event.seq.to_string())
+                        .event(event.kind.type_name())
+                        .data(data.to_string());
+                    return Some((Ok(sse), cursor));
+                }
+                if cursor.ended {
+                    return None;
+                }
+                match state.store.events_after(&scoped, cursor.after).await {
+                    Ok(events) if !events.is_empty() => cursor.pending.extend(events),
+                    Ok(_) => tokio::time::sleep(POLL).await,
+                    Err(error) => {
+                        tracing::warn!(%error, "event stream stopped by a store error");
+                        return None;
+                    }
+                }
+            }
+        }
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}

@@ -1,0 +1,61 @@
+//! Operations: liveness, readiness, metrics, the OpenAPI document, unknown routes.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use contexture_store::Store;
+use serde_json::json;
+
+use crate::app::AppState;
+use crate::error::ApiError;
+
+/// The OpenAPI document, checked by a test to list every route the router serves.
+pub const OPENAPI: &str = include_str!("../../openapi.json");
+
+/// `GET /healthz`: the process is up.
+pub async fn healthz() -> Json<serde_json::Value> {
+    Json(json!({"status": "ok"}))
+}
+
+/// `GET /readyz`: the store answers.
+pub async fn readyz(State(state): State<AppState>) -> Response {
+    match state.store.ping().await {
+        Ok(()) => Json(json!({"status": "ready"})).into_response(),
+        Err(error) => {
+            tracing::warn!(%error, "not ready: the store does not answer");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({"status": "unavailable", "reason": "the store does not answer"})),
+            )
+                .into_response()
+        }
+    }
+}
+
+/// `GET /metrics`: Prometheus text exposition.
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+/// `GET /openapi.json`.
+pub async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+/// Any other path.
+pub async fn not_found(uri: Uri) -> ApiError {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        code: "not_found",
+        message: format!("no route {}", uri.path()),
+        param: None,
+    }
+}
