@@ -73,9 +73,7 @@ impl LlmError {
     /// connection failures.
     pub fn is_retryable(&self) -> bool {
         match self {
-            LlmError::Status { status, .. } => {
-                matches!(status, 408 | 409 | 429) || (500..600).contains(status)
-            }
+            LlmError::Status { status, .. } => retryable_status(*status),
             LlmError::Timeout { .. } | LlmError::Connection { .. } => true,
             _ => false,
         }
@@ -88,4 +86,9 @@ impl LlmError {
             _ => None,
         }
     }
+}
+
+/// True for the HTTP statuses worth another attempt: 408, 409, 429 and 5xx.
+pub(crate) fn retryable_status(status: u16) -> bool {
+    matches!(status, 408 | 409 | 429) || (500..600).contains(&status)
 }

@@ -10,11 +10,16 @@
 //! exponential backoff, honouring `Retry-After` ([`RetryPolicy`]); every call returns the
 //! provider-reported [`Usage`]. API keys are never logged: the providers' `Debug` output
 //! redacts them.
+//!
+//! [`passthrough`] forwards OpenAI-compatible calls to an upstream provider unchanged
+//! (streams chunk by chunk), for a server that proxies them, and folds the upstream's answer
+//! into the assistant's message ([`AnswerAccumulator`]).
 
 mod anthropic;
 mod error;
 mod http;
 mod openai;
+pub mod passthrough;
 mod provider;
 mod retry;
 mod scripted;
@@ -23,6 +28,10 @@ mod sse;
 pub use anthropic::AnthropicProvider;
 pub use error::{LlmError, SCRIPT_EXHAUSTED};
 pub use openai::OpenAiProvider;
+pub use passthrough::{
+    Answer, AnswerAccumulator, Passthrough, PassthroughError, UpstreamBody, UpstreamConfig,
+    UpstreamResponse, UpstreamStream, record_stream,
+};
 pub use provider::{BoxFuture, ChatRequest, ChatResponse, Provider, StreamDelta, Usage};
 pub use retry::RetryPolicy;
 pub use scripted::{ScriptError, ScriptedProvider};

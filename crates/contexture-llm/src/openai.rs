@@ -88,27 +88,13 @@ impl OpenAiProvider {
             .http
             .post_json(&self.url(), &self.headers(), &body)
             .await?;
-        let choice = answer
-            .get("choices")
-            .and_then(|choices| choices.get(0))
-            .ok_or_else(|| self.http.decode_error("no `choices[0]` in the answer"))?;
-        let message = choice.get("message").ok_or_else(|| {
-            self.http
-                .decode_error("no `choices[0].message` in the answer")
-        })?;
-        let message = openai::parse_message(message)
-            .map_err(|e| self.http.decode_error(format!("choices[0].message: {e}")))?;
+        let completion = parse_completion(&answer)
+            .map_err(|problem| self.http.decode_error(problem.to_string()))?;
         Ok(ChatResponse {
-            message,
-            finish_reason: choice
-                .get("finish_reason")
-                .and_then(Value::as_str)
-                .map(str::to_owned),
-            usage: answer.get("usage").and_then(parse_usage),
-            model: answer
-                .get("model")
-                .and_then(Value::as_str)
-                .map(str::to_owned),
+            message: completion.message,
+            finish_reason: completion.finish_reason,
+            usage: completion.usage,
+            model: completion.model,
             attempts,
         })
     }
@@ -127,22 +113,19 @@ impl OpenAiProvider {
         let mut assembly = StreamAssembly::default();
         while let Some(events) = self.http.events(&mut response, &mut decoder).await? {
             for event in events {
-                if event.data.trim() == "[DONE]" {
-                    continue;
-                }
-                let chunk: Value = serde_json::from_str(&event.data).map_err(|e| {
-                    self.http
-                        .decode_error(format!("a stream chunk is not JSON ({e}): {}", event.data))
-                })?;
-                if let Some(error) = chunk.get("error") {
-                    return Err(self
-                        .http
-                        .decode_error(format!("the stream reported an error: {error}")));
-                }
-                assembly.absorb(&chunk, on_delta);
+                assembly
+                    .absorb_data(&event.data, on_delta)
+                    .map_err(|problem| self.http.decode_error(problem.to_string()))?;
             }
         }
-        Ok(assembly.finish(attempts))
+        let completion = assembly.finish();
+        Ok(ChatResponse {
+            message: completion.message,
+            finish_reason: completion.finish_reason,
+            usage: completion.usage,
+            model: completion.model,
+            attempts,
+        })
     }
 }
 
@@ -191,6 +174,66 @@ fn request_body(request: &ChatRequest, stream: bool) -> Value {
     Value::Object(body)
 }
 
+/// A chat completion's assistant message and what came with it: the pieces shared by
+/// [`OpenAiProvider`] and the pass-through's answer accumulator.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Completion {
+    pub message: Message,
+    pub finish_reason: Option<String>,
+    pub usage: Option<Usage>,
+    pub model: Option<String>,
+}
+
+/// Why a `chat.completion` object could not be read.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum CompletionProblem {
+    /// It has no choice with index 0.
+    NoChoice,
+    /// Its choice 0 has no message, or the message is malformed.
+    Message(String),
+}
+
+impl std::fmt::Display for CompletionProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CompletionProblem::NoChoice => write!(f, "no `choices[0]` in the answer"),
+            CompletionProblem::Message(detail) => write!(f, "{detail}"),
+        }
+    }
+}
+
+/// Reads a (non-streamed) `chat.completion` object.
+pub(crate) fn parse_completion(answer: &Value) -> Result<Completion, CompletionProblem> {
+    let choice = first_choice(answer).ok_or(CompletionProblem::NoChoice)?;
+    let message = choice.get("message").ok_or_else(|| {
+        CompletionProblem::Message("no `choices[0].message` in the answer".to_owned())
+    })?;
+    let message = openai::parse_message(message)
+        .map_err(|e| CompletionProblem::Message(format!("choices[0].message: {e}")))?;
+    Ok(Completion {
+        message,
+        finish_reason: choice
+            .get("finish_reason")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        usage: answer.get("usage").and_then(parse_usage),
+        model: answer
+            .get("model")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+    })
+}
+
+/// The choice with index 0 of a completion or a stream chunk (the only one unless the
+/// request asked for `n > 1`); a choice without an `index` counts as index 0.
+fn first_choice(object: &Value) -> Option<&Value> {
+    object
+        .get("choices")?
+        .as_array()?
+        .iter()
+        .find(|choice| choice.get("index").and_then(Value::as_u64).unwrap_or(0) == 0)
+}
+
 fn parse_usage(usage: &Value) -> Option<Usage> {
     Some(Usage {
         prompt_tokens: usage.get("prompt_tokens")?.as_u64()?,
@@ -198,9 +241,29 @@ fn parse_usage(usage: &Value) -> Option<Usage> {
     })
 }
 
+/// Why the `data` of a stream event could not be absorbed.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum ChunkProblem {
+    /// The data is not JSON.
+    NotJson { error: String, data: String },
+    /// The chunk is an `{"error": ...}` object.
+    Reported(String),
+}
+
+impl std::fmt::Display for ChunkProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChunkProblem::NotJson { error, data } => {
+                write!(f, "a stream chunk is not JSON ({error}): {data}")
+            }
+            ChunkProblem::Reported(error) => write!(f, "the stream reported an error: {error}"),
+        }
+    }
+}
+
 /// A streamed reply put back together.
 #[derive(Debug, Default)]
-struct StreamAssembly {
+pub(crate) struct StreamAssembly {
     text: String,
     reasoning: String,
     /// (id, name, arguments) by the index the stream gave.
@@ -208,9 +271,37 @@ struct StreamAssembly {
     finish_reason: Option<String>,
     usage: Option<Usage>,
     model: Option<String>,
+    /// Whether any chunk carried choice 0.
+    saw_choice: bool,
 }
 
 impl StreamAssembly {
+    /// Absorbs the `data` of one server-sent event: skips `[DONE]`, parses the chunk, and
+    /// reports an `{"error": ...}` chunk as a problem.
+    pub(crate) fn absorb_data(
+        &mut self,
+        data: &str,
+        on_delta: &mut (dyn FnMut(StreamDelta) + Send),
+    ) -> Result<(), ChunkProblem> {
+        if data.trim() == "[DONE]" {
+            return Ok(());
+        }
+        let chunk: Value = serde_json::from_str(data).map_err(|e| ChunkProblem::NotJson {
+            error: e.to_string(),
+            data: data.to_owned(),
+        })?;
+        if let Some(error) = chunk.get("error") {
+            return Err(ChunkProblem::Reported(error.to_string()));
+        }
+        self.absorb(&chunk, on_delta);
+        Ok(())
+    }
+
+    /// Whether any chunk carried choice 0 (a stream without one has no answer).
+    pub(crate) fn saw_choice(&self) -> bool {
+        self.saw_choice
+    }
+
     fn absorb(&mut self, chunk: &Value, on_delta: &mut (dyn FnMut(StreamDelta) + Send)) {
         if let Some(model) = chunk.get("model").and_then(Value::as_str) {
             self.model = Some(model.to_owned());
@@ -218,9 +309,10 @@ impl StreamAssembly {
         if let Some(usage) = chunk.get("usage").and_then(parse_usage) {
             self.usage = Some(usage);
         }
-        let Some(choice) = chunk.get("choices").and_then(|c| c.get(0)) else {
+        let Some(choice) = first_choice(chunk) else {
             return;
         };
+        self.saw_choice = true;
         if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
             self.finish_reason = Some(reason.to_owned());
         }
@@ -282,7 +374,8 @@ impl StreamAssembly {
         }
     }
 
-    fn finish(self, attempts: u32) -> ChatResponse {
+    /// The assembled reply.
+    pub(crate) fn finish(self) -> Completion {
         let calls: Vec<ToolCall> = self
             .calls
             .into_iter()
@@ -297,12 +390,11 @@ impl StreamAssembly {
                 Part::text(self.text),
             ])),
         };
-        ChatResponse {
+        Completion {
             message,
             finish_reason: self.finish_reason,
             usage: self.usage,
             model: self.model,
-            attempts,
         }
     }
 }
@@ -346,7 +438,7 @@ mod tests {
         for chunk in &chunks {
             assembly.absorb(chunk, &mut |d| deltas.push(d));
         }
-        let response = assembly.finish(1);
+        let response = assembly.finish();
         assert_eq!(deltas.len(), 4);
         assert_eq!(
             response.message.tool_calls,

@@ -38,11 +38,17 @@ impl RetryPolicy {
     /// The delay before retry number `retry` (0-based) after `error`: the provider's
     /// `Retry-After` when it gave one, else `initial_delay x 2^retry`; capped at `max_delay`.
     pub fn delay(&self, retry: u32, error: &LlmError) -> Duration {
+        self.delay_after(retry, error.retry_after())
+    }
+
+    /// The delay before retry number `retry` (0-based) when the server asked for
+    /// `retry_after` (or did not): the rule of [`RetryPolicy::delay`].
+    pub(crate) fn delay_after(&self, retry: u32, retry_after: Option<Duration>) -> Duration {
         let backoff = self
             .initial_delay
             .checked_mul(2u32.saturating_pow(retry))
             .unwrap_or(self.max_delay);
-        error.retry_after().unwrap_or(backoff).min(self.max_delay)
+        retry_after.unwrap_or(backoff).min(self.max_delay)
     }
 
     /// Runs `attempt` until it succeeds, fails with a non-retryable error, or the retries are

@@ -10,10 +10,16 @@ pub(crate) struct SseEvent {
     pub data: String,
 }
 
-/// Decodes a byte stream fed in arbitrary chunks.
+/// Decodes a byte stream fed in arbitrary chunks. Lines are split on `\n` bytes only, so a
+/// chunk boundary inside a UTF-8 character is harmless: the character is decoded once its
+/// line is complete.
 #[derive(Debug, Default)]
 pub(crate) struct SseDecoder {
+    /// The start of a line that is not complete yet.
     buffer: Vec<u8>,
+    /// How many bytes of `buffer` are known to hold no newline, so that feeding a long line
+    /// in small chunks does not scan it again and again.
+    scanned: usize,
     event: Option<String>,
     data: Vec<String>,
 }
@@ -23,22 +29,29 @@ impl SseDecoder {
     pub fn feed(&mut self, chunk: &[u8]) -> Vec<SseEvent> {
         self.buffer.extend_from_slice(chunk);
         let mut events = Vec::new();
-        while let Some(end) = self.buffer.iter().position(|&b| b == b'\n') {
-            let mut line: Vec<u8> = self.buffer.drain(..=end).collect();
-            line.pop();
+        let mut start = 0;
+        let mut from = self.scanned;
+        while let Some(offset) = self.buffer[from..].iter().position(|&b| b == b'\n') {
+            let end = from + offset;
+            let mut line = &self.buffer[start..end];
             if line.last() == Some(&b'\r') {
-                line.pop();
+                line = &line[..line.len() - 1];
             }
-            let line = String::from_utf8_lossy(&line).into_owned();
+            let line = String::from_utf8_lossy(line).into_owned();
             if let Some(event) = self.line(&line) {
                 events.push(event);
             }
+            start = end + 1;
+            from = start;
         }
+        self.buffer.drain(..start);
+        self.scanned = self.buffer.len();
         events
     }
 
     /// Ends the stream; returns a last event that was not followed by a blank line.
     pub fn finish(&mut self) -> Option<SseEvent> {
+        self.scanned = 0;
         if !self.buffer.is_empty() {
             let rest = String::from_utf8_lossy(&std::mem::take(&mut self.buffer)).into_owned();
             self.line(rest.trim_end_matches('\r'));
@@ -116,6 +129,19 @@ mod tests {
             events.extend(decoder.finish());
             assert_eq!(events, expected(), "split at {split}");
         }
+    }
+
+    #[test]
+    fn decodes_byte_by_byte_across_multibyte_characters() {
+        let stream = "data: {\"t\":\"ol\u{e1} \u{1f30d}\"}\n\ndata: [DONE]\n\n";
+        let mut decoder = SseDecoder::default();
+        let mut events = Vec::new();
+        for byte in stream.as_bytes() {
+            events.extend(decoder.feed(std::slice::from_ref(byte)));
+        }
+        events.extend(decoder.finish());
+        let data: Vec<&str> = events.iter().map(|event| event.data.as_str()).collect();
+        assert_eq!(data, ["{\"t\":\"ol\u{e1} \u{1f30d}\"}", "[DONE]"]);
     }
 
     #[test]
