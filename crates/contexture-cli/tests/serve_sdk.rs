@@ -1,0 +1,551 @@
+//! The official OpenAI Python SDK (PyPI `openai`, installed by `.ci/run`) as a client of
+//! `contexture serve`, whose upstream is a local fake: a three-turn conversation that sends
+//! only each new message gets the thread's history sent upstream and all its turns stored;
+//! a streamed answer reaches the client delta by delta and is stored too; the upstream sees
+//! the server's key, never the client's, and the server's log never shows the upstream key.
+//!
+//! The client is `tests/python/three_turns.py`. Under CI (`CI=true`) a missing `openai`
+//! package fails the test; elsewhere the test says loudly that it skipped.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use contexture_store::testing::TempDir;
+use serde_json::{Value, json};
+
+const UPSTREAM_KEY: &str = "sk-upstream-secret";
+const MODEL: &str = "gpt-4o-mini";
+const CHAT_THREAD: &str = "sdk-chat";
+const STREAM_THREAD: &str = "sdk-stream";
+
+fn root() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
+/// `CI` set to anything but empty, `0` or `false`.
+fn under_ci() -> bool {
+    std::env::var("CI").is_ok_and(|value| !matches!(value.as_str(), "" | "0" | "false"))
+}
+
+/// Whether `python3` can import the SDK; `Err` says why not.
+fn sdk_available() -> Result<(), String> {
+    match Command::new("python3")
+        .args(["-c", "import openai"])
+        .stdin(Stdio::null())
+        .output()
+    {
+        Ok(output) if output.status.success() => Ok(()),
+        Ok(output) => Err(String::from_utf8_lossy(&output.stderr).trim().to_owned()),
+        Err(error) => Err(format!("cannot run python3: {error}")),
+    }
+}
+
+/// One request the fake upstream received.
+#[derive(Debug, Clone)]
+struct Received {
+    body: Value,
+    authorization: Option<String>,
+    /// Every header, `name: value` per line.
+    headers: String,
+}
+
+/// A fake OpenAI-compatible provider: the Nth request is answered `reply N`, or, when it
+/// asks for a stream, `streamed reply N` in several `chat.completion.chunk` events.
+#[derive(Default)]
+struct Upstream {
+    received: Mutex<Vec<Received>>,
+    /// The text of each answer, in the order of the requests.
+    answers: Mutex<Vec<String>>,
+}
+
+async fn complete(
+    State(upstream): State<Arc<Upstream>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let body: Value = serde_json::from_slice(&body).expect("the server sent JSON upstream");
+    let stream = body["stream"] == json!(true);
+    let n = {
+        let mut received = upstream.received.lock().unwrap();
+        received.push(Received {
+            body,
+            authorization: headers
+                .get(header::AUTHORIZATION)
+                .map(|value| value.to_str().unwrap_or("<not ASCII>").to_owned()),
+            headers: headers
+                .iter()
+                .map(|(name, value)| {
+                    format!("{name}: {}\n", String::from_utf8_lossy(value.as_bytes()))
+                })
+                .collect(),
+        });
+        received.len()
+    };
+    let id = format!("chatcmpl-{n}");
+    if !stream {
+        let text = format!("reply {n}");
+        upstream.answers.lock().unwrap().push(text.clone());
+        return axum::Json(json!({
+            "id": id, "object": "chat.completion", "created": 1_700_000_000, "model": MODEL,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}
+        }))
+        .into_response();
+    }
+    let pieces = ["streamed".to_owned(), " reply".to_owned(), format!(" {n}")];
+    upstream.answers.lock().unwrap().push(pieces.concat());
+    let chunk = |delta: Value, finish: Value| {
+        let chunk = json!({
+            "id": id, "object": "chat.completion.chunk", "created": 1_700_000_000, "model": MODEL,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]
+        });
+        format!("data: {chunk}\n\n")
+    };
+    let mut sse = chunk(json!({"role": "assistant", "content": ""}), Value::Null);
+    for piece in &pieces {
+        sse.push_str(&chunk(json!({"content": piece}), Value::Null));
+    }
+    sse.push_str(&chunk(json!({}), json!("stop")));
+    sse.push_str("data: [DONE]\n\n");
+    (
+        [(header::CONTENT_TYPE, "text/event-stream")],
+        Body::from(sse),
+    )
+        .into_response()
+}
+
+/// A running `contexture serve`; stopped (SIGTERM, then SIGKILL) when dropped, also when the
+/// test panics.
+struct Server {
+    child: Child,
+    address: String,
+    /// Everything it wrote on stderr so far.
+    stderr: Arc<Mutex<String>>,
+    stderr_reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Server {
+    fn start(db: &str, upstream: &str) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_contexture"))
+            .current_dir(root())
+            .args(["serve", "--db", db, "--bind", "127.0.0.1:0"])
+            .env("CONTEXTURE_UPSTREAM_URL", upstream)
+            .env("CONTEXTURE_UPSTREAM_KEY", UPSTREAM_KEY)
+            // Debug logs from every crate: the upstream key must not show even there.
+            .env("CONTEXTURE_LOG", "debug")
+            .env_remove("CONTEXTURE_CONFIG")
+            .env_remove("CONTEXTURE_DB")
+            .env_remove("CONTEXTURE_BIND")
+            .env_remove("CONTEXTURE_MODELS")
+            .env_remove("CONTEXTURE_LLM")
+            .env_remove("CONTEXTURE_ANONYMOUS_TENANT")
+            .env_remove("OPENAI_BASE_URL")
+            .env_remove("OPENAI_API_KEY")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start contexture serve");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let (listening, bound) = mpsc::channel();
+        let pipe = child.stderr.take().unwrap();
+        let log = stderr.clone();
+        let stderr_reader = std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines() {
+                let Ok(line) = line else { break };
+                if let Some(address) = line.strip_prefix("listening on http://") {
+                    let _ = listening.send(address.trim().to_owned());
+                }
+                let mut log = log.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let mut server = Server {
+            child,
+            address: String::new(),
+            stderr,
+            stderr_reader: Some(stderr_reader),
+        };
+        match bound.recv_timeout(Duration::from_secs(60)) {
+            Ok(address) => server.address = address,
+            Err(_) => panic!(
+                "contexture serve did not print `listening on` (exit: {:?}); stderr:\n{}",
+                server.child.try_wait(),
+                server.stderr()
+            ),
+        }
+        server
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Stops the server and returns its whole stderr.
+    fn stop(&mut self) -> String {
+        if self.child.try_wait().ok().flatten().is_none() {
+            #[cfg(unix)]
+            // SAFETY: a plain signal to the child this test started.
+            unsafe {
+                libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+            }
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if let Some(reader) = self.stderr_reader.take() {
+            let _ = reader.join();
+        }
+        self.stderr()
+    }
+
+    /// `GET path` with the key; the JSON body of a 200.
+    fn get_json(&self, path: &str, key: &str) -> Value {
+        let mut stream = TcpStream::connect(&self.address).expect("connect to the server");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {key}\r\nAccept: application/json\r\nConnection: close\r\n\r\n",
+            self.address
+        )
+        .unwrap();
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).unwrap();
+        let response = String::from_utf8(response).expect("a UTF-8 response");
+        let (head, body) = response
+            .split_once("\r\n\r\n")
+            .unwrap_or_else(|| panic!("not an HTTP response: {response}"));
+        assert!(
+            head.starts_with("HTTP/1.1 200"),
+            "GET {path}: {head}\n\n{body}"
+        );
+        let body = if head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked")
+        {
+            dechunk(body)
+        } else {
+            body.to_owned()
+        };
+        serde_json::from_str(&body).unwrap_or_else(|error| panic!("GET {path}: {error}: {body}"))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A `Transfer-Encoding: chunked` body, joined.
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = body.split_once("\r\n").expect("a chunk size line");
+        let size = usize::from_str_radix(size.split(';').next().unwrap().trim(), 16).unwrap();
+        if size == 0 {
+            return out;
+        }
+        out.push_str(&rest[..size]);
+        body = &rest[size + 2..];
+    }
+}
+
+/// A message as (role, text).
+fn turn(message: &Value) -> (String, String) {
+    (
+        message["role"].as_str().unwrap_or_default().to_owned(),
+        message["content"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+fn turns(items: &[(&str, &str)]) -> Vec<(String, String)> {
+    items
+        .iter()
+        .map(|(role, text)| (role.to_string(), text.to_string()))
+        .collect()
+}
+
+fn sent_upstream(request: &Received) -> Vec<(String, String)> {
+    request.body["messages"]
+        .as_array()
+        .expect("messages sent upstream")
+        .iter()
+        .map(turn)
+        .collect()
+}
+
+/// The thread's `message_appended` events, with the counts of its other event types.
+fn stored(server: &Server, key: &str, thread: &str) -> (Vec<(String, String)>, Vec<Value>) {
+    let page = server.get_json(&format!("/v1/threads/{thread}/events?limit=1000"), key);
+    assert_eq!(page["next_after"], Value::Null, "one page holds them all");
+    let events = page["events"].as_array().unwrap().clone();
+    let messages = events
+        .iter()
+        .filter(|event| event["type"] == "message_appended")
+        .map(|event| turn(&event["message"]))
+        .collect();
+    (messages, events)
+}
+
+#[test]
+fn the_openai_python_sdk_talks_to_contexture_serve() {
+    if let Err(problem) = sdk_available() {
+        let advice = "install it with: python3 -m pip install 'openai>=1.40,<3' (as .ci/run does)";
+        if under_ci() {
+            panic!("the Python package `openai` is missing under CI ({problem}); {advice}");
+        }
+        eprintln!(
+            "\n\n*** SKIPPED serve_sdk: the Python package `openai` is missing ({problem}); {advice} ***\n\n"
+        );
+        return;
+    }
+    let started = Instant::now();
+
+    // The fake upstream.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let upstream = Arc::new(Upstream::default());
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let upstream_url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let app = Router::new()
+        .route("/v1/chat/completions", post(complete))
+        .with_state(upstream.clone());
+    runtime.spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    // A key for tenant acme, then the server.
+    let dir = TempDir::new("contexture-serve-sdk");
+    let db = format!("sqlite:{}", dir.join("serve.db").display());
+    let created = Command::new(env!("CARGO_BIN_EXE_contexture"))
+        .current_dir(root())
+        .args([
+            "keys", "create", "--tenant", "acme", "--name", "sdk", "--db", &db,
+        ])
+        .env_remove("CONTEXTURE_DB")
+        .output()
+        .expect("run contexture keys create");
+    assert!(
+        created.status.success(),
+        "contexture keys create failed: {}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let key = String::from_utf8(created.stdout).unwrap().trim().to_owned();
+    assert!(key.starts_with("ctx_"), "not a key: {key}");
+    let mut server = Server::start(&db, &upstream_url);
+
+    // The SDK's conversation.
+    let script = root().join("tests/python/three_turns.py");
+    let output = Command::new("python3")
+        .arg(&script)
+        .current_dir(root())
+        .env(
+            "CONTEXTURE_BASE_URL",
+            format!("http://{}/v1", server.address),
+        )
+        .env("CONTEXTURE_API_KEY", &key)
+        .env("CONTEXTURE_MODEL", MODEL)
+        .env("THREAD_CHAT", CHAT_THREAD)
+        .env("THREAD_STREAM", STREAM_THREAD)
+        .env_remove("OPENAI_BASE_URL")
+        .env_remove("OPENAI_API_KEY")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run python3");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{} failed ({}):\n{stderr}\n{stdout}\nserver log:\n{}",
+        script.display(),
+        output.status,
+        server.stderr()
+    );
+    let summary: Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|error| panic!("the script's summary is not JSON ({error}): {stdout}"));
+    eprintln!("openai SDK {}", summary["sdk_version"]);
+
+    // The client got the upstream's answers, and the thread named in metadata.
+    assert_eq!(
+        summary["answers"],
+        json!(["reply 1", "reply 2", "reply 3"]),
+        "{summary}"
+    );
+    assert_eq!(
+        summary["response_threads"],
+        json!([CHAT_THREAD, CHAT_THREAD]),
+        "the thread from the header (turn 2) and from metadata (turn 3)"
+    );
+
+    // Upstream: each request carried the thread's history, although the client sent only
+    // its new message.
+    let received = upstream.received.lock().unwrap().clone();
+    let answers = upstream.answers.lock().unwrap().clone();
+    assert_eq!(received.len(), 5, "{received:#?}");
+    let system = ("system", "You are terse.");
+    assert_eq!(
+        sent_upstream(&received[0]),
+        turns(&[system, ("user", "user 1")])
+    );
+    assert_eq!(
+        sent_upstream(&received[1]),
+        turns(&[
+            system,
+            ("user", "user 1"),
+            ("assistant", "reply 1"),
+            ("user", "user 2")
+        ])
+    );
+    let full_history = turns(&[
+        system,
+        ("user", "user 1"),
+        ("assistant", "reply 1"),
+        ("user", "user 2"),
+        ("assistant", "reply 2"),
+        ("user", "user 3"),
+    ]);
+    assert_eq!(sent_upstream(&received[2]), full_history);
+    for request in &received[..3] {
+        assert_eq!(request.body["model"], MODEL);
+        assert!(
+            request.body.get("metadata").is_none(),
+            "metadata.contexture_thread is not forwarded: {}",
+            request.body
+        );
+    }
+
+    // The streamed turn, and the turn after it, whose history holds the streamed answer.
+    assert_eq!(received[3].body["stream"], true);
+    assert_eq!(
+        sent_upstream(&received[3]),
+        turns(&[("user", "stream please")])
+    );
+    let streamed = &answers[3];
+    assert_eq!(streamed, "streamed reply 4");
+    assert_eq!(
+        summary["stream"]["text"],
+        streamed.as_str(),
+        "the deltas, joined, are the upstream's answer: {summary}"
+    );
+    assert_eq!(
+        summary["stream"]["deltas"],
+        json!(["streamed", " reply", " 4"])
+    );
+    assert_eq!(summary["stream"]["finish_reason"], "stop");
+    assert_eq!(
+        sent_upstream(&received[4]),
+        turns(&[
+            ("user", "stream please"),
+            ("assistant", "streamed reply 4"),
+            ("user", "after the stream")
+        ]),
+        "the next turn's history holds the streamed answer"
+    );
+    assert_eq!(summary["follow_up"], "reply 5");
+
+    // Keys: the upstream got the server's, never the client's.
+    for (i, request) in received.iter().enumerate() {
+        assert_eq!(
+            request.authorization.as_deref(),
+            Some("Bearer sk-upstream-secret"),
+            "request {i}"
+        );
+        assert!(
+            !request.headers.contains("ctx_") && !request.body.to_string().contains("ctx_"),
+            "the client's key reached the upstream in request {i}:\n{}{}",
+            request.headers,
+            request.body
+        );
+    }
+
+    // The threads hold every turn.
+    let (messages, events) = stored(&server, &key, CHAT_THREAD);
+    let mut all_turns = full_history.clone();
+    all_turns.push(("assistant".into(), "reply 3".into()));
+    assert_eq!(messages, all_turns, "{events:#?}");
+    for (kind, count) in [("request_started", 3), ("request_ended", 3)] {
+        assert_eq!(
+            events.iter().filter(|event| event["type"] == kind).count(),
+            count,
+            "{kind}: {events:#?}"
+        );
+    }
+    // What the thread would send now, fitted to the model: the third request's history,
+    // then the third answer.
+    let context = server.get_json(
+        &format!("/v1/threads/{CHAT_THREAD}/context?model={MODEL}"),
+        &key,
+    );
+    let fitted: Vec<_> = context["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(turn)
+        .collect();
+    assert_eq!(fitted, all_turns, "{context}");
+    assert_eq!(sent_upstream(&received[2]), fitted[..fitted.len() - 1]);
+    let (messages, events) = stored(&server, &key, STREAM_THREAD);
+    assert_eq!(
+        messages,
+        turns(&[
+            ("user", "stream please"),
+            ("assistant", "streamed reply 4"),
+            ("user", "after the stream"),
+            ("assistant", "reply 5"),
+        ]),
+        "{events:#?}"
+    );
+
+    // The server's log never shows the upstream key (nor the client's).
+    let log = server.stop();
+    assert!(
+        !log.contains(UPSTREAM_KEY),
+        "the upstream key is in the server's log:\n{log}"
+    );
+    let secret = key.rsplit('_').next().unwrap();
+    assert!(
+        !log.contains(secret),
+        "the client's key is in the server's log:\n{log}"
+    );
+
+    // Stored durably, under the tenant's scope: the CLI reads `acme/ID` from the database.
+    let listed = Command::new(env!("CARGO_BIN_EXE_contexture"))
+        .current_dir(root())
+        .args([
+            "thread",
+            "messages",
+            "--thread",
+            &format!("acme/{CHAT_THREAD}"),
+            "--db",
+            &db,
+        ])
+        .env_remove("CONTEXTURE_DB")
+        .output()
+        .expect("run contexture thread messages");
+    assert!(
+        listed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let listed: Vec<_> = listed.as_array().unwrap().iter().map(turn).collect();
+    assert_eq!(listed, all_turns);
+    eprintln!("serve_sdk took {:?}", started.elapsed());
+}
