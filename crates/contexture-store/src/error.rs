@@ -17,6 +17,13 @@ pub enum StoreError {
         /// The thread.
         thread: String,
     },
+    /// An API key with this id, or with the same key hash, is already stored (revoked keys
+    /// included); nothing was written.
+    #[error("API key `{id}` not created: a key with this id or this key hash already exists")]
+    KeyExists {
+        /// The id of the key that was not created.
+        id: String,
+    },
     /// A fork point after the parent's last event.
     #[error("cannot fork `{parent}` at seq {at_seq}: its last seq is {last_seq}")]
     ForkBeyondEnd {

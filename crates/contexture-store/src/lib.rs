@@ -17,7 +17,11 @@
 //! - a thread that has forks is never deleted out from under them: [`Store::delete`] refuses
 //!   with [`StoreError::HasForks`], and [`Store::prune`] removes idle forks before their
 //!   parents and keeps a parent while any fork of it is kept.
+//!
+//! Both stores also keep the HTTP server's API keys ([`ApiKeyStore`], by the hash of the
+//! key) and answer a cheap health check ([`Store::ping`]).
 
+mod api_keys;
 mod error;
 mod postgres;
 mod record;
@@ -31,6 +35,7 @@ use std::time::SystemTime;
 
 use contexture_core::thread::{Event, EventKind, Projection, Thread};
 
+pub use api_keys::{ApiKeyRecord, ApiKeyStore};
 pub use error::StoreError;
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
@@ -140,6 +145,11 @@ pub trait Store: Send + Sync {
         &self,
         idle_before: SystemTime,
     ) -> impl Future<Output = Result<PruneReport, StoreError>> + Send;
+
+    /// A cheap health check: one `SELECT 1` round trip through the store's connections (for
+    /// a readiness probe). It waits as long as getting a connection does: callers that must
+    /// answer in time wrap it in a timeout.
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Appends one event and returns its seq.
     fn append_one(
@@ -260,6 +270,15 @@ pub(crate) fn pending_migrations(
         });
     }
     Ok(all.iter().filter(move |(version, _)| *version > current))
+}
+
+/// The migrations of `all` up to `version`: what a build that knows no newer one applies.
+#[cfg(feature = "testing")]
+pub(crate) fn migrations_up_to(
+    all: &'static [(u32, &'static str)],
+    version: u32,
+) -> &'static [(u32, &'static str)] {
+    &all[..all.iter().take_while(|(v, _)| *v <= version).count()]
 }
 
 /// Milliseconds since the Unix epoch (0 for times before it).

@@ -17,11 +17,15 @@ use tokio_postgres::{IsolationLevel, NoTls};
 use crate::error::Action;
 use crate::record::{self, Row, db_seq, seq_of};
 use crate::{
-    ForkChain, NewEvent, PruneReport, Store, StoreError, ThreadInfo, epoch_ms, pending_migrations,
+    ApiKeyRecord, ApiKeyStore, ForkChain, NewEvent, PruneReport, Store, StoreError, ThreadInfo,
+    epoch_ms, pending_migrations,
 };
 
 /// The numbered migrations, applied in order on open.
-const MIGRATIONS: &[(u32, &str)] = &[(1, include_str!("../migrations/postgres/0001_threads.sql"))];
+const MIGRATIONS: &[(u32, &str)] = &[
+    (1, include_str!("../migrations/postgres/0001_threads.sql")),
+    (2, include_str!("../migrations/postgres/0002_api_keys.sql")),
+];
 
 /// Connections in the pool.
 const POOL_SIZE: usize = 16;
@@ -51,16 +55,32 @@ fn invalid(url: &str, reason: impl std::fmt::Display) -> StoreError {
 impl PgStore {
     /// Connects to `url` (`postgres://user@host:port/db`) and applies pending migrations.
     pub async fn open(url: &str) -> Result<PgStore, StoreError> {
-        PgStore::open_with_schema(url, None).await
+        PgStore::open_with_schema(url, None, MIGRATIONS).await
     }
 
     /// Like [`PgStore::open`], keeping every table in `schema` (created when missing).
     /// `schema` must be an identifier of ASCII letters, digits and underscores.
     pub async fn open_in_schema(url: &str, schema: &str) -> Result<PgStore, StoreError> {
-        PgStore::open_with_schema(url, Some(schema)).await
+        PgStore::open_with_schema(url, Some(schema), MIGRATIONS).await
     }
 
-    async fn open_with_schema(url: &str, schema: Option<&str>) -> Result<PgStore, StoreError> {
+    /// Like [`PgStore::open_in_schema`], as a build that knows only the migrations up to
+    /// `version` would (see [`crate::testing::pg_store_at_version`]).
+    #[cfg(feature = "testing")]
+    pub(crate) async fn open_in_schema_at_version(
+        url: &str,
+        schema: &str,
+        version: u32,
+    ) -> Result<PgStore, StoreError> {
+        let migrations = crate::migrations_up_to(MIGRATIONS, version);
+        PgStore::open_with_schema(url, Some(schema), migrations).await
+    }
+
+    async fn open_with_schema(
+        url: &str,
+        schema: Option<&str>,
+        migrations: &'static [(u32, &'static str)],
+    ) -> Result<PgStore, StoreError> {
         let mut config: tokio_postgres::Config = url.parse().map_err(|e| invalid(url, e))?;
         if let Some(schema) = schema {
             if schema.is_empty()
@@ -99,7 +119,7 @@ impl PgStore {
             pool,
             schema: schema.map(str::to_string),
         };
-        store.migrate().await?;
+        store.migrate(migrations).await?;
         Ok(store)
     }
 
@@ -116,7 +136,9 @@ impl PgStore {
         Ok(())
     }
 
-    async fn migrate(&self) -> Result<(), StoreError> {
+    /// Applies the migrations of `migrations` (all of [`MIGRATIONS`], or for tests a prefix
+    /// of it, as an older build would) that the database has not applied yet.
+    async fn migrate(&self, migrations: &'static [(u32, &'static str)]) -> Result<(), StoreError> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await.doing("begin migrations")?;
         // Serialize concurrent openers of the same schema.
@@ -138,7 +160,7 @@ impl PgStore {
             .doing("read the schema version")?
             .get(0);
         let current = u32::try_from(current).unwrap_or(0);
-        for (version, sql) in pending_migrations("postgres", MIGRATIONS, current)? {
+        for (version, sql) in pending_migrations("postgres", migrations, current)? {
             let failed = |e: tokio_postgres::Error| StoreError::Migration {
                 backend: "postgres",
                 version: *version,
@@ -529,5 +551,111 @@ impl Store for PgStore {
             .collect();
         tx.commit().await.doing("commit pruning")?;
         Ok(report)
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        let client = self.pool.get().await?;
+        client.simple_query("SELECT 1").await.doing("ping")?;
+        Ok(())
+    }
+}
+
+/// The columns [`api_key_of`] reads, in order.
+const API_KEY_COLUMNS: &str = "id, tenant, name, created_at, revoked_at";
+
+fn api_key_of(row: &tokio_postgres::Row) -> ApiKeyRecord {
+    ApiKeyRecord {
+        id: row.get(0),
+        tenant: row.get(1),
+        name: row.get(2),
+        created_at_ms: row.get(3),
+        revoked_at_ms: row.get(4),
+    }
+}
+
+impl ApiKeyStore for PgStore {
+    async fn create_api_key(
+        &self,
+        id: &str,
+        tenant: &str,
+        name: &str,
+        key_hash: &str,
+    ) -> Result<ApiKeyRecord, StoreError> {
+        let created_at_ms = epoch_ms(SystemTime::now());
+        let client = self.pool.get().await?;
+        // Without a conflict target, DO NOTHING covers both the id and the hash.
+        let created = client
+            .execute(
+                "INSERT INTO api_keys (id, tenant, name, key_hash, created_at)
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+                &[&id, &tenant, &name, &key_hash, &created_at_ms],
+            )
+            .await
+            .doing("create the API key")?;
+        if created == 0 {
+            return Err(StoreError::KeyExists { id: id.to_string() });
+        }
+        Ok(ApiKeyRecord {
+            id: id.to_string(),
+            tenant: tenant.to_string(),
+            name: name.to_string(),
+            created_at_ms,
+            revoked_at_ms: None,
+        })
+    }
+
+    async fn api_key_by_hash(&self, key_hash: &str) -> Result<Option<ApiKeyRecord>, StoreError> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_opt(
+                &format!(
+                    "SELECT {API_KEY_COLUMNS} FROM api_keys
+                     WHERE key_hash = $1 AND revoked_at IS NULL"
+                ),
+                &[&key_hash],
+            )
+            .await
+            .doing("look up the API key")?;
+        Ok(row.as_ref().map(api_key_of))
+    }
+
+    async fn list_api_keys(&self, tenant: Option<&str>) -> Result<Vec<ApiKeyRecord>, StoreError> {
+        let client = self.pool.get().await?;
+        let rows = match tenant {
+            Some(tenant) => {
+                client
+                    .query(
+                        &format!(
+                            "SELECT {API_KEY_COLUMNS} FROM api_keys WHERE tenant = $1
+                             ORDER BY created_at, ord"
+                        ),
+                        &[&tenant],
+                    )
+                    .await
+            }
+            None => {
+                client
+                    .query(
+                        &format!("SELECT {API_KEY_COLUMNS} FROM api_keys ORDER BY created_at, ord"),
+                        &[],
+                    )
+                    .await
+            }
+        }
+        .doing("list API keys")?;
+        Ok(rows.iter().map(api_key_of).collect())
+    }
+
+    async fn revoke_api_key(&self, id: &str) -> Result<bool, StoreError> {
+        let now = epoch_ms(SystemTime::now());
+        let client = self.pool.get().await?;
+        let revoked = client
+            .execute(
+                "UPDATE api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL",
+                &[&id, &now],
+            )
+            .await
+            .doing("revoke the API key")?;
+        Ok(revoked > 0)
     }
 }

@@ -17,7 +17,8 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use crate::error::Action;
 use crate::record::{self, Row, db_seq, seq_of};
 use crate::{
-    ForkChain, NewEvent, PruneReport, Store, StoreError, ThreadInfo, epoch_ms, pending_migrations,
+    ApiKeyRecord, ApiKeyStore, ForkChain, NewEvent, PruneReport, Store, StoreError, ThreadInfo,
+    epoch_ms, pending_migrations,
 };
 
 /// The numbered migrations, applied in order on open.
@@ -27,6 +28,7 @@ const MIGRATIONS: &[(u32, &str)] = &[
         2,
         include_str!("../migrations/sqlite/0002_ordinary_messages.sql"),
     ),
+    (3, include_str!("../migrations/sqlite/0003_api_keys.sql")),
 ];
 
 /// How long a write waits for another process's write transaction.
@@ -74,7 +76,12 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+/// Applies the migrations of `migrations` (all of [`MIGRATIONS`], or for tests a prefix of
+/// it, as an older build would) that the database has not applied yet.
+fn migrate(
+    conn: &mut Connection,
+    migrations: &'static [(u32, &'static str)],
+) -> Result<(), StoreError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .doing("begin migrations")?;
@@ -90,7 +97,7 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
             |r| r.get(0),
         )
         .doing("read the schema version")?;
-    for (version, sql) in pending_migrations("sqlite", MIGRATIONS, current)? {
+    for (version, sql) in pending_migrations("sqlite", migrations, current)? {
         let failed = |e: rusqlite::Error| StoreError::Migration {
             backend: "sqlite",
             version: *version,
@@ -115,9 +122,23 @@ impl SqliteStore {
 
     /// Like [`SqliteStore::open`], on the calling thread.
     pub fn open_blocking(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
-        let path = path.as_ref().to_path_buf();
+        SqliteStore::open_with_migrations(path.as_ref(), MIGRATIONS)
+    }
+
+    /// Opens the database at `path` as a build that knows only the migrations up to
+    /// `version` would (see [`crate::testing::open_sqlite_at_version`]).
+    #[cfg(feature = "testing")]
+    pub(crate) fn open_at_version(path: &Path, version: u32) -> Result<SqliteStore, StoreError> {
+        SqliteStore::open_with_migrations(path, crate::migrations_up_to(MIGRATIONS, version))
+    }
+
+    fn open_with_migrations(
+        path: &Path,
+        migrations: &'static [(u32, &'static str)],
+    ) -> Result<SqliteStore, StoreError> {
+        let path = path.to_path_buf();
         let mut writer = connect(&path)?;
-        migrate(&mut writer)?;
+        migrate(&mut writer, migrations)?;
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 path,
@@ -594,5 +615,118 @@ impl Store for SqliteStore {
     async fn prune(&self, idle_before: SystemTime) -> Result<PruneReport, StoreError> {
         let cutoff = epoch_ms(idle_before);
         self.write(move |conn| prune_idle(conn, cutoff)).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.read(|conn| {
+            conn.query_row("SELECT 1", [], |r| r.get::<_, i64>(0))
+                .doing("ping")?;
+            Ok(())
+        })
+        .await
+    }
+}
+
+/// The columns [`api_key_of`] reads, in order.
+const API_KEY_COLUMNS: &str = "id, tenant, name, created_at, revoked_at";
+
+fn api_key_of(row: &rusqlite::Row<'_>) -> rusqlite::Result<ApiKeyRecord> {
+    Ok(ApiKeyRecord {
+        id: row.get(0)?,
+        tenant: row.get(1)?,
+        name: row.get(2)?,
+        created_at_ms: row.get(3)?,
+        revoked_at_ms: row.get(4)?,
+    })
+}
+
+impl ApiKeyStore for SqliteStore {
+    async fn create_api_key(
+        &self,
+        id: &str,
+        tenant: &str,
+        name: &str,
+        key_hash: &str,
+    ) -> Result<ApiKeyRecord, StoreError> {
+        let record = ApiKeyRecord {
+            id: id.to_string(),
+            tenant: tenant.to_string(),
+            name: name.to_string(),
+            created_at_ms: epoch_ms(SystemTime::now()),
+            revoked_at_ms: None,
+        };
+        let key_hash = key_hash.to_string();
+        self.write(move |conn| {
+            // Without a conflict target, DO NOTHING covers both the id and the hash.
+            let created = conn
+                .prepare_cached(
+                    "INSERT INTO api_keys (id, tenant, name, key_hash, created_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",
+                )
+                .doing("prepare the key insert")?
+                .execute(params![
+                    record.id,
+                    record.tenant,
+                    record.name,
+                    key_hash,
+                    record.created_at_ms
+                ])
+                .doing("create the API key")?;
+            if created == 0 {
+                return Err(StoreError::KeyExists { id: record.id });
+            }
+            Ok(record)
+        })
+        .await
+    }
+
+    async fn api_key_by_hash(&self, key_hash: &str) -> Result<Option<ApiKeyRecord>, StoreError> {
+        let key_hash = key_hash.to_string();
+        self.read(move |conn| {
+            conn.prepare_cached(&format!(
+                "SELECT {API_KEY_COLUMNS} FROM api_keys
+                 WHERE key_hash = ?1 AND revoked_at IS NULL"
+            ))
+            .doing("prepare the key lookup")?
+            .query_row([key_hash], api_key_of)
+            .optional()
+            .doing("look up the API key")
+        })
+        .await
+    }
+
+    async fn list_api_keys(&self, tenant: Option<&str>) -> Result<Vec<ApiKeyRecord>, StoreError> {
+        let tenant = tenant.map(str::to_string);
+        self.read(move |conn| {
+            // Two statements, so that a tenant's keys are read through `api_keys_tenant`.
+            let (filter, params) = match &tenant {
+                Some(tenant) => ("WHERE tenant = ?1", vec![tenant]),
+                None => ("", vec![]),
+            };
+            conn.prepare_cached(&format!(
+                "SELECT {API_KEY_COLUMNS} FROM api_keys {filter} ORDER BY created_at, rowid"
+            ))
+            .doing("prepare the key list")?
+            .query_map(rusqlite::params_from_iter(params), api_key_of)
+            .doing("list API keys")?
+            .collect::<Result<Vec<_>, _>>()
+            .doing("read an API key")
+        })
+        .await
+    }
+
+    async fn revoke_api_key(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        let now = epoch_ms(SystemTime::now());
+        self.write(move |conn| {
+            let revoked = conn
+                .execute(
+                    "UPDATE api_keys SET revoked_at = ?2 WHERE id = ?1 AND revoked_at IS NULL",
+                    params![id, now],
+                )
+                .doing("revoke the API key")?;
+            Ok(revoked > 0)
+        })
+        .await
     }
 }

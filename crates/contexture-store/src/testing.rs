@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::PgStore;
+use crate::{PgStore, SqliteStore, StoreError};
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
@@ -70,19 +70,47 @@ pub async fn pg_store(prefix: &str) -> Option<(PgStore, String)> {
     let schema = unique(prefix);
     match PgStore::open_in_schema(&pg_url(), &schema).await {
         Ok(store) => Some((store, schema)),
-        Err(error) => {
-            if in_ci() {
-                panic!(
-                    "CI=true and PostgreSQL at {} is unreachable: {error}",
-                    pg_url()
-                );
-            }
-            eprintln!(
-                "\n!!! SKIPPING a PostgreSQL test: {} is unreachable ({error}). \
-                 Set CONTEXTURE_TEST_PG; under CI=true this fails.\n",
-                pg_url()
-            );
-            None
-        }
+        Err(error) => unreachable_pg(error),
     }
+}
+
+/// What a test does when PostgreSQL cannot be reached: panics under `CI=true`, otherwise
+/// says loudly that the test is skipped.
+fn unreachable_pg<T>(error: StoreError) -> Option<T> {
+    if in_ci() {
+        panic!(
+            "CI=true and PostgreSQL at {} is unreachable: {error}",
+            pg_url()
+        );
+    }
+    eprintln!(
+        "\n!!! SKIPPING a PostgreSQL test: {} is unreachable ({error}). \
+         Set CONTEXTURE_TEST_PG; under CI=true this fails.\n",
+        pg_url()
+    );
+    None
+}
+
+/// Opens (creating when missing) the SQLite database at `path` as a build that knows only the
+/// migrations up to `version` would: for tests that a new migration applies to a database an
+/// older build left. A database at a newer version is refused with
+/// [`StoreError::SchemaTooNew`], as that build would refuse it.
+pub fn open_sqlite_at_version(path: &Path, version: u32) -> Result<SqliteStore, StoreError> {
+    SqliteStore::open_at_version(path, version)
+}
+
+/// Like [`pg_store`], as a build that knows only the migrations up to `version` would (see
+/// [`open_sqlite_at_version`]).
+pub async fn pg_store_at_version(prefix: &str, version: u32) -> Option<(PgStore, String)> {
+    let schema = unique(prefix);
+    match PgStore::open_in_schema_at_version(&pg_url(), &schema, version).await {
+        Ok(store) => Some((store, schema)),
+        Err(error) => unreachable_pg(error),
+    }
+}
+
+/// Opens `schema` of the test database as a build that knows only the migrations up to
+/// `version` would (see [`open_sqlite_at_version`]).
+pub async fn open_pg_at_version(schema: &str, version: u32) -> Result<PgStore, StoreError> {
+    PgStore::open_in_schema_at_version(&pg_url(), schema, version).await
 }

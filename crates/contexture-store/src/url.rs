@@ -6,7 +6,10 @@ use std::time::SystemTime;
 
 use contexture_core::thread::{Event, Projection};
 
-use crate::{NewEvent, PgStore, PruneReport, SqliteStore, Store, StoreError, ThreadInfo};
+use crate::{
+    ApiKeyRecord, ApiKeyStore, NewEvent, PgStore, PruneReport, SqliteStore, Store, StoreError,
+    ThreadInfo,
+};
 
 /// A parsed database URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,6 +117,49 @@ impl Store for AnyStore {
         match self {
             AnyStore::Sqlite(store) => store.prune(idle_before).await,
             AnyStore::Postgres(store) => store.prune(idle_before).await,
+        }
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Sqlite(store) => store.ping().await,
+            AnyStore::Postgres(store) => store.ping().await,
+        }
+    }
+}
+
+impl ApiKeyStore for AnyStore {
+    async fn create_api_key(
+        &self,
+        id: &str,
+        tenant: &str,
+        name: &str,
+        key_hash: &str,
+    ) -> Result<ApiKeyRecord, StoreError> {
+        match self {
+            AnyStore::Sqlite(store) => store.create_api_key(id, tenant, name, key_hash).await,
+            AnyStore::Postgres(store) => store.create_api_key(id, tenant, name, key_hash).await,
+        }
+    }
+
+    async fn api_key_by_hash(&self, key_hash: &str) -> Result<Option<ApiKeyRecord>, StoreError> {
+        match self {
+            AnyStore::Sqlite(store) => store.api_key_by_hash(key_hash).await,
+            AnyStore::Postgres(store) => store.api_key_by_hash(key_hash).await,
+        }
+    }
+
+    async fn list_api_keys(&self, tenant: Option<&str>) -> Result<Vec<ApiKeyRecord>, StoreError> {
+        match self {
+            AnyStore::Sqlite(store) => store.list_api_keys(tenant).await,
+            AnyStore::Postgres(store) => store.list_api_keys(tenant).await,
+        }
+    }
+
+    async fn revoke_api_key(&self, id: &str) -> Result<bool, StoreError> {
+        match self {
+            AnyStore::Sqlite(store) => store.revoke_api_key(id).await,
+            AnyStore::Postgres(store) => store.revoke_api_key(id).await,
         }
     }
 }

@@ -1,5 +1,6 @@
 //! One conformance suite, run against SQLite and PostgreSQL: every store operation,
-//! concurrency (8 writers x 1,000 appends to one thread) and reopening.
+//! concurrency (8 writers x 1,000 appends to one thread), reopening, API keys, the health
+//! check, and the API keys' migration applied to a database an older build left.
 
 mod common;
 
@@ -15,7 +16,7 @@ use contexture_core::thread::{
 };
 use contexture_core::tokens::{Encoding, message_tokens};
 use contexture_core::{Message, ToolCall};
-use contexture_store::{NewEvent, PruneReport, Store, StoreError};
+use contexture_store::{ApiKeyRecord, ApiKeyStore, NewEvent, PruneReport, Store, StoreError};
 use serde_json::json;
 
 fn say(message: Message) -> NewEvent {
@@ -640,14 +641,346 @@ async fn projection_loads_match_full_replays(h: &impl Harness) {
     ));
 }
 
+/// The ids of `keys`, in order.
+fn ids(keys: &[ApiKeyRecord]) -> Vec<&str> {
+    keys.iter().map(|k| k.id.as_str()).collect()
+}
+
+/// Asserts that `result` is [`StoreError::KeyExists`] naming `id`.
+fn assert_key_exists<T: std::fmt::Debug>(result: Result<T, StoreError>, id: &str, case: &str) {
+    match result {
+        Err(StoreError::KeyExists { id: named }) => assert_eq!(named, id, "{case}"),
+        other => panic!("{case}: expected KeyExists, got {other:?}"),
+    }
+}
+
+async fn api_keys_are_found_by_hash(h: &impl Harness) {
+    let s = h.store();
+    let created = s
+        .create_api_key("ck_1", "acme", "ci", "hash-1")
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            created.id.as_str(),
+            created.tenant.as_str(),
+            created.name.as_str(),
+            created.revoked_at_ms
+        ),
+        ("ck_1", "acme", "ci", None)
+    );
+    assert!(created.created_at_ms > 0);
+    s.create_api_key("ck_2", "acme", "laptop", "hash-2")
+        .await
+        .unwrap();
+    s.create_api_key("ck_3", "globex", "ci", "hash-3")
+        .await
+        .unwrap();
+    let table = [
+        ("hash-1", Some("ck_1")),
+        ("hash-2", Some("ck_2")),
+        ("hash-3", Some("ck_3")),
+        ("unknown", None),
+        ("", None),
+        ("HASH-1", None),
+        ("hash-", None),
+        ("ck_1", None),
+    ];
+    for (hash, expected) in table {
+        let found = s.api_key_by_hash(hash).await.unwrap();
+        assert_eq!(found.as_ref().map(|k| k.id.as_str()), expected, "{hash}");
+    }
+    assert_eq!(s.api_key_by_hash("hash-1").await.unwrap(), Some(created));
+}
+
+async fn duplicate_api_key_ids_and_hashes_are_refused(h: &impl Harness) {
+    let s = h.store();
+    let original = s
+        .create_api_key("ck_1", "acme", "ci", "hash-1")
+        .await
+        .unwrap();
+    let table = [
+        ("same id", "ck_1", "hash-2"),
+        ("same hash", "ck_2", "hash-1"),
+        ("same id and hash", "ck_1", "hash-1"),
+    ];
+    for (case, id, hash) in table {
+        assert_key_exists(
+            s.create_api_key(id, "globex", "intruder", hash).await,
+            id,
+            case,
+        );
+    }
+    // Nothing was overwritten, nothing was added.
+    assert_eq!(
+        s.list_api_keys(None).await.unwrap(),
+        std::slice::from_ref(&original)
+    );
+    assert_eq!(s.api_key_by_hash("hash-1").await.unwrap(), Some(original));
+    assert_eq!(s.api_key_by_hash("hash-2").await.unwrap(), None);
+    // A revoked key keeps its id and its hash.
+    assert!(s.revoke_api_key("ck_1").await.unwrap());
+    assert_key_exists(
+        s.create_api_key("ck_1", "acme", "again", "hash-9").await,
+        "ck_1",
+        "revoked id",
+    );
+    assert_key_exists(
+        s.create_api_key("ck_9", "acme", "again", "hash-1").await,
+        "ck_9",
+        "revoked hash",
+    );
+    assert_eq!(s.api_key_by_hash("hash-1").await.unwrap(), None);
+    // Racing creations of one hash: exactly one wins.
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let store = h.store().clone();
+        tasks.push(tokio::spawn(async move {
+            store
+                .create_api_key(&format!("ck_race_{i}"), "acme", "race", "hash-race")
+                .await
+        }));
+    }
+    let mut won = Vec::new();
+    for (i, task) in tasks.into_iter().enumerate() {
+        match task.await.expect("creating task") {
+            Ok(record) => won.push(record),
+            Err(error) => assert_key_exists(Err::<(), _>(error), &format!("ck_race_{i}"), "race"),
+        }
+    }
+    assert_eq!(won.len(), 1, "{won:?}");
+    assert_eq!(
+        s.api_key_by_hash("hash-race").await.unwrap(),
+        Some(won.remove(0))
+    );
+    assert_eq!(s.list_api_keys(None).await.unwrap().len(), 2);
+}
+
+async fn api_keys_are_listed_by_tenant_oldest_first(h: &impl Harness) {
+    let s = h.store();
+    assert!(s.list_api_keys(None).await.unwrap().is_empty());
+    // Ids deliberately out of creation order.
+    let creations = [
+        ("ck_c", "acme", "first"),
+        ("ck_a", "globex", "second"),
+        ("ck_b", "acme", "third"),
+        ("ck_0", "acme", "fourth"),
+        ("ck_z", "globex", "fifth"),
+    ];
+    let mut created = Vec::new();
+    for (i, (id, tenant, name)) in creations.into_iter().enumerate() {
+        created.push(
+            s.create_api_key(id, tenant, name, &format!("hash-{i}"))
+                .await
+                .unwrap(),
+        );
+    }
+    let table: [(Option<&str>, &[&str]); 5] = [
+        (None, &["ck_c", "ck_a", "ck_b", "ck_0", "ck_z"]),
+        (Some("acme"), &["ck_c", "ck_b", "ck_0"]),
+        (Some("globex"), &["ck_a", "ck_z"]),
+        (Some("initech"), &[]),
+        (Some(""), &[]),
+    ];
+    for (tenant, expected) in table {
+        let listed = s.list_api_keys(tenant).await.unwrap();
+        assert_eq!(ids(&listed), expected, "{tenant:?}");
+        for key in &listed {
+            assert!(created.contains(key), "{key:?}");
+        }
+        assert!(
+            listed
+                .windows(2)
+                .all(|w| w[0].created_at_ms <= w[1].created_at_ms)
+        );
+    }
+    // Keys outlive the process that created them.
+    let again = h.reopen().await;
+    assert_eq!(again.list_api_keys(None).await.unwrap(), created);
+    // Keys created in the same millisecond (written directly: the store's clock cannot be
+    // stopped) are listed in insertion order, not by id.
+    h.execute_raw(
+        "INSERT INTO api_keys (id, tenant, name, key_hash, created_at) VALUES
+             ('ck_tie_c', 'tied', 'first', 'hash-tie-c', 1000);
+         INSERT INTO api_keys (id, tenant, name, key_hash, created_at) VALUES
+             ('ck_tie_a', 'tied', 'second', 'hash-tie-a', 1000);
+         INSERT INTO api_keys (id, tenant, name, key_hash, created_at) VALUES
+             ('ck_tie_b', 'tied', 'third', 'hash-tie-b', 1000);",
+    )
+    .await;
+    let tied = s.list_api_keys(Some("tied")).await.unwrap();
+    assert_eq!(ids(&tied), ["ck_tie_c", "ck_tie_a", "ck_tie_b"]);
+    let all = s.list_api_keys(None).await.unwrap();
+    assert_eq!(ids(&all[..3]), ["ck_tie_c", "ck_tie_a", "ck_tie_b"]);
+}
+
+async fn revoked_api_keys_are_listed_but_not_found(h: &impl Harness) {
+    let s = h.store();
+    s.create_api_key("ck_1", "acme", "ci", "hash-1")
+        .await
+        .unwrap();
+    s.create_api_key("ck_2", "acme", "laptop", "hash-2")
+        .await
+        .unwrap();
+    assert!(s.revoke_api_key("ck_1").await.unwrap());
+    assert_eq!(s.api_key_by_hash("hash-1").await.unwrap(), None);
+    assert_eq!(
+        s.api_key_by_hash("hash-2")
+            .await
+            .unwrap()
+            .map(|k| k.id)
+            .as_deref(),
+        Some("ck_2")
+    );
+    let listed = s.list_api_keys(Some("acme")).await.unwrap();
+    assert_eq!(ids(&listed), ["ck_1", "ck_2"]);
+    let revoked_at = listed[0].revoked_at_ms.expect("ck_1 is revoked");
+    assert!(revoked_at >= listed[0].created_at_ms);
+    assert_eq!(listed[1].revoked_at_ms, None);
+    // (id, revoked now): a second revoke, an unknown id, then the other key twice.
+    let table = [
+        ("ck_1", false),
+        ("unknown", false),
+        ("", false),
+        ("hash-2", false),
+        ("ck_2", true),
+        ("ck_2", false),
+    ];
+    for (id, expected) in table {
+        assert_eq!(s.revoke_api_key(id).await.unwrap(), expected, "{id}");
+    }
+    let listed = s.list_api_keys(None).await.unwrap();
+    assert_eq!(ids(&listed), ["ck_1", "ck_2"]);
+    // A second revoke leaves the first revocation's time alone.
+    assert_eq!(listed[0].revoked_at_ms, Some(revoked_at));
+    assert!(listed[1].revoked_at_ms.is_some());
+    assert_eq!(s.api_key_by_hash("hash-2").await.unwrap(), None);
+    // Revocations outlive the process.
+    assert_eq!(h.reopen().await.list_api_keys(None).await.unwrap(), listed);
+}
+
+async fn ping_answers(h: &impl Harness) {
+    h.store().ping().await.unwrap();
+    h.reopen().await.ping().await.unwrap();
+    // Many at once, as readiness probes racing writes would.
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let store = h.store().clone();
+        tasks.push(tokio::spawn(async move {
+            store.ping().await?;
+            store.append_one("t", user(&format!("m{i}"))).await?;
+            store.ping().await
+        }));
+    }
+    for task in tasks {
+        task.await.expect("ping task").unwrap();
+    }
+}
+
+async fn any_store_delegates_api_keys_and_ping(h: &impl Harness) {
+    let any = h.any();
+    any.ping().await.unwrap();
+    let created = any
+        .create_api_key("ck_1", "acme", "ci", "hash-1")
+        .await
+        .unwrap();
+    // The same database underneath.
+    assert_eq!(
+        h.store().api_key_by_hash("hash-1").await.unwrap(),
+        Some(created.clone())
+    );
+    assert_eq!(
+        any.api_key_by_hash("hash-1").await.unwrap(),
+        Some(created.clone())
+    );
+    assert_key_exists(
+        any.create_api_key("ck_2", "acme", "ci", "hash-1").await,
+        "ck_2",
+        "any",
+    );
+    assert_eq!(any.list_api_keys(Some("acme")).await.unwrap(), [created]);
+    assert!(any.list_api_keys(Some("globex")).await.unwrap().is_empty());
+    assert!(any.revoke_api_key("ck_1").await.unwrap());
+    assert!(!any.revoke_api_key("ck_1").await.unwrap());
+    assert_eq!(any.api_key_by_hash("hash-1").await.unwrap(), None);
+}
+
+/// Run on a database an older build left (migrations before the API keys' only): opening it
+/// with this build applies the new migration only, and keeps its threads.
+async fn api_key_migration_applies_to_an_older_database<H: Harness>(h: &H) {
+    let previous = H::BEFORE_API_KEYS;
+    let old = h.store();
+    let before = h.schema_versions().await;
+    let versions = |rows: &[(u32, i64)]| rows.iter().map(|(v, _)| *v).collect::<Vec<_>>();
+    assert_eq!(versions(&before), (1..=previous).collect::<Vec<_>>());
+    // No API keys table yet.
+    let missing = old.list_api_keys(None).await;
+    assert!(
+        matches!(
+            missing,
+            Err(StoreError::Sqlite { .. } | StoreError::Postgres { .. })
+        ),
+        "{missing:?}"
+    );
+    old.append("t", vec![user("1"), user("2").with_key("k")])
+        .await
+        .unwrap();
+    old.fork("t", 1, "f").await.unwrap();
+    let events = old.events("t").await.unwrap();
+    // So that a migration applied again would show in its `applied_at`.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+
+    let new = h.reopen().await;
+    let after = h.schema_versions().await;
+    // The older rows are untouched; only the new migration was applied.
+    assert_eq!(after[..before.len()], before[..]);
+    assert_eq!(versions(&after[before.len()..]), [previous + 1]);
+    // The threads are intact and go on.
+    assert_eq!(new.events("t").await.unwrap(), events);
+    assert_eq!(new.events("f").await.unwrap().len(), 2);
+    assert_eq!(
+        new.append_one("t", user("2").with_key("k")).await.unwrap(),
+        2
+    );
+    assert_eq!(new.append_one("t", user("3")).await.unwrap(), 3);
+    // The new table works.
+    let key = new
+        .create_api_key("ck_1", "acme", "ci", "hash-1")
+        .await
+        .unwrap();
+    assert_eq!(new.api_key_by_hash("hash-1").await.unwrap(), Some(key));
+    new.ping().await.unwrap();
+
+    // Opening again applies nothing.
+    h.reopen().await;
+    assert_eq!(h.schema_versions().await, after);
+    // The older build refuses the newer database instead of using it.
+    match h.open_at_version(previous).await {
+        Err(StoreError::SchemaTooNew { found, known, .. }) => {
+            assert_eq!((found, known), (previous + 1, previous));
+        }
+        other => panic!("expected SchemaTooNew, got {other:?}"),
+    }
+}
+
 macro_rules! conformance {
-    ($($name:ident),* $(,)?) => {
+    (
+        fresh: [$($name:ident),* $(,)?],
+        before_api_keys: [$($old:ident),* $(,)?] $(,)?
+    ) => {
         mod sqlite {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
                     let harness = crate::common::Sqlite::new().await;
                     super::$name(&harness).await;
+                }
+            )*
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $old() {
+                    let harness = crate::common::Sqlite::before_api_keys().await;
+                    super::$old(&harness).await;
                 }
             )*
         }
@@ -660,11 +993,22 @@ macro_rules! conformance {
                     harness.cleanup().await;
                 }
             )*
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $old() {
+                    let Some(harness) = crate::common::Pg::before_api_keys().await else {
+                        return;
+                    };
+                    super::$old(&harness).await;
+                    harness.cleanup().await;
+                }
+            )*
         }
     };
 }
 
 conformance!(
+    fresh: [
     appends_get_gap_free_seqs_and_read_back_intact,
     idempotency_keys_store_a_retry_once,
     invalid_batches_store_nothing,
@@ -679,4 +1023,12 @@ conformance!(
     reopening_keeps_everything,
     concurrent_writers_get_unique_gap_free_seqs,
     projection_loads_match_full_replays,
+    api_keys_are_found_by_hash,
+    duplicate_api_key_ids_and_hashes_are_refused,
+    api_keys_are_listed_by_tenant_oldest_first,
+    revoked_api_keys_are_listed_but_not_found,
+    ping_answers,
+    any_store_delegates_api_keys_and_ping,
+    ],
+    before_api_keys: [api_key_migration_applies_to_an_older_database],
 );
