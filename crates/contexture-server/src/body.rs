@@ -19,7 +19,11 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
         let path = error.path().to_string();
         let inner = error.into_inner();
-        let param = if path == "." { "body".to_owned() } else { path };
+        let param = if path == "." || path == "?" {
+            "body".to_owned()
+        } else {
+            path
+        };
         ApiError::invalid(param.clone(), format!("{param}: {inner}"))
     })
 }

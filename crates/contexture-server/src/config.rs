@@ -167,11 +167,13 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// The file is not valid TOML for this configuration.
-    #[error("{}: {message}", path.display())]
+    #[error("{}:{position} {message}", path.display())]
     Parse {
         /// The file.
         path: PathBuf,
-        /// What was wrong, with line and column.
+        /// `LINE:COLUMN:` of the mistake, when known.
+        position: String,
+        /// What was wrong.
         message: String,
     },
     /// An environment variable has a value that cannot be used.
@@ -223,12 +225,13 @@ impl ServerConfig {
                     let before = &text[..span.start.min(text.len())];
                     let line = before.matches('\n').count() + 1;
                     let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-                    format!("{line}:{column}: ")
+                    format!("{line}:{column}:")
                 })
                 .unwrap_or_default();
             ConfigError::Parse {
                 path: path.to_owned(),
-                message: format!("{position}{}", error.message()),
+                position,
+                message: error.message().trim_end().to_owned(),
             }
         })
     }

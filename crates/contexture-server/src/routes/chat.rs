@@ -27,6 +27,7 @@ use contexture_llm::passthrough::{
     Answer, PassthroughError, UpstreamBody, UpstreamResponse, record_stream,
 };
 use contexture_store::{NewEvent, Store};
+use futures_util::StreamExt;
 use serde_json::{Map, Value};
 
 use crate::app::AppState;
@@ -216,9 +217,13 @@ pub async fn completions(
         }
         UpstreamBody::Stream(stream) if (200..300).contains(&response.status) => {
             let guard = state.in_flight.enter();
+            // The response ends only once the answer is stored, so a client's next turn
+            // always finds it in the thread.
+            let (stored_tx, stored_rx) = tokio::sync::oneshot::channel::<()>();
             let stream = record_stream(stream, move |outcome| {
                 tokio::spawn(async move {
                     let _guard = guard;
+                    let _stored = stored_tx;
                     match outcome {
                         Ok(answer) => {
                             if let Err(error) = recorder.answered(answer).await {
@@ -229,8 +234,13 @@ pub async fn completions(
                     }
                 });
             });
+            let stored = futures_util::stream::once(async move {
+                // Resolves when the recording task ends (its sender is dropped).
+                let _ = stored_rx.await;
+            })
+            .filter_map(|()| async { None });
             UpstreamResponse {
-                body: UpstreamBody::Stream(stream),
+                body: UpstreamBody::Stream(Box::pin(stream.chain(stored))),
                 ..response
             }
         }

@@ -135,12 +135,13 @@ pub async fn start(
         }
         None => None,
     };
+    let scoped_id = scoped.clone();
     let mut request = RunRequest::new(file, text, input);
     request.execution_id = Some(scoped.clone());
     request.llm = Some(state.config.llm.clone());
     request.conversation = conversation;
     let executor = state.executor.clone();
-    tokio::spawn(async move {
+    let run = tokio::spawn(async move {
         match executor.start(request).await {
             Ok(_) => tracing::info!(execution = %scoped, "execution completed"),
             Err(ExecError::Cancelled { .. }) => {
@@ -149,6 +150,19 @@ pub async fn start(
             Err(error) => tracing::warn!(execution = %scoped, %error, "execution failed"),
         }
     });
+    // Answer once the run's log exists, so that status, events and cancel find it at once.
+    let logged = tokio::time::timeout(Duration::from_secs(10), async {
+        while !run.is_finished() {
+            if state.store.events_after(&scoped_id, u64::MAX).await.is_ok() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+    if logged.is_err() {
+        tracing::warn!(execution = %scoped_id, "the run's log did not appear within 10 s");
+    }
     Ok((
         StatusCode::ACCEPTED,
         Json(json!({"id": id, "status": "running"})),

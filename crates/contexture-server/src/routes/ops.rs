@@ -20,9 +20,14 @@ pub async fn healthz() -> Json<serde_json::Value> {
 
 /// `GET /readyz`: the store answers.
 pub async fn readyz(State(state): State<AppState>) -> Response {
-    match state.store.ping().await {
-        Ok(()) => Json(json!({"status": "ready"})).into_response(),
-        Err(error) => {
+    let ping = tokio::time::timeout(std::time::Duration::from_secs(2), state.store.ping()).await;
+    match ping {
+        Ok(Ok(())) => Json(json!({"status": "ready"})).into_response(),
+        failed => {
+            let error = match failed {
+                Ok(Err(error)) => error.to_string(),
+                _ => "no answer within 2 s".to_owned(),
+            };
             tracing::warn!(%error, "not ready: the store does not answer");
             (
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -33,8 +33,15 @@ pub(crate) fn store_error(tenant: &Tenant, error: StoreError) -> ApiError {
         StoreError::NotFound { thread } => {
             ApiError::not_found("thread", tenant.unscope(thread).unwrap_or(thread))
         }
-        StoreError::AlreadyExists { .. } | StoreError::HasForks { .. } => {
-            ApiError::conflict(text())
+        StoreError::AlreadyExists { .. } => ApiError::conflict(text()),
+        StoreError::HasForks { thread, forks } => {
+            let unscoped = |id: &str| tenant.unscope(id).unwrap_or(id).to_owned();
+            let forks: Vec<String> = forks.iter().map(|fork| unscoped(fork)).collect();
+            ApiError::conflict(format!(
+                "thread `{}` has forks ({}); delete them first",
+                unscoped(thread),
+                forks.join(", ")
+            ))
         }
         StoreError::ForkBeyondEnd { .. } => ApiError::invalid("at_seq", text()),
         StoreError::InvalidEvent { .. } | StoreError::ForkedEventAppended { .. } => {

@@ -1,0 +1,575 @@
+//! The REST API end to end over real sockets: threads, tenant isolation, bad input, keys,
+//! limits, metrics, and the OpenAPI document against the router.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use common::{TestServer, client, config};
+use contexture_store::testing::TempDir;
+use contexture_store::{AnyStore, ApiKeyStore, SqliteStore};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+async fn sqlite() -> (TempDir, AnyStore) {
+    let dir = TempDir::new("contexture-server");
+    let store = SqliteStore::open(dir.join("api.db")).await.unwrap();
+    (dir, AnyStore::Sqlite(store))
+}
+
+async fn call(
+    method: reqwest::Method,
+    url: String,
+    key: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    let mut request = client().request(method, url).bearer_auth(key);
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status();
+    let text = response.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+#[tokio::test]
+async fn threads_end_to_end() {
+    let (_dir, store) = sqlite().await;
+    let server = TestServer::start(config(None), store).await;
+    let key = server.key("acme").await;
+    use reqwest::Method as M;
+
+    let (status, body) = call(
+        M::POST,
+        server.url("/v1/threads"),
+        &key,
+        Some(json!({"id": "t1", "system": "Be brief.", "metadata": {"customer": "Maria"}})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body, json!({"id": "t1", "last_seq": 2}));
+    let (status, _) = call(
+        M::POST,
+        server.url("/v1/threads"),
+        &key,
+        Some(json!({"id": "t1"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+
+    // An append retried with the same Idempotency-Key lands once.
+    let turns = json!({"messages": [
+        {"role": "user", "content": "My order 1042 is late."},
+        {"role": "assistant", "content": "Sorry! Checking order 1042."}
+    ]});
+    let mut seqs = Vec::new();
+    for _ in 0..2 {
+        let response = client()
+            .post(server.url("/v1/threads/t1/messages"))
+            .bearer_auth(&key)
+            .header("Idempotency-Key", "append-1")
+            .json(&turns)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        seqs.push(response.json::<Value>().await.unwrap());
+    }
+    assert_eq!(seqs[0], json!({"seqs": [3, 4]}));
+    assert_eq!(seqs[0], seqs[1]);
+    for i in 0..10 {
+        let (status, _) = call(
+            M::POST,
+            server.url("/v1/threads/t1/messages"),
+            &key,
+            Some(json!({"messages": [
+                {"role": "user", "content": format!("Question {i} about the delivery window and the carrier.")},
+                {"role": "assistant", "content": format!("Answer {i}: the carrier says Tuesday between 9 and 12.")}
+            ]})),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+    }
+
+    // The projection fitted to a small budget: the newest turns, with the budget.
+    let (status, context) = call(
+        M::GET,
+        server.url("/v1/threads/t1/context?model=gpt-4o-mini&max_tokens=120"),
+        &key,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{context}");
+    let messages = context["messages"].as_array().unwrap();
+    assert_eq!(
+        messages[0],
+        json!({"role": "system", "content": "Be brief."})
+    );
+    assert!(messages.len() < 23, "trimmed: {}", messages.len());
+    assert_eq!(
+        messages.last().unwrap()["content"],
+        "Answer 9: the carrier says Tuesday between 9 and 12."
+    );
+    assert!(context["budget"]["used"].as_u64().unwrap() <= 120);
+    assert_eq!(context["budget"]["limit"], 120);
+    assert!(!context["fit"]["dropped"].as_array().unwrap().is_empty());
+
+    // Events paged by seq.
+    let (_, page) = call(
+        M::GET,
+        server.url("/v1/threads/t1/events?limit=5"),
+        &key,
+        None,
+    )
+    .await;
+    assert_eq!(page["events"].as_array().unwrap().len(), 5);
+    assert_eq!(page["next_after"], 5);
+    let (_, rest) = call(
+        M::GET,
+        server.url("/v1/threads/t1/events?after=5&limit=1000"),
+        &key,
+        None,
+    )
+    .await;
+    assert_eq!(rest["events"][0]["seq"], 6);
+    assert_eq!(rest["next_after"], Value::Null);
+    assert_eq!(rest["events"].as_array().unwrap().len(), 19);
+
+    // Fork, work in the fork, merge back.
+    let (status, fork) = call(
+        M::POST,
+        server.url("/v1/threads/t1/fork"),
+        &key,
+        Some(json!({"id": "t1-try", "at_seq": 4})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{fork}");
+    assert_eq!(fork["forked_seq"], 5);
+    call(
+        M::POST,
+        server.url("/v1/threads/t1-try/messages"),
+        &key,
+        Some(json!({"messages": [{"role": "user", "content": "Try a refund?"}, {"role": "assistant", "content": "Refund issued."}]})),
+    )
+    .await;
+    let (_, shown) = call(M::GET, server.url("/v1/threads/t1-try"), &key, None).await;
+    assert_eq!(shown["parent"], "t1", "ids are shown without the tenant");
+    assert_eq!(shown["fork_seq"], 4);
+    let (status, merged) = call(
+        M::POST,
+        server.url("/v1/threads/t1/merge"),
+        &key,
+        Some(json!({"from": "t1-try", "policy": "summary-only"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{merged}");
+    let (_, events) = call(
+        M::GET,
+        server.url(&format!(
+            "/v1/threads/t1/events?after={}",
+            merged["seq"].as_u64().unwrap() - 1
+        )),
+        &key,
+        None,
+    )
+    .await;
+    assert_eq!(events["events"][0]["type"], "merged");
+    assert_eq!(events["events"][0]["child"], "t1-try");
+
+    // Compaction with the offline summarizer; the covered events stay in the log.
+    let (status, report) = call(
+        M::POST,
+        server.url("/v1/threads/t1/compact"),
+        &key,
+        Some(json!({"keep_messages": 2, "notes": "Customer Maria, order 1042"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    assert_eq!(report["outcome"], "compacted", "{report}");
+    assert_eq!(
+        report["covered"],
+        json!([3, 23]),
+        "all but the last two messages"
+    );
+    assert_eq!(report["covered_messages"], 21);
+    let (_, context) = call(
+        M::GET,
+        server.url("/v1/threads/t1/context?model=gpt-4o-mini"),
+        &key,
+        None,
+    )
+    .await;
+    let texts: Vec<&str> = context["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["content"].as_str())
+        .collect();
+    assert!(
+        texts
+            .iter()
+            .any(|t| t.contains("Customer Maria, order 1042")),
+        "{texts:?}"
+    );
+    let (_, all) = call(
+        M::GET,
+        server.url("/v1/threads/t1/events?limit=1000"),
+        &key,
+        None,
+    )
+    .await;
+    assert!(
+        all["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["type"] == "context_replaced")
+    );
+
+    // Delete: refused while a fork reads the thread.
+    let (status, body) = call(M::DELETE, server.url("/v1/threads/t1"), &key, None).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(
+        !body["error"]["message"].as_str().unwrap().contains("acme/"),
+        "{body}"
+    );
+    assert_eq!(
+        call(M::DELETE, server.url("/v1/threads/t1-try"), &key, None)
+            .await
+            .0,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        call(M::DELETE, server.url("/v1/threads/t1"), &key, None)
+            .await
+            .0,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        call(M::GET, server.url("/v1/threads/t1"), &key, None)
+            .await
+            .0,
+        StatusCode::NOT_FOUND
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_tenant_cannot_see_or_touch_another_tenants_threads() {
+    let (_dir, store) = sqlite().await;
+    let server = TestServer::start(config(None), store).await;
+    let acme = server.key("acme").await;
+    let globex = server.key("globex").await;
+    use reqwest::Method as M;
+    call(
+        M::POST,
+        server.url("/v1/threads"),
+        &acme,
+        Some(json!({"id": "secret", "system": "acme only"})),
+    )
+    .await;
+    call(
+        M::POST,
+        server.url("/v1/threads/secret/fork"),
+        &acme,
+        Some(json!({"id": "secret-fork"})),
+    )
+    .await;
+
+    for (method, path, body) in [
+        (M::GET, "/v1/threads/secret", None),
+        (M::GET, "/v1/threads/secret/events", None),
+        (M::GET, "/v1/threads/secret/context?model=gpt-4o", None),
+        (M::POST, "/v1/threads/secret/fork", Some(json!({}))),
+        (M::POST, "/v1/threads/secret/compact", Some(json!({}))),
+        (
+            M::POST,
+            "/v1/threads/secret/merge",
+            Some(json!({"from": "secret-fork"})),
+        ),
+        (M::DELETE, "/v1/threads/secret", None),
+        (M::GET, "/v1/executions/secret", None),
+        (M::POST, "/v1/executions/secret/cancel", None),
+    ] {
+        let (status, body) = call(method.clone(), server.url(path), &globex, body).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{method} {path}: {body}");
+        assert!(!body.to_string().contains("acme"), "{body}");
+    }
+    // The same name is another thread for another tenant.
+    call(
+        M::POST,
+        server.url("/v1/threads/secret/messages"),
+        &globex,
+        Some(json!({"messages": [{"role": "user", "content": "globex"}]})),
+    )
+    .await;
+    let (_, listed) = call(M::GET, server.url("/v1/threads"), &globex, None).await;
+    assert_eq!(listed["threads"].as_array().unwrap().len(), 1);
+    assert_eq!(listed["threads"][0]["id"], "secret");
+    let (_, events) = call(M::GET, server.url("/v1/threads/secret/events"), &acme, None).await;
+    assert_eq!(
+        events["events"].as_array().unwrap().len(),
+        2,
+        "acme's thread is untouched"
+    );
+    let (_, listed) = call(M::GET, server.url("/v1/threads"), &acme, None).await;
+    let ids: BTreeSet<&str> = listed["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, BTreeSet::from(["secret", "secret-fork"]));
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_requests_get_json_errors_that_name_the_field() {
+    let (_dir, store) = sqlite().await;
+    let mut config = config(None);
+    config.limits.max_body_bytes = 2048;
+    let server = TestServer::start(config, store).await;
+    let key = server.key("acme").await;
+    use reqwest::Method as M;
+    let send_raw = |body: &'static str| {
+        client()
+            .post(server.url("/v1/threads/t/messages"))
+            .bearer_auth(&key)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    let response = send_raw("{\"messages\": [").await.unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["param"], "messages", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("line 1 column 14"),
+        "{body}"
+    );
+
+    let table = [
+        (json!({"messages": "hi"}), "messages"),
+        (
+            json!({"messages": [{"role": "usr", "content": "x"}]}),
+            "messages",
+        ),
+        (json!({"messages": [], "extra": 1}), "extra"),
+        (json!({}), "body"),
+    ];
+    for (body, param) in table {
+        let (status, answer) = call(
+            M::POST,
+            server.url("/v1/threads/t/messages"),
+            &key,
+            Some(body.clone()),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body} -> {answer}");
+        assert!(
+            answer["error"]["param"].as_str().unwrap().contains(param)
+                || answer["error"]["message"].as_str().unwrap().contains(param),
+            "{body} -> {answer}"
+        );
+    }
+    let (status, answer) = call(
+        M::GET,
+        server.url("/v1/threads/t/context?model=no-such-model"),
+        &key,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert_eq!(answer["error"]["param"], "model");
+    let (status, answer) = call(
+        M::GET,
+        server.url("/v1/threads/t/events?limit=0"),
+        &key,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, answer["error"]["param"].clone()),
+        (StatusCode::BAD_REQUEST, json!("limit"))
+    );
+    let (status, answer) = call(
+        M::POST,
+        server.url("/v1/executions"),
+        &key,
+        Some(json!({"workflow": "../etc/passwd"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    let (status, answer) = call(
+        M::POST,
+        server.url("/v1/executions"),
+        &key,
+        Some(json!({"workflow_yaml": "states:\n  - id: a\n    assistant_id: nobody\n"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("request.yaml:3:"),
+        "{answer}"
+    );
+
+    // Too large: 413, as JSON.
+    let big = json!({"messages": [{"role": "user", "content": "x".repeat(4000)}]});
+    let (status, answer) = call(
+        M::POST,
+        server.url("/v1/threads/t/messages"),
+        &key,
+        Some(big),
+    )
+    .await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{answer}");
+    assert_eq!(answer["error"]["type"], "body_too_large");
+
+    // No key, an unknown key, a revoked key: 401. An unknown route: 404 as JSON.
+    let response = client()
+        .get(server.url("/v1/threads"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        call(M::GET, server.url("/v1/threads"), "ctx_nope", None)
+            .await
+            .0,
+        StatusCode::UNAUTHORIZED
+    );
+    let keys = server
+        .state
+        .store
+        .list_api_keys(Some("acme"))
+        .await
+        .unwrap();
+    server
+        .state
+        .store
+        .revoke_api_key(&keys[0].id)
+        .await
+        .unwrap();
+    assert_eq!(
+        call(M::GET, server.url("/v1/threads"), &key, None).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    let (status, answer) = call(M::GET, server.url("/v2/nothing"), &key, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(answer["error"]["type"], "not_found");
+
+    // The metrics counted it all, by route pattern (never by raw id).
+    let metrics = client()
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains(r#"contexture_http_requests_total{method="POST",route="/v1/threads/{id}/messages",status="400"}"#), "{metrics}");
+    assert!(
+        metrics.contains("contexture_tokens_counted_total"),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("/v1/threads/t/"), "{metrics}");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn each_key_has_its_rate_limit() {
+    let (_dir, store) = sqlite().await;
+    let mut config = config(None);
+    config.limits.requests_per_second = 1.0;
+    config.limits.burst = 3;
+    let server = TestServer::start(config, store).await;
+    let (a, b) = (server.key("acme").await, server.key("acme").await);
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.push(
+            call(reqwest::Method::GET, server.url("/v1/threads"), &a, None)
+                .await
+                .0,
+        );
+    }
+    assert_eq!(statuses[..3], [StatusCode::OK; 3]);
+    let response = client()
+        .get(server.url("/v1/threads"))
+        .bearer_auth(&a)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(response.headers().get("retry-after").is_some());
+    assert_eq!(
+        call(reqwest::Method::GET, server.url("/v1/threads"), &b, None)
+            .await
+            .0,
+        StatusCode::OK
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_openapi_document_describes_exactly_the_routes_served() {
+    let (_dir, store) = sqlite().await;
+    let server = TestServer::start(config(None), store).await;
+    let key = server.key("acme").await;
+    let doc: Value = client()
+        .get(server.url("/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(doc["openapi"], "3.1.0");
+    let documented: BTreeSet<String> = doc["paths"].as_object().unwrap().keys().cloned().collect();
+    // Every route the router declares is documented ...
+    let source = include_str!("../src/app.rs");
+    let served: BTreeSet<String> = source
+        .split(".route(")
+        .skip(1)
+        .map(|rest| {
+            rest.trim_start()
+                .trim_start_matches('"')
+                .split('"')
+                .next()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(documented, served);
+    // ... and every documented operation is answered by its handler, not the fallback.
+    for (path, operations) in doc["paths"].as_object().unwrap() {
+        for method in operations.as_object().unwrap().keys() {
+            let url = server.url(&path.replace("{id}", "probe"));
+            let method = reqwest::Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+            let response = client()
+                .request(method.clone(), url)
+                .bearer_auth(&key)
+                .timeout(std::time::Duration::from_secs(2))
+                .send()
+                .await;
+            let Ok(response) = response else { continue }; // an event stream or an upstream call that waits
+            assert_ne!(
+                response.status(),
+                StatusCode::METHOD_NOT_ALLOWED,
+                "{method} {path}"
+            );
+            let text = response.text().await.unwrap_or_default();
+            assert!(!text.contains("no route"), "{method} {path}: {text}");
+        }
+    }
+    server.shutdown().await;
+}

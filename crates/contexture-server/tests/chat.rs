@@ -1,0 +1,378 @@
+//! The OpenAI-compatible endpoint over real sockets, against a fake upstream: the thread
+//! keeps the history, requests are fitted to the model's window, streaming is passed through,
+//! answers are stored, upstream errors come back as they were, keys stay secret.
+
+mod common;
+
+use common::{Reply, TestServer, Upstream, client, config};
+use contexture_store::testing::TempDir;
+use contexture_store::{AnyStore, SqliteStore};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+async fn server(
+    upstream: &str,
+    tweak: impl FnOnce(&mut contexture_server::ServerConfig),
+) -> (TempDir, TestServer, String) {
+    let dir = TempDir::new("contexture-chat");
+    let store = SqliteStore::open(dir.join("chat.db")).await.unwrap();
+    let mut config = config(Some(upstream));
+    tweak(&mut config);
+    let server = TestServer::start(config, AnyStore::Sqlite(store)).await;
+    let key = server.key("acme").await;
+    (dir, server, key)
+}
+
+async fn chat(
+    server: &TestServer,
+    key: &str,
+    thread: Option<&str>,
+    body: Value,
+) -> reqwest::Response {
+    let mut request = client()
+        .post(server.url("/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(&body);
+    if let Some(thread) = thread {
+        request = request.header("X-Contexture-Thread", thread);
+    }
+    request.send().await.unwrap()
+}
+
+async fn stored_messages(server: &TestServer, key: &str, thread: &str) -> Vec<(String, String)> {
+    let page: Value = client()
+        .get(server.url(&format!("/v1/threads/{thread}/events?limit=1000")))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|event| event["type"] == "message_appended")
+        .map(|event| {
+            (
+                event["message"]["role"].as_str().unwrap().to_owned(),
+                event["message"]["content"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
+    items
+        .iter()
+        .map(|(r, c)| (r.to_string(), c.to_string()))
+        .collect()
+}
+
+#[tokio::test]
+async fn the_thread_keeps_the_history_for_a_client_that_sends_only_new_turns() {
+    let (upstream, base) = Upstream::start().await;
+    let (_dir, server, key) = server(&base, |_| {}).await;
+    for (turn, question) in ["What is Rust?", "Who made it?", "When?"]
+        .iter()
+        .enumerate()
+    {
+        let mut body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": question}], "temperature": 0});
+        if turn == 0 {
+            body["messages"] = json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": question}]);
+        }
+        let response = chat(&server, &key, Some("conv-1"), body).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.headers()["x-contexture-thread"], "conv-1");
+        let answer: Value = response.json().await.unwrap();
+        // The upstream's response, unchanged.
+        assert_eq!(answer["id"], format!("chatcmpl-{}", turn + 1));
+        assert_eq!(
+            answer["choices"][0]["message"]["content"],
+            format!("reply {}", turn + 1)
+        );
+    }
+    let expected = pairs(&[
+        ("system", "Be brief."),
+        ("user", "What is Rust?"),
+        ("assistant", "reply 1"),
+        ("user", "Who made it?"),
+        ("assistant", "reply 2"),
+        ("user", "When?"),
+    ]);
+    assert_eq!(
+        upstream.messages(2),
+        expected,
+        "the third request carries the history"
+    );
+    assert_eq!(
+        upstream.bodies()[2]["temperature"],
+        0,
+        "other fields are forwarded"
+    );
+    let mut all = expected.clone();
+    all.push(("assistant".into(), "reply 3".into()));
+    assert_eq!(stored_messages(&server, &key, "conv-1").await, all);
+    // The upstream got the server's key, never the client's.
+    for auth in upstream.authorizations.lock().unwrap().iter() {
+        assert_eq!(auth.as_deref(), Some("Bearer sk-upstream-secret"));
+    }
+
+    // A client that resends the whole conversation adds only what is new.
+    let mut resent = all
+        .iter()
+        .map(|(r, c)| json!({"role": r, "content": c}))
+        .collect::<Vec<_>>();
+    resent.push(json!({"role": "user", "content": "Thanks!"}));
+    let response = chat(&server, &key, None, json!({"model": "gpt-4o-mini", "messages": resent, "metadata": {"contexture_thread": "conv-1"}})).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(
+        upstream.bodies()[3].get("metadata").is_none(),
+        "our key is taken out of metadata"
+    );
+    let stored = stored_messages(&server, &key, "conv-1").await;
+    assert_eq!(stored.len(), 9, "{stored:?}");
+    assert_eq!(stored[7], ("user".to_owned(), "Thanks!".to_owned()));
+
+    // The chat requests are recorded with exactly what was sent.
+    let page: Value = client()
+        .get(server.url("/v1/threads/conv-1/events?limit=1000"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let started: Vec<&Value> = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["type"] == "request_started")
+        .collect();
+    assert_eq!(started.len(), 4);
+    assert_eq!(started[2]["messages"].as_array().unwrap().len(), 6);
+    assert!(started[2]["breakdown"]["used"].as_u64().unwrap() > 0);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn requests_are_fitted_to_the_models_window_and_every_turn_is_stored() {
+    let (upstream, base) = Upstream::start().await;
+    let dir = TempDir::new("contexture-models");
+    let models = dir.join("models.toml");
+    std::fs::write(&models, "[models.\"tiny-llm\"]\ncontext_window = 400\nmax_output_tokens = 100\nencoding = \"cl100k_base\"\n").unwrap();
+    let (_dir, server, key) =
+        server(&base, |config| config.models_file = Some(models.clone())).await;
+    for i in 0..12 {
+        let question = format!(
+            "Question number {i}: please describe the state of the shipment to warehouse {i} in detail."
+        );
+        let response = chat(
+            &server,
+            &key,
+            Some("long"),
+            json!({"model": "tiny-llm", "messages": [{"role": "user", "content": question}]}),
+        )
+        .await;
+        assert_eq!(
+            response.status(),
+            StatusCode::OK,
+            "{}",
+            response.text().await.unwrap()
+        );
+    }
+    let last = upstream.messages(11);
+    assert!(
+        last.len() < 23,
+        "the history was trimmed to fit: {} messages",
+        last.len()
+    );
+    assert_eq!(
+        last.last().unwrap().1,
+        "Question number 11: please describe the state of the shipment to warehouse 11 in detail."
+    );
+    let tokens: usize = last.iter().map(|(_, c)| c.split_whitespace().count()).sum();
+    assert!(tokens < 300, "{tokens}");
+    assert_eq!(
+        stored_messages(&server, &key, "long").await.len(),
+        24,
+        "nothing is lost from the thread"
+    );
+    // An unknown model cannot be fitted: a 400 naming the field, and nothing sent.
+    let sent = upstream.bodies().len();
+    let response = chat(
+        &server,
+        &key,
+        Some("long"),
+        json!({"model": "mystery-model", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let error: Value = response.json().await.unwrap();
+    assert_eq!(error["error"]["param"], "model");
+    assert_eq!(upstream.bodies().len(), sent);
+    let metrics = client()
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let trims = metrics
+        .lines()
+        .find(|l| l.starts_with("contexture_trims_total"))
+        .unwrap();
+    assert_ne!(trims, "contexture_trims_total 0", "{metrics}");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn streaming_is_passed_through_and_the_answer_stored() {
+    let (upstream, base) = Upstream::start().await;
+    upstream
+        .replies
+        .lock()
+        .unwrap()
+        .push_back(Reply::Text("The answer is forty two.".into()));
+    let (_dir, server, key) = server(&base, |_| {}).await;
+    let response = chat(&server, &key, Some("s1"), json!({"model": "gpt-4o-mini", "stream": true, "messages": [{"role": "user", "content": "Answer?"}]})).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(
+        response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let text = response.text().await.unwrap();
+    let chunks: Vec<&str> = text
+        .split("\n\n")
+        .filter(|c| c.starts_with("data: {"))
+        .collect();
+    assert_eq!(chunks.len(), 6, "{text}");
+    assert!(text.trim_end().ends_with("data: [DONE]"));
+    let mut content = String::new();
+    for chunk in &chunks {
+        let value: Value = serde_json::from_str(&chunk["data: ".len()..]).unwrap();
+        content.push_str(
+            value["choices"][0]["delta"]["content"]
+                .as_str()
+                .unwrap_or_default(),
+        );
+    }
+    assert_eq!(content, "The answer is forty two.");
+    // The answer is recorded once the stream has been passed through.
+    let mut stored = Vec::new();
+    for _ in 0..50 {
+        stored = stored_messages(&server, &key, "s1").await;
+        if stored.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        stored,
+        pairs(&[
+            ("user", "Answer?"),
+            ("assistant", "The answer is forty two.")
+        ])
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn without_a_thread_it_is_a_transparent_proxy_and_upstream_errors_pass_through() {
+    let (upstream, base) = Upstream::start().await;
+    let (_dir, server, key) = server(&base, |_| {}).await;
+    let body = json!({"model": "anything-at-all", "messages": [{"role": "user", "content": "hi"}], "metadata": {"user": "u1"}, "n": 1});
+    let response = chat(&server, &key, None, body.clone()).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(upstream.bodies()[0], body, "forwarded unchanged");
+
+    upstream.replies.lock().unwrap().push_back(Reply::Status(
+        400,
+        json!({"error": {"message": "bad temperature", "type": "invalid_request_error"}}),
+    ));
+    let response = chat(
+        &server,
+        &key,
+        Some("t-err"),
+        json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hello"}]}),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let error: Value = response.json().await.unwrap();
+    assert_eq!(error["error"]["message"], "bad temperature");
+    // The user's message is kept; no answer was added; the failure is recorded.
+    assert_eq!(
+        stored_messages(&server, &key, "t-err").await,
+        pairs(&[("user", "hello")])
+    );
+    let page: Value = client()
+        .get(server.url("/v1/threads/t-err/events"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        page["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["type"] == "request_ended" && e["outcome"] == "failed"),
+        "{page}"
+    );
+
+    let models: Value = client()
+        .get(server.url("/v1/models"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(models["data"][0]["id"], "gpt-4o-mini");
+    // Malformed: 400 naming the field, nothing forwarded.
+    let sent = upstream.bodies().len();
+    let response = chat(&server, &key, Some("t-err"), json!({"model": "gpt-4o-mini", "messages": [{"role": "user"}, {"role": "robot", "content": "x"}]})).await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let error: Value = response.json().await.unwrap();
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("messages[1]"),
+        "{error}"
+    );
+    assert_eq!(upstream.bodies().len(), sent);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_unreachable_upstream_is_a_502_and_loses_nothing() {
+    let (_dir, server, key) = server("http://127.0.0.1:9/v1", |_| {}).await;
+    let response = chat(
+        &server,
+        &key,
+        Some("down"),
+        json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "still there?"}]}),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+    let text = response.text().await.unwrap();
+    assert!(!text.contains("sk-upstream-secret"), "{text}");
+    assert_eq!(
+        stored_messages(&server, &key, "down").await,
+        pairs(&[("user", "still there?")])
+    );
+    server.shutdown().await;
+}

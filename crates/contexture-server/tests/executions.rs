@@ -1,0 +1,241 @@
+//! Executions over HTTP (start, server-sent events, status, request log, conversations), and
+//! two servers sharing one PostgreSQL database: concurrent appends through both stay
+//! gap-free, and a cancel sent to one stops a run on the other.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Reply, TestServer, Upstream, client, config};
+use contexture_store::testing::{TempDir, pg_store, pg_url};
+use contexture_store::{AnyStore, PgStore, SqliteStore};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+const WORKFLOW: &str = r#"
+name: notes
+assistants: [{id: writer, model: gpt-4o-mini, system_prompt: Be brief.}]
+states:
+  - {id: outline, assistant_id: writer, task: 'Outline notes on {{topic}}', next: {state_id: write}}
+  - {id: write, assistant_id: writer, task: Write them, next: {end: true}}
+"#;
+
+async fn get(server: &TestServer, key: &str, path: &str) -> (StatusCode, Value) {
+    let response = client()
+        .get(server.url(path))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    (
+        response.status(),
+        response.json().await.unwrap_or(Value::Null),
+    )
+}
+
+async fn post(server: &TestServer, key: &str, path: &str, body: Value) -> (StatusCode, Value) {
+    let response = client()
+        .post(server.url(path))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    (
+        response.status(),
+        response.json().await.unwrap_or(Value::Null),
+    )
+}
+
+async fn wait_for_status(server: &TestServer, key: &str, id: &str, wanted: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, status) = get(server, key, &format!("/v1/executions/{id}")).await;
+        if status["status"] == wanted {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "execution {id} never became {wanted}: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn an_execution_runs_in_the_background_and_streams_its_events() {
+    let dir = TempDir::new("contexture-exec");
+    let replies = dir.join("replies.yaml");
+    std::fs::write(
+        &replies,
+        "- content: an outline\n- content: the notes\n- content: outline 2\n- content: notes 2\n",
+    )
+    .unwrap();
+    let mut config = config(None);
+    config.llm = format!("scripted:{}", replies.display());
+    config.workflows_dir = dir.path().to_owned();
+    std::fs::write(dir.join("notes.yaml"), WORKFLOW).unwrap();
+    let store = SqliteStore::open(dir.join("exec.db")).await.unwrap();
+    let server = TestServer::start(config, AnyStore::Sqlite(store)).await;
+    let key = server.key("acme").await;
+
+    let (status, started) = post(&server, &key, "/v1/executions", json!({
+        "workflow": "notes.yaml", "input": {"topic": "Rust"}, "id": "run-1", "conversation": {"user": "maria"}
+    })).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{started}");
+    assert_eq!(started["id"], "run-1");
+    // The event stream: every event, live, ending with the run's end.
+    let text = client()
+        .get(server.url("/v1/executions/run-1/events"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let kinds: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("event: "))
+        .collect();
+    assert_eq!(kinds.first(), Some(&"run_started"), "{text}");
+    assert_eq!(kinds.last(), Some(&"run_ended"), "{text}");
+    assert_eq!(kinds.iter().filter(|k| **k == "request_started").count(), 2);
+    assert!(!text.contains("acme/"), "ids are the client's: {text}");
+    // Resuming the stream after a seq gives only what follows.
+    let response = client()
+        .get(server.url("/v1/executions/run-1/events"))
+        .bearer_auth(&key)
+        .header("Last-Event-ID", "3")
+        .send()
+        .await
+        .unwrap();
+    assert!(response.text().await.unwrap().starts_with("id: 4\n"));
+
+    let status = wait_for_status(&server, &key, "run-1", "completed").await;
+    assert_eq!(status["output"], "the notes");
+    assert_eq!(status["usage_tree"]["execution_id"], "run-1");
+    let (_, log) = get(&server, &key, "/v1/executions/run-1/requests").await;
+    let calls = log["requests"].as_array().unwrap();
+    assert_eq!(calls.len(), 2);
+    assert_eq!(calls[0]["request"]["messages"][0]["content"], "Be brief.");
+
+    // The same conversation: the second run sees the first run's turns.
+    post(&server, &key, "/v1/executions", json!({"workflow": "notes.yaml", "input": {"topic": "Go"}, "id": "run-2", "conversation": {"user": "maria"}})).await;
+    wait_for_status(&server, &key, "run-2", "completed").await;
+    let (_, log) = get(&server, &key, "/v1/executions/run-2/requests").await;
+    let first: Vec<&str> = log["requests"][0]["request"]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["content"].as_str())
+        .collect();
+    assert!(first.contains(&"the notes"), "{first:?}");
+
+    // Errors: an id taken, another tenant, a completed run has nothing to cancel.
+    let (status, _) = post(
+        &server,
+        &key,
+        "/v1/executions",
+        json!({"workflow": "notes.yaml", "id": "run-1"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    let other = server.key("globex").await;
+    assert_eq!(
+        get(&server, &other, "/v1/executions/run-1").await.0,
+        StatusCode::NOT_FOUND
+    );
+    let (status, cancelled) = post(&server, &key, "/v1/executions/run-1/cancel", json!({})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(cancelled["cancel_requested"], json!([]));
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn two_servers_share_one_postgres_database() {
+    let Some((store_a, schema)) = pg_store("serve_two").await else {
+        return;
+    };
+    let store_b = PgStore::open_in_schema(&pg_url(), &schema).await.unwrap();
+    let (upstream, base) = Upstream::start().await;
+    upstream
+        .replies
+        .lock()
+        .unwrap()
+        .extend([Reply::Text("an outline".into()), Reply::Hang]);
+    let mut config = config(Some(&base));
+    config.llm = "openai:gpt-4o-mini".into();
+    let a = TestServer::start(config.clone(), AnyStore::Postgres(store_a.clone())).await;
+    let b = TestServer::start(config, AnyStore::Postgres(store_b)).await;
+    let key = a.key("acme").await; // keys live in the shared database
+
+    // Concurrent appends to one thread through both servers: unique, gap-free seqs.
+    let mut tasks = Vec::new();
+    for (n, server) in [&a.base, &b.base].into_iter().cycle().take(40).enumerate() {
+        let url = format!("{server}/v1/threads/shared/messages");
+        let key = key.clone();
+        tasks.push(tokio::spawn(async move {
+            let response = client()
+                .post(url)
+                .bearer_auth(key)
+                .json(&json!({"messages": [{"role": "user", "content": format!("m{n}")}]}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), StatusCode::OK);
+            response.json::<Value>().await.unwrap()["seqs"][0]
+                .as_u64()
+                .unwrap()
+        }));
+    }
+    let mut seqs = Vec::new();
+    for task in tasks {
+        seqs.push(task.await.unwrap());
+    }
+    seqs.sort_unstable();
+    assert_eq!(seqs, (1..=40).collect::<Vec<u64>>());
+
+    // A run on server A, cancelled through server B.
+    let (status, _) = post(
+        &a,
+        &key,
+        "/v1/executions",
+        json!({"workflow_yaml": WORKFLOW, "input": {"topic": "Rust"}, "id": "job"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while upstream.bodies().len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the run never reached its second call"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, cancelled) = post(
+        &b,
+        &key,
+        "/v1/executions/job/cancel",
+        json!({"reason": "stop"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{cancelled}");
+    assert_eq!(cancelled["cancel_requested"], json!(["job"]));
+    let started = Instant::now();
+    let status = wait_for_status(&a, &key, "job", "cancelled").await;
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        upstream.bodies().len(),
+        2,
+        "nothing was sent after the cancel"
+    );
+    assert_eq!(status["steps"].as_array().unwrap().len(), 2);
+    a.shutdown().await;
+    b.shutdown().await;
+    store_a.drop_schema().await.unwrap();
+}
