@@ -573,3 +573,61 @@ async fn the_openapi_document_describes_exactly_the_routes_served() {
     }
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_shutdown_finishes_the_appends_in_flight_and_loses_no_acknowledged_one() {
+    let (_dir, store) = sqlite().await;
+    let server = TestServer::start(config(None), store.clone()).await;
+    let key = server.key("acme").await;
+    let acks = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for n in 0..60u64 {
+        let url = server.url("/v1/threads/busy/messages");
+        let key = key.clone();
+        let acks = acks.clone();
+        tasks.push(tokio::spawn(async move {
+            // Staggered, so that some arrive before the shutdown and some during it.
+            tokio::time::sleep(std::time::Duration::from_millis(n * 3)).await;
+            let response = client()
+                .post(url)
+                .bearer_auth(key)
+                .json(&json!({"messages": [{"role": "user", "content": format!("m{n}")}]}))
+                .send()
+                .await;
+            match response {
+                Ok(response) if response.status() == StatusCode::OK => {
+                    acks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    Some(n)
+                }
+                _ => None,
+            }
+        }));
+    }
+    while acks.load(std::sync::atomic::Ordering::SeqCst) < 10 {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    let shutdown = tokio::spawn(server.shutdown());
+    let mut acknowledged = Vec::new();
+    for task in tasks {
+        if let Some(n) = task.await.unwrap() {
+            acknowledged.push(format!("m{n}"));
+        }
+    }
+    shutdown.await.unwrap();
+    assert!(!acknowledged.is_empty());
+    let thread = contexture_store::Store::load(&store, "acme/busy")
+        .await
+        .unwrap();
+    let stored: BTreeSet<String> = thread
+        .projection()
+        .messages
+        .iter()
+        .map(|m| m.text().to_owned())
+        .collect();
+    for message in &acknowledged {
+        assert!(
+            stored.contains(message),
+            "acknowledged {message} is not stored"
+        );
+    }
+}

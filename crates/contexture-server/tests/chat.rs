@@ -376,3 +376,66 @@ async fn an_unreachable_upstream_is_a_502_and_loses_nothing() {
     );
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_long_chat_thread_is_compacted_by_the_policy() {
+    let (upstream, base) = Upstream::start().await;
+    let (_dir, server, key) = server(&base, |config| {
+        config.context.compaction = Some(
+            serde_json::from_value(json!({"trigger": {"messages": 6}, "keep": {"messages": 2}}))
+                .unwrap(),
+        );
+    })
+    .await;
+    for i in 0..5 {
+        let question = format!("Turn {i}: the ticket is T-{i}00, please note it.");
+        let response = chat(
+            &server,
+            &key,
+            Some("long-chat"),
+            json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": question}]}),
+        )
+        .await;
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    let page: Value = client()
+        .get(server.url("/v1/threads/long-chat/events?limit=1000"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let events = page["events"].as_array().unwrap();
+    assert!(
+        events.iter().any(|e| e["type"] == "context_replaced"),
+        "{page}"
+    );
+    // After the compaction the request holds the summary, not every turn.
+    let last = upstream.messages(4);
+    assert!(last.len() < 9, "{last:?}");
+    assert!(
+        last.iter().any(|(_, content)| content.contains("T-000")),
+        "the summary keeps identifiers: {last:?}"
+    );
+    assert_eq!(
+        last.last().unwrap().1,
+        "Turn 4: the ticket is T-400, please note it."
+    );
+    // Every turn is still in the log.
+    assert_eq!(stored_messages(&server, &key, "long-chat").await.len(), 10);
+    let metrics = client()
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(r#"contexture_compactions_total{outcome="compacted"}"#),
+        "{metrics}"
+    );
+    server.shutdown().await;
+}
