@@ -355,6 +355,18 @@ mod tests {
     }
 
     #[test]
+    fn the_documented_example_is_valid() {
+        let doc = include_str!("../../../docs/server.md");
+        let start = doc.find("```toml\n").expect("a toml block") + 8;
+        let text = &doc[start..start + doc[start..].find("```").unwrap()];
+        let config = ServerConfig::parse(text, Path::new("docs/server.md")).unwrap();
+        config.check().unwrap();
+        assert_eq!(config.upstream.retries, 2);
+        assert!(config.context.compaction.is_some());
+        assert_eq!(config.context.budget.reserve_output, Some(4096));
+    }
+
+    #[test]
     fn mistakes_say_where() {
         let error =
             ServerConfig::parse("bind = \"x\"\n[limits]\nburst = -1\n", Path::new("c.toml"))
