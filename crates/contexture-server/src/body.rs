@@ -1,10 +1,11 @@
 //! Request bodies: JSON parsed with the path of whatever was wrong (`messages[2].role`), so
 //! that a malformed request gets a 400 naming the field, and an oversized one a 413, both
-//! as JSON errors.
+//! as JSON errors; query strings likewise.
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Request};
+use axum::extract::{FromRequest, FromRequestParts, Query, Request};
 use axum::http::StatusCode;
+use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
@@ -51,6 +52,21 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
             return Err(ApiError::invalid("body", "the request needs a JSON body"));
         }
         parse(&bytes).map(JsonBody)
+    }
+}
+
+/// Query parameters of type `T`; a malformed query is a 400 naming `query`.
+#[derive(Debug, Clone)]
+pub struct QueryParams<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for QueryParams<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Query(query)| QueryParams(query))
+            .map_err(|rejection| ApiError::invalid("query", rejection.body_text()))
     }
 }
 

@@ -14,6 +14,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use contexture_engine::compaction::CompactionOutcome;
+
 use crate::error::StoreFailure;
 
 /// The labels of a request.
@@ -116,8 +118,21 @@ impl Metrics {
         }
     }
 
-    /// Counts a compaction by its outcome.
-    pub fn compaction(&self, outcome: &str) {
+    /// Counts a compaction by its outcome (`compacted`, `skipped`, `failed`).
+    pub fn compaction(&self, outcome: &CompactionOutcome) {
+        self.count_compaction(match outcome {
+            CompactionOutcome::Compacted { .. } => "compacted",
+            CompactionOutcome::Skipped { .. } => "skipped",
+            CompactionOutcome::Failed { .. } => "failed",
+        });
+    }
+
+    /// Counts a compaction that ended in an error before it could report (as `failed`).
+    pub fn compaction_error(&self) {
+        self.count_compaction("failed");
+    }
+
+    fn count_compaction(&self, outcome: &str) {
         self.compactions
             .get_or_create(&OutcomeLabels {
                 outcome: outcome.to_owned(),

@@ -4,3 +4,8 @@ pub mod chat;
 pub mod executions;
 pub mod ops;
 pub mod threads;
+
+/// A fresh id for a thread, an execution or a request the client did not name.
+pub(crate) fn fresh_id() -> String {
+    contexture_engine::system::new_id(&contexture_engine::system::RandomIds::default())
+}

@@ -58,6 +58,11 @@ impl Tenant {
         format!("{}/{id}", self.0)
     }
 
+    /// A text for the client: ids quoted in it (`` `acme/x` ``) lose the tenant prefix.
+    pub fn unscope_text(&self, text: &str) -> String {
+        text.replace(&format!("`{}/", self.0), "`")
+    }
+
     /// The client's id of a stored id, when it is this tenant's.
     pub fn unscope<'a>(&self, stored: &'a str) -> Option<&'a str> {
         stored
@@ -91,7 +96,7 @@ impl Tenant {
                         self.unscope_ids(value);
                     } else if matches!(key.as_str(), "error" | "reason") {
                         if let Value::String(text) = value {
-                            *text = text.replace(&format!("`{}/", self.0), "`");
+                            *text = self.unscope_text(text);
                         } else {
                             self.unscope_json(value);
                         }

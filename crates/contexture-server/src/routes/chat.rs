@@ -35,6 +35,7 @@ use crate::auth::Caller;
 use crate::body::JsonBody;
 use crate::error::{ApiError, ApiResult};
 use crate::fitting::FitSettings;
+use crate::routes::fresh_id;
 use crate::routes::threads::{parse_messages, store_error};
 use crate::tenancy::{Tenant, check_id};
 
@@ -133,11 +134,7 @@ pub async fn completions(
             let request = CompactRequest::new(policy.clone(), reason);
             match compact_stored(&state.compactor, &state.store, &scoped, &request).await {
                 Ok(report) => {
-                    state.metrics.compaction(match report.outcome {
-                        CompactionOutcome::Compacted { .. } => "compacted",
-                        CompactionOutcome::Skipped { .. } => "skipped",
-                        CompactionOutcome::Failed { .. } => "failed",
-                    });
+                    state.metrics.compaction(&report.outcome);
                     if matches!(report.outcome, CompactionOutcome::Compacted { .. }) {
                         projection = state
                             .store
@@ -147,7 +144,7 @@ pub async fn completions(
                     }
                 }
                 Err(error) => {
-                    state.metrics.compaction("failed");
+                    state.metrics.compaction_error();
                     tracing::warn!(thread = %scoped, %error, "compaction failed; trimming instead");
                 }
             }
@@ -159,10 +156,7 @@ pub async fn completions(
     let own = projection.messages.split_off(split);
     let fitted = settings.fit(&state, &projection, &own, &tools)?;
     body.insert("messages".into(), openai::to_values(&fitted.messages));
-    let request_id = format!(
-        "{scoped}/chat-{}",
-        contexture_engine::system::new_id(&contexture_engine::system::RandomIds::default())
-    );
+    let request_id = format!("{scoped}/chat-{}", fresh_id());
     let record = RequestRecord {
         request_id: request_id.clone(),
         model: Some(model.clone()),

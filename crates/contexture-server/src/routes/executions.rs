@@ -6,7 +6,7 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -23,8 +23,9 @@ use serde_json::{Value, json};
 
 use crate::app::AppState;
 use crate::auth::Caller;
-use crate::body::JsonBody;
+use crate::body::{JsonBody, QueryParams};
 use crate::error::{ApiError, ApiResult};
+use crate::routes::fresh_id;
 use crate::routes::threads::store_error;
 use crate::tenancy::{Tenant, check_id};
 
@@ -95,9 +96,7 @@ pub async fn start(
     let file = file.display().to_string();
     let workflow = Workflow::load_tree(&text, &file, state.executor.sources().as_ref())
         .map_err(|error| ApiError::invalid("workflow", relative_text(&state, error.to_string())))?;
-    let id = body.id.unwrap_or_else(|| {
-        contexture_engine::system::new_id(&contexture_engine::system::RandomIds::default())
-    });
+    let id = body.id.unwrap_or_else(fresh_id);
     check_id("an execution id", &id).map_err(|problem| ApiError::invalid("id", problem))?;
     if id.contains('/') {
         // Child executions are named `PARENT/STATE.VISIT`.
@@ -286,11 +285,7 @@ pub async fn cancel(
         .await
         .map_err(|error| match error {
             ExecError::Store(error) => store_error(tenant, error),
-            other => ApiError::conflict(
-                other
-                    .to_string()
-                    .replace(&format!("`{}/", tenant.name()), "`"),
-            ),
+            other => ApiError::conflict(tenant.unscope_text(&other.to_string())),
         })?;
     let marked: Vec<&str> = marked
         .iter()
@@ -315,10 +310,8 @@ pub async fn events(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     headers: HeaderMap,
-    query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
+    QueryParams(query): QueryParams<EventsQuery>,
 ) -> ApiResult<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>> {
-    let Query(query) =
-        query.map_err(|rejection| ApiError::invalid("query", rejection.body_text()))?;
     let tenant = caller.tenant.clone();
     execution_events(&state, &tenant, &id).await?;
     let after = query.after.unwrap_or_else(|| {

@@ -3,13 +3,13 @@
 
 use axum::Extension;
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use contexture_core::compact::CompactionPolicy;
 use contexture_core::format::openai;
 use contexture_core::thread::{ConflictPolicy, EventKind, MergePolicy, MergeSpec, StoreChange};
-use contexture_engine::compaction::{CompactRequest, CompactionOutcome, compact_stored};
+use contexture_engine::compaction::{CompactRequest, compact_stored};
 use contexture_engine::executor::ExecError;
 use contexture_store::{NewEvent, Store, StoreError};
 use serde::Deserialize;
@@ -17,18 +17,15 @@ use serde_json::{Value, json};
 
 use crate::app::AppState;
 use crate::auth::Caller;
-use crate::body::JsonBody;
+use crate::body::{JsonBody, QueryParams};
 use crate::error::{ApiError, ApiResult};
 use crate::fitting::FitSettings;
+use crate::routes::fresh_id;
 use crate::tenancy::{Tenant, check_id};
 
 /// Maps a store error on a tenant's thread to the client's view of it.
 pub(crate) fn store_error(tenant: &Tenant, error: StoreError) -> ApiError {
-    let text = || {
-        error
-            .to_string()
-            .replace(&format!("`{}/", tenant.name()), "`")
-    };
+    let text = || tenant.unscope_text(&error.to_string());
     match &error {
         StoreError::NotFound { thread } => {
             ApiError::not_found("thread", tenant.unscope(thread).unwrap_or(thread))
@@ -78,10 +75,6 @@ fn id_param(what: &str, id: &str) -> ApiResult<()> {
     check_id(what, id).map_err(|problem| ApiError::invalid("id", problem))
 }
 
-fn new_id() -> String {
-    contexture_engine::system::new_id(&contexture_engine::system::RandomIds::default())
-}
-
 /// `POST /v1/threads` body.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -103,7 +96,7 @@ pub async fn create(
     JsonBody(body): JsonBody<CreateThread>,
 ) -> ApiResult<Response> {
     let tenant = &caller.tenant;
-    let id = body.id.unwrap_or_else(new_id);
+    let id = body.id.unwrap_or_else(fresh_id);
     id_param("a thread id", &id)?;
     let mut messages = match &body.messages {
         Some(value) => parse_messages(value, "messages")?,
@@ -263,10 +256,8 @@ pub async fn context(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-    query: Result<Query<ContextQuery>, axum::extract::rejection::QueryRejection>,
+    QueryParams(query): QueryParams<ContextQuery>,
 ) -> ApiResult<Json<Value>> {
-    let Query(query) =
-        query.map_err(|rejection| ApiError::invalid("query", rejection.body_text()))?;
     let tenant = &caller.tenant;
     let mut settings = FitSettings::new(
         &state,
@@ -321,10 +312,8 @@ pub async fn events(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-    query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
+    QueryParams(query): QueryParams<EventsQuery>,
 ) -> ApiResult<Json<Value>> {
-    let Query(query) =
-        query.map_err(|rejection| ApiError::invalid("query", rejection.body_text()))?;
     let limit = query.limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {
         return Err(ApiError::invalid("limit", "limit must be 1 to 1000"));
@@ -365,7 +354,7 @@ pub async fn fork(
     JsonBody(body): JsonBody<ForkThread>,
 ) -> ApiResult<Response> {
     let tenant = &caller.tenant;
-    let child = body.id.unwrap_or_else(new_id);
+    let child = body.id.unwrap_or_else(fresh_id);
     id_param("a thread id", &child)?;
     let at_seq = match body.at_seq {
         Some(at) => at,
@@ -439,13 +428,9 @@ pub async fn merge(
         conflict: body.conflict,
         keys: body.keys,
     };
-    let event = parent.plan_merge(&child, &spec).map_err(|error| {
-        ApiError::conflict(
-            error
-                .to_string()
-                .replace(&format!("`{}/", tenant.name()), "`"),
-        )
-    })?;
+    let event = parent
+        .plan_merge(&child, &spec)
+        .map_err(|error| ApiError::conflict(tenant.unscope_text(&error.to_string())))?;
     let seq = state
         .store
         .append_one(&tenant.scope(&id), NewEvent::new(event))
@@ -509,17 +494,9 @@ pub async fn compact(
         .await
         .map_err(|error| match error {
             ExecError::Store(error) => store_error(tenant, error),
-            other => ApiError::unprocessable(
-                other
-                    .to_string()
-                    .replace(&format!("`{}/", tenant.name()), "`"),
-            ),
+            other => ApiError::unprocessable(tenant.unscope_text(&other.to_string())),
         })?;
-    state.metrics.compaction(match report.outcome {
-        CompactionOutcome::Compacted { .. } => "compacted",
-        CompactionOutcome::Skipped { .. } => "skipped",
-        CompactionOutcome::Failed { .. } => "failed",
-    });
+    state.metrics.compaction(&report.outcome);
     let mut value = serde_json::to_value(&report).unwrap_or_default();
     tenant.unscope_json(&mut value);
     Ok(Json(value))
