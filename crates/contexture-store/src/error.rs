@@ -125,6 +125,16 @@ pub enum StoreError {
     /// No PostgreSQL connection could be taken from the pool.
     #[error("postgres: cannot get a connection: {0}")]
     Pool(#[from] deadpool_postgres::PoolError),
+    /// A write panicked; its savepoint was rolled back, so nothing of it was stored.
+    #[error("a database write panicked and was rolled back: {detail}")]
+    WritePanicked {
+        /// The panic's message.
+        detail: String,
+    },
+    /// The SQLite writer thread is gone (it can only stop by panicking outside a write), so
+    /// the write was not done.
+    #[error("the SQLite writer thread has stopped; the write was not done")]
+    WriterStopped,
     /// A blocking database task panicked or was cancelled.
     #[error("database task failed: {0}")]
     Task(#[from] tokio::task::JoinError),

@@ -1,11 +1,13 @@
 //! The SQLite store: the embedded default.
 //!
-//! One file in WAL mode with `synchronous = FULL`, so an append is on disk when its commit
-//! returns. Writes in this process go through one connection in turn; writers in other
-//! processes are serialized by `BEGIN IMMEDIATE` (waiting up to the busy timeout), and the
-//! seq of each new event is the thread's `last_seq + 1` read inside that transaction, with
-//! the primary key `(thread_id, seq)` as a backstop. Blocking calls run on tokio's blocking
-//! pool.
+//! One file in WAL mode with `synchronous = FULL`, so an append is on disk when it is
+//! answered. Writes in this process go through one connection on one thread, which commits
+//! the writes waiting for it together (see [`writer`]); writers in other processes are
+//! serialized by `BEGIN IMMEDIATE` (waiting up to the busy timeout), and the seq of each new
+//! event is the thread's `last_seq + 1` read inside that transaction, with the primary key
+//! `(thread_id, seq)` as a backstop. Reads run on tokio's blocking pool.
+
+mod writer;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -13,6 +15,8 @@ use std::time::{Duration, SystemTime};
 
 use contexture_core::thread::{Event, EventKind, Projection, Thread, projection_watermark};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+
+use self::writer::Writer;
 
 use crate::error::Action;
 use crate::record::{self, Row, db_seq, seq_of};
@@ -45,7 +49,7 @@ pub struct SqliteStore {
 
 struct Inner {
     path: PathBuf,
-    writer: Mutex<Connection>,
+    writer: Writer,
     readers: Mutex<Vec<Connection>>,
 }
 
@@ -142,7 +146,7 @@ impl SqliteStore {
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 path,
-                writer: Mutex::new(writer),
+                writer: Writer::start(writer)?,
                 readers: Mutex::new(Vec::new()),
             }),
         })
@@ -153,12 +157,12 @@ impl SqliteStore {
         &self.inner.path
     }
 
+    /// Runs `work` inside a write transaction, batched with other writes (see [`writer`]).
     async fn write<T: Send + 'static>(
         &self,
-        work: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+        work: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let inner = Arc::clone(&self.inner);
-        tokio::task::spawn_blocking(move || work(&mut lock(&inner.writer))).await?
+        self.inner.writer.write(work).await
     }
 
     async fn read<T: Send + 'static>(
@@ -183,15 +187,9 @@ impl SqliteStore {
     }
 }
 
-fn append_rows(
-    conn: &mut Connection,
-    thread: &str,
-    rows: Vec<Row>,
-) -> Result<Vec<u64>, StoreError> {
+/// Appends `rows` to `thread` (creating it), inside the caller's write transaction.
+fn append_rows(tx: &Connection, thread: &str, rows: Vec<Row>) -> Result<Vec<u64>, StoreError> {
     let now = epoch_ms(SystemTime::now());
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .doing("begin an append")?;
     tx.execute(
         "INSERT INTO threads (id, last_seq, created_at, updated_at) VALUES (?1, 0, ?2, ?2)
          ON CONFLICT (id) DO NOTHING",
@@ -257,7 +255,6 @@ fn append_rows(
         params![thread, db_seq(last), now],
     )
     .doing("update the thread")?;
-    tx.commit().doing("commit the append")?;
     Ok(seqs)
 }
 
@@ -395,16 +392,9 @@ fn read_projection(conn: &mut Connection, thread: &str) -> Result<Projection, St
     Ok(fold.projection())
 }
 
-fn fork_thread(
-    conn: &mut Connection,
-    parent: &str,
-    at_seq: u64,
-    child: &str,
-) -> Result<u64, StoreError> {
+/// Forks `parent` at `at_seq` as `child`, inside the caller's write transaction.
+fn fork_thread(tx: &Connection, parent: &str, at_seq: u64, child: &str) -> Result<u64, StoreError> {
     let now = epoch_ms(SystemTime::now());
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .doing("begin a fork")?;
     let last: Option<i64> = tx
         .query_row(
             "SELECT last_seq FROM threads WHERE id = ?1",
@@ -448,7 +438,6 @@ fn fork_thread(
         params![child, db_seq(seq), record::forked_body(parent, at_seq), now],
     )
     .doing("record the fork")?;
-    tx.commit().doing("commit the fork")?;
     Ok(seq)
 }
 
@@ -472,10 +461,8 @@ fn delete_thread(conn: &Connection, thread: &str) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn prune_idle(conn: &mut Connection, cutoff: i64) -> Result<PruneReport, StoreError> {
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .doing("begin pruning")?;
+/// Deletes the threads idle since before `cutoff`, inside the caller's write transaction.
+fn prune_idle(tx: &Connection, cutoff: i64) -> Result<PruneReport, StoreError> {
     let mut report = PruneReport::default();
     loop {
         let leaves: Vec<String> = {
@@ -495,7 +482,7 @@ fn prune_idle(conn: &mut Connection, cutoff: i64) -> Result<PruneReport, StoreEr
             break;
         }
         for id in leaves {
-            delete_thread(&tx, &id)?;
+            delete_thread(tx, &id)?;
             report.deleted.push(id);
         }
     }
@@ -508,7 +495,6 @@ fn prune_idle(conn: &mut Connection, cutoff: i64) -> Result<PruneReport, StoreEr
         .collect::<Result<_, _>>()
         .doing("read a kept thread")?;
     drop(select);
-    tx.commit().doing("commit pruning")?;
     Ok(report)
 }
 
@@ -589,10 +575,7 @@ impl Store for SqliteStore {
 
     async fn delete(&self, thread: &str) -> Result<(), StoreError> {
         let thread = thread.to_string();
-        self.write(move |conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .doing("begin a delete")?;
+        self.write(move |tx| {
             let exists: Option<i64> = tx
                 .query_row("SELECT 1 FROM threads WHERE id = ?1", [&thread], |r| {
                     r.get(0)
@@ -602,12 +585,11 @@ impl Store for SqliteStore {
             if exists.is_none() {
                 return Err(StoreError::NotFound { thread });
             }
-            let forks = forks_of(&tx, &thread)?;
+            let forks = forks_of(tx, &thread)?;
             if !forks.is_empty() {
                 return Err(StoreError::HasForks { thread, forks });
             }
-            delete_thread(&tx, &thread)?;
-            tx.commit().doing("commit the delete")
+            delete_thread(tx, &thread)
         })
         .await
     }

@@ -1,0 +1,409 @@
+//! Group commit: one thread owns the write connection and commits every write waiting for it
+//! in one transaction.
+//!
+//! With `synchronous = FULL` each commit costs an fsync, and writers of one SQLite file
+//! take turns; committing writes one by one caps a process at one write per fsync however
+//! many callers wait. Here the writer thread takes every write queued while the previous
+//! batch was committing, runs each inside its own savepoint (a failed write is rolled back
+//! alone and answers its own error), and commits them all at once: one fsync for the
+//! batch. No caller hears back before the commit that holds its write has returned, so an
+//! answered write is on disk exactly as before; a failed commit fails every write of its
+//! batch, none of which is then stored.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+
+use rusqlite::Connection;
+use tokio::sync::oneshot;
+
+use crate::StoreError;
+
+/// The most writes committed together; a bound on how long the first of them waits.
+const MAX_BATCH: usize = 256;
+
+/// A queued write: runs on the writer thread given the connection (inside the batch's
+/// transaction), or is told why it cannot run.
+type Job = Box<dyn FnOnce(Result<&Connection, StoreError>) -> Ran + Send>;
+
+/// A write that ran: whether it succeeded (its savepoint is kept), and how to answer its
+/// caller once the batch's commit is known.
+struct Ran {
+    succeeded: bool,
+    answer: Box<dyn FnOnce(Result<(), StoreError>) + Send>,
+}
+
+/// The handle on the writer thread. Dropping it lets the thread finish the queued writes
+/// and close the connection, and waits for that.
+pub(super) struct Writer {
+    jobs: Option<mpsc::Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Writer {
+    /// Starts the writer thread on `conn`.
+    pub(super) fn start(conn: Connection) -> Result<Writer, StoreError> {
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let thread = std::thread::Builder::new()
+            .name("contexture-sqlite-writer".into())
+            .spawn(move || run(&conn, &queue))
+            .map_err(|error| StoreError::WritePanicked {
+                detail: format!("cannot start the writer thread: {error}"),
+            })?;
+        Ok(Writer {
+            jobs: Some(jobs),
+            thread: Some(thread),
+        })
+    }
+
+    /// Runs `work` in the next batch and answers once that batch is committed. `work` runs
+    /// inside a transaction (and a savepoint of its own): it must not begin or end one.
+    pub(super) async fn write<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        let job: Job = Box::new(move |conn| {
+            let result = match conn {
+                Ok(conn) => catch_unwind(AssertUnwindSafe(|| work(conn))).unwrap_or_else(|panic| {
+                    Err(StoreError::WritePanicked {
+                        detail: panic_text(panic.as_ref()),
+                    })
+                }),
+                Err(error) => Err(error),
+            };
+            Ran {
+                succeeded: result.is_ok(),
+                answer: Box::new(move |commit| {
+                    let outcome = match (result, commit) {
+                        (Ok(value), Ok(())) => Ok(value),
+                        (Ok(_), Err(error)) | (Err(error), _) => Err(error),
+                    };
+                    // The caller may have gone (its request was dropped); the write stands.
+                    let _ = reply.send(outcome);
+                }),
+            }
+        });
+        let queued = self
+            .jobs
+            .as_ref()
+            .is_some_and(|jobs| jobs.send(job).is_ok());
+        if !queued {
+            return Err(StoreError::WriterStopped);
+        }
+        answer.await.map_err(|_| StoreError::WriterStopped)?
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(thread) = self.thread.take() {
+            // Queued writes are finished before the thread sees the closed channel.
+            let _ = thread.join();
+        }
+    }
+}
+
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|text| (*text).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a write panicked".into())
+}
+
+fn run(conn: &Connection, queue: &mpsc::Receiver<Job>) {
+    while let Ok(first) = queue.recv() {
+        let mut batch = Vec::with_capacity(8);
+        batch.push(first);
+        batch.extend(queue.try_iter().take(MAX_BATCH - 1));
+        commit_batch(conn, batch);
+    }
+}
+
+/// A copy of an SQLite error for each write of a batch that it fails.
+fn copy_error(error: &rusqlite::Error) -> rusqlite::Error {
+    match error {
+        rusqlite::Error::SqliteFailure(code, message) => {
+            rusqlite::Error::SqliteFailure(*code, message.clone())
+        }
+        other => rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
+            Some(other.to_string()),
+        ),
+    }
+}
+
+fn fail(action: &'static str, error: &rusqlite::Error) -> StoreError {
+    StoreError::Sqlite {
+        action,
+        source: copy_error(error),
+    }
+}
+
+/// Runs `batch` in one transaction, each write in a savepoint, commits, then answers each.
+fn commit_batch(conn: &Connection, batch: Vec<Job>) {
+    if let Err(error) = conn.execute_batch("BEGIN IMMEDIATE") {
+        for job in batch {
+            let ran = job(Err(fail("begin a write", &error)));
+            (ran.answer)(Ok(()));
+        }
+        return;
+    }
+    let mut ran: Vec<Ran> = Vec::with_capacity(batch.len());
+    let mut jobs = batch.into_iter();
+    for job in jobs.by_ref() {
+        let outcome = match conn.execute_batch("SAVEPOINT write") {
+            Ok(()) => {
+                let outcome = job(Ok(conn));
+                let end = if outcome.succeeded {
+                    "RELEASE write"
+                } else {
+                    "ROLLBACK TO write; RELEASE write"
+                };
+                if conn.is_autocommit() {
+                    // SQLite rolled the whole transaction back on the write's error (a full
+                    // disk, an I/O error): the writes before it are gone too.
+                    Err(outcome)
+                } else if let Err(error) = conn.execute_batch(end) {
+                    abandon(conn, ran, outcome, &error);
+                    let rest: Vec<Job> = jobs.collect();
+                    if !rest.is_empty() {
+                        commit_batch(conn, rest);
+                    }
+                    return;
+                } else {
+                    Ok(outcome)
+                }
+            }
+            Err(error) => {
+                let outcome = job(Err(fail("begin a write's savepoint", &error)));
+                Ok(outcome)
+            }
+        };
+        match outcome {
+            Ok(outcome) => ran.push(outcome),
+            Err(outcome) => {
+                let rolled_back = rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ABORT),
+                    Some("SQLite rolled back the transaction after an error in a write of the same batch; retry".into()),
+                );
+                for earlier in ran.drain(..) {
+                    let error = fail("commit a batch of writes", &rolled_back);
+                    (earlier.answer)(if earlier.succeeded {
+                        Err(error)
+                    } else {
+                        Ok(())
+                    });
+                }
+                (outcome.answer)(Ok(()));
+                let rest: Vec<Job> = jobs.collect();
+                if !rest.is_empty() {
+                    commit_batch(conn, rest);
+                }
+                return;
+            }
+        }
+    }
+    match conn.execute_batch("COMMIT") {
+        Ok(()) => {
+            for outcome in ran {
+                (outcome.answer)(Ok(()));
+            }
+        }
+        Err(error) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            for outcome in ran {
+                (outcome.answer)(Err(fail("commit a batch of writes", &error)));
+            }
+        }
+    }
+}
+
+/// Ends a batch whose transaction is in doubt (a savepoint could not be closed): rolls it
+/// back and fails every write of it.
+fn abandon(conn: &Connection, ran: Vec<Ran>, last: Ran, error: &rusqlite::Error) {
+    let _ = conn.execute_batch("ROLLBACK");
+    for outcome in ran.into_iter().chain(std::iter::once(last)) {
+        let failure = fail("end a write's savepoint", error);
+        (outcome.answer)(if outcome.succeeded {
+            Err(failure)
+        } else {
+            Ok(())
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc as std_mpsc;
+
+    use super::*;
+    use crate::error::Action;
+
+    fn table() -> Connection {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT NOT NULL)")
+            .unwrap();
+        conn
+    }
+
+    fn insert(conn: &Connection, id: i64) -> Result<i64, StoreError> {
+        conn.execute("INSERT INTO t (id, v) VALUES (?1, 'x')", [id])
+            .doing("insert")?;
+        Ok(id)
+    }
+
+    #[tokio::test]
+    async fn a_failed_or_panicking_write_is_rolled_back_alone_in_its_batch() {
+        let writer = std::sync::Arc::new(Writer::start(table()).unwrap());
+        let (release, wait) = std_mpsc::channel::<()>();
+        let (started, running) = oneshot::channel::<()>();
+        let gate = {
+            let writer = writer.clone();
+            tokio::spawn(async move {
+                writer
+                    .write(move |conn| {
+                        let _ = started.send(());
+                        let _ = wait.recv();
+                        insert(conn, 1)
+                    })
+                    .await
+            })
+        };
+        running.await.unwrap();
+        // Queued while the writer is held: these form one batch.
+        let spawn = |work: Box<dyn FnOnce(&Connection) -> Result<i64, StoreError> + Send>| {
+            let writer = writer.clone();
+            tokio::spawn(async move { writer.write(work).await })
+        };
+        let ok_a = spawn(Box::new(|conn| insert(conn, 2)));
+        let failing = spawn(Box::new(|conn| {
+            insert(conn, 3)?;
+            insert(conn, 2) // a duplicate key: the whole write, row 3 included, is undone
+        }));
+        let panicking = spawn(Box::new(|conn| {
+            insert(conn, 4)?;
+            panic!("boom")
+        }));
+        let ok_b = spawn(Box::new(|conn| insert(conn, 5)));
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        release.send(()).unwrap();
+
+        assert_eq!(gate.await.unwrap().unwrap(), 1);
+        assert_eq!(ok_a.await.unwrap().unwrap(), 2);
+        assert!(matches!(
+            failing.await.unwrap(),
+            Err(StoreError::Sqlite {
+                action: "insert",
+                ..
+            })
+        ));
+        match panicking.await.unwrap() {
+            Err(StoreError::WritePanicked { detail }) => assert_eq!(detail, "boom"),
+            other => panic!("expected a panic's error, got {other:?}"),
+        }
+        assert_eq!(ok_b.await.unwrap().unwrap(), 5);
+        let ids = writer
+            .write(|conn| {
+                let mut select = conn.prepare("SELECT id FROM t ORDER BY id").unwrap();
+                let ids = select
+                    .query_map([], |r| r.get::<_, i64>(0))
+                    .unwrap()
+                    .collect::<Result<Vec<_>, _>>()
+                    .unwrap();
+                Ok(ids)
+            })
+            .await
+            .unwrap();
+        assert_eq!(ids, vec![1, 2, 5]);
+    }
+
+    #[tokio::test]
+    async fn a_failed_commit_fails_every_write_of_the_batch_and_stores_none() {
+        let conn = table();
+        // A deferred foreign key is checked at COMMIT: one bad write fails the commit.
+        conn.execute_batch(
+            "PRAGMA foreign_keys = ON;
+             CREATE TABLE child (id INTEGER PRIMARY KEY,
+                 t_id INTEGER REFERENCES t(id) DEFERRABLE INITIALLY DEFERRED);",
+        )
+        .unwrap();
+        let writer = std::sync::Arc::new(Writer::start(conn).unwrap());
+        let (release, wait) = std_mpsc::channel::<()>();
+        let (started, running) = oneshot::channel::<()>();
+        let gate = {
+            let writer = writer.clone();
+            tokio::spawn(async move {
+                writer
+                    .write(move |conn| {
+                        let _ = started.send(());
+                        let _ = wait.recv();
+                        insert(conn, 1)
+                    })
+                    .await
+            })
+        };
+        running.await.unwrap();
+        let orphan = {
+            let writer = writer.clone();
+            tokio::spawn(async move {
+                writer
+                    .write(|conn| {
+                        conn.execute("INSERT INTO child (id, t_id) VALUES (1, 99)", [])
+                            .doing("insert a child")
+                    })
+                    .await
+            })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        release.send(()).unwrap();
+        // The gate's write ran alone in the first batch; the orphan's batch fails at COMMIT.
+        assert_eq!(gate.await.unwrap().unwrap(), 1);
+        assert!(matches!(
+            orphan.await.unwrap(),
+            Err(StoreError::Sqlite {
+                action: "commit a batch of writes",
+                ..
+            })
+        ));
+        // The connection is usable again, and the failed batch left nothing.
+        let children: i64 = writer
+            .write(|conn| {
+                conn.query_row("SELECT COUNT(*) FROM child", [], |r| r.get(0))
+                    .doing("count")
+            })
+            .await
+            .unwrap();
+        assert_eq!(children, 0);
+    }
+
+    #[tokio::test]
+    async fn every_answered_write_is_in_the_file_once_the_writer_is_closed() {
+        let dir = std::env::temp_dir().join(format!("contexture-writer-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("drop.db");
+        let _ = std::fs::remove_file(&path);
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT NOT NULL)")
+            .unwrap();
+        let writer = std::sync::Arc::new(Writer::start(conn).unwrap());
+        let writes: Vec<_> = (0..50)
+            .map(|id| {
+                let writer = writer.clone();
+                tokio::spawn(async move { writer.write(move |conn| insert(conn, id)).await })
+            })
+            .collect();
+        for write in writes {
+            write.await.unwrap().unwrap();
+        }
+        drop(writer);
+        let count: i64 = Connection::open(&path)
+            .unwrap()
+            .query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(count, 50);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
