@@ -522,6 +522,12 @@ impl Parser<'_> {
         };
         if radix != 10 {
             self.pos += 2;
+            // Python allows one underscore right after the prefix: `0x_FF`, `0b_1`.
+            if self.peek() == Some(b'_')
+                && self.peek_at(1).is_some_and(|b| (b as char).is_digit(radix))
+            {
+                self.pos += 1;
+            }
             let digits = self.digits(|b| (b as char).is_digit(radix));
             if digits.is_empty() {
                 return Err(self.error_at(start, "invalid number literal"));
@@ -663,6 +669,9 @@ mod tests {
             ("'\\x41\\u00e9\\101'", json!("Aé\u{41}")),
             ("-1_000", json!(-1000)),
             ("0x1F", json!(31)),
+            ("0x_3C12", json!(15378)),
+            ("0o_16644", json!(7588)),
+            ("0b_1_0", json!(2)),
             ("1.5e3", json!(1500.0)),
             (
                 "{1: 'x', None: 'y', True: 'z'}",
@@ -687,6 +696,8 @@ mod tests {
             ("b'x'", "bytes literals"),
             ("1j", "complex numbers"),
             ("007", "leading zeros"),
+            ("0x__1", "invalid number literal"),
+            ("0x_", "invalid number literal"),
             ("[1 2]", "expected ','"),
             ("", "empty input"),
         ];
