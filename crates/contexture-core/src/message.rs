@@ -9,7 +9,7 @@
 //! cleared by [`Message::touch`]; every mutating method here calls it, and code that writes
 //! the public fields directly after a count was taken must call it too.
 
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -349,13 +349,13 @@ impl Message {
 
     /// The cached token count for `encoding`, if one was computed or loaded.
     pub fn cached_tokens(&self, encoding: Encoding) -> Option<u32> {
-        self.tokens.slots[encoding.index()].get().copied()
+        self.tokens.get(encoding)
     }
 
     /// Records a token count computed elsewhere (e.g. read back from a store that saved it).
     /// The first value recorded for an encoding wins until [`Message::touch`].
     pub fn set_cached_tokens(&self, encoding: Encoding, count: u32) {
-        let _ = self.tokens.slots[encoding.index()].set(count);
+        self.tokens.set(encoding, count);
     }
 
     /// The cached count for `encoding`, computing it with `compute` the first time.
@@ -364,20 +364,58 @@ impl Message {
         encoding: Encoding,
         compute: impl FnOnce() -> u32,
     ) -> u32 {
-        *self.tokens.slots[encoding.index()].get_or_init(compute)
+        match self.tokens.get(encoding) {
+            Some(count) => count,
+            None => self.tokens.set(encoding, compute()),
+        }
     }
 }
 
-/// Per-encoding token counts of one message, computed at most once each.
-#[derive(Clone, Default)]
+/// Per-encoding token counts of one message, each set once (the first value wins).
+///
+/// A slot holds the count plus one, and 0 while unknown. Atomics rather than `OnceLock`s:
+/// messages are cloned on every projection and fit, and cloning a set `OnceLock` goes
+/// through its initialization path each time; a count is a plain number, so relaxed loads
+/// and stores are enough.
+#[derive(Default)]
 struct TokenCache {
-    slots: [OnceLock<u32>; Encoding::COUNT],
+    slots: [AtomicU32; Encoding::COUNT],
+}
+
+impl TokenCache {
+    fn get(&self, encoding: Encoding) -> Option<u32> {
+        self.slots[encoding.index()]
+            .load(Ordering::Relaxed)
+            .checked_sub(1)
+    }
+
+    /// Records `count` unless a count is there already; returns the count kept.
+    fn set(&self, encoding: Encoding, count: u32) -> u32 {
+        let stored = count.saturating_add(1);
+        match self.slots[encoding.index()].compare_exchange(
+            0,
+            stored,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => stored - 1,
+            Err(kept) => kept - 1,
+        }
+    }
+}
+
+impl Clone for TokenCache {
+    fn clone(&self) -> Self {
+        TokenCache {
+            slots: std::array::from_fn(|i| AtomicU32::new(self.slots[i].load(Ordering::Relaxed))),
+        }
+    }
 }
 
 impl std::fmt::Debug for TokenCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list()
-            .entries(self.slots.iter().map(|slot| slot.get()))
+            .entries(Encoding::ALL.into_iter().map(|encoding| self.get(encoding)))
             .finish()
     }
 }
