@@ -7,6 +7,7 @@
 //! event is the thread's `last_seq + 1` read inside that transaction, with the primary key
 //! `(thread_id, seq)` as a backstop. Reads run on tokio's blocking pool.
 
+mod projection_cache;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -16,6 +17,7 @@ use std::time::{Duration, SystemTime};
 use contexture_core::thread::{Event, EventKind, Projection, Thread, projection_watermark};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
+use self::projection_cache::ProjectionCache;
 use self::writer::Writer;
 
 use crate::error::Action;
@@ -33,13 +35,16 @@ const MIGRATIONS: &[(u32, &str)] = &[
         include_str!("../migrations/sqlite/0002_ordinary_messages.sql"),
     ),
     (3, include_str!("../migrations/sqlite/0003_api_keys.sql")),
+    (4, include_str!("../migrations/sqlite/0004_deletions.sql")),
 ];
 
 /// How long a write waits for another process's write transaction.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Connections kept for reads.
-const MAX_IDLE_READERS: usize = 8;
+/// The most reads running at once, each on a connection of its own; further reads wait for
+/// one. Connections are kept and reused, so that their cached statements and page caches
+/// stay warm.
+const READERS: usize = 8;
 
 /// A thread store in one SQLite file. Cheap to clone; clones share connections.
 #[derive(Clone)]
@@ -51,6 +56,8 @@ struct Inner {
     path: PathBuf,
     writer: Writer,
     readers: Mutex<Vec<Connection>>,
+    reading: tokio::sync::Semaphore,
+    projections: ProjectionCache,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -67,6 +74,14 @@ fn connect(path: &Path) -> Result<Connection, StoreError> {
         .doing("set the busy timeout")?;
     conn.execute_batch(
         "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;",
+    )
+    .doing("configure the connection")?;
+    // The query planner stability guarantee: a cached statement keeps its plan whatever
+    // values are bound. Without it, a statement that the planner checked against a partial
+    // index (`events_special`) is prepared again on every new binding.
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
     )
     .doing("configure the connection")?;
     Ok(conn)
@@ -148,6 +163,8 @@ impl SqliteStore {
                 path,
                 writer: Writer::start(writer)?,
                 readers: Mutex::new(Vec::new()),
+                reading: tokio::sync::Semaphore::new(READERS),
+                projections: ProjectionCache::default(),
             }),
         })
     }
@@ -169,6 +186,8 @@ impl SqliteStore {
         &self,
         work: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
+        // The semaphore is never closed, so this always holds a permit.
+        let _permit = self.inner.reading.acquire().await.ok();
         let inner = Arc::clone(&self.inner);
         tokio::task::spawn_blocking(move || {
             let pooled = lock(&inner.readers).pop();
@@ -177,8 +196,10 @@ impl SqliteStore {
                 None => connect(&inner.path)?,
             };
             let result = work(&mut conn);
+            // One connection per permit; more only when a cancelled read's permit was
+            // reused before its work ended, and those are not kept.
             let mut readers = lock(&inner.readers);
-            if readers.len() < MAX_IDLE_READERS {
+            if readers.len() < READERS {
                 readers.push(conn);
             }
             result
@@ -281,6 +302,18 @@ fn chain(conn: &Connection, thread: &str) -> Result<Vec<(String, Option<u64>)>, 
 fn read_events(conn: &mut Connection, thread: &str, after: u64) -> Result<Vec<Event>, StoreError> {
     let tx = conn.transaction().doing("begin a read")?;
     let segments = chain(&tx, thread)?;
+    let events = events_in(&tx, thread, &segments, after)?;
+    tx.commit().doing("end the read")?;
+    Ok(events)
+}
+
+/// The events of `segments` (of `thread`'s chain) with seq above `after`.
+fn events_in(
+    tx: &Connection,
+    thread: &str,
+    segments: &[(String, Option<u64>)],
+    after: u64,
+) -> Result<Vec<Event>, StoreError> {
     let mut events = Vec::new();
     {
         let mut select = tx
@@ -289,7 +322,7 @@ fn read_events(conn: &mut Connection, thread: &str, after: u64) -> Result<Vec<Ev
                  WHERE thread_id = ?1 AND seq <= ?2 AND seq > ?3 ORDER BY seq",
             )
             .doing("prepare the event query")?;
-        for (id, limit) in &segments {
+        for (id, limit) in segments {
             let mut rows = select
                 .query(params![id, limit.map_or(i64::MAX, db_seq), db_seq(after)])
                 .doing("query events")?;
@@ -311,7 +344,6 @@ fn read_events(conn: &mut Connection, thread: &str, after: u64) -> Result<Vec<Ev
             }
         }
     }
-    tx.commit().doing("end the read")?;
     Ok(events)
 }
 
@@ -320,9 +352,37 @@ fn read_events(conn: &mut Connection, thread: &str, after: u64) -> Result<Vec<Ev
 /// messages are not even scanned), then the ordinary messages after the active context's
 /// anchor (see [`contexture_core::thread::projection_watermark`]). Seqs are gap-free, so
 /// every seq that is neither is an ordinary message the anchor covers.
-fn read_projection(conn: &mut Connection, thread: &str) -> Result<Projection, StoreError> {
+///
+/// A fold kept in `cache` from an earlier read is brought up to date with the events after
+/// it instead (see [`projection_cache`]); the fold read here is kept for the next read.
+fn read_projection(
+    conn: &mut Connection,
+    thread: &str,
+    cache: &ProjectionCache,
+) -> Result<Projection, StoreError> {
     let tx = conn.transaction().doing("begin a read")?;
     let segments = chain(&tx, thread)?;
+    let (last_seq, deletions): (i64, i64) = tx
+        .prepare_cached(
+            "SELECT t.last_seq, d.count FROM threads t, deletions d WHERE t.id = ?1 AND d.id = 1",
+        )
+        .doing("prepare the thread's state query")?
+        .query_row([thread], |r| Ok((r.get(0)?, r.get(1)?)))
+        .doing("read the thread's last seq")?;
+    let last_seq = seq_of(thread, last_seq)?;
+    let replay_error = |source| StoreError::Replay {
+        thread: thread.to_string(),
+        source,
+    };
+    if let Some(mut fold) = cache.take(thread, deletions, last_seq) {
+        for event in events_in(&tx, thread, &segments, fold.last_seq())? {
+            fold.apply(event).map_err(replay_error)?;
+        }
+        tx.commit().doing("end the read")?;
+        let projection = fold.projection();
+        cache.put(thread, deletions, fold);
+        return Ok(projection);
+    }
     let read_rows = |sql: &str, low: u64| -> Result<Vec<Event>, StoreError> {
         let mut select = tx.prepare_cached(sql).doing("prepare the event query")?;
         let mut events = Vec::new();
@@ -364,10 +424,6 @@ fn read_projection(conn: &mut Connection, thread: &str) -> Result<Projection, St
     )?;
     tx.commit().doing("end the read")?;
 
-    let replay_error = |source| StoreError::Replay {
-        thread: thread.to_string(),
-        source,
-    };
     let mut fold = Thread::new(thread);
     let mut special = special.into_iter().peekable();
     let mut messages = messages.into_iter().peekable();
@@ -389,7 +445,9 @@ fn read_projection(conn: &mut Connection, thread: &str) -> Result<Projection, St
             break;
         }
     }
-    Ok(fold.projection())
+    let projection = fold.projection();
+    cache.put(thread, deletions, fold);
+    Ok(projection)
 }
 
 /// Forks `parent` at `at_seq` as `child`, inside the caller's write transaction.
@@ -453,7 +511,11 @@ fn forks_of(conn: &Connection, thread: &str) -> Result<Vec<String>, StoreError> 
     Ok(forks)
 }
 
+/// Deletes `thread`'s rows and counts the deletion (which drops cached folds of it, in
+/// every process: see [`projection_cache`]).
 fn delete_thread(conn: &Connection, thread: &str) -> Result<(), StoreError> {
+    conn.execute("UPDATE deletions SET count = count + 1 WHERE id = 1", [])
+        .doing("count the deletion")?;
     conn.execute("DELETE FROM events WHERE thread_id = ?1", [thread])
         .doing("delete events")?;
     conn.execute("DELETE FROM threads WHERE id = ?1", [thread])
@@ -503,15 +565,15 @@ impl Store for SqliteStore {
         if events.is_empty() {
             return Ok(Vec::new());
         }
+        // Encoded (serialized, tokens counted) here rather than on the writer thread, whose
+        // time every write of the process shares; as the PostgreSQL store does.
+        let rows = events
+            .into_iter()
+            .map(|event| record::encode(thread, event))
+            .collect::<Result<Vec<_>, _>>()?;
         let thread = thread.to_string();
-        self.write(move |conn| {
-            let rows = events
-                .into_iter()
-                .map(|event| record::encode(&thread, event))
-                .collect::<Result<Vec<_>, _>>()?;
-            append_rows(conn, &thread, rows)
-        })
-        .await
+        self.write(move |conn| append_rows(conn, &thread, rows))
+            .await
     }
 
     async fn events(&self, thread: &str) -> Result<Vec<Event>, StoreError> {
@@ -526,7 +588,9 @@ impl Store for SqliteStore {
 
     async fn load_projection(&self, thread: &str) -> Result<Projection, StoreError> {
         let thread = thread.to_string();
-        self.read(move |conn| read_projection(conn, &thread)).await
+        let inner = Arc::clone(&self.inner);
+        self.read(move |conn| read_projection(conn, &thread, &inner.projections))
+            .await
     }
 
     async fn fork(&self, parent: &str, at_seq: u64, child: &str) -> Result<u64, StoreError> {
