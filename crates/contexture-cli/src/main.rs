@@ -7,6 +7,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Contexture: the context engine for LLM agents and workflows.
 #[derive(Debug, Parser)]
 #[command(name = "contexture", version, about, long_about = None)]

@@ -22,7 +22,7 @@ use contexture_store::{AnyStore, StoreError};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
-use crate::auth::{RateLimiter, authenticate};
+use crate::auth::{KeyCache, RateLimiter, authenticate};
 use crate::config::ServerConfig;
 use crate::metrics::{Metrics, track};
 use crate::routes::{chat, executions, ops, threads};
@@ -89,6 +89,8 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
     /// The per-key rate limit.
     pub rate_limiter: RateLimiter,
+    /// API keys verified lately.
+    pub key_cache: KeyCache,
     /// The tenant of requests without a key, when allowed.
     pub anonymous: Option<Tenant>,
     /// Where executions' workflows are read from (canonical).
@@ -223,6 +225,7 @@ impl AppState {
             compactor: Arc::new(compactor),
             upstream,
             rate_limiter: RateLimiter::new(config.limits.requests_per_second, config.limits.burst),
+            key_cache: KeyCache::new(config.auth.key_cache()),
             metrics: Arc::new(Metrics::default()),
             anonymous,
             workflows_dir,

@@ -99,19 +99,30 @@ pub async fn authenticate(
     next: Next,
 ) -> Response {
     let caller = match presented_key(request.headers()) {
-        Some(key) if !key.is_empty() => match state.store.api_key_by_hash(&hash_key(key)).await {
-            Ok(Some(record)) => match Tenant::new(record.tenant) {
-                Ok(tenant) => Caller {
-                    tenant,
-                    key_id: record.id,
+        Some(key) if !key.is_empty() => {
+            let hash = hash_key(key);
+            match state.key_cache.get(&hash, Instant::now()) {
+                Some(caller) => caller,
+                None => match state.store.api_key_by_hash(&hash).await {
+                    Ok(Some(record)) => match Tenant::new(record.tenant) {
+                        Ok(tenant) => {
+                            let caller = Caller {
+                                tenant,
+                                key_id: record.id,
+                            };
+                            state.key_cache.put(hash, caller.clone(), Instant::now());
+                            caller
+                        }
+                        Err(problem) => return ApiError::unauthorized(problem).into_response(),
+                    },
+                    Ok(None) => {
+                        return ApiError::unauthorized("the API key is unknown or revoked")
+                            .into_response();
+                    }
+                    Err(error) => return ApiError::store(&error).into_response(),
                 },
-                Err(problem) => return ApiError::unauthorized(problem).into_response(),
-            },
-            Ok(None) => {
-                return ApiError::unauthorized("the API key is unknown or revoked").into_response();
             }
-            Err(error) => return ApiError::store(&error).into_response(),
-        },
+        }
         _ => match &state.anonymous {
             Some(tenant) => Caller {
                 tenant: tenant.clone(),
@@ -144,6 +155,55 @@ pub async fn authenticate(
     }
     request.extensions_mut().insert(caller);
     next.run(request).await
+}
+
+/// Keys the store has verified lately, by hash, so that a busy client's requests do not
+/// each cost a store query. Only known, unrevoked keys are kept (an unknown key is asked
+/// for again every time, and cannot fill the cache), each for the configured time, after
+/// which the store is asked again: that time bounds how long a revoked key still works.
+#[derive(Debug)]
+pub struct KeyCache {
+    ttl: Duration,
+    entries: Mutex<HashMap<String, (Caller, Instant)>>,
+}
+
+/// The most keys kept; past it the cache starts over (one store query per key to refill).
+const KEY_CACHE_CAPACITY: usize = 10_000;
+
+impl KeyCache {
+    /// A cache keeping each verified key for `ttl` (zero: keeps nothing).
+    pub fn new(ttl: Duration) -> KeyCache {
+        KeyCache {
+            ttl,
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The caller of the key with this hash, verified less than the cache time before `now`.
+    fn get(&self, hash: &str, now: Instant) -> Option<Caller> {
+        if self.ttl.is_zero() {
+            return None;
+        }
+        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let (caller, verified) = entries.get(hash)?;
+        (now.saturating_duration_since(*verified) < self.ttl).then(|| caller.clone())
+    }
+
+    /// Notes that the store verified the key with this hash at `now`.
+    fn put(&self, hash: String, caller: Caller, now: Instant) {
+        if self.ttl.is_zero() {
+            return;
+        }
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if entries.len() >= KEY_CACHE_CAPACITY && !entries.contains_key(&hash) {
+            let ttl = self.ttl;
+            entries.retain(|_, (_, verified)| now.saturating_duration_since(*verified) < ttl);
+            if entries.len() >= KEY_CACHE_CAPACITY {
+                entries.clear();
+            }
+        }
+        entries.insert(hash, (caller, now));
+    }
 }
 
 /// One token bucket per key.
@@ -222,6 +282,48 @@ mod tests {
                 .is_err()
         );
         assert!(RateLimiter::new(0.0, 1).admit_at("k", start).is_ok());
+    }
+
+    fn caller(key_id: &str) -> Caller {
+        Caller {
+            tenant: Tenant::new("acme".to_owned()).unwrap(),
+            key_id: key_id.into(),
+        }
+    }
+
+    #[test]
+    fn a_verified_key_is_trusted_for_the_cache_time_only() {
+        let cache = KeyCache::new(Duration::from_secs(5));
+        let start = Instant::now();
+        assert!(cache.get("h1", start).is_none());
+        cache.put("h1".into(), caller("ck_1"), start);
+        let hit = cache
+            .get("h1", start + Duration::from_millis(4_999))
+            .unwrap();
+        assert_eq!(hit.key_id, "ck_1");
+        assert!(cache.get("h1", start + Duration::from_secs(5)).is_none());
+        assert!(cache.get("h2", start).is_none());
+        // Verified again: trusted again from then on.
+        cache.put("h1".into(), caller("ck_1"), start + Duration::from_secs(6));
+        assert!(cache.get("h1", start + Duration::from_secs(10)).is_some());
+    }
+
+    #[test]
+    fn a_zero_cache_time_keeps_nothing_and_the_cache_is_bounded() {
+        let start = Instant::now();
+        let off = KeyCache::new(Duration::ZERO);
+        off.put("h".into(), caller("ck_1"), start);
+        assert!(off.get("h", start).is_none());
+
+        let cache = KeyCache::new(Duration::from_secs(5));
+        for i in 0..KEY_CACHE_CAPACITY + 10 {
+            cache.put(format!("h{i}"), caller("ck"), start);
+        }
+        let kept = cache.entries.lock().unwrap().len();
+        assert!(kept <= KEY_CACHE_CAPACITY, "{kept} keys kept");
+        // The newest key is always kept.
+        let newest = format!("h{}", KEY_CACHE_CAPACITY + 9);
+        assert!(cache.get(&newest, start).is_some());
     }
 
     #[test]

@@ -56,12 +56,32 @@ impl Default for ServerConfig {
 }
 
 /// Who may call the API.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthConfig {
     /// When set, requests without an API key act as this tenant (for local development;
     /// `CONTEXTURE_ANONYMOUS_TENANT`). By default every request needs a key.
     pub anonymous_tenant: Option<String>,
+    /// How long, in seconds, a verified API key is trusted without asking the store again
+    /// (default 5; `CONTEXTURE_KEY_CACHE_SECS`). A revoked key is refused at most this long
+    /// after `contexture keys revoke`, on every server; 0 asks the store on every request.
+    pub key_cache_secs: f64,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            anonymous_tenant: None,
+            key_cache_secs: 5.0,
+        }
+    }
+}
+
+impl AuthConfig {
+    /// [`AuthConfig::key_cache_secs`] as a duration.
+    pub fn key_cache(&self) -> Duration {
+        Duration::from_secs_f64(self.key_cache_secs)
+    }
 }
 
 /// Limits on what one client may send.
@@ -265,6 +285,12 @@ impl ServerConfig {
         if let Some(key) = set("CONTEXTURE_UPSTREAM_KEY").or_else(|| set("OPENAI_API_KEY")) {
             self.upstream.api_key = Some(key);
         }
+        if let Some(secs) = set("CONTEXTURE_KEY_CACHE_SECS") {
+            self.auth.key_cache_secs = secs.parse().map_err(|_| ConfigError::Env {
+                name: "CONTEXTURE_KEY_CACHE_SECS",
+                problem: format!("`{secs}` is not a number of seconds"),
+            })?;
+        }
         if let Some(rate) = set("CONTEXTURE_RATE_LIMIT") {
             self.limits.requests_per_second = rate.parse().map_err(|_| ConfigError::Env {
                 name: "CONTEXTURE_RATE_LIMIT",
@@ -286,6 +312,17 @@ impl ServerConfig {
                 format!(
                     "must be 0 (no limit) or more, not {}",
                     self.limits.requests_per_second
+                ),
+            );
+        }
+        if !(self.auth.key_cache_secs.is_finite()
+            && (0.0..=3600.0).contains(&self.auth.key_cache_secs))
+        {
+            return invalid(
+                "auth.key_cache_secs",
+                format!(
+                    "must be 0 (no cache) to 3600 seconds, not {}",
+                    self.auth.key_cache_secs
                 ),
             );
         }

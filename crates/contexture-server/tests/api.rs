@@ -332,6 +332,7 @@ async fn bad_requests_get_json_errors_that_name_the_field() {
     let (_dir, store) = sqlite().await;
     let mut config = config(None);
     config.limits.max_body_bytes = 2048;
+    config.auth.key_cache_secs = 0.5;
     let server = TestServer::start(config, store).await;
     let key = server.key("acme").await;
     use reqwest::Method as M;
@@ -460,9 +461,21 @@ async fn bad_requests_get_json_errors_that_name_the_field() {
         .revoke_api_key(&keys[0].id)
         .await
         .unwrap();
-    assert_eq!(
-        call(M::GET, server.url("/v1/threads"), &key, None).await.0,
-        StatusCode::UNAUTHORIZED
+    // A verified key is trusted for `auth.key_cache_secs`, then asked for again.
+    let revoked_at = std::time::Instant::now();
+    let mut status = StatusCode::OK;
+    while status != StatusCode::UNAUTHORIZED {
+        assert!(
+            revoked_at.elapsed() < std::time::Duration::from_secs(10),
+            "a revoked key still works after the key cache time"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        status = call(M::GET, server.url("/v1/threads"), &key, None).await.0;
+    }
+    assert!(
+        revoked_at.elapsed() <= std::time::Duration::from_secs(3),
+        "refused only after {:?}",
+        revoked_at.elapsed()
     );
     let (status, answer) = call(M::GET, server.url("/v2/nothing"), &key, None).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
