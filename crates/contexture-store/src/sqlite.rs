@@ -72,6 +72,8 @@ fn connect(path: &Path) -> Result<Connection, StoreError> {
     let conn = Connection::open(path).doing("open the database file")?;
     conn.busy_timeout(BUSY_TIMEOUT)
         .doing("set the busy timeout")?;
+    // Room for every statement the store runs, so that none is prepared twice.
+    conn.set_prepared_statement_cache_capacity(64);
     conn.execute_batch(
         "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;",
     )
@@ -211,19 +213,15 @@ impl SqliteStore {
 /// Appends `rows` to `thread` (creating it), inside the caller's write transaction.
 fn append_rows(tx: &Connection, thread: &str, rows: Vec<Row>) -> Result<Vec<u64>, StoreError> {
     let now = epoch_ms(SystemTime::now());
-    tx.execute(
-        "INSERT INTO threads (id, last_seq, created_at, updated_at) VALUES (?1, 0, ?2, ?2)
-         ON CONFLICT (id) DO NOTHING",
-        params![thread, now],
-    )
-    .doing("create the thread")?;
+    // Creates the thread when it is new, and reads its last seq either way.
     let last: i64 = tx
-        .query_row(
-            "SELECT last_seq FROM threads WHERE id = ?1",
-            [thread],
-            |r| r.get(0),
+        .prepare_cached(
+            "INSERT INTO threads (id, last_seq, created_at, updated_at) VALUES (?1, 0, ?2, ?2)
+             ON CONFLICT (id) DO UPDATE SET last_seq = last_seq RETURNING last_seq",
         )
-        .doing("read the last seq")?;
+        .doing("prepare the thread's creation")?
+        .query_row(params![thread, now], |r| r.get(0))
+        .doing("create the thread or read its last seq")?;
     let mut last = seq_of(thread, last)?;
     let mut seqs = Vec::with_capacity(rows.len());
     {
@@ -271,11 +269,10 @@ fn append_rows(tx: &Connection, thread: &str, rows: Vec<Row>) -> Result<Vec<u64>
             seqs.push(seq);
         }
     }
-    tx.execute(
-        "UPDATE threads SET last_seq = ?2, updated_at = ?3 WHERE id = ?1",
-        params![thread, db_seq(last), now],
-    )
-    .doing("update the thread")?;
+    tx.prepare_cached("UPDATE threads SET last_seq = ?2, updated_at = ?3 WHERE id = ?1")
+        .doing("prepare the thread's update")?
+        .execute(params![thread, db_seq(last), now])
+        .doing("update the thread")?;
     Ok(seqs)
 }
 
@@ -285,11 +282,9 @@ fn chain(conn: &Connection, thread: &str) -> Result<Vec<(String, Option<u64>)>, 
     let mut walk = ForkChain::new(thread);
     loop {
         let link: Option<(Option<String>, Option<i64>)> = conn
-            .query_row(
-                "SELECT parent_id, fork_seq FROM threads WHERE id = ?1",
-                [walk.current()],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
+            .prepare_cached("SELECT parent_id, fork_seq FROM threads WHERE id = ?1")
+            .doing("prepare the thread query")?
+            .query_row([walk.current()], |r| Ok((r.get(0)?, r.get(1)?)))
             .optional()
             .doing("read the thread")?;
         if !walk.step(link)? {

@@ -32,6 +32,7 @@
 //! This is the order of OpenAI's own examples, cookbook and responses, so messages in that
 //! order come back byte for byte; other orders come back as equal JSON values.
 
+use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Value, json};
 
 use super::{
@@ -71,32 +72,9 @@ pub fn parse_request(body: &Value) -> Result<Vec<Message>, FormatError> {
 
 /// Writes one message in the chat-completions format.
 pub fn to_value(message: &Message) -> Value {
-    let mut object = Map::new();
-    object.insert("role".into(), Value::from(message.role.as_str()));
-    let extra = &message.extra;
-    put(
-        &mut object,
-        "tool_call_id",
-        message.tool_call_id.as_deref().map(Value::from),
-        extra,
-    );
-    put(
-        &mut object,
-        "name",
-        message.name.as_deref().map(Value::from),
-        extra,
-    );
-    let content = match &message.content {
-        Some(content) => Some(content_to_value(content)),
-        None if message.content_omitted => None,
-        None => Some(Value::Null),
-    };
-    put(&mut object, "content", content, extra);
-    let calls = (!message.tool_calls.is_empty())
-        .then(|| Value::Array(message.tool_calls.iter().map(tool_call_to_value).collect()));
-    put(&mut object, "tool_calls", calls, extra);
-    append_extra(&mut object, extra);
-    Value::Object(object)
+    // Serializing into a `Value` fails only on map keys that are not strings; every key
+    // written here is a string.
+    serde_json::to_value(WireMessage(message)).unwrap_or_default()
 }
 
 /// Writes messages as a JSON array in the chat-completions format.
@@ -104,16 +82,86 @@ pub fn to_values(messages: &[Message]) -> Value {
     Value::Array(messages.iter().map(to_value).collect())
 }
 
-/// Inserts `value` under `key`, or else the `extra` entry of that name (a known field whose
-/// wire value the model keeps in `extra`, such as `name: null`), at the field's own place.
-fn put(
-    object: &mut Map<String, Value>,
-    key: &str,
-    value: Option<Value>,
-    extra: &Map<String, Value>,
-) {
-    if let Some(value) = value.or_else(|| extra.get(key).cloned()) {
-        object.insert(key.to_owned(), value);
+/// A message in the chat-completions format as a [`Serialize`] value: what [`to_value`]
+/// builds, written straight to the output (a long history is answered without building a
+/// tree of `Value`s first).
+#[derive(Debug, Clone, Copy)]
+pub struct WireMessage<'a>(pub &'a Message);
+
+/// Messages in the chat-completions format, as a JSON array; see [`WireMessage`].
+#[derive(Debug, Clone, Copy)]
+pub struct WireMessages<'a>(pub &'a [Message]);
+
+impl Serialize for WireMessages<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().map(WireMessage))
+    }
+}
+
+impl Serialize for WireMessage<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let message = self.0;
+        let extra = &message.extra;
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("role", message.role.as_str())?;
+        // Each known field: its value, or else the `extra` entry of that name (a wire value
+        // the model keeps there, such as `name: null`), at the field's own place.
+        let mut written = vec!["role"];
+        let mut known = |key: &'static str, value: Option<Field<'_>>| {
+            match (value, extra.get(key)) {
+                (Some(value), _) => map.serialize_entry(key, &value)?,
+                (None, Some(kept)) => map.serialize_entry(key, kept)?,
+                (None, None) => return Ok(()),
+            }
+            written.push(key);
+            Ok::<(), S::Error>(())
+        };
+        known(
+            "tool_call_id",
+            message.tool_call_id.as_deref().map(Field::Text),
+        )?;
+        known("name", message.name.as_deref().map(Field::Text))?;
+        let parts;
+        let content = match &message.content {
+            Some(Content::Text(text)) => Some(Field::Text(text)),
+            Some(Content::Parts(list)) => {
+                parts = Value::Array(list.iter().map(part_to_value).collect());
+                Some(Field::Json(&parts))
+            }
+            None if message.content_omitted => None,
+            None => Some(Field::Json(&Value::Null)),
+        };
+        known("content", content)?;
+        let calls;
+        let tool_calls = if message.tool_calls.is_empty() {
+            None
+        } else {
+            calls = Value::Array(message.tool_calls.iter().map(tool_call_to_value).collect());
+            Some(Field::Json(&calls))
+        };
+        known("tool_calls", tool_calls)?;
+        for (key, value) in extra {
+            if !written.contains(&key.as_str()) {
+                map.serialize_entry(key, value)?;
+            }
+        }
+        map.end()
+    }
+}
+
+/// A known field's value as [`WireMessage`] writes it.
+#[derive(Clone, Copy)]
+enum Field<'a> {
+    Text(&'a str),
+    Json(&'a Value),
+}
+
+impl Serialize for Field<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Field::Text(text) => serializer.serialize_str(text),
+            Field::Json(value) => value.serialize(serializer),
+        }
     }
 }
 
@@ -259,13 +307,6 @@ fn parse_tool_call(value: &Value, path: &str) -> Result<ToolCall, FormatError> {
             .insert("function".into(), Value::Object(function_extra));
     }
     Ok(call)
-}
-
-fn content_to_value(content: &Content) -> Value {
-    match content {
-        Content::Text(text) => Value::from(text.as_str()),
-        Content::Parts(parts) => Value::Array(parts.iter().map(part_to_value).collect()),
-    }
 }
 
 fn part_to_value(part: &Part) -> Value {

@@ -6,13 +6,16 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use contexture_core::budget::BudgetBreakdown;
 use contexture_core::compact::CompactionPolicy;
 use contexture_core::format::openai;
-use contexture_core::thread::{ConflictPolicy, EventKind, MergePolicy, MergeSpec, StoreChange};
+use contexture_core::thread::{
+    ConflictPolicy, EventKind, FitRecord, MergePolicy, MergeSpec, StoreChange,
+};
 use contexture_engine::compaction::{CompactRequest, compact_stored};
 use contexture_engine::executor::ExecError;
 use contexture_store::{NewEvent, Store, StoreError};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::app::AppState;
@@ -257,7 +260,7 @@ pub async fn context(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     QueryParams(query): QueryParams<ContextQuery>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Response> {
     let tenant = &caller.tenant;
     let mut settings = FitSettings::new(
         &state,
@@ -287,13 +290,24 @@ pub async fn context(
         ensure_thread(&state, tenant, &id).await?;
     }
     let fitted = settings.fit(&state, &projection, &[], &[])?;
-    Ok(Json(json!({
-        "thread": id,
-        "model": settings.model.id,
-        "messages": openai::to_values(&fitted.messages),
-        "budget": fitted.breakdown,
-        "fit": fitted.fit,
-    })))
+    Ok(Json(ContextAnswer {
+        thread: &id,
+        model: &settings.model.id,
+        messages: openai::WireMessages(&fitted.messages),
+        budget: &fitted.breakdown,
+        fit: &fitted.fit,
+    })
+    .into_response())
+}
+
+/// The answer of `GET /v1/threads/{id}/context`, written straight to the response body.
+#[derive(Serialize)]
+struct ContextAnswer<'a> {
+    thread: &'a str,
+    model: &'a str,
+    messages: openai::WireMessages<'a>,
+    budget: &'a BudgetBreakdown,
+    fit: &'a FitRecord,
 }
 
 /// `GET /v1/threads/{id}/events` query.

@@ -113,6 +113,12 @@ fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "a write panicked".into())
 }
 
+/// Runs one transaction-control statement, through the statement cache: these run several
+/// times per batch, and preparing them each time showed in profiles.
+fn control(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
+}
+
 fn run(conn: &Connection, queue: &mpsc::Receiver<Job>) {
     while let Ok(first) = queue.recv() {
         let mut batch = Vec::with_capacity(8);
@@ -144,7 +150,7 @@ fn fail(action: &'static str, error: &rusqlite::Error) -> StoreError {
 
 /// Runs `batch` in one transaction, each write in a savepoint, commits, then answers each.
 fn commit_batch(conn: &Connection, batch: Vec<Job>) {
-    if let Err(error) = conn.execute_batch("BEGIN IMMEDIATE") {
+    if let Err(error) = control(conn, "BEGIN IMMEDIATE") {
         for job in batch {
             let ran = job(Err(fail("begin a write", &error)));
             (ran.answer)(Ok(()));
@@ -154,19 +160,20 @@ fn commit_batch(conn: &Connection, batch: Vec<Job>) {
     let mut ran: Vec<Ran> = Vec::with_capacity(batch.len());
     let mut jobs = batch.into_iter();
     for job in jobs.by_ref() {
-        let outcome = match conn.execute_batch("SAVEPOINT write") {
+        let outcome = match control(conn, "SAVEPOINT write") {
             Ok(()) => {
                 let outcome = job(Ok(conn));
-                let end = if outcome.succeeded {
-                    "RELEASE write"
-                } else {
-                    "ROLLBACK TO write; RELEASE write"
+                let end = || {
+                    if !outcome.succeeded {
+                        control(conn, "ROLLBACK TO write")?;
+                    }
+                    control(conn, "RELEASE write")
                 };
                 if conn.is_autocommit() {
                     // SQLite rolled the whole transaction back on the write's error (a full
                     // disk, an I/O error): the writes before it are gone too.
                     Err(outcome)
-                } else if let Err(error) = conn.execute_batch(end) {
+                } else if let Err(error) = end() {
                     abandon(conn, ran, outcome, &error);
                     let rest: Vec<Job> = jobs.collect();
                     if !rest.is_empty() {
@@ -206,14 +213,14 @@ fn commit_batch(conn: &Connection, batch: Vec<Job>) {
             }
         }
     }
-    match conn.execute_batch("COMMIT") {
+    match control(conn, "COMMIT") {
         Ok(()) => {
             for outcome in ran {
                 (outcome.answer)(Ok(()));
             }
         }
         Err(error) => {
-            let _ = conn.execute_batch("ROLLBACK");
+            let _ = control(conn, "ROLLBACK");
             for outcome in ran {
                 (outcome.answer)(Err(fail("commit a batch of writes", &error)));
             }
@@ -224,7 +231,7 @@ fn commit_batch(conn: &Connection, batch: Vec<Job>) {
 /// Ends a batch whose transaction is in doubt (a savepoint could not be closed): rolls it
 /// back and fails every write of it.
 fn abandon(conn: &Connection, ran: Vec<Ran>, last: Ran, error: &rusqlite::Error) {
-    let _ = conn.execute_batch("ROLLBACK");
+    let _ = control(conn, "ROLLBACK");
     for outcome in ran.into_iter().chain(std::iter::once(last)) {
         let failure = fail("end a write's savepoint", error);
         (outcome.answer)(if outcome.succeeded {
