@@ -101,12 +101,57 @@ impl Encoding {
         if text.is_empty() {
             return 0;
         }
-        self.tokenizer().count(text)
+        // `Tokenizer::count`, with the counts of short pieces remembered: prose repeats its
+        // words, and counting a piece builds an encoder (allocations included) every time.
+        let tokenizer = self.tokenizer();
+        let text = tokenizer.normalize(text);
+        PIECE_COUNTS.with(|memo| {
+            let mut memo = memo.borrow_mut();
+            tokenizer
+                .split(text.as_str())
+                .map(|piece| memo.count(self, piece, || tokenizer.bpe.count(piece.as_bytes())))
+                .sum()
+        })
     }
 
     /// The token ids of `text` (used where text must be cut at a token boundary).
     pub fn encode(self, text: &str) -> Vec<u32> {
         self.tokenizer().encode(text)
+    }
+}
+
+/// Pieces (what pre-tokenizing cuts a text into) up to this many bytes have their counts
+/// remembered; longer ones are rare and mostly unique.
+const MEMO_PIECE_BYTES: usize = 24;
+
+/// Pieces remembered per encoding and thread; past it the memo starts over.
+const MEMO_PIECES: usize = 16_384;
+
+thread_local! {
+    static PIECE_COUNTS: std::cell::RefCell<PieceCounts> = std::cell::RefCell::default();
+}
+
+/// Token counts of short pieces, per encoding: a piece's count depends on its bytes alone.
+#[derive(Default)]
+struct PieceCounts {
+    by_encoding: [std::collections::HashMap<Box<str>, usize>; Encoding::COUNT],
+}
+
+impl PieceCounts {
+    fn count(&mut self, encoding: Encoding, piece: &str, compute: impl FnOnce() -> usize) -> usize {
+        if piece.len() > MEMO_PIECE_BYTES {
+            return compute();
+        }
+        let memo = &mut self.by_encoding[encoding.index()];
+        if let Some(&count) = memo.get(piece) {
+            return count;
+        }
+        let count = compute();
+        if memo.len() >= MEMO_PIECES {
+            memo.clear();
+        }
+        memo.insert(piece.into(), count);
+        count
     }
 }
 
@@ -377,6 +422,34 @@ mod tests {
         assert_eq!(Encoding::Cl100kBase.count("hello world"), 2);
         assert_eq!(Encoding::O200kBase.count("hello world"), 2);
         assert_eq!(Encoding::Cl100kBase.count(""), 0);
+    }
+
+    #[test]
+    fn remembered_piece_counts_agree_with_the_tokenizer() {
+        let long_word = "x".repeat(MEMO_PIECE_BYTES * 3);
+        let texts = [
+            "The deploy on Tuesday failed because the migration took a lock.".to_string(),
+            "the the the The THE  the\n\n the".to_string(),
+            format!("{long_word} {long_word}"),
+            "日本語のテキスト、絵文字 🎉🎉 and code: fn main() { println!(\"hi\"); }".to_string(),
+            "    indented\tlines\r\n    again 12345 67890 3.14159".to_string(),
+        ];
+        for encoding in Encoding::ALL {
+            for text in &texts {
+                let direct = encoding.tokenizer().count(text.as_str());
+                // Twice: the second count reads the remembered pieces.
+                assert_eq!(encoding.count(text), direct, "{encoding} {text:?}");
+                assert_eq!(encoding.count(text), direct, "{encoding} {text:?} (again)");
+            }
+        }
+        // A full memo starts over and keeps counting right.
+        let mut memo = PieceCounts::default();
+        for i in 0..MEMO_PIECES + 5 {
+            let piece = format!("p{i}");
+            assert_eq!(memo.count(Encoding::O200kBase, &piece, || i), i);
+        }
+        assert!(memo.by_encoding[Encoding::O200kBase.index()].len() <= MEMO_PIECES);
+        assert!(memo.by_encoding[Encoding::Cl100kBase.index()].is_empty());
     }
 
     #[test]

@@ -82,7 +82,7 @@ impl FitSettings {
     pub fn fit(
         &self,
         state: &AppState,
-        projection: &Projection,
+        projection: Projection,
         own: &[Message],
         tools: &[Value],
     ) -> Result<FittedRequest, ApiError> {
@@ -95,7 +95,7 @@ impl FitSettings {
         };
         let fitted = fit_request(
             projection.system.as_ref(),
-            &projection.messages,
+            projection.messages,
             own,
             &target,
         )

@@ -168,7 +168,7 @@ impl<S: Store> Executor<S> {
         let build = |run: &Run| -> Result<Prepared, StepError> {
             let projection = run.log.thread().projection();
             let system = system.or(projection.system.as_ref());
-            prepare(system, &projection.messages, own, target)
+            prepare(system, projection.messages, own, target)
         };
         let mut prepared = build(run)?;
         let mut messages = prepared.messages.clone();

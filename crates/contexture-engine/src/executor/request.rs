@@ -48,7 +48,7 @@ pub struct Prepared {
 /// validator.
 pub fn prepare(
     system: Option<&Message>,
-    history: &[Message],
+    history: Vec<Message>,
     own: &[Message],
     target: &Target<'_>,
 ) -> Result<Prepared, StepError> {
@@ -56,7 +56,7 @@ pub fn prepare(
     let counter = &target.model.counter;
     let mut all = Vec::with_capacity(history.len() + own.len() + 1);
     all.extend(system.cloned());
-    all.extend(history.iter().cloned());
+    all.extend(history);
     all.extend(own.iter().cloned().map(|mut message| {
         message.metadata.pinned = true;
         message.metadata.tags.push(OWN_TAG.to_owned());

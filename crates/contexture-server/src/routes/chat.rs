@@ -154,7 +154,7 @@ pub async fn completions(
     // 3. Fit: the request's new turns are kept whole, the rest of the history is trimmed.
     let split = projection.messages.len().saturating_sub(new_count);
     let own = projection.messages.split_off(split);
-    let fitted = settings.fit(&state, &projection, &own, &tools)?;
+    let fitted = settings.fit(&state, projection, &own, &tools)?;
     body.insert("messages".into(), openai::to_values(&fitted.messages));
     let request_id = format!("{scoped}/chat-{}", fresh_id());
     let record = RequestRecord {

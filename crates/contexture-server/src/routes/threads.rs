@@ -289,7 +289,7 @@ pub async fn context(
         // An empty projection of a thread that does not exist is a 404.
         ensure_thread(&state, tenant, &id).await?;
     }
-    let fitted = settings.fit(&state, &projection, &[], &[])?;
+    let fitted = settings.fit(&state, projection, &[], &[])?;
     Ok(Json(ContextAnswer {
         thread: &id,
         model: &settings.model.id,
