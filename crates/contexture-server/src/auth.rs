@@ -28,16 +28,24 @@ pub struct IssuedKey {
 
 /// The SHA-256 of a key, in lowercase hex: what the store keeps and looks up.
 pub fn hash_key(key: &str) -> String {
-    Sha256::digest(key.as_bytes())
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect()
+    hex(&Sha256::digest(key.as_bytes()))
+}
+
+/// Lowercase hex of `bytes` (on every request: one allocation, not one per byte).
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut text = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        text.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        text.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
+    }
+    text
 }
 
 fn random_hex(bytes: usize) -> Result<String, getrandom::Error> {
     let mut buffer = vec![0u8; bytes];
     getrandom::fill(&mut buffer)?;
-    Ok(buffer.iter().map(|byte| format!("{byte:02x}")).collect())
+    Ok(hex(&buffer))
 }
 
 /// Why a key could not be made.

@@ -184,6 +184,7 @@ impl SqliteStore {
         self.inner.writer.write(work).await
     }
 
+    /// Runs `work` on a pooled read connection, on tokio's blocking pool.
     async fn read<T: Send + 'static>(
         &self,
         work: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
@@ -191,22 +192,39 @@ impl SqliteStore {
         // The semaphore is never closed, so this always holds a permit.
         let _permit = self.inner.reading.acquire().await.ok();
         let inner = Arc::clone(&self.inner);
-        tokio::task::spawn_blocking(move || {
-            let pooled = lock(&inner.readers).pop();
-            let mut conn = match pooled {
-                Some(conn) => conn,
-                None => connect(&inner.path)?,
-            };
-            let result = work(&mut conn);
-            // One connection per permit; more only when a cancelled read's permit was
-            // reused before its work ended, and those are not kept.
-            let mut readers = lock(&inner.readers);
-            if readers.len() < READERS {
-                readers.push(conn);
-            }
-            result
-        })
-        .await?
+        tokio::task::spawn_blocking(move || inner.with_reader(work)).await?
+    }
+
+    /// Runs `work` on a pooled read connection, on the calling thread: for reads known to be
+    /// short (see [`Store::load_projection`] here), where the hand-off to the blocking pool
+    /// and back cost more than the read. A read in WAL mode never waits for writers.
+    async fn read_inline<T>(
+        &self,
+        work: impl FnOnce(&mut Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let _permit = self.inner.reading.acquire().await.ok();
+        self.inner.with_reader(work)
+    }
+}
+
+impl Inner {
+    fn with_reader<T>(
+        &self,
+        work: impl FnOnce(&mut Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let pooled = lock(&self.readers).pop();
+        let mut conn = match pooled {
+            Some(conn) => conn,
+            None => connect(&self.path)?,
+        };
+        let result = work(&mut conn);
+        // One connection per permit; more only when a cancelled read's permit was reused
+        // before its work ended, and those are not kept.
+        let mut readers = lock(&self.readers);
+        if readers.len() < READERS {
+            readers.push(conn);
+        }
+        result
     }
 }
 
@@ -583,6 +601,13 @@ impl Store for SqliteStore {
 
     async fn load_projection(&self, thread: &str) -> Result<Projection, StoreError> {
         let thread = thread.to_string();
+        if self.inner.projections.holds(&thread) {
+            // Only the events since the kept fold are read: a short read.
+            let projections = &self.inner.projections;
+            return self
+                .read_inline(|conn| read_projection(conn, &thread, projections))
+                .await;
+        }
         let inner = Arc::clone(&self.inner);
         self.read(move |conn| read_projection(conn, &thread, &inner.projections))
             .await

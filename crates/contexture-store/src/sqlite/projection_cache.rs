@@ -38,6 +38,11 @@ impl ProjectionCache {
         self.folds.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// True when a fold of `thread` is kept (it may still turn out unusable to a reader).
+    pub(super) fn holds(&self, thread: &str) -> bool {
+        self.folds().contains_key(thread)
+    }
+
     /// Takes out the fold of `thread` when it can be brought up to `last_seq`: read under
     /// the same deletion count and not past `last_seq` (a fold from a newer snapshot than
     /// the caller's is left for others).
