@@ -9,6 +9,7 @@
 //! cleared by [`Message::touch`]; every mutating method here calls it, and code that writes
 //! the public fields directly after a count was taken must call it too.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use serde::{Deserialize, Serialize};
@@ -146,8 +147,9 @@ impl Part {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Content {
-    /// A plain string.
-    Text(String),
+    /// A plain string, shared: histories are cloned on every projection and fit, and a
+    /// clone of a message then costs no copy of its text.
+    Text(Arc<str>),
     /// A list of parts (text, images, reasoning, unknown parts).
     Parts(Vec<Part>),
 }
@@ -157,7 +159,7 @@ impl Content {
     /// Images, reasoning and unknown parts contribute nothing.
     pub fn text(&self) -> String {
         match self {
-            Content::Text(text) => text.clone(),
+            Content::Text(text) => text.to_string(),
             Content::Parts(parts) => parts
                 .iter()
                 .filter_map(|part| match part {
@@ -270,7 +272,7 @@ impl Message {
     pub fn new(role: Role, text: impl Into<String>) -> Message {
         Message {
             role,
-            content: Some(Content::Text(text.into())),
+            content: Some(Content::Text(text.into().into())),
             content_omitted: false,
             name: None,
             tool_calls: Vec::new(),
@@ -333,7 +335,7 @@ impl Message {
 
     /// Replaces the body with a plain text and clears the token cache.
     pub fn set_text(&mut self, text: impl Into<String>) {
-        self.content = Some(Content::Text(text.into()));
+        self.content = Some(Content::Text(text.into().into()));
         self.touch();
     }
 

@@ -85,7 +85,7 @@ fn part() -> impl Strategy<Value = Part> {
 
 fn content() -> impl Strategy<Value = Content> {
     prop_oneof![
-        text().prop_map(Content::Text),
+        text().prop_map(|t| Content::Text(t.into())),
         prop::collection::vec(part(), 0..4).prop_map(Content::Parts),
     ]
 }
@@ -175,7 +175,7 @@ fn anthropic_conversation() -> impl Strategy<Value = Vec<Message>> {
         .prop_map(|(id, name, arguments)| ToolCall::new(id, name, arguments));
     let assistant = (
         prop_oneof![
-            text().prop_map(|t| Some(Content::Text(t))),
+            text().prop_map(|t| Some(Content::Text(t.into()))),
             parts.clone().prop_map(|p| Some(Content::Parts(p))),
         ],
         prop::collection::vec(call, 0..3),
@@ -192,7 +192,7 @@ fn anthropic_conversation() -> impl Strategy<Value = Vec<Message>> {
     let tool_result = ("toolu_[a-z0-9]{4}", prop::option::of(text()), any::<bool>()).prop_map(
         |(id, body, is_error)| {
             let mut message = Message::tool_result(id, "");
-            message.content = body.map(Content::Text);
+            message.content = body.map(|t| Content::Text(t.into()));
             message.content_omitted = message.content.is_none();
             if is_error {
                 message.extra.insert("is_error".into(), Value::Bool(true));

@@ -384,7 +384,7 @@ impl StreamAssembly {
         let mut message = Message::assistant_tool_calls(calls);
         message.content = match (self.reasoning.is_empty(), self.text.is_empty()) {
             (true, true) if !message.tool_calls.is_empty() => None,
-            (true, _) => Some(Content::Text(self.text)),
+            (true, _) => Some(Content::Text(self.text.into())),
             (false, _) => Some(Content::Parts(vec![
                 Part::reasoning(self.reasoning),
                 Part::text(self.text),

@@ -250,7 +250,7 @@ fn expected_stream_answer() -> Answer {
         ToolCall::new("call_1", "weather", "{\"city\":\"Lisboa\"}"),
         ToolCall::new("call_2", "time", "{\"tz\":\"Europe/Lisbon\"}"),
     ]);
-    message.content = Some(Content::Text("Vou ver o tempo ☀️ — já!".to_owned()));
+    message.content = Some(Content::Text("Vou ver o tempo ☀️ — já!".into()));
     Answer {
         message,
         usage: Some(Usage {

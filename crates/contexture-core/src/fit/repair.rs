@@ -287,7 +287,7 @@ fn into_parts(content: Content) -> Vec<Part> {
     match content {
         Content::Text(text) if text.is_empty() => Vec::new(),
         Content::Text(text) => vec![Part::Text {
-            text,
+            text: text.to_string(),
             extra: Map::new(),
         }],
         Content::Parts(parts) => parts,

@@ -348,7 +348,7 @@ fn parse_tool_result(object: &Map<String, Value>, path: &str) -> Result<Message,
             message.content = None;
             message.content_omitted = true;
         }
-        Some(Value::String(text)) => message.content = Some(Content::Text(text.clone())),
+        Some(Value::String(text)) => message.content = Some(Content::Text(text.as_str().into())),
         Some(Value::Array(blocks)) => {
             let parts = blocks
                 .iter()
@@ -389,7 +389,7 @@ fn system_to_value(system: &[Message]) -> Value {
     if let [only] = system
         && let Some(Content::Text(text)) = &only.content
     {
-        return Value::from(text.as_str());
+        return Value::from(&**text);
     }
     let mut blocks = Vec::new();
     for message in system {
@@ -510,7 +510,7 @@ fn tool_use_to_block(call: &ToolCall, path: &str) -> Result<Value, FormatError> 
 
 fn content_to_value(content: &Content) -> Value {
     match content {
-        Content::Text(text) => Value::from(text.as_str()),
+        Content::Text(text) => Value::from(&**text),
         Content::Parts(parts) => Value::Array(parts.iter().map(part_to_block).collect()),
     }
 }

@@ -181,7 +181,7 @@ fn parse_message_at(value: &Value, path: &str) -> Result<Message, FormatError> {
             message.content_omitted = true;
         }
         Some(Value::Null) => message.content = None,
-        Some(Value::String(text)) => message.content = Some(Content::Text(text.clone())),
+        Some(Value::String(text)) => message.content = Some(Content::Text(text.as_str().into())),
         Some(Value::Array(parts)) => {
             let parts = parts
                 .iter()
