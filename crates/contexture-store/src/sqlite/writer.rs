@@ -262,6 +262,8 @@ mod tests {
         Ok(id)
     }
 
+    type TestWrite = Box<dyn FnOnce(&Connection) -> Result<i64, StoreError> + Send>;
+
     #[tokio::test]
     async fn a_failed_or_panicking_write_is_rolled_back_alone_in_its_batch() {
         let writer = std::sync::Arc::new(Writer::start(table()).unwrap());
@@ -281,7 +283,7 @@ mod tests {
         };
         running.await.unwrap();
         // Queued while the writer is held: these form one batch.
-        let spawn = |work: Box<dyn FnOnce(&Connection) -> Result<i64, StoreError> + Send>| {
+        let spawn = |work: TestWrite| {
             let writer = writer.clone();
             tokio::spawn(async move { writer.write(work).await })
         };
