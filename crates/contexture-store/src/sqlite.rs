@@ -315,46 +315,52 @@ fn chain(conn: &Connection, thread: &str) -> Result<Vec<(String, Option<u64>)>, 
 fn read_events(conn: &mut Connection, thread: &str, after: u64) -> Result<Vec<Event>, StoreError> {
     let tx = conn.transaction().doing("begin a read")?;
     let segments = chain(&tx, thread)?;
-    let events = events_in(&tx, thread, &segments, after)?;
+    let events = events_in(&tx, thread, &segments, ALL_EVENTS, after)?;
     tx.commit().doing("end the read")?;
     Ok(events)
 }
 
-/// The events of `segments` (of `thread`'s chain) with seq above `after`.
+/// Every event of a segment: `?1` the segment's thread, `?2` its last seq to read, `?3`
+/// the seq to read after.
+const ALL_EVENTS: &str = "SELECT seq, kind, body, tokens FROM events
+     WHERE thread_id = ?1 AND seq <= ?2 AND seq > ?3 ORDER BY seq";
+
+/// The events other than ordinary messages, through the `events_special` index (the
+/// messages are not even scanned); parameters as for [`ALL_EVENTS`].
+const SPECIAL_EVENTS: &str = "SELECT seq, kind, body, tokens FROM events INDEXED BY events_special
+     WHERE thread_id = ?1 AND seq <= ?2 AND seq > ?3 AND ordinary_message IS NULL
+     ORDER BY seq";
+
+/// The ordinary messages; parameters as for [`ALL_EVENTS`].
+const ORDINARY_MESSAGES: &str = "SELECT seq, kind, body, tokens FROM events
+     WHERE thread_id = ?1 AND seq <= ?2 AND seq > ?3 AND ordinary_message = 1
+     ORDER BY seq";
+
+/// The events `select` (one of [`ALL_EVENTS`], [`SPECIAL_EVENTS`], [`ORDINARY_MESSAGES`])
+/// finds in `segments` (of `thread`'s chain) with seq above `after`, in order.
 fn events_in(
     tx: &Connection,
     thread: &str,
     segments: &[(String, Option<u64>)],
+    select: &str,
     after: u64,
 ) -> Result<Vec<Event>, StoreError> {
+    let mut select = tx.prepare_cached(select).doing("prepare the event query")?;
     let mut events = Vec::new();
-    {
-        let mut select = tx
-            .prepare_cached(
-                "SELECT seq, kind, body, tokens FROM events
-                 WHERE thread_id = ?1 AND seq <= ?2 AND seq > ?3 ORDER BY seq",
-            )
-            .doing("prepare the event query")?;
-        for (id, limit) in segments {
-            let mut rows = select
-                .query(params![id, limit.map_or(i64::MAX, db_seq), db_seq(after)])
-                .doing("query events")?;
-            while let Some(row) = rows.next().doing("read an event")? {
-                let seq = seq_of(thread, row.get(0).doing("read a seq")?)?;
-                let kind = row
-                    .get_ref(1)
-                    .and_then(|v| Ok(v.as_str()?))
-                    .doing("read a kind")?;
-                let body = row
-                    .get_ref(2)
-                    .and_then(|v| Ok(v.as_str()?))
-                    .doing("read a body")?;
-                let tokens = row
-                    .get_ref(3)
-                    .and_then(|v| Ok(v.as_str_or_null()?))
-                    .doing("read token counts")?;
-                events.push(record::decode(thread, seq, kind, body, tokens)?);
-            }
+    for (id, limit) in segments {
+        let mut rows = select
+            .query(params![id, limit.map_or(i64::MAX, db_seq), db_seq(after)])
+            .doing("query events")?;
+        while let Some(row) = rows.next().doing("read an event")? {
+            let seq = seq_of(thread, row.get(0).doing("read a seq")?)?;
+            let text = |index: usize| row.get_ref(index).and_then(|v| Ok(v.as_str()?));
+            let kind = text(1).doing("read a kind")?;
+            let body = text(2).doing("read a body")?;
+            let tokens = row
+                .get_ref(3)
+                .and_then(|v| Ok(v.as_str_or_null()?))
+                .doing("read token counts")?;
+            events.push(record::decode(thread, seq, kind, body, tokens)?);
         }
     }
     Ok(events)
@@ -388,7 +394,7 @@ fn read_projection(
         source,
     };
     if let Some(mut fold) = cache.take(thread, deletions, last_seq) {
-        for event in events_in(&tx, thread, &segments, fold.last_seq())? {
+        for event in events_in(&tx, thread, &segments, ALL_EVENTS, fold.last_seq())? {
             fold.apply(event).map_err(replay_error)?;
         }
         tx.commit().doing("end the read")?;
@@ -396,45 +402,14 @@ fn read_projection(
         cache.put(thread, deletions, fold);
         return Ok(projection);
     }
-    let read_rows = |sql: &str, low: u64| -> Result<Vec<Event>, StoreError> {
-        let mut select = tx.prepare_cached(sql).doing("prepare the event query")?;
-        let mut events = Vec::new();
-        for (id, limit) in &segments {
-            let mut rows = select
-                .query(params![id, db_seq(low), limit.map_or(i64::MAX, db_seq)])
-                .doing("query events")?;
-            while let Some(row) = rows.next().doing("read an event")? {
-                let seq = seq_of(thread, row.get(0).doing("read a seq")?)?;
-                let text = |index: usize| row.get_ref(index).and_then(|v| Ok(v.as_str()?));
-                let kind = text(1).doing("read a kind")?;
-                let body = text(2).doing("read a body")?;
-                let tokens = row
-                    .get_ref(3)
-                    .and_then(|v| Ok(v.as_str_or_null()?))
-                    .doing("read token counts")?;
-                events.push(record::decode(thread, seq, kind, body, tokens)?);
-            }
-        }
-        Ok(events)
-    };
-    let special = read_rows(
-        "SELECT seq, kind, body, tokens FROM events INDEXED BY events_special
-         WHERE thread_id = ?1 AND seq > ?2 AND seq <= ?3 AND ordinary_message IS NULL
-         ORDER BY seq",
-        0,
-    )?;
+    let special = events_in(&tx, thread, &segments, SPECIAL_EVENTS, 0)?;
     let watermark = projection_watermark(
         special
             .iter()
             .filter(|event| !matches!(event.kind, EventKind::MessageAppended { .. }))
             .map(|event| (event.seq, &event.kind)),
     );
-    let messages = read_rows(
-        "SELECT seq, kind, body, tokens FROM events
-         WHERE thread_id = ?1 AND seq > ?2 AND seq <= ?3 AND ordinary_message = 1
-         ORDER BY seq",
-        watermark,
-    )?;
+    let messages = events_in(&tx, thread, &segments, ORDINARY_MESSAGES, watermark)?;
     tx.commit().doing("end the read")?;
 
     let mut fold = Thread::new(thread);

@@ -160,57 +160,33 @@ fn commit_batch(conn: &Connection, batch: Vec<Job>) {
     let mut ran: Vec<Ran> = Vec::with_capacity(batch.len());
     let mut jobs = batch.into_iter();
     for job in jobs.by_ref() {
-        let outcome = match control(conn, "SAVEPOINT write") {
-            Ok(()) => {
-                let outcome = job(Ok(conn));
-                let end = || {
-                    if !outcome.succeeded {
-                        control(conn, "ROLLBACK TO write")?;
-                    }
-                    control(conn, "RELEASE write")
-                };
-                if conn.is_autocommit() {
-                    // SQLite rolled the whole transaction back on the write's error (a full
-                    // disk, an I/O error): the writes before it are gone too.
-                    Err(outcome)
-                } else if let Err(error) = end() {
-                    abandon(conn, ran, outcome, &error);
-                    let rest: Vec<Job> = jobs.collect();
-                    if !rest.is_empty() {
-                        commit_batch(conn, rest);
-                    }
-                    return;
-                } else {
-                    Ok(outcome)
-                }
-            }
-            Err(error) => {
-                let outcome = job(Err(fail("begin a write's savepoint", &error)));
-                Ok(outcome)
-            }
-        };
-        match outcome {
-            Ok(outcome) => ran.push(outcome),
-            Err(outcome) => {
-                let rolled_back = rusqlite::Error::SqliteFailure(
+        if let Err(error) = control(conn, "SAVEPOINT write") {
+            ran.push(job(Err(fail("begin a write's savepoint", &error))));
+            continue;
+        }
+        let outcome = job(Ok(conn));
+        let ended = if conn.is_autocommit() {
+            // SQLite rolled the whole transaction back on the write's error (a full disk,
+            // an I/O error): the writes before it are gone too.
+            Err((
+                "commit a batch of writes",
+                rusqlite::Error::SqliteFailure(
                     rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ABORT),
                     Some("SQLite rolled back the transaction after an error in a write of the same batch; retry".into()),
-                );
-                for earlier in ran.drain(..) {
-                    let error = fail("commit a batch of writes", &rolled_back);
-                    (earlier.answer)(if earlier.succeeded {
-                        Err(error)
-                    } else {
-                        Ok(())
-                    });
-                }
-                (outcome.answer)(Ok(()));
-                let rest: Vec<Job> = jobs.collect();
-                if !rest.is_empty() {
-                    commit_batch(conn, rest);
-                }
-                return;
+                ),
+            ))
+        } else {
+            end_savepoint(conn, outcome.succeeded)
+                .map_err(|error| ("end a write's savepoint", error))
+        };
+        ran.push(outcome);
+        if let Err((action, error)) = ended {
+            abandon(conn, ran, action, &error);
+            let rest: Vec<Job> = jobs.collect();
+            if !rest.is_empty() {
+                commit_batch(conn, rest);
             }
+            return;
         }
     }
     match control(conn, "COMMIT") {
@@ -228,14 +204,24 @@ fn commit_batch(conn: &Connection, batch: Vec<Job>) {
     }
 }
 
-/// Ends a batch whose transaction is in doubt (a savepoint could not be closed): rolls it
-/// back and fails every write of it.
-fn abandon(conn: &Connection, ran: Vec<Ran>, last: Ran, error: &rusqlite::Error) {
-    let _ = control(conn, "ROLLBACK");
-    for outcome in ran.into_iter().chain(std::iter::once(last)) {
-        let failure = fail("end a write's savepoint", error);
+/// Keeps a write's savepoint when it succeeded, else rolls it back; then releases it.
+fn end_savepoint(conn: &Connection, succeeded: bool) -> rusqlite::Result<()> {
+    if !succeeded {
+        control(conn, "ROLLBACK TO write")?;
+    }
+    control(conn, "RELEASE write")
+}
+
+/// Ends a batch whose transaction is lost (SQLite rolled it back) or in doubt (a savepoint
+/// could not be closed): rolls back what is left of it, and fails every write of it that
+/// had succeeded, since none is stored. The failed ones answer their own errors.
+fn abandon(conn: &Connection, ran: Vec<Ran>, action: &'static str, error: &rusqlite::Error) {
+    if !conn.is_autocommit() {
+        let _ = control(conn, "ROLLBACK");
+    }
+    for outcome in ran {
         (outcome.answer)(if outcome.succeeded {
-            Err(failure)
+            Err(fail(action, error))
         } else {
             Ok(())
         });
