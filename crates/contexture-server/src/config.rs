@@ -285,17 +285,21 @@ impl ServerConfig {
         if let Some(key) = set("CONTEXTURE_UPSTREAM_KEY").or_else(|| set("OPENAI_API_KEY")) {
             self.upstream.api_key = Some(key);
         }
-        if let Some(secs) = set("CONTEXTURE_KEY_CACHE_SECS") {
-            self.auth.key_cache_secs = secs.parse().map_err(|_| ConfigError::Env {
-                name: "CONTEXTURE_KEY_CACHE_SECS",
-                problem: format!("`{secs}` is not a number of seconds"),
-            })?;
+        let number = |name: &'static str, unit: &str| {
+            set(name)
+                .map(|text| {
+                    text.parse::<f64>().map_err(|_| ConfigError::Env {
+                        name,
+                        problem: format!("`{text}` is not a number of {unit}"),
+                    })
+                })
+                .transpose()
+        };
+        if let Some(secs) = number("CONTEXTURE_KEY_CACHE_SECS", "seconds")? {
+            self.auth.key_cache_secs = secs;
         }
-        if let Some(rate) = set("CONTEXTURE_RATE_LIMIT") {
-            self.limits.requests_per_second = rate.parse().map_err(|_| ConfigError::Env {
-                name: "CONTEXTURE_RATE_LIMIT",
-                problem: format!("`{rate}` is not a number of requests per second"),
-            })?;
+        if let Some(rate) = number("CONTEXTURE_RATE_LIMIT", "requests per second")? {
+            self.limits.requests_per_second = rate;
         }
         Ok(())
     }
