@@ -29,6 +29,7 @@ fn key(user: &str) -> ConversationKey {
 async fn say(exec: &Executor<SqliteStore>, workflow: &str, user: &str, input: &str) -> RunOutcome {
     exec.start(RunRequest {
         conversation: Some(key(user)),
+        provenance: Default::default(),
         ..RunRequest::new("support.yaml", workflow, input)
     })
     .await

@@ -184,6 +184,7 @@ async fn run_example<S: Store>(store: S, id: &str) -> contexture_engine::executo
         execution_id: Some(id.into()),
         llm: None,
         conversation: None,
+        provenance: Default::default(),
     })
     .await
     .unwrap()

@@ -16,6 +16,7 @@ use contexture_engine::compaction::Compactor;
 use contexture_engine::executor::Executor;
 use contexture_engine::llm::{HttpSettings, LlmSpec};
 use contexture_engine::sources::WorkflowSource;
+use contexture_engine::workflow::Programs;
 use contexture_llm::RetryPolicy;
 use contexture_llm::passthrough::{Passthrough, UpstreamConfig as PassthroughConfig};
 use contexture_store::{AnyStore, StoreError};
@@ -93,8 +94,8 @@ pub struct Shared {
     pub key_cache: KeyCache,
     /// The tenant of requests without a key, when allowed.
     pub anonymous: Option<Tenant>,
-    /// Where executions' workflows are read from (canonical).
-    pub workflows_dir: PathBuf,
+    /// Where executions' workflows are read from (canonical), when the operator set it.
+    pub workflows_dir: Option<PathBuf>,
     /// Work that outlives its request (recording a streamed answer), which a shutdown
     /// waits for.
     pub in_flight: Arc<InFlight>,
@@ -198,10 +199,19 @@ impl AppState {
             })?;
         let workflows_dir = config
             .workflows_dir
-            .canonicalize()
-            .unwrap_or_else(|_| config.workflows_dir.clone());
+            .as_ref()
+            .map(|dir| dir.canonicalize().unwrap_or_else(|_| dir.clone()));
+        let programs = if config.executions.allow_programs {
+            Programs::Allowed
+        } else {
+            Programs::Refused(
+                "this server runs no programs: its operator may set `[executions] allow_programs = true` for the workflows of `workflows_dir`".into(),
+            )
+        };
         let executor = Executor::new(store.clone(), router.clone())
             .with_registry(registry.clone())
+            .with_programs(programs)
+            .with_limit_caps(config.executions.limit_caps())
             .with_workflow_source(Arc::new(ConfinedFiles {
                 root: workflows_dir.clone(),
             }));
@@ -234,14 +244,23 @@ impl AppState {
         })))
     }
 
-    /// Resolves a workflow an execution names, inside the workflows directory.
-    pub fn workflow_path(&self, name: &str) -> Result<PathBuf, String> {
-        confined(&self.workflows_dir, Path::new(name))
+    /// Reads a workflow an execution names: its name relative to the workflows directory
+    /// (what the log records) and its text.
+    pub fn read_workflow(&self, name: &str) -> Result<(String, String), String> {
+        read_confined(self.workflows_dir.as_deref(), Path::new(name))
     }
 }
 
-/// `path` under `root`, refusing absolute paths and `..`.
-fn confined(root: &Path, path: &Path) -> Result<PathBuf, String> {
+/// The name (relative to `root`) and text of the workflow file `path` under `root`.
+/// Refused: no root, absolute paths, `..`, and files that are not `.yaml` or `.yml` (so no
+/// other file of the operator's can be read through a workflow's name).
+fn read_confined(root: Option<&Path>, path: &Path) -> Result<(String, String), String> {
+    let Some(root) = root else {
+        return Err(format!(
+            "cannot read workflow `{}`: this server has no workflows directory (its operator may set `workflows_dir`)",
+            path.display()
+        ));
+    };
     if path
         .components()
         .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
@@ -251,24 +270,40 @@ fn confined(root: &Path, path: &Path) -> Result<PathBuf, String> {
             path.display()
         ));
     }
-    Ok(root.join(path))
+    if !matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("yaml" | "yml")
+    ) {
+        return Err(format!(
+            "`{}` is not a workflow file: workflows end in `.yaml` or `.yml`",
+            path.display()
+        ));
+    }
+    let text = std::fs::read_to_string(root.join(path)).map_err(|error| {
+        let why = match error.kind() {
+            std::io::ErrorKind::NotFound => "no such file in the workflows directory".to_owned(),
+            std::io::ErrorKind::InvalidData => "not UTF-8 text".to_owned(),
+            _ => "it cannot be read".to_owned(),
+        };
+        format!("cannot read workflow `{}`: {why}", path.display())
+    })?;
+    let name = path
+        .components()
+        .filter(|c| matches!(c, Component::Normal(_)))
+        .collect::<PathBuf>();
+    Ok((name.display().to_string(), text))
 }
 
-/// Sub-workflows read from files under the workflows directory only.
+/// Sub-workflows read from files under the workflows directory only; a parent's name is
+/// relative to it.
 struct ConfinedFiles {
-    root: PathBuf,
+    root: Option<PathBuf>,
 }
 
 impl WorkflowSource for ConfinedFiles {
     fn load(&self, path: &str, parent_file: &str) -> Result<(String, String), String> {
-        let parent_dir = Path::new(parent_file)
-            .parent()
-            .and_then(|dir| dir.strip_prefix(&self.root).ok())
-            .unwrap_or(Path::new(""));
-        let file = confined(&self.root, &parent_dir.join(path))?;
-        let text = std::fs::read_to_string(&file)
-            .map_err(|error| format!("cannot read {path}: {error}"))?;
-        Ok((file.display().to_string(), text))
+        let parent_dir = Path::new(parent_file).parent().unwrap_or(Path::new(""));
+        read_confined(self.root.as_deref(), &parent_dir.join(path))
     }
 }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use contexture_core::budget::BudgetPolicy;
 use contexture_core::compact::CompactionPolicy;
+use contexture_core::thread::RunLimits;
 use serde::{Deserialize, Serialize};
 
 /// Everything `contexture serve` can be told.
@@ -19,7 +20,9 @@ pub struct ServerConfig {
     /// The store: `sqlite:PATH` or `postgres://...` (`CONTEXTURE_DB`).
     pub database: String,
     /// Where the workflows that executions name are read from (`CONTEXTURE_WORKFLOWS_DIR`).
-    pub workflows_dir: PathBuf,
+    /// Without it, an execution can only be given its workflow's text, and no sub-workflow
+    /// file can be read.
+    pub workflows_dir: Option<PathBuf>,
     /// A models file (the format of `contexture models`) over the built-in registry
     /// (`CONTEXTURE_MODELS`).
     pub models_file: Option<PathBuf>,
@@ -27,6 +30,8 @@ pub struct ServerConfig {
     pub auth: AuthConfig,
     /// Request limits.
     pub limits: LimitsConfig,
+    /// What executions may do and spend.
+    pub executions: ExecutionsConfig,
     /// The OpenAI-compatible provider that chat completions are forwarded to.
     pub upstream: UpstreamConfig,
     /// The LLM of workflow executions: `auto`, `openai[:MODEL]`, `anthropic[:MODEL]` or
@@ -43,10 +48,11 @@ impl Default for ServerConfig {
         ServerConfig {
             bind: SocketAddr::from(([127, 0, 0, 1], 8080)),
             database: "sqlite:contexture.db".into(),
-            workflows_dir: PathBuf::from("."),
+            workflows_dir: None,
             models_file: None,
             auth: AuthConfig::default(),
             limits: LimitsConfig::default(),
+            executions: ExecutionsConfig::default(),
             upstream: UpstreamConfig::default(),
             llm: "auto".into(),
             context: ContextConfig::default(),
@@ -102,6 +108,48 @@ impl Default for LimitsConfig {
             max_body_bytes: 4 * 1024 * 1024,
             requests_per_second: 100.0,
             burst: 200,
+        }
+    }
+}
+
+/// What workflow executions may do on this host and spend. A workflow sent in a request
+/// (`workflow_yaml`) never starts a program, whatever this says.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ExecutionsConfig {
+    /// Let the workflows of `workflows_dir` start programs on this host (`command` tools,
+    /// MCP servers started as programs), as the server's user (default false;
+    /// `CONTEXTURE_ALLOW_PROGRAMS`).
+    pub allow_programs: bool,
+    /// The most steps of one execution (a workflow may set fewer; default 200).
+    pub max_steps: u64,
+    /// The most tokens one execution's calls may use (a workflow may set fewer; default
+    /// 1,000,000).
+    pub max_tokens: u64,
+    /// The most seconds one execution may run before it is cancelled (a workflow may set
+    /// fewer; default 600).
+    pub max_seconds: f64,
+}
+
+impl Default for ExecutionsConfig {
+    fn default() -> Self {
+        ExecutionsConfig {
+            allow_programs: false,
+            max_steps: 200,
+            max_tokens: 1_000_000,
+            max_seconds: 600.0,
+        }
+    }
+}
+
+impl ExecutionsConfig {
+    /// The ceilings every execution's limits are held under.
+    pub fn limit_caps(&self) -> RunLimits {
+        RunLimits {
+            max_tokens: Some(self.max_tokens),
+            max_cost_usd: None,
+            max_steps: Some(self.max_steps),
+            max_seconds: Some(self.max_seconds),
         }
     }
 }
@@ -268,7 +316,19 @@ impl ServerConfig {
             self.database = db;
         }
         if let Some(dir) = set("CONTEXTURE_WORKFLOWS_DIR") {
-            self.workflows_dir = dir.into();
+            self.workflows_dir = Some(dir.into());
+        }
+        if let Some(allow) = set("CONTEXTURE_ALLOW_PROGRAMS") {
+            self.executions.allow_programs = match allow.as_str() {
+                "true" | "1" | "yes" => true,
+                "false" | "0" | "no" => false,
+                other => {
+                    return Err(ConfigError::Env {
+                        name: "CONTEXTURE_ALLOW_PROGRAMS",
+                        problem: format!("`{other}` is not true or false"),
+                    });
+                }
+            };
         }
         if let Some(file) = set("CONTEXTURE_MODELS") {
             self.models_file = Some(file.into());
@@ -334,6 +394,24 @@ impl ServerConfig {
             return invalid(
                 "upstream.timeout_secs",
                 format!("must be above 0, not {}", self.upstream.timeout_secs),
+            );
+        }
+        if self.executions.max_steps == 0 {
+            return invalid("executions.max_steps", "must be at least 1".into());
+        }
+        if self.executions.max_tokens == 0 {
+            return invalid("executions.max_tokens", "must be at least 1".into());
+        }
+        if !(self.executions.max_seconds.is_finite() && self.executions.max_seconds > 0.0) {
+            return invalid(
+                "executions.max_seconds",
+                format!("must be above 0, not {}", self.executions.max_seconds),
+            );
+        }
+        if self.executions.allow_programs && self.workflows_dir.is_none() {
+            return invalid(
+                "executions.allow_programs",
+                "programs run only for the workflows of `workflows_dir`, which is not set".into(),
             );
         }
         if let Err(error) = self.context.budget.validate() {

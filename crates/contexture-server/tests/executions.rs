@@ -73,7 +73,7 @@ async fn an_execution_runs_in_the_background_and_streams_its_events() {
     .unwrap();
     let mut config = config(None);
     config.llm = format!("scripted:{}", replies.display());
-    config.workflows_dir = dir.path().to_owned();
+    config.workflows_dir = Some(dir.path().to_owned());
     std::fs::write(dir.join("notes.yaml"), WORKFLOW).unwrap();
     let store = SqliteStore::open(dir.join("exec.db")).await.unwrap();
     let server = TestServer::start(config, AnyStore::Sqlite(store)).await;

@@ -230,8 +230,10 @@ async fn execution_log_events_round_trip_with_token_counts(h: &impl Harness) {
                 max_tokens: Some(1000),
                 max_cost_usd: Some(0.5),
                 max_steps: None,
+                max_seconds: Some(30.0),
             },
             conversation: Some("conversation:t:u:w".into()),
+            from_client: true,
         }),
         EventKind::StepStarted(StepStart {
             step: 1,

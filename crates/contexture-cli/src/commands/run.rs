@@ -73,6 +73,9 @@ pub struct RunArgs {
     /// Stop the run after this many steps.
     #[arg(long, value_name = "STEPS")]
     max_steps: Option<u64>,
+    /// Cancel the run once it has run this many seconds of wall-clock time.
+    #[arg(long, value_name = "SECONDS")]
+    max_seconds: Option<f64>,
     /// Render templates at this Unix time instead of now (reproducible runs).
     #[arg(long, value_name = "UNIX_SECONDS")]
     now: Option<i64>,
@@ -98,6 +101,11 @@ async fn execute(args: RunArgs) -> Result<()> {
     {
         bail!("--max-cost must be a non-negative number of dollars, not {cost}");
     }
+    if let Some(seconds) = args.max_seconds
+        && !(seconds.is_finite() && seconds > 0.0)
+    {
+        bail!("--max-seconds must be a positive number of seconds, not {seconds}");
+    }
     let registry = Arc::new(args.registry.load()?);
     let store = AnyStore::open(&args.db)
         .await
@@ -107,6 +115,7 @@ async fn execute(args: RunArgs) -> Result<()> {
         max_tokens: args.max_tokens,
         max_cost_usd: args.max_cost,
         max_steps: args.max_steps,
+        max_seconds: args.max_seconds,
     };
     let progress = Arc::new(Progress::new(std::io::stderr().is_terminal(), args.trace));
 
@@ -186,6 +195,7 @@ async fn execute(args: RunArgs) -> Result<()> {
                     execution_id: args.execution_id.clone(),
                     llm: Some(spec.to_string()),
                     conversation: conversation.clone(),
+                    provenance: Default::default(),
                 })
                 .await
         }

@@ -33,6 +33,10 @@ pub struct RunStart {
     /// the run's input and final answer are appended to it when the run completes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conversation: Option<String>,
+    /// The workflow was sent by a client rather than written by the operator: neither it,
+    /// its sub-workflows nor a resume of it ever start a program on the host.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub from_client: bool,
 }
 
 /// What one execution may spend before it is stopped.
@@ -48,6 +52,10 @@ pub struct RunLimits {
     /// Most steps (state runs, each iteration item counting as one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_steps: Option<u64>,
+    /// Most seconds of wall-clock time from the run's start (or its resume); past it the
+    /// run is cancelled, as if asked to, with a reason naming the limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_seconds: Option<f64>,
 }
 
 impl RunLimits {
@@ -62,6 +70,24 @@ impl RunLimits {
             max_tokens: other.max_tokens.or(self.max_tokens),
             max_cost_usd: other.max_cost_usd.or(self.max_cost_usd),
             max_steps: other.max_steps.or(self.max_steps),
+            max_seconds: other.max_seconds.or(self.max_seconds),
+        }
+    }
+
+    /// These limits, each one lowered to `cap`'s where `cap` sets a lower one (or where
+    /// these set none): what an operator's ceiling leaves of a workflow's own limits.
+    pub fn capped_by(self, cap: RunLimits) -> RunLimits {
+        fn lower<T: PartialOrd + Copy>(own: Option<T>, cap: Option<T>) -> Option<T> {
+            match (own, cap) {
+                (Some(own), Some(cap)) => Some(if cap < own { cap } else { own }),
+                (own, cap) => own.or(cap),
+            }
+        }
+        RunLimits {
+            max_tokens: lower(self.max_tokens, cap.max_tokens),
+            max_cost_usd: lower(self.max_cost_usd, cap.max_cost_usd),
+            max_steps: lower(self.max_steps, cap.max_steps),
+            max_seconds: lower(self.max_seconds, cap.max_seconds),
         }
     }
 }

@@ -51,6 +51,9 @@ impl<S: Store> Executor<S> {
                 let mut request = RunRequest::new(file, text, child.input_text());
                 request.execution_id = Some(child.id.clone());
                 request.llm = run.log.start().and_then(|s| s.llm.clone());
+                if let Some(start) = run.log.start() {
+                    request.provenance = super::provenance_of(start);
+                }
                 self.begin_boxed(request, run.id.clone()).await
             }
         };

@@ -52,7 +52,7 @@ use crate::llm::Router;
 use crate::sources::{FileSource, WorkflowSource};
 use crate::system::new_id;
 use crate::tools::Toolbox;
-use crate::workflow::Workflow;
+use crate::workflow::{Programs, Provenance, Workflow};
 
 /// Sees a run as it happens: every event as it is recorded, and streamed reply pieces.
 /// Used for progress displays and live feeds; it cannot change anything.
@@ -84,6 +84,9 @@ pub struct RunRequest {
     /// The conversation the run continues: its recent history is loaded first, and the
     /// run's input and answer are added to it when the run completes.
     pub conversation: Option<ConversationKey>,
+    /// Who wrote the workflow: a client's never starts a program (nor do its sub-workflows
+    /// or a resume of it), whatever the executor allows.
+    pub provenance: Provenance,
 }
 
 impl RunRequest {
@@ -101,6 +104,7 @@ impl RunRequest {
             execution_id: None,
             llm: None,
             conversation: None,
+            provenance: Provenance::Operator,
         }
     }
 }
@@ -135,6 +139,8 @@ pub struct Executor<S> {
     stream: bool,
     sources: Arc<dyn WorkflowSource>,
     cancel_poll: Duration,
+    programs: Programs,
+    caps: RunLimits,
 }
 
 /// A run in progress: its workflow and the fold of its log, kept in step with the store.
@@ -161,7 +167,32 @@ impl<S: Store> Executor<S> {
             stream: false,
             sources: Arc::new(FileSource),
             cancel_poll: Duration::from_millis(250),
+            programs: Programs::Allowed,
+            caps: RunLimits::default(),
         }
+    }
+
+    /// Builder: whether operator workflows may start programs on this host (`command`
+    /// tools, MCP servers started as programs). Default: allowed. A client's workflow never
+    /// may, whatever this says.
+    pub fn with_programs(mut self, programs: Programs) -> Executor<S> {
+        self.programs = programs;
+        self
+    }
+
+    /// Loads and checks the workflow of `request` (and its sub-workflows) as a run of it
+    /// would, without starting anything: every problem that would stop it before its first
+    /// step, programs it may not start included.
+    pub fn validate(&self, request: &RunRequest) -> Result<Workflow, ExecError> {
+        let programs = Programs::for_run(&self.programs, request.provenance);
+        let workflow = Workflow::load_tree_for(
+            &request.workflow_text,
+            &request.workflow_file,
+            self.sources.as_ref(),
+            &programs,
+        )?;
+        self.check_runnable(&workflow, &request.workflow_file, &programs)?;
+        Ok(workflow)
     }
 
     /// Builder: where sub-workflows are read from (default: files, relative to the parent's).
@@ -218,6 +249,13 @@ impl<S: Store> Executor<S> {
         self
     }
 
+    /// Builder: ceilings on every run's limits: a workflow (or [`Executor::with_limits`])
+    /// may set lower ones, never higher, and a limit nobody sets is the ceiling.
+    pub fn with_limit_caps(mut self, caps: RunLimits) -> Executor<S> {
+        self.caps = caps;
+        self
+    }
+
     /// Builder: stream replies (the observer sees each piece as it arrives).
     pub fn with_streaming(mut self, stream: bool) -> Executor<S> {
         self.stream = stream;
@@ -240,17 +278,15 @@ impl<S: Store> Executor<S> {
         request: RunRequest,
         parent: Option<String>,
     ) -> Result<RunOutcome, ExecError> {
-        let workflow = Workflow::load_tree(
-            &request.workflow_text,
-            &request.workflow_file,
-            self.sources.as_ref(),
-        )?;
-        self.check_runnable(&workflow, &request.workflow_file)?;
+        let workflow = self.validate(&request)?;
         let id = request
             .execution_id
             .clone()
             .unwrap_or_else(|| new_id(self.render.ids.as_ref()));
-        let limits = workflow.limits.overridden_by(self.limits);
+        let limits = workflow
+            .limits
+            .overridden_by(self.limits)
+            .capped_by(self.caps);
         match self.store.events(&id).await {
             Ok(existing) if !existing.is_empty() => {
                 return Err(ExecError::AlreadyExists { execution_id: id });
@@ -274,6 +310,7 @@ impl<S: Store> Executor<S> {
             parent_execution_id: parent,
             limits,
             conversation,
+            from_client: request.provenance == Provenance::Client,
         })];
         events.extend(
             history
@@ -307,7 +344,7 @@ impl<S: Store> Executor<S> {
             limits,
         };
         self.absorb(&mut run, &seqs, events).await?;
-        self.drive(&mut run).await
+        self.drive_within_time(&mut run).await
     }
 
     /// Continues a run from its log: finished steps are not run again; the step that was
@@ -332,11 +369,12 @@ impl<S: Store> Executor<S> {
             _ => {}
         }
         let workflow = Workflow::load(&start.workflow_text, &start.workflow_file)?;
-        self.check_runnable(&workflow, &start.workflow_file)?;
+        let programs = Programs::for_run(&self.programs, provenance_of(&start));
+        self.check_runnable(&workflow, &start.workflow_file, &programs)?;
         let mut run = Run {
             id: execution_id.to_owned(),
             workflow: Arc::new(workflow),
-            limits: start.limits.overridden_by(self.limits),
+            limits: start.limits.overridden_by(self.limits).capped_by(self.caps),
             log,
         };
         if let Some(request_id) = run.log.thread().in_flight().map(str::to_owned) {
@@ -345,7 +383,32 @@ impl<S: Store> Executor<S> {
             self.append(&mut run, vec![EventKind::RequestEnded(end)])
                 .await?;
         }
-        self.drive(&mut run).await
+        self.drive_within_time(&mut run).await
+    }
+
+    /// [`Executor::drive`] under the run's wall-clock limit: when it passes, the run is
+    /// cancelled through the store like any cancellation, so its steps end the way a
+    /// cancel ends them (open tool calls answered, `run_ended` recorded).
+    async fn drive_within_time(&self, run: &mut Run) -> Result<RunOutcome, ExecError> {
+        let Some(seconds) = run.limits.max_seconds else {
+            return self.drive(run).await;
+        };
+        let id = run.id.clone();
+        let deadline = tokio::time::sleep(Duration::from_secs_f64(seconds.max(0.0)));
+        let drive = self.drive(run);
+        tokio::pin!(deadline, drive);
+        tokio::select! {
+            outcome = &mut drive => return outcome,
+            () = &mut deadline => {}
+        }
+        self.cancel(
+            &id,
+            Some(format!(
+                "wall-clock limit reached: the run may take {seconds} s"
+            )),
+        )
+        .await?;
+        drive.await
     }
 
     /// Cancels an execution and all its descendants (through the store, so a run in another
@@ -408,12 +471,24 @@ impl<S: Store> Executor<S> {
     }
 
     /// Problems that would stop the workflow before or during its run, found up front.
-    fn check_runnable(&self, workflow: &Workflow, file: &str) -> Result<(), ExecError> {
+    fn check_runnable(
+        &self,
+        workflow: &Workflow,
+        file: &str,
+        programs: &Programs,
+    ) -> Result<(), ExecError> {
         let mut problems: Vec<String> = workflow
             .tools
             .iter()
             .filter_map(|tool| self.tools.check(tool).err())
             .collect();
+        if let Programs::Refused(reason) = programs {
+            problems.extend(
+                crate::workflow::program_declarations(workflow)
+                    .into_iter()
+                    .map(|(_, what)| format!("{what}, which is refused here: {reason}")),
+            );
+        }
         if !workflow.mcp_servers.is_empty() {
             problems.push(format!(
                 "mcp_servers are declared ({}), but running MCP servers is not supported yet; remove them to run",
@@ -673,5 +748,14 @@ fn outcome(execution_id: &str, log: &ExecutionLog) -> RunOutcome {
         usage: log.usage(),
         cost_usd: log.cost_usd(),
         steps: log.steps_started(),
+    }
+}
+
+/// Who wrote the workflow of a recorded run.
+pub(crate) fn provenance_of(start: &RunStart) -> Provenance {
+    if start.from_client {
+        Provenance::Client
+    } else {
+        Provenance::Operator
     }
 }

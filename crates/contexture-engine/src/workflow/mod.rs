@@ -30,6 +30,7 @@
 //! Every error names the file, line and column of the offending node
 //! ([`WorkflowError`]); validation collects every problem rather than stopping at the first.
 
+mod host;
 mod spans;
 mod validate;
 
@@ -45,6 +46,7 @@ use contexture_core::thread::RunLimits;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+pub use host::{Programs, Provenance, program_declarations};
 pub use spans::Position;
 
 use crate::sources::WorkflowSource;
@@ -520,13 +522,25 @@ impl Workflow {
         file: &str,
         source: &dyn WorkflowSource,
     ) -> Result<Workflow, WorkflowError> {
-        let mut diagnostics = Vec::new();
+        Workflow::load_tree_for(text, file, source, &Programs::Allowed)
+    }
+
+    /// [`Workflow::load_tree`], and every program the tree declares is a problem when
+    /// `programs` refuses them (each diagnostic names the tool or MCP server and why).
+    pub fn load_tree_for(
+        text: &str,
+        file: &str,
+        source: &dyn WorkflowSource,
+        programs: &Programs,
+    ) -> Result<Workflow, WorkflowError> {
         let workflow = Workflow::load(text, file)?;
+        let mut diagnostics = host::program_diagnostics(&workflow, text, file, programs);
         check_children(
             &workflow,
             text,
             file,
             source,
+            programs,
             &mut vec![file.to_owned()],
             &mut diagnostics,
         );
@@ -612,6 +626,7 @@ fn check_children(
     text: &str,
     file: &str,
     source: &dyn WorkflowSource,
+    programs: &Programs,
     ancestors: &mut Vec<String>,
     diagnostics: &mut Vec<Diagnostic>,
 ) {
@@ -650,12 +665,19 @@ fn check_children(
         }
         match Workflow::load(&child_text, &child_file) {
             Ok(child) => {
+                diagnostics.extend(host::program_diagnostics(
+                    &child,
+                    &child_text,
+                    &child_file,
+                    programs,
+                ));
                 ancestors.push(child_file.clone());
                 check_children(
                     &child,
                     &child_text,
                     &child_file,
                     source,
+                    programs,
                     ancestors,
                     diagnostics,
                 );

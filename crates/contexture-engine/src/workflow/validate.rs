@@ -169,6 +169,14 @@ fn settings(workflow: &Workflow, problems: &mut Problems) {
             "max_steps must be at least 1".into(),
         ));
     }
+    if let Some(seconds) = limits.max_seconds
+        && !(seconds.is_finite() && seconds > 0.0)
+    {
+        problems.push((
+            "limits.max_seconds".into(),
+            format!("max_seconds must be a positive number of seconds, not {seconds}"),
+        ));
+    }
 }
 
 fn tools(workflow: &Workflow, problems: &mut Problems) {

@@ -50,6 +50,7 @@ pub async fn start<S: Store>(
             execution_id: Some("run-1".into()),
             llm: None,
             conversation: None,
+            provenance: Default::default(),
         })
         .await
 }

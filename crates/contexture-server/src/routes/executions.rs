@@ -15,7 +15,7 @@ use contexture_core::thread::{Event, EventKind};
 use contexture_engine::conversation::ConversationKey;
 use contexture_engine::executor::{ExecError, RunRequest};
 use contexture_engine::report::{report, usage_tree};
-use contexture_engine::workflow::Workflow;
+use contexture_engine::workflow::Provenance;
 use contexture_store::Store;
 use futures_util::stream::{self, Stream};
 use serde::Deserialize;
@@ -60,8 +60,38 @@ pub struct ConversationBody {
     chat: Option<String>,
 }
 
+/// The name a workflow sent as text is known by, in its diagnostics and its log.
+const REQUEST_WORKFLOW: &str = "request.yaml";
+
+/// Older logs recorded workflow files with the server's directory; responses never show it.
 fn relative_text(state: &AppState, text: String) -> String {
-    text.replace(&format!("{}/", state.workflows_dir.display()), "")
+    match &state.workflows_dir {
+        Some(dir) => text.replace(&format!("{}/", dir.display()), ""),
+        None => text,
+    }
+}
+
+/// The text of validation problems for a client. A parse error of one of the operator's
+/// files says where, never what the parser quoted from it: the file may hold anything.
+fn diagnostics_text(error: &ExecError) -> String {
+    let ExecError::Workflow(error) = error else {
+        return error.to_string();
+    };
+    error
+        .diagnostics
+        .iter()
+        .map(|diagnostic| {
+            if diagnostic.path.is_empty() && diagnostic.file != REQUEST_WORKFLOW {
+                let mut hidden = diagnostic.clone();
+                hidden.message =
+                    "not a valid workflow (the server's log has the parser's message)".into();
+                hidden.to_string()
+            } else {
+                diagnostic.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// `POST /v1/executions`: validates the workflow (and its sub-workflows), then starts the
@@ -72,20 +102,14 @@ pub async fn start(
     JsonBody(body): JsonBody<StartExecution>,
 ) -> ApiResult<Response> {
     let tenant = caller.tenant.clone();
-    let (file, text) = match (&body.workflow, body.workflow_yaml) {
+    let (file, text, provenance) = match (&body.workflow, body.workflow_yaml) {
         (Some(name), None) => {
-            let path = state
-                .workflow_path(name)
+            let (file, text) = state
+                .read_workflow(name)
                 .map_err(|problem| ApiError::invalid("workflow", problem))?;
-            let text = std::fs::read_to_string(&path).map_err(|error| {
-                ApiError::invalid(
-                    "workflow",
-                    format!("cannot read workflow `{name}`: {error}"),
-                )
-            })?;
-            (path, text)
+            (file, text, Provenance::Operator)
         }
-        (None, Some(text)) => (state.workflows_dir.join("request.yaml"), text),
+        (None, Some(text)) => (REQUEST_WORKFLOW.to_owned(), text, Provenance::Client),
         _ => {
             return Err(ApiError::invalid(
                 "workflow",
@@ -93,9 +117,18 @@ pub async fn start(
             ));
         }
     };
-    let file = file.display().to_string();
-    let workflow = Workflow::load_tree(&text, &file, state.executor.sources().as_ref())
-        .map_err(|error| ApiError::invalid("workflow", relative_text(&state, error.to_string())))?;
+    let mut request = RunRequest::new(file.clone(), text, String::new());
+    request.provenance = provenance;
+    let workflow = state.executor.validate(&request).map_err(|error| {
+        if provenance == Provenance::Operator {
+            tracing::warn!(workflow = %file, %error, "a workflow of the workflows directory is invalid");
+        }
+        let param = match provenance {
+            Provenance::Operator => "workflow",
+            Provenance::Client => "workflow_yaml",
+        };
+        ApiError::invalid(param, diagnostics_text(&error))
+    })?;
     let id = body.id.unwrap_or_else(fresh_id);
     check_id("an execution id", &id).map_err(|problem| ApiError::invalid("id", problem))?;
     if id.contains('/') {
@@ -135,7 +168,7 @@ pub async fn start(
         None => None,
     };
     let scoped_id = scoped.clone();
-    let mut request = RunRequest::new(file, text, input);
+    request.input = input;
     request.execution_id = Some(scoped.clone());
     request.llm = Some(state.config.llm.clone());
     request.conversation = conversation;

@@ -1,0 +1,111 @@
+//! What a workflow may do on the host that runs it.
+//!
+//! A workflow can declare things that reach outside the engine: `command` tools start a
+//! program, and MCP servers with a `command` start one too. Whoever wrote the workflow
+//! decides whether that is acceptable: the operator's own files may (when the operator
+//! allows it), a workflow a client sent over the network never may. [`Programs`] carries that
+//! decision into validation, so a refused workflow is refused before anything runs, with a
+//! diagnostic at the tool or server that would have started a program.
+
+use super::{Diagnostic, Workflow, spans};
+
+/// Who wrote a workflow.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Provenance {
+    /// The operator: a file on this host, or the CLI at a terminal.
+    #[default]
+    Operator,
+    /// A client: a workflow text sent in a request. It never starts a program.
+    Client,
+}
+
+/// Whether the workflows of one run may start programs on this host.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Programs {
+    /// `command` tools and MCP servers' commands may run.
+    #[default]
+    Allowed,
+    /// They may not; the text says why and what would allow them (it ends each diagnostic).
+    Refused(String),
+}
+
+impl Programs {
+    /// The reason a client's workflow is given when it declares a program.
+    pub const CLIENT_REFUSAL: &'static str = "a workflow sent in a request never starts a program on the server (use a tool the operator registered, or ask the operator to add the workflow to the workflows directory)";
+
+    /// The programs a run of `provenance` may start when the host allows `host`.
+    pub fn for_run(host: &Programs, provenance: Provenance) -> Programs {
+        match provenance {
+            Provenance::Client => Programs::Refused(Programs::CLIENT_REFUSAL.to_owned()),
+            Provenance::Operator => host.clone(),
+        }
+    }
+
+    /// True when programs may run.
+    pub fn allowed(&self) -> bool {
+        matches!(self, Programs::Allowed)
+    }
+}
+
+/// Every place in `workflow` that would start a program on the host, as `(path, what)`:
+/// `tools[2].command` for a program tool, `mcp_servers[0].config.command` for an MCP server
+/// started as a program.
+pub fn program_declarations(workflow: &Workflow) -> Vec<(String, String)> {
+    let tools = workflow
+        .tools
+        .iter()
+        .enumerate()
+        .filter(|(_, tool)| tool.command.is_some())
+        .map(|(n, tool)| {
+            (
+                format!("tools[{n}].command"),
+                format!("tool `{}` runs a program (`command`)", tool.id),
+            )
+        });
+    let servers = workflow
+        .mcp_servers
+        .iter()
+        .enumerate()
+        .filter(|(_, server)| server.config.command.is_some())
+        .map(|(n, server)| {
+            (
+                format!("mcp_servers[{n}].config.command"),
+                format!(
+                    "MCP server `{}` is started as a program (`config.command`)",
+                    server.name
+                ),
+            )
+        });
+    tools.chain(servers).collect()
+}
+
+/// The diagnostics of `workflow` (read from `text`, named `file`) under `programs`: one per
+/// program it declares when programs are refused, none otherwise.
+pub(super) fn program_diagnostics(
+    workflow: &Workflow,
+    text: &str,
+    file: &str,
+    programs: &Programs,
+) -> Vec<Diagnostic> {
+    let Programs::Refused(reason) = programs else {
+        return Vec::new();
+    };
+    let declarations = program_declarations(workflow);
+    if declarations.is_empty() {
+        return Vec::new();
+    }
+    let index = spans::SpanIndex::build(text);
+    declarations
+        .into_iter()
+        .map(|(path, what)| {
+            let position = index.locate(&path);
+            Diagnostic {
+                file: file.to_owned(),
+                line: position.line,
+                column: position.column,
+                path,
+                message: format!("{what}, which is refused here: {reason}"),
+            }
+        })
+        .collect()
+}

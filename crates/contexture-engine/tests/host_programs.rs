@@ -1,0 +1,236 @@
+//! What a run may do on the host: a client's workflow never starts a program (nor do its
+//! sub-workflows or a resume of it), an operator's only when the executor allows it; every
+//! refusal comes at validation, before anything is recorded. Ceilings on run limits and the
+//! wall-clock limit.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{events, executor, kinds, script, sqlite};
+use contexture_core::thread::{EventKind, RunLimits, RunStart, RunStatus};
+use contexture_engine::executor::{ExecError, RunRequest, StepError};
+use contexture_engine::sources::WorkflowSource;
+use contexture_engine::workflow::{Programs, Provenance};
+use contexture_store::{NewEvent, Store};
+
+const PROGRAM_TOOL: &str = r#"states:
+  - id: s
+    tool_id: t
+    next: {state_id: end}
+tools:
+  - id: t
+    command: [sh, -c, 'id > pwned.txt']
+"#;
+
+const MCP_PROGRAM: &str = r#"states:
+  - id: s
+    transform: {a: b}
+mcp_servers:
+  - name: files
+    config:
+      command: npx
+"#;
+
+fn client(text: &str) -> RunRequest {
+    RunRequest {
+        execution_id: Some("run-1".into()),
+        provenance: Provenance::Client,
+        ..RunRequest::new("request.yaml", text, "x")
+    }
+}
+
+#[tokio::test]
+async fn a_clients_program_tool_is_refused_at_validation_with_where_and_why() {
+    let (_dir, store) = sqlite().await;
+    let exec = executor(store.clone(), script("[]"));
+    let error = exec.start(client(PROGRAM_TOOL)).await.unwrap_err();
+    let ExecError::Workflow(error) = &error else {
+        panic!("not a validation error: {error}");
+    };
+    let diagnostic = &error.diagnostics[0];
+    assert_eq!(diagnostic.file, "request.yaml");
+    assert_eq!(diagnostic.path, "tools[0].command");
+    assert_eq!((diagnostic.line, diagnostic.column), (7, 5));
+    assert!(
+        diagnostic
+            .message
+            .starts_with("tool `t` runs a program (`command`), which is refused here: a workflow sent in a request never starts a program"),
+        "{}",
+        diagnostic.message
+    );
+    assert!(store.events("run-1").await.unwrap_or_default().is_empty());
+    assert!(!std::path::Path::new("pwned.txt").exists());
+
+    let error = exec.validate(&client(MCP_PROGRAM)).unwrap_err().to_string();
+    assert!(
+        error.contains("request.yaml:7:16: mcp_servers[0].config.command: MCP server `files` is started as a program"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn an_operators_program_runs_only_when_the_executor_allows_programs() {
+    let (_dir, store) = sqlite().await;
+    let allowed = executor(store.clone(), script("[]"));
+    let echo = PROGRAM_TOOL.replace("'id > pwned.txt'", "'echo ran'");
+    let out = allowed
+        .start(RunRequest {
+            execution_id: Some("run-1".into()),
+            ..RunRequest::new("workflow.yaml", echo.clone(), "x")
+        })
+        .await
+        .unwrap();
+    assert_eq!(out.output.trim(), "ran");
+
+    let refused = executor(store.clone(), script("[]")).with_programs(Programs::Refused(
+        "programs are off (set `allow_programs = true`)".into(),
+    ));
+    let error = refused
+        .start(RunRequest {
+            execution_id: Some("run-2".into()),
+            ..RunRequest::new("workflow.yaml", echo, "x")
+        })
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("tool `t` runs a program (`command`), which is refused here: programs are off (set `allow_programs = true`)"),
+        "{error}"
+    );
+    assert!(store.events("run-2").await.unwrap_or_default().is_empty());
+}
+
+/// Sub-workflows kept in memory, by path.
+struct Library(HashMap<String, String>);
+
+impl WorkflowSource for Library {
+    fn load(&self, path: &str, _parent: &str) -> Result<(String, String), String> {
+        self.0
+            .get(path)
+            .map(|text| (path.to_owned(), text.clone()))
+            .ok_or_else(|| format!("no workflow {path}"))
+    }
+}
+
+#[tokio::test]
+async fn a_clients_sub_workflows_run_no_program_either() {
+    let (_dir, store) = sqlite().await;
+    let child = PROGRAM_TOOL.replace("'id > pwned.txt'", "'echo ran'");
+    let library = Library(HashMap::from([("child.yaml".to_owned(), child)]));
+    let exec = executor(store.clone(), script("[]")).with_workflow_source(Arc::new(library));
+    let parent = "states:\n  - {id: sub, workflow: child.yaml, next: {state_id: end}}\n";
+    let error = exec.start(client(parent)).await.unwrap_err().to_string();
+    assert!(
+        error.contains("child.yaml:7:5: tools[0].command: tool `t` runs a program"),
+        "{error}"
+    );
+    assert!(store.events("run-1").await.unwrap_or_default().is_empty());
+    // The operator's own run of the same parent may.
+    let out = exec
+        .start(RunRequest {
+            execution_id: Some("run-2".into()),
+            ..RunRequest::new("parent.yaml", parent, "x")
+        })
+        .await
+        .unwrap();
+    assert_eq!(out.output.trim(), "ran");
+}
+
+#[tokio::test]
+async fn a_resumed_client_run_stays_a_client_run() {
+    let (_dir, store) = sqlite().await;
+    // A log as an older server could have written it: a client's workflow with a program.
+    store
+        .append(
+            "run-1",
+            vec![NewEvent::new(EventKind::RunStarted(RunStart {
+                workflow_file: "request.yaml".into(),
+                workflow_text: PROGRAM_TOOL.into(),
+                input: "x".into(),
+                llm: None,
+                parent_execution_id: None,
+                limits: RunLimits::default(),
+                conversation: None,
+                from_client: true,
+            }))],
+        )
+        .await
+        .unwrap();
+    let exec = executor(store.clone(), script("[]"));
+    let error = exec.resume("run-1").await.unwrap_err().to_string();
+    assert!(
+        error.contains("tool `t` runs a program (`command`), which is refused here: a workflow sent in a request never starts a program"),
+        "{error}"
+    );
+    assert_eq!(kinds(&events(&store, "run-1").await), ["run_started"]);
+}
+
+const SELF_LOOP: &str = r#"states:
+  - id: again
+    transform: {n: '{{ (n | default(0)) + 1 }}'}
+    next: {state_id: again}
+"#;
+
+#[tokio::test]
+async fn ceilings_stop_a_loop_that_sets_no_limit_and_lower_a_higher_one() {
+    for (workflow, expected) in [
+        (SELF_LOOP.to_owned(), 5),
+        (format!("limits: {{max_steps: 1000}}\n{SELF_LOOP}"), 5),
+        (format!("limits: {{max_steps: 3}}\n{SELF_LOOP}"), 3),
+    ] {
+        let (_dir, store) = sqlite().await;
+        let exec = executor(store.clone(), script("[]")).with_limit_caps(RunLimits {
+            max_steps: Some(5),
+            ..RunLimits::default()
+        });
+        let error = exec
+            .start(RunRequest {
+                execution_id: Some("run-1".into()),
+                ..RunRequest::new("workflow.yaml", workflow.clone(), "{}")
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                &error,
+                ExecError::StepFailed { error, .. }
+                    if matches!(**error, StepError::StepLimit { max } if max == expected)
+            ),
+            "{workflow}: {error}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_wall_clock_limit_cancels_a_run_with_its_reason() {
+    let (_dir, store) = sqlite().await;
+    let exec = executor(store.clone(), script("[]"))
+        .with_cancel_poll(Duration::from_millis(20))
+        .with_limit_caps(RunLimits {
+            max_seconds: Some(0.3),
+            ..RunLimits::default()
+        });
+    let slow = PROGRAM_TOOL.replace("'id > pwned.txt'", "'sleep 10'");
+    let started = Instant::now();
+    let error = exec
+        .start(RunRequest {
+            execution_id: Some("run-1".into()),
+            ..RunRequest::new("workflow.yaml", slow, "x")
+        })
+        .await
+        .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(5), "{error}");
+    assert!(
+        error.is_cancelled() && error.to_string().contains("wall-clock limit reached"),
+        "{error}"
+    );
+    let log = events(&store, "run-1").await;
+    let ended = log.iter().find_map(|event| match &event.kind {
+        EventKind::RunEnded(end) => Some(end.status),
+        _ => None,
+    });
+    assert_eq!(ended, Some(RunStatus::Cancelled));
+}

@@ -1,0 +1,274 @@
+//! The trust model of `contexture serve`: what a request sends never runs a program or
+//! reads a file of the server's choosing; the operator's workflows run programs only when
+//! the configuration allows it; refusals come at validation (400, naming the tool, the rule
+//! and the setting) before anything is recorded; runs are bounded by default.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{TestServer, client, config};
+use contexture_server::ServerConfig;
+use contexture_store::testing::TempDir;
+use contexture_store::{AnyStore, SqliteStore};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+async fn serve_in(dir: &TempDir, config: ServerConfig) -> (TestServer, String) {
+    let store = SqliteStore::open(dir.join("trust.db")).await.unwrap();
+    let server = TestServer::start(config, AnyStore::Sqlite(store)).await;
+    let key = server.key("acme").await;
+    (server, key)
+}
+
+async fn call(
+    server: &TestServer,
+    key: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    let mut request = client().request(method, server.url(path)).bearer_auth(key);
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.unwrap();
+    (
+        response.status(),
+        response.json().await.unwrap_or(Value::Null),
+    )
+}
+
+async fn start(server: &TestServer, key: &str, body: Value) -> (StatusCode, Value) {
+    call(
+        server,
+        key,
+        reqwest::Method::POST,
+        "/v1/executions",
+        Some(body),
+    )
+    .await
+}
+
+async fn wait_for_end(server: &TestServer, key: &str, id: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, status) = call(
+            server,
+            key,
+            reqwest::Method::GET,
+            &format!("/v1/executions/{id}"),
+            None,
+        )
+        .await;
+        if status["status"] != "running" && !status["status"].is_null() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "{id} never ended: {status}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn program_workflow(marker: &std::path::Path) -> String {
+    format!(
+        "tools:\n  - id: t\n    command: [\"sh\", \"-c\", \"id > {}\"]\nstates:\n  - id: s\n    tool_id: t\n    next: {{state_id: end}}\n",
+        marker.display()
+    )
+}
+
+#[tokio::test]
+async fn a_requests_workflow_never_runs_a_program_whatever_the_configuration() {
+    let dir = TempDir::new("contexture-trust");
+    let marker = dir.join("pwned.txt");
+    for allow_programs in [false, true] {
+        let mut config = config(None);
+        config.workflows_dir = Some(dir.path().to_owned());
+        config.executions.allow_programs = allow_programs;
+        let (server, key) = serve_in(&dir, config).await;
+        let (status, error) = start(
+            &server,
+            &key,
+            json!({"workflow_yaml": program_workflow(&marker), "input": "x", "id": "run-1"}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("request.yaml:3:5: tools[0].command: tool `t` runs a program (`command`), which is refused here: a workflow sent in a request never starts a program on the server"),
+            "{message}"
+        );
+        assert_eq!(error["error"]["param"], "workflow_yaml");
+        assert!(!marker.exists(), "the program ran");
+        let (status, _) = call(
+            &server,
+            &key,
+            reqwest::Method::GET,
+            "/v1/executions/run-1",
+            None,
+        )
+        .await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "nothing was recorded");
+        server.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn the_operators_workflows_run_programs_only_when_allowed() {
+    let dir = TempDir::new("contexture-trust");
+    let flows = dir.join("flows");
+    std::fs::create_dir_all(&flows).unwrap();
+    let marker = dir.join("ran.txt");
+    std::fs::write(flows.join("tool.yaml"), program_workflow(&marker)).unwrap();
+
+    let mut refused = config(None);
+    refused.workflows_dir = Some(dir.path().to_owned());
+    let (server, key) = serve_in(&dir, refused).await;
+    let (status, error) = start(&server, &key, json!({"workflow": "flows/tool.yaml"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("flows/tool.yaml:3:5: tools[0].command: tool `t` runs a program (`command`), which is refused here: this server runs no programs: its operator may set `[executions] allow_programs = true`"),
+        "{message}"
+    );
+    assert!(!marker.exists());
+    server.shutdown().await;
+
+    let mut allowed = config(None);
+    allowed.workflows_dir = Some(dir.path().to_owned());
+    allowed.executions.allow_programs = true;
+    let (server, key) = serve_in(&dir, allowed).await;
+    let (status, body) = start(
+        &server,
+        &key,
+        json!({"workflow": "flows/tool.yaml", "id": "run-2"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let end = wait_for_end(&server, &key, "run-2").await;
+    assert_eq!(end["status"], "completed", "{end}");
+    assert!(marker.exists());
+    // The log and the responses name the file relative to the workflows directory.
+    let text = end.to_string();
+    assert!(!text.contains(&dir.path().display().to_string()), "{text}");
+    let events = client()
+        .get(server.url("/v1/executions/run-2/events"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        events.contains(r#""workflow_file":"flows/tool.yaml""#),
+        "{events}"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn no_file_is_read_or_quoted_through_a_workflows_name() {
+    let dir = TempDir::new("contexture-trust");
+    let secret = "sk-upstream-secret-do-not-show";
+    std::fs::write(
+        dir.join("contexture.toml"),
+        format!("[upstream]\napi_key = \"{secret}\"\n"),
+    )
+    .unwrap();
+    std::fs::write(dir.join("keys.yaml"), format!("api_key: {secret}\n")).unwrap();
+    std::fs::write(dir.join("list.yaml"), format!("- {secret}\n")).unwrap();
+
+    // No workflows directory: nothing is read, whatever the name.
+    let (server, key) = serve_in(&dir, config(None)).await;
+    for name in ["contexture.toml", "keys.yaml", "/etc/passwd"] {
+        let (status, error) = start(&server, &key, json!({"workflow": name})).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{name}: {error}");
+        let text = error.to_string();
+        assert!(!text.contains(secret), "{text}");
+        assert_eq!(error["error"]["param"], "workflow");
+    }
+    let (_, error) = start(&server, &key, json!({"workflow": "keys.yaml"})).await;
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("this server has no workflows directory"),
+        "{error}"
+    );
+    // Neither through a sub-workflow of a request's workflow.
+    let parent = "states:\n  - {id: sub, workflow: keys.yaml, next: {state_id: end}}\n";
+    let (status, error) = start(&server, &key, json!({"workflow_yaml": parent})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+    assert!(
+        error.to_string().contains("no workflows directory"),
+        "{error}"
+    );
+    server.shutdown().await;
+
+    // With one: only `.yaml` files, and a parse error says where, never what it read.
+    let mut with_dir = config(None);
+    with_dir.workflows_dir = Some(dir.path().to_owned());
+    let (server, key) = serve_in(&dir, with_dir).await;
+    let cases = [
+        json!({"workflow": "contexture.toml"}),
+        json!({"workflow": "keys.yaml"}),
+        json!({"workflow": "list.yaml"}),
+        json!({"workflow": "../trust.db"}),
+        json!({"workflow_yaml": parent}),
+        json!({"workflow_yaml": parent.replace("keys.yaml", "list.yaml")}),
+        json!({"workflow_yaml": parent.replace("keys.yaml", "contexture.toml")}),
+    ];
+    for body in cases {
+        let (status, error) = start(&server, &key, body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {error}");
+        let text = error.to_string();
+        assert!(!text.contains(secret), "{body}: {text}");
+        assert!(!text.contains("api_key"), "{body}: {text}");
+    }
+    let (_, error) = start(&server, &key, json!({"workflow": "keys.yaml"})).await;
+    assert_eq!(
+        error["error"]["message"],
+        "keys.yaml:1:1: not a valid workflow (the server's log has the parser's message)"
+    );
+    let (_, error) = start(&server, &key, json!({"workflow": "contexture.toml"})).await;
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("is not a workflow file: workflows end in `.yaml` or `.yml`"),
+        "{error}"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_run_that_never_ends_is_stopped_by_the_default_step_ceiling() {
+    let dir = TempDir::new("contexture-trust");
+    let (server, key) = serve_in(&dir, config(None)).await;
+    let looping = "states:\n  - id: again\n    transform: {n: '{{ (n | default(0)) + 1 }}'}\n    next: {state_id: again}\n";
+    for (id, workflow) in [
+        ("loop-1", looping.to_owned()),
+        (
+            "loop-2",
+            format!("limits: {{max_steps: 1000000}}\n{looping}"),
+        ),
+    ] {
+        let (status, body) = start(
+            &server,
+            &key,
+            json!({"workflow_yaml": workflow, "input": {}, "id": id}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+        let end = wait_for_end(&server, &key, id).await;
+        assert_eq!(end["status"], "failed", "{end}");
+        assert!(
+            end["error"]
+                .as_str()
+                .unwrap()
+                .contains("step limit reached: 200 steps"),
+            "{end}"
+        );
+    }
+    server.shutdown().await;
+}
