@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::middleware;
 use axum::routing::{get, post};
+use axum::{Extension, middleware};
 use contexture_core::registry::Registry;
 use contexture_engine::compaction::Compactor;
 use contexture_engine::executor::Executor;
@@ -20,10 +20,14 @@ use contexture_engine::workflow::Programs;
 use contexture_llm::RetryPolicy;
 use contexture_llm::passthrough::{Passthrough, UpstreamConfig as PassthroughConfig};
 use contexture_store::{AnyStore, StoreError};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
 use crate::auth::{KeyCache, RateLimiter, authenticate};
+use crate::body::BodyTimeout;
 use crate::config::ServerConfig;
 use crate::metrics::{Metrics, track};
 use crate::routes::{chat, executions, ops, threads};
@@ -337,44 +341,70 @@ pub fn router(state: AppState) -> Router {
     api.merge(open)
         .fallback(ops::not_found)
         .layer(DefaultBodyLimit::max(state.config.limits.max_body_bytes))
+        .layer(Extension(BodyTimeout(Duration::from_secs_f64(
+            state.config.limits.body_read_timeout_secs,
+        ))))
         .route_layer(middleware::from_fn_with_state(state.metrics.clone(), track))
         .with_state(state)
 }
 
 /// Serves `state` on `listener` until `shutdown` resolves, then stops accepting and lets
 /// the requests in flight finish (at most the configured grace period).
+///
+/// Each connection has `limits.header_read_timeout_secs` to send a request's headers (the
+/// first and each one after on a kept-alive connection), and each request
+/// `limits.body_read_timeout_secs` to send its body, so slow clients cannot hold
+/// connections (and file descriptors) forever (the body's limit is [`BodyTimeout`]'s).
 pub async fn serve(
     state: AppState,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let grace = Duration::from_secs(state.config.shutdown_grace_secs);
-    let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
+    let header_timeout = Duration::from_secs_f64(state.config.limits.header_read_timeout_secs);
     let in_flight = state.in_flight.clone();
     let app = router(state);
-    let server = async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                shutdown.await;
-                tracing::info!("shutting down: finishing the requests in flight");
-                let _ = stopping_tx.send(true);
-            })
-            .await?;
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(header_timeout);
+    let connections = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of file descriptors, say: wait instead of spinning.
+                    tracing::warn!(%error, "cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(app.clone());
+        let connection = connections.watch(http.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "connection ended with an error");
+            }
+        });
+    }
+    tracing::info!("shutting down: finishing the requests in flight");
+    drop(listener);
+    let finished = async {
+        connections.shutdown().await;
         // Answers of streams that just ended are still being recorded.
         in_flight.idle().await;
-        Ok(())
     };
-    let mut stopping = stopping_rx;
-    tokio::select! {
-        result = server => result,
-        _ = async {
-            let _ = stopping.wait_for(|stopping| *stopping).await;
-            tokio::time::sleep(grace).await;
-        } => {
-            tracing::warn!("requests still in flight after {} s; stopping", grace.as_secs());
-            Ok(())
-        }
+    if tokio::time::timeout(grace, finished).await.is_err() {
+        tracing::warn!(
+            "requests still in flight after {} s; stopping",
+            grace.as_secs()
+        );
     }
+    Ok(())
 }
 
 /// Binds the configured address.

@@ -100,6 +100,11 @@ pub struct LimitsConfig {
     pub requests_per_second: f64,
     /// Requests per API key allowed in a burst above the sustained rate.
     pub burst: u32,
+    /// Seconds a client has to send a request's headers (and, on a kept-alive connection,
+    /// the next request's) before the connection is closed (default 10).
+    pub header_read_timeout_secs: f64,
+    /// Seconds a client has to send a request's whole body (default 30); past it, a 408.
+    pub body_read_timeout_secs: f64,
 }
 
 impl Default for LimitsConfig {
@@ -108,6 +113,8 @@ impl Default for LimitsConfig {
             max_body_bytes: 4 * 1024 * 1024,
             requests_per_second: 100.0,
             burst: 200,
+            header_read_timeout_secs: 10.0,
+            body_read_timeout_secs: 30.0,
         }
     }
 }
@@ -378,6 +385,23 @@ impl ServerConfig {
                     self.limits.requests_per_second
                 ),
             );
+        }
+        for (field, secs) in [
+            (
+                "limits.header_read_timeout_secs",
+                self.limits.header_read_timeout_secs,
+            ),
+            (
+                "limits.body_read_timeout_secs",
+                self.limits.body_read_timeout_secs,
+            ),
+        ] {
+            if !(secs.is_finite() && secs > 0.0 && secs <= 3600.0) {
+                return invalid(
+                    field,
+                    format!("must be above 0 and at most 3600, not {secs}"),
+                );
+            }
         }
         if !(self.auth.key_cache_secs.is_finite()
             && (0.0..=3600.0).contains(&self.auth.key_cache_secs))

@@ -18,6 +18,7 @@ pub mod body;
 pub mod config;
 pub mod error;
 pub mod fitting;
+pub mod json_shape;
 pub mod metrics;
 pub mod routes;
 pub mod tenancy;

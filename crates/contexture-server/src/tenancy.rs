@@ -37,7 +37,29 @@ pub fn check_id(what: &str, id: &str) -> Result<(), String> {
     if id.chars().any(char::is_control) {
         return Err(format!("{what} may not contain control characters"));
     }
+    if let Some(invisible) = id.chars().find(|c| is_invisible(*c)) {
+        return Err(format!(
+            "{what} may not contain invisible characters (U+{:04X})",
+            u32::from(invisible)
+        ));
+    }
     Ok(())
+}
+
+/// Characters that change how an id looks without showing (zero-width characters, bidi
+/// controls, the soft hyphen, the byte-order mark): two ids that look the same must be one.
+fn is_invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00AD}'
+            | '\u{061C}'
+            | '\u{180E}'
+            | '\u{200B}'..='\u{200F}'
+            | '\u{202A}'..='\u{202E}'
+            | '\u{2060}'..='\u{2064}'
+            | '\u{2066}'..='\u{2069}'
+            | '\u{FEFF}'
+    )
 }
 
 impl Tenant {
@@ -166,5 +188,12 @@ mod tests {
         }
         assert!(check_id("thread id", "a\nb").is_err());
         assert!(check_id("thread id", "chat/42 ü").is_ok());
+        for invisible in ["a\u{200B}b", "\u{202E}txt.exe", "a\u{FEFF}", "x\u{2066}y"] {
+            let error = check_id("thread id", invisible).unwrap_err();
+            assert!(
+                error.contains("invisible characters"),
+                "{invisible:?}: {error}"
+            );
+        }
     }
 }

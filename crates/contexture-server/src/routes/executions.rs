@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 
 use crate::app::AppState;
 use crate::auth::Caller;
-use crate::body::{JsonBody, QueryParams};
+use crate::body::{BodyBytes, JsonBody, QueryParams};
 use crate::error::{ApiError, ApiResult};
 use crate::routes::fresh_id;
 use crate::routes::threads::store_error;
@@ -303,12 +303,14 @@ pub async fn cancel(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-    body: axum::body::Bytes,
+    headers: HeaderMap,
+    BodyBytes(body): BodyBytes,
 ) -> ApiResult<Json<Value>> {
     let tenant = &caller.tenant;
     let reason = if body.is_empty() {
         None
     } else {
+        crate::body::check_content_type(&headers)?;
         crate::body::parse::<CancelExecution>(&body)?.reason
     };
     execution_events(&state, tenant, &id).await?;
@@ -346,14 +348,25 @@ pub async fn events(
     QueryParams(query): QueryParams<EventsQuery>,
 ) -> ApiResult<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>> {
     let tenant = caller.tenant.clone();
-    execution_events(&state, &tenant, &id).await?;
-    let after = query.after.unwrap_or_else(|| {
-        headers
-            .get("last-event-id")
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.parse().ok())
-            .unwrap_or(0)
-    });
+    let logged = execution_events(&state, &tenant, &id).await?;
+    let after = match (query.after, headers.get("last-event-id")) {
+        (Some(after), _) => after,
+        (None, Some(value)) => value
+            .to_str()
+            .ok()
+            .and_then(|value| value.trim().parse::<u64>().ok())
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "Last-Event-ID",
+                    "Last-Event-ID must be the seq of an event this stream sent (a whole number)",
+                )
+            })?,
+        (None, None) => 0,
+    };
+    // A client that already has the run's end gets a stream that ends at once.
+    let ended = logged
+        .iter()
+        .any(|event| matches!(event.kind, EventKind::RunEnded(_)) && event.seq <= after);
     let scoped = tenant.scope(&id);
     struct Cursor {
         after: u64,
@@ -363,7 +376,7 @@ pub async fn events(
     let cursor = Cursor {
         after,
         pending: Default::default(),
-        ended: false,
+        ended,
     };
     let stream = stream::unfold(cursor, move |mut cursor| {
         let state = state.clone();

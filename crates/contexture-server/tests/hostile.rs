@@ -1,0 +1,289 @@
+//! Hostile input, sent as an attacker would: deep and repeated-key JSON, invalid UTF-8,
+//! wrong content types, bad numbers in query strings and headers, invisible characters in
+//! ids, made-up HTTP methods, and clients that send their headers or body one byte at a
+//! time. Each gets a 4xx that names what was wrong (or a closed connection), nothing bad is
+//! stored, and the server stays healthy.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{TestServer, client, config};
+use contexture_store::testing::TempDir;
+use contexture_store::{AnyStore, SqliteStore};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+async fn hostile_server(dir: &TempDir) -> (TestServer, String) {
+    let mut config = config(None);
+    config.limits.header_read_timeout_secs = 0.5;
+    config.limits.body_read_timeout_secs = 0.5;
+    let store = SqliteStore::open(dir.join("hostile.db")).await.unwrap();
+    let server = TestServer::start(config, AnyStore::Sqlite(store)).await;
+    let key = server.key("acme").await;
+    (server, key)
+}
+
+async fn send(
+    server: &TestServer,
+    key: &str,
+    method: &str,
+    path: &str,
+    content_type: Option<&str>,
+    body: Vec<u8>,
+) -> (StatusCode, Value) {
+    let mut request = client()
+        .request(method.parse().unwrap(), server.url(path))
+        .bearer_auth(key)
+        .body(body);
+    if let Some(content_type) = content_type {
+        request = request.header("content-type", content_type);
+    }
+    let response = request.send().await.unwrap();
+    (
+        response.status(),
+        response.json().await.unwrap_or(Value::Null),
+    )
+}
+
+async fn healthy(server: &TestServer) {
+    let response = client().get(server.url("/healthz")).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+fn nested(depth: usize) -> String {
+    format!(
+        r#"{{"messages": [{{"role": "user", "content": [{{"type": "text", "text": "hi", "x": {}1{}}}]}}]}}"#,
+        "[".repeat(depth),
+        "]".repeat(depth)
+    )
+}
+
+/// A body, its content type, and the status, param and words of the message it gets.
+type Case = (
+    Vec<u8>,
+    Option<&'static str>,
+    StatusCode,
+    &'static str,
+    &'static str,
+);
+
+#[tokio::test]
+async fn malformed_bodies_are_refused_with_what_and_where() {
+    let dir = TempDir::new("contexture-hostile");
+    let (server, key) = hostile_server(&dir).await;
+    let append = "/v1/threads/t/messages";
+    let json = Some("application/json");
+    let table: Vec<Case> = vec![
+        (
+            nested(100_000).into_bytes(),
+            json,
+            StatusCode::BAD_REQUEST,
+            "messages[0].content[0].x",
+            "nests deeper than 64 levels",
+        ),
+        (
+            nested(122).into_bytes(),
+            json,
+            StatusCode::BAD_REQUEST,
+            "messages[0].content[0].x",
+            "nests deeper than 64 levels",
+        ),
+        (
+            br#"{"messages": [{"role": "user", "content": "a", "content": "b"}]}"#.to_vec(),
+            json,
+            StatusCode::BAD_REQUEST,
+            "messages[0].content",
+            "the key appears twice",
+        ),
+        (
+            b"{\"messages\": [{\"role\": \"user\", \"content\": \"\xff\xfe\"}]}".to_vec(),
+            json,
+            StatusCode::BAD_REQUEST,
+            "messages[0].content",
+            "invalid unicode code point at line 1 column 44",
+        ),
+        (
+            br#"{"messages": [{"role": "user", "content": "hi"}]}"#.to_vec(),
+            Some("text/plain"),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "Content-Type",
+            "must be JSON",
+        ),
+        (
+            b"messages=hi".to_vec(),
+            Some("application/x-www-form-urlencoded"),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "Content-Type",
+            "must be JSON",
+        ),
+    ];
+    for (body, content_type, status, param, words) in table {
+        let shown = String::from_utf8_lossy(&body[..body.len().min(80)]).into_owned();
+        let (got, error) = send(&server, &key, "POST", append, content_type, body).await;
+        assert_eq!(got, status, "{shown}: {error}");
+        assert_eq!(error["error"]["param"], param, "{shown}: {error}");
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(message.contains(words), "{shown}: {message}");
+        healthy(&server).await;
+    }
+    // Nothing of it was stored, and the thread is still readable once something is.
+    let (status, _) = send(
+        &server,
+        &key,
+        "POST",
+        append,
+        json,
+        serde_json::to_vec(&json!({"messages": [{"role": "user", "content": "fine"}]})).unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, thread) = send(&server, &key, "GET", "/v1/threads/t", None, vec![]).await;
+    assert_eq!(status, StatusCode::OK, "{thread}");
+    assert_eq!(thread["messages"], 1, "{thread}");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_numbers_ids_and_methods_are_refused_and_labels_stay_fixed() {
+    let dir = TempDir::new("contexture-hostile");
+    let (server, key) = hostile_server(&dir).await;
+    for query in [
+        "after=-1",
+        "after=99999999999999999999999",
+        "after=1e3",
+        "limit=-5",
+        "after=%00",
+    ] {
+        let path = format!("/v1/threads/t/events?{query}");
+        let (status, error) = send(&server, &key, "GET", &path, None, vec![]).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {error}");
+        assert_eq!(error["error"]["param"], "query", "{query}: {error}");
+    }
+    for id in ["a%E2%80%8Bb", "%E2%80%AEfdp.exe", "a%0Ab"] {
+        let path = format!("/v1/threads/{id}/messages");
+        let body =
+            serde_json::to_vec(&json!({"messages": [{"role": "user", "content": "x"}]})).unwrap();
+        let (status, error) =
+            send(&server, &key, "POST", &path, Some("application/json"), body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{id}: {error}");
+    }
+    for method in ["FOOBAR", "X-MADE-UP-1", "X-MADE-UP-2"] {
+        let (status, _) = send(&server, &key, method, "/v1/threads", None, vec![]).await;
+        assert!(status.is_client_error(), "{method}: {status}");
+    }
+    let metrics = client()
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!metrics.contains("FOOBAR"), "{metrics}");
+    assert!(!metrics.contains("MADE-UP"), "{metrics}");
+    assert!(metrics.contains(r#"method="other""#), "{metrics}");
+    healthy(&server).await;
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn slow_clients_lose_their_connection_or_get_a_408() {
+    let dir = TempDir::new("contexture-hostile");
+    let (server, key) = hostile_server(&dir).await;
+    let address = server.base.trim_start_matches("http://").to_owned();
+
+    // Headers that never finish: the connection is closed after the header timeout.
+    let mut slow = TcpStream::connect(&address).await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut buffer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), slow.read_to_end(&mut buffer)).await;
+    assert!(read.is_ok(), "the connection stayed open");
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    // A body that never finishes: a 408 after the body timeout.
+    let mut slow = TcpStream::connect(&address).await.unwrap();
+    let head = format!(
+        "POST /v1/threads/t/messages HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"messages\""
+    );
+    slow.write_all(head.as_bytes()).await.unwrap();
+    let mut buffer = vec![0; 4096];
+    let read = tokio::time::timeout(Duration::from_secs(10), slow.read(&mut buffer))
+        .await
+        .expect("an answer within the body timeout")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&buffer[..read]);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("did not arrive within 0.5 s"), "{answer}");
+    healthy(&server).await;
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_event_stream_resumed_at_or_past_the_end_of_a_finished_run_ends_at_once() {
+    let dir = TempDir::new("contexture-hostile");
+    let (server, key) = hostile_server(&dir).await;
+    let workflow = "states:\n  - {id: s, transform: {a: b}, next: {state_id: end}}\n";
+    let body = serde_json::to_vec(&json!({"workflow_yaml": workflow, "id": "run-1"})).unwrap();
+    let (status, started) = send(
+        &server,
+        &key,
+        "POST",
+        "/v1/executions",
+        Some("application/json"),
+        body,
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{started}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let last = loop {
+        let (_, report) = send(&server, &key, "GET", "/v1/executions/run-1", None, vec![]).await;
+        if report["status"] == "completed" {
+            let (_, page) = send(
+                &server,
+                &key,
+                "GET",
+                "/v1/threads/run-1/events",
+                None,
+                vec![],
+            )
+            .await;
+            break page["events"].as_array().unwrap().last().unwrap()["seq"]
+                .as_u64()
+                .unwrap();
+        }
+        assert!(Instant::now() < deadline, "{report}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    for resume_at in [last, last + 1, u64::MAX] {
+        let started = Instant::now();
+        let response = client()
+            .get(server.url("/v1/executions/run-1/events"))
+            .bearer_auth(&key)
+            .header("Last-Event-ID", resume_at.to_string())
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let text = response.text().await.expect("the stream ends");
+        assert!(!text.contains("event:"), "{resume_at}: {text}");
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
+    let response = client()
+        .get(server.url("/v1/executions/run-1/events"))
+        .bearer_auth(&key)
+        .header("Last-Event-ID", "-1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let error: Value = response.json().await.unwrap();
+    assert_eq!(error["error"]["param"], "Last-Event-ID");
+    server.shutdown().await;
+}
