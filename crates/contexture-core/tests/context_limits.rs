@@ -157,3 +157,40 @@ fn templates_stop_runaway_work() {
         "{error}"
     );
 }
+
+#[test]
+fn a_template_that_writes_too_much_stops_at_the_output_limit() {
+    let store = ContextStore::new();
+    // A gigabyte of output, in 10 KB pieces: stopped at the limit, while writing.
+    let flood = r#"{% for i in range(100000) %}{{ "y" * 10000 }}{% endfor %}"#;
+    let error = timed("output flood", || {
+        render(flood, &store, &RenderOptions::fixed(0)).unwrap_err()
+    });
+    assert_eq!(
+        error,
+        TemplateError::OutputTooLarge {
+            limit: 16 * 1024 * 1024
+        }
+    );
+    assert_eq!(
+        error.to_string(),
+        "template output exceeds 16777216 bytes (a loop or repetition that writes too much?)"
+    );
+    // A smaller limit, and an output just under it.
+    let options = RenderOptions::fixed(0).with_max_output_bytes(1000);
+    let error = render(r#"{{ "x" * 1001 }}"#, &store, &options).unwrap_err();
+    assert_eq!(error, TemplateError::OutputTooLarge { limit: 1000 });
+    let text = render(r#"{{ "x" * 1000 }}"#, &store, &options)
+        .unwrap()
+        .text;
+    assert_eq!(text.len(), 1000);
+    // A value's own template is held to the limit too.
+    let store = ContextStore::from_map(
+        json!({"big": "{{ 'z' * 2000 }}"})
+            .as_object()
+            .unwrap()
+            .clone(),
+    );
+    let error = render("{{ big }}", &store, &options).unwrap_err();
+    assert!(error.to_string().contains("exceeds 1000 bytes"), "{error}");
+}

@@ -73,6 +73,10 @@ impl std::str::FromStr for MissingPolicy {
 /// endless loop stops in well under a second.
 pub const DEFAULT_FUEL: u64 = 1_000_000;
 
+/// Default limit of one render's output: 16 MiB, twice the text of the largest model
+/// windows; a template that would write more stops there instead of growing without bound.
+pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 16 * 1024 * 1024;
+
 /// Deepest chain of context values that render other context values (`a` uses `b` uses ...).
 pub const MAX_VALUE_NESTING: usize = 32;
 
@@ -83,6 +87,9 @@ pub struct RenderOptions {
     pub missing: MissingPolicy,
     /// Instruction budget of one render (each recursive value render has its own).
     pub fuel: u64,
+    /// The most bytes one render may write, checked as it writes (each recursive value
+    /// render has its own limit too).
+    pub max_output_bytes: usize,
     /// Source of `current_date` and friends.
     pub clock: Arc<dyn Clock>,
     /// Source of `uuid` and `short_uuid`.
@@ -109,6 +116,7 @@ impl RenderOptions {
         RenderOptions {
             missing: MissingPolicy::Keep,
             fuel: DEFAULT_FUEL,
+            max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES,
             clock,
             ids,
             variables: Map::new(),
@@ -139,6 +147,12 @@ impl RenderOptions {
     /// The same options with another fuel budget.
     pub fn with_fuel(mut self, fuel: u64) -> RenderOptions {
         self.fuel = fuel;
+        self
+    }
+
+    /// The same options with another output limit.
+    pub fn with_max_output_bytes(mut self, bytes: usize) -> RenderOptions {
+        self.max_output_bytes = bytes;
         self
     }
 }
@@ -188,6 +202,12 @@ pub enum TemplateError {
     OutOfFuel {
         /// The budget that ran out.
         fuel: u64,
+    },
+    /// The render would have written more than its limit.
+    #[error("template output exceeds {limit} bytes (a loop or repetition that writes too much?)")]
+    OutputTooLarge {
+        /// The limit.
+        limit: usize,
     },
     /// A template stored in a context value failed.
     #[error("in the template of context key {key:?}: {error}")]
@@ -322,6 +342,39 @@ pub(crate) fn sandbox<'s>(undefined: UndefinedBehavior, fuel: u64) -> Environmen
         }
     });
     env
+}
+
+/// A render's output that refuses to grow past its limit, so that a template that writes
+/// without end stops at the limit instead of exhausting memory.
+struct BoundedOutput {
+    bytes: Vec<u8>,
+    limit: usize,
+    overflowed: bool,
+}
+
+impl BoundedOutput {
+    fn new(limit: usize) -> BoundedOutput {
+        BoundedOutput {
+            bytes: Vec::new(),
+            limit,
+            overflowed: false,
+        }
+    }
+}
+
+impl std::io::Write for BoundedOutput {
+    fn write(&mut self, piece: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + piece.len() > self.limit {
+            self.overflowed = true;
+            return Err(std::io::Error::other("the template's output limit"));
+        }
+        self.bytes.extend_from_slice(piece);
+        Ok(piece.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Converts a minijinja error raised while compiling or rendering.
@@ -466,12 +519,20 @@ impl Shared {
             .template_from_str(&rewritten)
             .map_err(|e| convert(&e, fuel))?;
         let root = JValue::from_object(Root(Arc::clone(self)));
-        let result = template.render(root);
+        let mut output = BoundedOutput::new(self.options.max_output_bytes);
+        let result = template.render_captured_to(root, &mut output).map(drop);
         if let Some(error) = self.state().error.clone() {
             return Err(error);
         }
+        if output.overflowed {
+            return Err(TemplateError::OutputTooLarge {
+                limit: self.options.max_output_bytes,
+            });
+        }
         match result {
-            Ok(text) => Ok(text),
+            // The formatter writes only UTF-8 text, in whole pieces.
+            Ok(_) => Ok(String::from_utf8(output.bytes)
+                .unwrap_or_else(|error| String::from_utf8_lossy(error.as_bytes()).into_owned())),
             Err(error) if error.kind() == ErrorKind::UndefinedError => {
                 let mut names: Vec<String> = template
                     .undeclared_variables(true)
