@@ -30,6 +30,7 @@ use crate::auth::{KeyCache, RateLimiter, authenticate};
 use crate::body::BodyTimeout;
 use crate::config::ServerConfig;
 use crate::metrics::{Metrics, track};
+use crate::quota::TenantSlots;
 use crate::routes::{chat, executions, ops, threads};
 use crate::tenancy::Tenant;
 
@@ -103,6 +104,10 @@ pub struct Shared {
     /// Work that outlives its request (recording a streamed answer), which a shutdown
     /// waits for.
     pub in_flight: Arc<InFlight>,
+    /// Each tenant's running executions.
+    pub running: Arc<TenantSlots>,
+    /// Each tenant's open event streams.
+    pub streams: Arc<TenantSlots>,
 }
 
 /// Counts work in flight outside requests, so a shutdown can wait for it.
@@ -244,6 +249,16 @@ impl AppState {
             anonymous,
             workflows_dir,
             in_flight: Arc::new(InFlight::default()),
+            running: TenantSlots::new(
+                config.executions.max_running,
+                "running executions",
+                "executions.max_running",
+            ),
+            streams: TenantSlots::new(
+                config.limits.max_event_streams,
+                "open event streams",
+                "limits.max_event_streams",
+            ),
             config,
         })))
     }

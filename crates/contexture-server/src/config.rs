@@ -105,6 +105,9 @@ pub struct LimitsConfig {
     pub header_read_timeout_secs: f64,
     /// Seconds a client has to send a request's whole body (default 30); past it, a 408.
     pub body_read_timeout_secs: f64,
+    /// Event streams (`GET /v1/executions/{id}/events`) one tenant may hold open at once on
+    /// this server (default 16); past it, a 429.
+    pub max_event_streams: usize,
 }
 
 impl Default for LimitsConfig {
@@ -115,6 +118,7 @@ impl Default for LimitsConfig {
             burst: 200,
             header_read_timeout_secs: 10.0,
             body_read_timeout_secs: 30.0,
+            max_event_streams: 16,
         }
     }
 }
@@ -136,6 +140,9 @@ pub struct ExecutionsConfig {
     /// The most seconds one execution may run before it is cancelled (a workflow may set
     /// fewer; default 600).
     pub max_seconds: f64,
+    /// Executions one tenant may have running at once on this server (default 8); past it,
+    /// a 429.
+    pub max_running: usize,
 }
 
 impl Default for ExecutionsConfig {
@@ -145,6 +152,7 @@ impl Default for ExecutionsConfig {
             max_steps: 200,
             max_tokens: 1_000_000,
             max_seconds: 600.0,
+            max_running: 8,
         }
     }
 }
@@ -422,6 +430,12 @@ impl ServerConfig {
         }
         if self.executions.max_steps == 0 {
             return invalid("executions.max_steps", "must be at least 1".into());
+        }
+        if self.executions.max_running == 0 {
+            return invalid("executions.max_running", "must be at least 1".into());
+        }
+        if self.limits.max_event_streams == 0 {
+            return invalid("limits.max_event_streams", "must be at least 1".into());
         }
         if self.executions.max_tokens == 0 {
             return invalid("executions.max_tokens", "must be at least 1".into());

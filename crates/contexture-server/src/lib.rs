@@ -20,6 +20,7 @@ pub mod error;
 pub mod fitting;
 pub mod json_shape;
 pub mod metrics;
+pub mod quota;
 pub mod routes;
 pub mod tenancy;
 

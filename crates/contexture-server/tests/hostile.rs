@@ -287,3 +287,97 @@ async fn an_event_stream_resumed_at_or_past_the_end_of_a_finished_run_ends_at_on
     assert_eq!(error["error"]["param"], "Last-Event-ID");
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_tenant_holds_at_most_its_share_of_running_executions_and_event_streams() {
+    let dir = TempDir::new("contexture-hostile");
+    let (upstream, base) = common::Upstream::start().await;
+    upstream
+        .replies
+        .lock()
+        .unwrap()
+        .extend([common::Reply::Hang, common::Reply::Hang]);
+    let mut config = config(Some(&base));
+    config.llm = "openai:gpt-4o-mini".into();
+    config.executions.max_running = 1;
+    config.limits.max_event_streams = 1;
+    let store = SqliteStore::open(dir.join("quota.db")).await.unwrap();
+    let server = TestServer::start(config, AnyStore::Sqlite(store)).await;
+    let acme = server.key("acme").await;
+    let globex = server.key("globex").await;
+    let workflow = "assistants: [{id: a, model: gpt-4o-mini}]\nstates:\n  - {id: s, assistant_id: a, task: go, next: {state_id: end}}\n";
+    let start = |key: String, id: &'static str| {
+        let server_url = server.url("/v1/executions");
+        async move {
+            let response = client()
+                .post(server_url)
+                .bearer_auth(key)
+                .json(&json!({"workflow_yaml": workflow, "id": id}))
+                .send()
+                .await
+                .unwrap();
+            (
+                response.status(),
+                response.json::<Value>().await.unwrap_or(Value::Null),
+            )
+        }
+    };
+    assert_eq!(start(acme.clone(), "run-1").await.0, StatusCode::ACCEPTED);
+    let (status, error) = start(acme.clone(), "run-2").await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{error}");
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("1 running executions") && message.contains("`executions.max_running`"),
+        "{message}"
+    );
+    // Another tenant is not held back.
+    assert_eq!(start(globex.clone(), "run-1").await.0, StatusCode::ACCEPTED);
+
+    // One open stream per tenant; a closed one gives its slot back.
+    let events = |key: &str| {
+        client()
+            .get(server.url("/v1/executions/run-1/events"))
+            .bearer_auth(key)
+            .send()
+    };
+    let open = events(&acme).await.unwrap();
+    assert_eq!(open.status(), StatusCode::OK);
+    let refused = events(&acme).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    drop(open);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let response = events(&acme).await.unwrap();
+        if response.status() == StatusCode::OK {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the closed stream's slot never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A cancelled run gives its slot back.
+    let cancel = client()
+        .post(server.url("/v1/executions/run-1/cancel"))
+        .bearer_auth(&acme)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cancel.status(), StatusCode::OK);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, _) = start(acme.clone(), "run-3").await;
+        if status == StatusCode::ACCEPTED {
+            break;
+        }
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(
+            Instant::now() < deadline,
+            "the cancelled run's slot never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    server.shutdown().await;
+}

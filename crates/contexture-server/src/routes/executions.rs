@@ -167,6 +167,7 @@ pub async fn start(
         }
         None => None,
     };
+    let slot = state.running.take(tenant.name())?;
     let scoped_id = scoped.clone();
     request.input = input;
     request.execution_id = Some(scoped.clone());
@@ -174,6 +175,7 @@ pub async fn start(
     request.conversation = conversation;
     let executor = state.executor.clone();
     let run = tokio::spawn(async move {
+        let _slot = slot;
         match executor.start(request).await {
             Ok(_) => tracing::info!(execution = %scoped, "execution completed"),
             Err(ExecError::Cancelled { .. }) => {
@@ -372,11 +374,14 @@ pub async fn events(
         after: u64,
         pending: std::collections::VecDeque<Event>,
         ended: bool,
+        // Given back when the stream ends or its client goes away.
+        _slot: crate::quota::Slot,
     }
     let cursor = Cursor {
         after,
         pending: Default::default(),
         ended,
+        _slot: state.streams.take(tenant.name())?,
     };
     let stream = stream::unfold(cursor, move |mut cursor| {
         let state = state.clone();
