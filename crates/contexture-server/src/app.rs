@@ -26,6 +26,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
+use crate::active_runs::ActiveRuns;
 use crate::auth::{KeyCache, RateLimiter, authenticate};
 use crate::body::BodyTimeout;
 use crate::config::ServerConfig;
@@ -106,6 +107,8 @@ pub struct Shared {
     pub in_flight: Arc<InFlight>,
     /// Each tenant's running executions.
     pub running: Arc<TenantSlots>,
+    /// The executions running on this server, whose logs the thread routes do not write.
+    pub active_runs: Arc<ActiveRuns>,
     /// Each tenant's open event streams.
     pub streams: Arc<TenantSlots>,
 }
@@ -254,6 +257,7 @@ impl AppState {
                 "running executions",
                 "executions.max_running",
             ),
+            active_runs: Arc::new(ActiveRuns::default()),
             streams: TenantSlots::new(
                 config.limits.max_event_streams,
                 "open event streams",

@@ -12,6 +12,7 @@
 //! This crate is the only one that knows HTTP serving; storage, fitting, compaction and runs
 //! are the other crates' work.
 
+pub mod active_runs;
 pub mod app;
 pub mod auth;
 pub mod body;

@@ -381,3 +381,71 @@ async fn a_tenant_holds_at_most_its_share_of_running_executions_and_event_stream
     }
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_running_executions_log_is_read_only_through_the_thread_routes() {
+    let dir = TempDir::new("contexture-hostile");
+    let (upstream, base) = common::Upstream::start().await;
+    upstream
+        .replies
+        .lock()
+        .unwrap()
+        .push_back(common::Reply::Hang);
+    let mut config = config(Some(&base));
+    config.llm = "openai:gpt-4o-mini".into();
+    let store = SqliteStore::open(dir.join("readonly.db")).await.unwrap();
+    let server = TestServer::start(config, AnyStore::Sqlite(store)).await;
+    let key = server.key("acme").await;
+    let workflow = "assistants: [{id: a, model: gpt-4o-mini}]\nstates:\n  - {id: s, assistant_id: a, task: go, next: {state_id: end}}\n";
+    let json_body = |value: Value| serde_json::to_vec(&value).unwrap();
+    let (status, _) = send(
+        &server,
+        &key,
+        "POST",
+        "/v1/executions",
+        Some("application/json"),
+        json_body(json!({"workflow_yaml": workflow, "id": "run-1"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let (_, before) = send(&server, &key, "GET", "/v1/threads/run-1", None, vec![]).await;
+    let user = json!({"messages": [{"role": "user", "content": "injected"}]});
+    let writes = [
+        (
+            "POST",
+            "/v1/threads/run-1/messages",
+            json_body(user.clone()),
+        ),
+        (
+            "POST",
+            "/v1/threads/run-1/fork",
+            json_body(json!({"id": "phantom"})),
+        ),
+        ("POST", "/v1/threads/run-1/compact", json_body(json!({}))),
+        ("DELETE", "/v1/threads/run-1", vec![]),
+        (
+            "POST",
+            "/v1/chat/completions",
+            json_body(
+                json!({"model": "gpt-4o-mini", "messages": user["messages"], "metadata": {"contexture_thread": "run-1"}}),
+            ),
+        ),
+    ];
+    for (method, path, body) in writes {
+        let (status, error) =
+            send(&server, &key, method, path, Some("application/json"), body).await;
+        assert_eq!(status, StatusCode::CONFLICT, "{method} {path}: {error}");
+        assert!(
+            error["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("is the log of a running execution"),
+            "{error}"
+        );
+    }
+    let (_, after) = send(&server, &key, "GET", "/v1/threads/run-1", None, vec![]).await;
+    assert_eq!(before["messages"], after["messages"]);
+    let (status, _) = send(&server, &key, "GET", "/v1/threads/phantom", None, vec![]).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    server.shutdown().await;
+}

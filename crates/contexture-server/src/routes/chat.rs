@@ -74,6 +74,7 @@ pub async fn completions(
     let settings = FitSettings::new(&state, &model, None, None, None)?;
     let tenant = &caller.tenant;
     let scoped = tenant.scope(&thread);
+    state.active_runs.refuse_writes(&scoped, &thread)?;
     let key = headers
         .get("idempotency-key")
         .and_then(|value| value.to_str().ok())

@@ -168,6 +168,7 @@ pub async fn start(
         None => None,
     };
     let slot = state.running.take(tenant.name())?;
+    let active = state.active_runs.enter(&scoped);
     let scoped_id = scoped.clone();
     request.input = input;
     request.execution_id = Some(scoped.clone());
@@ -176,6 +177,7 @@ pub async fn start(
     let executor = state.executor.clone();
     let run = tokio::spawn(async move {
         let _slot = slot;
+        let _active = active;
         match executor.start(request).await {
             Ok(_) => tracing::info!(execution = %scoped, "execution completed"),
             Err(ExecError::Cancelled { .. }) => {

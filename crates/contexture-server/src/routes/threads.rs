@@ -195,6 +195,7 @@ pub async fn append(
 ) -> ApiResult<Json<Value>> {
     let tenant = &caller.tenant;
     id_param("a thread id", &id)?;
+    state.active_runs.refuse_writes(&tenant.scope(&id), &id)?;
     let messages = parse_messages(&body.messages, "messages")?;
     if messages.is_empty() {
         return Err(ApiError::invalid(
@@ -370,6 +371,7 @@ pub async fn fork(
     let tenant = &caller.tenant;
     let child = body.id.unwrap_or_else(fresh_id);
     id_param("a thread id", &child)?;
+    state.active_runs.refuse_writes(&tenant.scope(&id), &id)?;
     let at_seq = match body.at_seq {
         Some(at) => at,
         None => state
@@ -435,6 +437,7 @@ pub async fn merge(
                 .map_err(|error| store_error(&tenant, error))
         }
     };
+    state.active_runs.refuse_writes(&tenant.scope(&id), &id)?;
     let parent = load(id.clone()).await?;
     let child = load(body.from.clone()).await?;
     let spec = MergeSpec {
@@ -482,6 +485,7 @@ pub async fn compact(
 ) -> ApiResult<Json<Value>> {
     let tenant = &caller.tenant;
     ensure_thread(&state, tenant, &id).await?;
+    state.active_runs.refuse_writes(&tenant.scope(&id), &id)?;
     let mut policy = state
         .config
         .context
@@ -523,6 +527,7 @@ pub async fn delete(
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
     let tenant = &caller.tenant;
+    state.active_runs.refuse_writes(&tenant.scope(&id), &id)?;
     state
         .store
         .delete(&tenant.scope(&id))
