@@ -439,3 +439,163 @@ async fn a_long_chat_thread_is_compacted_by_the_policy() {
     );
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn requests_a_thread_cannot_keep_are_refused_before_anything_is_stored() {
+    let (upstream, base) = Upstream::start().await;
+    let (_dir, server, key) = server(&base, |_| {}).await;
+    let user = json!({"role": "user", "content": "Hi"});
+    let orphan = json!({"role": "tool", "tool_call_id": "call_9", "content": "42"});
+    let cases = [
+        (
+            json!({"model": "gpt-4o-mini", "messages": [user], "n": 3}),
+            "n",
+            "only n = 1",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "messages": [user], "n": "2"}),
+            "n",
+            "only n = 1",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "messages": [orphan]}),
+            "messages",
+            "answers no open tool call",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "messages": [user, orphan]}),
+            "messages",
+            "`call_9`",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "messages": [user], "max_tokens": 60000}),
+            "max_tokens",
+            "at most 16384 tokens",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "messages": [user], "max_completion_tokens": -1}),
+            "max_completion_tokens",
+            "whole number above 0",
+        ),
+    ];
+    for (body, param, words) in cases {
+        let response = chat(&server, &key, Some("t"), body.clone()).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{body}");
+        let error: Value = response.json().await.unwrap();
+        assert_eq!(error["error"]["param"], param, "{body}: {error}");
+        assert!(
+            error["error"]["message"].as_str().unwrap().contains(words),
+            "{body}: {error}"
+        );
+    }
+    assert!(upstream.bodies().is_empty(), "nothing was sent upstream");
+    let response = client()
+        .get(server.url("/v1/threads/t"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.status(),
+        StatusCode::NOT_FOUND,
+        "nothing was stored"
+    );
+
+    // A tool result that answers the thread's open call is taken.
+    let call = json!({"role": "assistant", "content": null, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{}"}}]});
+    let result = json!({"role": "tool", "tool_call_id": "call_1", "content": "3"});
+    let response = chat(
+        &server,
+        &key,
+        Some("t"),
+        json!({"model": "gpt-4o-mini", "messages": [user, call]}),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    // The fake answered with text, so the call stays open in the thread only if the client
+    // answers it next: here it does.
+    let response = chat(
+        &server,
+        &key,
+        Some("t2"),
+        json!({"model": "gpt-4o-mini", "messages": [user, call, result]}),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    // A second answer to the same call is refused.
+    let response = chat(
+        &server,
+        &key,
+        Some("t2"),
+        json!({"model": "gpt-4o-mini", "messages": [result]}),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn the_reply_budget_the_client_asks_for_is_reserved_when_fitting() {
+    let (upstream, base) = Upstream::start().await;
+    let (_dir, server, key) = server(&base, |_| {}).await;
+    // gpt-4o-mini: a 128,000-token window, 16,384 tokens of output at most. Six turns of
+    // 19,500 tokens each (117,000 in all), then a question asked with a reply budget of
+    // 1,000 tokens (everything fits) and again with 16,000 (the oldest turns must go).
+    let old = "lorem ipsum dolor sit amet ".repeat(3_900);
+    for n in 0..6 {
+        let response = chat(
+            &server,
+            &key,
+            Some("long"),
+            json!({"model": "gpt-4o-mini", "max_tokens": 10, "messages": [{"role": "user", "content": format!("{n} {old}")}]}),
+        )
+        .await;
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    let mut sent = Vec::new();
+    for max_tokens in [1_000, 16_000] {
+        let response = chat(
+            &server,
+            &key,
+            Some("long"),
+            json!({"model": "gpt-4o-mini", "max_tokens": max_tokens, "messages": [{"role": "user", "content": "Sum it up."}]}),
+        )
+        .await;
+        assert_eq!(response.status(), StatusCode::OK);
+        let body = upstream.bodies().last().unwrap().clone();
+        assert_eq!(body["max_tokens"], max_tokens, "forwarded as sent");
+        sent.push(body["messages"].as_array().unwrap().len());
+        let page: Value = client()
+            .get(server.url("/v1/threads/long/events?limit=1000"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let record = page["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|event| event["type"] == "request_started")
+            .unwrap()
+            .clone();
+        assert_eq!(
+            record["budget"]["max_output_tokens"], max_tokens,
+            "{record}"
+        );
+        let input = record["budget"]["input_tokens"].as_u64().unwrap();
+        assert!(
+            input <= 128_000 - max_tokens,
+            "{input} tokens leave no room for {max_tokens}"
+        );
+    }
+    // The second request's history holds the first question and its answer too.
+    assert_eq!(sent[0], 13, "everything fits under the small reply budget");
+    assert!(
+        sent[1] < sent[0] + 2,
+        "the larger reply budget leaves less room for history: {sent:?}"
+    );
+}

@@ -16,11 +16,12 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use contexture_core::Message;
 use contexture_core::format::openai;
+use contexture_core::registry::ModelInfo;
 use contexture_core::thread::{
     EventKind, Projection, RecordedBudget, RequestEnd, RequestOutcome, RequestRecord, Usage,
 };
+use contexture_core::{Message, Role};
 use contexture_engine::compaction::CompactRequest;
 use contexture_engine::compaction::{CompactionOutcome, compact_stored};
 use contexture_llm::passthrough::{
@@ -71,7 +72,12 @@ pub async fn completions(
         Some(Value::Null) | None => Vec::new(),
         Some(_) => return Err(ApiError::invalid("tools", "tools: must be an array")),
     };
+    check_one_choice(&body)?;
     let settings = FitSettings::new(&state, &model, None, None, None)?;
+    let settings = match reply_budget(&body, &settings.model)? {
+        Some(tokens) => FitSettings::new(&state, &model, None, None, Some(tokens))?,
+        None => settings,
+    };
     let tenant = &caller.tenant;
     let scoped = tenant.scope(&thread);
     state.active_runs.refuse_writes(&scoped, &thread)?;
@@ -92,6 +98,7 @@ pub async fn completions(
         Err(error) => return Err(store_error(tenant, error)),
     };
     let new = new_messages(&stored, requested);
+    check_tool_results(&stored, &new)?;
     let new_count = new.iter().filter(|m| !m.role.is_system_like()).count();
     if !new.is_empty() {
         let events = new
@@ -340,6 +347,96 @@ fn thread_name(headers: &HeaderMap, body: &mut Map<String, Value>) -> ApiResult<
         (Some(name), _) | (None, Some(name)) => Ok(Some(name)),
         (None, None) => Ok(None),
     }
+}
+
+/// A thread keeps one answer per turn, so a request for several choices is refused rather
+/// than keeping one of them silently (a client that went on with another would find a
+/// history it never saw).
+fn check_one_choice(body: &Map<String, Value>) -> ApiResult<()> {
+    match body.get("n") {
+        None | Some(Value::Null) => Ok(()),
+        Some(n) if n.as_u64() == Some(1) => Ok(()),
+        Some(n) => Err(ApiError::invalid(
+            "n",
+            format!(
+                "n: a thread keeps one answer per turn, so only n = 1 is accepted with a thread (not {n}); ask for several choices without a thread"
+            ),
+        )),
+    }
+}
+
+/// The reply budget the client asked for (`max_completion_tokens`, else `max_tokens`): it
+/// is reserved when fitting, and a value the model cannot give is refused.
+fn reply_budget(body: &Map<String, Value>, model: &ModelInfo) -> ApiResult<Option<u32>> {
+    for field in ["max_completion_tokens", "max_tokens"] {
+        let Some(value) = body.get(field).filter(|value| !value.is_null()) else {
+            continue;
+        };
+        let tokens = value
+            .as_u64()
+            .filter(|tokens| *tokens >= 1)
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    field,
+                    format!("{field}: must be a whole number above 0, not {value}"),
+                )
+            })?;
+        let most = u64::from(
+            model
+                .max_output_tokens
+                .min(model.context_window.saturating_sub(1)),
+        );
+        if tokens > most {
+            return Err(ApiError::invalid(
+                field,
+                format!(
+                    "{field}: {tokens} is more than model `{}` can answer with (at most {most} tokens)",
+                    model.id
+                ),
+            ));
+        }
+        return Ok(Some(tokens as u32));
+    }
+    Ok(None)
+}
+
+/// Every tool result among the new messages answers a tool call that is still open: one the
+/// thread's messages or an earlier new message made and nothing answered yet. A result that
+/// answers nothing would be stored and then left out of every request.
+fn check_tool_results(stored: &Projection, new: &[Message]) -> ApiResult<()> {
+    let mut open: Vec<&str> = Vec::new();
+    for message in &stored.messages {
+        open.extend(message.tool_calls.iter().map(|call| call.id.as_str()));
+        if let Some(id) = &message.tool_call_id {
+            open.retain(|open| open != id);
+        }
+    }
+    for message in new {
+        open.extend(message.tool_calls.iter().map(|call| call.id.as_str()));
+        if message.role != Role::Tool {
+            continue;
+        }
+        let Some(id) = message.tool_call_id.as_deref() else {
+            return Err(ApiError::invalid(
+                "messages",
+                "messages: a tool message needs `tool_call_id`, the id of the call it answers",
+            ));
+        };
+        match open.iter().position(|open| *open == id) {
+            Some(at) => {
+                open.remove(at);
+            }
+            None => {
+                return Err(ApiError::invalid(
+                    "messages",
+                    format!(
+                        "messages: the tool message for call `{id}` answers no open tool call: no assistant message in the thread or the request made it, or it was answered already"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Two messages are the same turn when they serialize alike in the OpenAI format.
