@@ -41,7 +41,7 @@ pub enum StartError {
     /// The store could not be opened.
     #[error("cannot open the store {url}: {source}")]
     Store {
-        /// Its URL.
+        /// Its URL, without a password.
         url: String,
         /// Why.
         source: StoreError,
@@ -168,7 +168,7 @@ impl AppState {
         let store = AnyStore::open(&config.database)
             .await
             .map_err(|source| StartError::Store {
-                url: config.database.clone(),
+                url: crate::config::redacted_database(&config.database),
                 source,
             })?;
         AppState::with_store(config, store)

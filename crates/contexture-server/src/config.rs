@@ -238,6 +238,27 @@ impl Default for ContextConfig {
     }
 }
 
+/// A database URL as logs and errors may show it: without its password, in the URL form
+/// (`postgres://user:***@host/db`) and the key-value form (`password=***`).
+pub fn redacted_database(url: &str) -> String {
+    if let (Some(scheme), Some(at)) = (url.find("://"), url.rfind('@'))
+        && at > scheme
+    {
+        let credentials = &url[scheme + 3..at];
+        return match credentials.split_once(':') {
+            Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+            None => url.to_owned(),
+        };
+    }
+    url.split(' ')
+        .map(|part| match part.split_once('=') {
+            Some((name, _)) if name.eq_ignore_ascii_case("password") => format!("{name}=***"),
+            _ => part.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// A configuration that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -521,6 +542,24 @@ mod tests {
         assert_eq!(config.upstream.retries, 2);
         assert!(config.context.compaction.is_some());
         assert_eq!(config.context.budget.reserve_output, Some(4096));
+    }
+
+    #[test]
+    fn database_passwords_are_redacted() {
+        for (url, shown) in [
+            (
+                "postgres://me:secret@db:5432/x",
+                "postgres://me:***@db:5432/x",
+            ),
+            ("postgres://me@db/x", "postgres://me@db/x"),
+            (
+                "host=db user=me password=secret dbname=x",
+                "host=db user=me password=*** dbname=x",
+            ),
+            ("sqlite:a.db", "sqlite:a.db"),
+        ] {
+            assert_eq!(redacted_database(url), shown);
+        }
     }
 
     #[test]

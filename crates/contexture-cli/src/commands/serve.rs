@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
+use contexture_server::config::redacted_database;
 use contexture_server::{AppState, ServerConfig, bind, serve, shutdown_signal};
 
 /// Arguments of `contexture serve`.
@@ -58,45 +59,16 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let address = listener
             .local_addr()
             .context("cannot read the bound address")?;
-        tracing::info!(
-            %address,
-            database = %redact_database(&config.database),
-            upstream = %config.upstream.base_url,
-            "contexture serve listening"
-        );
-        // The line a supervisor (or a test) waits for.
-        eprintln!("listening on http://{address}");
+        let database = redacted_database(&config.database);
+        let upstream = config.upstream.base_url.clone();
         let state = AppState::new(config).await?;
+        tracing::info!(%address, %database, %upstream, "contexture serve listening");
+        // The line a supervisor (or a test) waits for: the store is open, requests are served.
+        eprintln!("listening on http://{address}");
         serve(state, listener, shutdown_signal())
             .await
             .context("the server stopped with an error")?;
         tracing::info!("stopped");
         Ok(())
     })
-}
-
-/// A database URL without its password.
-fn redact_database(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let credentials = &url[scheme + 3..at];
-            match credentials.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn passwords_are_not_logged() {
-        assert_eq!(
-            super::redact_database("postgres://me:secret@db:5432/x"),
-            "postgres://me:***@db:5432/x"
-        );
-        assert_eq!(super::redact_database("sqlite:a.db"), "sqlite:a.db");
-    }
 }
