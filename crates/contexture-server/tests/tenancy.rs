@@ -1,0 +1,213 @@
+//! Tenancy on every route that names an id, with two tenants on SQLite and on PostgreSQL:
+//! another tenant's threads, forks and executions answer 404 on every read and write (events
+//! streams resumed with `Last-Event-ID` too), merges from another tenant's fork find
+//! nothing, the same names are separate threads, and nothing of the owner's changes.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Reply, TestServer, Upstream, client, config};
+use contexture_store::testing::{TempDir, pg_store};
+use contexture_store::{AnyStore, SqliteStore};
+use reqwest::Method as M;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+async fn call(
+    server: &TestServer,
+    key: &str,
+    method: M,
+    path: &str,
+    body: Option<Value>,
+    last_event_id: Option<&str>,
+) -> (StatusCode, String) {
+    let mut request = client()
+        .request(method, server.url(path))
+        .bearer_auth(key)
+        .timeout(Duration::from_secs(10));
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    if let Some(id) = last_event_id {
+        request = request.header("Last-Event-ID", id);
+    }
+    let response = request.send().await.unwrap();
+    (response.status(), response.text().await.unwrap_or_default())
+}
+
+/// Everything acme owns, as its own key reads it.
+async fn acme_view(server: &TestServer, key: &str) -> Vec<String> {
+    let mut view = Vec::new();
+    for path in [
+        "/v1/threads",
+        "/v1/threads/secret/events",
+        "/v1/threads/secret-fork/events",
+        "/v1/threads/run-1/events",
+        "/v1/executions/run-1",
+        "/v1/executions/run-1/requests",
+    ] {
+        let (status, body) = call(server, key, M::GET, path, None, None).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {body}");
+        view.push(body);
+    }
+    view
+}
+
+async fn every_route_keeps_tenants_apart(store: AnyStore) {
+    let (upstream, base) = Upstream::start().await;
+    upstream
+        .replies
+        .lock()
+        .unwrap()
+        .push_back(Reply::Text("acme's answer".into()));
+    let mut config = config(Some(&base));
+    config.llm = "openai:gpt-4o-mini".into();
+    let server = TestServer::start(config, store).await;
+    let acme = server.key("acme").await;
+    let globex = server.key("globex").await;
+
+    let setup = [
+        (
+            M::POST,
+            "/v1/threads",
+            json!({"id": "secret", "system": "acme only"}),
+        ),
+        (
+            M::POST,
+            "/v1/threads/secret/messages",
+            json!({"messages": [{"role": "user", "content": "acme's question"}]}),
+        ),
+        (
+            M::POST,
+            "/v1/threads/secret/fork",
+            json!({"id": "secret-fork"}),
+        ),
+        (
+            M::POST,
+            "/v1/executions",
+            json!({"id": "run-1", "workflow_yaml": "assistants: [{id: a, model: gpt-4o-mini}]\nstates:\n  - {id: s, assistant_id: a, task: go, next: {state_id: end}}\n"}),
+        ),
+    ];
+    for (method, path, body) in setup {
+        let (status, body) = call(&server, &acme, method, path, Some(body), None).await;
+        assert!(status.is_success(), "{path}: {body}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !call(&server, &acme, M::GET, "/v1/executions/run-1", None, None)
+        .await
+        .1
+        .contains("\"completed\"")
+    {
+        assert!(Instant::now() < deadline, "acme's run never completed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let before = acme_view(&server, &acme).await;
+
+    let not_found: Vec<(M, &str, Option<Value>, Option<&str>)> = vec![
+        (M::GET, "/v1/threads/secret", None, None),
+        (M::GET, "/v1/threads/secret/events", None, None),
+        (
+            M::GET,
+            "/v1/threads/secret/context?model=gpt-4o",
+            None,
+            None,
+        ),
+        (
+            M::POST,
+            "/v1/threads/secret/fork",
+            Some(json!({"id": "mine"})),
+            None,
+        ),
+        (M::POST, "/v1/threads/secret/compact", Some(json!({})), None),
+        (
+            M::POST,
+            "/v1/threads/secret/merge",
+            Some(json!({"from": "secret-fork"})),
+            None,
+        ),
+        (M::DELETE, "/v1/threads/secret", None, None),
+        (M::DELETE, "/v1/threads/secret-fork", None, None),
+        (M::GET, "/v1/executions/run-1", None, None),
+        (M::GET, "/v1/executions/run-1/events", None, None),
+        (M::GET, "/v1/executions/run-1/events", None, Some("2")),
+        (M::GET, "/v1/executions/run-1/events?after=1", None, None),
+        (M::GET, "/v1/executions/run-1/requests", None, None),
+        (
+            M::POST,
+            "/v1/executions/run-1/cancel",
+            Some(json!({"reason": "x"})),
+            None,
+        ),
+        (M::GET, "/v1/threads/run-1/events", None, None),
+    ];
+    for (method, path, body, last_event_id) in not_found {
+        let (status, text) =
+            call(&server, &globex, method.clone(), path, body, last_event_id).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{method} {path}: {text}");
+        assert!(!text.contains("acme"), "{method} {path}: {text}");
+    }
+    // Merging acme's fork into a thread of globex's own finds no such fork.
+    call(
+        &server,
+        &globex,
+        M::POST,
+        "/v1/threads/own/messages",
+        Some(json!({"messages": [{"role": "user", "content": "globex"}]})),
+        None,
+    )
+    .await;
+    let (status, text) = call(
+        &server,
+        &globex,
+        M::POST,
+        "/v1/threads/own/merge",
+        Some(json!({"from": "secret-fork"})),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{text}");
+    // The same names are globex's own threads: an append and a chat turn land there.
+    for (path, body) in [
+        (
+            "/v1/threads/secret/messages",
+            json!({"messages": [{"role": "user", "content": "globex"}]}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "globex chat"}], "metadata": {"contexture_thread": "secret-fork"}}),
+        ),
+    ] {
+        let (status, text) = call(&server, &globex, M::POST, path, Some(body), None).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {text}");
+        assert!(!text.contains("acme"), "{path}: {text}");
+    }
+    let (_, context) = call(
+        &server,
+        &globex,
+        M::GET,
+        "/v1/threads/secret-fork/context?model=gpt-4o",
+        None,
+        None,
+    )
+    .await;
+    assert!(!context.contains("acme"), "{context}");
+    // acme's data is as it was.
+    assert_eq!(acme_view(&server, &acme).await, before);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn every_route_keeps_tenants_apart_on_sqlite() {
+    let dir = TempDir::new("contexture-tenancy");
+    let store = SqliteStore::open(dir.join("tenancy.db")).await.unwrap();
+    every_route_keeps_tenants_apart(AnyStore::Sqlite(store)).await;
+}
+
+#[tokio::test]
+async fn every_route_keeps_tenants_apart_on_postgres() {
+    let Some((store, _schema)) = pg_store("tenancy").await else {
+        return;
+    };
+    every_route_keeps_tenants_apart(AnyStore::Postgres(store)).await;
+}
