@@ -10,21 +10,14 @@
 mod serving;
 
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use axum::Router;
-use axum::body::{Body, Bytes};
-use axum::extract::State;
-use axum::http::{HeaderMap, header};
-use axum::response::{IntoResponse, Response};
-use axum::routing::post;
 use contexture_store::testing::TempDir;
 use serde_json::{Value, json};
+use serving::upstream::{MODEL, Received};
 use serving::{Server, root};
 
 const UPSTREAM_KEY: &str = "sk-upstream-secret";
-const MODEL: &str = "gpt-4o-mini";
 const CHAT_THREAD: &str = "sdk-chat";
 const STREAM_THREAD: &str = "sdk-stream";
 
@@ -44,80 +37,6 @@ fn sdk_available() -> Result<(), String> {
         Ok(output) => Err(String::from_utf8_lossy(&output.stderr).trim().to_owned()),
         Err(error) => Err(format!("cannot run python3: {error}")),
     }
-}
-
-/// One request the fake upstream received.
-#[derive(Debug, Clone)]
-struct Received {
-    body: Value,
-    authorization: Option<String>,
-    /// Every header, `name: value` per line.
-    headers: String,
-}
-
-/// A fake OpenAI-compatible provider: the Nth request is answered `reply N`, or, when it
-/// asks for a stream, `streamed reply N` in several `chat.completion.chunk` events.
-#[derive(Default)]
-struct Upstream {
-    received: Mutex<Vec<Received>>,
-    /// The text of each answer, in the order of the requests.
-    answers: Mutex<Vec<String>>,
-}
-
-async fn complete(
-    State(upstream): State<Arc<Upstream>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let body: Value = serde_json::from_slice(&body).expect("the server sent JSON upstream");
-    let stream = body["stream"] == json!(true);
-    let n = {
-        let mut received = upstream.received.lock().unwrap();
-        received.push(Received {
-            body,
-            authorization: headers
-                .get(header::AUTHORIZATION)
-                .map(|value| value.to_str().unwrap_or("<not ASCII>").to_owned()),
-            headers: headers
-                .iter()
-                .map(|(name, value)| {
-                    format!("{name}: {}\n", String::from_utf8_lossy(value.as_bytes()))
-                })
-                .collect(),
-        });
-        received.len()
-    };
-    let id = format!("chatcmpl-{n}");
-    if !stream {
-        let text = format!("reply {n}");
-        upstream.answers.lock().unwrap().push(text.clone());
-        return axum::Json(json!({
-            "id": id, "object": "chat.completion", "created": 1_700_000_000, "model": MODEL,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}
-        }))
-        .into_response();
-    }
-    let pieces = ["streamed".to_owned(), " reply".to_owned(), format!(" {n}")];
-    upstream.answers.lock().unwrap().push(pieces.concat());
-    let chunk = |delta: Value, finish: Value| {
-        let chunk = json!({
-            "id": id, "object": "chat.completion.chunk", "created": 1_700_000_000, "model": MODEL,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]
-        });
-        format!("data: {chunk}\n\n")
-    };
-    let mut sse = chunk(json!({"role": "assistant", "content": ""}), Value::Null);
-    for piece in &pieces {
-        sse.push_str(&chunk(json!({"content": piece}), Value::Null));
-    }
-    sse.push_str(&chunk(json!({}), json!("stop")));
-    sse.push_str("data: [DONE]\n\n");
-    (
-        [(header::CONTENT_TYPE, "text/event-stream")],
-        Body::from(sse),
-    )
-        .into_response()
 }
 
 /// A message as (role, text).
@@ -173,15 +92,7 @@ fn the_openai_python_sdk_talks_to_contexture_serve() {
 
     // The fake upstream.
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let upstream = Arc::new(Upstream::default());
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let upstream_url = format!("http://{}/v1", listener.local_addr().unwrap());
-    let app = Router::new()
-        .route("/v1/chat/completions", post(complete))
-        .with_state(upstream.clone());
-    runtime.spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let (upstream, upstream_url) = serving::upstream::start(&runtime);
 
     // A key for tenant acme, then the server.
     let dir = TempDir::new("contexture-serve-sdk");

@@ -25,6 +25,14 @@ pub const MAX_JSON_DEPTH: usize = 64;
 /// Parses `bytes` as `T`, naming the field that was wrong. A body nested deeper than
 /// [`MAX_JSON_DEPTH`] or with a key repeated in one object is refused before parsing.
 pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    // Every body is an object; serde would also read a struct from an array of its fields.
+    if bytes
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|first| *first != b'{')
+    {
+        return Err(ApiError::invalid("body", "the body must be a JSON object"));
+    }
     if let Err(problem) = json_shape::check(bytes, MAX_JSON_DEPTH) {
         return Err(ApiError::invalid(
             problem.path().to_owned(),
@@ -131,6 +139,22 @@ pub fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
         ),
         param: Some("Content-Type".into()),
     })
+}
+
+/// The `Idempotency-Key` header, when sent: 1 to 200 visible ASCII characters (no spaces or
+/// tabs, which a client can lose or add without noticing).
+pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    let bytes = value.as_bytes();
+    if bytes.is_empty() || bytes.len() > 200 || !bytes.iter().all(|b| (0x21..=0x7e).contains(b)) {
+        return Err(ApiError::invalid(
+            "Idempotency-Key",
+            "the Idempotency-Key header must be 1 to 200 visible ASCII characters, without spaces",
+        ));
+    }
+    Ok(Some(String::from_utf8_lossy(bytes).into_owned()))
 }
 
 /// Query parameters of type `T`; a malformed query is a 400 naming `query`.

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod upstream;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
@@ -33,6 +35,16 @@ impl Server {
     /// Starts `contexture serve` on a free port over `db`, forwarding chat to `upstream`
     /// with `upstream_key`, with debug logs from every crate.
     pub fn start(db: &str, upstream: &str, upstream_key: &str) -> Server {
+        Server::start_with(db, upstream, upstream_key, &[])
+    }
+
+    /// [`Server::start`] with more environment variables (`CONTEXTURE_RATE_LIMIT`, ...).
+    pub fn start_with(
+        db: &str,
+        upstream: &str,
+        upstream_key: &str,
+        env: &[(&str, &str)],
+    ) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_contexture"))
             .current_dir(root())
             .args(["serve", "--db", db, "--bind", "127.0.0.1:0"])
@@ -51,6 +63,7 @@ impl Server {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
+            .envs(env.iter().copied())
             .spawn()
             .expect("start contexture serve");
         let stderr = Arc::new(Mutex::new(String::new()));

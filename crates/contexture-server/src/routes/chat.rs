@@ -52,17 +52,15 @@ pub async fn completions(
     headers: HeaderMap,
     JsonBody(body): JsonBody<Value>,
 ) -> ApiResult<Response> {
+    let key = crate::body::idempotency_key(&headers)?;
     let Value::Object(mut body) = body else {
         return Err(ApiError::invalid("body", "the body must be a JSON object"));
     };
-    let thread = thread_name(&headers, &mut body)?;
-    let Some(thread) = thread else {
-        let response = forward(&state, &Value::Object(body)).await?;
-        return Ok(passthrough_response(response, None));
-    };
-    check_id("the thread", &thread).map_err(|problem| ApiError::invalid(THREAD_HEADER, problem))?;
+    // The request's shape is checked whatever its route, so a malformed one gets a 400 that
+    // names the field here rather than whatever the upstream makes of it.
     let model = match body.get("model") {
-        Some(Value::String(model)) => model.clone(),
+        Some(Value::String(model)) if !model.is_empty() => model.clone(),
+        Some(Value::String(_)) => return Err(ApiError::invalid("model", "model: is empty")),
         Some(_) => return Err(ApiError::invalid("model", "model: must be a string")),
         None => return Err(ApiError::invalid("model", "model: missing")),
     };
@@ -72,6 +70,34 @@ pub async fn completions(
         Some(Value::Null) | None => Vec::new(),
         Some(_) => return Err(ApiError::invalid("tools", "tools: must be an array")),
     };
+    let positive = |value: &Value| value.as_u64().is_some_and(|n| n >= 1);
+    for (field, expected, fits) in [
+        (
+            "stream",
+            "a boolean",
+            &Value::is_boolean as &dyn Fn(&Value) -> bool,
+        ),
+        ("metadata", "an object", &Value::is_object),
+        ("n", "a whole number above 0", &positive),
+        ("max_tokens", "a whole number above 0", &positive),
+        ("max_completion_tokens", "a whole number above 0", &positive),
+    ] {
+        if let Some(value) = body.get(field)
+            && !value.is_null()
+            && !fits(value)
+        {
+            return Err(ApiError::invalid(
+                field,
+                format!("{field}: must be {expected}"),
+            ));
+        }
+    }
+    let thread = thread_name(&headers, &mut body)?;
+    let Some(thread) = thread else {
+        let response = forward(&state, &Value::Object(body)).await?;
+        return Ok(passthrough_response(response, None));
+    };
+    check_id("the thread", &thread).map_err(|problem| ApiError::invalid(THREAD_HEADER, problem))?;
     check_one_choice(&body)?;
     let settings = FitSettings::new(&state, &model, None, None, None)?;
     let settings = match reply_budget(&body, &settings.model)? {
@@ -81,10 +107,6 @@ pub async fn completions(
     let tenant = &caller.tenant;
     let scoped = tenant.scope(&thread);
     state.active_runs.refuse_writes(&scoped, &thread)?;
-    let key = headers
-        .get("idempotency-key")
-        .and_then(|value| value.to_str().ok())
-        .map(str::to_owned);
 
     // 1. The new messages go into the thread before anything is sent upstream, so a failed
     //    call loses nothing the client said.

@@ -203,22 +203,7 @@ pub async fn append(
             "messages: the array is empty",
         ));
     }
-    let key = match headers.get("idempotency-key") {
-        Some(value) => Some(
-            value
-                .to_str()
-                .ok()
-                .filter(|key| !key.is_empty() && key.len() <= 200)
-                .ok_or_else(|| {
-                    ApiError::invalid(
-                        "Idempotency-Key",
-                        "the Idempotency-Key header must be 1 to 200 visible ASCII characters",
-                    )
-                })?
-                .to_owned(),
-        ),
-        None => None,
-    };
+    let key = crate::body::idempotency_key(&headers)?;
     let events = messages
         .into_iter()
         .enumerate()
