@@ -90,6 +90,50 @@ fn count(event: &EventKind) -> Option<String> {
     Some(text)
 }
 
+/// How deep a stored body may nest. Whatever was written could be parsed when it was sent
+/// (parsers stop at about 128 levels, and the server at 64), but wrapping it in an event (a
+/// request record holds messages) adds levels: a read must not fail where the write did not.
+const MAX_STORED_DEPTH: usize = 256;
+
+/// Parses a stored body without serde_json's recursion limit (see [`MAX_STORED_DEPTH`]),
+/// refusing one nested deeper than that bound instead of recursing into it.
+fn parse_stored<T: serde::de::DeserializeOwned>(body: &str) -> Result<T, String> {
+    let mut depth = 0usize;
+    let mut deepest = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for byte in body.bytes() {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    if deepest > MAX_STORED_DEPTH {
+        return Err(format!(
+            "the body nests {deepest} levels deep, more than the {MAX_STORED_DEPTH} a read follows"
+        ));
+    }
+    let mut deserializer = serde_json::Deserializer::from_str(body);
+    deserializer.disable_recursion_limit();
+    let value = T::deserialize(&mut deserializer).map_err(|error| error.to_string())?;
+    deserializer.end().map_err(|error| error.to_string())?;
+    Ok(value)
+}
+
 /// Decodes a stored event and restores its messages' token counts.
 pub(crate) fn decode(
     thread: &str,
@@ -104,10 +148,10 @@ pub(crate) fn decode(
         detail,
     };
     let event = if kind == MESSAGE_APPENDED {
-        let message: Message = serde_json::from_str(body).map_err(|e| corrupt(e.to_string()))?;
+        let message: Message = parse_stored(body).map_err(corrupt)?;
         EventKind::MessageAppended { message }
     } else {
-        let event: EventKind = serde_json::from_str(body).map_err(|e| corrupt(e.to_string()))?;
+        let event: EventKind = parse_stored(body).map_err(corrupt)?;
         if event.type_name() != kind {
             return Err(corrupt(format!(
                 "stored as `{kind}` but the body is a `{}`",
@@ -163,6 +207,36 @@ pub(crate) fn db_seq(seq: u64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A message nested as deep as a request could carry (the JSON parser's own limit), then
+    /// recorded inside a request record, reads back.
+    #[test]
+    fn deeply_nested_bodies_that_were_written_read_back() {
+        let part = format!(
+            r#"{{"role": "user", "content": [{{"type": "text", "text": "hi", "x": {}1{}}}]}}"#,
+            "[".repeat(124),
+            "]".repeat(124)
+        );
+        let message =
+            contexture_core::format::openai::parse_message(&serde_json::from_str(&part).unwrap())
+                .unwrap();
+        let record = contexture_core::thread::RequestRecord {
+            request_id: "r".into(),
+            messages: vec![message.clone()],
+            ..Default::default()
+        };
+        for kind in [
+            EventKind::MessageAppended { message },
+            EventKind::RequestStarted(record),
+        ] {
+            let row = encode("t", NewEvent::new(kind.clone())).unwrap();
+            let event = decode("t", 1, row.kind, &row.body, row.tokens.as_deref()).unwrap();
+            assert_eq!(event.kind, kind);
+        }
+        let too_deep = format!("{}1{}", "[".repeat(300), "]".repeat(300));
+        let error = parse_stored::<serde_json::Value>(&too_deep).unwrap_err();
+        assert!(error.contains("300 levels"), "{error}");
+    }
 
     /// SQLite's migration 0002 backfills `ordinary_message` from these body prefixes.
     #[test]
