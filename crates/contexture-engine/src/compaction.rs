@@ -514,6 +514,7 @@ impl Compactor {
                     breakdown: Some(breakdown.clone()),
                     fit: None,
                     purpose: Some("compaction".to_owned()),
+                    client_digest: None,
                 })])
                 .await?;
             let mut chat = ChatRequest::new(route.model.clone(), messages.clone());

@@ -28,7 +28,12 @@ pub struct IssuedKey {
 
 /// The SHA-256 of a key, in lowercase hex: what the store keeps and looks up.
 pub fn hash_key(key: &str) -> String {
-    hex(&Sha256::digest(key.as_bytes()))
+    sha256_hex(key.as_bytes())
+}
+
+/// The SHA-256 of `bytes`, in lowercase hex.
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
 }
 
 /// Lowercase hex of `bytes` (on every request: one allocation, not one per byte).

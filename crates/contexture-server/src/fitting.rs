@@ -86,6 +86,23 @@ impl FitSettings {
         own: &[Message],
         tools: &[Value],
     ) -> Result<FittedRequest, ApiError> {
+        let fitted = self.fit_unmetered(state, projection, own, tools)?;
+        state.metrics.fitted(
+            u64::from(fitted.breakdown.used),
+            !fitted.fit.dropped.is_empty(),
+        );
+        Ok(fitted)
+    }
+
+    /// [`FitSettings::fit`] without counting it in the metrics: for a check that a request
+    /// can be fitted before anything of it is stored.
+    pub fn fit_unmetered(
+        &self,
+        state: &AppState,
+        projection: Projection,
+        own: &[Message],
+        tools: &[Value],
+    ) -> Result<FittedRequest, ApiError> {
         let target = FitTarget {
             model: &self.model,
             policy: &self.budget,
@@ -100,10 +117,6 @@ impl FitSettings {
             &target,
         )
         .map_err(|error| ApiError::unprocessable(error.to_string()))?;
-        state.metrics.fitted(
-            u64::from(fitted.breakdown.used),
-            !fitted.fit.dropped.is_empty(),
-        );
         Ok(fitted)
     }
 }

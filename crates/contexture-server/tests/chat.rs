@@ -455,7 +455,7 @@ async fn requests_a_thread_cannot_keep_are_refused_before_anything_is_stored() {
         (
             json!({"model": "gpt-4o-mini", "messages": [user], "n": "2"}),
             "n",
-            "only n = 1",
+            "whole number above 0",
         ),
         (
             json!({"model": "gpt-4o-mini", "messages": [orphan]}),
@@ -597,5 +597,137 @@ async fn the_reply_budget_the_client_asks_for_is_reserved_when_fitting() {
     assert!(
         sent[1] < sent[0] + 2,
         "the larger reply budget leaves less room for history: {sent:?}"
+    );
+}
+
+async fn message_count(server: &TestServer, key: &str, thread: &str) -> u64 {
+    let summary: Value = client()
+        .get(server.url(&format!("/v1/threads/{thread}")))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    summary["messages"].as_u64().unwrap_or(0)
+}
+
+async fn keyed(
+    server: &TestServer,
+    key: &str,
+    idempotency: &str,
+    body: Value,
+) -> reqwest::Response {
+    client()
+        .post(server.url("/v1/chat/completions"))
+        .bearer_auth(key)
+        .header("X-Contexture-Thread", "retry")
+        .header("Idempotency-Key", idempotency)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_retried_turn_gets_its_stored_answer_and_a_reused_key_is_refused() {
+    let (upstream, base) = Upstream::start().await;
+    let (_dir, server, key) = server(&base, |_| {}).await;
+    let hello = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hello"}]});
+    let first = keyed(&server, &key, "k-1", hello.clone()).await;
+    assert_eq!(first.status(), StatusCode::OK);
+    let first: Value = first.json().await.unwrap();
+    assert_eq!(first["choices"][0]["message"]["content"], "reply 1");
+    for _ in 0..2 {
+        let again = keyed(&server, &key, "k-1", hello.clone()).await;
+        assert_eq!(again.status(), StatusCode::OK);
+        assert_eq!(again.headers()["x-contexture-replayed"], "true");
+        let again: Value = again.json().await.unwrap();
+        assert_eq!(again["choices"][0]["message"]["content"], "reply 1");
+        assert_eq!(again["choices"][0]["finish_reason"], "stop");
+    }
+    assert_eq!(upstream.bodies().len(), 1, "the upstream was called once");
+    assert_eq!(message_count(&server, &key, "retry").await, 2);
+
+    // The same key with another body: refused, nothing stored, nothing sent.
+    let other = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Something else"}]});
+    let refused = keyed(&server, &key, "k-1", other).await;
+    assert_eq!(refused.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let error: Value = refused.json().await.unwrap();
+    assert_eq!(error["error"]["param"], "Idempotency-Key");
+    assert_eq!(upstream.bodies().len(), 1);
+    assert_eq!(message_count(&server, &key, "retry").await, 2);
+
+    // A streamed turn is replayed as a stream.
+    let streamed = json!({"model": "gpt-4o-mini", "stream": true, "messages": [{"role": "user", "content": "Stream it"}]});
+    let text = keyed(&server, &key, "k-2", streamed.clone())
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(text.contains("data: [DONE]"), "{text}");
+    let again = keyed(&server, &key, "k-2", streamed).await;
+    assert_eq!(again.headers()["x-contexture-replayed"], "true");
+    assert_eq!(
+        again.headers()["content-type"].to_str().unwrap(),
+        "text/event-stream"
+    );
+    let replay = again.text().await.unwrap();
+    assert!(replay.contains(r#""content":"reply 2""#), "{replay}");
+    assert!(replay.ends_with("data: [DONE]\n\n"), "{replay}");
+    assert_eq!(upstream.bodies().len(), 2);
+    assert_eq!(message_count(&server, &key, "retry").await, 4);
+}
+
+#[tokio::test]
+async fn a_retry_after_a_failed_attempt_calls_the_upstream_again_and_stores_each_turn_once() {
+    let (upstream, base) = Upstream::start().await;
+    upstream
+        .replies
+        .lock()
+        .unwrap()
+        .push_back(Reply::Status(500, json!({"error": {"message": "busy"}})));
+    let (_dir, server, key) = server(&base, |_| {}).await;
+    let hello = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hello"}]});
+    let failed = keyed(&server, &key, "k-1", hello.clone()).await;
+    assert_eq!(failed.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let answered = keyed(&server, &key, "k-1", hello.clone()).await;
+    assert_eq!(answered.status(), StatusCode::OK);
+    assert!(answered.headers().get("x-contexture-replayed").is_none());
+    let replayed = keyed(&server, &key, "k-1", hello).await;
+    assert_eq!(replayed.headers()["x-contexture-replayed"], "true");
+    assert_eq!(upstream.bodies().len(), 2);
+    assert_eq!(
+        stored_messages(&server, &key, "retry").await,
+        pairs(&[("user", "Hello"), ("assistant", "reply 2")])
+    );
+}
+
+#[tokio::test]
+async fn a_turn_that_cannot_fit_is_refused_and_leaves_nothing_stored() {
+    let (upstream, base) = Upstream::start().await;
+    let (_dir, server, key) = server(&base, |_| {}).await;
+    let small = chat(
+        &server,
+        &key,
+        Some("fits"),
+        json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "short"}]}),
+    )
+    .await;
+    assert_eq!(small.status(), StatusCode::OK);
+    let huge = "lorem ipsum dolor sit amet ".repeat(30_000);
+    let response = chat(
+        &server,
+        &key,
+        Some("fits"),
+        json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": huge}]}),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(upstream.bodies().len(), 1);
+    assert_eq!(
+        stored_messages(&server, &key, "fits").await,
+        pairs(&[("user", "short"), ("assistant", "reply 1")])
     );
 }

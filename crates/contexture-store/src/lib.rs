@@ -122,6 +122,14 @@ pub trait Store: Send + Sync {
         after: u64,
     ) -> impl Future<Output = Result<Vec<Event>, StoreError>> + Send;
 
+    /// The event of `thread` (its own, not a fork's parent's) that was appended with the
+    /// idempotency key `key`, if one was: what a retried request finds of its first attempt.
+    fn keyed_event(
+        &self,
+        thread: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<Event>, StoreError>> + Send;
+
     /// Creates `child` as a fork of `parent` after the parent's event `at_seq` (0 forks before
     /// the first event) and returns the seq of the child's `forked` event (`at_seq + 1`).
     /// Nothing is copied.

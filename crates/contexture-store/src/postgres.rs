@@ -362,6 +362,31 @@ impl Store for PgStore {
         self.events_after(thread, 0).await
     }
 
+    async fn keyed_event(&self, thread: &str, key: &str) -> Result<Option<Event>, StoreError> {
+        let client = self.pool.get().await?;
+        let select = client
+            .prepare_cached(
+                "SELECT seq, kind, body, tokens FROM events
+                 WHERE thread_id = $1 AND idempotency_key = $2",
+            )
+            .await
+            .doing("prepare the idempotency lookup")?;
+        let row = client
+            .query_opt(&select, &[&thread, &key])
+            .await
+            .doing("look up the idempotency key")?;
+        row.map(|row| {
+            record::decode(
+                thread,
+                seq_of(thread, row.get(0))?,
+                row.get(1),
+                row.get(2),
+                row.get(3),
+            )
+        })
+        .transpose()
+    }
+
     async fn events_after(&self, thread: &str, after: u64) -> Result<Vec<Event>, StoreError> {
         let mut client = self.pool.get().await?;
         let tx = client

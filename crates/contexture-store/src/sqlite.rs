@@ -568,6 +568,40 @@ impl Store for SqliteStore {
         self.events_after(thread, 0).await
     }
 
+    async fn keyed_event(&self, thread: &str, key: &str) -> Result<Option<Event>, StoreError> {
+        let (thread, key) = (thread.to_string(), key.to_string());
+        self.read(move |conn| {
+            let mut select = conn
+                .prepare_cached(
+                    "SELECT seq, kind, body, tokens FROM events
+                     WHERE thread_id = ?1 AND idempotency_key = ?2",
+                )
+                .doing("prepare the idempotency lookup")?;
+            let row = select
+                .query_row(params![thread, key], |row| {
+                    Ok((
+                        row.get::<_, i64>(0)?,
+                        row.get::<_, String>(1)?,
+                        row.get::<_, String>(2)?,
+                        row.get::<_, Option<String>>(3)?,
+                    ))
+                })
+                .optional()
+                .doing("look up the idempotency key")?;
+            row.map(|(seq, kind, body, tokens)| {
+                record::decode(
+                    &thread,
+                    seq_of(&thread, seq)?,
+                    &kind,
+                    &body,
+                    tokens.as_deref(),
+                )
+            })
+            .transpose()
+        })
+        .await
+    }
+
     async fn events_after(&self, thread: &str, after: u64) -> Result<Vec<Event>, StoreError> {
         let thread = thread.to_string();
         self.read(move |conn| read_events(conn, &thread, after))

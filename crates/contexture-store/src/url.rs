@@ -64,6 +64,13 @@ impl AnyStore {
 }
 
 impl Store for AnyStore {
+    async fn keyed_event(&self, thread: &str, key: &str) -> Result<Option<Event>, StoreError> {
+        match self {
+            AnyStore::Sqlite(store) => store.keyed_event(thread, key).await,
+            AnyStore::Postgres(store) => store.keyed_event(thread, key).await,
+        }
+    }
+
     async fn append(&self, thread: &str, events: Vec<NewEvent>) -> Result<Vec<u64>, StoreError> {
         match self {
             AnyStore::Sqlite(store) => store.append(thread, events).await,

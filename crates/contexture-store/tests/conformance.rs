@@ -118,6 +118,13 @@ async fn idempotency_keys_store_a_retry_once(h: &impl Harness) {
     );
     let thread = s.load("t").await.unwrap();
     assert_eq!(texts(&thread.projection().messages), ["a", "b", "c", "d"]);
+    // The event a key stored is found by it, in its own thread only.
+    let found = s.keyed_event("t", "k2").await.unwrap().unwrap();
+    assert_eq!(found.seq, 3);
+    assert!(matches!(&found.kind, EventKind::MessageAppended { message } if message.text() == "c"));
+    assert_eq!(s.keyed_event("t", "k3").await.unwrap(), None);
+    assert_eq!(s.keyed_event("other", "k2").await.unwrap(), None);
+    assert_eq!(s.keyed_event("missing", "k1").await.unwrap(), None);
 }
 
 async fn invalid_batches_store_nothing(h: &impl Harness) {

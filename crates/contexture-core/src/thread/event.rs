@@ -342,6 +342,10 @@ pub struct RequestRecord {
     /// summarizer's call).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub purpose: Option<String>,
+    /// For a request a client sent with an idempotency key: the SHA-256 of its body (hex),
+    /// so that a retry is told apart from another request that reuses the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_digest: Option<String>,
 }
 
 /// A request to cancel an execution.

@@ -242,6 +242,7 @@ impl<S: Store> Executor<S> {
                 breakdown: Some(outgoing.breakdown.clone()),
                 fit: Some(outgoing.prepared.fit.clone()),
                 purpose: None,
+                client_digest: None,
             })],
         )
         .await?;

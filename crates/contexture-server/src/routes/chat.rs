@@ -36,6 +36,7 @@ use crate::auth::Caller;
 use crate::body::JsonBody;
 use crate::error::{ApiError, ApiResult};
 use crate::fitting::FitSettings;
+use crate::routes::chat_retry::{self, Attempt};
 use crate::routes::fresh_id;
 use crate::routes::threads::{parse_messages, store_error};
 use crate::tenancy::{Tenant, check_id};
@@ -108,6 +109,26 @@ pub async fn completions(
     let scoped = tenant.scope(&thread);
     state.active_runs.refuse_writes(&scoped, &thread)?;
 
+    // A retry of a keyed turn is answered from the thread, before anything is compared
+    // with what the thread holds now (its first attempt is in there).
+    let digest = key.as_ref().map(|_| chat_retry::digest(&body));
+    let first_attempt = match (&key, &digest) {
+        (Some(key), Some(digest)) => {
+            let stream = body.get("stream") == Some(&Value::Bool(true));
+            match chat_retry::previous(&state, tenant, &scoped, key, digest, stream).await? {
+                Attempt::Answered(mut response) => {
+                    if let Ok(value) = HeaderValue::from_str(&thread) {
+                        response.headers_mut().insert(THREAD_HEADER, value);
+                    }
+                    return Ok(response);
+                }
+                Attempt::First => true,
+                Attempt::Again => false,
+            }
+        }
+        _ => false,
+    };
+
     // 1. The new messages go into the thread before anything is sent upstream, so a failed
     //    call loses nothing the client said.
     let stored = match state.store.load_projection(&scoped).await {
@@ -121,6 +142,22 @@ pub async fn completions(
     };
     let new = new_messages(&stored, requested);
     check_tool_results(&stored, &new)?;
+    // Fitting fails only on what it must keep (the system prompt, the new turns, the tools),
+    // which compaction cannot shrink: a request that cannot fit is refused before anything
+    // of it is stored.
+    let (new_system, new_turns): (Vec<&Message>, Vec<&Message>) = new
+        .iter()
+        .partition(|message| message.role.is_system_like());
+    let preview = Projection {
+        context: stored.context.clone(),
+        system: new_system
+            .last()
+            .map(|m| (*m).clone())
+            .or_else(|| stored.system.clone()),
+        messages: stored.messages.clone(),
+    };
+    let turns: Vec<Message> = new_turns.into_iter().cloned().collect();
+    settings.fit_unmetered(&state, preview, &turns, &tools)?;
     let new_count = new.iter().filter(|m| !m.role.is_system_like()).count();
     if !new.is_empty() {
         let events = new
@@ -200,11 +237,17 @@ pub async fn completions(
         breakdown: Some(fitted.breakdown.clone()),
         fit: Some(fitted.fit.clone()),
         purpose: Some("chat".into()),
+        client_digest: digest,
         ..RequestRecord::default()
+    };
+    let started = NewEvent::new(EventKind::RequestStarted(record));
+    let started = match &key {
+        Some(key) if first_attempt => started.with_key(chat_retry::request_key(key)),
+        _ => started,
     };
     state
         .store
-        .append_one(&scoped, NewEvent::new(EventKind::RequestStarted(record)))
+        .append_one(&scoped, started)
         .await
         .map_err(|error| store_error(tenant, error))?;
 
@@ -214,6 +257,7 @@ pub async fn completions(
         tenant: tenant.clone(),
         thread: scoped.clone(),
         request_id,
+        answer_key: key.as_deref().map(chat_retry::answer_key),
     };
     let response = match forward(&state, &Value::Object(body)).await {
         Ok(response) => response,
@@ -287,6 +331,8 @@ struct Recorder {
     tenant: Tenant,
     thread: String,
     request_id: String,
+    /// The answer's idempotency key, for a turn sent with one.
+    answer_key: Option<String>,
 }
 
 impl Recorder {
@@ -299,12 +345,14 @@ impl Recorder {
         let mut end = RequestEnd::new(&self.request_id, RequestOutcome::Completed, usage);
         end.usage_estimated = answer.usage.is_none();
         end.finish_reason = answer.finish_reason.clone();
-        let events = vec![
-            NewEvent::new(EventKind::RequestEnded(end)),
-            NewEvent::new(EventKind::MessageAppended {
-                message: answer.message,
-            }),
-        ];
+        let answer = NewEvent::new(EventKind::MessageAppended {
+            message: answer.message,
+        });
+        let answer = match &self.answer_key {
+            Some(key) => answer.with_key(key.clone()),
+            None => answer,
+        };
+        let events = vec![NewEvent::new(EventKind::RequestEnded(end)), answer];
         self.state
             .store
             .append(&self.thread, events)
