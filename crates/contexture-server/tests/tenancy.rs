@@ -147,7 +147,8 @@ async fn every_route_keeps_tenants_apart(store: AnyStore) {
         assert_eq!(status, StatusCode::NOT_FOUND, "{method} {path}: {text}");
         assert!(!text.contains("acme"), "{method} {path}: {text}");
     }
-    // Merging acme's fork into a thread of globex's own finds no such fork.
+    // Merging acme's fork into a thread of globex's own finds no such fork (the path's thread
+    // exists, so the body's `from` is what is wrong).
     call(
         &server,
         &globex,
@@ -166,7 +167,8 @@ async fn every_route_keeps_tenants_apart(store: AnyStore) {
         None,
     )
     .await;
-    assert_eq!(status, StatusCode::NOT_FOUND, "{text}");
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+    assert!(text.contains("no thread `secret-fork`") && !text.contains("acme"), "{text}");
     // The same names are globex's own threads: an append and a chat turn land there.
     for (path, body) in [
         (

@@ -424,7 +424,20 @@ pub async fn merge(
     };
     state.active_runs.refuse_writes(&tenant.scope(&id), &id)?;
     let parent = load(id.clone()).await?;
-    let child = load(body.from.clone()).await?;
+    // The path's thread exists; a missing fork is a mistake in the body, not a missing
+    // resource.
+    let child = load(body.from.clone()).await.map_err(|error| {
+        if error.status == StatusCode::NOT_FOUND {
+            ApiError {
+                status: StatusCode::UNPROCESSABLE_ENTITY,
+                code: "unprocessable",
+                message: format!("from: no thread `{}` to merge from", body.from),
+                param: Some("from".into()),
+            }
+        } else {
+            error
+        }
+    })?;
     let spec = MergeSpec {
         policy: body.policy,
         conflict: body.conflict,
