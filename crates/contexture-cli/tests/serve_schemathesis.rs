@@ -74,7 +74,10 @@ fn schemathesis_finds_nothing_wrong_with_the_served_document() {
         .arg("--config-file")
         .arg(&config)
         .args(["run", &document, "--checks", "all", "--seed", SEED])
-        .args(["--max-examples", EXAMPLES, "--workers", "2"])
+        // One worker: Schemathesis's workers are threads, and this machine's CPython 3.11
+        // sometimes fails in them compiling its own code ("AST constructor recursion depth
+        // mismatch"), a crash of the tool, not a finding.
+        .args(["--max-examples", EXAMPLES, "--workers", "1"])
         .args(["--header", &format!("Authorization: Bearer {key}")])
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())

@@ -168,7 +168,10 @@ async fn every_route_keeps_tenants_apart(store: AnyStore) {
     )
     .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
-    assert!(text.contains("no thread `secret-fork`") && !text.contains("acme"), "{text}");
+    assert!(
+        text.contains("no thread `secret-fork`") && !text.contains("acme"),
+        "{text}"
+    );
     // The same names are globex's own threads: an append and a chat turn land there.
     for (path, body) in [
         (
