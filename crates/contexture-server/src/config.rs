@@ -108,6 +108,10 @@ pub struct LimitsConfig {
     /// Event streams (`GET /v1/executions/{id}/events`) one tenant may hold open at once on
     /// this server (default 16); past it, a 429.
     pub max_event_streams: usize,
+    /// The most events one thread may hold: messages, requests and context operations alike
+    /// (default 100,000). An append past it stores nothing and answers 413; an execution
+    /// whose log is full fails.
+    pub max_thread_events: u64,
 }
 
 impl Default for LimitsConfig {
@@ -119,6 +123,7 @@ impl Default for LimitsConfig {
             header_read_timeout_secs: 10.0,
             body_read_timeout_secs: 30.0,
             max_event_streams: 16,
+            max_thread_events: 100_000,
         }
     }
 }
@@ -454,6 +459,9 @@ impl ServerConfig {
         }
         if self.executions.max_running == 0 {
             return invalid("executions.max_running", "must be at least 1".into());
+        }
+        if self.limits.max_thread_events == 0 {
+            return invalid("limits.max_thread_events", "must be at least 1".into());
         }
         if self.limits.max_event_streams == 0 {
             return invalid("limits.max_event_streams", "must be at least 1".into());

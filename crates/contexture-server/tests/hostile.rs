@@ -449,3 +449,41 @@ async fn a_running_executions_log_is_read_only_through_the_thread_routes() {
     assert_eq!(status, StatusCode::NOT_FOUND);
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_full_thread_answers_413_naming_the_limit_and_stores_nothing_more() {
+    let dir = TempDir::new("contexture-hostile");
+    let (upstream, base) = common::Upstream::start().await;
+    let mut config = config(Some(&base));
+    config.limits.max_thread_events = 3;
+    let store = SqliteStore::open(dir.join("full.db")).await.unwrap();
+    let server = TestServer::start(config, AnyStore::Sqlite(store)).await;
+    let key = server.key("acme").await;
+    let append = |n: usize| {
+        let messages: Vec<Value> = (0..n)
+            .map(|i| json!({"role": "user", "content": format!("m{i}")}))
+            .collect();
+        serde_json::to_vec(&json!({ "messages": messages })).unwrap()
+    };
+    let json = Some("application/json");
+    let path = "/v1/threads/t/messages";
+    assert_eq!(
+        send(&server, &key, "POST", path, json, append(2)).await.0,
+        StatusCode::OK
+    );
+    let (status, error) = send(&server, &key, "POST", path, json, append(2)).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{error}");
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("`limits.max_thread_events` = 3") && !message.contains("acme/"),
+        "{message}"
+    );
+    let chat = serde_json::to_vec(&json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "one"}, {"role": "user", "content": "two"}], "metadata": {"contexture_thread": "t"}})).unwrap();
+    let (status, _) = send(&server, &key, "POST", "/v1/chat/completions", json, chat).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(upstream.bodies().is_empty());
+    let (_, thread) = send(&server, &key, "GET", "/v1/threads/t", None, vec![]).await;
+    assert_eq!(thread["messages"], 2, "{thread}");
+    healthy(&server).await;
+    server.shutdown().await;
+}

@@ -5,6 +5,14 @@ use contexture_core::thread::ThreadError;
 /// Why a store operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// An append would take the thread past the store's limit on events per thread.
+    #[error("thread `{thread}` is full: it may hold at most {max_events} events")]
+    ThreadFull {
+        /// The thread.
+        thread: String,
+        /// The limit.
+        max_events: u64,
+    },
     /// The thread does not exist.
     #[error("thread `{thread}` not found")]
     NotFound {

@@ -35,6 +35,8 @@ const POOL_SIZE: usize = 16;
 pub struct PgStore {
     pool: Pool,
     schema: Option<String>,
+    /// The most events a thread may hold (0: no limit), shared by clones.
+    max_events: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -53,6 +55,13 @@ fn invalid(url: &str, reason: impl std::fmt::Display) -> StoreError {
 }
 
 impl PgStore {
+    /// Limits every thread to `max` events (`None`: no limit): an append that would pass it
+    /// stores nothing and fails with [`StoreError::ThreadFull`]. Clones share the limit.
+    pub fn set_max_thread_events(&self, max: Option<u64>) {
+        self.max_events
+            .store(max.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Connects to `url` (`postgres://user@host:port/db`) and applies pending migrations.
     pub async fn open(url: &str) -> Result<PgStore, StoreError> {
         PgStore::open_with_schema(url, None, MIGRATIONS).await
@@ -118,6 +127,7 @@ impl PgStore {
         let store = PgStore {
             pool,
             schema: schema.map(str::to_string),
+            max_events: Default::default(),
         };
         store.migrate(migrations).await?;
         Ok(store)
@@ -216,8 +226,21 @@ async fn append_fast(
     thread: &str,
     rows: Vec<Row>,
     now: i64,
+    max_events: u64,
 ) -> Result<Vec<u64>, StoreError> {
     let count = i64::try_from(rows.len()).unwrap_or(i64::MAX);
+    let full = || StoreError::ThreadFull {
+        thread: thread.to_string(),
+        max_events,
+    };
+    let cap = if max_events == 0 {
+        i64::MAX
+    } else {
+        db_seq(max_events)
+    };
+    if count > cap {
+        return Err(full());
+    }
     let mut kinds = Vec::with_capacity(rows.len());
     let mut bodies = Vec::with_capacity(rows.len());
     let mut tokens = Vec::with_capacity(rows.len());
@@ -232,6 +255,7 @@ async fn append_fast(
                  INSERT INTO threads (id, last_seq, created_at, updated_at) VALUES ($1, $2, $3, $3)
                  ON CONFLICT (id) DO UPDATE
                  SET last_seq = threads.last_seq + EXCLUDED.last_seq, updated_at = EXCLUDED.updated_at
+                 WHERE threads.last_seq + EXCLUDED.last_seq <= $7
                  RETURNING last_seq)
              INSERT INTO events (thread_id, seq, kind, body, tokens, idempotency_key, created_at)
              SELECT $1, reserved.last_seq - $2 + e.ord, e.kind, e.body, e.tokens, NULL, $3
@@ -243,10 +267,14 @@ async fn append_fast(
     let rows = client
         .query(
             &statement,
-            &[&thread, &count, &now, &kinds, &bodies, &tokens],
+            &[&thread, &count, &now, &kinds, &bodies, &tokens, &cap],
         )
         .await
         .doing("append events")?;
+    // The thread's row was not updated (it would pass the limit), so nothing was inserted.
+    if rows.is_empty() {
+        return Err(full());
+    }
     let mut seqs = rows
         .iter()
         .map(|row| seq_of(thread, row.get(0)))
@@ -277,12 +305,13 @@ impl Store for PgStore {
             .map(|event| record::encode(thread, event))
             .collect::<Result<Vec<_>, _>>()?;
         let now = epoch_ms(SystemTime::now());
+        let max_events = self.max_events.load(std::sync::atomic::Ordering::Relaxed);
         let mut client = self.pool.get().await?;
         if rows
             .iter()
             .all(|row| row.key.is_none() && !needs_seq_check(&row.event))
         {
-            return append_fast(&client, thread, rows, now).await;
+            return append_fast(&client, thread, rows, now, max_events).await;
         }
         let tx = client.transaction().await.doing("begin an append")?;
         tx.execute(
@@ -325,6 +354,13 @@ impl Store for PgStore {
                 }
             }
             let seq = last + 1;
+            if max_events > 0 && seq > max_events {
+                // Returning drops the transaction: nothing of this append is stored.
+                return Err(StoreError::ThreadFull {
+                    thread: thread.to_string(),
+                    max_events,
+                });
+            }
             row.event
                 .check_at(seq)
                 .map_err(|source| StoreError::InvalidEvent {

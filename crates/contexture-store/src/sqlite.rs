@@ -58,6 +58,8 @@ struct Inner {
     readers: Mutex<Vec<Connection>>,
     reading: tokio::sync::Semaphore,
     projections: ProjectionCache,
+    /// The most events a thread may hold (0: no limit).
+    max_events: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -167,6 +169,7 @@ impl SqliteStore {
                 readers: Mutex::new(Vec::new()),
                 reading: tokio::sync::Semaphore::new(READERS),
                 projections: ProjectionCache::default(),
+                max_events: std::sync::atomic::AtomicU64::new(0),
             }),
         })
     }
@@ -174,6 +177,14 @@ impl SqliteStore {
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.inner.path
+    }
+
+    /// Limits every thread to `max` events (`None`: no limit): an append that would pass it
+    /// stores nothing and fails with [`StoreError::ThreadFull`].
+    pub fn set_max_thread_events(&self, max: Option<u64>) {
+        self.inner
+            .max_events
+            .store(max.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Runs `work` inside a write transaction, batched with other writes (see [`writer`]).
@@ -229,7 +240,12 @@ impl Inner {
 }
 
 /// Appends `rows` to `thread` (creating it), inside the caller's write transaction.
-fn append_rows(tx: &Connection, thread: &str, rows: Vec<Row>) -> Result<Vec<u64>, StoreError> {
+fn append_rows(
+    tx: &Connection,
+    thread: &str,
+    rows: Vec<Row>,
+    max_events: u64,
+) -> Result<Vec<u64>, StoreError> {
     let now = epoch_ms(SystemTime::now());
     // Creates the thread when it is new, and reads its last seq either way.
     let last: i64 = tx
@@ -265,6 +281,13 @@ fn append_rows(tx: &Connection, thread: &str, rows: Vec<Row>) -> Result<Vec<u64>
                 }
             }
             let seq = last + 1;
+            if max_events > 0 && seq > max_events {
+                // The savepoint of this write is rolled back: nothing of it is stored.
+                return Err(StoreError::ThreadFull {
+                    thread: thread.to_string(),
+                    max_events,
+                });
+            }
             row.event
                 .check_at(seq)
                 .map_err(|source| StoreError::InvalidEvent {
@@ -560,7 +583,11 @@ impl Store for SqliteStore {
             .map(|event| record::encode(thread, event))
             .collect::<Result<Vec<_>, _>>()?;
         let thread = thread.to_string();
-        self.write(move |conn| append_rows(conn, &thread, rows))
+        let max_events = self
+            .inner
+            .max_events
+            .load(std::sync::atomic::Ordering::Relaxed);
+        self.write(move |conn| append_rows(conn, &thread, rows, max_events))
             .await
     }
 

@@ -54,6 +54,15 @@ pub enum AnyStore {
 }
 
 impl AnyStore {
+    /// Limits every thread to `max` events (`None`: no limit); see
+    /// [`StoreError::ThreadFull`].
+    pub fn set_max_thread_events(&self, max: Option<u64>) {
+        match self {
+            AnyStore::Sqlite(store) => store.set_max_thread_events(max),
+            AnyStore::Postgres(store) => store.set_max_thread_events(max),
+        }
+    }
+
     /// Opens the store `url` names (see [`StoreUrl`]), applying pending migrations.
     pub async fn open(url: &str) -> Result<AnyStore, StoreError> {
         Ok(match url.parse::<StoreUrl>()? {

@@ -970,6 +970,42 @@ async fn ping_answers(h: &impl Harness) {
     }
 }
 
+async fn a_full_thread_refuses_appends_and_stores_nothing_of_them(h: &impl Harness) {
+    let s = h.any();
+    s.set_max_thread_events(Some(3));
+    assert_eq!(
+        s.append("t", vec![user("a"), user("b")]).await.unwrap(),
+        [1, 2]
+    );
+    // Plain and keyed batches that would pass the limit store nothing.
+    for batch in [
+        vec![user("c"), user("d")],
+        vec![user("c").with_key("k1"), user("d").with_key("k2")],
+    ] {
+        match s.append("t", batch).await {
+            Err(StoreError::ThreadFull { thread, max_events }) => {
+                assert_eq!((thread.as_str(), max_events), ("t", 3));
+            }
+            other => panic!("not refused: {other:?}"),
+        }
+    }
+    assert_eq!(s.events("t").await.unwrap().len(), 2);
+    assert_eq!(s.append_one("t", user("c")).await.unwrap(), 3);
+    assert!(matches!(
+        s.append_one("t", user("d").with_key("k3")).await,
+        Err(StoreError::ThreadFull { .. })
+    ));
+    // A new thread is held to it too, and other threads are not touched.
+    assert!(matches!(
+        s.append("new", vec![user("1"), user("2"), user("3"), user("4")])
+            .await,
+        Err(StoreError::ThreadFull { .. })
+    ));
+    assert_eq!(s.append_one("other", user("x")).await.unwrap(), 1);
+    s.set_max_thread_events(None);
+    assert_eq!(s.append_one("t", user("d")).await.unwrap(), 4);
+}
+
 async fn any_store_delegates_api_keys_and_ping(h: &impl Harness) {
     let any = h.any();
     any.ping().await.unwrap();
@@ -1125,6 +1161,7 @@ conformance!(
     revoked_api_keys_are_listed_but_not_found,
     ping_answers,
     any_store_delegates_api_keys_and_ping,
+    a_full_thread_refuses_appends_and_stores_nothing_of_them,
     ],
     before_api_keys: [api_key_migration_applies_to_an_older_database],
 );

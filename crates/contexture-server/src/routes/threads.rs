@@ -44,6 +44,15 @@ pub(crate) fn store_error(tenant: &Tenant, error: StoreError) -> ApiError {
             ))
         }
         StoreError::ForkBeyondEnd { .. } => ApiError::invalid("at_seq", text()),
+        StoreError::ThreadFull { max_events, .. } => ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            code: "thread_full",
+            message: format!(
+                "{}; nothing of this request was stored (`limits.max_thread_events` = {max_events}): fork it or start a new thread",
+                text()
+            ),
+            param: None,
+        },
         StoreError::InvalidEvent { .. } | StoreError::ForkedEventAppended { .. } => {
             ApiError::unprocessable(text())
         }
