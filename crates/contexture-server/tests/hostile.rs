@@ -487,3 +487,64 @@ async fn a_full_thread_answers_413_naming_the_limit_and_stores_nothing_more() {
     healthy(&server).await;
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_thread_list_comes_a_page_at_a_time_and_only_the_callers() {
+    let dir = TempDir::new("contexture-hostile");
+    let (server, key) = hostile_server(&dir).await;
+    let other = server.key("globex").await;
+    let body =
+        serde_json::to_vec(&json!({"messages": [{"role": "user", "content": "x"}]})).unwrap();
+    for n in 0..5 {
+        let path = format!("/v1/threads/t{n}/messages");
+        send(
+            &server,
+            &key,
+            "POST",
+            &path,
+            Some("application/json"),
+            body.clone(),
+        )
+        .await;
+        send(
+            &server,
+            &other,
+            "POST",
+            &path,
+            Some("application/json"),
+            body.clone(),
+        )
+        .await;
+    }
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let path = match &after {
+            Some(after) => format!("/v1/threads?limit=2&after={after}"),
+            None => "/v1/threads?limit=2".to_owned(),
+        };
+        let (status, page) = send(&server, &key, "GET", &path, None, vec![]).await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        let threads = page["threads"].as_array().unwrap();
+        assert!(threads.len() <= 2);
+        seen.extend(threads.iter().map(|t| t["id"].as_str().unwrap().to_owned()));
+        match page["next_after"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ["t0", "t1", "t2", "t3", "t4"]);
+    for bad in ["limit=0", "limit=1001", "limit=-1", "colour=red"] {
+        let (status, _) = send(
+            &server,
+            &key,
+            "GET",
+            &format!("/v1/threads?{bad}"),
+            None,
+            vec![],
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
+    }
+    server.shutdown().await;
+}

@@ -90,6 +90,19 @@ pub struct ThreadInfo {
     pub updated_at_ms: i64,
 }
 
+/// The least string above every string that starts with `prefix` (`None`: there is none
+/// to bound with, the prefix being empty), for a range scan of a prefix.
+pub(crate) fn prefix_end(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        if let Some(next) = char::from_u32(u32::from(last) + 1) {
+            chars.push(next);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
+
 /// What [`Store::prune`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct PruneReport {
@@ -142,6 +155,15 @@ pub trait Store: Send + Sync {
 
     /// Every thread, by id.
     fn list(&self) -> impl Future<Output = Result<Vec<ThreadInfo>, StoreError>> + Send;
+
+    /// A page of the threads whose ids start with `prefix`: those after `after` (every one
+    /// when empty), in byte order of their ids, at most `limit`.
+    fn list_page(
+        &self,
+        prefix: &str,
+        after: &str,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<ThreadInfo>, StoreError>> + Send;
 
     /// Deletes `thread` and its events. Refuses with [`StoreError::HasForks`] when forks
     /// of it exist (they read its events); delete or prune the forks first.

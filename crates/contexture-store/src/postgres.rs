@@ -518,12 +518,28 @@ impl Store for PgStore {
     }
 
     async fn list(&self) -> Result<Vec<ThreadInfo>, StoreError> {
+        self.list_page("", "", usize::MAX).await
+    }
+
+    async fn list_page(
+        &self,
+        prefix: &str,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<ThreadInfo>, StoreError> {
         let client = self.pool.get().await?;
+        let end = crate::prefix_end(prefix);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        // Byte order (the "C" collation), whatever the database's collation, so that a prefix
+        // is one range and pages follow each other.
         let rows = client
             .query(
-                "SELECT id, parent_id, fork_seq, last_seq, created_at, updated_at
-                 FROM threads ORDER BY id",
-                &[],
+                r#"SELECT id, parent_id, fork_seq, last_seq, created_at, updated_at
+                   FROM threads
+                   WHERE id COLLATE "C" >= $1 AND id COLLATE "C" > $2
+                     AND ($3::text IS NULL OR id COLLATE "C" < $3)
+                   ORDER BY id COLLATE "C" LIMIT $4"#,
+                &[&prefix, &after, &end, &limit],
             )
             .await
             .doing("list threads")?;

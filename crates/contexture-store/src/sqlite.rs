@@ -656,15 +656,28 @@ impl Store for SqliteStore {
     }
 
     async fn list(&self) -> Result<Vec<ThreadInfo>, StoreError> {
-        self.read(|conn| {
+        self.list_page("", "", usize::MAX).await
+    }
+
+    async fn list_page(
+        &self,
+        prefix: &str,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<ThreadInfo>, StoreError> {
+        let (prefix, after) = (prefix.to_string(), after.to_string());
+        let end = crate::prefix_end(&prefix);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.read(move |conn| {
             let mut select = conn
                 .prepare_cached(
                     "SELECT id, parent_id, fork_seq, last_seq, created_at, updated_at
-                     FROM threads ORDER BY id",
+                     FROM threads WHERE id >= ?1 AND id > ?2 AND (?3 IS NULL OR id < ?3)
+                     ORDER BY id LIMIT ?4",
                 )
                 .doing("prepare the thread list")?;
             let rows = select
-                .query_map([], |r| {
+                .query_map(params![prefix, after, end, limit], |r| {
                     Ok((
                         r.get::<_, String>(0)?,
                         r.get::<_, Option<String>>(1)?,

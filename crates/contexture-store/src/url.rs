@@ -73,6 +73,18 @@ impl AnyStore {
 }
 
 impl Store for AnyStore {
+    async fn list_page(
+        &self,
+        prefix: &str,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<ThreadInfo>, StoreError> {
+        match self {
+            AnyStore::Sqlite(store) => store.list_page(prefix, after, limit).await,
+            AnyStore::Postgres(store) => store.list_page(prefix, after, limit).await,
+        }
+    }
+
     async fn keyed_event(&self, thread: &str, key: &str) -> Result<Option<Event>, StoreError> {
         match self {
             AnyStore::Sqlite(store) => store.keyed_event(thread, key).await,

@@ -1006,6 +1006,36 @@ async fn a_full_thread_refuses_appends_and_stores_nothing_of_them(h: &impl Harne
     assert_eq!(s.append_one("t", user("d")).await.unwrap(), 4);
 }
 
+async fn threads_are_listed_by_prefix_a_page_at_a_time(h: &impl Harness) {
+    let s = h.store();
+    for id in [
+        "acme/b", "acme/a", "acme/c", "acme0", "acmeX/z", "globex/a", "acme/é",
+    ] {
+        s.append_one(id, user("x")).await.unwrap();
+    }
+    let ids = |page: Vec<contexture_store::ThreadInfo>| -> Vec<String> {
+        page.into_iter().map(|info| info.id).collect()
+    };
+    assert_eq!(
+        ids(s.list_page("acme/", "", 2).await.unwrap()),
+        ["acme/a", "acme/b"]
+    );
+    assert_eq!(
+        ids(s.list_page("acme/", "acme/b", 2).await.unwrap()),
+        ["acme/c", "acme/é"]
+    );
+    assert!(s.list_page("acme/", "acme/é", 2).await.unwrap().is_empty());
+    assert_eq!(
+        ids(s.list_page("globex/", "", 10).await.unwrap()),
+        ["globex/a"]
+    );
+    assert_eq!(s.list_page("", "", 100).await.unwrap().len(), 7);
+    assert_eq!(
+        ids(s.list().await.unwrap()),
+        ids(s.list_page("", "", 100).await.unwrap())
+    );
+}
+
 async fn any_store_delegates_api_keys_and_ping(h: &impl Harness) {
     let any = h.any();
     any.ping().await.unwrap();
@@ -1162,6 +1192,7 @@ conformance!(
     ping_answers,
     any_store_delegates_api_keys_and_ping,
     a_full_thread_refuses_appends_and_stores_nothing_of_them,
+    threads_are_listed_by_prefix_a_page_at_a_time,
     ],
     before_api_keys: [api_key_migration_applies_to_an_older_database],
 );

@@ -142,21 +142,51 @@ pub async fn create(
         .into_response())
 }
 
-/// `GET /v1/threads`: the tenant's threads.
+/// `GET /v1/threads` query.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Threads after this id (in byte order of the ids; default: from the first).
+    after: Option<String>,
+    /// At most this many (default 100, at most 1000).
+    limit: Option<usize>,
+}
+
+/// `GET /v1/threads`: a page of the tenant's threads by id; `next_after` continues it.
 pub async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
+    QueryParams(query): QueryParams<ListQuery>,
 ) -> ApiResult<Json<Value>> {
-    let tenant = &caller.tenant;
-    let mut threads = Vec::new();
-    for info in state.store.list().await? {
-        if tenant.unscope(&info.id).is_some() {
-            let mut value = serde_json::to_value(&info).unwrap_or_default();
-            tenant.unscope_json(&mut value);
-            threads.push(value);
-        }
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::invalid("limit", "limit must be 1 to 1000"));
     }
-    Ok(Json(json!({ "threads": threads })))
+    let tenant = &caller.tenant;
+    let prefix = tenant.scope("");
+    let after = query
+        .after
+        .as_deref()
+        .map(|after| tenant.scope(after))
+        .unwrap_or_default();
+    let page = state.store.list_page(&prefix, &after, limit + 1).await?;
+    let more = page.len() > limit;
+    let mut threads = Vec::with_capacity(limit);
+    for info in page.into_iter().take(limit) {
+        let mut value = serde_json::to_value(&info).unwrap_or_default();
+        tenant.unscope_json(&mut value);
+        threads.push(value);
+    }
+    let next_after = if more {
+        threads
+            .last()
+            .and_then(|thread| thread["id"].as_str().map(str::to_owned))
+    } else {
+        None
+    };
+    Ok(Json(
+        json!({ "threads": threads, "next_after": next_after }),
+    ))
 }
 
 /// `GET /v1/threads/{id}`: the thread's summary.
