@@ -128,9 +128,12 @@ pub enum PassthroughError {
         last: Box<PassthroughError>,
     },
     /// A recorded stream ([`record_stream`]) was dropped before its end, e.g. because the
-    /// client went away.
+    /// client went away. `partial` is the answer as far as it had come, when any of it had.
     #[error("upstream: the stream was dropped before its end")]
-    Interrupted,
+    Interrupted {
+        /// What had arrived of the answer.
+        partial: Option<Box<Message>>,
+    },
     /// The answer has no choice with index 0 (a stream without one, or an empty
     /// `choices`).
     #[error("upstream answer: no `choices[0]`")]
@@ -525,7 +528,7 @@ impl AnswerAccumulator {
 /// is called exactly once: with [`AnswerAccumulator::finish`]'s result when the stream
 /// ends, with the error when it yields an error item, and with
 /// [`PassthroughError::Interrupted`] when it is dropped before either (the client went
-/// away).
+/// away), carrying the answer as far as it had come.
 pub fn record_stream<F>(stream: UpstreamStream, on_end: F) -> UpstreamStream
 where
     F: FnOnce(Result<Answer, PassthroughError>) + Send + 'static,
@@ -580,7 +583,14 @@ impl Stream for RecordedStream {
 
 impl Drop for RecordedStream {
     fn drop(&mut self) {
-        self.end(|_| Err(PassthroughError::Interrupted));
+        self.end(|accumulator| {
+            Err(PassthroughError::Interrupted {
+                partial: accumulator
+                    .finish()
+                    .ok()
+                    .map(|answer| Box::new(answer.message)),
+            })
+        });
     }
 }
 

@@ -690,7 +690,9 @@ async fn a_recorded_stream_passes_chunks_through_and_reports_the_answer() {
 
 #[tokio::test]
 async fn a_recorded_stream_dropped_early_reports_the_interruption() {
-    let mut stalling = Canned::sse_chunks(vec![Bytes::from_static(b"data: {}\n\n")]);
+    let mut stalling = Canned::sse_chunks(vec![Bytes::from_static(
+        b"data: {\"choices\": [{\"index\": 0, \"delta\": {\"role\": \"assistant\", \"content\": \"Hel\"}}]}\n\n",
+    )]);
     stalling.stall = Some(Duration::from_secs(5));
     let (base, _server) = serve(vec![stalling]).await;
     let response = client(&base, 0)
@@ -706,7 +708,14 @@ async fn a_recorded_stream_dropped_early_reports_the_interruption() {
     });
     assert!(next(&mut recorded).await.unwrap().is_ok());
     drop(recorded);
-    assert_eq!(receiver.await.unwrap(), Err(PassthroughError::Interrupted));
+    // What had arrived of the answer comes with the interruption.
+    match receiver.await.unwrap() {
+        Err(PassthroughError::Interrupted { partial }) => {
+            let partial = partial.expect("the first chunk's text");
+            assert_eq!(partial.text(), "Hel");
+        }
+        other => panic!("not an interruption: {other:?}"),
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -749,7 +758,7 @@ fn secrets_stay_out_of_debug_and_errors() {
                 detail: "refused".into(),
             }),
         },
-        PassthroughError::Interrupted,
+        PassthroughError::Interrupted { partial: None },
         PassthroughError::NoChoice,
     ];
     for error in errors {

@@ -731,3 +731,85 @@ async fn a_turn_that_cannot_fit_is_refused_and_leaves_nothing_stored() {
         pairs(&[("user", "short"), ("assistant", "reply 1")])
     );
 }
+
+/// The thread's last request record's end, once there is one.
+async fn last_request_end(server: &TestServer, key: &str, thread: &str) -> Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let page: Value = client()
+            .get(server.url(&format!("/v1/threads/{thread}/events?limit=1000")))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap_or(Value::Null);
+        if let Some(end) = page["events"].as_array().and_then(|events| {
+            events
+                .iter()
+                .rev()
+                .find(|event| event["type"] == "request_ended")
+                .cloned()
+        }) {
+            return end;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no request ended: {page}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_client_that_goes_away_leaves_a_finished_record_and_loses_nothing() {
+    let (upstream, base) = Upstream::start().await;
+    upstream.replies.lock().unwrap().extend([
+        Reply::Delayed(std::time::Duration::from_millis(800), "late answer".into()),
+        Reply::Delayed(std::time::Duration::from_secs(3), "streamed late".into()),
+    ]);
+    let (_dir, server, key) = server(&base, |_| {}).await;
+    let impatient = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_millis(200))
+        .build()
+        .unwrap();
+
+    // A whole answer: the client gives up, the answer is still stored.
+    let gone = impatient
+        .post(server.url("/v1/chat/completions"))
+        .bearer_auth(&key)
+        .header("X-Contexture-Thread", "whole")
+        .json(&json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hi"}]}))
+        .send()
+        .await;
+    assert!(gone.is_err(), "the client timed out");
+    let end = last_request_end(&server, &key, "whole").await;
+    assert_eq!(end["outcome"], "completed", "{end}");
+    assert_eq!(
+        stored_messages(&server, &key, "whole").await,
+        pairs(&[("user", "Hi"), ("assistant", "late answer")])
+    );
+
+    // A stream: the client leaves after the first chunk; the request is recorded as
+    // cancelled with what had arrived, and no half answer joins the conversation.
+    let response = client()
+        .post(server.url("/v1/chat/completions"))
+        .bearer_auth(&key)
+        .header("X-Contexture-Thread", "streamed")
+        .json(&json!({"model": "gpt-4o-mini", "stream": true, "messages": [{"role": "user", "content": "Hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    let mut response = response;
+    let first = response.chunk().await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("streamed"));
+    drop(response);
+    let end = last_request_end(&server, &key, "streamed").await;
+    assert_eq!(end["outcome"], "cancelled", "{end}");
+    assert_eq!(end["reply"]["content"], "streamed ", "{end}");
+    assert_eq!(
+        stored_messages(&server, &key, "streamed").await,
+        pairs(&[("user", "Hi")])
+    );
+}

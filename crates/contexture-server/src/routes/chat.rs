@@ -259,6 +259,26 @@ pub async fn completions(
         request_id,
         answer_key: key.as_deref().map(chat_retry::answer_key),
     };
+    // The call and its recording run apart from the client's connection: a client that goes
+    // away does not cancel them (the answer is stored, and a retry with the same
+    // Idempotency-Key gets it), and a shutdown waits for them.
+    let guard = state.in_flight.enter();
+    let call = tokio::spawn(async move {
+        let _guard = guard;
+        forward_and_record(state, body, recorder, thread).await
+    });
+    call.await
+        .map_err(|error| ApiError::upstream(format!("the upstream call stopped: {error}")))?
+}
+
+/// Forwards a fitted chat request and records how it ended (for a stream, once it has
+/// been passed through).
+async fn forward_and_record(
+    state: AppState,
+    body: Map<String, Value>,
+    recorder: Recorder,
+    thread: String,
+) -> ApiResult<Response> {
     let response = match forward(&state, &Value::Object(body)).await {
         Ok(response) => response,
         Err(error) => {
@@ -297,6 +317,9 @@ pub async fn completions(
                             if let Err(error) = recorder.answered(answer).await {
                                 tracing::error!(error = %error.message, "cannot record a streamed answer");
                             }
+                        }
+                        Err(PassthroughError::Interrupted { partial }) => {
+                            recorder.interrupted(partial.map(|message| *message)).await;
                         }
                         Err(error) => recorder.failed(error.to_string()).await,
                     }
@@ -365,13 +388,31 @@ impl Recorder {
     async fn failed(&self, error: String) {
         let mut end = RequestEnd::new(&self.request_id, RequestOutcome::Failed, Usage::default());
         end.error = Some(error);
+        self.end(end).await;
+    }
+
+    /// A streamed answer whose client went away before it ended: recorded as cancelled with
+    /// what had arrived of it, and nothing appended to the conversation (the client never
+    /// saw the whole answer).
+    async fn interrupted(&self, partial: Option<Message>) {
+        let mut end = RequestEnd::new(
+            &self.request_id,
+            RequestOutcome::Cancelled,
+            Usage::default(),
+        );
+        end.error = Some("the client went away before the streamed answer ended".into());
+        end.reply = partial;
+        self.end(end).await;
+    }
+
+    async fn end(&self, end: RequestEnd) {
         if let Err(error) = self
             .state
             .store
             .append_one(&self.thread, NewEvent::new(EventKind::RequestEnded(end)))
             .await
         {
-            tracing::error!(%error, thread = %self.thread, "cannot record a failed chat request");
+            tracing::error!(%error, thread = %self.thread, "cannot record how a chat request ended");
         }
     }
 }

@@ -16,6 +16,7 @@ use axum::routing::{get, post};
 use contexture_server::auth::issue_key;
 use contexture_server::{AppState, ServerConfig, serve};
 use contexture_store::AnyStore;
+use futures_util::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
@@ -109,6 +110,9 @@ pub enum Reply {
     Status(u16, Value),
     /// Never answers (until the test ends).
     Hang,
+    /// This text after this long: a whole answer sent late, or a stream whose first chunk
+    /// comes at once and the rest late.
+    Delayed(Duration, String),
 }
 
 /// A fake OpenAI-compatible upstream.
@@ -185,7 +189,20 @@ async fn complete(
         .unwrap()
         .pop_front()
         .unwrap_or_else(|| Reply::Text(format!("reply {n}")));
+    let mut pause = Duration::ZERO;
+    let reply = match reply {
+        Reply::Delayed(delay, text) if body["stream"] == json!(true) => {
+            pause = delay;
+            Reply::Text(text)
+        }
+        Reply::Delayed(delay, text) => {
+            tokio::time::sleep(delay).await;
+            Reply::Text(text)
+        }
+        other => other,
+    };
     match reply {
+        Reply::Delayed(..) => unreachable!("turned into a text above"),
         Reply::Hang => {
             tokio::time::sleep(Duration::from_secs(600)).await;
             axum::http::StatusCode::GATEWAY_TIMEOUT.into_response()
@@ -217,10 +234,13 @@ async fn complete(
                        "usage": {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12}})
             ));
             events.push("data: [DONE]\n\n".to_owned());
-            let stream = futures_util::stream::iter(
-                events
-                    .into_iter()
-                    .map(|event| Ok::<_, std::io::Error>(Bytes::from(event))),
+            let stream = futures_util::stream::iter(events.into_iter().enumerate()).then(
+                move |(i, event)| async move {
+                    if i == 1 {
+                        tokio::time::sleep(pause).await;
+                    }
+                    Ok::<_, std::io::Error>(Bytes::from(event))
+                },
             );
             Response::builder()
                 .header("content-type", "text/event-stream")
