@@ -134,6 +134,13 @@ pub enum PassthroughError {
         /// What had arrived of the answer.
         partial: Option<Box<Message>>,
     },
+    /// The upstream ended a stream before the answer ended: no chunk gave a finish reason
+    /// and no `[DONE]` came. `partial` is what had arrived.
+    #[error("upstream: the stream ended before the answer did (no finish reason, no [DONE])")]
+    Truncated {
+        /// What had arrived of the answer.
+        partial: Option<Box<Message>>,
+    },
     /// The answer has no choice with index 0 (a stream without one, or an empty
     /// `choices`).
     #[error("upstream answer: no `choices[0]`")]
@@ -446,6 +453,8 @@ pub struct AnswerAccumulator {
     assembly: StreamAssembly,
     /// The first problem met; later bytes are ignored.
     problem: Option<PassthroughError>,
+    /// A `[DONE]` event came.
+    done: bool,
 }
 
 impl AnswerAccumulator {
@@ -501,6 +510,11 @@ impl AnswerAccumulator {
             return Err(PassthroughError::NoChoice);
         }
         let completion = self.assembly.finish();
+        if !self.done && completion.finish_reason.is_none() {
+            return Err(PassthroughError::Truncated {
+                partial: Some(Box::new(completion.message)),
+            });
+        }
         Ok(Answer {
             message: completion.message,
             usage: completion.usage,
@@ -509,8 +523,21 @@ impl AnswerAccumulator {
         })
     }
 
+    /// What has arrived of the answer, whether or not it ended (`None` when nothing usable
+    /// did).
+    pub fn arrived(self) -> Option<Message> {
+        match self.finish() {
+            Ok(answer) => Some(answer.message),
+            Err(PassthroughError::Truncated { partial }) => partial.map(|message| *message),
+            Err(_) => None,
+        }
+    }
+
     fn absorb(&mut self, events: impl IntoIterator<Item = SseEvent>) {
         for event in events {
+            if event.data.trim() == "[DONE]" {
+                self.done = true;
+            }
             if let Err(problem) = self.assembly.absorb_data(&event.data, &mut |_| {}) {
                 self.problem = Some(match problem {
                     ChunkProblem::NotJson { .. } => PassthroughError::Malformed {
@@ -585,10 +612,7 @@ impl Drop for RecordedStream {
     fn drop(&mut self) {
         self.end(|accumulator| {
             Err(PassthroughError::Interrupted {
-                partial: accumulator
-                    .finish()
-                    .ok()
-                    .map(|answer| Box::new(answer.message)),
+                partial: accumulator.arrived().map(Box::new),
             })
         });
     }

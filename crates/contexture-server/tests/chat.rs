@@ -813,3 +813,47 @@ async fn a_client_that_goes_away_leaves_a_finished_record_and_loses_nothing() {
         pairs(&[("user", "Hi")])
     );
 }
+
+#[tokio::test]
+async fn an_upstream_that_answers_garbage_or_dies_mid_stream_leaves_a_valid_thread() {
+    let (upstream, base) = Upstream::start().await;
+    let cut = "data: {\"id\": \"c\", \"object\": \"chat.completion.chunk\", \"choices\": [{\"index\": 0, \"delta\": {\"role\": \"assistant\", \"content\": \"half an ans\"}, \"finish_reason\": null}]}\n\n";
+    upstream.replies.lock().unwrap().extend([
+        Reply::Raw(200, "application/json", "<html>this is not JSON"),
+        Reply::Raw(200, "text/event-stream", "data: {not json}\n\n"),
+        Reply::Raw(200, "text/event-stream", cut),
+    ]);
+    let (_dir, server, key) = server(&base, |_| {}).await;
+    for (n, stream) in [(0, false), (1, true), (2, true)] {
+        let response = chat(
+            &server,
+            &key,
+            Some("garbage"),
+            json!({"model": "gpt-4o-mini", "stream": stream, "messages": [{"role": "user", "content": format!("q{n}")}]}),
+        )
+        .await;
+        // The upstream's answer is passed on as it came; the server stays up.
+        assert_eq!(response.status(), StatusCode::OK);
+        let _ = response.text().await;
+        let end = last_request_end(&server, &key, "garbage").await;
+        assert_ne!(end["outcome"], "completed", "answer {n}: {end}");
+    }
+    // Nothing but the questions joined the conversation, and the next turn works.
+    assert_eq!(
+        stored_messages(&server, &key, "garbage").await,
+        pairs(&[("user", "q0"), ("user", "q1"), ("user", "q2")])
+    );
+    let response = chat(
+        &server,
+        &key,
+        Some("garbage"),
+        json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "again"}]}),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let sent = upstream.messages(3);
+    assert_eq!(
+        sent.last().unwrap(),
+        &("user".to_owned(), "again".to_owned())
+    );
+}

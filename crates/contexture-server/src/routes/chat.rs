@@ -321,6 +321,15 @@ async fn forward_and_record(
                         Err(PassthroughError::Interrupted { partial }) => {
                             recorder.interrupted(partial.map(|message| *message)).await;
                         }
+                        Err(error @ PassthroughError::Truncated { .. }) => {
+                            let text = error.to_string();
+                            let PassthroughError::Truncated { partial } = error else {
+                                unreachable!("matched above")
+                            };
+                            recorder
+                                .cut_short(text, partial.map(|message| *message))
+                                .await;
+                        }
                         Err(error) => recorder.failed(error.to_string()).await,
                     }
                 });
@@ -401,6 +410,15 @@ impl Recorder {
             Usage::default(),
         );
         end.error = Some("the client went away before the streamed answer ended".into());
+        end.reply = partial;
+        self.end(end).await;
+    }
+
+    /// A streamed answer the upstream ended early: recorded as failed with what had
+    /// arrived, and nothing appended to the conversation.
+    async fn cut_short(&self, error: String, partial: Option<Message>) {
+        let mut end = RequestEnd::new(&self.request_id, RequestOutcome::Failed, Usage::default());
+        end.error = Some(error);
         end.reply = partial;
         self.end(end).await;
     }

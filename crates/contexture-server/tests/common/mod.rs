@@ -113,6 +113,8 @@ pub enum Reply {
     /// This text after this long: a whole answer sent late, or a stream whose first chunk
     /// comes at once and the rest late.
     Delayed(Duration, String),
+    /// This status, content type and body, as they are (garbage, a cut stream).
+    Raw(u16, &'static str, &'static str),
 }
 
 /// A fake OpenAI-compatible upstream.
@@ -203,6 +205,11 @@ async fn complete(
     };
     match reply {
         Reply::Delayed(..) => unreachable!("turned into a text above"),
+        Reply::Raw(status, content_type, body) => Response::builder()
+            .status(status)
+            .header("content-type", content_type)
+            .body(Body::from(body))
+            .unwrap(),
         Reply::Hang => {
             tokio::time::sleep(Duration::from_secs(600)).await;
             axum::http::StatusCode::GATEWAY_TIMEOUT.into_response()
