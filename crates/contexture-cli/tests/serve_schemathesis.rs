@@ -14,16 +14,12 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use contexture_store::testing::TempDir;
-use serving::{Server, create_key, root};
+use serving::{Server, create_key, root, under_ci};
 
 /// The seed, so a failure found once is found again.
 const SEED: &str = "20261125";
 /// Examples per operation and phase.
 const EXAMPLES: &str = "100";
-
-fn under_ci() -> bool {
-    std::env::var("CI").is_ok_and(|value| !matches!(value.as_str(), "" | "0" | "false"))
-}
 
 fn schemathesis_available() -> Result<(), String> {
     match Command::new("schemathesis")

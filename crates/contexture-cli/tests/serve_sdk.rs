@@ -15,16 +15,11 @@ use std::time::Instant;
 use contexture_store::testing::TempDir;
 use serde_json::{Value, json};
 use serving::upstream::{MODEL, Received};
-use serving::{Server, root};
+use serving::{Server, root, under_ci};
 
 const UPSTREAM_KEY: &str = "sk-upstream-secret";
 const CHAT_THREAD: &str = "sdk-chat";
 const STREAM_THREAD: &str = "sdk-stream";
-
-/// `CI` set to anything but empty, `0` or `false`.
-fn under_ci() -> bool {
-    std::env::var("CI").is_ok_and(|value| !matches!(value.as_str(), "" | "0" | "false"))
-}
 
 /// Whether `python3` can import the SDK; `Err` says why not.
 fn sdk_available() -> Result<(), String> {

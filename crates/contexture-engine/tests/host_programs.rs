@@ -5,14 +5,11 @@
 
 mod common;
 
-use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{events, executor, kinds, script, sqlite};
+use common::{events, executor, kinds, library, script, sqlite};
 use contexture_core::thread::{EventKind, RunLimits, RunStart, RunStatus};
 use contexture_engine::executor::{ExecError, RunRequest, StepError};
-use contexture_engine::sources::WorkflowSource;
 use contexture_engine::workflow::{Programs, Provenance};
 use contexture_store::{NewEvent, Store};
 
@@ -103,24 +100,12 @@ async fn an_operators_program_runs_only_when_the_executor_allows_programs() {
     assert!(store.events("run-2").await.unwrap_or_default().is_empty());
 }
 
-/// Sub-workflows kept in memory, by path.
-struct Library(HashMap<String, String>);
-
-impl WorkflowSource for Library {
-    fn load(&self, path: &str, _parent: &str) -> Result<(String, String), String> {
-        self.0
-            .get(path)
-            .map(|text| (path.to_owned(), text.clone()))
-            .ok_or_else(|| format!("no workflow {path}"))
-    }
-}
-
 #[tokio::test]
 async fn a_clients_sub_workflows_run_no_program_either() {
     let (_dir, store) = sqlite().await;
     let child = PROGRAM_TOOL.replace("'id > pwned.txt'", "'echo ran'");
-    let library = Library(HashMap::from([("child.yaml".to_owned(), child)]));
-    let exec = executor(store.clone(), script("[]")).with_workflow_source(Arc::new(library));
+    let exec = executor(store.clone(), script("[]"))
+        .with_workflow_source(library(&[("child.yaml", &child)]));
     let parent = "states:\n  - {id: sub, workflow: child.yaml, next: {state_id: end}}\n";
     let error = exec.start(client(parent)).await.unwrap_err().to_string();
     assert!(

@@ -4,40 +4,17 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{events, executor, script, sqlite, start, texts};
+use common::{events, executor, library, script, sqlite, start, texts};
 use contexture_core::fit::{Provider as Rules, validate};
 use contexture_core::thread::{EventKind, RunStatus, Usage};
 use contexture_core::{Message, Role};
 use contexture_engine::executor::{ExecError, Executor, RunRequest};
 use contexture_engine::report::{ExecutionStatus, usage_tree};
-use contexture_engine::sources::WorkflowSource;
 use contexture_llm::ScriptedProvider;
 use contexture_store::{SqliteStore, Store};
-
-/// Sub-workflows kept in memory, by path.
-struct Library(HashMap<String, String>);
-
-impl WorkflowSource for Library {
-    fn load(&self, path: &str, _parent: &str) -> Result<(String, String), String> {
-        self.0
-            .get(path)
-            .map(|text| (path.to_owned(), text.clone()))
-            .ok_or_else(|| format!("no workflow {path}"))
-    }
-}
-
-fn library(entries: &[(&str, &str)]) -> Arc<Library> {
-    Arc::new(Library(
-        entries
-            .iter()
-            .map(|(path, text)| (path.to_string(), text.to_string()))
-            .collect(),
-    ))
-}
 
 const PARENT: &str = r#"
 assistants: [{id: a, model: gpt-4o-mini}]

@@ -15,6 +15,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+/// `CI` set to anything but empty, `0` or `false`: a missing tool fails a test instead of
+/// skipping it.
+pub fn under_ci() -> bool {
+    std::env::var("CI").is_ok_and(|value| !matches!(value.as_str(), "" | "0" | "false"))
+}
+
 /// The repository's root.
 pub fn root() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))

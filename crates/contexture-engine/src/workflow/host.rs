@@ -7,7 +7,7 @@
 //! decision into validation, so a refused workflow is refused before anything runs, with a
 //! diagnostic at the tool or server that would have started a program.
 
-use super::{Diagnostic, Workflow, spans};
+use super::{Diagnostic, Workflow};
 
 /// Who wrote a workflow.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -94,18 +94,9 @@ pub(super) fn program_diagnostics(
     if declarations.is_empty() {
         return Vec::new();
     }
-    let index = spans::SpanIndex::build(text);
-    declarations
+    let problems = declarations
         .into_iter()
-        .map(|(path, what)| {
-            let position = index.locate(&path);
-            Diagnostic {
-                file: file.to_owned(),
-                line: position.line,
-                column: position.column,
-                path,
-                message: format!("{what}, which is refused here: {reason}"),
-            }
-        })
-        .collect()
+        .map(|(path, what)| (path, format!("{what}, which is refused here: {reason}")))
+        .collect();
+    super::located(text, file, problems)
 }

@@ -495,20 +495,7 @@ impl Workflow {
         if problems.is_empty() {
             return Ok(workflow);
         }
-        let index = spans::SpanIndex::build(text);
-        let mut diagnostics: Vec<Diagnostic> = problems
-            .into_iter()
-            .map(|(path, message)| {
-                let position = index.locate(&path);
-                Diagnostic {
-                    file: file.to_owned(),
-                    line: position.line,
-                    column: position.column,
-                    path,
-                    message,
-                }
-            })
-            .collect();
+        let mut diagnostics = located(text, file, problems);
         diagnostics.sort_by(|a, b| (a.line, a.column, &a.path).cmp(&(b.line, b.column, &b.path)));
         Err(WorkflowError { diagnostics })
     }
@@ -621,6 +608,25 @@ pub enum StepKind<'a> {
 
 /// Checks the sub-workflows `workflow` names, depth first; `ancestors` are the files being
 /// checked above it.
+/// Diagnostics for `problems` (node path, message) of the workflow `text` named `file`,
+/// each at its node's line and column.
+fn located(text: &str, file: &str, problems: Vec<(String, String)>) -> Vec<Diagnostic> {
+    let index = spans::SpanIndex::build(text);
+    problems
+        .into_iter()
+        .map(|(path, message)| {
+            let position = index.locate(&path);
+            Diagnostic {
+                file: file.to_owned(),
+                line: position.line,
+                column: position.column,
+                path,
+                message,
+            }
+        })
+        .collect()
+}
+
 fn check_children(
     workflow: &Workflow,
     text: &str,

@@ -5,6 +5,7 @@
 
 pub mod server;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use contexture_core::Message;
@@ -12,6 +13,7 @@ use contexture_core::context::RenderOptions;
 use contexture_core::thread::{Event, EventKind, RequestRecord};
 use contexture_engine::executor::{ExecError, Executor, RunOutcome, RunRequest};
 use contexture_engine::llm::FixedRouter;
+use contexture_engine::sources::WorkflowSource;
 use contexture_llm::{Provider, ScriptedProvider};
 use contexture_store::testing::TempDir;
 use contexture_store::{SqliteStore, Store};
@@ -79,4 +81,25 @@ pub fn texts(messages: &[Message]) -> Vec<String> {
 /// The type names of events, in order.
 pub fn kinds(events: &[Event]) -> Vec<&'static str> {
     events.iter().map(|event| event.kind.type_name()).collect()
+}
+
+/// Sub-workflows kept in memory, by path.
+pub struct Library(HashMap<String, String>);
+
+impl WorkflowSource for Library {
+    fn load(&self, path: &str, _parent: &str) -> Result<(String, String), String> {
+        self.0
+            .get(path)
+            .map(|text| (path.to_owned(), text.clone()))
+            .ok_or_else(|| format!("no workflow {path}"))
+    }
+}
+
+pub fn library(entries: &[(&str, &str)]) -> Arc<Library> {
+    Arc::new(Library(
+        entries
+            .iter()
+            .map(|(path, text)| (path.to_string(), text.to_string()))
+            .collect(),
+    ))
 }
