@@ -6,6 +6,7 @@
 //! The scan only looks at structure; a text that is not JSON passes it and is then reported
 //! by the parser, with its position.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 
 /// What is wrong with a body's shape.
@@ -49,10 +50,16 @@ impl ShapeProblem {
     }
 }
 
-enum Frame {
+/// An object's keys are compared as they are written, unless a key holds an escape (then as
+/// it reads): a handful of keys is searched in order, more in a set, so a huge object costs
+/// linear time.
+const FEW_KEYS: usize = 16;
+
+enum Frame<'a> {
     Object {
-        keys: HashSet<String>,
-        key: Option<String>,
+        keys: Vec<Cow<'a, [u8]>>,
+        set: Option<HashSet<Cow<'a, [u8]>>>,
+        key: Option<Cow<'a, [u8]>>,
         expect_key: bool,
     },
     Array {
@@ -60,7 +67,7 @@ enum Frame {
     },
 }
 
-fn path_of(stack: &[Frame]) -> String {
+fn path_of(stack: &[Frame<'_>]) -> String {
     let mut path = String::new();
     for frame in stack {
         match frame {
@@ -68,7 +75,7 @@ fn path_of(stack: &[Frame]) -> String {
                 if !path.is_empty() {
                     path.push('.');
                 }
-                path.push_str(key);
+                path.push_str(&String::from_utf8_lossy(key));
             }
             Frame::Object { key: None, .. } => {}
             Frame::Array { index } => path.push_str(&format!("[{index}]")),
@@ -81,10 +88,22 @@ fn path_of(stack: &[Frame]) -> String {
     }
 }
 
+/// A key as it reads: the raw bytes between the quotes, or the decoded text when they hold an
+/// escape; `None` when the key is not a valid JSON string (the parser will say so).
+fn key_of(raw: &[u8]) -> Option<Cow<'_, [u8]>> {
+    let inner = &raw[1..raw.len() - 1];
+    if !inner.contains(&b'\\') {
+        return Some(Cow::Borrowed(inner));
+    }
+    serde_json::from_slice::<String>(raw)
+        .ok()
+        .map(|text| Cow::Owned(text.into_bytes()))
+}
+
 /// Checks that `text` nests at most `max_depth` objects and arrays deep and that no object
 /// repeats a key.
 pub fn check(text: &[u8], max_depth: usize) -> Result<(), ShapeProblem> {
-    let mut stack: Vec<Frame> = Vec::new();
+    let mut stack: Vec<Frame<'_>> = Vec::new();
     let mut at = 0;
     while at < text.len() {
         match text[at] {
@@ -100,17 +119,29 @@ pub fn check(text: &[u8], max_depth: usize) -> Result<(), ShapeProblem> {
                 };
                 if let Some(Frame::Object {
                     keys,
+                    set,
                     key,
                     expect_key,
                 }) = stack.last_mut()
                     && *expect_key
                 {
-                    let Ok(name) = serde_json::from_slice::<String>(raw) else {
+                    let Some(name) = key_of(raw) else {
                         return Ok(());
                     };
                     *expect_key = false;
-                    *key = Some(name.clone());
-                    if !keys.insert(name) {
+                    let repeated = match set {
+                        Some(set) => !set.insert(name.clone()),
+                        None if keys.contains(&name) => true,
+                        None => {
+                            keys.push(name.clone());
+                            if keys.len() > FEW_KEYS {
+                                *set = Some(keys.drain(..).collect());
+                            }
+                            false
+                        }
+                    };
+                    *key = Some(name);
+                    if repeated {
                         return Err(ShapeProblem::DuplicateKey {
                             path: path_of(&stack),
                         });
@@ -133,7 +164,8 @@ pub fn check(text: &[u8], max_depth: usize) -> Result<(), ShapeProblem> {
                 }
                 stack.push(if open == b'{' {
                     Frame::Object {
-                        keys: HashSet::new(),
+                        keys: Vec::new(),
+                        set: None,
                         key: None,
                         expect_key: true,
                     }
@@ -190,6 +222,20 @@ mod tests {
         for (text, expected) in table {
             assert_eq!(&check(text.as_bytes(), 3), expected, "{text}");
         }
+    }
+
+    #[test]
+    fn a_large_object_is_checked_in_linear_time() {
+        let keys: Vec<String> = (0..50_000).map(|i| format!("\"k{i}\": {i}")).collect();
+        let text = format!("{{{}}}", keys.join(", "));
+        assert_eq!(check(text.as_bytes(), 64), Ok(()));
+        let text = format!("{{{}, \"k49999\": 0}}", keys.join(", "));
+        assert_eq!(
+            check(text.as_bytes(), 64),
+            Err(ShapeProblem::DuplicateKey {
+                path: "k49999".into()
+            })
+        );
     }
 
     #[test]
