@@ -1,5 +1,5 @@
 //! Fitting a 100,000-message tool-calling history (about 30M tokens) to an 8,000-token
-//! budget, with every message's count already cached (PRODUCT.md F10, issue point 6).
+//! budget, with every message's count already cached.
 //!
 //! Run: `cargo bench -p contexture-core --bench fit`.
 //!

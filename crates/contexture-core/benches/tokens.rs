@@ -1,4 +1,4 @@
-//! Token counting throughput (PRODUCT.md F2, issue point 7): bpe-openai through
+//! Token counting throughput: bpe-openai through
 //! `Encoding::count` against tiktoken-rs' `encode_ordinary`, in the same run, on a 10 MiB text
 //! of mixed prose and source code, for cl100k_base and o200k_base.
 //!

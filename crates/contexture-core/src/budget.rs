@@ -1,4 +1,4 @@
-//! Request budgets (PRODUCT.md F4): what one LLM request may spend, part by part.
+//! Request budgets: what one LLM request may spend, part by part.
 //!
 //! The usable window is the model's context window times the budget ratio; the reserve for
 //! the reply comes off it, and what is left (the limit) is shared by the request's parts:

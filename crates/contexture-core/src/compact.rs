@@ -1,4 +1,4 @@
-//! Compaction (PRODUCT.md F12), the pure part: when to compact, what the summary covers and
+//! Compaction, the pure part: when to compact, what the summary covers and
 //! what stays verbatim, what the summarizer is given, how an oversized part is split for
 //! map-reduce, the offline extractive summarizer, and the messages that replace the covered
 //! part. Running a summarizer and recording the result is the engine's job

@@ -1,4 +1,4 @@
-//! The workflow context store (PRODUCT.md F14-F19): output parsing, transition flags,
+//! The workflow context store: output parsing, transition flags,
 //! templates, expressions, iteration.
 //!
 //! A workflow execution carries one [`ContextStore`]: a JSON key-value map that every state

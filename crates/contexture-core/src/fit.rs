@@ -1,4 +1,4 @@
-//! Fitting a history into a model's window (PRODUCT.md F9-F11).
+//! Fitting a history into a model's window.
 //!
 //! - [`validate`] lists every place a message list breaks a provider's rules, and [`repair`]
 //!   fixes what it can without inventing content (module [`mod@validate`], [`mod@repair`]).

@@ -1,4 +1,4 @@
-//! Provider wire formats (PRODUCT.md F1): lossless import and export of OpenAI chat and
+//! Provider wire formats: lossless import and export of OpenAI chat and
 //! Anthropic messages.
 //!
 //! - [`openai`]: OpenAI chat-completions messages, one wire message per [`Message`].

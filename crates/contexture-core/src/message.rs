@@ -1,4 +1,4 @@
-//! The message model (PRODUCT.md F1): one type for every chat message, whatever provider
+//! The message model: one type for every chat message, whatever provider
 //! format it came from or goes to.
 //!
 //! Wire formats live in [`crate::format`]; this module holds only the neutral model. Fields

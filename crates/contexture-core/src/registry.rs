@@ -1,4 +1,4 @@
-//! Model registry (PRODUCT.md F3): the context window, output limit and tokenizer of each
+//! Model registry: the context window, output limit and tokenizer of each
 //! model, found by longest-prefix match.
 //!
 //! The built-in table (`data/models.toml`, compiled into the binary) covers current OpenAI,

@@ -1,4 +1,4 @@
-//! Threads (PRODUCT.md F5-F8): the append-only event log, projections, context operations,
+//! Threads: the append-only event log, projections, context operations,
 //! fork and merge.
 //!
 //! A [`Thread`] is the fold of its events: [`Thread::apply`] takes the next event and updates

@@ -1,4 +1,4 @@
-//! Token counting (PRODUCT.md F2).
+//! Token counting.
 //!
 //! Exact BPE counts for OpenAI's `cl100k_base` and `o200k_base` encodings come from
 //! `bpe-openai`, whose encoding tables are compiled into the binary: nothing is read from

@@ -1,4 +1,4 @@
-//! Property tests for fitting (PRODUCT.md F9-F11): every output of trim, clear and repair
+//! Property tests for fitting: every output of trim, clear and repair
 //! validates for its provider, fits its budget, keeps the system prompt and pinned messages;
 //! strategy last is maximal; the indexed and the lazy entry points agree.
 

@@ -1,4 +1,4 @@
-//! Running a compaction (PRODUCT.md F12): plan it ([`contexture_core::compact`]), summarize
+//! Running a compaction: plan it ([`contexture_core::compact`]), summarize
 //! the covered part (a model through the router, map-reduce when it exceeds the summarizer's
 //! window; or the offline extractive summarizer), and record the result as one replace event.
 //!

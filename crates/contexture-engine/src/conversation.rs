@@ -1,4 +1,4 @@
-//! Conversation continuity (PRODUCT.md F23): runs that name the same conversation key share
+//! Conversation continuity: runs that name the same conversation key share
 //! one conversation thread. A run loads its recent history (by count and by tokens, whole
 //! units) as the start of its own shared history, and when it completes, its input and final
 //! answer are appended to the conversation as two turns. Different keys are different

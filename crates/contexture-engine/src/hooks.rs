@@ -1,4 +1,4 @@
-//! Hooks (PRODUCT.md F24): caller code that sees, and may change, what a run does.
+//! Hooks: caller code that sees, and may change, what a run does.
 //!
 //! The points: [`Hook::on_step_enter`] (may change a step's task), [`Hook::before_llm_call`]
 //! (may give a view of the messages for this call only, or record a change in the

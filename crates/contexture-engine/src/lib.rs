@@ -1,4 +1,4 @@
-//! Contexture's workflow engine (PRODUCT.md F20-F25).
+//! Contexture's workflow engine.
 //!
 //! - [`workflow`]: YAML workflows and their validation, with file, line and column in every
 //!   error;

@@ -1,5 +1,5 @@
 //! Which provider answers an assistant's calls, under which model name, and whose message
-//! rules its requests must follow (PRODUCT.md F25).
+//! rules its requests must follow.
 //!
 //! A run names its LLM with a [`LlmSpec`]:
 //! - `scripted:FILE`: replies replayed from a YAML script (tests, demos; no network);

@@ -1,5 +1,5 @@
 //! What an execution did, read from its log: its steps, every LLM call with what it was sent
-//! and its budget, and its totals. The data behind `contexture inspect` (PRODUCT.md F29) and
+//! and its budget, and its totals. The data behind `contexture inspect` and
 //! the server's execution log.
 
 use contexture_core::thread::{

@@ -1,4 +1,4 @@
-//! Where sub-workflows come from (PRODUCT.md F22): a state's `workflow` names another
+//! Where sub-workflows come from: a state's `workflow` names another
 //! workflow by id (declared under `workflows`) or by path; a [`WorkflowSource`] turns that
 //! into the child's file name and YAML text.
 

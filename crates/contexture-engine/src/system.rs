@@ -1,5 +1,5 @@
 //! The machine's time, ids and identity, for templates: the sources the pure core is given
-//! (PRODUCT.md F16). The core reads no clock and no randomness itself; the CLI, the server
+//!. The core reads no clock and no randomness itself; the CLI, the server
 //! and the executor pass these.
 
 use std::collections::hash_map::RandomState;

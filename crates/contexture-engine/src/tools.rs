@@ -1,4 +1,4 @@
-//! Tools (PRODUCT.md F26): what runs when a tool state runs or an assistant calls a tool.
+//! Tools: what runs when a tool state runs or an assistant calls a tool.
 //!
 //! A workflow's tool declares what runs it (see [`crate::workflow::Tool`]): a local program
 //! (`command`), a fixed answer (`response`), or a named implementation from the

@@ -1,4 +1,4 @@
-//! Compaction (PRODUCT.md F12) on stored threads and inside runs, with the scripted provider
+//! Compaction on stored threads and inside runs, with the scripted provider
 //! and with a local OpenAI-compatible server: what is covered, what stays verbatim, what the
 //! summarizer sees, and that a failed summary replaces nothing.
 

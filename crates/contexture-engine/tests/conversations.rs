@@ -1,4 +1,4 @@
-//! Conversation continuity (PRODUCT.md F23): runs naming one conversation key share its
+//! Conversation continuity: runs naming one conversation key share its
 //! history, loaded by count and by tokens; different keys never see each other's turns;
 //! a long conversation is compacted by its policy.
 

@@ -1,5 +1,5 @@
 //! The executor with the scripted provider: what each transition flag does to the shared
-//! history later requests see and to the context store (PRODUCT.md F13-F15, F17, F18).
+//! history later requests see and to the context store.
 
 mod common;
 

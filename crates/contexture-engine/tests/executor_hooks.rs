@@ -1,4 +1,4 @@
-//! Hooks (PRODUCT.md F24): order, chaining, exactly one firing per step and per call, views
+//! Hooks: order, chaining, exactly one firing per step and per call, views
 //! for one call, recorded changes.
 
 mod common;

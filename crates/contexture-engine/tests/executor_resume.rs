@@ -1,4 +1,4 @@
-//! Resuming runs from their log (PRODUCT.md F21): finished steps never run again, a failed
+//! Resuming runs from their log: finished steps never run again, a failed
 //! or interrupted step runs anew, and the same workflow gives the same result on SQLite and
 //! on PostgreSQL.
 

@@ -1,4 +1,4 @@
-//! Sub-workflows, cancellation and usage roll-up (PRODUCT.md F22): a child sees only what its
+//! Sub-workflows, cancellation and usage roll-up: a child sees only what its
 //! parent scoped for it, runs as its own execution, returns structured data; cancelling a
 //! parent stops its running descendants with valid histories; subtree usage adds up.
 

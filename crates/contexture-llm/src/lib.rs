@@ -1,4 +1,4 @@
-//! LLM providers for Contexture (PRODUCT.md F25).
+//! LLM providers for Contexture.
 //!
 //! One [`Provider`] trait, three implementations:
 //! - [`OpenAiProvider`]: OpenAI-compatible chat completions (OpenAI, Ollama, vLLM, llama.cpp

@@ -1,4 +1,4 @@
-//! `contexture serve` (PRODUCT.md F28): Contexture over HTTP, for services in any language.
+//! `contexture serve`: Contexture over HTTP, for services in any language.
 //!
 //! - a REST API for threads and workflow executions, described by `/openapi.json`;
 //! - an OpenAI-compatible `/v1/chat/completions` that keeps each thread's history for the

@@ -1,4 +1,4 @@
-//! Store benchmarks (issue point 9).
+//! Store benchmarks.
 //!
 //! Run: `cargo bench -p contexture-store --bench store -- --measurement-time 5 --warm-up-time 1 --sample-size 10`
 //!

@@ -1,5 +1,5 @@
 //! Durable thread storage: the [`Store`] trait with SQLite ([`SqliteStore`], the embedded
-//! default) and PostgreSQL ([`PgStore`]) implementations (PRODUCT.md F27).
+//! default) and PostgreSQL ([`PgStore`]) implementations.
 //!
 //! A store keeps each thread's append-only event log (see [`contexture_core::thread`]) and
 //! rebuilds threads by replaying it. Guarantees, the same for both stores and checked by one

@@ -1,4 +1,4 @@
-//! Dynamic values in tool and MCP server arguments (PRODUCT.md F19).
+//! Dynamic values in tool and MCP server arguments.
 //!
 //! Only the configured arguments are rendered, each string (at any depth of the argument
 //! value) as a template over the context. The context never adds an argument and never

@@ -1,4 +1,4 @@
-//! Conditions over the context and the last output (PRODUCT.md F17).
+//! Conditions over the context and the last output.
 //!
 //! Expressions are Jinja expressions (`user_role == 'admin'`,
 //! `count > 3 and status in ['ok', 'done']`, `output.score >= 0.8`), evaluated by minijinja's

@@ -1,4 +1,4 @@
-//! Transition flags (PRODUCT.md F15): how a step's output changes the store and the message
+//! Transition flags: how a step's output changes the store and the message
 //! history.
 //!
 //! [`apply_transition`] is the one place the flags are interpreted; the executor calls it

@@ -1,4 +1,4 @@
-//! Iteration (PRODUCT.md F18): selecting the items, one context copy per item, and the
+//! Iteration: selecting the items, one context copy per item, and the
 //! fan-in merge.
 //!
 //! `iter_key` names a list in the context (a root key or a path: `files`, `data.items`,

@@ -1,4 +1,4 @@
-//! Parsing a step's output (PRODUCT.md F14), and what the parsed output contributes to the
+//! Parsing a step's output, and what the parsed output contributes to the
 //! store.
 //!
 //! The parser tries, in order: the whole (trimmed) text as JSON; as a Python literal

@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 use super::parse::parse_output;
 use super::path::Path;
 
-/// The JSON key-value memory of one workflow execution (PRODUCT.md F14).
+/// The JSON key-value memory of one workflow execution.
 ///
 /// Keys keep their insertion order, so snapshots and renders are stable. The store is plain
 /// data: it is changed by [`apply_transition`](super::apply_transition), by iteration merges

@@ -1,4 +1,4 @@
-//! Sandboxed Jinja templates over the context store (PRODUCT.md F16).
+//! Sandboxed Jinja templates over the context store.
 //!
 //! Rendering runs on minijinja with no loader (`include` and `import` find nothing: no file
 //! access), no access to the process environment, and a fuel limit, so a runaway loop stops

@@ -1,4 +1,4 @@
-//! Clearing old tool results (PRODUCT.md F11): the results of older tool uses are replaced
+//! Clearing old tool results: the results of older tool uses are replaced
 //! by a short placeholder naming the tool, keeping the conversation's shape (every call
 //! keeps a result, so the output is as valid as the input) while freeing their tokens.
 

@@ -1,4 +1,4 @@
-//! Repairing a message list so that a provider accepts it (PRODUCT.md F9), without inventing
+//! Repairing a message list so that a provider accepts it, without inventing
 //! content.
 //!
 //! [`repair`] applies, in order:

@@ -1,4 +1,4 @@
-//! Trimming a history to a token budget (PRODUCT.md F10).
+//! Trimming a history to a token budget.
 //!
 //! The budget bounds the whole request as [`TokenCounter::count_request`] counts it: every
 //! kept message, the reply priming, and the tool schemas (`tools_tokens`). The system prompt

@@ -1,4 +1,4 @@
-//! Units: the pieces a history is kept or dropped in (PRODUCT.md F10).
+//! Units: the pieces a history is kept or dropped in.
 //!
 //! An assistant message with tool calls and the tool results right after it form one unit;
 //! every other message is a unit of its own. Reasoning parts live inside the assistant

@@ -1,4 +1,4 @@
-//! Provider rules (PRODUCT.md F9): what a message list must look like for a provider to
+//! Provider rules: what a message list must look like for a provider to
 //! accept it, and [`validate`], which lists every place a list breaks them.
 //!
 //! The rules, per provider:

@@ -1,4 +1,4 @@
-//! The events of a thread's log (PRODUCT.md F5).
+//! The events of a thread's log.
 //!
 //! A thread is an append-only sequence of [`Event`]s numbered 1, 2, 3, ... without gaps.
 //! Nothing ever edits or removes an event: a context operation is itself an event, and the

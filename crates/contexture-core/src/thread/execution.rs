@@ -1,4 +1,4 @@
-//! The events a workflow execution records in its thread (PRODUCT.md F21).
+//! The events a workflow execution records in its thread.
 //!
 //! An execution is a thread: its conversation is the history the workflow's assistants share,
 //! its key-value store is the workflow's context store, and these events are the execution
@@ -114,7 +114,7 @@ pub struct StepStart {
     pub child_execution_id: Option<String>,
 }
 
-/// A message that stays in a step's own log (F13): an assistant turn that called tools, or
+/// A message that stays in a step's own log: an assistant turn that called tools, or
 /// a tool's result. Only the step's final answer enters the shared history.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StepMessage {

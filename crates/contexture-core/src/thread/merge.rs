@@ -1,4 +1,4 @@
-//! Merging a fork back into its parent (PRODUCT.md F8).
+//! Merging a fork back into its parent.
 //!
 //! [`Thread::plan_merge`] computes the [`EventKind::Merged`] event to append to the parent;
 //! applying it adds the messages and store changes it records. A merge covers the fork's

@@ -1,4 +1,4 @@
-//! The message view of a thread (PRODUCT.md F6): the last replace in effect plus the messages
+//! The message view of a thread: the last replace in effect plus the messages
 //! appended after the seq it was based on, with the system prompt kept apart.
 
 use serde::Serialize;

@@ -1,7 +1,7 @@
 //! An assistant step: LLM calls fitted to the model's window, the hooks around each call,
 //! the execution's token and cost budgets, and the tool-call loop. The step's tool calls and
 //! results are `step_message` events of its own log; only its final answer is returned to
-//! enter the shared history (PRODUCT.md F13).
+//! enter the shared history.
 
 use contexture_core::context::{ContextStore, RenderOptions, render};
 use contexture_core::fit::Strategy;

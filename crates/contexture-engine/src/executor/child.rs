@@ -1,4 +1,4 @@
-//! Sub-workflow steps (PRODUCT.md F22): the child runs as its own execution (fresh messages,
+//! Sub-workflow steps: the child runs as its own execution (fresh messages,
 //! its own context store, `parent_execution_id` in its log), with only the input its parent
 //! scoped for it. A resumed parent resumes the child it had started instead of starting over,
 //! and a child that completed before the parent crashed is not run again.

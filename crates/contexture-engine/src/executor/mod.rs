@@ -1,4 +1,4 @@
-//! The workflow executor (PRODUCT.md F21): runs a workflow's states from the first, fits
+//! The workflow executor: runs a workflow's states from the first, fits
 //! every LLM request to its model's window, applies the transition flags, and records
 //! everything in the execution's thread, so that a run can resume after a crash.
 //!
@@ -9,7 +9,7 @@
 //!   each LLM call as `request_started` (exactly what was sent, the budget breakdown, what
 //!   fitting left out and why) and `request_ended` (the reply, usage, cost), and the
 //!   step's tool calls and results as `step_message` events, which stay in the step's own
-//!   log (F13); then, in one transaction, the step's exchange (its task and final answer)
+//!   log; then, in one transaction, the step's exchange (its task and final answer)
 //!   in the shared history, the store changes and `step_finished` with the next state;
 //! - `step_failed` and `run_ended` when a step fails, `run_ended` when the run completes.
 //!
@@ -714,7 +714,7 @@ pub(crate) fn cancel_text(reason: Option<&str>) -> String {
 }
 
 /// A synthetic "cancelled" result for each call in `messages` that has no result, so the
-/// history stays valid for every provider (PRODUCT.md F9).
+/// history stays valid for every provider.
 pub(crate) fn cancelled_results(messages: &[Message]) -> Vec<Message> {
     let Some(last_turn) = messages.iter().rposition(|m| !m.tool_calls.is_empty()) else {
         return Vec::new();

@@ -1,6 +1,6 @@
 //! Building one LLM request: the assistant's system prompt, the shared history, and the
 //! step's own messages (its task, then its tool calls and results), fitted to the model's
-//! window and checked against the provider's rules (PRODUCT.md F4, F9, F10).
+//! window and checked against the provider's rules.
 
 use contexture_core::Message;
 use contexture_core::budget::{BudgetBreakdown, BudgetPolicy, Limits};

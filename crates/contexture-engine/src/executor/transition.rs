@@ -1,6 +1,6 @@
 //! The end of a step: its output applied to the context store under the transition flags
-//! (PRODUCT.md F15), its exchange added to the shared history, the next state chosen (F17),
-//! and the items of an iteration selected (F18). All of it becomes the events of one
+//!, its exchange added to the shared history, the next state chosen,
+//! and the items of an iteration selected. All of it becomes the events of one
 //! transaction, so a step is recorded entirely or not at all.
 
 use contexture_core::Message;

@@ -1,4 +1,4 @@
-//! YAML workflows (PRODUCT.md F20): assistants, tools, states and transitions, loaded with
+//! YAML workflows: assistants, tools, states and transitions, loaded with
 //! `yaml_serde` and validated before anything runs.
 //!
 //! ```yaml
@@ -69,7 +69,7 @@ pub struct Workflow {
     pub tools: Vec<Tool>,
     /// The states; the first one runs first.
     pub states: Vec<State>,
-    /// MCP servers the workflow declares (PRODUCT.md F26). They are loaded and their
+    /// MCP servers the workflow declares. They are loaded and their
     /// argument templates validated; running them is not implemented yet, and a run that
     /// declares any is refused with an error saying so.
     #[serde(default)]
@@ -215,7 +215,7 @@ pub struct Tool {
     pub resolve_dynamic_values_in_response: bool,
 }
 
-/// An MCP server declaration (PRODUCT.md F26), as on the CodeMie reference page.
+/// An MCP server declaration, as on the CodeMie reference page.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct McpServer {
@@ -330,7 +330,7 @@ pub struct WorkflowRef {
     pub path: String,
 }
 
-/// How runs that continue a conversation load and keep its history (PRODUCT.md F23).
+/// How runs that continue a conversation load and keep its history.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ConversationPolicy {
