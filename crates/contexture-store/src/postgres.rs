@@ -229,18 +229,12 @@ async fn append_fast(
     max_events: u64,
 ) -> Result<Vec<u64>, StoreError> {
     let count = i64::try_from(rows.len()).unwrap_or(i64::MAX);
-    let full = || StoreError::ThreadFull {
-        thread: thread.to_string(),
-        max_events,
-    };
+    record::check_room(thread, rows.len() as u64, max_events)?;
     let cap = if max_events == 0 {
         i64::MAX
     } else {
         db_seq(max_events)
     };
-    if count > cap {
-        return Err(full());
-    }
     let mut kinds = Vec::with_capacity(rows.len());
     let mut bodies = Vec::with_capacity(rows.len());
     let mut tokens = Vec::with_capacity(rows.len());
@@ -273,7 +267,10 @@ async fn append_fast(
         .doing("append events")?;
     // The thread's row was not updated (it would pass the limit), so nothing was inserted.
     if rows.is_empty() {
-        return Err(full());
+        return Err(StoreError::ThreadFull {
+            thread: thread.to_string(),
+            max_events,
+        });
     }
     let mut seqs = rows
         .iter()
@@ -354,13 +351,8 @@ impl Store for PgStore {
                 }
             }
             let seq = last + 1;
-            if max_events > 0 && seq > max_events {
-                // Returning drops the transaction: nothing of this append is stored.
-                return Err(StoreError::ThreadFull {
-                    thread: thread.to_string(),
-                    max_events,
-                });
-            }
+            // On an error the transaction is dropped: nothing of this append is stored.
+            record::check_room(thread, seq, max_events)?;
             row.event
                 .check_at(seq)
                 .map_err(|source| StoreError::InvalidEvent {

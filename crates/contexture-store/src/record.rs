@@ -63,6 +63,18 @@ pub(crate) fn encode(thread: &str, event: NewEvent) -> Result<Row, StoreError> {
     })
 }
 
+/// Refuses the event that would get `seq` in `thread` past the store's limit of
+/// `max_events` per thread (0: no limit).
+pub(crate) fn check_room(thread: &str, seq: u64, max_events: u64) -> Result<(), StoreError> {
+    if max_events > 0 && seq > max_events {
+        return Err(StoreError::ThreadFull {
+            thread: thread.to_string(),
+            max_events,
+        });
+    }
+    Ok(())
+}
+
 /// Encodes the `forked` event [`crate::Store::fork`] writes.
 pub(crate) fn forked_body(parent: &str, at_seq: u64) -> String {
     serde_json::json!({"type": "forked", "parent": parent, "at_seq": at_seq}).to_string()

@@ -281,13 +281,8 @@ fn append_rows(
                 }
             }
             let seq = last + 1;
-            if max_events > 0 && seq > max_events {
-                // The savepoint of this write is rolled back: nothing of it is stored.
-                return Err(StoreError::ThreadFull {
-                    thread: thread.to_string(),
-                    max_events,
-                });
-            }
+            // On an error the savepoint of this write is rolled back: nothing of it is stored.
+            record::check_room(thread, seq, max_events)?;
             row.event
                 .check_at(seq)
                 .map_err(|source| StoreError::InvalidEvent {

@@ -482,13 +482,11 @@ impl<S: Store> Executor<S> {
             .iter()
             .filter_map(|tool| self.tools.check(tool).err())
             .collect();
-        if let Programs::Refused(reason) = programs {
-            problems.extend(
-                crate::workflow::program_declarations(workflow)
-                    .into_iter()
-                    .map(|(_, what)| format!("{what}, which is refused here: {reason}")),
-            );
-        }
+        problems.extend(
+            crate::workflow::program_refusals(workflow, programs)
+                .into_iter()
+                .map(|(_, problem)| problem),
+        );
         if !workflow.mcp_servers.is_empty() {
             problems.push(format!(
                 "mcp_servers are declared ({}), but running MCP servers is not supported yet; remove them to run",

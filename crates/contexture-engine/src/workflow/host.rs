@@ -40,11 +40,6 @@ impl Programs {
             Provenance::Operator => host.clone(),
         }
     }
-
-    /// True when programs may run.
-    pub fn allowed(&self) -> bool {
-        matches!(self, Programs::Allowed)
-    }
 }
 
 /// Every place in `workflow` that would start a program on the host, as `(path, what)`:
@@ -79,6 +74,18 @@ pub fn program_declarations(workflow: &Workflow) -> Vec<(String, String)> {
     tools.chain(servers).collect()
 }
 
+/// Every program `workflow` declares, as `(path, problem)`, when `programs` refuses them;
+/// none when it allows them.
+pub fn program_refusals(workflow: &Workflow, programs: &Programs) -> Vec<(String, String)> {
+    let Programs::Refused(reason) = programs else {
+        return Vec::new();
+    };
+    program_declarations(workflow)
+        .into_iter()
+        .map(|(path, what)| (path, format!("{what}, which is refused here: {reason}")))
+        .collect()
+}
+
 /// The diagnostics of `workflow` (read from `text`, named `file`) under `programs`: one per
 /// program it declares when programs are refused, none otherwise.
 pub(super) fn program_diagnostics(
@@ -87,16 +94,9 @@ pub(super) fn program_diagnostics(
     file: &str,
     programs: &Programs,
 ) -> Vec<Diagnostic> {
-    let Programs::Refused(reason) = programs else {
-        return Vec::new();
-    };
-    let declarations = program_declarations(workflow);
-    if declarations.is_empty() {
+    let problems = program_refusals(workflow, programs);
+    if problems.is_empty() {
         return Vec::new();
     }
-    let problems = declarations
-        .into_iter()
-        .map(|(path, what)| (path, format!("{what}, which is refused here: {reason}")))
-        .collect();
     super::located(text, file, problems)
 }

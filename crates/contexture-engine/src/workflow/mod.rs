@@ -46,7 +46,7 @@ use contexture_core::thread::RunLimits;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-pub use host::{Programs, Provenance, program_declarations};
+pub use host::{Programs, Provenance, program_declarations, program_refusals};
 pub use spans::Position;
 
 use crate::sources::WorkflowSource;

@@ -100,11 +100,10 @@ pub async fn completions(
     };
     check_id("the thread", &thread).map_err(|problem| ApiError::invalid(THREAD_HEADER, problem))?;
     check_one_choice(&body)?;
-    let settings = FitSettings::new(&state, &model, None, None, None)?;
-    let settings = match reply_budget(&body, &settings.model)? {
-        Some(tokens) => FitSettings::new(&state, &model, None, None, Some(tokens))?,
-        None => settings,
-    };
+    let mut settings = FitSettings::new(&state, &model, None, None, None)?;
+    if let Some(tokens) = reply_budget(&body, &settings.model)? {
+        settings.budget.reserve_output = Some(tokens);
+    }
     let tenant = &caller.tenant;
     let scoped = tenant.scope(&thread);
     state.active_runs.refuse_writes(&scoped, &thread)?;

@@ -142,6 +142,15 @@ pub async fn create(
         .into_response())
 }
 
+/// A page's size: `limit` (default 100), 1 to 1000.
+fn page_limit(limit: Option<usize>) -> ApiResult<usize> {
+    let limit = limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::invalid("limit", "limit must be 1 to 1000"));
+    }
+    Ok(limit)
+}
+
 /// `GET /v1/threads` query.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -158,10 +167,7 @@ pub async fn list(
     Extension(caller): Extension<Caller>,
     QueryParams(query): QueryParams<ListQuery>,
 ) -> ApiResult<Json<Value>> {
-    let limit = query.limit.unwrap_or(100);
-    if !(1..=1000).contains(&limit) {
-        return Err(ApiError::invalid("limit", "limit must be 1 to 1000"));
-    }
+    let limit = page_limit(query.limit)?;
     let tenant = &caller.tenant;
     let prefix = tenant.scope("");
     let after = query
@@ -353,10 +359,7 @@ pub async fn events(
     Path(id): Path<String>,
     QueryParams(query): QueryParams<EventsQuery>,
 ) -> ApiResult<Json<Value>> {
-    let limit = query.limit.unwrap_or(100);
-    if !(1..=1000).contains(&limit) {
-        return Err(ApiError::invalid("limit", "limit must be 1 to 1000"));
-    }
+    let limit = page_limit(query.limit)?;
     let tenant = &caller.tenant;
     let events = state
         .store
