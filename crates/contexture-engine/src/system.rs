@@ -89,6 +89,21 @@ pub fn system_variables() -> Vec<(&'static str, String)> {
     variables
 }
 
+/// The system variables that describe this host: its name, the user the process runs as,
+/// and its working directory. A workflow a client sent never sees them (see
+/// [`for_client`]); `os` says only which kind of system this is and stays.
+pub const HOST_IDENTITY_VARIABLES: [&str; 3] = ["hostname", "username", "working_directory"];
+
+/// `options` without the variables that describe this host ([`HOST_IDENTITY_VARIABLES`]):
+/// the render options of a workflow a client sent, which learns nothing about the machine
+/// that runs it. A template that names one of them meets the missing-variable policy.
+pub fn for_client(mut options: RenderOptions) -> RenderOptions {
+    for name in HOST_IDENTITY_VARIABLES {
+        options.variables.remove(name);
+    }
+    options
+}
+
 /// Render options with the real clock (or one stopped at `now`, in Unix seconds), random
 /// ids and the system variables.
 pub fn render_options(now: Option<i64>) -> RenderOptions {

@@ -219,3 +219,34 @@ async fn the_wall_clock_limit_cancels_a_run_with_its_reason() {
     });
     assert_eq!(ended, Some(RunStatus::Cancelled));
 }
+
+#[tokio::test]
+async fn a_clients_templates_do_not_see_which_host_runs_them() {
+    let (_dir, store) = sqlite().await;
+    let options = contexture_core::context::RenderOptions::fixed(1_767_225_600)
+        .with_variable("hostname", "build-host-7".into())
+        .with_variable("username", "svc-contexture".into())
+        .with_variable("working_directory", "/srv/contexture".into())
+        .with_variable("os", "linux".into());
+    let exec = executor(store.clone(), script("[]")).with_render_options(options);
+    let workflow = r#"missing_variables: empty
+states:
+  - id: s
+    transform:
+      host: "[{{ hostname }}|{{ username }}|{{ working_directory }}|{{ os }}]"
+    next: {state_id: end}
+"#;
+    let operator = exec
+        .start(RunRequest {
+            execution_id: Some("operator".into()),
+            ..RunRequest::new("workflow.yaml", workflow, "x")
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        operator.output,
+        r#"{"host":"[build-host-7|svc-contexture|/srv/contexture|linux]"}"#
+    );
+    let from_client = exec.start(client(workflow)).await.unwrap();
+    assert_eq!(from_client.output, r#"{"host":"[|||linux]"}"#);
+}

@@ -13,10 +13,10 @@ use serde_json::{Map, Value};
 use super::error::{ExecError, StepError};
 use super::log::{ExecutionLog, ItemResult, Iteration};
 use super::transition::{Finishing, finish};
-use super::{Executor, Run, cancelled_results};
+use super::{Executor, Run, cancelled_results, provenance_of};
 use crate::hooks::StepInfo;
 use crate::tools::{ToolError, configured_arguments, is_context_manager};
-use crate::workflow::StepKind;
+use crate::workflow::{Provenance, StepKind};
 use contexture_store::Store;
 
 /// The model whose tokenizer measures a compaction a tool state runs (no assistant names
@@ -209,6 +209,9 @@ impl<S: Store> Executor<S> {
         };
         let store = run.log.store();
         let mut options = self.render.clone().with_missing(workflow.missing_variables);
+        if run.log.start().map(provenance_of) == Some(Provenance::Client) {
+            options = crate::system::for_client(options);
+        }
         let context = match &work {
             Work::Item { index, value, .. } => {
                 options = options
