@@ -3,7 +3,7 @@
 //! A workflow's tool declares what runs it (see [`crate::workflow::Tool`]): a local program
 //! (`command`), a fixed answer (`response`), or a named implementation from the
 //! [`Toolbox`]: a built-in ([`Echo`]) or one the library's caller registered with
-//! [`Toolbox::register`].
+//! [`Toolbox::register`] (such as a [`ProgramTool`], a program the operator vetted).
 //!
 //! Arguments: the configured ones (the tool's `arguments`, then a tool state's `tool_args`)
 //! are templates rendered against the context; an assistant's call adds the arguments the
@@ -28,6 +28,12 @@ use crate::workflow::Tool;
 /// (false keeps only the notes) and optional `history` lines; a tool state runs it with its
 /// configured arguments. The executor runs it, since it needs the run's thread.
 pub const CONTEXT_MANAGER: &str = "context_manager";
+
+/// The built-in tool that answers with its arguments ([`Echo`]).
+pub const ECHO: &str = "echo";
+
+/// The names of the built-in tools, which a registered tool cannot take.
+pub const BUILT_IN_TOOLS: [&str; 2] = [ECHO, CONTEXT_MANAGER];
 
 /// The default time a tool call may take.
 pub const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_secs(60);
@@ -95,7 +101,7 @@ impl Default for Toolbox {
         let mut toolbox = Toolbox {
             runners: BTreeMap::new(),
         };
-        toolbox.register("echo", Arc::new(Echo));
+        toolbox.register(ECHO, Arc::new(Echo));
         toolbox
     }
 }
@@ -245,8 +251,8 @@ pub fn merge_arguments(
     arguments
 }
 
-/// Runs a local program: the arguments as JSON on standard input, the result on standard
-/// output. The program is killed when the call times out.
+/// Runs a workflow's `command` tool: its argv's templates rendered against the context, then
+/// the program run as [`run_program`] runs it, with the server's environment.
 async fn run_command(
     tool: &Tool,
     command: &[String],
@@ -259,16 +265,39 @@ async fn run_command(
         .map(|part| render(part, context, options).map(|rendered| rendered.text))
         .collect::<Result<_, _>>()
         .map_err(|error| ToolError::new(&tool.id, format!("in its command: {error}")))?;
-    let mut child = tokio::process::Command::new(&argv[0])
-        .args(&argv[1..])
+    run_program(&tool.id, &argv, None, arguments).await
+}
+
+/// Runs a local program: the arguments as JSON on standard input, the result on standard
+/// output. With `environment`, the program sees only those variables (and `PATH`);
+/// without, it inherits this process's. The program is killed when the call is dropped
+/// (a timeout, a cancelled run).
+async fn run_program(
+    tool_id: &str,
+    argv: &[String],
+    environment: Option<&BTreeMap<String, String>>,
+    arguments: &Map<String, Value>,
+) -> Result<String, ToolError> {
+    let Some((program, program_args)) = argv.split_first() else {
+        return Err(ToolError::new(tool_id, "its command is empty"));
+    };
+    let mut command = tokio::process::Command::new(program);
+    command
+        .args(program_args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
+        .kill_on_drop(true);
+    if let Some(environment) = environment {
+        command.env_clear();
+        if let Some(path) = std::env::var_os("PATH") {
+            command.env("PATH", path);
+        }
+        command.envs(environment);
+    }
+    let mut child = command
         .spawn()
-        .map_err(|error| {
-            ToolError::new(&tool.id, format!("cannot start `{}`: {error}", argv[0]))
-        })?;
+        .map_err(|error| ToolError::new(tool_id, format!("cannot start `{program}`: {error}")))?;
     let input = Value::Object(arguments.clone()).to_string();
     if let Some(mut stdin) = child.stdin.take() {
         // A program that exits without reading its input is not an error in itself.
@@ -277,21 +306,20 @@ async fn run_command(
     let output = child
         .wait_with_output()
         .await
-        .map_err(|error| ToolError::new(&tool.id, format!("`{}` failed: {error}", argv[0])))?;
+        .map_err(|error| ToolError::new(tool_id, format!("`{program}` failed: {error}")))?;
     let stdout = String::from_utf8(output.stdout).map_err(|_| {
         ToolError::new(
-            &tool.id,
-            format!("`{}` wrote output that is not UTF-8", argv[0]),
+            tool_id,
+            format!("`{program}` wrote output that is not UTF-8"),
         )
     })?;
     if !output.status.success() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         let excerpt: String = stderr.trim().chars().take(2000).collect();
         return Err(ToolError::new(
-            &tool.id,
+            tool_id,
             format!(
-                "`{}` exited with {}{}",
-                argv[0],
+                "`{program}` exited with {}{}",
                 output.status,
                 if excerpt.is_empty() {
                     String::new()
@@ -302,6 +330,67 @@ async fn run_command(
         ));
     }
     Ok(stdout.trim_end_matches('\n').to_owned())
+}
+
+/// A program registered as a named tool by whoever runs the engine (the server's operator):
+/// the workflows that name it (`tool: NAME`), a client's included, run exactly this argv,
+/// never one of their own. The call's arguments arrive as a JSON object on standard input;
+/// standard output is the result. It sees only its own environment variables and `PATH`,
+/// never the variables of the process that runs it (where API keys live), and it is killed
+/// past its timeout, whatever the workflow's declaration asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProgramTool {
+    argv: Vec<String>,
+    environment: BTreeMap<String, String>,
+    timeout: Duration,
+}
+
+impl ProgramTool {
+    /// The program `argv[0]` with the arguments `argv[1..]`, as given (no templates);
+    /// `environment` is all it sees besides `PATH`.
+    pub fn new(
+        argv: Vec<String>,
+        environment: BTreeMap<String, String>,
+        timeout: Duration,
+    ) -> Result<ProgramTool, String> {
+        match argv.first() {
+            None => return Err("the command is empty: name a program".into()),
+            Some(program) if program.is_empty() => {
+                return Err("the command's program is an empty string".into());
+            }
+            Some(_) => {}
+        }
+        if timeout.is_zero() {
+            return Err("the timeout must be more than 0 seconds".into());
+        }
+        Ok(ProgramTool {
+            argv,
+            environment,
+            timeout,
+        })
+    }
+}
+
+impl ToolRunner for ProgramTool {
+    fn call<'a>(
+        &'a self,
+        request: ToolCallRequest<'a>,
+    ) -> BoxFuture<'a, Result<String, ToolError>> {
+        Box::pin(async move {
+            let tool_id = &request.tool.id;
+            let call = run_program(
+                tool_id,
+                &self.argv,
+                Some(&self.environment),
+                &request.arguments,
+            );
+            tokio::time::timeout(self.timeout, call)
+                .await
+                .map_err(|_| {
+                    ToolError::new(tool_id, format!("no result within {:?}", self.timeout))
+                })?
+        })
+    }
 }
 
 /// Parses the arguments a model passed to a tool: a JSON object (an empty text counts as

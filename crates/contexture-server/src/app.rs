@@ -30,6 +30,7 @@ use crate::active_runs::ActiveRuns;
 use crate::auth::{KeyCache, RateLimiter, authenticate};
 use crate::body::BodyTimeout;
 use crate::config::ServerConfig;
+use crate::keyed_turns::KeyedTurns;
 use crate::metrics::{Metrics, track};
 use crate::quota::TenantSlots;
 use crate::routes::{chat, executions, ops, threads};
@@ -111,6 +112,8 @@ pub struct Shared {
     pub active_runs: Arc<ActiveRuns>,
     /// Each tenant's open event streams.
     pub streams: Arc<TenantSlots>,
+    /// The keyed chat turns this server is answering.
+    pub keyed_turns: Arc<KeyedTurns>,
 }
 
 /// Counts work in flight outside requests, so a shutdown can wait for it.
@@ -224,6 +227,11 @@ impl AppState {
         let executor = Executor::new(store.clone(), router.clone())
             .with_registry(registry.clone())
             .with_programs(programs)
+            .with_tools(
+                config
+                    .toolbox()
+                    .map_err(|error| StartError::Config(error.to_string()))?,
+            )
             .with_limit_caps(config.executions.limit_caps())
             .with_workflow_source(Arc::new(ConfinedFiles {
                 root: workflows_dir.clone(),
@@ -259,6 +267,7 @@ impl AppState {
                 "executions.max_running",
             ),
             active_runs: Arc::new(ActiveRuns::default()),
+            keyed_turns: Arc::new(KeyedTurns::default()),
             streams: TenantSlots::new(
                 config.limits.max_event_streams,
                 "open event streams",

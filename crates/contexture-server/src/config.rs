@@ -2,6 +2,7 @@
 //! defaults. With neither, the server binds 127.0.0.1:8080 and keeps its data in
 //! `contexture.db` (SQLite).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -9,6 +10,7 @@ use std::time::Duration;
 use contexture_core::budget::BudgetPolicy;
 use contexture_core::compact::CompactionPolicy;
 use contexture_core::thread::RunLimits;
+use contexture_engine::tools::{BUILT_IN_TOOLS, ProgramTool, Toolbox};
 use serde::{Deserialize, Serialize};
 
 /// Everything `contexture serve` can be told.
@@ -41,6 +43,10 @@ pub struct ServerConfig {
     pub context: ContextConfig,
     /// How long a shutdown waits for requests in flight to finish, in seconds.
     pub shutdown_grace_secs: u64,
+    /// Tools the operator registers by name (`[tools.NAME]`): every workflow on this server,
+    /// a client's included, may use one by declaring a tool with `tool: NAME`. These are the
+    /// only programs a client's workflow can reach.
+    pub tools: BTreeMap<String, RegisteredTool>,
 }
 
 impl Default for ServerConfig {
@@ -57,6 +63,7 @@ impl Default for ServerConfig {
             llm: "auto".into(),
             context: ContextConfig::default(),
             shutdown_grace_secs: 30,
+            tools: BTreeMap::new(),
         }
     }
 }
@@ -174,6 +181,28 @@ impl ExecutionsConfig {
     }
 }
 
+/// A program the operator registers as a tool. It runs as given: a workflow chooses neither
+/// the program nor its arguments, only the call's arguments, which arrive as a JSON object
+/// on standard input (standard output is the result). It sees only `env` and `PATH`, never
+/// the server's environment (where the upstream key lives).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegisteredTool {
+    /// The program and its arguments.
+    pub command: Vec<String>,
+    /// The environment variables it sees, besides `PATH`.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Seconds a call may take before the program is killed (default 60), whatever the
+    /// workflow's declaration asks for.
+    #[serde(default = "default_tool_timeout_secs")]
+    pub timeout_secs: f64,
+}
+
+fn default_tool_timeout_secs() -> f64 {
+    contexture_engine::tools::DEFAULT_TOOL_TIMEOUT.as_secs_f64()
+}
+
 /// The upstream provider of `/v1/chat/completions` and `/v1/models`.
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -188,6 +217,11 @@ pub struct UpstreamConfig {
     pub timeout_secs: f64,
     /// Retries on connection failures, 429 and 5xx before any byte was returned.
     pub retries: u32,
+    /// Seconds after which a chat turn sent with an `Idempotency-Key` whose answer never
+    /// ended, and that no server is seen answering, counts as abandoned (its server stopped
+    /// mid-call): a retry then records it as failed and calls the upstream again (default
+    /// 600). Before that, a retry answers 409.
+    pub abandon_after_secs: f64,
 }
 
 impl Default for UpstreamConfig {
@@ -197,6 +231,7 @@ impl Default for UpstreamConfig {
             api_key: None,
             timeout_secs: 120.0,
             retries: 2,
+            abandon_after_secs: 600.0,
         }
     }
 }
@@ -208,6 +243,7 @@ impl std::fmt::Debug for UpstreamConfig {
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("timeout_secs", &self.timeout_secs)
             .field("retries", &self.retries)
+            .field("abandon_after_secs", &self.abandon_after_secs)
             .finish()
     }
 }
@@ -290,6 +326,14 @@ pub enum ConfigError {
     Env {
         /// The variable.
         name: &'static str,
+        /// What was wrong.
+        problem: String,
+    },
+    /// A registered tool cannot be used.
+    #[error("tools.{name}: {problem}")]
+    Tool {
+        /// The tool's name.
+        name: String,
         /// What was wrong.
         problem: String,
     },
@@ -405,6 +449,46 @@ impl ServerConfig {
         Ok(())
     }
 
+    /// The tools executions can use: the built-ins and the operator's registered ones.
+    pub fn toolbox(&self) -> Result<Toolbox, ConfigError> {
+        let mut toolbox = Toolbox::default();
+        for (name, tool) in &self.tools {
+            let problem = |problem: String| ConfigError::Tool {
+                name: name.clone(),
+                problem,
+            };
+            if BUILT_IN_TOOLS.contains(&name.as_str()) {
+                return Err(problem(format!(
+                    "`{name}` is a built-in tool; register this one under another name"
+                )));
+            }
+            if name.is_empty()
+                || name.len() > 64
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            {
+                return Err(problem(
+                    "a tool's name is 1 to 64 letters, digits, `_` or `-`".into(),
+                ));
+            }
+            if !(tool.timeout_secs.is_finite() && tool.timeout_secs > 0.0) {
+                return Err(problem(format!(
+                    "timeout_secs must be above 0, not {}",
+                    tool.timeout_secs
+                )));
+            }
+            let runner = ProgramTool::new(
+                tool.command.clone(),
+                tool.env.clone(),
+                Duration::from_secs_f64(tool.timeout_secs),
+            )
+            .map_err(problem)?;
+            toolbox.register(name.clone(), std::sync::Arc::new(runner));
+        }
+        Ok(toolbox)
+    }
+
     fn check(&self) -> Result<(), ConfigError> {
         let invalid = |field, problem: String| Err(ConfigError::Invalid { field, problem });
         if self.limits.max_body_bytes == 0 {
@@ -454,6 +538,13 @@ impl ServerConfig {
                 format!("must be above 0, not {}", self.upstream.timeout_secs),
             );
         }
+        if !(self.upstream.abandon_after_secs.is_finite() && self.upstream.abandon_after_secs > 0.0)
+        {
+            return invalid(
+                "upstream.abandon_after_secs",
+                format!("must be above 0, not {}", self.upstream.abandon_after_secs),
+            );
+        }
         if self.executions.max_steps == 0 {
             return invalid("executions.max_steps", "must be at least 1".into());
         }
@@ -481,6 +572,7 @@ impl ServerConfig {
                 "programs run only for the workflows of `workflows_dir`, which is not set".into(),
             );
         }
+        self.toolbox()?;
         if let Err(error) = self.context.budget.validate() {
             return invalid("context.budget_ratio", error.to_string());
         }

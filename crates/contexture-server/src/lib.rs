@@ -20,10 +20,11 @@ pub mod config;
 pub mod error;
 pub mod fitting;
 pub mod json_shape;
+pub mod keyed_turns;
 pub mod metrics;
 pub mod quota;
 pub mod routes;
 pub mod tenancy;
 
 pub use app::{AppState, StartError, bind, router, serve, shutdown_signal};
-pub use config::ServerConfig;
+pub use config::{RegisteredTool, ServerConfig};

@@ -272,3 +272,76 @@ async fn a_run_that_never_ends_is_stopped_by_the_default_step_ceiling() {
     }
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_requests_workflow_reaches_the_host_only_through_the_operators_registered_tools() {
+    let dir = TempDir::new("contexture-trust");
+    let mut config = config(None);
+    // The program echoes its input and what it can see of the environment: the operator's
+    // variable, and none of the server process's (cargo sets CARGO_MANIFEST_DIR for tests).
+    config.tools.insert(
+        "lookup".into(),
+        contexture_server::RegisteredTool {
+            command: vec![
+                "sh".into(),
+                "-c".into(),
+                r#"printf '%s|%s|%s' "$(cat)" "$REGION" "$CARGO_MANIFEST_DIR""#.into(),
+            ],
+            env: [("REGION".to_owned(), "eu-west".to_owned())].into(),
+            timeout_secs: 10.0,
+        },
+    );
+    let (server, key) = serve_in(&dir, config).await;
+    let workflow = "tools:\n  - id: find\n    tool: lookup\n    arguments: {city: Paris}\nstates:\n  - id: s\n    tool_id: find\n    next: {state_id: end}\n";
+    let (status, body) = start(
+        &server,
+        &key,
+        json!({"workflow_yaml": workflow, "input": "x", "id": "run-1"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let end = wait_for_end(&server, &key, "run-1").await;
+    assert_eq!(end["status"], "completed", "{end}");
+    assert_eq!(end["output"], r#"{"city":"Paris"}|eu-west|"#, "{end}");
+
+    // A name nobody registered is refused at validation, listing what is registered.
+    let unknown = workflow.replace("tool: lookup", "tool: shell");
+    let (status, error) = start(&server, &key, json!({"workflow_yaml": unknown})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("tool `find` has no implementation") && message.contains("lookup"),
+        "{message}"
+    );
+    server.shutdown().await;
+}
+
+#[test]
+fn a_registered_tool_must_be_a_usable_program_under_a_free_name() {
+    let problem = |toml: &str| {
+        ServerConfig::parse(toml, std::path::Path::new("contexture.toml"))
+            .and_then(|config| config.toolbox().map(|_| ()))
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        problem("[tools.echo]\ncommand = [\"cat\"]\n"),
+        "tools.echo: `echo` is a built-in tool; register this one under another name"
+    );
+    assert_eq!(
+        problem("[tools.search]\ncommand = []\n"),
+        "tools.search: the command is empty: name a program"
+    );
+    assert_eq!(
+        problem("[tools.\"a b\"]\ncommand = [\"cat\"]\n"),
+        "tools.a b: a tool's name is 1 to 64 letters, digits, `_` or `-`"
+    );
+    assert_eq!(
+        problem("[tools.search]\ncommand = [\"cat\"]\ntimeout_secs = 0\n"),
+        "tools.search: timeout_secs must be above 0, not 0"
+    );
+    assert!(
+        problem("[tools.search]\nprogram = \"cat\"\n").contains("unknown field `program`"),
+        "an unknown setting is named"
+    );
+}
