@@ -179,6 +179,12 @@ impl AnthropicProvider {
                 assembly.absorb(&data, on_delta);
             }
         }
+        // A stream cut before its stop reason or `message_stop` holds only part of the answer.
+        if !assembly.stopped && assembly.stop_reason.is_none() {
+            return Err(self.http.decode_error(
+                "the stream ended before the answer did (no stop reason, no message_stop)",
+            ));
+        }
         let answer = assembly.into_answer();
         self.response(&answer, attempts)
     }
@@ -235,6 +241,8 @@ struct StreamAssembly {
     /// The partial JSON of each tool_use block's input, by block index.
     partial_inputs: Vec<String>,
     stop_reason: Option<String>,
+    /// Whether the `message_stop` event came.
+    stopped: bool,
     input_tokens: Option<u64>,
     output_tokens: Option<u64>,
 }
@@ -322,6 +330,7 @@ impl StreamAssembly {
                     self.output_tokens = Some(tokens);
                 }
             }
+            Some("message_stop") => self.stopped = true,
             _ => {}
         }
     }

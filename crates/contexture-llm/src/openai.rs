@@ -118,6 +118,11 @@ impl OpenAiProvider {
                     .map_err(|problem| self.http.decode_error(problem.to_string()))?;
             }
         }
+        if !assembly.ended() {
+            return Err(self.http.decode_error(
+                "the stream ended before the answer did (no finish reason, no [DONE])",
+            ));
+        }
         let completion = assembly.finish();
         Ok(ChatResponse {
             message: completion.message,
@@ -273,6 +278,8 @@ pub(crate) struct StreamAssembly {
     model: Option<String>,
     /// Whether any chunk carried choice 0.
     saw_choice: bool,
+    /// Whether the `[DONE]` event came.
+    done: bool,
 }
 
 impl StreamAssembly {
@@ -284,6 +291,7 @@ impl StreamAssembly {
         on_delta: &mut (dyn FnMut(StreamDelta) + Send),
     ) -> Result<(), ChunkProblem> {
         if data.trim() == "[DONE]" {
+            self.done = true;
             return Ok(());
         }
         let chunk: Value = serde_json::from_str(data).map_err(|e| ChunkProblem::NotJson {
@@ -295,6 +303,13 @@ impl StreamAssembly {
         }
         self.absorb(&chunk, on_delta);
         Ok(())
+    }
+
+    /// Whether the stream said its answer is complete: a finish reason or `[DONE]` came. A
+    /// stream that stops before either was cut off, and what arrived is only part of the
+    /// answer.
+    pub(crate) fn ended(&self) -> bool {
+        self.done || self.finish_reason.is_some()
     }
 
     /// Whether any chunk carried choice 0 (a stream without one has no answer).

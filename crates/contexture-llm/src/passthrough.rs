@@ -453,8 +453,6 @@ pub struct AnswerAccumulator {
     assembly: StreamAssembly,
     /// The first problem met; later bytes are ignored.
     problem: Option<PassthroughError>,
-    /// A `[DONE]` event came.
-    done: bool,
 }
 
 impl AnswerAccumulator {
@@ -509,8 +507,9 @@ impl AnswerAccumulator {
         if !self.assembly.saw_choice() {
             return Err(PassthroughError::NoChoice);
         }
+        let ended = self.assembly.ended();
         let completion = self.assembly.finish();
-        if !self.done && completion.finish_reason.is_none() {
+        if !ended {
             return Err(PassthroughError::Truncated {
                 partial: Some(Box::new(completion.message)),
             });
@@ -535,9 +534,6 @@ impl AnswerAccumulator {
 
     fn absorb(&mut self, events: impl IntoIterator<Item = SseEvent>) {
         for event in events {
-            if event.data.trim() == "[DONE]" {
-                self.done = true;
-            }
             if let Err(problem) = self.assembly.absorb_data(&event.data, &mut |_| {}) {
                 self.problem = Some(match problem {
                     ChunkProblem::NotJson { .. } => PassthroughError::Malformed {

@@ -369,3 +369,57 @@ async fn anthropic_streams() {
         })
     );
 }
+
+#[tokio::test]
+async fn a_stream_cut_before_its_end_is_an_error_not_a_short_answer() {
+    let sse = |body: String| Canned {
+        status: 200,
+        headers: vec![("content-type", "text/event-stream")],
+        body,
+        delay: Duration::ZERO,
+    };
+    // Text arrives, then the body ends with no finish reason and no [DONE].
+    let openai_cut =
+        json!({"model": "gpt-4o", "choices": [{"index": 0, "delta": {"content": "Half an ans"}}]});
+    let (base, _server) = serve(vec![sse(format!("data: {openai_cut}\n\n"))]).await;
+    let provider = OpenAiProvider::new(format!("{base}/v1"), None);
+    let mut deltas = Vec::new();
+    let error = provider
+        .stream(&request(), &mut |delta| deltas.push(delta))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, LlmError::Decode { .. }), "{error:?}");
+    assert_eq!(
+        error.to_string(),
+        "openai: unexpected answer: the stream ended before the answer did (no finish reason, no [DONE])"
+    );
+    assert_eq!(deltas, [StreamDelta::Text("Half an ans".into())]);
+
+    // An answer that ends with [DONE] but no finish reason is whole (some servers omit it).
+    let (base, _server) = serve(vec![Canned::sse(&[openai_cut])]).await;
+    let provider = OpenAiProvider::new(format!("{base}/v1"), None);
+    let response = provider.stream(&request(), &mut |_| {}).await.unwrap();
+    assert_eq!(response.message.text(), "Half an ans");
+
+    let anthropic_cut = [
+        json!({"type": "message_start", "message": {"model": "claude-sonnet-4-5", "usage": {"input_tokens": 25, "output_tokens": 1}}}),
+        json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Sun"}}),
+    ];
+    let body: String = anthropic_cut
+        .iter()
+        .map(|event| {
+            format!(
+                "event: {}\ndata: {event}\n\n",
+                event["type"].as_str().unwrap()
+            )
+        })
+        .collect();
+    let (base, _server) = serve(vec![sse(body)]).await;
+    let provider = AnthropicProvider::new(base, "key");
+    let error = provider.stream(&request(), &mut |_| {}).await.unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "anthropic: unexpected answer: the stream ended before the answer did (no stop reason, no message_stop)"
+    );
+}
