@@ -857,3 +857,158 @@ async fn an_upstream_that_answers_garbage_or_dies_mid_stream_leaves_a_valid_thre
         &("user".to_owned(), "again".to_owned())
     );
 }
+
+#[tokio::test]
+async fn a_keyed_turn_in_flight_is_refused_and_one_whose_server_stopped_is_taken_over() {
+    use contexture_core::thread::{EventKind, RequestRecord};
+    use contexture_store::{NewEvent, Store};
+
+    let (upstream, base) = Upstream::start().await;
+    upstream.replies.lock().unwrap().push_back(Reply::Hang);
+    let (_dir, server, key) = server(&base, |config| {
+        config.upstream.abandon_after_secs = 0.3;
+    })
+    .await;
+    let hello = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hello"}]});
+
+    // The first attempt hangs upstream: while this server answers it, a retry is a 409,
+    // however old the attempt is.
+    let hanging = {
+        let (server_url, key, hello) = (server.url(""), key.clone(), hello.clone());
+        tokio::spawn(async move {
+            let _ = client()
+                .post(format!("{server_url}/v1/chat/completions"))
+                .bearer_auth(key)
+                .header("X-Contexture-Thread", "retry")
+                .header("Idempotency-Key", "k-1")
+                .json(&hello)
+                .send()
+                .await;
+        })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while upstream.bodies().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the upstream was never called"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    let refused = keyed(&server, &key, "k-1", hello.clone()).await;
+    assert_eq!(refused.status(), StatusCode::CONFLICT);
+    let error: Value = refused.json().await.unwrap();
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("is still being answered"),
+        "{error}"
+    );
+    assert_eq!(upstream.bodies().len(), 1, "no second call");
+    hanging.abort();
+
+    // An attempt recorded by a server that then stopped: no end, no server answering it.
+    let digest = contexture_server::routes::chat_retry::digest(hello.as_object().unwrap());
+    let record = RequestRecord {
+        request_id: "acme/retry/chat-lost".into(),
+        model: Some("gpt-4o-mini".into()),
+        client_digest: Some(digest),
+        ..RequestRecord::default()
+    };
+    server
+        .state
+        .store
+        .append_one(
+            "acme/lost",
+            NewEvent::new(EventKind::RequestStarted(record)).with_key("k-2:request"),
+        )
+        .await
+        .unwrap();
+    let lost = |key: String, hello: Value, server_url: String| async move {
+        client()
+            .post(format!("{server_url}/v1/chat/completions"))
+            .bearer_auth(key)
+            .header("X-Contexture-Thread", "lost")
+            .header("Idempotency-Key", "k-2")
+            .json(&hello)
+            .send()
+            .await
+            .unwrap()
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    let answered = lost(key.clone(), hello.clone(), server.url("")).await;
+    assert_eq!(answered.status(), StatusCode::OK);
+    assert!(answered.headers().get("x-contexture-replayed").is_none());
+    let answered: Value = answered.json().await.unwrap();
+    assert_eq!(answered["choices"][0]["message"]["content"], "reply 2");
+    let page: Value = client()
+        .get(server.url("/v1/threads/lost/events?limit=100"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ends: Vec<&Value> = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|event| event["type"] == "request_ended")
+        .collect();
+    assert_eq!(ends.len(), 2, "{page}");
+    assert!(
+        ends[0]["request_id"]
+            .as_str()
+            .unwrap()
+            .ends_with("/chat-lost"),
+        "{}",
+        ends[0]
+    );
+    assert_eq!(ends[0]["outcome"], "failed");
+    assert!(
+        ends[0]["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("abandoned: no end was recorded within 0.3 s"),
+        "{}",
+        ends[0]
+    );
+    assert_eq!(ends[1]["outcome"], "completed");
+    // And from then on the key replays the answer.
+    let replayed = lost(key.clone(), hello.clone(), server.url("")).await;
+    assert_eq!(replayed.headers()["x-contexture-replayed"], "true");
+    assert_eq!(upstream.bodies().len(), 2);
+}
+
+#[tokio::test]
+async fn a_keyed_turn_younger_than_the_abandon_time_is_not_taken_over() {
+    use contexture_core::thread::{EventKind, RequestRecord};
+    use contexture_store::{NewEvent, Store};
+
+    let (upstream, base) = Upstream::start().await;
+    let (_dir, server, key) = server(&base, |_| {}).await;
+    let hello = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hello"}]});
+    // Another server (of a shared database) recorded the attempt moments ago and may be
+    // answering it still.
+    let record = RequestRecord {
+        request_id: "acme/retry/chat-elsewhere".into(),
+        client_digest: Some(contexture_server::routes::chat_retry::digest(
+            hello.as_object().unwrap(),
+        )),
+        ..RequestRecord::default()
+    };
+    server
+        .state
+        .store
+        .append_one(
+            "acme/retry",
+            NewEvent::new(EventKind::RequestStarted(record)).with_key("k-1:request"),
+        )
+        .await
+        .unwrap();
+    let refused = keyed(&server, &key, "k-1", hello).await;
+    assert_eq!(refused.status(), StatusCode::CONFLICT);
+    assert!(upstream.bodies().is_empty());
+}

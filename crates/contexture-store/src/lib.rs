@@ -73,6 +73,16 @@ impl From<EventKind> for NewEvent {
     }
 }
 
+/// An event found by its idempotency key ([`Store::keyed_event`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyedEvent {
+    /// The event.
+    pub event: Event,
+    /// When it was appended, in milliseconds since the Unix epoch (the clock of the machine
+    /// that appended it).
+    pub appended_at_ms: i64,
+}
+
 /// A summary of one stored thread.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ThreadInfo {
@@ -136,12 +146,13 @@ pub trait Store: Send + Sync {
     ) -> impl Future<Output = Result<Vec<Event>, StoreError>> + Send;
 
     /// The event of `thread` (its own, not a fork's parent's) that was appended with the
-    /// idempotency key `key`, if one was: what a retried request finds of its first attempt.
+    /// idempotency key `key`, if one was, and when: what a retried request finds of its
+    /// first attempt.
     fn keyed_event(
         &self,
         thread: &str,
         key: &str,
-    ) -> impl Future<Output = Result<Option<Event>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Option<KeyedEvent>, StoreError>> + Send;
 
     /// Creates `child` as a fork of `parent` after the parent's event `at_seq` (0 forks before
     /// the first event) and returns the seq of the child's `forked` event (`at_seq + 1`).

@@ -17,8 +17,8 @@ use tokio_postgres::{IsolationLevel, NoTls};
 use crate::error::Action;
 use crate::record::{self, Row, db_seq, seq_of};
 use crate::{
-    ApiKeyRecord, ApiKeyStore, ForkChain, NewEvent, PruneReport, Store, StoreError, ThreadInfo,
-    epoch_ms, pending_migrations,
+    ApiKeyRecord, ApiKeyStore, ForkChain, KeyedEvent, NewEvent, PruneReport, Store, StoreError,
+    ThreadInfo, epoch_ms, pending_migrations,
 };
 
 /// The numbered migrations, applied in order on open.
@@ -390,11 +390,11 @@ impl Store for PgStore {
         self.events_after(thread, 0).await
     }
 
-    async fn keyed_event(&self, thread: &str, key: &str) -> Result<Option<Event>, StoreError> {
+    async fn keyed_event(&self, thread: &str, key: &str) -> Result<Option<KeyedEvent>, StoreError> {
         let client = self.pool.get().await?;
         let select = client
             .prepare_cached(
-                "SELECT seq, kind, body, tokens FROM events
+                "SELECT seq, kind, body, tokens, created_at FROM events
                  WHERE thread_id = $1 AND idempotency_key = $2",
             )
             .await
@@ -404,13 +404,16 @@ impl Store for PgStore {
             .await
             .doing("look up the idempotency key")?;
         row.map(|row| {
-            record::decode(
-                thread,
-                seq_of(thread, row.get(0))?,
-                row.get(1),
-                row.get(2),
-                row.get(3),
-            )
+            Ok(KeyedEvent {
+                event: record::decode(
+                    thread,
+                    seq_of(thread, row.get(0))?,
+                    row.get(1),
+                    row.get(2),
+                    row.get(3),
+                )?,
+                appended_at_ms: row.get(4),
+            })
         })
         .transpose()
     }

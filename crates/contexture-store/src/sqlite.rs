@@ -23,8 +23,8 @@ use self::writer::Writer;
 use crate::error::Action;
 use crate::record::{self, Row, db_seq, seq_of};
 use crate::{
-    ApiKeyRecord, ApiKeyStore, ForkChain, NewEvent, PruneReport, Store, StoreError, ThreadInfo,
-    epoch_ms, pending_migrations,
+    ApiKeyRecord, ApiKeyStore, ForkChain, KeyedEvent, NewEvent, PruneReport, Store, StoreError,
+    ThreadInfo, epoch_ms, pending_migrations,
 };
 
 /// The numbered migrations, applied in order on open.
@@ -590,12 +590,12 @@ impl Store for SqliteStore {
         self.events_after(thread, 0).await
     }
 
-    async fn keyed_event(&self, thread: &str, key: &str) -> Result<Option<Event>, StoreError> {
+    async fn keyed_event(&self, thread: &str, key: &str) -> Result<Option<KeyedEvent>, StoreError> {
         let (thread, key) = (thread.to_string(), key.to_string());
         self.read(move |conn| {
             let mut select = conn
                 .prepare_cached(
-                    "SELECT seq, kind, body, tokens FROM events
+                    "SELECT seq, kind, body, tokens, created_at FROM events
                      WHERE thread_id = ?1 AND idempotency_key = ?2",
                 )
                 .doing("prepare the idempotency lookup")?;
@@ -606,18 +606,22 @@ impl Store for SqliteStore {
                         row.get::<_, String>(1)?,
                         row.get::<_, String>(2)?,
                         row.get::<_, Option<String>>(3)?,
+                        row.get::<_, i64>(4)?,
                     ))
                 })
                 .optional()
                 .doing("look up the idempotency key")?;
-            row.map(|(seq, kind, body, tokens)| {
-                record::decode(
-                    &thread,
-                    seq_of(&thread, seq)?,
-                    &kind,
-                    &body,
-                    tokens.as_deref(),
-                )
+            row.map(|(seq, kind, body, tokens, appended_at_ms)| {
+                Ok(KeyedEvent {
+                    event: record::decode(
+                        &thread,
+                        seq_of(&thread, seq)?,
+                        &kind,
+                        &body,
+                        tokens.as_deref(),
+                    )?,
+                    appended_at_ms,
+                })
             })
             .transpose()
         })

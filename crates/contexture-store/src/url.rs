@@ -7,8 +7,8 @@ use std::time::SystemTime;
 use contexture_core::thread::{Event, Projection};
 
 use crate::{
-    ApiKeyRecord, ApiKeyStore, NewEvent, PgStore, PruneReport, SqliteStore, Store, StoreError,
-    ThreadInfo,
+    ApiKeyRecord, ApiKeyStore, KeyedEvent, NewEvent, PgStore, PruneReport, SqliteStore, Store,
+    StoreError, ThreadInfo,
 };
 
 /// A parsed database URL.
@@ -85,7 +85,7 @@ impl Store for AnyStore {
         }
     }
 
-    async fn keyed_event(&self, thread: &str, key: &str) -> Result<Option<Event>, StoreError> {
+    async fn keyed_event(&self, thread: &str, key: &str) -> Result<Option<KeyedEvent>, StoreError> {
         match self {
             AnyStore::Sqlite(store) => store.keyed_event(thread, key).await,
             AnyStore::Postgres(store) => store.keyed_event(thread, key).await,

@@ -119,9 +119,20 @@ async fn idempotency_keys_store_a_retry_once(h: &impl Harness) {
     let thread = s.load("t").await.unwrap();
     assert_eq!(texts(&thread.projection().messages), ["a", "b", "c", "d"]);
     // The event a key stored is found by it, in its own thread only.
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
     let found = s.keyed_event("t", "k2").await.unwrap().unwrap();
-    assert_eq!(found.seq, 3);
-    assert!(matches!(&found.kind, EventKind::MessageAppended { message } if message.text() == "c"));
+    assert_eq!(found.event.seq, 3);
+    assert!(
+        matches!(&found.event.kind, EventKind::MessageAppended { message } if message.text() == "c")
+    );
+    // Appended moments ago, by this machine's clock.
+    assert!(
+        (before - 60_000..=before).contains(&found.appended_at_ms),
+        "{found:?}"
+    );
     assert_eq!(s.keyed_event("t", "k3").await.unwrap(), None);
     assert_eq!(s.keyed_event("other", "k2").await.unwrap(), None);
     assert_eq!(s.keyed_event("missing", "k1").await.unwrap(), None);

@@ -36,6 +36,7 @@ use crate::auth::Caller;
 use crate::body::JsonBody;
 use crate::error::{ApiError, ApiResult};
 use crate::fitting::FitSettings;
+use crate::keyed_turns::TurnClaim;
 use crate::routes::chat_retry::{self, Attempt};
 use crate::routes::fresh_id;
 use crate::routes::threads::{parse_messages, store_error};
@@ -111,7 +112,7 @@ pub async fn completions(
     // A retry of a keyed turn is answered from the thread, before anything is compared
     // with what the thread holds now (its first attempt is in there).
     let digest = key.as_ref().map(|_| chat_retry::digest(&body));
-    let first_attempt = match (&key, &digest) {
+    let (first_attempt, claim) = match (&key, &digest) {
         (Some(key), Some(digest)) => {
             let stream = body.get("stream") == Some(&Value::Bool(true));
             match chat_retry::previous(&state, tenant, &scoped, key, digest, stream).await? {
@@ -121,11 +122,11 @@ pub async fn completions(
                     }
                     return Ok(response);
                 }
-                Attempt::First => true,
-                Attempt::Again => false,
+                Attempt::First(claim) => (true, Some(claim)),
+                Attempt::Again(claim) => (false, Some(claim)),
             }
         }
-        _ => false,
+        _ => (false, None),
     };
 
     // 1. The new messages go into the thread before anything is sent upstream, so a failed
@@ -257,6 +258,7 @@ pub async fn completions(
         thread: scoped.clone(),
         request_id,
         answer_key: key.as_deref().map(chat_retry::answer_key),
+        _claim: claim,
     };
     // The call and its recording run apart from the client's connection: a client that goes
     // away does not cancel them (the answer is stored, and a retry with the same
@@ -364,6 +366,8 @@ struct Recorder {
     request_id: String,
     /// The answer's idempotency key, for a turn sent with one.
     answer_key: Option<String>,
+    /// This server's claim on a keyed turn, released once its end is recorded.
+    _claim: Option<TurnClaim>,
 }
 
 impl Recorder {
