@@ -180,6 +180,7 @@ impl AppState {
     /// Builds the state over an open store.
     pub fn with_store(config: ServerConfig, store: AnyStore) -> Result<AppState, StartError> {
         store.set_max_thread_events(Some(config.limits.max_thread_events));
+        store.set_max_thread_bytes(Some(config.limits.max_thread_bytes));
         let mut registry = Registry::builtin();
         if let Some(path) = &config.models_file {
             let text = std::fs::read_to_string(path).map_err(|error| StartError::Models {

@@ -119,6 +119,9 @@ pub struct LimitsConfig {
     /// (default 100,000). An append past it stores nothing and answers 413; an execution
     /// whose log is full fails.
     pub max_thread_events: u64,
+    /// The most bytes of events one thread may hold, as stored (default 512 MiB). An append
+    /// past it stores nothing and answers 413; an execution whose log fills up fails.
+    pub max_thread_bytes: u64,
 }
 
 impl Default for LimitsConfig {
@@ -131,6 +134,7 @@ impl Default for LimitsConfig {
             body_read_timeout_secs: 30.0,
             max_event_streams: 16,
             max_thread_events: 100_000,
+            max_thread_bytes: 512 * 1024 * 1024,
         }
     }
 }
@@ -553,6 +557,9 @@ impl ServerConfig {
         }
         if self.limits.max_thread_events == 0 {
             return invalid("limits.max_thread_events", "must be at least 1".into());
+        }
+        if self.limits.max_thread_bytes == 0 {
+            return invalid("limits.max_thread_bytes", "must be at least 1".into());
         }
         if self.limits.max_event_streams == 0 {
             return invalid("limits.max_event_streams", "must be at least 1".into());

@@ -489,6 +489,39 @@ async fn a_full_thread_answers_413_naming_the_limit_and_stores_nothing_more() {
 }
 
 #[tokio::test]
+async fn a_thread_past_its_bytes_answers_413_naming_the_limit_and_stores_nothing_more() {
+    let dir = TempDir::new("contexture-hostile");
+    let (upstream, base) = common::Upstream::start().await;
+    let mut config = config(Some(&base));
+    config.limits.max_thread_bytes = 2_000;
+    let store = SqliteStore::open(dir.join("large.db")).await.unwrap();
+    let server = TestServer::start(config, AnyStore::Sqlite(store)).await;
+    let key = server.key("acme").await;
+    let text = "x".repeat(1_200);
+    let append =
+        serde_json::to_vec(&json!({"messages": [{"role": "user", "content": text}]})).unwrap();
+    let json = Some("application/json");
+    let path = "/v1/threads/t/messages";
+    let (status, body) = send(&server, &key, "POST", path, json, append.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, error) = send(&server, &key, "POST", path, json, append).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{error}");
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("`limits.max_thread_bytes` = 2000") && !message.contains("acme/"),
+        "{message}"
+    );
+    let chat = serde_json::to_vec(&json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": text}], "metadata": {"contexture_thread": "t"}})).unwrap();
+    let (status, _) = send(&server, &key, "POST", "/v1/chat/completions", json, chat).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(upstream.bodies().is_empty());
+    let (_, thread) = send(&server, &key, "GET", "/v1/threads/t", None, vec![]).await;
+    assert_eq!(thread["messages"], 1, "{thread}");
+    healthy(&server).await;
+    server.shutdown().await;
+}
+
+#[tokio::test]
 async fn the_thread_list_comes_a_page_at_a_time_and_only_the_callers() {
     let dir = TempDir::new("contexture-hostile");
     let (server, key) = hostile_server(&dir).await;

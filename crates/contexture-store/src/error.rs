@@ -13,6 +13,14 @@ pub enum StoreError {
         /// The limit.
         max_events: u64,
     },
+    /// An append would take the thread past the store's limit on the bytes of its events.
+    #[error("thread `{thread}` is full: it may hold at most {max_bytes} bytes of events")]
+    ThreadTooLarge {
+        /// The thread.
+        thread: String,
+        /// The limit.
+        max_bytes: u64,
+    },
     /// The thread does not exist.
     #[error("thread `{thread}` not found")]
     NotFound {

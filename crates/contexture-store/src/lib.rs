@@ -98,6 +98,8 @@ pub struct ThreadInfo {
     pub created_at_ms: i64,
     /// When it was last appended to, in milliseconds since the Unix epoch.
     pub updated_at_ms: i64,
+    /// The bytes of its events as stored (their JSON bodies), its fork prefix included.
+    pub bytes: u64,
 }
 
 /// The least string above every string that starts with `prefix` (`None`: there is none

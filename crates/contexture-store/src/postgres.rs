@@ -15,7 +15,7 @@ use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMe
 use tokio_postgres::{IsolationLevel, NoTls};
 
 use crate::error::Action;
-use crate::record::{self, Row, db_seq, seq_of};
+use crate::record::{self, Row, ThreadLimits, db_bytes, db_seq, seq_of};
 use crate::{
     ApiKeyRecord, ApiKeyStore, ForkChain, KeyedEvent, NewEvent, PruneReport, Store, StoreError,
     ThreadInfo, epoch_ms, pending_migrations,
@@ -25,6 +25,10 @@ use crate::{
 const MIGRATIONS: &[(u32, &str)] = &[
     (1, include_str!("../migrations/postgres/0001_threads.sql")),
     (2, include_str!("../migrations/postgres/0002_api_keys.sql")),
+    (
+        3,
+        include_str!("../migrations/postgres/0003_thread_bytes.sql"),
+    ),
 ];
 
 /// Connections in the pool.
@@ -37,6 +41,8 @@ pub struct PgStore {
     schema: Option<String>,
     /// The most events a thread may hold (0: no limit), shared by clones.
     max_events: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// The most bytes of events a thread may hold (0: no limit), shared by clones.
+    max_bytes: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -60,6 +66,21 @@ impl PgStore {
     pub fn set_max_thread_events(&self, max: Option<u64>) {
         self.max_events
             .store(max.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Limits every thread to `max` bytes of events, its fork prefix included (`None`: no
+    /// limit): an append that would pass it stores nothing and fails with
+    /// [`StoreError::ThreadTooLarge`]. Clones share the limit.
+    pub fn set_max_thread_bytes(&self, max: Option<u64>) {
+        self.max_bytes
+            .store(max.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn limits(&self) -> ThreadLimits {
+        ThreadLimits {
+            max_events: self.max_events.load(std::sync::atomic::Ordering::Relaxed),
+            max_bytes: self.max_bytes.load(std::sync::atomic::Ordering::Relaxed),
+        }
     }
 
     /// Connects to `url` (`postgres://user@host:port/db`) and applies pending migrations.
@@ -128,6 +149,7 @@ impl PgStore {
             pool,
             schema: schema.map(str::to_string),
             max_events: Default::default(),
+            max_bytes: Default::default(),
         };
         store.migrate(migrations).await?;
         Ok(store)
@@ -226,14 +248,18 @@ async fn append_fast(
     thread: &str,
     rows: Vec<Row>,
     now: i64,
-    max_events: u64,
+    limits: ThreadLimits,
 ) -> Result<Vec<u64>, StoreError> {
     let count = i64::try_from(rows.len()).unwrap_or(i64::MAX);
-    record::check_room(thread, rows.len() as u64, max_events)?;
-    let cap = if max_events == 0 {
-        i64::MAX
-    } else {
-        db_seq(max_events)
+    let added: u64 = rows.iter().map(|row| record::body_bytes(&row.body)).sum();
+    record::check_room(thread, rows.len() as u64, limits.max_events)?;
+    record::check_bytes(thread, added, limits.max_bytes)?;
+    let cap = |limit: u64| {
+        if limit == 0 {
+            i64::MAX
+        } else {
+            db_bytes(limit)
+        }
     };
     let mut kinds = Vec::with_capacity(rows.len());
     let mut bodies = Vec::with_capacity(rows.len());
@@ -246,10 +272,13 @@ async fn append_fast(
     let statement = client
         .prepare_cached(
             "WITH reserved AS (
-                 INSERT INTO threads (id, last_seq, created_at, updated_at) VALUES ($1, $2, $3, $3)
+                 INSERT INTO threads (id, last_seq, created_at, updated_at, bytes)
+                 VALUES ($1, $2, $3, $3, $9)
                  ON CONFLICT (id) DO UPDATE
-                 SET last_seq = threads.last_seq + EXCLUDED.last_seq, updated_at = EXCLUDED.updated_at
+                 SET last_seq = threads.last_seq + EXCLUDED.last_seq, updated_at = EXCLUDED.updated_at,
+                     bytes = threads.bytes + EXCLUDED.bytes
                  WHERE threads.last_seq + EXCLUDED.last_seq <= $7
+                   AND threads.bytes + EXCLUDED.bytes <= $8
                  RETURNING last_seq)
              INSERT INTO events (thread_id, seq, kind, body, tokens, idempotency_key, created_at)
              SELECT $1, reserved.last_seq - $2 + e.ord, e.kind, e.body, e.tokens, NULL, $3
@@ -261,15 +290,43 @@ async fn append_fast(
     let rows = client
         .query(
             &statement,
-            &[&thread, &count, &now, &kinds, &bodies, &tokens, &cap],
+            &[
+                &thread,
+                &count,
+                &now,
+                &kinds,
+                &bodies,
+                &tokens,
+                &cap(limits.max_events),
+                &cap(limits.max_bytes),
+                &db_bytes(added),
+            ],
         )
         .await
         .doing("append events")?;
-    // The thread's row was not updated (it would pass the limit), so nothing was inserted.
+    // The thread's row was not updated (it would pass a limit), so nothing was inserted.
     if rows.is_empty() {
+        let row = client
+            .query_one(
+                "SELECT last_seq, bytes FROM threads WHERE id = $1",
+                &[&thread],
+            )
+            .await
+            .doing("read the thread's size")?;
+        let (last, bytes): (i64, i64) = (row.get(0), row.get(1));
+        record::check_room(
+            thread,
+            seq_of(thread, last)? + count as u64,
+            limits.max_events,
+        )?;
+        record::check_bytes(
+            thread,
+            u64::try_from(bytes).unwrap_or(0) + added,
+            limits.max_bytes,
+        )?;
         return Err(StoreError::ThreadFull {
             thread: thread.to_string(),
-            max_events,
+            max_events: limits.max_events,
         });
     }
     let mut seqs = rows
@@ -278,6 +335,43 @@ async fn append_fast(
         .collect::<Result<Vec<_>, _>>()?;
     seqs.sort_unstable();
     Ok(seqs)
+}
+
+/// The bytes of `thread`'s events up to `at_seq`, its fork prefix included: its size less
+/// its own events after `at_seq`, or, for a seq inside its prefix, the parent's up to it.
+async fn bytes_through(
+    client: &impl GenericClient,
+    thread: &str,
+    at_seq: u64,
+) -> Result<u64, StoreError> {
+    let mut current = thread.to_owned();
+    loop {
+        let row = client
+            .query_one(
+                "SELECT bytes, parent_id, fork_seq FROM threads WHERE id = $1",
+                &[&current],
+            )
+            .await
+            .doing("read the thread's size")?;
+        let (bytes, parent, fork_seq): (i64, Option<String>, Option<i64>) =
+            (row.get(0), row.get(1), row.get(2));
+        if let (Some(parent), Some(fork_seq)) = (parent, fork_seq)
+            && at_seq <= seq_of(&current, fork_seq)?
+        {
+            current = parent;
+            continue;
+        }
+        let after: i64 = client
+            .query_one(
+                "SELECT COALESCE(SUM(octet_length(body)), 0)::BIGINT FROM events
+                 WHERE thread_id = $1 AND seq > $2",
+                &[&current, &db_seq(at_seq)],
+            )
+            .await
+            .doing("measure the thread's later events")?
+            .get(0);
+        return Ok(u64::try_from(bytes - after).unwrap_or(0));
+    }
 }
 
 async fn delete_thread(client: &impl GenericClient, thread: &str) -> Result<(), StoreError> {
@@ -302,13 +396,13 @@ impl Store for PgStore {
             .map(|event| record::encode(thread, event))
             .collect::<Result<Vec<_>, _>>()?;
         let now = epoch_ms(SystemTime::now());
-        let max_events = self.max_events.load(std::sync::atomic::Ordering::Relaxed);
+        let limits = self.limits();
         let mut client = self.pool.get().await?;
         if rows
             .iter()
             .all(|row| row.key.is_none() && !needs_seq_check(&row.event))
         {
-            return append_fast(&client, thread, rows, now, max_events).await;
+            return append_fast(&client, thread, rows, now, limits).await;
         }
         let tx = client.transaction().await.doing("begin an append")?;
         tx.execute(
@@ -318,15 +412,15 @@ impl Store for PgStore {
         )
         .await
         .doing("create the thread")?;
-        let last: i64 = tx
+        let row = tx
             .query_one(
-                "SELECT last_seq FROM threads WHERE id = $1 FOR UPDATE",
+                "SELECT last_seq, bytes FROM threads WHERE id = $1 FOR UPDATE",
                 &[&thread],
             )
             .await
-            .doing("lock the thread")?
-            .get(0);
-        let mut last = seq_of(thread, last)?;
+            .doing("lock the thread")?;
+        let mut last = seq_of(thread, row.get(0))?;
+        let mut bytes = u64::try_from(row.get::<_, i64>(1)).unwrap_or(0);
         let find = tx
             .prepare_cached("SELECT seq FROM events WHERE thread_id = $1 AND idempotency_key = $2")
             .await
@@ -352,7 +446,9 @@ impl Store for PgStore {
             }
             let seq = last + 1;
             // On an error the transaction is dropped: nothing of this append is stored.
-            record::check_room(thread, seq, max_events)?;
+            record::check_room(thread, seq, limits.max_events)?;
+            bytes += record::body_bytes(&row.body);
+            record::check_bytes(thread, bytes, limits.max_bytes)?;
             row.event
                 .check_at(seq)
                 .map_err(|source| StoreError::InvalidEvent {
@@ -377,8 +473,8 @@ impl Store for PgStore {
             seqs.push(seq);
         }
         tx.execute(
-            "UPDATE threads SET last_seq = $2, updated_at = $3 WHERE id = $1",
-            &[&thread, &db_seq(last), &now],
+            "UPDATE threads SET last_seq = $2, updated_at = $3, bytes = $4 WHERE id = $1",
+            &[&thread, &db_seq(last), &now, &db_bytes(bytes)],
         )
         .await
         .doing("update the thread")?;
@@ -483,11 +579,20 @@ impl Store for PgStore {
             });
         }
         let seq = at_seq + 1;
+        let body = record::forked_body(parent, at_seq);
+        let bytes = bytes_through(&tx, parent, at_seq).await? + record::body_bytes(&body);
         let created = tx
             .execute(
-                "INSERT INTO threads (id, parent_id, fork_seq, last_seq, created_at, updated_at)
-                 VALUES ($1, $2, $3, $4, $5, $5) ON CONFLICT (id) DO NOTHING",
-                &[&child, &parent, &db_seq(at_seq), &db_seq(seq), &now],
+                "INSERT INTO threads (id, parent_id, fork_seq, last_seq, created_at, updated_at, bytes)
+                 VALUES ($1, $2, $3, $4, $5, $5, $6) ON CONFLICT (id) DO NOTHING",
+                &[
+                    &child,
+                    &parent,
+                    &db_seq(at_seq),
+                    &db_seq(seq),
+                    &now,
+                    &db_bytes(bytes),
+                ],
             )
             .await
             .doing("create the fork")?;
@@ -499,12 +604,7 @@ impl Store for PgStore {
         tx.execute(
             "INSERT INTO events (thread_id, seq, kind, body, tokens, idempotency_key, created_at)
              VALUES ($1, $2, 'forked', $3, NULL, NULL, $4)",
-            &[
-                &child,
-                &db_seq(seq),
-                &record::forked_body(parent, at_seq),
-                &now,
-            ],
+            &[&child, &db_seq(seq), &body, &now],
         )
         .await
         .doing("record the fork")?;
@@ -529,7 +629,7 @@ impl Store for PgStore {
         // is one range and pages follow each other.
         let rows = client
             .query(
-                r#"SELECT id, parent_id, fork_seq, last_seq, created_at, updated_at
+                r#"SELECT id, parent_id, fork_seq, last_seq, created_at, updated_at, bytes
                    FROM threads
                    WHERE id COLLATE "C" >= $1 AND id COLLATE "C" > $2
                      AND ($3::text IS NULL OR id COLLATE "C" < $3)
@@ -550,6 +650,7 @@ impl Store for PgStore {
                     last_seq: seq_of(&id, row.get(3))?,
                     created_at_ms: row.get(4),
                     updated_at_ms: row.get(5),
+                    bytes: u64::try_from(row.get::<_, i64>(6)).unwrap_or(0),
                     id,
                 })
             })

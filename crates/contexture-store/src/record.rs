@@ -75,6 +75,32 @@ pub(crate) fn check_room(thread: &str, seq: u64, max_events: u64) -> Result<(), 
     Ok(())
 }
 
+/// The most one thread may hold (0: no limit on that measure).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct ThreadLimits {
+    /// Events, its fork prefix included.
+    pub max_events: u64,
+    /// Bytes of event bodies, its fork prefix included.
+    pub max_bytes: u64,
+}
+
+/// Refuses an append that would take `thread` to `bytes` of events, past the store's limit
+/// of `max_bytes` (0: no limit).
+pub(crate) fn check_bytes(thread: &str, bytes: u64, max_bytes: u64) -> Result<(), StoreError> {
+    if max_bytes > 0 && bytes > max_bytes {
+        return Err(StoreError::ThreadTooLarge {
+            thread: thread.to_string(),
+            max_bytes,
+        });
+    }
+    Ok(())
+}
+
+/// The bytes `body` adds to a thread.
+pub(crate) fn body_bytes(body: &str) -> u64 {
+    body.len() as u64
+}
+
 /// Encodes the `forked` event [`crate::Store::fork`] writes.
 pub(crate) fn forked_body(parent: &str, at_seq: u64) -> String {
     serde_json::json!({"type": "forked", "parent": parent, "at_seq": at_seq}).to_string()
@@ -209,6 +235,11 @@ pub(crate) fn seq_of(thread: &str, value: i64) -> Result<u64, StoreError> {
         seq: 0,
         detail: format!("negative seq {value}"),
     })
+}
+
+/// Converts a byte count to a database integer.
+pub(crate) fn db_bytes(bytes: u64) -> i64 {
+    i64::try_from(bytes).unwrap_or(i64::MAX)
 }
 
 /// Converts a seq to a database integer.

@@ -21,7 +21,7 @@ use self::projection_cache::ProjectionCache;
 use self::writer::Writer;
 
 use crate::error::Action;
-use crate::record::{self, Row, db_seq, seq_of};
+use crate::record::{self, Row, ThreadLimits, db_bytes, db_seq, seq_of};
 use crate::{
     ApiKeyRecord, ApiKeyStore, ForkChain, KeyedEvent, NewEvent, PruneReport, Store, StoreError,
     ThreadInfo, epoch_ms, pending_migrations,
@@ -36,6 +36,10 @@ const MIGRATIONS: &[(u32, &str)] = &[
     ),
     (3, include_str!("../migrations/sqlite/0003_api_keys.sql")),
     (4, include_str!("../migrations/sqlite/0004_deletions.sql")),
+    (
+        5,
+        include_str!("../migrations/sqlite/0005_thread_bytes.sql"),
+    ),
 ];
 
 /// How long a write waits for another process's write transaction.
@@ -60,6 +64,8 @@ struct Inner {
     projections: ProjectionCache,
     /// The most events a thread may hold (0: no limit).
     max_events: std::sync::atomic::AtomicU64,
+    /// The most bytes of events a thread may hold (0: no limit).
+    max_bytes: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -170,6 +176,7 @@ impl SqliteStore {
                 reading: tokio::sync::Semaphore::new(READERS),
                 projections: ProjectionCache::default(),
                 max_events: std::sync::atomic::AtomicU64::new(0),
+                max_bytes: std::sync::atomic::AtomicU64::new(0),
             }),
         })
     }
@@ -184,6 +191,15 @@ impl SqliteStore {
     pub fn set_max_thread_events(&self, max: Option<u64>) {
         self.inner
             .max_events
+            .store(max.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Limits every thread to `max` bytes of events, its fork prefix included (`None`: no
+    /// limit): an append that would pass it stores nothing and fails with
+    /// [`StoreError::ThreadTooLarge`].
+    pub fn set_max_thread_bytes(&self, max: Option<u64>) {
+        self.inner
+            .max_bytes
             .store(max.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
     }
 
@@ -244,19 +260,20 @@ fn append_rows(
     tx: &Connection,
     thread: &str,
     rows: Vec<Row>,
-    max_events: u64,
+    limits: ThreadLimits,
 ) -> Result<Vec<u64>, StoreError> {
     let now = epoch_ms(SystemTime::now());
-    // Creates the thread when it is new, and reads its last seq either way.
-    let last: i64 = tx
+    // Creates the thread when it is new, and reads its last seq and size either way.
+    let (last, bytes): (i64, i64) = tx
         .prepare_cached(
             "INSERT INTO threads (id, last_seq, created_at, updated_at) VALUES (?1, 0, ?2, ?2)
-             ON CONFLICT (id) DO UPDATE SET last_seq = last_seq RETURNING last_seq",
+             ON CONFLICT (id) DO UPDATE SET last_seq = last_seq RETURNING last_seq, bytes",
         )
         .doing("prepare the thread's creation")?
-        .query_row(params![thread, now], |r| r.get(0))
+        .query_row(params![thread, now], |r| Ok((r.get(0)?, r.get(1)?)))
         .doing("create the thread or read its last seq")?;
     let mut last = seq_of(thread, last)?;
+    let mut bytes = u64::try_from(bytes).unwrap_or(0);
     let mut seqs = Vec::with_capacity(rows.len());
     {
         let mut find = tx
@@ -282,7 +299,9 @@ fn append_rows(
             }
             let seq = last + 1;
             // On an error the savepoint of this write is rolled back: nothing of it is stored.
-            record::check_room(thread, seq, max_events)?;
+            record::check_room(thread, seq, limits.max_events)?;
+            bytes += record::body_bytes(&row.body);
+            record::check_bytes(thread, bytes, limits.max_bytes)?;
             row.event
                 .check_at(seq)
                 .map_err(|source| StoreError::InvalidEvent {
@@ -305,10 +324,12 @@ fn append_rows(
             seqs.push(seq);
         }
     }
-    tx.prepare_cached("UPDATE threads SET last_seq = ?2, updated_at = ?3 WHERE id = ?1")
-        .doing("prepare the thread's update")?
-        .execute(params![thread, db_seq(last), now])
-        .doing("update the thread")?;
+    tx.prepare_cached(
+        "UPDATE threads SET last_seq = ?2, updated_at = ?3, bytes = ?4 WHERE id = ?1",
+    )
+    .doing("prepare the thread's update")?
+    .execute(params![thread, db_seq(last), now, db_bytes(bytes)])
+    .doing("update the thread")?;
     Ok(seqs)
 }
 
@@ -490,19 +511,56 @@ fn fork_thread(tx: &Connection, parent: &str, at_seq: u64, child: &str) -> Resul
         });
     }
     let seq = at_seq + 1;
+    let body = record::forked_body(parent, at_seq);
+    let bytes = bytes_through(tx, parent, at_seq)? + record::body_bytes(&body);
     tx.execute(
-        "INSERT INTO threads (id, parent_id, fork_seq, last_seq, created_at, updated_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
-        params![child, parent, db_seq(at_seq), db_seq(seq), now],
+        "INSERT INTO threads (id, parent_id, fork_seq, last_seq, created_at, updated_at, bytes)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6)",
+        params![
+            child,
+            parent,
+            db_seq(at_seq),
+            db_seq(seq),
+            now,
+            db_bytes(bytes)
+        ],
     )
     .doing("create the fork")?;
     tx.execute(
         "INSERT INTO events (thread_id, seq, kind, body, tokens, idempotency_key, created_at)
          VALUES (?1, ?2, 'forked', ?3, NULL, NULL, ?4)",
-        params![child, db_seq(seq), record::forked_body(parent, at_seq), now],
+        params![child, db_seq(seq), body, now],
     )
     .doing("record the fork")?;
     Ok(seq)
+}
+
+/// The bytes of `thread`'s events up to `at_seq`, its fork prefix included: its size less
+/// its own events after `at_seq`, or, for a seq inside its prefix, the parent's up to it.
+fn bytes_through(tx: &Connection, thread: &str, at_seq: u64) -> Result<u64, StoreError> {
+    let mut current = thread.to_owned();
+    loop {
+        let (bytes, parent, fork_seq): (i64, Option<String>, Option<i64>) = tx
+            .prepare_cached("SELECT bytes, parent_id, fork_seq FROM threads WHERE id = ?1")
+            .doing("prepare the thread's size query")?
+            .query_row([&current], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .doing("read the thread's size")?;
+        if let (Some(parent), Some(fork_seq)) = (parent, fork_seq)
+            && at_seq <= seq_of(&current, fork_seq)?
+        {
+            current = parent;
+            continue;
+        }
+        let after: i64 = tx
+            .prepare_cached(
+                "SELECT COALESCE(SUM(length(CAST(body AS BLOB))), 0) FROM events
+                 WHERE thread_id = ?1 AND seq > ?2",
+            )
+            .doing("prepare the size query")?
+            .query_row(params![current, db_seq(at_seq)], |r| r.get(0))
+            .doing("measure the thread's later events")?;
+        return Ok(u64::try_from(bytes - after).unwrap_or(0));
+    }
 }
 
 fn forks_of(conn: &Connection, thread: &str) -> Result<Vec<String>, StoreError> {
@@ -578,11 +636,17 @@ impl Store for SqliteStore {
             .map(|event| record::encode(thread, event))
             .collect::<Result<Vec<_>, _>>()?;
         let thread = thread.to_string();
-        let max_events = self
-            .inner
-            .max_events
-            .load(std::sync::atomic::Ordering::Relaxed);
-        self.write(move |conn| append_rows(conn, &thread, rows, max_events))
+        let limits = ThreadLimits {
+            max_events: self
+                .inner
+                .max_events
+                .load(std::sync::atomic::Ordering::Relaxed),
+            max_bytes: self
+                .inner
+                .max_bytes
+                .load(std::sync::atomic::Ordering::Relaxed),
+        };
+        self.write(move |conn| append_rows(conn, &thread, rows, limits))
             .await
     }
 
@@ -670,7 +734,7 @@ impl Store for SqliteStore {
         self.read(move |conn| {
             let mut select = conn
                 .prepare_cached(
-                    "SELECT id, parent_id, fork_seq, last_seq, created_at, updated_at
+                    "SELECT id, parent_id, fork_seq, last_seq, created_at, updated_at, bytes
                      FROM threads WHERE id >= ?1 AND id > ?2 AND (?3 IS NULL OR id < ?3)
                      ORDER BY id LIMIT ?4",
                 )
@@ -684,22 +748,26 @@ impl Store for SqliteStore {
                         r.get::<_, i64>(3)?,
                         r.get::<_, i64>(4)?,
                         r.get::<_, i64>(5)?,
+                        r.get::<_, i64>(6)?,
                     ))
                 })
                 .doing("list threads")?
                 .collect::<Result<Vec<_>, _>>()
                 .doing("read a thread")?;
             rows.into_iter()
-                .map(|(id, parent, fork_seq, last_seq, created, updated)| {
-                    Ok(ThreadInfo {
-                        fork_seq: fork_seq.map(|s| seq_of(&id, s)).transpose()?,
-                        last_seq: seq_of(&id, last_seq)?,
-                        id,
-                        parent,
-                        created_at_ms: created,
-                        updated_at_ms: updated,
-                    })
-                })
+                .map(
+                    |(id, parent, fork_seq, last_seq, created, updated, bytes)| {
+                        Ok(ThreadInfo {
+                            fork_seq: fork_seq.map(|s| seq_of(&id, s)).transpose()?,
+                            last_seq: seq_of(&id, last_seq)?,
+                            id,
+                            parent,
+                            created_at_ms: created,
+                            updated_at_ms: updated,
+                            bytes: u64::try_from(bytes).unwrap_or(0),
+                        })
+                    },
+                )
                 .collect()
         })
         .await

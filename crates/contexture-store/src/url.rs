@@ -63,6 +63,15 @@ impl AnyStore {
         }
     }
 
+    /// Limits every thread to `max` bytes of events, its fork prefix included (`None`: no
+    /// limit); see [`StoreError::ThreadTooLarge`].
+    pub fn set_max_thread_bytes(&self, max: Option<u64>) {
+        match self {
+            AnyStore::Sqlite(store) => store.set_max_thread_bytes(max),
+            AnyStore::Postgres(store) => store.set_max_thread_bytes(max),
+        }
+    }
+
     /// Opens the store `url` names (see [`StoreUrl`]), applying pending migrations.
     pub async fn open(url: &str) -> Result<AnyStore, StoreError> {
         Ok(match url.parse::<StoreUrl>()? {

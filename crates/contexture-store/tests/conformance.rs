@@ -1075,6 +1075,13 @@ async fn any_store_delegates_api_keys_and_ping(h: &impl Harness) {
     assert_eq!(any.api_key_by_hash("hash-1").await.unwrap(), None);
 }
 
+/// Event bodies as an older build stored them.
+const OLD_ONE: &str = r#"{"role":"user","content":"1"}"#;
+const OLD_TWO: &str = r#"{"role":"user","content":"2"}"#;
+const OLD_THREE: &str = r#"{"role":"user","content":"3"}"#;
+const OLD_FORK_F: &str = r#"{"type":"forked","parent":"t","at_seq":1}"#;
+const OLD_FORK_G: &str = r#"{"type":"forked","parent":"f","at_seq":2}"#;
+
 /// Run on a database an older build left (migrations before the API keys' only): opening it
 /// with this build applies the new migration only, and keeps its threads.
 async fn api_key_migration_applies_to_an_older_database<H: Harness>(h: &H) {
@@ -1092,11 +1099,23 @@ async fn api_key_migration_applies_to_an_older_database<H: Harness>(h: &H) {
         ),
         "{missing:?}"
     );
-    old.append("t", vec![user("1"), user("2").with_key("k")])
-        .await
-        .unwrap();
-    old.fork("t", 1, "f").await.unwrap();
+    // The rows an older build wrote: a thread, a keyed message, and a fork of a fork.
+    h.execute_raw(&format!(
+        "INSERT INTO threads (id, parent_id, fork_seq, last_seq, created_at, updated_at) VALUES
+             ('t', NULL, NULL, 2, 0, 0), ('f', 't', 1, 2, 0, 0), ('g', 'f', 2, 4, 0, 0);
+         INSERT INTO events (thread_id, seq, kind, body, tokens, idempotency_key, created_at) VALUES
+             ('t', 1, 'message_appended', '{OLD_ONE}', NULL, NULL, 0),
+             ('t', 2, 'message_appended', '{OLD_TWO}', NULL, 'k', 0),
+             ('f', 2, 'forked', '{OLD_FORK_F}', NULL, NULL, 0),
+             ('g', 3, 'forked', '{OLD_FORK_G}', NULL, NULL, 0),
+             ('g', 4, 'message_appended', '{OLD_THREE}', NULL, NULL, 0);"
+    ))
+    .await;
     let events = old.events("t").await.unwrap();
+    assert_eq!(
+        texts(&old.load("g").await.unwrap().projection().messages),
+        ["1", "3"]
+    );
     // So that a migration applied again would show in its `applied_at`.
     tokio::time::sleep(Duration::from_millis(5)).await;
 
@@ -1110,6 +1129,27 @@ async fn api_key_migration_applies_to_an_older_database<H: Harness>(h: &H) {
     // The threads are intact and go on.
     assert_eq!(new.events("t").await.unwrap(), events);
     assert_eq!(new.events("f").await.unwrap().len(), 2);
+    // Their sizes were counted when the sizes came: each thread's own events and its fork
+    // prefix.
+    let sizes: Vec<(String, u64)> = new
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|thread| (thread.id, thread.bytes))
+        .collect();
+    let len = |body: &str| body.len() as u64;
+    assert_eq!(
+        sizes,
+        [
+            ("f".to_owned(), len(OLD_ONE) + len(OLD_FORK_F)),
+            (
+                "g".to_owned(),
+                len(OLD_ONE) + len(OLD_FORK_F) + len(OLD_FORK_G) + len(OLD_THREE)
+            ),
+            ("t".to_owned(), len(OLD_ONE) + len(OLD_TWO)),
+        ]
+    );
     assert_eq!(
         new.append_one("t", user("2").with_key("k")).await.unwrap(),
         2
@@ -1133,6 +1173,84 @@ async fn api_key_migration_applies_to_an_older_database<H: Harness>(h: &H) {
         }
         other => panic!("expected SchemaTooNew, got {other:?}"),
     }
+}
+
+/// The bytes of `id`'s events, as the thread list reports them.
+async fn size_of(s: &impl Store, id: &str) -> u64 {
+    s.list()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|thread| thread.id == id)
+        .unwrap_or_else(|| panic!("no thread {id}"))
+        .bytes
+}
+
+async fn sizes_count_a_threads_events_and_its_fork_prefix(h: &impl Harness) {
+    let s = h.store();
+    s.append_one("t", user("a")).await.unwrap();
+    let t1 = size_of(s, "t").await;
+    s.append_one("t", user("bb").with_key("k")).await.unwrap();
+    let t2 = size_of(s, "t").await;
+    // A keyed retry stores nothing and adds nothing.
+    s.append_one("t", user("bb").with_key("k")).await.unwrap();
+    assert_eq!(size_of(s, "t").await, t2);
+    s.append_one("t", user("ccc")).await.unwrap();
+    let t3 = size_of(s, "t").await;
+    assert!(0 < t1 && t1 < t2 && t2 < t3, "{t1} {t2} {t3}");
+    // Each message's body grows by its text: the sizes are the stored bytes.
+    assert_eq!((t3 - t2) - (t2 - t1), 1);
+
+    s.fork("t", 2, "f").await.unwrap();
+    s.fork("t", 3, "g").await.unwrap();
+    // At a seq inside f's prefix: t's first event, then the forked event.
+    s.fork("f", 1, "h").await.unwrap();
+    let forked = size_of(s, "f").await - t2;
+    assert!(forked > 0);
+    // The forked events have bodies of one length (one-letter parents, one-digit seqs).
+    assert_eq!(size_of(s, "g").await, t3 + forked);
+    assert_eq!(size_of(s, "h").await, t1 + forked);
+    // The parent does not change.
+    assert_eq!(size_of(s, "t").await, t3);
+    // A fork grows on its own.
+    s.append_one("f", user("a")).await.unwrap();
+    assert_eq!(size_of(s, "f").await, t2 + forked + t1);
+}
+
+async fn a_thread_past_its_bytes_refuses_appends_and_stores_nothing_of_them(h: &impl Harness) {
+    let s = h.any();
+    s.append("t", vec![user("a"), user("b")]).await.unwrap();
+    let full = size_of(&s, "t").await;
+    s.set_max_thread_bytes(Some(full + 10));
+    for batch in [
+        vec![user(&"x".repeat(20))],
+        vec![user(&"x".repeat(20)).with_key("k1")],
+        vec![user("c"), user(&"x".repeat(20))],
+    ] {
+        match s.append("t", batch).await {
+            Err(StoreError::ThreadTooLarge { thread, max_bytes }) => {
+                assert_eq!((thread.as_str(), max_bytes), ("t", full + 10));
+            }
+            other => panic!("not refused: {other:?}"),
+        }
+        assert_eq!(s.events("t").await.unwrap().len(), 2, "nothing was stored");
+        assert_eq!(size_of(&s, "t").await, full);
+    }
+    // A new thread is held to it too, on one append and across appends.
+    assert!(matches!(
+        s.append("new", vec![user(&"x".repeat(200))]).await,
+        Err(StoreError::ThreadTooLarge { .. })
+    ));
+    // A fork counts the prefix it shares.
+    s.fork("t", 2, "f").await.unwrap();
+    assert!(matches!(
+        s.append_one("f", user(&"x".repeat(20))).await,
+        Err(StoreError::ThreadTooLarge { .. })
+    ));
+    // Within the limit, appends go on.
+    assert_eq!(s.append_one("other", user("x")).await.unwrap(), 1);
+    s.set_max_thread_bytes(None);
+    assert_eq!(s.append_one("t", user(&"x".repeat(20))).await.unwrap(), 3);
 }
 
 macro_rules! conformance {
@@ -1203,6 +1321,8 @@ conformance!(
     ping_answers,
     any_store_delegates_api_keys_and_ping,
     a_full_thread_refuses_appends_and_stores_nothing_of_them,
+    sizes_count_a_threads_events_and_its_fork_prefix,
+    a_thread_past_its_bytes_refuses_appends_and_stores_nothing_of_them,
     threads_are_listed_by_prefix_a_page_at_a_time,
     ],
     before_api_keys: [api_key_migration_applies_to_an_older_database],

@@ -48,7 +48,16 @@ pub(crate) fn store_error(tenant: &Tenant, error: StoreError) -> ApiError {
             status: StatusCode::PAYLOAD_TOO_LARGE,
             code: "thread_full",
             message: format!(
-                "{}; nothing of this request was stored (`limits.max_thread_events` = {max_events}): fork it or start a new thread",
+                "{}; nothing of this request was stored (`limits.max_thread_events` = {max_events}): {THREAD_FULL_REMEDY}",
+                text()
+            ),
+            param: None,
+        },
+        StoreError::ThreadTooLarge { max_bytes, .. } => ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            code: "thread_full",
+            message: format!(
+                "{}; nothing of this request was stored (`limits.max_thread_bytes` = {max_bytes}): {THREAD_FULL_REMEDY}",
                 text()
             ),
             param: None,
@@ -59,6 +68,9 @@ pub(crate) fn store_error(tenant: &Tenant, error: StoreError) -> ApiError {
         _ => ApiError::store(&error),
     }
 }
+
+/// What a client can do about a full thread.
+const THREAD_FULL_REMEDY: &str = "start a new thread (a fork shares its parent's events and counts them, or carry a summary over)";
 
 /// Fails with 404 unless the tenant's thread exists.
 pub(crate) async fn ensure_thread(state: &AppState, tenant: &Tenant, id: &str) -> ApiResult<()> {
