@@ -26,6 +26,7 @@ mod error;
 mod postgres;
 mod record;
 mod sqlite;
+mod tail;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod url;
@@ -34,11 +35,13 @@ use std::future::Future;
 use std::time::SystemTime;
 
 use contexture_core::thread::{Event, EventKind, Projection, Thread};
+use contexture_core::tokens::Encoding;
 
 pub use api_keys::{ApiKeyRecord, ApiKeyStore};
 pub use error::StoreError;
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
+pub use tail::ProjectionTail;
 pub use url::{AnyStore, StoreUrl};
 
 /// An event to append, with an optional idempotency key.
@@ -219,6 +222,29 @@ pub trait Store: Send + Sync {
         thread: &str,
     ) -> impl Future<Output = Result<Projection, StoreError>> + Send {
         async move { Ok(self.load(thread).await?.projection()) }
+    }
+
+    /// The projection of `thread`'s active context read from its end: its newest ordinary
+    /// (not system) messages back to where their stored token counts under `encoding` pass
+    /// `tokens`, with everything else of the projection (the system prompt, summaries,
+    /// merged and step messages). Fitting that keeps the newest history within a budget of
+    /// at most `tokens` tokens gives the same request from it as from the whole projection,
+    /// and costs a read of the tail instead of the thread. The messages left out are counted
+    /// in [`ProjectionTail::unread`]. Stores may read everything (`unread` 0); the SQLite and
+    /// PostgreSQL stores read only the tail of a long thread.
+    fn load_projection_tail(
+        &self,
+        thread: &str,
+        encoding: Encoding,
+        tokens: u64,
+    ) -> impl Future<Output = Result<ProjectionTail, StoreError>> + Send {
+        let _ = (encoding, tokens);
+        async move {
+            Ok(ProjectionTail {
+                projection: self.load_projection(thread).await?,
+                unread: 0,
+            })
+        }
     }
 
     /// Loads `thread` by replaying its events (messages carry their stored token counts).

@@ -10,15 +10,17 @@
 
 use std::time::SystemTime;
 
-use contexture_core::thread::{Event, EventKind};
+use contexture_core::thread::{Event, EventKind, Projection, projection_watermark};
+use contexture_core::tokens::Encoding;
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::{IsolationLevel, NoTls};
 
 use crate::error::Action;
 use crate::record::{self, Row, ThreadLimits, db_bytes, db_seq, seq_of};
+use crate::tail::{TailStart, fold_sparse};
 use crate::{
-    ApiKeyRecord, ApiKeyStore, ForkChain, KeyedEvent, NewEvent, PruneReport, Store, StoreError,
-    ThreadInfo, epoch_ms, pending_migrations,
+    ApiKeyRecord, ApiKeyStore, ForkChain, KeyedEvent, NewEvent, ProjectionTail, PruneReport, Store,
+    StoreError, ThreadInfo, epoch_ms, pending_migrations,
 };
 
 /// The numbered migrations, applied in order on open.
@@ -28,6 +30,10 @@ const MIGRATIONS: &[(u32, &str)] = &[
     (
         3,
         include_str!("../migrations/postgres/0003_thread_bytes.sql"),
+    ),
+    (
+        4,
+        include_str!("../migrations/postgres/0004_ordinary_messages.sql"),
     ),
 ];
 
@@ -232,6 +238,151 @@ async fn chain(
     }
 }
 
+/// The projection of `thread` read from its end (see [`Store::load_projection_tail`]), in
+/// one snapshot: the events other than ordinary messages, then the ordinary messages after
+/// the active context's anchor, from where their stored counts under `encoding`, added up
+/// from the newest, pass `tokens` (all of them without `tail`).
+async fn read_projection_tail(
+    store: &PgStore,
+    thread: &str,
+    tail: Option<(Encoding, u64)>,
+) -> Result<ProjectionTail, StoreError> {
+    let mut client = store.pool.get().await?;
+    let tx = client
+        .build_transaction()
+        .isolation_level(IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await
+        .doing("begin a read")?;
+    let segments = chain(&tx, thread).await?;
+    let mut special = Vec::new();
+    for (id, limit) in &segments {
+        let rows = tx
+            .query(
+                "SELECT seq, kind, body, tokens FROM events
+                 WHERE thread_id = $1 AND seq <= $2 AND ordinary_message IS NULL ORDER BY seq",
+                &[id, &limit.map_or(i64::MAX, db_seq)],
+            )
+            .await
+            .doing("query the special events")?;
+        for row in rows {
+            let seq = seq_of(thread, row.get(0))?;
+            special.push(record::decode(
+                thread,
+                seq,
+                row.get(1),
+                row.get(2),
+                row.get(3),
+            )?);
+        }
+    }
+    let watermark = projection_watermark(
+        special
+            .iter()
+            .filter(|event| !matches!(event.kind, EventKind::MessageAppended { .. }))
+            .map(|event| (event.seq, &event.kind)),
+    );
+    let (start, unread) = match tail {
+        Some((encoding, tokens)) => {
+            tail_start(&tx, thread, &segments, watermark, encoding, tokens).await?
+        }
+        None => (1, 0),
+    };
+    let skipped_through = start.saturating_sub(1).max(watermark);
+    let mut messages = Vec::new();
+    for (id, limit) in &segments {
+        let rows = tx
+            .query(
+                "SELECT seq, kind, body, tokens FROM events
+                 WHERE thread_id = $1 AND seq <= $2 AND seq > $3 AND ordinary_message = 1
+                 ORDER BY seq",
+                &[
+                    id,
+                    &limit.map_or(i64::MAX, db_seq),
+                    &db_seq(skipped_through),
+                ],
+            )
+            .await
+            .doing("query the messages")?;
+        for row in rows {
+            let seq = seq_of(thread, row.get(0))?;
+            messages.push(record::decode(
+                thread,
+                seq,
+                row.get(1),
+                row.get(2),
+                row.get(3),
+            )?);
+        }
+    }
+    tx.commit().await.doing("end the read")?;
+    let fold = fold_sparse(thread, special, messages, skipped_through)?;
+    Ok(ProjectionTail::cut(fold.projection(), unread))
+}
+
+/// Where the tail of `thread`'s ordinary messages after `watermark` starts (see
+/// [`TailStart`]), read newest first a page of seqs and counts at a time, and how many older
+/// messages are left unread; (1, 0) when every message is needed.
+async fn tail_start(
+    tx: &impl GenericClient,
+    thread: &str,
+    segments: &[(String, Option<u64>)],
+    watermark: u64,
+    encoding: Encoding,
+    tokens: u64,
+) -> Result<(u64, usize), StoreError> {
+    const PAGE: i64 = 512;
+    let mut tail = TailStart::new(encoding, tokens);
+    'segments: for (id, limit) in segments.iter().rev() {
+        let mut below = limit.map_or(i64::MAX, |limit| db_seq(limit).saturating_add(1));
+        loop {
+            let rows = tx
+                .query(
+                    "SELECT seq, tokens FROM events
+                     WHERE thread_id = $1 AND seq < $2 AND seq > $3 AND ordinary_message = 1
+                     ORDER BY seq DESC LIMIT $4",
+                    &[id, &below, &db_seq(watermark), &PAGE],
+                )
+                .await
+                .doing("read the tail")?;
+            let page = rows.len();
+            for row in rows {
+                let seq: i64 = row.get(0);
+                below = seq;
+                if tail.add(seq_of(thread, seq)?, row.get(1)) {
+                    break 'segments;
+                }
+            }
+            if page < PAGE as usize {
+                break;
+            }
+        }
+    }
+    let Some(start) = tail.start() else {
+        return Ok((1, 0));
+    };
+    let mut unread: i64 = 0;
+    for (id, limit) in segments {
+        unread += tx
+            .query_one(
+                "SELECT count(*) FROM events
+                 WHERE thread_id = $1 AND seq <= $2 AND seq > $3 AND seq < $4
+                   AND ordinary_message = 1",
+                &[
+                    id,
+                    &limit.map_or(i64::MAX, db_seq),
+                    &db_seq(watermark),
+                    &db_seq(start),
+                ],
+            )
+            .await
+            .doing("count the unread messages")?
+            .get::<_, i64>(0);
+    }
+    Ok((start, usize::try_from(unread).unwrap_or(usize::MAX)))
+}
+
 /// True for events whose validity depends on the seq they get.
 fn needs_seq_check(event: &EventKind) -> bool {
     matches!(
@@ -264,10 +415,12 @@ async fn append_fast(
     let mut kinds = Vec::with_capacity(rows.len());
     let mut bodies = Vec::with_capacity(rows.len());
     let mut tokens = Vec::with_capacity(rows.len());
+    let mut ordinary = Vec::with_capacity(rows.len());
     for row in rows {
         kinds.push(row.kind);
         bodies.push(row.body);
         tokens.push(row.tokens);
+        ordinary.push(row.ordinary_message.then_some(1i16));
     }
     let statement = client
         .prepare_cached(
@@ -280,9 +433,12 @@ async fn append_fast(
                  WHERE threads.last_seq + EXCLUDED.last_seq <= $7
                    AND threads.bytes + EXCLUDED.bytes <= $8
                  RETURNING last_seq)
-             INSERT INTO events (thread_id, seq, kind, body, tokens, idempotency_key, created_at)
-             SELECT $1, reserved.last_seq - $2 + e.ord, e.kind, e.body, e.tokens, NULL, $3
-             FROM reserved, UNNEST($4::text[], $5::text[], $6::text[]) WITH ORDINALITY AS e (kind, body, tokens, ord)
+             INSERT INTO events
+                 (thread_id, seq, kind, body, tokens, idempotency_key, created_at, ordinary_message)
+             SELECT $1, reserved.last_seq - $2 + e.ord, e.kind, e.body, e.tokens, NULL, $3, e.ordinary
+             FROM reserved,
+                  UNNEST($4::text[], $5::text[], $6::text[], $10::smallint[])
+                      WITH ORDINALITY AS e (kind, body, tokens, ordinary, ord)
              RETURNING seq",
         )
         .await
@@ -300,6 +456,7 @@ async fn append_fast(
                 &cap(limits.max_events),
                 &cap(limits.max_bytes),
                 &db_bytes(added),
+                &ordinary,
             ],
         )
         .await
@@ -427,8 +584,9 @@ impl Store for PgStore {
             .doing("prepare the idempotency lookup")?;
         let insert = tx
             .prepare_cached(
-                "INSERT INTO events (thread_id, seq, kind, body, tokens, idempotency_key, created_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                "INSERT INTO events
+                     (thread_id, seq, kind, body, tokens, idempotency_key, created_at, ordinary_message)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
             )
             .await
             .doing("prepare the insert")?;
@@ -465,6 +623,7 @@ impl Store for PgStore {
                     &row.tokens,
                     &row.key,
                     &now,
+                    &row.ordinary_message.then_some(1i16),
                 ],
             )
             .await
@@ -554,6 +713,19 @@ impl Store for PgStore {
         }
         tx.commit().await.doing("end the read")?;
         Ok(events)
+    }
+
+    async fn load_projection(&self, thread: &str) -> Result<Projection, StoreError> {
+        Ok(read_projection_tail(self, thread, None).await?.projection)
+    }
+
+    async fn load_projection_tail(
+        &self,
+        thread: &str,
+        encoding: Encoding,
+        tokens: u64,
+    ) -> Result<ProjectionTail, StoreError> {
+        read_projection_tail(self, thread, Some((encoding, tokens))).await
     }
 
     async fn fork(&self, parent: &str, at_seq: u64, child: &str) -> Result<u64, StoreError> {

@@ -128,6 +128,21 @@ fn count(event: &EventKind) -> Option<String> {
     Some(text)
 }
 
+/// The stored token count under `encoding` of an event that holds one message (its
+/// `tokens` column), without decoding the event; 0 when none is stored for it.
+pub(crate) fn stored_message_tokens(tokens: Option<&str>, encoding: Encoding) -> u64 {
+    let name = encoding.name();
+    tokens
+        .and_then(|tokens| tokens.split(';').next())
+        .and_then(|counts| {
+            counts.split(',').find_map(|pair| {
+                let (key, n) = pair.split_once('=')?;
+                (key == name).then(|| n.parse::<u64>().ok()).flatten()
+            })
+        })
+        .unwrap_or(0)
+}
+
 /// How deep a stored body may nest. Whatever was written could be parsed when it was sent
 /// (parsers stop at about 128 levels, and the server at 64), but wrapping it in an event (a
 /// request record holds messages) adds levels: a read must not fail where the write did not.

@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
-use contexture_core::thread::{Event, EventKind, Projection, Thread, projection_watermark};
+use contexture_core::thread::{Event, EventKind, Projection, projection_watermark};
+use contexture_core::tokens::Encoding;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use self::projection_cache::ProjectionCache;
@@ -22,9 +23,10 @@ use self::writer::Writer;
 
 use crate::error::Action;
 use crate::record::{self, Row, ThreadLimits, db_bytes, db_seq, seq_of};
+use crate::tail::{TailStart, fold_sparse};
 use crate::{
-    ApiKeyRecord, ApiKeyStore, ForkChain, KeyedEvent, NewEvent, PruneReport, Store, StoreError,
-    ThreadInfo, epoch_ms, pending_migrations,
+    ApiKeyRecord, ApiKeyStore, ForkChain, KeyedEvent, NewEvent, ProjectionTail, PruneReport, Store,
+    StoreError, ThreadInfo, epoch_ms, pending_migrations,
 };
 
 /// The numbered migrations, applied in order on open.
@@ -450,31 +452,120 @@ fn read_projection(
     );
     let messages = events_in(&tx, thread, &segments, ORDINARY_MESSAGES, watermark)?;
     tx.commit().doing("end the read")?;
-
-    let mut fold = Thread::new(thread);
-    let mut special = special.into_iter().peekable();
-    let mut messages = messages.into_iter().peekable();
-    loop {
-        let seq = fold.last_seq() + 1;
-        if let Some(event) = special.next_if(|event| event.seq == seq) {
-            fold.apply(event).map_err(replay_error)?;
-        } else if let Some(event) = messages.next_if(|event| event.seq == seq) {
-            fold.apply(event).map_err(replay_error)?;
-        } else if seq <= watermark {
-            fold.apply_elided(seq).map_err(replay_error)?;
-        } else if special.peek().is_some() || messages.peek().is_some() {
-            return Err(StoreError::Corrupt {
-                thread: thread.to_string(),
-                seq,
-                detail: "the event log has a gap".into(),
-            });
-        } else {
-            break;
-        }
-    }
+    let fold = fold_sparse(thread, special, messages, watermark)?;
     let projection = fold.projection();
     cache.put(thread, deletions, fold);
     Ok(projection)
+}
+
+/// The projection of `thread` read from its end (see [`Store::load_projection_tail`]): a
+/// thread whose fold is kept, or that is short enough to keep, is read whole (and kept);
+/// a longer one decodes its special events, then only the ordinary messages from where
+/// their stored token counts, added up from the newest, pass `tokens`. A partial fold is
+/// never kept: the cache holds whole projections only.
+fn read_projection_tail(
+    conn: &mut Connection,
+    thread: &str,
+    cache: &ProjectionCache,
+    encoding: Encoding,
+    tokens: u64,
+) -> Result<ProjectionTail, StoreError> {
+    let whole = |conn: &mut Connection| {
+        read_projection(conn, thread, cache).map(|projection| ProjectionTail::cut(projection, 0))
+    };
+    if cache.holds(thread) {
+        return whole(conn);
+    }
+    let tx = conn.transaction().doing("begin a read")?;
+    let last_seq: Option<i64> = tx
+        .prepare_cached("SELECT last_seq FROM threads WHERE id = ?1")
+        .doing("prepare the thread's state query")?
+        .query_row([thread], |r| r.get(0))
+        .optional()
+        .doing("read the thread's last seq")?;
+    if last_seq.is_none_or(|last| last <= db_seq(projection_cache::MAX_EVENTS_PER_FOLD)) {
+        drop(tx);
+        return whole(conn);
+    }
+    let segments = chain(&tx, thread)?;
+    let special = events_in(&tx, thread, &segments, SPECIAL_EVENTS, 0)?;
+    let watermark = projection_watermark(
+        special
+            .iter()
+            .filter(|event| !matches!(event.kind, EventKind::MessageAppended { .. }))
+            .map(|event| (event.seq, &event.kind)),
+    );
+    let (start, unread) = tail_start(&tx, thread, &segments, watermark, encoding, tokens)?;
+    let unread_below = start.saturating_sub(1).max(watermark);
+    let messages = events_in(&tx, thread, &segments, ORDINARY_MESSAGES, unread_below)?;
+    tx.commit().doing("end the read")?;
+    let fold = fold_sparse(thread, special, messages, unread_below)?;
+    Ok(ProjectionTail::cut(fold.projection(), unread))
+}
+
+/// Where the tail of `thread`'s ordinary messages after `watermark` starts: the seq of the
+/// oldest message to read, the newest ones' stored counts under `encoding` passing `tokens`
+/// from there (1: read them all), and how many older ones are left unread. Only seqs and
+/// counts are read, newest first, and the reading stops there.
+fn tail_start(
+    tx: &Connection,
+    thread: &str,
+    segments: &[(String, Option<u64>)],
+    watermark: u64,
+    encoding: Encoding,
+    tokens: u64,
+) -> Result<(u64, usize), StoreError> {
+    let mut newest_first = tx
+        .prepare_cached(
+            "SELECT seq, tokens FROM events
+             WHERE thread_id = ?1 AND seq <= ?2 AND seq > ?3 AND ordinary_message = 1
+             ORDER BY seq DESC",
+        )
+        .doing("prepare the tail query")?;
+    let mut tail = TailStart::new(encoding, tokens);
+    'segments: for (id, limit) in segments.iter().rev() {
+        let mut rows = newest_first
+            .query(params![
+                id,
+                limit.map_or(i64::MAX, db_seq),
+                db_seq(watermark)
+            ])
+            .doing("read the tail")?;
+        while let Some(row) = rows.next().doing("read a message's count")? {
+            let seq = seq_of(thread, row.get(0).doing("read a seq")?)?;
+            let stored = row
+                .get_ref(1)
+                .and_then(|v| Ok(v.as_str_or_null()?))
+                .doing("read token counts")?;
+            if tail.add(seq, stored) {
+                break 'segments;
+            }
+        }
+    }
+    let Some(start) = tail.start() else {
+        return Ok((1, 0));
+    };
+    let mut count = tx
+        .prepare_cached(
+            "SELECT count(*) FROM events
+             WHERE thread_id = ?1 AND seq <= ?2 AND seq > ?3 AND seq < ?4 AND ordinary_message = 1",
+        )
+        .doing("prepare the unread count")?;
+    let mut unread: i64 = 0;
+    for (id, limit) in segments {
+        unread += count
+            .query_row(
+                params![
+                    id,
+                    limit.map_or(i64::MAX, db_seq),
+                    db_seq(watermark),
+                    db_seq(start)
+                ],
+                |r| r.get::<_, i64>(0),
+            )
+            .doing("count the unread messages")?;
+    }
+    Ok((start, usize::try_from(unread).unwrap_or(usize::MAX)))
 }
 
 /// Forks `parent` at `at_seq` as `child`, inside the caller's write transaction.
@@ -710,6 +801,20 @@ impl Store for SqliteStore {
         let inner = Arc::clone(&self.inner);
         self.read(move |conn| read_projection(conn, &thread, &inner.projections))
             .await
+    }
+
+    async fn load_projection_tail(
+        &self,
+        thread: &str,
+        encoding: Encoding,
+        tokens: u64,
+    ) -> Result<ProjectionTail, StoreError> {
+        let thread = thread.to_string();
+        let inner = Arc::clone(&self.inner);
+        self.read(move |conn| {
+            read_projection_tail(conn, &thread, &inner.projections, encoding, tokens)
+        })
+        .await
     }
 
     async fn fork(&self, parent: &str, at_seq: u64, child: &str) -> Result<u64, StoreError> {

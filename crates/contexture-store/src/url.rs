@@ -5,10 +5,11 @@ use std::str::FromStr;
 use std::time::SystemTime;
 
 use contexture_core::thread::{Event, Projection};
+use contexture_core::tokens::Encoding;
 
 use crate::{
-    ApiKeyRecord, ApiKeyStore, KeyedEvent, NewEvent, PgStore, PruneReport, SqliteStore, Store,
-    StoreError, ThreadInfo,
+    ApiKeyRecord, ApiKeyStore, KeyedEvent, NewEvent, PgStore, ProjectionTail, PruneReport,
+    SqliteStore, Store, StoreError, ThreadInfo,
 };
 
 /// A parsed database URL.
@@ -126,6 +127,18 @@ impl Store for AnyStore {
         match self {
             AnyStore::Sqlite(store) => store.load_projection(thread).await,
             AnyStore::Postgres(store) => store.load_projection(thread).await,
+        }
+    }
+
+    async fn load_projection_tail(
+        &self,
+        thread: &str,
+        encoding: Encoding,
+        tokens: u64,
+    ) -> Result<ProjectionTail, StoreError> {
+        match self {
+            AnyStore::Sqlite(store) => store.load_projection_tail(thread, encoding, tokens).await,
+            AnyStore::Postgres(store) => store.load_projection_tail(thread, encoding, tokens).await,
         }
     }
 

@@ -15,7 +15,7 @@ use contexture_core::thread::{
     Usage,
 };
 use contexture_core::tokens::{Encoding, message_tokens};
-use contexture_core::{Message, ToolCall};
+use contexture_core::{Message, Role, ToolCall};
 use contexture_store::{ApiKeyRecord, ApiKeyStore, NewEvent, PruneReport, Store, StoreError};
 use serde_json::json;
 
@@ -1129,6 +1129,21 @@ async fn api_key_migration_applies_to_an_older_database<H: Harness>(h: &H) {
     // The threads are intact and go on.
     assert_eq!(new.events("t").await.unwrap(), events);
     assert_eq!(new.events("f").await.unwrap().len(), 2);
+    // Their messages were marked as the projection reads need.
+    for thread in ["t", "f", "g"] {
+        assert_eq!(
+            new.load_projection(thread).await.unwrap(),
+            new.load(thread).await.unwrap().projection()
+        );
+        let whole = new.load(thread).await.unwrap().projection().messages;
+        let tail = new
+            .load_projection_tail(thread, Encoding::Cl100kBase, 0)
+            .await
+            .unwrap();
+        // The newest message at least (a store may read more of a short thread).
+        assert!(!tail.projection.messages.is_empty());
+        assert_eq!(tail.projection.messages[..], whole[tail.unread..]);
+    }
     // Their sizes were counted when the sizes came: each thread's own events and its fork
     // prefix.
     let sizes: Vec<(String, u64)> = new
@@ -1253,6 +1268,86 @@ async fn a_thread_past_its_bytes_refuses_appends_and_stores_nothing_of_them(h: &
     assert_eq!(s.append_one("t", user(&"x".repeat(20))).await.unwrap(), 3);
 }
 
+/// How many of `full`'s messages a read of its tail past `tokens` leaves unread: up to the
+/// newest message where the counts, added up from the end, pass `tokens`, and the tool
+/// results that would then start it (their call is not read).
+fn expected_unread(full: &[Message], tokens: u64) -> usize {
+    let mut counted = 0;
+    for (at, message) in full.iter().enumerate().rev() {
+        counted += u64::from(message_tokens(message, Encoding::Cl100kBase));
+        if counted > tokens {
+            let orphans = full[at..]
+                .iter()
+                .take_while(|message| message.role == Role::Tool)
+                .count();
+            return at + orphans;
+        }
+    }
+    0
+}
+
+async fn a_projection_read_from_its_end_holds_the_newest_messages_past_the_budget(
+    h: &impl Harness,
+) {
+    let s = h.store();
+    // Longer than a store keeps whole: a system prompt, then questions, tool calls and
+    // their results; then a fork that goes on.
+    let turn = |i: usize| match i % 3 {
+        0 => user(&format!("question {i}")),
+        1 => say(Message::assistant_tool_calls(vec![ToolCall::new(
+            format!("c{i}"),
+            "search",
+            "{}",
+        )])),
+        _ => say(Message::tool_result(
+            format!("c{}", i - 1),
+            format!("result {i}"),
+        )),
+    };
+    s.append_one("long", say(Message::system("be brief")))
+        .await
+        .unwrap();
+    for chunk in 0..24 {
+        let batch = (chunk * 1000..(chunk + 1) * 1000).map(turn).collect();
+        s.append("long", batch).await.unwrap();
+    }
+    s.fork("long", 24_001, "fork").await.unwrap();
+    s.append(
+        "fork",
+        (0..10).map(|i| user(&format!("more {i}"))).collect(),
+    )
+    .await
+    .unwrap();
+    for thread in ["long", "fork"] {
+        let full = s.load_projection(thread).await.unwrap();
+        for tokens in [0, 5, 99, 1_000, 20_000] {
+            let tail = s
+                .load_projection_tail(thread, Encoding::Cl100kBase, tokens)
+                .await
+                .unwrap();
+            assert_eq!(tail.projection.system, full.system);
+            assert_eq!(tail.projection.context, full.context);
+            assert_eq!(
+                tail.unread,
+                expected_unread(&full.messages, tokens),
+                "{thread} past {tokens} tokens"
+            );
+            assert_eq!(tail.projection.messages[..], full.messages[tail.unread..]);
+        }
+        // A budget past everything reads it all.
+        let all = s
+            .load_projection_tail(thread, Encoding::Cl100kBase, u64::MAX)
+            .await
+            .unwrap();
+        assert_eq!((all.unread, all.projection), (0, full));
+    }
+    assert!(matches!(
+        s.load_projection_tail("missing", Encoding::Cl100kBase, 10)
+            .await,
+        Err(StoreError::NotFound { .. })
+    ));
+}
+
 macro_rules! conformance {
     (
         fresh: [$($name:ident),* $(,)?],
@@ -1323,6 +1418,7 @@ conformance!(
     a_full_thread_refuses_appends_and_stores_nothing_of_them,
     sizes_count_a_threads_events_and_its_fork_prefix,
     a_thread_past_its_bytes_refuses_appends_and_stores_nothing_of_them,
+    a_projection_read_from_its_end_holds_the_newest_messages_past_the_budget,
     threads_are_listed_by_prefix_a_page_at_a_time,
     ],
     before_api_keys: [api_key_migration_applies_to_an_older_database],

@@ -18,7 +18,7 @@ use contexture_core::thread::Thread;
 const MAX_CACHED_EVENTS: u64 = 200_000;
 
 /// Folds of threads longer than this are not kept.
-const MAX_EVENTS_PER_FOLD: u64 = 20_000;
+pub(super) const MAX_EVENTS_PER_FOLD: u64 = 20_000;
 
 struct Kept {
     deletions: i64,

@@ -1,0 +1,114 @@
+//! Reading a projection without decoding all of a long thread: the fold of a log whose
+//! messages that cannot reach the projection were skipped, and where a projection read from
+//! its end starts.
+
+use contexture_core::Role;
+use contexture_core::thread::{Event, Projection, Thread};
+use contexture_core::tokens::Encoding;
+
+use crate::StoreError;
+use crate::record;
+
+/// A projection read from its end ([`Store::load_projection_tail`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProjectionTail {
+    /// The projection, without its `unread` oldest ordinary messages.
+    pub projection: Projection,
+    /// How many of the active context's oldest ordinary messages were not read.
+    pub unread: usize,
+}
+
+impl ProjectionTail {
+    /// Drops tool results left at the head of a cut projection: the call they answer was
+    /// not read, so they could never be sent (a fit never reaches the cut), and a projection
+    /// that starts with them would be an orphan's. They count as unread.
+    pub(crate) fn cut(mut projection: Projection, unread: usize) -> ProjectionTail {
+        if unread == 0 {
+            return ProjectionTail { projection, unread };
+        }
+        let orphans = projection
+            .messages
+            .iter()
+            .take_while(|message| message.role == Role::Tool)
+            .count();
+        projection.messages.drain(..orphans);
+        ProjectionTail {
+            projection,
+            unread: unread + orphans,
+        }
+    }
+}
+
+/// Folds a thread from its `special` events (every event but ordinary messages) and the
+/// ordinary `messages` that were read, both in seq order; every other seq is an ordinary
+/// message that was not read, which only seqs at or below `skipped_through` may be. Seqs
+/// are gap-free, so a missing seq above it is a gap in the log.
+pub(crate) fn fold_sparse(
+    thread: &str,
+    special: Vec<Event>,
+    messages: Vec<Event>,
+    skipped_through: u64,
+) -> Result<Thread, StoreError> {
+    let replay_error = |source| StoreError::Replay {
+        thread: thread.to_string(),
+        source,
+    };
+    let mut fold = Thread::new(thread);
+    let mut special = special.into_iter().peekable();
+    let mut messages = messages.into_iter().peekable();
+    loop {
+        let seq = fold.last_seq() + 1;
+        if let Some(event) = special.next_if(|event| event.seq == seq) {
+            fold.apply(event).map_err(replay_error)?;
+        } else if let Some(event) = messages.next_if(|event| event.seq == seq) {
+            fold.apply(event).map_err(replay_error)?;
+        } else if seq <= skipped_through {
+            fold.apply_elided(seq).map_err(replay_error)?;
+        } else if special.peek().is_some() || messages.peek().is_some() {
+            return Err(StoreError::Corrupt {
+                thread: thread.to_string(),
+                seq,
+                detail: "the event log has a gap".into(),
+            });
+        } else {
+            return Ok(fold);
+        }
+    }
+}
+
+/// Adds up the stored token counts of ordinary messages, newest first, until they pass a
+/// budget: the message where that happens starts the tail.
+pub(crate) struct TailStart {
+    encoding: Encoding,
+    tokens: u64,
+    counted: u64,
+    start: Option<u64>,
+}
+
+impl TailStart {
+    /// A tail whose messages' counts under `encoding` must pass `tokens`.
+    pub(crate) fn new(encoding: Encoding, tokens: u64) -> TailStart {
+        TailStart {
+            encoding,
+            tokens,
+            counted: 0,
+            start: None,
+        }
+    }
+
+    /// Counts the message at `seq` (the next older one) with its `tokens` column; true once
+    /// the tail is complete (no older message is needed).
+    pub(crate) fn add(&mut self, seq: u64, tokens: Option<&str>) -> bool {
+        self.counted += record::stored_message_tokens(tokens, self.encoding);
+        if self.counted > self.tokens {
+            self.start = Some(seq);
+        }
+        self.start.is_some()
+    }
+
+    /// The seq of the oldest message the tail holds, when older ones are not needed
+    /// (`None`: every message is).
+    pub(crate) fn start(&self) -> Option<u64> {
+        self.start
+    }
+}
