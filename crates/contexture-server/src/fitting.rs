@@ -3,12 +3,14 @@
 //! workflow step's), with the server's default policy and a request's overrides.
 
 use contexture_core::Message;
+use contexture_core::TokenCounter;
 use contexture_core::budget::BudgetPolicy;
 use contexture_core::fit::Strategy;
 use contexture_core::registry::ModelInfo;
-use contexture_core::thread::Projection;
+use contexture_core::thread::{FitRecord, Projection};
 use contexture_engine::executor::{FitTarget, FittedRequest, fit_request};
 use contexture_engine::llm::rules_for_model;
+use contexture_store::{ProjectionTail, Store, StoreError};
 use serde_json::Value;
 
 use crate::app::AppState;
@@ -76,6 +78,52 @@ impl FitSettings {
         })
     }
 
+    /// What fitting needs of the thread `thread` (stored id): its projection, or with a
+    /// strategy that keeps the newest history, only its tail ([`Store::load_projection_tail`]),
+    /// long enough that no fit can tell it from the whole: its newest messages past twice
+    /// the window (the request's own turns, kept whole, take at most one window).
+    /// A tail holds at least `at_least` tokens too when it is cut (for a compaction trigger
+    /// with a token threshold, which must see a cut thread as over it).
+    pub async fn load(
+        &self,
+        state: &AppState,
+        thread: &str,
+        at_least: u64,
+    ) -> Result<ProjectionTail, StoreError> {
+        if self.strategy != Strategy::Last {
+            let projection = state.store.load_projection(thread).await?;
+            return Ok(ProjectionTail {
+                projection,
+                unread: 0,
+            });
+        }
+        state
+            .store
+            .load_projection_tail(
+                thread,
+                self.model.counter.encoding(),
+                self.tail_tokens().max(at_least),
+            )
+            .await
+    }
+
+    /// The newest history's tokens a tail read must pass, in the counter's encoding (an
+    /// estimating counter that counts fewer tokens than its encoding needs more of them).
+    fn tail_tokens(&self) -> u64 {
+        let window = u64::from(self.model.context_window);
+        let limit = self
+            .budget
+            .limits(&self.model)
+            .map_or(window, |limits| u64::from(limits.limit));
+        let needed = 2 * window.max(limit);
+        match self.model.counter {
+            TokenCounter::Estimate { ratio, .. } if ratio < 1.0 && ratio > 0.0 => {
+                (needed as f64 / ratio).ceil() as u64
+            }
+            _ => needed,
+        }
+    }
+
     /// Fits `projection` (its system prompt, then its messages) followed by `own` (kept
     /// whole: the messages of the request being answered) with `tools`. The result passed
     /// the provider-rule validator.
@@ -91,6 +139,21 @@ impl FitSettings {
             u64::from(fitted.breakdown.used),
             !fitted.fit.dropped.is_empty(),
         );
+        Ok(fitted)
+    }
+
+    /// [`FitSettings::fit`] of a projection read from its end: what fitting left out
+    /// counts the messages that were not read too (they come first in the history).
+    pub fn fit_tail(
+        &self,
+        state: &AppState,
+        tail: ProjectionTail,
+        own: &[Message],
+        tools: &[Value],
+    ) -> Result<FittedRequest, ApiError> {
+        let has_system = tail.projection.system.is_some();
+        let mut fitted = self.fit(state, tail.projection, own, tools)?;
+        count_unread(&mut fitted.fit, tail.unread, has_system);
         Ok(fitted)
     }
 
@@ -119,6 +182,36 @@ impl FitSettings {
         .map_err(|error| ApiError::unprocessable(error.to_string()))?;
         Ok(fitted)
     }
+}
+
+/// Puts the `unread` oldest history messages of a tail read into `fit`: the history starts
+/// after the system prompt (when there is one), so the ranges left out move up by `unread`
+/// and one more covers the unread ones; the tokens before trimming are no longer known.
+pub fn count_unread(fit: &mut FitRecord, unread: usize, has_system: bool) {
+    if unread == 0 {
+        return;
+    }
+    let start = usize::from(has_system);
+    let mut dropped = vec![[start, start + unread]];
+    for [from, to] in fit.dropped.iter().copied() {
+        let (from, to) = if from >= start {
+            (from + unread, to + unread)
+        } else {
+            (from, to)
+        };
+        match dropped.last_mut() {
+            Some(last) if last[1] == from => last[1] = to,
+            _ => dropped.push([from, to]),
+        }
+    }
+    dropped.sort_unstable();
+    fit.dropped = dropped;
+    fit.tokens_before = None;
+    let note = format!("{unread} older messages were not read: the newest fill the window");
+    fit.reason = Some(match fit.reason.take() {
+        Some(reason) => format!("{note}; {reason}"),
+        None => note,
+    });
 }
 
 #[cfg(test)]

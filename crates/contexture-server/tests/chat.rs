@@ -1012,3 +1012,97 @@ async fn a_keyed_turn_younger_than_the_abandon_time_is_not_taken_over() {
     assert_eq!(refused.status(), StatusCode::CONFLICT);
     assert!(upstream.bodies().is_empty());
 }
+
+#[tokio::test]
+async fn a_long_threads_turns_read_its_tail_and_fit_as_the_whole_thread_would() {
+    use contexture_core::format::openai;
+    use contexture_core::thread::EventKind;
+    use contexture_server::fitting::FitSettings;
+    use contexture_store::{NewEvent, Store};
+
+    let (upstream, base) = Upstream::start().await;
+    let (_dir, server, key) = server(&base, |_| {}).await;
+    // 30,000 messages of about 30 tokens: several times what the model's window holds.
+    let filler = "the quick brown fox jumps over the lazy dog ".repeat(3);
+    server
+        .state
+        .store
+        .append_one(
+            "acme/long",
+            NewEvent::new(EventKind::MessageAppended {
+                message: contexture_core::Message::system("Be brief."),
+            }),
+        )
+        .await
+        .unwrap();
+    for chunk in 0..30 {
+        let batch = (0..1000)
+            .map(|i| {
+                let text = format!("{} {filler}", chunk * 1000 + i);
+                let message = if i % 2 == 0 {
+                    contexture_core::Message::user(text)
+                } else {
+                    contexture_core::Message::assistant(text)
+                };
+                NewEvent::new(EventKind::MessageAppended { message })
+            })
+            .collect();
+        server.state.store.append("acme/long", batch).await.unwrap();
+    }
+    let settings = FitSettings::new(&server.state, "gpt-4o-mini", None, None, None).unwrap();
+    let whole = server
+        .state
+        .store
+        .load_projection("acme/long")
+        .await
+        .unwrap();
+    let expected = settings
+        .fit_unmetered(&server.state, whole.clone(), &[], &[])
+        .unwrap();
+
+    let context: Value = client()
+        .get(server.url("/v1/threads/long/context?model=gpt-4o-mini"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        context["messages"],
+        openai::to_values(&expected.messages),
+        "the same request as from the whole thread"
+    );
+    let reason = context["fit"]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("older messages were not read: the newest fill the window"),
+        "{reason}"
+    );
+    // What was left out still covers the whole history: every message but those sent.
+    let left_out: usize = context["fit"]["dropped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|range| (range[1].as_u64().unwrap() - range[0].as_u64().unwrap()) as usize)
+        .sum();
+    assert_eq!(left_out + expected.messages.len(), 30_001);
+
+    // A turn: the request sent upstream is the whole thread's fit with the new turn.
+    let question = contexture_core::Message::user("And now?");
+    let expected = settings
+        .fit_unmetered(&server.state, whole, std::slice::from_ref(&question), &[])
+        .unwrap();
+    let answer = chat(
+        &server,
+        &key,
+        Some("long"),
+        json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "And now?"}]}),
+    )
+    .await;
+    assert_eq!(answer.status(), StatusCode::OK);
+    assert_eq!(
+        upstream.bodies()[0]["messages"],
+        openai::to_values(&expected.messages)
+    );
+}

@@ -131,8 +131,17 @@ pub async fn completions(
 
     // 1. The new messages go into the thread before anything is sent upstream, so a failed
     //    call loses nothing the client said.
-    let stored = match state.store.load_projection(&scoped).await {
-        Ok(projection) => projection,
+    // Only the thread's tail is read when it is long: fitting keeps the newest history, and
+    // the new messages are told apart from the stored ones at its end.
+    let compaction_tokens = state
+        .config
+        .context
+        .compaction
+        .as_ref()
+        .and_then(|policy| policy.trigger.tokens)
+        .map_or(0, |tokens| tokens.saturating_add(1));
+    let stored = match settings.load(&state, &scoped, compaction_tokens).await {
+        Ok(tail) => tail.projection,
         Err(contexture_store::StoreError::NotFound { .. }) => Projection {
             context: "main".into(),
             system: None,
@@ -180,22 +189,22 @@ pub async fn completions(
 
     // 2. Compaction, when the policy's trigger fires; a failure replaces nothing and the
     //    request is still trimmed to fit.
-    let mut projection = state
-        .store
-        .load_projection(&scoped)
+    let mut tail = settings
+        .load(&state, &scoped, compaction_tokens)
         .await
         .map_err(|error| store_error(tenant, error))?;
     if let Some(policy) = &state.config.context.compaction {
+        // A cut tail is over every token threshold, as the whole thread is.
         let tokens = u64::from(
             settings
                 .model
                 .counter
-                .count_request(&projection.to_messages(), &tools)
+                .count_request(&tail.projection.to_messages(), &tools)
                 .total,
         );
         if let Some(reason) = policy.trigger.fires(
             tokens,
-            projection.messages.len(),
+            tail.projection.messages.len() + tail.unread,
             settings.model.context_window,
         ) {
             let request = CompactRequest::new(policy.clone(), reason);
@@ -203,9 +212,8 @@ pub async fn completions(
                 Ok(report) => {
                     state.metrics.compaction(&report.outcome);
                     if matches!(report.outcome, CompactionOutcome::Compacted { .. }) {
-                        projection = state
-                            .store
-                            .load_projection(&scoped)
+                        tail = settings
+                            .load(&state, &scoped, compaction_tokens)
                             .await
                             .map_err(|error| store_error(tenant, error))?;
                     }
@@ -219,9 +227,9 @@ pub async fn completions(
     }
 
     // 3. Fit: the request's new turns are kept whole, the rest of the history is trimmed.
-    let split = projection.messages.len().saturating_sub(new_count);
-    let own = projection.messages.split_off(split);
-    let fitted = settings.fit(&state, projection, &own, &tools)?;
+    let split = tail.projection.messages.len().saturating_sub(new_count);
+    let own = tail.projection.messages.split_off(split);
+    let fitted = settings.fit_tail(&state, tail, &own, &tools)?;
     body.insert("messages".into(), openai::to_values(&fitted.messages));
     let request_id = format!("{scoped}/chat-{}", fresh_id());
     let record = RequestRecord {

@@ -323,16 +323,15 @@ pub async fn context(
         }
     }
     let scoped = tenant.scope(&id);
-    let projection = state
-        .store
-        .load_projection(&scoped)
+    let tail = settings
+        .load(&state, &scoped, 0)
         .await
         .map_err(|error| store_error(tenant, error))?;
-    if projection.system.is_none() && projection.messages.is_empty() {
+    if tail.projection.system.is_none() && tail.projection.messages.is_empty() && tail.unread == 0 {
         // An empty projection of a thread that does not exist is a 404.
         ensure_thread(&state, tenant, &id).await?;
     }
-    let fitted = settings.fit(&state, projection, &[], &[])?;
+    let fitted = settings.fit_tail(&state, tail, &[], &[])?;
     Ok(Json(ContextAnswer {
         thread: &id,
         model: &settings.model.id,
