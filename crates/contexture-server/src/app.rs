@@ -116,11 +116,24 @@ pub struct Shared {
     pub keyed_turns: Arc<KeyedTurns>,
 }
 
-/// Counts work in flight outside requests, so a shutdown can wait for it.
-#[derive(Debug, Default)]
+/// Counts work in flight outside requests, so a shutdown can wait for it, and tells that
+/// work when the shutdown stops waiting, so that it records how it ended before the server
+/// exits.
+#[derive(Debug)]
 pub struct InFlight {
     count: AtomicUsize,
     idle: Notify,
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
+impl Default for InFlight {
+    fn default() -> Self {
+        InFlight {
+            count: AtomicUsize::new(0),
+            idle: Notify::new(),
+            stop: tokio::sync::watch::Sender::new(false),
+        }
+    }
 }
 
 /// One piece of work in flight; dropping it ends it.
@@ -132,6 +145,23 @@ impl InFlight {
     pub fn enter(self: &Arc<Self>) -> InFlightGuard {
         self.count.fetch_add(1, Ordering::SeqCst);
         InFlightGuard(self.clone())
+    }
+
+    /// Tells the work in flight that the server stops now: it records what it has and ends.
+    pub fn stop(&self) {
+        self.stop.send_replace(true);
+    }
+
+    /// True once [`InFlight::stop`] was called.
+    pub fn is_stopping(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    /// Resolves once [`InFlight::stop`] is called.
+    pub async fn stopped(&self) {
+        let mut stop = self.stop.subscribe();
+        // The sender lives as long as `self`: waiting cannot fail while it is borrowed.
+        let _ = stop.wait_for(|stopping| *stopping).await;
     }
 
     /// Resolves once no work is in flight.
@@ -430,12 +460,24 @@ pub async fn serve(
     };
     if tokio::time::timeout(grace, finished).await.is_err() {
         tracing::warn!(
-            "requests still in flight after {} s; stopping",
+            "requests still in flight after {} s; stopping them",
             grace.as_secs()
         );
+        // The chat calls still waiting for their upstream record that the server stopped
+        // them (with what had arrived) before the process ends.
+        in_flight.stop();
+        if tokio::time::timeout(STOP_RECORDING_TIME, in_flight.idle())
+            .await
+            .is_err()
+        {
+            tracing::error!("work still in flight after it was stopped; exiting anyway");
+        }
     }
     Ok(())
 }
+
+/// How long a shutdown waits, after the grace period, for stopped work to record its end.
+const STOP_RECORDING_TIME: Duration = Duration::from_secs(5);
 
 /// Binds the configured address.
 pub async fn bind(config: &ServerConfig) -> Result<TcpListener, StartError> {

@@ -72,6 +72,16 @@ impl ApiError {
         }
     }
 
+    /// 503: the server cannot answer now (it is shutting down).
+    pub fn unavailable(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code: "unavailable",
+            message: message.into(),
+            param: None,
+        }
+    }
+
     /// 502: the upstream provider could not be reached or answered nonsense.
     pub fn upstream(message: impl Into<String>) -> ApiError {
         ApiError {

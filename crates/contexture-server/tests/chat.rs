@@ -1106,3 +1106,105 @@ async fn a_long_threads_turns_read_its_tail_and_fit_as_the_whole_thread_would() 
         openai::to_values(&expected.messages)
     );
 }
+
+/// The request records of `thread` (stored id) that ended, straight from the store.
+async fn request_ends(
+    store: &contexture_store::AnyStore,
+    thread: &str,
+) -> Vec<contexture_core::thread::RequestEnd> {
+    use contexture_store::Store;
+    store
+        .events(thread)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|event| match event.kind {
+            contexture_core::thread::EventKind::RequestEnded(end) => Some(end),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_shutdown_records_the_calls_it_stops_with_what_had_arrived() {
+    use contexture_core::thread::RequestOutcome;
+
+    let (upstream, base) = Upstream::start().await;
+    {
+        let mut replies = upstream.replies.lock().unwrap();
+        replies.push_back(Reply::Hang);
+        replies.push_back(Reply::Delayed(
+            std::time::Duration::from_secs(60),
+            "Half of it, then the rest".into(),
+        ));
+    }
+    let (_dir, server, key) = server(&base, |config| config.shutdown_grace_secs = 1).await;
+    let state = server.state.clone();
+    let whole = {
+        let (url, key) = (server.url("/v1/chat/completions"), key.clone());
+        tokio::spawn(async move {
+            let _ = client()
+                .post(url)
+                .bearer_auth(key)
+                .header("X-Contexture-Thread", "waiting")
+                .json(&json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hello"}]}))
+                .send()
+                .await;
+        })
+    };
+    let streamed = {
+        let (url, key) = (server.url("/v1/chat/completions"), key.clone());
+        tokio::spawn(async move {
+            if let Ok(response) = client()
+                .post(url)
+                .bearer_auth(key)
+                .header("X-Contexture-Thread", "streaming")
+                .json(&json!({"model": "gpt-4o-mini", "stream": true, "messages": [{"role": "user", "content": "Hello"}]}))
+                .send()
+                .await
+            {
+                let _ = response.text().await;
+            }
+        })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while upstream.bodies().len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the upstream was not called twice"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let started = std::time::Instant::now();
+    server.shutdown().await;
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(8),
+        "the shutdown hung"
+    );
+    whole.abort();
+    streamed.abort();
+
+    let ends = request_ends(&state.store, "acme/waiting").await;
+    assert_eq!(ends.len(), 1, "{ends:?}");
+    assert_eq!(ends[0].outcome, RequestOutcome::Cancelled);
+    assert_eq!(
+        ends[0].error.as_deref(),
+        Some("the server shut down before the answer ended")
+    );
+    let ends = request_ends(&state.store, "acme/streaming").await;
+    assert_eq!(ends.len(), 1, "{ends:?}");
+    assert_eq!(ends[0].outcome, RequestOutcome::Cancelled);
+    let partial = ends[0].reply.as_ref().expect("what had arrived").text();
+    assert!(
+        !partial.is_empty() && "Half of it, then the rest".starts_with(&partial),
+        "{partial:?}"
+    );
+    // Nothing of either joined the conversation.
+    for thread in ["acme/waiting", "acme/streaming"] {
+        let projection = contexture_store::Store::load_projection(&state.store, thread)
+            .await
+            .unwrap();
+        assert_eq!(projection.messages.len(), 1, "{thread}: only the question");
+    }
+}

@@ -288,7 +288,15 @@ async fn forward_and_record(
     recorder: Recorder,
     thread: String,
 ) -> ApiResult<Response> {
-    let response = match forward(&state, &Value::Object(body)).await {
+    let body = Value::Object(body);
+    let forwarded = tokio::select! {
+        forwarded = forward(&state, &body) => forwarded,
+        () = state.in_flight.stopped() => {
+            recorder.stopped(None).await;
+            return Err(ApiError::unavailable(SHUT_DOWN));
+        }
+    };
+    let response = match forwarded {
         Ok(response) => response,
         Err(error) => {
             recorder.failed(error.message.clone()).await;
@@ -317,10 +325,32 @@ async fn forward_and_record(
             // The response ends only once the answer is stored, so a client's next turn
             // always finds it in the thread.
             let (stored_tx, stored_rx) = tokio::sync::oneshot::channel::<()>();
-            let stream = record_stream(stream, move |outcome| {
+            // A shutdown that stops waiting cuts the stream; its recording says so.
+            let in_flight = state.in_flight.clone();
+            let stream = stream.take_until(async move { in_flight.stopped().await });
+            let stopping = state.in_flight.clone();
+            let stream = record_stream(Box::pin(stream), move |outcome| {
                 tokio::spawn(async move {
                     let _guard = guard;
                     let _stored = stored_tx;
+                    if stopping.is_stopping() {
+                        let partial = match outcome {
+                            Ok(answer) => {
+                                // It ended as the server stopped: whole, so it is kept.
+                                if let Err(error) = recorder.answered(answer).await {
+                                    tracing::error!(error = %error.message, "cannot record a streamed answer");
+                                }
+                                return;
+                            }
+                            Err(
+                                PassthroughError::Interrupted { partial }
+                                | PassthroughError::Truncated { partial },
+                            ) => partial.map(|message| *message),
+                            Err(_) => None,
+                        };
+                        recorder.stopped(partial).await;
+                        return;
+                    }
                     match outcome {
                         Ok(answer) => {
                             if let Err(error) = recorder.answered(answer).await {
@@ -365,6 +395,9 @@ async fn forward_and_record(
     };
     Ok(passthrough_response(response, Some(&thread)))
 }
+
+/// Why a call the server's shutdown stopped ended.
+const SHUT_DOWN: &str = "the server shut down before the answer ended";
 
 /// Records how a chat request ended in its thread.
 struct Recorder {
@@ -421,6 +454,19 @@ impl Recorder {
             Usage::default(),
         );
         end.error = Some("the client went away before the streamed answer ended".into());
+        end.reply = partial;
+        self.end(end).await;
+    }
+
+    /// A call the server's shutdown stopped: recorded as cancelled with what had arrived,
+    /// and nothing appended to the conversation.
+    async fn stopped(&self, partial: Option<Message>) {
+        let mut end = RequestEnd::new(
+            &self.request_id,
+            RequestOutcome::Cancelled,
+            Usage::default(),
+        );
+        end.error = Some(SHUT_DOWN.into());
         end.reply = partial;
         self.end(end).await;
     }
