@@ -80,14 +80,15 @@ impl FitSettings {
 
     /// What fitting needs of the thread `thread` (stored id): its projection, or with a
     /// strategy that keeps the newest history, only its tail ([`Store::load_projection_tail`]),
-    /// long enough that no fit can tell it from the whole: its newest messages past twice
-    /// the window (the request's own turns, kept whole, take at most one window).
-    /// A tail holds at least `at_least` tokens too when it is cut (for a compaction trigger
-    /// with a token threshold, which must see a cut thread as over it).
+    /// long enough that no fit can tell it from the whole: its newest messages past the
+    /// window and `own_tokens` more (the request's own turns, which are part of what is read
+    /// and are kept whole), and past `at_least` tokens (a compaction trigger's threshold,
+    /// which must see a cut thread as over it).
     pub async fn load(
         &self,
         state: &AppState,
         thread: &str,
+        own_tokens: u64,
         at_least: u64,
     ) -> Result<ProjectionTail, StoreError> {
         if self.strategy != Strategy::Last {
@@ -97,25 +98,22 @@ impl FitSettings {
                 unread: 0,
             });
         }
+        let tokens = self.tail_tokens().saturating_add(own_tokens).max(at_least);
         state
             .store
-            .load_projection_tail(
-                thread,
-                self.model.counter.encoding(),
-                self.tail_tokens().max(at_least),
-            )
+            .load_projection_tail(thread, self.model.counter.encoding(), tokens)
             .await
     }
 
-    /// The newest history's tokens a tail read must pass, in the counter's encoding (an
-    /// estimating counter that counts fewer tokens than its encoding needs more of them).
+    /// The tokens a fit's history can hold at most, in the counter's encoding (an estimating
+    /// counter that counts fewer tokens than its encoding needs more of them).
     fn tail_tokens(&self) -> u64 {
         let window = u64::from(self.model.context_window);
         let limit = self
             .budget
             .limits(&self.model)
             .map_or(window, |limits| u64::from(limits.limit));
-        let needed = 2 * window.max(limit);
+        let needed = window.max(limit);
         match self.model.counter {
             TokenCounter::Estimate { ratio, .. } if ratio < 1.0 && ratio > 0.0 => {
                 (needed as f64 / ratio).ceil() as u64

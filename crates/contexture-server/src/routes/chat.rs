@@ -21,6 +21,7 @@ use contexture_core::registry::ModelInfo;
 use contexture_core::thread::{
     EventKind, Projection, RecordedBudget, RequestEnd, RequestOutcome, RequestRecord, Usage,
 };
+use contexture_core::tokens::message_tokens;
 use contexture_core::{Message, Role};
 use contexture_engine::compaction::CompactRequest;
 use contexture_engine::compaction::{CompactionOutcome, compact_stored};
@@ -140,7 +141,15 @@ pub async fn completions(
         .as_ref()
         .and_then(|policy| policy.trigger.tokens)
         .map_or(0, |tokens| tokens.saturating_add(1));
-    let stored = match settings.load(&state, &scoped, compaction_tokens).await {
+    // The new turns are among the request's messages, and are kept whole.
+    let own_tokens = requested
+        .iter()
+        .map(|message| u64::from(message_tokens(message, settings.model.counter.encoding())))
+        .sum::<u64>();
+    let stored = match settings
+        .load(&state, &scoped, own_tokens, compaction_tokens)
+        .await
+    {
         Ok(tail) => tail.projection,
         Err(contexture_store::StoreError::NotFound { .. }) => Projection {
             context: "main".into(),
@@ -190,7 +199,7 @@ pub async fn completions(
     // 2. Compaction, when the policy's trigger fires; a failure replaces nothing and the
     //    request is still trimmed to fit.
     let mut tail = settings
-        .load(&state, &scoped, compaction_tokens)
+        .load(&state, &scoped, own_tokens, compaction_tokens)
         .await
         .map_err(|error| store_error(tenant, error))?;
     if let Some(policy) = &state.config.context.compaction {
@@ -213,7 +222,7 @@ pub async fn completions(
                     state.metrics.compaction(&report.outcome);
                     if matches!(report.outcome, CompactionOutcome::Compacted { .. }) {
                         tail = settings
-                            .load(&state, &scoped, compaction_tokens)
+                            .load(&state, &scoped, own_tokens, compaction_tokens)
                             .await
                             .map_err(|error| store_error(tenant, error))?;
                     }

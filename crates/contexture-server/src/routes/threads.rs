@@ -324,7 +324,7 @@ pub async fn context(
     }
     let scoped = tenant.scope(&id);
     let tail = settings
-        .load(&state, &scoped, 0)
+        .load(&state, &scoped, 0, 0)
         .await
         .map_err(|error| store_error(tenant, error))?;
     if tail.projection.system.is_none() && tail.projection.messages.is_empty() && tail.unread == 0 {
