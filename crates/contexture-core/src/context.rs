@@ -29,6 +29,7 @@ pub mod path;
 pub mod pylit;
 pub mod store;
 pub mod template;
+mod text_budget;
 
 pub use dynamic::{Clock, FixedClock, FixedIds, IdSource, Timestamp};
 pub use expr::{Branch, Condition, ExprError, Scope, Switch};

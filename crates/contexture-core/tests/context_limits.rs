@@ -194,3 +194,56 @@ fn a_template_that_writes_too_much_stops_at_the_output_limit() {
     let error = render("{{ big }}", &store, &options).unwrap_err();
     assert!(error.to_string().contains("exceeds 1000 bytes"), "{error}");
 }
+
+/// The most memory this test process has held, in kB (`VmHWM`).
+fn peak_memory_kb() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("VmHWM:"))
+                .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_template_cannot_grow_its_memory_past_what_its_fuel_pays_for() {
+    let store = ContextStore::new();
+    for template in [
+        // Doubling a string 40 times would make 10 TB.
+        r#"{% set ns = namespace(s="xxxxxxxxxx") %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}"#,
+        // The same without a loop: 128 MB by the last line.
+        r#"{% set a = "x" * 1000000 %}{% set b = a ~ a %}{% set c = b ~ b %}{% set d = c ~ c %}{% set e = d ~ d %}{% set f = e ~ e %}{% set g = f ~ f %}{% set h = g ~ g %}{{ h | length }}"#,
+        // One repetition of 100 million characters.
+        r#"{{ ("x" * 99999999) | length }}"#,
+        // A replacement that squares a string's length: 10 GB.
+        r#"{% set s = "x" * 100000 %}{{ s | replace("x", s) | length }}"#,
+        // A list that repeats one long string costs little to make and 10 GB as text: every
+        // way of turning it into text measures first.
+        r#"{% set s = "x" * 100000 %}{{ ([s] * 100000) | join | length }}"#,
+        r#"{% set s = "x" * 100000 %}{{ ([s] * 100000) | join(",") | length }}"#,
+        r#"{% set s = "x" * 100000 %}{{ ([s] * 100000) | tojson | length }}"#,
+        r#"{% set s = "x" * 100000 %}{{ ([s] * 100000) | tojson(indent=100) | length }}"#,
+        r#"{% set s = "x" * 100000 %}{{ dict(a=[s] * 100000) | tojson | length }}"#,
+        r#"{% set s = "x" * 100000 %}{{ ([s] * 100000) | string | length }}"#,
+        r#"{% set s = "x" * 100000 %}{{ ([s] * 100000) | pprint | length }}"#,
+        r#"{% set s = "x" * 100000 %}{{ [s] * 100000 }}"#,
+        r#"{% set s = "x" * 100000 %}{% set big %}{{ [s] * 100000 }}{% endset %}{{ big | length }}"#,
+    ] {
+        let error = timed("memory bomb", || {
+            render(template, &store, &RenderOptions::fixed(0)).unwrap_err()
+        });
+        assert!(
+            matches!(
+                error,
+                TemplateError::OutOfFuel { .. } | TemplateError::OutputTooLarge { .. }
+            ),
+            "{template}: {error}"
+        );
+    }
+    // Each stopped near the 64 MB its fuel pays for, long before the gigabytes it asked for.
+    let peak = peak_memory_kb();
+    assert!(peak < 1024 * 1024, "the process grew to {peak} kB");
+}

@@ -37,6 +37,25 @@ impl Canned {
         }
     }
 
+    /// Anthropic's stream: each event named by its type.
+    fn anthropic_sse(events: &[Value]) -> Canned {
+        let body: String = events
+            .iter()
+            .map(|event| {
+                format!(
+                    "event: {}\ndata: {event}\n\n",
+                    event["type"].as_str().unwrap()
+                )
+            })
+            .collect();
+        Canned {
+            status: 200,
+            headers: vec![("content-type", "text/event-stream")],
+            body,
+            delay: Duration::ZERO,
+        }
+    }
+
     fn sse(events: &[Value]) -> Canned {
         let body: String = events
             .iter()
@@ -332,21 +351,7 @@ async fn anthropic_streams() {
         json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 7}}),
         json!({"type": "message_stop"}),
     ];
-    let body: String = events
-        .iter()
-        .map(|event| {
-            format!(
-                "event: {}\ndata: {event}\n\n",
-                event["type"].as_str().unwrap()
-            )
-        })
-        .collect();
-    let canned = Canned {
-        status: 200,
-        headers: vec![("content-type", "text/event-stream")],
-        body,
-        delay: Duration::ZERO,
-    };
+    let canned = Canned::anthropic_sse(&events);
     let (base, _server) = serve(vec![canned]).await;
     let provider = AnthropicProvider::new(base, "key");
     let mut text = String::new();
@@ -406,16 +411,7 @@ async fn a_stream_cut_before_its_end_is_an_error_not_a_short_answer() {
         json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
         json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Sun"}}),
     ];
-    let body: String = anthropic_cut
-        .iter()
-        .map(|event| {
-            format!(
-                "event: {}\ndata: {event}\n\n",
-                event["type"].as_str().unwrap()
-            )
-        })
-        .collect();
-    let (base, _server) = serve(vec![sse(body)]).await;
+    let (base, _server) = serve(vec![Canned::anthropic_sse(&anthropic_cut)]).await;
     let provider = AnthropicProvider::new(base, "key");
     let error = provider.stream(&request(), &mut |_| {}).await.unwrap_err();
     assert_eq!(

@@ -39,6 +39,26 @@ async fn chat(
     request.send().await.unwrap()
 }
 
+/// The events of `thread` (its first 1,000) whose type is `kind`, as the API shows them.
+async fn events_of_type(server: &TestServer, key: &str, thread: &str, kind: &str) -> Vec<Value> {
+    let page: Value = client()
+        .get(server.url(&format!("/v1/threads/{thread}/events?limit=1000")))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|event| event["type"] == kind)
+        .cloned()
+        .collect()
+}
+
 async fn stored_messages(server: &TestServer, key: &str, thread: &str) -> Vec<(String, String)> {
     let page: Value = client()
         .get(server.url(&format!("/v1/threads/{thread}/events?limit=1000")))
@@ -139,21 +159,7 @@ async fn the_thread_keeps_the_history_for_a_client_that_sends_only_new_turns() {
     assert_eq!(stored[7], ("user".to_owned(), "Thanks!".to_owned()));
 
     // The chat requests are recorded with exactly what was sent.
-    let page: Value = client()
-        .get(server.url("/v1/threads/conv-1/events?limit=1000"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let started: Vec<&Value> = page["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["type"] == "request_started")
-        .collect();
+    let started = events_of_type(&server, &key, "conv-1", "request_started").await;
     assert_eq!(started.len(), 4);
     assert_eq!(started[2]["messages"].as_array().unwrap().len(), 6);
     assert!(started[2]["breakdown"]["used"].as_u64().unwrap() > 0);
@@ -942,22 +948,8 @@ async fn a_keyed_turn_in_flight_is_refused_and_one_whose_server_stopped_is_taken
     assert!(answered.headers().get("x-contexture-replayed").is_none());
     let answered: Value = answered.json().await.unwrap();
     assert_eq!(answered["choices"][0]["message"]["content"], "reply 2");
-    let page: Value = client()
-        .get(server.url("/v1/threads/lost/events?limit=100"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let ends: Vec<&Value> = page["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|event| event["type"] == "request_ended")
-        .collect();
-    assert_eq!(ends.len(), 2, "{page}");
+    let ends = events_of_type(&server, &key, "lost", "request_ended").await;
+    assert_eq!(ends.len(), 2, "{ends:?}");
     assert!(
         ends[0]["request_id"]
             .as_str()
@@ -1152,19 +1144,24 @@ async fn a_shutdown_records_the_calls_it_stops_with_what_had_arrived() {
                 .await;
         })
     };
+    // The client of the stream says when its first chunk came: by then the server has seen
+    // it too (a chunk is recorded as it passes through).
+    let (first_chunk, first_chunk_came) = tokio::sync::oneshot::channel::<()>();
     let streamed = {
         let (url, key) = (server.url("/v1/chat/completions"), key.clone());
         tokio::spawn(async move {
-            if let Ok(response) = client()
+            let mut response = client()
                 .post(url)
                 .bearer_auth(key)
                 .header("X-Contexture-Thread", "streaming")
                 .json(&json!({"model": "gpt-4o-mini", "stream": true, "messages": [{"role": "user", "content": "Hello"}]}))
                 .send()
                 .await
-            {
-                let _ = response.text().await;
+                .unwrap();
+            if let Ok(Some(_)) = response.chunk().await {
+                let _ = first_chunk.send(());
             }
+            while let Ok(Some(_)) = response.chunk().await {}
         })
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -1175,7 +1172,10 @@ async fn a_shutdown_records_the_calls_it_stops_with_what_had_arrived() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), first_chunk_came)
+        .await
+        .expect("the stream's first chunk never came")
+        .unwrap();
     let started = std::time::Instant::now();
     server.shutdown().await;
     assert!(

@@ -10,14 +10,14 @@
 
 use std::time::SystemTime;
 
-use contexture_core::thread::{Event, EventKind, Projection, projection_watermark};
+use contexture_core::thread::{Event, EventKind, Projection};
 use contexture_core::tokens::Encoding;
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::{IsolationLevel, NoTls};
 
 use crate::error::Action;
 use crate::record::{self, Row, ThreadLimits, db_bytes, db_seq, seq_of};
-use crate::tail::{TailStart, fold_sparse};
+use crate::tail::{TailStart, fold_sparse, watermark_of};
 use crate::{
     ApiKeyRecord, ApiKeyStore, ForkChain, KeyedEvent, NewEvent, ProjectionTail, PruneReport, Store,
     StoreError, ThreadInfo, epoch_ms, pending_migrations,
@@ -238,6 +238,59 @@ async fn chain(
     }
 }
 
+/// Every event of a segment: `$1` the segment's thread, `$2` its last seq to read, `$3` the
+/// seq to read after.
+const ALL_EVENTS: &str = "SELECT seq, kind, body, tokens FROM events
+     WHERE thread_id = $1 AND seq <= $2 AND seq > $3 ORDER BY seq";
+
+/// The events other than ordinary messages (through the `events_special` index);
+/// parameters as for [`ALL_EVENTS`].
+const SPECIAL_EVENTS: &str = "SELECT seq, kind, body, tokens FROM events
+     WHERE thread_id = $1 AND seq <= $2 AND seq > $3 AND ordinary_message IS NULL
+     ORDER BY seq";
+
+/// The ordinary messages; parameters as for [`ALL_EVENTS`].
+const ORDINARY_MESSAGES: &str = "SELECT seq, kind, body, tokens FROM events
+     WHERE thread_id = $1 AND seq <= $2 AND seq > $3 AND ordinary_message = 1
+     ORDER BY seq";
+
+/// The events `select` (one of [`ALL_EVENTS`], [`SPECIAL_EVENTS`], [`ORDINARY_MESSAGES`])
+/// finds in `segments` (of `thread`'s chain) with seq above `after`, in order.
+async fn events_in(
+    tx: &impl GenericClient,
+    thread: &str,
+    segments: &[(String, Option<u64>)],
+    select: &str,
+    after: u64,
+) -> Result<Vec<Event>, StoreError> {
+    let select = tx
+        .prepare_cached(select)
+        .await
+        .doing("prepare the event query")?;
+    let mut events = Vec::new();
+    for (id, limit) in segments {
+        let rows = tx
+            .query(
+                &select,
+                &[id, &limit.map_or(i64::MAX, db_seq), &db_seq(after)],
+            )
+            .await
+            .doing("query events")?;
+        events.reserve(rows.len());
+        for row in rows {
+            let seq = seq_of(thread, row.get(0))?;
+            events.push(record::decode(
+                thread,
+                seq,
+                row.get(1),
+                row.get(2),
+                row.get(3),
+            )?);
+        }
+    }
+    Ok(events)
+}
+
 /// The projection of `thread` read from its end (see [`Store::load_projection_tail`]), in
 /// one snapshot: the events other than ordinary messages, then the ordinary messages after
 /// the active context's anchor, from where their stored counts under `encoding`, added up
@@ -256,33 +309,8 @@ async fn read_projection_tail(
         .await
         .doing("begin a read")?;
     let segments = chain(&tx, thread).await?;
-    let mut special = Vec::new();
-    for (id, limit) in &segments {
-        let rows = tx
-            .query(
-                "SELECT seq, kind, body, tokens FROM events
-                 WHERE thread_id = $1 AND seq <= $2 AND ordinary_message IS NULL ORDER BY seq",
-                &[id, &limit.map_or(i64::MAX, db_seq)],
-            )
-            .await
-            .doing("query the special events")?;
-        for row in rows {
-            let seq = seq_of(thread, row.get(0))?;
-            special.push(record::decode(
-                thread,
-                seq,
-                row.get(1),
-                row.get(2),
-                row.get(3),
-            )?);
-        }
-    }
-    let watermark = projection_watermark(
-        special
-            .iter()
-            .filter(|event| !matches!(event.kind, EventKind::MessageAppended { .. }))
-            .map(|event| (event.seq, &event.kind)),
-    );
+    let special = events_in(&tx, thread, &segments, SPECIAL_EVENTS, 0).await?;
+    let watermark = watermark_of(&special);
     let (start, unread) = match tail {
         Some((encoding, tokens)) => {
             tail_start(&tx, thread, &segments, watermark, encoding, tokens).await?
@@ -290,32 +318,7 @@ async fn read_projection_tail(
         None => (1, 0),
     };
     let skipped_through = start.saturating_sub(1).max(watermark);
-    let mut messages = Vec::new();
-    for (id, limit) in &segments {
-        let rows = tx
-            .query(
-                "SELECT seq, kind, body, tokens FROM events
-                 WHERE thread_id = $1 AND seq <= $2 AND seq > $3 AND ordinary_message = 1
-                 ORDER BY seq",
-                &[
-                    id,
-                    &limit.map_or(i64::MAX, db_seq),
-                    &db_seq(skipped_through),
-                ],
-            )
-            .await
-            .doing("query the messages")?;
-        for row in rows {
-            let seq = seq_of(thread, row.get(0))?;
-            messages.push(record::decode(
-                thread,
-                seq,
-                row.get(1),
-                row.get(2),
-                row.get(3),
-            )?);
-        }
-    }
+    let messages = events_in(&tx, thread, &segments, ORDINARY_MESSAGES, skipped_through).await?;
     tx.commit().await.doing("end the read")?;
     let fold = fold_sparse(thread, special, messages, skipped_through)?;
     Ok(ProjectionTail::cut(fold.projection(), unread))
@@ -683,34 +686,7 @@ impl Store for PgStore {
             .await
             .doing("begin a read")?;
         let segments = chain(&tx, thread).await?;
-        let select = tx
-            .prepare_cached(
-                "SELECT seq, kind, body, tokens FROM events
-                 WHERE thread_id = $1 AND seq <= $2 AND seq > $3 ORDER BY seq",
-            )
-            .await
-            .doing("prepare the event query")?;
-        let mut events = Vec::new();
-        for (id, limit) in &segments {
-            let rows = tx
-                .query(
-                    &select,
-                    &[id, &limit.map_or(i64::MAX, db_seq), &db_seq(after)],
-                )
-                .await
-                .doing("query events")?;
-            events.reserve(rows.len());
-            for row in rows {
-                let seq = seq_of(thread, row.get(0))?;
-                events.push(record::decode(
-                    thread,
-                    seq,
-                    row.get(1),
-                    row.get(2),
-                    row.get(3),
-                )?);
-            }
-        }
+        let events = events_in(&tx, thread, &segments, ALL_EVENTS, after).await?;
         tx.commit().await.doing("end the read")?;
         Ok(events)
     }

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
-use contexture_core::thread::{Event, EventKind, Projection, projection_watermark};
+use contexture_core::thread::{Event, Projection};
 use contexture_core::tokens::Encoding;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
@@ -23,7 +23,7 @@ use self::writer::Writer;
 
 use crate::error::Action;
 use crate::record::{self, Row, ThreadLimits, db_bytes, db_seq, seq_of};
-use crate::tail::{TailStart, fold_sparse};
+use crate::tail::{TailStart, fold_sparse, watermark_of};
 use crate::{
     ApiKeyRecord, ApiKeyStore, ForkChain, KeyedEvent, NewEvent, ProjectionTail, PruneReport, Store,
     StoreError, ThreadInfo, epoch_ms, pending_migrations,
@@ -444,12 +444,7 @@ fn read_projection(
         return Ok(projection);
     }
     let special = events_in(&tx, thread, &segments, SPECIAL_EVENTS, 0)?;
-    let watermark = projection_watermark(
-        special
-            .iter()
-            .filter(|event| !matches!(event.kind, EventKind::MessageAppended { .. }))
-            .map(|event| (event.seq, &event.kind)),
-    );
+    let watermark = watermark_of(&special);
     let messages = events_in(&tx, thread, &segments, ORDINARY_MESSAGES, watermark)?;
     tx.commit().doing("end the read")?;
     let fold = fold_sparse(thread, special, messages, watermark)?;
@@ -489,12 +484,7 @@ fn read_projection_tail(
     }
     let segments = chain(&tx, thread)?;
     let special = events_in(&tx, thread, &segments, SPECIAL_EVENTS, 0)?;
-    let watermark = projection_watermark(
-        special
-            .iter()
-            .filter(|event| !matches!(event.kind, EventKind::MessageAppended { .. }))
-            .map(|event| (event.seq, &event.kind)),
-    );
+    let watermark = watermark_of(&special);
     let (start, unread) = tail_start(&tx, thread, &segments, watermark, encoding, tokens)?;
     let unread_below = start.saturating_sub(1).max(watermark);
     let messages = events_in(&tx, thread, &segments, ORDINARY_MESSAGES, unread_below)?;

@@ -3,7 +3,7 @@
 //! its end starts.
 
 use contexture_core::Role;
-use contexture_core::thread::{Event, Projection, Thread};
+use contexture_core::thread::{Event, EventKind, Projection, Thread, projection_watermark};
 use contexture_core::tokens::Encoding;
 
 use crate::StoreError;
@@ -37,6 +37,18 @@ impl ProjectionTail {
             unread: unread + orphans,
         }
     }
+}
+
+/// The active context's anchor in a log whose events other than ordinary messages are
+/// `special` ([`projection_watermark`]): ordinary messages at or below it cannot reach the
+/// projection, so they need not be read.
+pub(crate) fn watermark_of(special: &[Event]) -> u64 {
+    projection_watermark(
+        special
+            .iter()
+            .filter(|event| !matches!(event.kind, EventKind::MessageAppended { .. }))
+            .map(|event| (event.seq, &event.kind)),
+    )
 }
 
 /// Folds a thread from its `special` events (every event but ordinary messages) and the

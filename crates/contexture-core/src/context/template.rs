@@ -70,7 +70,10 @@ impl std::str::FromStr for MissingPolicy {
 }
 
 /// Default fuel: enough for loops over tens of thousands of items, small enough that an
-/// endless loop stops in well under a second.
+/// endless loop stops in well under a second. Fuel also pays for the data a render creates
+/// (about one unit per 64 bytes: strings and lists built by operators and filters, and the
+/// output), so it bounds a render's memory too: about 64 MB at this budget, whatever the
+/// template repeats, doubles or joins.
 pub const DEFAULT_FUEL: u64 = 1_000_000;
 
 /// Default limit of one render's output: 16 MiB, twice the text of the largest model
@@ -197,8 +200,10 @@ pub enum TemplateError {
         /// The chain of keys.
         keys: Vec<String>,
     },
-    /// The render used up its fuel (an endless or huge loop).
-    #[error("template ran out of fuel after {fuel} instructions (an endless or very large loop?)")]
+    /// The render used up its fuel (an endless or huge loop, or too much data created).
+    #[error(
+        "template ran out of fuel after {fuel} units (an endless or very large loop, or more data than one render may create?)"
+    )]
     OutOfFuel {
         /// The budget that ran out.
         fuel: u64,
@@ -311,7 +316,8 @@ fn value_has_template(value: &Value) -> bool {
     }
 }
 
-/// A sandboxed environment: no loader, fuel, the policy's undefined behaviour, JSON printing.
+/// A sandboxed environment: no loader, fuel, the policy's undefined behaviour, JSON printing,
+/// and the filters that print values measuring their text before making it.
 pub(crate) fn sandbox<'s>(undefined: UndefinedBehavior, fuel: u64) -> Environment<'s> {
     let mut env = Environment::new();
     env.set_undefined_behavior(undefined);
@@ -324,16 +330,12 @@ pub(crate) fn sandbox<'s>(undefined: UndefinedBehavior, fuel: u64) -> Environmen
     {
         env.set_syntax(syntax);
     }
+    super::text_budget::add_budgeted_filters(&mut env);
     env.set_formatter(|out, state, value| {
         use minijinja::value::ValueKind;
         match value.kind() {
             ValueKind::None | ValueKind::Seq | ValueKind::Map | ValueKind::Iterable => {
-                let json = serde_json::to_string(value).map_err(|e| {
-                    minijinja::Error::new(ErrorKind::BadSerialization, e.to_string())
-                })?;
-                out.write_str(&json).map_err(|_| {
-                    minijinja::Error::new(ErrorKind::WriteFailure, "cannot write output")
-                })
+                super::text_budget::write_json(out, state, value)
             }
             ValueKind::Bool => out
                 .write_str(if value.is_true() { "true" } else { "false" })
