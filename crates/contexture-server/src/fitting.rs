@@ -91,14 +91,12 @@ impl FitSettings {
         own_tokens: u64,
         at_least: u64,
     ) -> Result<ProjectionTail, StoreError> {
-        if self.strategy != Strategy::Last {
-            let projection = state.store.load_projection(thread).await?;
-            return Ok(ProjectionTail {
-                projection,
-                unread: 0,
-            });
-        }
-        let tokens = self.tail_tokens().saturating_add(own_tokens).max(at_least);
+        // A strategy that keeps old history too reads all of it.
+        let tokens = if self.strategy == Strategy::Last {
+            self.tail_tokens().saturating_add(own_tokens).max(at_least)
+        } else {
+            u64::MAX
+        };
         state
             .store
             .load_projection_tail(thread, self.model.counter.encoding(), tokens)

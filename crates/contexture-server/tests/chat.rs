@@ -1080,6 +1080,19 @@ async fn a_long_threads_turns_read_its_tail_and_fit_as_the_whole_thread_would() 
         .sum();
     assert_eq!(left_out + expected.messages.len(), 30_001);
 
+    // The thread's summary counts what it does not read.
+    let summary: Value = client()
+        .get(server.url("/v1/threads/long"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(summary["messages"], 30_001, "{summary}");
+    assert_eq!(summary["last_seq"], 30_001, "{summary}");
+
     // A turn: the request sent upstream is the whole thread's fit with the new turn.
     let question = contexture_core::Message::user("And now?");
     let expected = settings

@@ -230,8 +230,10 @@ pub trait Store: Send + Sync {
     /// merged and step messages). Fitting that keeps the newest history within a budget of
     /// at most `tokens` tokens gives the same request from it as from the whole projection,
     /// and costs a read of the tail instead of the thread. The messages left out are counted
-    /// in [`ProjectionTail::unread`]. Stores may read everything (`unread` 0); the SQLite and
-    /// PostgreSQL stores read only the tail of a long thread.
+    /// in [`ProjectionTail::unread`]; the thread's last seq, context store and fork point
+    /// come with it, whatever was read. Stores may read everything (`unread` 0); the SQLite
+    /// and PostgreSQL stores read only the tail of a long thread (`tokens` at `u64::MAX`
+    /// reads the whole projection).
     fn load_projection_tail(
         &self,
         thread: &str,
@@ -240,10 +242,8 @@ pub trait Store: Send + Sync {
     ) -> impl Future<Output = Result<ProjectionTail, StoreError>> + Send {
         let _ = (encoding, tokens);
         async move {
-            Ok(ProjectionTail {
-                projection: self.load_projection(thread).await?,
-                unread: 0,
-            })
+            let thread = self.load(thread).await?;
+            Ok(ProjectionTail::from_fold(&thread, 0))
         }
     }
 

@@ -321,7 +321,7 @@ async fn read_projection_tail(
     let messages = events_in(&tx, thread, &segments, ORDINARY_MESSAGES, skipped_through).await?;
     tx.commit().await.doing("end the read")?;
     let fold = fold_sparse(thread, special, messages, skipped_through)?;
-    Ok(ProjectionTail::cut(fold.projection(), unread))
+    Ok(ProjectionTail::from_fold(&fold, unread))
 }
 
 /// Where the tail of `thread`'s ordinary messages after `watermark` starts (see

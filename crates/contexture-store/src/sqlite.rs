@@ -419,7 +419,7 @@ fn read_projection(
     conn: &mut Connection,
     thread: &str,
     cache: &ProjectionCache,
-) -> Result<Projection, StoreError> {
+) -> Result<ProjectionTail, StoreError> {
     let tx = conn.transaction().doing("begin a read")?;
     let segments = chain(&tx, thread)?;
     let (last_seq, deletions): (i64, i64) = tx
@@ -439,18 +439,18 @@ fn read_projection(
             fold.apply(event).map_err(replay_error)?;
         }
         tx.commit().doing("end the read")?;
-        let projection = fold.projection();
+        let whole = ProjectionTail::from_fold(&fold, 0);
         cache.put(thread, deletions, fold);
-        return Ok(projection);
+        return Ok(whole);
     }
     let special = events_in(&tx, thread, &segments, SPECIAL_EVENTS, 0)?;
     let watermark = watermark_of(&special);
     let messages = events_in(&tx, thread, &segments, ORDINARY_MESSAGES, watermark)?;
     tx.commit().doing("end the read")?;
     let fold = fold_sparse(thread, special, messages, watermark)?;
-    let projection = fold.projection();
+    let whole = ProjectionTail::from_fold(&fold, 0);
     cache.put(thread, deletions, fold);
-    Ok(projection)
+    Ok(whole)
 }
 
 /// The projection of `thread` read from its end (see [`Store::load_projection_tail`]): a
@@ -465,9 +465,7 @@ fn read_projection_tail(
     encoding: Encoding,
     tokens: u64,
 ) -> Result<ProjectionTail, StoreError> {
-    let whole = |conn: &mut Connection| {
-        read_projection(conn, thread, cache).map(|projection| ProjectionTail::cut(projection, 0))
-    };
+    let whole = |conn: &mut Connection| read_projection(conn, thread, cache);
     if cache.holds(thread) {
         return whole(conn);
     }
@@ -490,7 +488,7 @@ fn read_projection_tail(
     let messages = events_in(&tx, thread, &segments, ORDINARY_MESSAGES, unread_below)?;
     tx.commit().doing("end the read")?;
     let fold = fold_sparse(thread, special, messages, unread_below)?;
-    Ok(ProjectionTail::cut(fold.projection(), unread))
+    Ok(ProjectionTail::from_fold(&fold, unread))
 }
 
 /// Where the tail of `thread`'s ordinary messages after `watermark` starts: the seq of the
@@ -786,11 +784,13 @@ impl Store for SqliteStore {
             let projections = &self.inner.projections;
             return self
                 .read_inline(|conn| read_projection(conn, &thread, projections))
-                .await;
+                .await
+                .map(|whole| whole.projection);
         }
         let inner = Arc::clone(&self.inner);
         self.read(move |conn| read_projection(conn, &thread, &inner.projections))
             .await
+            .map(|whole| whole.projection)
     }
 
     async fn load_projection_tail(

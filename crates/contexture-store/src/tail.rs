@@ -3,38 +3,54 @@
 //! its end starts.
 
 use contexture_core::Role;
-use contexture_core::thread::{Event, EventKind, Projection, Thread, projection_watermark};
+use contexture_core::thread::{
+    Event, EventKind, ForkPoint, Projection, Thread, projection_watermark,
+};
 use contexture_core::tokens::Encoding;
+use serde_json::{Map, Value};
 
 use crate::StoreError;
 use crate::record;
 
-/// A projection read from its end ([`Store::load_projection_tail`]).
+/// A projection read from its end ([`Store::load_projection_tail`]), with the thread's state
+/// that does not depend on which messages were read.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProjectionTail {
     /// The projection, without its `unread` oldest ordinary messages.
     pub projection: Projection,
     /// How many of the active context's oldest ordinary messages were not read.
     pub unread: usize,
+    /// The seq of the thread's last event.
+    pub last_seq: u64,
+    /// The thread's context store.
+    pub store: Map<String, Value>,
+    /// Where the thread was forked from, when it is a fork.
+    pub fork: Option<ForkPoint>,
 }
 
 impl ProjectionTail {
-    /// Drops tool results left at the head of a cut projection: the call they answer was
-    /// not read, so they could never be sent (a fit never reaches the cut), and a projection
-    /// that starts with them would be an orphan's. They count as unread.
-    pub(crate) fn cut(mut projection: Projection, unread: usize) -> ProjectionTail {
-        if unread == 0 {
-            return ProjectionTail { projection, unread };
-        }
-        let orphans = projection
-            .messages
-            .iter()
-            .take_while(|message| message.role == Role::Tool)
-            .count();
+    /// The tail of `fold`, a thread folded with its `unread` oldest ordinary messages left
+    /// out. Tool results left at the head of a cut projection are dropped too: the call they
+    /// answer was not read, so they could never be sent (a fit never reaches the cut), and a
+    /// projection that starts with them would be an orphan's. They count as unread.
+    pub(crate) fn from_fold(fold: &Thread, unread: usize) -> ProjectionTail {
+        let mut projection = fold.projection();
+        let orphans = if unread == 0 {
+            0
+        } else {
+            projection
+                .messages
+                .iter()
+                .take_while(|message| message.role == Role::Tool)
+                .count()
+        };
         projection.messages.drain(..orphans);
         ProjectionTail {
             projection,
             unread: unread + orphans,
+            last_seq: fold.last_seq(),
+            store: fold.store().clone(),
+            fork: fold.fork_point().cloned(),
         }
     }
 }

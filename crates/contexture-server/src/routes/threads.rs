@@ -12,6 +12,7 @@ use contexture_core::format::openai;
 use contexture_core::thread::{
     ConflictPolicy, EventKind, FitRecord, MergePolicy, MergeSpec, StoreChange,
 };
+use contexture_core::tokens::Encoding;
 use contexture_engine::compaction::{CompactRequest, compact_stored};
 use contexture_engine::executor::ExecError;
 use contexture_store::{NewEvent, Store, StoreError};
@@ -214,19 +215,22 @@ pub async fn show(
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let tenant = &caller.tenant;
+    // Only the newest message is needed: the older ones are counted, not read.
     let thread = state
         .store
-        .load(&tenant.scope(&id))
+        .load_projection_tail(&tenant.scope(&id), Encoding::O200kBase, 0)
         .await
         .map_err(|error| store_error(tenant, error))?;
-    let projection = thread.projection();
+    let projection = &thread.projection;
     let mut value = json!({
         "id": id,
-        "last_seq": thread.last_seq(),
-        "messages": projection.messages.len() + usize::from(projection.system.is_some()),
-        "metadata": thread.store().get("metadata").cloned().unwrap_or(Value::Null),
-        "parent": thread.fork_point().map(|fork| fork.parent.clone()),
-        "fork_seq": thread.fork_point().map(|fork| fork.at_seq),
+        "last_seq": thread.last_seq,
+        "messages": projection.messages.len()
+            + thread.unread
+            + usize::from(projection.system.is_some()),
+        "metadata": thread.store.get("metadata").cloned().unwrap_or(Value::Null),
+        "parent": thread.fork.as_ref().map(|fork| fork.parent.clone()),
+        "fork_seq": thread.fork.as_ref().map(|fork| fork.at_seq),
     });
     tenant.unscope_json(&mut value);
     Ok(Json(value))
