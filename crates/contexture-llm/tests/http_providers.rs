@@ -37,17 +37,8 @@ impl Canned {
         }
     }
 
-    /// Anthropic's stream: each event named by its type.
-    fn anthropic_sse(events: &[Value]) -> Canned {
-        let body: String = events
-            .iter()
-            .map(|event| {
-                format!(
-                    "event: {}\ndata: {event}\n\n",
-                    event["type"].as_str().unwrap()
-                )
-            })
-            .collect();
+    /// A 200 `text/event-stream` answer with this body, as it is.
+    fn event_stream(body: String) -> Canned {
         Canned {
             status: 200,
             headers: vec![("content-type", "text/event-stream")],
@@ -56,18 +47,29 @@ impl Canned {
         }
     }
 
+    /// Anthropic's stream: each event named by its type.
+    fn anthropic_sse(events: &[Value]) -> Canned {
+        Canned::event_stream(
+            events
+                .iter()
+                .map(|event| {
+                    format!(
+                        "event: {}\ndata: {event}\n\n",
+                        event["type"].as_str().unwrap()
+                    )
+                })
+                .collect(),
+        )
+    }
+
     fn sse(events: &[Value]) -> Canned {
-        let body: String = events
-            .iter()
-            .map(|event| format!("data: {event}\n\n"))
-            .chain(["data: [DONE]\n\n".to_owned()])
-            .collect();
-        Canned {
-            status: 200,
-            headers: vec![("content-type", "text/event-stream")],
-            body,
-            delay: Duration::ZERO,
-        }
+        Canned::event_stream(
+            events
+                .iter()
+                .map(|event| format!("data: {event}\n\n"))
+                .chain(["data: [DONE]\n\n".to_owned()])
+                .collect(),
+        )
     }
 }
 
@@ -377,16 +379,13 @@ async fn anthropic_streams() {
 
 #[tokio::test]
 async fn a_stream_cut_before_its_end_is_an_error_not_a_short_answer() {
-    let sse = |body: String| Canned {
-        status: 200,
-        headers: vec![("content-type", "text/event-stream")],
-        body,
-        delay: Duration::ZERO,
-    };
     // Text arrives, then the body ends with no finish reason and no [DONE].
     let openai_cut =
         json!({"model": "gpt-4o", "choices": [{"index": 0, "delta": {"content": "Half an ans"}}]});
-    let (base, _server) = serve(vec![sse(format!("data: {openai_cut}\n\n"))]).await;
+    let (base, _server) = serve(vec![Canned::event_stream(format!(
+        "data: {openai_cut}\n\n"
+    ))])
+    .await;
     let provider = OpenAiProvider::new(format!("{base}/v1"), None);
     let mut deltas = Vec::new();
     let error = provider

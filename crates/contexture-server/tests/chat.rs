@@ -39,9 +39,10 @@ async fn chat(
     request.send().await.unwrap()
 }
 
-/// The events of `thread` (its first 1,000) whose type is `kind`, as the API shows them.
-async fn events_of_type(server: &TestServer, key: &str, thread: &str, kind: &str) -> Vec<Value> {
-    let page: Value = client()
+/// The first 1,000 events of `thread` as the API answers them (an error body when it does not
+/// exist).
+async fn events_page(server: &TestServer, key: &str, thread: &str) -> Value {
+    client()
         .get(server.url(&format!("/v1/threads/{thread}/events?limit=1000")))
         .bearer_auth(key)
         .send()
@@ -49,10 +50,15 @@ async fn events_of_type(server: &TestServer, key: &str, thread: &str, kind: &str
         .unwrap()
         .json()
         .await
-        .unwrap();
+        .unwrap_or(Value::Null)
+}
+
+/// The events of `thread` (its first 1,000) whose type is `kind`, as the API shows them.
+async fn events_of_type(server: &TestServer, key: &str, thread: &str, kind: &str) -> Vec<Value> {
+    let page = events_page(server, key, thread).await;
     page["events"]
         .as_array()
-        .unwrap()
+        .unwrap_or_else(|| panic!("no events page: {page}"))
         .iter()
         .filter(|event| event["type"] == kind)
         .cloned()
@@ -393,20 +399,8 @@ async fn a_long_chat_thread_is_compacted_by_the_policy() {
         .await;
         assert_eq!(response.status(), StatusCode::OK);
     }
-    let page: Value = client()
-        .get(server.url("/v1/threads/long-chat/events?limit=1000"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let events = page["events"].as_array().unwrap();
-    assert!(
-        events.iter().any(|e| e["type"] == "context_replaced"),
-        "{page}"
-    );
+    let replaced = events_of_type(&server, &key, "long-chat", "context_replaced").await;
+    assert!(!replaced.is_empty(), "the thread was never compacted");
     // After the compaction the request holds the summary, not every turn.
     let last = upstream.messages(4);
     assert!(last.len() < 9, "{last:?}");
@@ -560,23 +554,10 @@ async fn the_reply_budget_the_client_asks_for_is_reserved_when_fitting() {
         let body = upstream.bodies().last().unwrap().clone();
         assert_eq!(body["max_tokens"], max_tokens, "forwarded as sent");
         sent.push(body["messages"].as_array().unwrap().len());
-        let page: Value = client()
-            .get(server.url("/v1/threads/long/events?limit=1000"))
-            .bearer_auth(&key)
-            .send()
+        let record = events_of_type(&server, &key, "long", "request_started")
             .await
-            .unwrap()
-            .json()
-            .await
+            .pop()
             .unwrap();
-        let record = page["events"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .rev()
-            .find(|event| event["type"] == "request_started")
-            .unwrap()
-            .clone();
         assert_eq!(
             record["budget"]["max_output_tokens"], max_tokens,
             "{record}"
@@ -731,15 +712,7 @@ async fn a_turn_that_cannot_fit_is_refused_and_leaves_nothing_stored() {
 async fn last_request_end(server: &TestServer, key: &str, thread: &str) -> Value {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
-        let page: Value = client()
-            .get(server.url(&format!("/v1/threads/{thread}/events?limit=1000")))
-            .bearer_auth(key)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap_or(Value::Null);
+        let page = events_page(server, key, thread).await;
         if let Some(end) = page["events"].as_array().and_then(|events| {
             events
                 .iter()

@@ -291,6 +291,19 @@ async fn events_in(
     Ok(events)
 }
 
+/// A read-only transaction that sees one snapshot of the database (repeatable read).
+async fn snapshot(
+    client: &mut deadpool_postgres::Client,
+) -> Result<deadpool_postgres::Transaction<'_>, StoreError> {
+    client
+        .build_transaction()
+        .isolation_level(IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await
+        .doing("begin a read")
+}
+
 /// The projection of `thread` read from its end (see [`Store::load_projection_tail`]), in
 /// one snapshot: the events other than ordinary messages, then the ordinary messages after
 /// the active context's anchor, from where their stored counts under `encoding`, added up
@@ -301,13 +314,7 @@ async fn read_projection_tail(
     tail: Option<(Encoding, u64)>,
 ) -> Result<ProjectionTail, StoreError> {
     let mut client = store.pool.get().await?;
-    let tx = client
-        .build_transaction()
-        .isolation_level(IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()
-        .await
-        .doing("begin a read")?;
+    let tx = snapshot(&mut client).await?;
     let segments = chain(&tx, thread).await?;
     let special = events_in(&tx, thread, &segments, SPECIAL_EVENTS, 0).await?;
     let watermark = watermark_of(&special);
@@ -678,13 +685,7 @@ impl Store for PgStore {
 
     async fn events_after(&self, thread: &str, after: u64) -> Result<Vec<Event>, StoreError> {
         let mut client = self.pool.get().await?;
-        let tx = client
-            .build_transaction()
-            .isolation_level(IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await
-            .doing("begin a read")?;
+        let tx = snapshot(&mut client).await?;
         let segments = chain(&tx, thread).await?;
         let events = events_in(&tx, thread, &segments, ALL_EVENTS, after).await?;
         tx.commit().await.doing("end the read")?;

@@ -614,17 +614,25 @@ fn located(text: &str, file: &str, problems: Vec<(String, String)>) -> Vec<Diagn
     let index = spans::SpanIndex::build(text);
     problems
         .into_iter()
-        .map(|(path, message)| {
-            let position = index.locate(&path);
-            Diagnostic {
-                file: file.to_owned(),
-                line: position.line,
-                column: position.column,
-                path,
-                message,
-            }
-        })
+        .map(|(path, message)| diagnostic_at(&index, file, path, message))
         .collect()
+}
+
+/// The diagnostic `message` at the node `path` of `file`, placed by `index`.
+fn diagnostic_at(
+    index: &spans::SpanIndex,
+    file: &str,
+    path: String,
+    message: String,
+) -> Diagnostic {
+    let position = index.locate(&path);
+    Diagnostic {
+        file: file.to_owned(),
+        line: position.line,
+        column: position.column,
+        path,
+        message,
+    }
 }
 
 fn check_children(
@@ -637,16 +645,7 @@ fn check_children(
     diagnostics: &mut Vec<Diagnostic>,
 ) {
     let index = spans::SpanIndex::build(text);
-    let at = |path: String, message: String| {
-        let position = index.locate(&path);
-        Diagnostic {
-            file: file.to_owned(),
-            line: position.line,
-            column: position.column,
-            path,
-            message,
-        }
-    };
+    let at = |path: String, message: String| diagnostic_at(&index, file, path, message);
     for (n, state) in workflow.states.iter().enumerate() {
         let Some(reference) = &state.workflow else {
             continue;
