@@ -39,11 +39,10 @@ async fn chat(
     request.send().await.unwrap()
 }
 
-/// The first 1,000 events of `thread` as the API answers them (an error body when it does not
-/// exist).
-async fn events_page(server: &TestServer, key: &str, thread: &str) -> Value {
+/// `GET path` with `key`: the JSON answer (an error body too; null when it is not JSON).
+async fn get_json(server: &TestServer, key: &str, path: &str) -> Value {
     client()
-        .get(server.url(&format!("/v1/threads/{thread}/events?limit=1000")))
+        .get(server.url(path))
         .bearer_auth(key)
         .send()
         .await
@@ -51,6 +50,17 @@ async fn events_page(server: &TestServer, key: &str, thread: &str) -> Value {
         .json()
         .await
         .unwrap_or(Value::Null)
+}
+
+/// The first 1,000 events of `thread` as the API answers them (an error body when it does not
+/// exist).
+async fn events_page(server: &TestServer, key: &str, thread: &str) -> Value {
+    get_json(
+        server,
+        key,
+        &format!("/v1/threads/{thread}/events?limit=1000"),
+    )
+    .await
 }
 
 /// The events of `thread` (its first 1,000) whose type is `kind`, as the API shows them.
@@ -314,15 +324,7 @@ async fn without_a_thread_it_is_a_transparent_proxy_and_upstream_errors_pass_thr
         stored_messages(&server, &key, "t-err").await,
         pairs(&[("user", "hello")])
     );
-    let page: Value = client()
-        .get(server.url("/v1/threads/t-err/events"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let page: Value = get_json(&server, &key, "/v1/threads/t-err/events").await;
     assert!(
         page["events"]
             .as_array()
@@ -332,15 +334,7 @@ async fn without_a_thread_it_is_a_transparent_proxy_and_upstream_errors_pass_thr
         "{page}"
     );
 
-    let models: Value = client()
-        .get(server.url("/v1/models"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let models: Value = get_json(&server, &key, "/v1/models").await;
     assert_eq!(models["data"][0]["id"], "gpt-4o-mini");
     // Malformed: 400 naming the field, nothing forwarded.
     let sent = upstream.bodies().len();
@@ -577,15 +571,7 @@ async fn the_reply_budget_the_client_asks_for_is_reserved_when_fitting() {
 }
 
 async fn message_count(server: &TestServer, key: &str, thread: &str) -> u64 {
-    let summary: Value = client()
-        .get(server.url(&format!("/v1/threads/{thread}")))
-        .bearer_auth(key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let summary: Value = get_json(server, key, &format!("/v1/threads/{thread}")).await;
     summary["messages"].as_u64().unwrap_or(0)
 }
 
@@ -1014,15 +1000,8 @@ async fn a_long_threads_turns_read_its_tail_and_fit_as_the_whole_thread_would() 
         .fit_unmetered(&server.state, whole.clone(), &[], &[])
         .unwrap();
 
-    let context: Value = client()
-        .get(server.url("/v1/threads/long/context?model=gpt-4o-mini"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let context: Value =
+        get_json(&server, &key, "/v1/threads/long/context?model=gpt-4o-mini").await;
     assert_eq!(
         context["messages"],
         openai::to_values(&expected.messages),
@@ -1043,15 +1022,7 @@ async fn a_long_threads_turns_read_its_tail_and_fit_as_the_whole_thread_would() 
     assert_eq!(left_out + expected.messages.len(), 30_001);
 
     // The thread's summary counts what it does not read.
-    let summary: Value = client()
-        .get(server.url("/v1/threads/long"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let summary: Value = get_json(&server, &key, "/v1/threads/long").await;
     assert_eq!(summary["messages"], 30_001, "{summary}");
     assert_eq!(summary["last_seq"], 30_001, "{summary}");
 
