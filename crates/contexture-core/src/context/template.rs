@@ -73,7 +73,8 @@ impl std::str::FromStr for MissingPolicy {
 /// endless loop stops in well under a second. Fuel also pays for the data a render creates
 /// (about one unit per 64 bytes: strings and lists built by operators and filters, and the
 /// output), so it bounds a render's memory too: about 64 MB at this budget, whatever the
-/// template repeats, doubles or joins.
+/// template repeats, doubles or joins (one conversion is still charged only after it is
+/// made: a list turned into text by `~` or a string filter).
 pub const DEFAULT_FUEL: u64 = 1_000_000;
 
 /// Default limit of one render's output: 16 MiB, twice the text of the largest model
