@@ -1096,6 +1096,15 @@ async fn a_shutdown_records_the_calls_it_stops_with_what_had_arrived() {
                 .await;
         })
     };
+    // The upstream answers in the order calls arrive: the hanging one must be first.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while upstream.bodies().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the upstream was not called"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     // The client of the stream says when its first chunk came: by then the server has seen
     // it too (a chunk is recorded as it passes through).
     let (first_chunk, first_chunk_came) = tokio::sync::oneshot::channel::<()>();
