@@ -12,6 +12,7 @@ pub mod output;
 pub mod run;
 pub mod serve;
 pub mod template;
+pub mod template_worker;
 pub mod thread;
 pub mod tokens;
 pub mod validate;

@@ -52,6 +52,9 @@ enum Command {
     Serve(commands::serve::ServeArgs),
     /// Make, list and revoke the server's API keys.
     Keys(commands::keys::KeysArgs),
+    /// Render templates for `contexture serve` under a memory limit (started by the server).
+    #[command(hide = true)]
+    TemplateWorker,
     // Later commands register here, one line each.
 }
 
@@ -78,6 +81,7 @@ fn main() -> ExitCode {
         Command::Cancel(args) => commands::cancel::run(args),
         Command::Serve(args) => commands::serve::run(args),
         Command::Keys(args) => commands::keys::run(args),
+        Command::TemplateWorker => commands::template_worker::run(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

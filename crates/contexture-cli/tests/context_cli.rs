@@ -267,3 +267,85 @@ fn expr_eval_prints_json() {
         run.stderr
     );
 }
+
+fn worker_line(message: Value) -> String {
+    format!("{message}\n")
+}
+
+fn render_job(template: &str, context: Value) -> Value {
+    json!({"job": {
+        "kind": "render",
+        "template": template,
+        "context": context,
+        "settings": {
+            "missing": "keep",
+            "fuel": 1_000_000,
+            "max_output_bytes": 1_000_000,
+            "now": {"unix_seconds": 0, "utc_offset_minutes": 0},
+            "variables": {},
+        },
+    }})
+}
+
+#[test]
+fn the_template_worker_renders_jobs_asking_its_caller_for_ids() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_contexture"))
+        .arg("template-worker")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the contexture binary runs");
+    let mut input = child.stdin.take().unwrap();
+    let mut output = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut read = || {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut output, &mut line).unwrap();
+        serde_json::from_str::<Value>(&line).unwrap()
+    };
+    let setup = worker_line(json!({"setup": {"max_memory_bytes": 512u64 << 20}}));
+    input.write_all(setup.as_bytes()).unwrap();
+    let job = worker_line(render_job("{{ a }} {{ uuid }}", json!({"a": 1})));
+    input.write_all(job.as_bytes()).unwrap();
+    assert_eq!(read(), json!("need_id"));
+    input
+        .write_all(worker_line(json!({"id": vec![0u8; 16]})).as_bytes())
+        .unwrap();
+    let outcome = read();
+    assert_eq!(
+        outcome["outcome"]["result"]["Ok"]["text"], "1 00000000-0000-4000-8000-000000000000",
+        "{outcome}"
+    );
+    // A template error is an outcome like any other; the worker goes on.
+    let job = worker_line(render_job("{{ 1 / 0 }}", json!({})));
+    input.write_all(job.as_bytes()).unwrap();
+    let outcome = read();
+    assert!(
+        outcome["outcome"]["result"]["Err"]["Render"].is_object(),
+        "{outcome}"
+    );
+    // Anything but a job ends it with a protocol error, never a panic.
+    input.write_all(b"{\"setup\": 1}\n").unwrap();
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success());
+    assert!(
+        stderr.contains("template worker protocol error"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn the_template_worker_needs_its_setup_first() {
+    let job = worker_line(render_job("{{ a }}", json!({"a": 1})));
+    let run = contexture(&["template-worker"], job.as_bytes());
+    assert!(!run.ok);
+    assert!(
+        run.stderr.contains("the first line must be the setup"),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stdout.is_empty());
+}

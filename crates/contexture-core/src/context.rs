@@ -23,6 +23,7 @@ pub mod args;
 pub mod dynamic;
 pub mod expr;
 pub mod flags;
+pub mod isolation;
 pub mod iter;
 pub mod parse;
 pub mod path;
@@ -36,6 +37,7 @@ pub use expr::{Branch, Condition, ExprError, Scope, Switch};
 pub use flags::{
     ClearContextStore, StoreChange, TransitionFlags, TransitionOutcome, apply_transition,
 };
+pub use isolation::{IsolationFailure, JobOutcome, RenderIsolation, RenderJob};
 pub use iter::{IterError, IterationItem, MergePolicy, select_items};
 pub use parse::{OutputFormat, ParsedOutput, parse_output, parse_output_bytes};
 pub use path::Path;

@@ -19,6 +19,7 @@ pub mod conversation;
 pub mod executor;
 pub mod hooks;
 pub mod llm;
+pub mod render_workers;
 pub mod report;
 pub mod sources;
 pub mod system;

@@ -255,7 +255,7 @@ impl AppState {
                 "this server runs no programs: its operator may set `[executions] allow_programs = true` for the workflows of `workflows_dir`".into(),
             )
         };
-        let executor = Executor::new(store.clone(), router.clone())
+        let mut executor = Executor::new(store.clone(), router.clone())
             .with_registry(registry.clone())
             .with_programs(programs)
             .with_tools(
@@ -267,6 +267,19 @@ impl AppState {
             .with_workflow_source(Arc::new(ConfinedFiles {
                 root: workflows_dir.clone(),
             }));
+        match config.executions.render_workers() {
+            Some(workers) => {
+                // A worker that cannot start would fail every client workflow: say so now.
+                workers.check().map_err(|failure| {
+                    StartError::Config(format!("executions.template_worker: {failure}"))
+                })?;
+                executor = executor.with_client_isolation(Arc::new(workers));
+            }
+            None => tracing::warn!(
+                "no executions.template_worker: the templates of workflows clients send render \
+                 in this process, bounded only by fuel"
+            ),
+        }
         let compactor = Compactor::new(router, registry.clone());
         let mut upstream_config = PassthroughConfig::new(
             config.upstream.base_url.clone(),

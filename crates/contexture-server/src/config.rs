@@ -10,6 +10,7 @@ use std::time::Duration;
 use contexture_core::budget::BudgetPolicy;
 use contexture_core::compact::CompactionPolicy;
 use contexture_core::thread::RunLimits;
+use contexture_engine::render_workers::{RenderWorkers, WorkerCommand, WorkerLimits};
 use contexture_engine::tools::{BUILT_IN_TOOLS, ProgramTool, Toolbox};
 use serde::{Deserialize, Serialize};
 
@@ -159,6 +160,19 @@ pub struct ExecutionsConfig {
     /// Executions one tenant may have running at once on this server (default 8); past it,
     /// a 429.
     pub max_running: usize,
+    /// The program (and its arguments) that renders the templates and expressions of a
+    /// workflow a client sent, in worker processes whose memory and time are bounded.
+    /// `contexture serve` uses its own `template-worker` command unless this names another;
+    /// a server built without one renders them in its own process, bounded only by fuel.
+    pub template_worker: Option<Vec<String>>,
+    /// The memory one template worker may map, in MiB (default 1024); a render that needs
+    /// more fails with this limit named.
+    pub template_memory_mib: u64,
+    /// The seconds one such render may take before its worker is stopped (default 5).
+    pub template_seconds: f64,
+    /// Template workers alive at once on this server (default 4): together they hold at
+    /// most this many times `template_memory_mib`; a render waits for a free one.
+    pub template_workers: usize,
 }
 
 impl Default for ExecutionsConfig {
@@ -169,11 +183,31 @@ impl Default for ExecutionsConfig {
             max_tokens: 1_000_000,
             max_seconds: 600.0,
             max_running: 8,
+            template_worker: None,
+            template_memory_mib: 1024,
+            template_seconds: 5.0,
+            template_workers: 4,
         }
     }
 }
 
 impl ExecutionsConfig {
+    /// The workers that render a client's templates, when a worker program is configured.
+    pub fn render_workers(&self) -> Option<RenderWorkers> {
+        let (program, args) = self.template_worker.as_ref()?.split_first()?;
+        Some(RenderWorkers::new(
+            WorkerCommand {
+                program: program.into(),
+                args: args.to_vec(),
+            },
+            WorkerLimits {
+                max_memory_bytes: self.template_memory_mib.saturating_mul(1024 * 1024),
+                max_duration: Duration::from_secs_f64(self.template_seconds),
+                max_workers: self.template_workers,
+            },
+        ))
+    }
+
     /// The ceilings every execution's limits are held under.
     pub fn limit_caps(&self) -> RunLimits {
         RunLimits {
@@ -573,6 +607,35 @@ impl ServerConfig {
                 format!("must be above 0, not {}", self.executions.max_seconds),
             );
         }
+        if let Some(worker) = &self.executions.template_worker
+            && worker
+                .first()
+                .is_none_or(|program| program.trim().is_empty())
+        {
+            return invalid(
+                "executions.template_worker",
+                "must name a program (and its arguments)".into(),
+            );
+        }
+        if self.executions.template_memory_mib < 64 {
+            return invalid(
+                "executions.template_memory_mib",
+                format!(
+                    "must be at least 64 (a worker needs room for itself), not {}",
+                    self.executions.template_memory_mib
+                ),
+            );
+        }
+        if !(self.executions.template_seconds.is_finite() && self.executions.template_seconds > 0.0)
+        {
+            return invalid(
+                "executions.template_seconds",
+                format!("must be above 0, not {}", self.executions.template_seconds),
+            );
+        }
+        if self.executions.template_workers == 0 {
+            return invalid("executions.template_workers", "must be at least 1".into());
+        }
         if self.executions.allow_programs && self.workflows_dir.is_none() {
             return invalid(
                 "executions.allow_programs",
@@ -698,5 +761,26 @@ mod tests {
                 .to_string()
                 .contains("context.strategy")
         );
+    }
+
+    #[test]
+    fn template_worker_settings_are_checked() {
+        let mut config = ServerConfig::default();
+        config.executions.template_worker = Some(vec![" ".into()]);
+        let error = config.check().unwrap_err().to_string();
+        assert!(error.contains("executions.template_worker"), "{error}");
+        let mut config = ServerConfig::default();
+        config.executions.template_memory_mib = 8;
+        let error = config.check().unwrap_err().to_string();
+        assert!(
+            error.contains("executions.template_memory_mib: must be at least 64"),
+            "{error}"
+        );
+        let mut config = ServerConfig::default();
+        config.executions.template_seconds = f64::NAN;
+        let error = config.check().unwrap_err().to_string();
+        assert!(error.contains("executions.template_seconds"), "{error}");
+        let config = ServerConfig::load(None, |_| None).unwrap();
+        assert!(config.executions.render_workers().is_none());
     }
 }

@@ -345,3 +345,125 @@ fn a_registered_tool_must_be_a_usable_program_under_a_free_name() {
         "an unknown setting is named"
     );
 }
+
+/// The most memory this test process has held (it runs the server): Linux's high-water mark.
+fn peak_memory_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status
+        .lines()
+        .find(|line| line.starts_with("VmHWM:"))
+        .unwrap();
+    let kib: u64 = line
+        .trim_start_matches("VmHWM:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap();
+    kib * 1024
+}
+
+#[tokio::test]
+async fn a_clients_template_that_would_fill_memory_fails_alone_and_the_server_goes_on() {
+    let dir = TempDir::new("contexture-trust");
+    let mut config = config(None);
+    config.executions.template_memory_mib = 256;
+    let (server, key) = serve_in(&dir, config).await;
+    // A list that repeats one long string costs little to build; turned into text by `~`,
+    // a string filter or an expression, it is gigabytes. Each fails at the worker's limit.
+    let bombs = [
+        (
+            "concat",
+            "states:\n  - id: s\n    transform: {t: '{% set s = \"x\" * 100000 %}{{ ([s] * 100000) ~ \"\" }}'}\n    next: {state_id: end}\n",
+        ),
+        (
+            "filter",
+            "states:\n  - id: s\n    transform: {t: '{% set s = \"x\" * 100000 %}{{ ([s] * 100000) | upper }}'}\n    next: {state_id: end}\n",
+        ),
+        (
+            "condition",
+            "states:\n  - id: s\n    transform: {t: 1}\n    next:\n      condition: {expression: '(([\"x\" * 100000] * 100000) ~ \"\") == \"\"', then: end, otherwise: end}\n",
+        ),
+    ];
+    for (id, workflow) in bombs {
+        let (status, body) = start(
+            &server,
+            &key,
+            json!({"workflow_yaml": workflow, "input": {}, "id": id}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{id}: {body}");
+        let end = wait_for_end(&server, &key, id).await;
+        assert_eq!(end["status"], "failed", "{id}: {end}");
+        let error = end["error"].as_str().unwrap();
+        assert!(
+            error.contains("needed more memory than a render may use (256 MiB)"),
+            "{id}: {error}"
+        );
+    }
+    // The server itself never held the text: its peak stays far below one bomb's size.
+    let peak = peak_memory_bytes();
+    assert!(peak < 1024 * 1024 * 1024, "peak {peak} bytes");
+    // And it goes on rendering clients' templates, uuid included (ids come from the server).
+    let (status, body) = start(
+        &server,
+        &key,
+        json!({
+            "workflow_yaml": "states:\n  - id: s\n    transform: {t: '{{ n * 2 }}', id: '{{ uuid }}'}\n    next: {state_id: end}\n",
+            "input": {"n": 21},
+            "id": "after",
+        }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let end = wait_for_end(&server, &key, "after").await;
+    assert_eq!(end["status"], "completed", "{end}");
+    let output: Value = serde_json::from_str(end["output"].as_str().unwrap()).unwrap();
+    assert_eq!(output["t"], 42, "{output}");
+    assert_eq!(output["id"].as_str().map(str::len), Some(36), "{output}");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_clients_template_that_would_run_for_ever_is_stopped_at_the_time_limit() {
+    let dir = TempDir::new("contexture-trust");
+    let mut config = config(None);
+    config.executions.template_seconds = 1.0;
+    let (server, key) = serve_in(&dir, config).await;
+    // Comparing two lists that each refer to themselves 2^40 times is one step for fuel and
+    // days of work.
+    let workflow = "states:\n  - id: s\n    transform: {t: '{% set ns = namespace(a=[1], b=[1]) %}{% for i in range(40) %}{% set ns.a = [ns.a, ns.a] %}{% set ns.b = [ns.b, ns.b] %}{% endfor %}{{ ns.a == ns.b }}'}\n    next: {state_id: end}\n";
+    let started = Instant::now();
+    let (status, body) = start(
+        &server,
+        &key,
+        json!({"workflow_yaml": workflow, "input": {}, "id": "spin"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let end = wait_for_end(&server, &key, "spin").await;
+    assert_eq!(end["status"], "failed", "{end}");
+    let error = end["error"].as_str().unwrap();
+    assert!(
+        error.contains("ran longer than a render may (1 s)"),
+        "{error}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_template_worker_that_cannot_start_stops_the_server_from_starting() {
+    let mut config = config(None);
+    config.executions.template_worker = Some(vec!["/nonexistent/contexture".into()]);
+    let dir = TempDir::new("contexture-trust");
+    let store = SqliteStore::open(dir.join("trust.db")).await.unwrap();
+    let error = contexture_server::AppState::with_store(config, AnyStore::Sqlite(store))
+        .err()
+        .expect("a worker that cannot start stops the server from starting")
+        .to_string();
+    assert!(
+        error.contains("executions.template_worker: cannot start a template worker"),
+        "{error}"
+    );
+}

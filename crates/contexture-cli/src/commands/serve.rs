@@ -50,6 +50,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if let Some(db) = args.db {
         config.database = db;
     }
+    if config.executions.template_worker.is_none() {
+        // Clients' templates render in this binary's own worker command.
+        let program = std::env::current_exe()
+            .context("cannot find this program, to start template workers")?;
+        config.executions.template_worker = Some(vec![
+            program.display().to_string(),
+            "template-worker".to_owned(),
+        ]);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

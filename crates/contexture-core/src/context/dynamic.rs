@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde_json::Value;
 
 /// A moment: seconds since the Unix epoch (UTC) and the local offset to show it in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Timestamp {
     /// Seconds since 1970-01-01T00:00:00Z.
     pub unix_seconds: i64,

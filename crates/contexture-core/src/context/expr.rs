@@ -16,11 +16,13 @@ use minijinja::UndefinedBehavior;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::dynamic::FixedIds;
+use super::isolation::{Evaluated, JobOutcome, RenderIsolation, RenderJob, mismatched};
 use super::store::ContextStore;
 use super::template::{DEFAULT_FUEL, sandbox};
 
 /// Why an expression could not be compiled or evaluated.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 pub enum ExprError {
     /// The expression is not valid Jinja.
     #[error("invalid expression {expression:?} at column {column}: {message}")]
@@ -43,12 +45,24 @@ pub enum ExprError {
 }
 
 /// What an expression sees: the context store and the last step's output.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct Scope<'a> {
     /// The context store; its root keys are the variables.
     pub context: &'a ContextStore,
     /// The last output's parsed value, visible as `output`.
     pub output: Option<&'a Value>,
+    /// Where the expression runs when not in this process (see [`RenderIsolation`]).
+    pub isolation: Option<&'a dyn RenderIsolation>,
+}
+
+impl fmt::Debug for Scope<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scope")
+            .field("context", self.context)
+            .field("output", &self.output)
+            .field("isolated", &self.isolation.is_some())
+            .finish()
+    }
 }
 
 impl<'a> Scope<'a> {
@@ -57,12 +71,20 @@ impl<'a> Scope<'a> {
         Scope {
             context,
             output: None,
+            isolation: None,
         }
     }
 
     /// The same scope with `output` visible.
     pub fn with_output(mut self, output: &'a Value) -> Scope<'a> {
         self.output = Some(output);
+        self
+    }
+
+    /// The same scope, evaluating through `isolation` (when given) instead of in this
+    /// process.
+    pub fn isolated_by(mut self, isolation: Option<&'a dyn RenderIsolation>) -> Scope<'a> {
+        self.isolation = isolation;
         self
     }
 
@@ -144,20 +166,62 @@ impl Condition {
 
     /// Evaluates the expression to a JSON value (`undefined` becomes `null`).
     pub fn value(&self, scope: Scope<'_>) -> Result<Value, ExprError> {
-        let value = self.eval(scope)?;
-        if value.is_undefined() {
-            return Ok(Value::Null);
-        }
-        serde_json::to_value(&value).map_err(|error| ExprError::Eval {
-            expression: self.source.clone(),
-            message: error.to_string(),
-        })
+        Ok(self.evaluate(scope, true)?.value.unwrap_or(Value::Null))
     }
 
     /// Evaluates the expression as a test, by Jinja truthiness (empty strings, lists and
     /// maps, zero, none and undefined are false).
     pub fn is_true(&self, scope: Scope<'_>) -> Result<bool, ExprError> {
-        Ok(self.eval(scope)?.is_true())
+        Ok(self.evaluate(scope, false)?.truthy)
+    }
+
+    /// Evaluates the expression to its truthiness and, when `value_wanted`, its value as
+    /// JSON; through the scope's isolation when it has one.
+    pub fn evaluate(&self, scope: Scope<'_>, value_wanted: bool) -> Result<Evaluated, ExprError> {
+        let Some(isolation) = scope.isolation else {
+            return self.evaluate_here(scope, value_wanted);
+        };
+        let job = RenderJob::Evaluate {
+            expression: self.source.clone(),
+            context: scope.context.clone(),
+            output: scope.output.cloned(),
+            value_wanted,
+        };
+        let fail = |message: String| ExprError::Eval {
+            expression: self.source.clone(),
+            message,
+        };
+        // An expression has no `uuid`: nothing asks for ids.
+        match isolation.run(&job, &FixedIds::default()) {
+            Ok(JobOutcome::Evaluated(result)) => result,
+            Ok(other) => Err(fail(mismatched(&other).message)),
+            Err(failure) => Err(fail(failure.message)),
+        }
+    }
+
+    fn evaluate_here(&self, scope: Scope<'_>, value_wanted: bool) -> Result<Evaluated, ExprError> {
+        let value = self.eval(scope)?;
+        let truthy = value.is_true();
+        if !value_wanted {
+            return Ok(Evaluated {
+                value: None,
+                truthy,
+            });
+        }
+        if value.is_undefined() {
+            return Ok(Evaluated {
+                value: Some(Value::Null),
+                truthy,
+            });
+        }
+        let value = serde_json::to_value(&value).map_err(|error| ExprError::Eval {
+            expression: self.source.clone(),
+            message: error.to_string(),
+        })?;
+        Ok(Evaluated {
+            value: Some(value),
+            truthy,
+        })
     }
 
     /// Evaluates the expression in a fresh sandbox.

@@ -34,15 +34,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use minijinja::value::{Enumerator, Object, ObjectRepr};
 use minijinja::{Environment, ErrorKind, UndefinedBehavior, Value as JValue};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::dynamic::{Clock, FixedClock, FixedIds, IdSource, Timestamp, dynamic_value};
+use super::isolation::{JobOutcome, RenderIsolation, RenderJob, RenderSettings, mismatched};
 use super::path::Path;
 use super::store::ContextStore;
 
 /// What a `{{ path }}` whose path does not resolve renders as.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MissingPolicy {
     /// The tag stays as written: `{{name}}` renders `{{name}}` (the default).
@@ -73,8 +74,10 @@ impl std::str::FromStr for MissingPolicy {
 /// endless loop stops in well under a second. Fuel also pays for the data a render creates
 /// (about one unit per 64 bytes: strings and lists built by operators and filters, and the
 /// output), so it bounds a render's memory too: about 64 MB at this budget, whatever the
-/// template repeats, doubles or joins (one conversion is still charged only after it is
-/// made: a list turned into text by `~` or a string filter).
+/// template repeats, doubles or joins. A few single steps escape it (a list that repeats a
+/// long string turned into text by `~` or a string filter is charged only once it is made):
+/// a template nobody vouches for renders through a [`RenderIsolation`] that caps memory and
+/// time.
 pub const DEFAULT_FUEL: u64 = 1_000_000;
 
 /// Default limit of one render's output: 16 MiB, twice the text of the largest model
@@ -102,6 +105,9 @@ pub struct RenderOptions {
     /// `username`, `os` and `working_directory` (the CLI fills these; the core reads nothing
     /// from the machine). A context key of the same name takes precedence.
     pub variables: Map<String, Value>,
+    /// Where renders run when not in this process: set for templates nobody vouches for
+    /// (a workflow a client sent), so that their memory and time are bounded.
+    pub isolation: Option<Arc<dyn RenderIsolation>>,
 }
 
 impl fmt::Debug for RenderOptions {
@@ -110,6 +116,7 @@ impl fmt::Debug for RenderOptions {
             .field("missing", &self.missing)
             .field("fuel", &self.fuel)
             .field("now", &self.clock.now())
+            .field("isolated", &self.isolation.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -124,6 +131,7 @@ impl RenderOptions {
             clock,
             ids,
             variables: Map::new(),
+            isolation: None,
         }
     }
 
@@ -159,10 +167,31 @@ impl RenderOptions {
         self.max_output_bytes = bytes;
         self
     }
+
+    /// The same options, rendering through `isolation` instead of in this process.
+    pub fn with_isolation(mut self, isolation: Arc<dyn RenderIsolation>) -> RenderOptions {
+        self.isolation = Some(isolation);
+        self
+    }
+
+    /// Runs `job` through the isolation, if there is one.
+    fn run_isolated(
+        &self,
+        job: impl FnOnce() -> RenderJob,
+    ) -> Option<Result<JobOutcome, TemplateError>> {
+        let isolation = self.isolation.as_ref()?;
+        Some(
+            isolation
+                .run(&job(), self.ids.as_ref())
+                .map_err(|failure| TemplateError::Isolation {
+                    message: failure.message,
+                }),
+        )
+    }
 }
 
 /// A finished render.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Rendered {
     /// The rendered text.
     pub text: String,
@@ -173,7 +202,7 @@ pub struct Rendered {
 }
 
 /// Why a template could not be rendered.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 pub enum TemplateError {
     /// The template is not valid Jinja.
     #[error("template syntax error at line {line}: {message}")]
@@ -223,6 +252,13 @@ pub enum TemplateError {
         /// What went wrong there.
         error: Box<TemplateError>,
     },
+    /// The render ran where its memory and time are bounded, and passed a bound (or what ran
+    /// it failed); the message names the limit.
+    #[error("template render stopped: {message}")]
+    Isolation {
+        /// What happened, with the limit.
+        message: String,
+    },
     /// Any other failure while rendering (a filter given bad input, a division by zero...).
     #[error("template error{}: {message}", line.map(|l| format!(" at line {l}")).unwrap_or_default())]
     Render {
@@ -233,12 +269,34 @@ pub enum TemplateError {
     },
 }
 
+/// Checks that `template` is valid Jinja without rendering it (so without running anything
+/// it would compute): a syntax error names its line.
+pub fn check_syntax(template: &str) -> Result<(), TemplateError> {
+    let env = sandbox(UndefinedBehavior::Chainable, DEFAULT_FUEL);
+    env.template_from_str(template)
+        .map(|_| ())
+        .map_err(|error| convert(&error, DEFAULT_FUEL))
+}
+
 /// Renders `template` against `store`.
 pub fn render(
     template: &str,
     store: &ContextStore,
     options: &RenderOptions,
 ) -> Result<Rendered, TemplateError> {
+    let isolated = options.run_isolated(|| RenderJob::Render {
+        template: template.to_owned(),
+        context: store.clone(),
+        settings: RenderSettings::of(options),
+    });
+    if let Some(outcome) = isolated {
+        return match outcome? {
+            JobOutcome::Rendered(result) => result,
+            other => Err(TemplateError::Isolation {
+                message: mismatched(&other).message,
+            }),
+        };
+    }
     let shared = Arc::new(Shared::new(store, options));
     let text = shared.render_source(template)?;
     Ok(shared.finish(text))
@@ -253,6 +311,19 @@ pub fn render_value(
     store: &ContextStore,
     options: &RenderOptions,
 ) -> Result<(Value, Rendered), TemplateError> {
+    let isolated = options.run_isolated(|| RenderJob::RenderValue {
+        template: template.to_owned(),
+        context: store.clone(),
+        settings: RenderSettings::of(options),
+    });
+    if let Some(outcome) = isolated {
+        return match outcome? {
+            JobOutcome::Valued(result) => result,
+            other => Err(TemplateError::Isolation {
+                message: mismatched(&other).message,
+            }),
+        };
+    }
     let shared = Arc::new(Shared::new(store, options));
     if let Some(path) = single_path_tag(template)
         && shared.path_exists(&path)

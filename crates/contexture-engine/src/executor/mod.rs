@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use contexture_core::Message;
-use contexture_core::context::{ContextStore, RenderOptions};
+use contexture_core::context::{ContextStore, RenderIsolation, RenderOptions};
 use contexture_core::fit::cancelled_result_text;
 use contexture_core::registry::Registry;
 use contexture_core::thread::{
@@ -141,6 +141,7 @@ pub struct Executor<S> {
     cancel_poll: Duration,
     programs: Programs,
     caps: RunLimits,
+    client_isolation: Option<Arc<dyn RenderIsolation>>,
 }
 
 /// A run in progress: its workflow and the fold of its log, kept in step with the store.
@@ -169,6 +170,7 @@ impl<S: Store> Executor<S> {
             cancel_poll: Duration::from_millis(250),
             programs: Programs::Allowed,
             caps: RunLimits::default(),
+            client_isolation: None,
         }
     }
 
@@ -253,6 +255,14 @@ impl<S: Store> Executor<S> {
     /// may set lower ones, never higher, and a limit nobody sets is the ceiling.
     pub fn with_limit_caps(mut self, caps: RunLimits) -> Executor<S> {
         self.caps = caps;
+        self
+    }
+
+    /// Builder: render the templates and expressions of workflows a client sent through
+    /// `isolation` (worker processes whose memory and time are bounded), not in this
+    /// process. Without it they render here, bounded only by fuel and the output limit.
+    pub fn with_client_isolation(mut self, isolation: Arc<dyn RenderIsolation>) -> Executor<S> {
+        self.client_isolation = Some(isolation);
         self
     }
 

@@ -211,6 +211,9 @@ impl<S: Store> Executor<S> {
         let mut options = self.render.clone().with_missing(workflow.missing_variables);
         if run.log.start().map(provenance_of) == Some(Provenance::Client) {
             options = crate::system::for_client(options);
+            if let Some(isolation) = &self.client_isolation {
+                options = options.with_isolation(isolation.clone());
+            }
         }
         let context = match &work {
             Work::Item { index, value, .. } => {
@@ -300,6 +303,7 @@ impl<S: Store> Executor<S> {
             store: &store,
             history: &history,
             last_seq: run.log.thread().last_seq(),
+            isolation: options.isolation.as_deref(),
         };
         let exchange = ItemResult {
             task,

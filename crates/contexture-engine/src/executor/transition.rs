@@ -8,7 +8,7 @@ use contexture_core::context::flags::diff;
 use std::collections::BTreeMap;
 
 use contexture_core::context::{
-    ClearContextStore, ContextStore, IterError, MergePolicy, ParsedOutput, Scope,
+    ClearContextStore, ContextStore, IterError, MergePolicy, ParsedOutput, RenderIsolation, Scope,
     StoreChange as FlagChange, TransitionFlags, apply_transition, parse_output, select_items,
 };
 use contexture_core::thread::{ContextReplace, EventKind, StepEnd, StoreChange};
@@ -36,6 +36,8 @@ pub(crate) struct Finishing<'a> {
     pub history: &'a [Message],
     /// The log's last seq before the step's events.
     pub last_seq: u64,
+    /// Where the transition's expressions run, for a workflow a client sent.
+    pub isolation: Option<&'a dyn RenderIsolation>,
 }
 
 /// The events that finish a step whose exchanges are `exchanges`: one for a plain step
@@ -62,7 +64,9 @@ pub(crate) fn finish(
     };
     let target = choose(
         at.state.next.as_ref(),
-        Scope::new(&store).with_output(&output),
+        Scope::new(&store)
+            .with_output(&output)
+            .isolated_by(at.isolation),
     )?;
     let items = match at.state.next.as_ref().and_then(|n| n.iter_key.as_deref()) {
         Some(key) if target != END => Some(select_items(key, &store, Some(&output))?),

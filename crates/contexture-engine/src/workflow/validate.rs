@@ -3,8 +3,7 @@
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 
-use contexture_core::context::ContextStore;
-use contexture_core::context::template::{RenderOptions, TemplateError, render};
+use contexture_core::context::template::check_syntax;
 use serde_json::Value;
 
 use super::{END, Workflow};
@@ -263,12 +262,10 @@ fn templates_in(value: &Value, path: String, problems: &mut Problems) {
     }
 }
 
-/// Reports a template that does not parse. Rendering against an empty store with the default
-/// (keep) policy surfaces exactly the syntax errors: missing variables are kept, not errors.
+/// Reports a template that does not parse. It is only compiled, never run: validating a
+/// workflow computes nothing its templates ask for.
 fn template(text: &str, path: String, problems: &mut Problems) {
-    if let Err(error @ TemplateError::Syntax { .. }) =
-        render(text, &ContextStore::default(), &RenderOptions::fixed(0))
-    {
+    if let Err(error) = check_syntax(text) {
         problems.push((path, error.to_string()));
     }
 }

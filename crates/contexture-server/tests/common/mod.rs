@@ -80,10 +80,16 @@ impl Drop for TestServer {
     }
 }
 
-/// A configuration for tests: no rate limit, upstream at `upstream` (if any).
+/// A configuration for tests: no rate limit, upstream at `upstream` (if any), clients'
+/// templates rendered by the `contexture` binary's template workers, as `contexture serve`
+/// renders them.
 pub fn config(upstream: Option<&str>) -> ServerConfig {
     let mut config = ServerConfig::default();
     config.limits.requests_per_second = 0.0;
+    config.executions.template_worker = Some(vec![
+        contexture_binary().display().to_string(),
+        "template-worker".to_owned(),
+    ]);
     if let Some(url) = upstream {
         config.upstream.base_url = url.to_owned();
         config.upstream.api_key = Some("sk-upstream-secret".into());
@@ -91,6 +97,24 @@ pub fn config(upstream: Option<&str>) -> ServerConfig {
         config.upstream.retries = 0;
     }
     config
+}
+
+/// The `contexture` binary of this build, beside the test binaries (`cargo test
+/// --workspace` builds it; `cargo build -p contexture-cli` does too).
+pub fn contexture_binary() -> std::path::PathBuf {
+    let test_binary = std::env::current_exe().expect("the test binary's path");
+    let profile_dir = test_binary
+        .parent()
+        .and_then(std::path::Path::parent)
+        .expect("test binaries live in target/PROFILE/deps");
+    let binary = profile_dir.join(format!("contexture{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        binary.exists(),
+        "the server tests start template workers from the contexture binary, which is not \
+         built at {}: run `cargo build -p contexture-cli` (or test the whole workspace)",
+        binary.display()
+    );
+    binary
 }
 
 /// An authenticated client call.
