@@ -4,14 +4,15 @@
 //! made (or none at all). An execution's children (`PARENT/STATE.VISIT`) count as running
 //! while their root does.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::error::ApiError;
 
-/// The running executions.
+/// The running executions, each with how many runs of it are going on here (a run and a
+/// resume of it may overlap for a moment; the log stays held until both end).
 #[derive(Debug, Default)]
-pub struct ActiveRuns(Mutex<HashSet<String>>);
+pub struct ActiveRuns(Mutex<HashMap<String, usize>>);
 
 /// One running execution; dropping it ends it.
 #[derive(Debug)]
@@ -23,7 +24,7 @@ pub struct ActiveRun {
 impl ActiveRuns {
     /// Marks the execution `id` (stored id) running until the returned value is dropped.
     pub fn enter(self: &Arc<Self>, id: &str) -> ActiveRun {
-        self.lock().insert(id.to_owned());
+        *self.lock().entry(id.to_owned()).or_default() += 1;
         ActiveRun {
             runs: self.clone(),
             id: id.to_owned(),
@@ -34,10 +35,10 @@ impl ActiveRuns {
     /// sub-workflow executions.
     pub fn holds(&self, thread: &str) -> bool {
         let runs = self.lock();
-        runs.contains(thread)
+        runs.contains_key(thread)
             || thread
                 .match_indices('/')
-                .any(|(at, _)| runs.contains(&thread[..at]))
+                .any(|(at, _)| runs.contains_key(&thread[..at]))
     }
 
     /// A 409 when `thread` (shown to the client as `shown`) is a running execution's log.
@@ -50,7 +51,7 @@ impl ActiveRuns {
         Ok(())
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
         self.0
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -59,7 +60,13 @@ impl ActiveRuns {
 
 impl Drop for ActiveRun {
     fn drop(&mut self) {
-        self.runs.lock().remove(&self.id);
+        let mut runs = self.runs.lock();
+        if let Some(count) = runs.get_mut(&self.id) {
+            *count -= 1;
+            if *count == 0 {
+                runs.remove(&self.id);
+            }
+        }
     }
 }
 
@@ -79,5 +86,16 @@ mod tests {
         drop(run);
         assert!(!runs.holds("acme/run-1"));
         assert!(runs.refuse_writes("acme/run-1", "run-1").is_ok());
+    }
+
+    #[test]
+    fn a_log_entered_twice_stays_held_until_both_runs_end() {
+        let runs = Arc::new(ActiveRuns::default());
+        let first = runs.enter("acme/run-1");
+        let second = runs.enter("acme/run-1");
+        drop(first);
+        assert!(runs.holds("acme/run-1"));
+        drop(second);
+        assert!(!runs.holds("acme/run-1"));
     }
 }

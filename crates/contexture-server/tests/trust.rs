@@ -467,3 +467,29 @@ async fn a_template_worker_that_cannot_start_stops_the_server_from_starting() {
         "{error}"
     );
 }
+
+#[tokio::test]
+async fn a_requests_workflow_cannot_name_an_address_for_the_server_to_connect_to() {
+    let dir = TempDir::new("contexture-trust");
+    let (server, key) = serve_in(&dir, config(None)).await;
+    let workflow = "mcp_servers:\n  - name: metadata\n    config: {url: 'http://169.254.169.254/latest/'}\nstates:\n  - id: s\n    transform: {t: 1}\n    next: {state_id: end}\n";
+    let (status, body) = start(
+        &server,
+        &key,
+        json!({"workflow_yaml": workflow, "input": {}, "id": "mcp-url"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("unknown field `url`"), "{body}");
+    let (status, _) = call(
+        &server,
+        &key,
+        reqwest::Method::GET,
+        "/v1/executions/mcp-url",
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    server.shutdown().await;
+}
