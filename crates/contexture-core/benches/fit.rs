@@ -12,7 +12,7 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use contexture_core::fit::{IndexedHistory, Provider, Strategy, TrimOptions, trim};
+use contexture_core::fit::{IndexedHistory, Rules, Strategy, TrimOptions, trim};
 use contexture_core::{Encoding, Message, TokenCounter, ToolCall};
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 
@@ -91,7 +91,7 @@ fn bench(c: &mut Criterion) {
         b.iter(|| history.fit(black_box(&last)).unwrap())
     });
     let anthropic = TrimOptions {
-        provider: Provider::Anthropic,
+        rules: Rules::Anthropic,
         ..TrimOptions::new(BUDGET)
     };
     group.bench_function("indexed_last_anthropic_100k_to_8000", |b| {

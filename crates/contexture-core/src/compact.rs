@@ -16,6 +16,11 @@ mod plan;
 mod prompt;
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::message::Message;
+use crate::registry::ModelInfo;
+use crate::tokens::{REPLY_PRIMING, tools_tokens};
 
 pub use extractive::{extractive_summary, identifiers};
 pub use plan::{Plan, plan};
@@ -56,6 +61,36 @@ impl Trigger {
     /// True when no trigger is set.
     pub fn is_empty(&self) -> bool {
         self.tokens.is_none() && self.window_share.is_none() && self.messages.is_none()
+    }
+
+    /// Why the compaction fires for a request to `model` made of `messages` (its system
+    /// prompt, history and own messages) and `tools`, counted as the request would be,
+    /// where the history holds `history_messages` messages (more than `messages` gives when
+    /// only the history's tail was read); `None` when it does not. Nothing is counted when
+    /// no trigger is set.
+    pub fn fires_for<'a>(
+        &self,
+        model: &ModelInfo,
+        messages: impl IntoIterator<Item = &'a Message>,
+        history_messages: usize,
+        tools: &[Value],
+    ) -> Option<String> {
+        if self.is_empty() {
+            return None;
+        }
+        let counter = model.counter;
+        let tools = if tools.is_empty() {
+            0
+        } else {
+            u64::from(counter.scale(tools_tokens(tools, counter.encoding())))
+        };
+        let tokens = messages
+            .into_iter()
+            .map(|message| u64::from(counter.count_message(message)))
+            .sum::<u64>()
+            + tools
+            + u64::from(REPLY_PRIMING);
+        self.fires(tokens, history_messages, model.context_window)
     }
 
     /// Why the compaction fires for a request of `tokens` tokens and a history of `messages`

@@ -22,6 +22,8 @@ pub use clear::{
     ClearOptions, ClearTrigger, Cleared, ClearedResult, clear_tool_results, cleared_placeholder,
 };
 pub use repair::{RepairChange, cancelled_result_text, repair};
-pub use trim::{MARKER_TAG, Strategy, TrimError, TrimOptions, Trimmed, marker_message, trim};
+pub use trim::{
+    MARKER_TAG, Strategy, TrimError, TrimOptions, Trimmed, UnknownStrategy, marker_message, trim,
+};
 pub use units::{IndexedHistory, Unit, units};
-pub use validate::{Provider, UnknownProvider, Violation, ViolationKind, validate};
+pub use validate::{Rules, UnknownRules, Violation, ViolationKind, validate};

@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::fit::Rules;
 use crate::tokens::{Encoding, TokenCounter};
 
 const BUILTIN_TOML: &str = include_str!("../data/models.toml");
@@ -117,6 +118,17 @@ pub struct ModelOverride {
 }
 
 impl ModelInfo {
+    /// The message rules requests to this model must follow, by who serves it: Anthropic's
+    /// for `anthropic`, Gemini's for `google` or `gemini`, else OpenAI's (which every
+    /// OpenAI-compatible server accepts).
+    pub fn rules(&self) -> Rules {
+        match self.provider.as_deref() {
+            Some("anthropic") => Rules::Anthropic,
+            Some("google" | "gemini") => Rules::Gemini,
+            _ => Rules::OpenAi,
+        }
+    }
+
     /// This model with `changes` applied.
     pub fn with_override(mut self, changes: &ModelOverride) -> ModelInfo {
         if let Some(window) = changes.context_window {
@@ -374,6 +386,26 @@ fn merge(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_models_rules_follow_who_serves_it() {
+        let registry = Registry::builtin();
+        for (model, rules) in [
+            ("claude-3-5-sonnet-20241022", Rules::Anthropic),
+            ("gemini-2.5-pro", Rules::Gemini),
+            ("gpt-4o", Rules::OpenAi),
+            ("llama3.1:8b", Rules::OpenAi),
+            ("totally-unknown", Rules::OpenAi),
+        ] {
+            assert_eq!(registry.resolve(model).rules(), rules, "{model}");
+        }
+        let served_by = |provider: &str| ModelInfo {
+            provider: Some(provider.to_owned()),
+            ..registry.resolve("gpt-4o")
+        };
+        assert_eq!(served_by("gemini").rules(), Rules::Gemini);
+        assert_eq!(served_by("mistral").rules(), Rules::OpenAi);
+    }
 
     #[test]
     fn builtin_registry_parses() {

@@ -4,7 +4,7 @@
 //! whenever the history did. Cases: `PROPTEST_CASES` (default 2,000).
 
 use contexture_core::compact::{Keep, plan, replacement};
-use contexture_core::fit::{Provider, repair, units, validate};
+use contexture_core::fit::{Rules, repair, units, validate};
 use contexture_core::thread::ProjectedMessage;
 use contexture_core::tokens::{Encoding, TokenCounter};
 use contexture_core::{Message, ToolCall};
@@ -120,13 +120,13 @@ proptest! {
         // request is, and nothing is dropped.
         let mut after = replacement(&plan, &messages, Some("the summary"), Some("notes"));
         after.extend(plain[end..].iter().cloned());
-        if validate(&plain, Provider::OpenAi).is_empty() {
-            prop_assert_eq!(validate(&after, Provider::OpenAi), vec![]);
+        if validate(&plain, Rules::OpenAi).is_empty() {
+            prop_assert_eq!(validate(&after, Rules::OpenAi), vec![]);
         }
-        for provider in [Provider::OpenAi, Provider::Anthropic] {
+        for provider in [Rules::OpenAi, Rules::Anthropic] {
             let (repaired, changes) = repair(after.clone(), provider);
             prop_assert_eq!(validate(&repaired, provider), vec![]);
-            if validate(&plain, Provider::OpenAi).is_empty() {
+            if validate(&plain, Rules::OpenAi).is_empty() {
                 prop_assert!(changes.iter().all(|c| matches!(c, contexture_core::fit::RepairChange::MergedTurn { .. })),
                     "{:?}", changes);
             }

@@ -3,9 +3,9 @@
 //! strategy last is maximal; the indexed and the lazy entry points agree.
 
 use contexture_core::fit::{
-    ClearOptions, ClearTrigger, IndexedHistory, Provider, RepairChange, Strategy as Keep,
-    TrimError, TrimOptions, ViolationKind, clear_tool_results, cleared_placeholder, repair, trim,
-    units, validate,
+    ClearOptions, ClearTrigger, IndexedHistory, RepairChange, Rules, Strategy as Keep, TrimError,
+    TrimOptions, ViolationKind, clear_tool_results, cleared_placeholder, repair, trim, units,
+    validate,
 };
 use contexture_core::{Content, Encoding, Message, Part, Role, TokenCounter, ToolCall};
 use proptest::prelude::*;
@@ -161,8 +161,8 @@ fn history() -> impl Strategy<Value = Vec<Message>> {
         .prop_map(|(system, turns)| build(system, &turns))
 }
 
-fn provider() -> impl Strategy<Value = Provider> {
-    prop::sample::select(Provider::ALL.to_vec())
+fn provider() -> impl Strategy<Value = Rules> {
+    prop::sample::select(Rules::ALL.to_vec())
 }
 
 fn options() -> impl Strategy<Value = TrimOptions> {
@@ -205,14 +205,14 @@ fn options() -> impl Strategy<Value = TrimOptions> {
                 start_on,
                 end_on,
                 allow_partial,
-                provider,
+                rules: provider,
             },
         )
 }
 
 /// The input made valid for the provider; `None` when repair cannot (a pinned opening
 /// assistant turn), which the repair property checks separately.
-fn valid_input(messages: Vec<Message>, provider: Provider) -> Option<Vec<Message>> {
+fn valid_input(messages: Vec<Message>, provider: Rules) -> Option<Vec<Message>> {
     let (repaired, changes) = repair(messages, provider);
     let unrepaired = changes
         .iter()
@@ -253,7 +253,7 @@ proptest! {
         }
         let pinned_in = messages.iter().filter(|m| m.is_pinned()).count();
         prop_assert!(repaired.iter().filter(|m| m.is_pinned()).count() <= pinned_in + changes.len());
-        if provider == Provider::OpenAi {
+        if provider == Rules::OpenAi {
             // Without alternation, repair never removes a pinned message.
             let pinned_out: Vec<_> = repaired.iter().filter(|m| m.is_pinned() && m.role != Role::Tool).map(Message::text).collect();
             let pinned_expected: Vec<_> = messages.iter().filter(|m| m.is_pinned() && m.role != Role::Tool && !m.role.is_system_like()).map(Message::text).collect();
@@ -268,8 +268,8 @@ proptest! {
         messages in history(),
         options in options(),
     ) {
-        let Some(input) = valid_input(messages, options.provider) else { return Ok(()) };
-        prop_assert!(validate(&input, options.provider).is_empty());
+        let Some(input) = valid_input(messages, options.rules) else { return Ok(()) };
+        prop_assert!(validate(&input, options.rules).is_empty());
         let lazy = trim(&input, &options, &COUNTER);
         let indexed = IndexedHistory::from_messages(input.clone(), COUNTER).fit(&options);
         match (&lazy, &indexed) {
@@ -299,7 +299,7 @@ proptest! {
             Err(other) => { prop_assert!(false, "unexpected error {other}"); unreachable!() }
         };
         let out = &trimmed.messages;
-        prop_assert_eq!(validate(out, options.provider), vec![]);
+        prop_assert_eq!(validate(out, options.rules), vec![]);
         let tokens = request_tokens(out, options.tools_tokens);
         prop_assert_eq!(tokens, trimmed.tokens_after);
         prop_assert!(tokens <= u64::from(options.max_tokens));
@@ -311,7 +311,7 @@ proptest! {
         if options.keep_system && input.first().is_some_and(|m| m.role.is_system_like()) {
             prop_assert_eq!(&out[0], &input[0]);
         }
-        if options.provider == Provider::OpenAi {
+        if options.rules == Rules::OpenAi {
             for message in input.iter().filter(|m| m.is_pinned()) {
                 prop_assert!(out.contains(message));
             }

@@ -2,7 +2,7 @@
 //! setting, its rendered output an insta snapshot (`snapshots/fit_table__*.snap`).
 
 use contexture_core::fit::{
-    ClearOptions, ClearTrigger, Provider, Strategy, TrimError, TrimOptions, Trimmed,
+    ClearOptions, ClearTrigger, Rules, Strategy, TrimError, TrimOptions, Trimmed,
     clear_tool_results, trim, validate,
 };
 use contexture_core::{Content, Encoding, Message, Part, Role, TokenCounter, ToolCall};
@@ -131,7 +131,7 @@ fn rows() -> Vec<(&'static str, TrimOptions)> {
         (
             "unpinned_last_anthropic",
             TrimOptions {
-                provider: Provider::Anthropic,
+                rules: Rules::Anthropic,
                 ..options(120)
             },
         ),
@@ -167,7 +167,7 @@ fn rows() -> Vec<(&'static str, TrimOptions)> {
         (
             "last_anthropic",
             TrimOptions {
-                provider: Provider::Anthropic,
+                rules: Rules::Anthropic,
                 ..options(120)
             },
         ),
@@ -205,7 +205,7 @@ fn rows() -> Vec<(&'static str, TrimOptions)> {
             "head_tail_gemini",
             TrimOptions {
                 strategy: Strategy::HeadTail { head: 1 },
-                provider: Provider::Gemini,
+                rules: Rules::Gemini,
                 ..options(120)
             },
         ),
@@ -244,7 +244,7 @@ fn each_trim_option_is_pinned_by_a_snapshot() {
             m
         })
         .collect();
-    assert!(validate(&pinned, Provider::Anthropic).is_empty());
+    assert!(validate(&pinned, Rules::Anthropic).is_empty());
     for (name, options) in rows() {
         let messages = if name.starts_with("unpinned_") {
             &unpinned
@@ -253,11 +253,7 @@ fn each_trim_option_is_pinned_by_a_snapshot() {
         };
         let result = trim(messages, &options, &COUNTER);
         if let Ok(trimmed) = &result {
-            assert_eq!(
-                validate(&trimmed.messages, options.provider),
-                vec![],
-                "{name}"
-            );
+            assert_eq!(validate(&trimmed.messages, options.rules), vec![], "{name}");
             assert!(
                 trimmed.tokens_after <= u64::from(options.max_tokens),
                 "{name}"

@@ -1,6 +1,7 @@
-//! How an LLM call's end is recorded (`request_ended`), shared by the executor's calls and
-//! the summarizer's.
+//! How an LLM call's end is recorded (`request_ended`), shared by the executor's calls, the
+//! summarizer's and a chat turn's.
 
+use contexture_core::Message;
 use contexture_core::registry::ModelInfo;
 use contexture_core::thread::{RequestEnd, RequestOutcome, Usage};
 use contexture_llm::{ChatResponse, LlmError};
@@ -16,26 +17,11 @@ pub(crate) fn request_end(
 ) -> RequestEnd {
     match response {
         Ok(response) => {
-            let (usage, estimated) = match response.usage {
-                Some(usage) => (
-                    Usage::new(usage.prompt_tokens, usage.completion_tokens),
-                    false,
-                ),
-                None => (
-                    Usage::new(
-                        u64::from(input_tokens),
-                        u64::from(model.counter.count_message(&response.message)),
-                    ),
-                    true,
-                ),
-            };
-            let mut end = RequestEnd::new(request_id, RequestOutcome::Completed, usage);
-            end.usage_estimated = estimated;
-            end.reply = Some(response.message.clone());
+            let usage = response
+                .usage
+                .map(|usage| Usage::new(usage.prompt_tokens, usage.completion_tokens));
+            let mut end = answered_end(request_id, &response.message, usage, model, input_tokens);
             end.finish_reason = response.finish_reason.clone();
-            end.cost_usd = model
-                .pricing
-                .map(|pricing| pricing.cost(usage.input_tokens, usage.output_tokens));
             end.attempts = (response.attempts > 1).then_some(response.attempts);
             end
         }
@@ -45,4 +31,33 @@ pub(crate) fn request_end(
             end
         }
     }
+}
+
+/// The record of a call answered with `reply`: the provider's `usage`, or when it reported
+/// none, `input_tokens` and the reply counted with the model's tokenizer (marked estimated);
+/// and the cost at the model's list price, when it has one.
+pub(crate) fn answered_end(
+    request_id: &str,
+    reply: &Message,
+    usage: Option<Usage>,
+    model: &ModelInfo,
+    input_tokens: u32,
+) -> RequestEnd {
+    let (usage, estimated) = match usage {
+        Some(usage) => (usage, false),
+        None => (
+            Usage::new(
+                u64::from(input_tokens),
+                u64::from(model.counter.count_message(reply)),
+            ),
+            true,
+        ),
+    };
+    let mut end = RequestEnd::new(request_id, RequestOutcome::Completed, usage);
+    end.usage_estimated = estimated;
+    end.reply = Some(reply.clone());
+    end.cost_usd = model
+        .pricing
+        .map(|pricing| pricing.cost(usage.input_tokens, usage.output_tokens));
+    end
 }

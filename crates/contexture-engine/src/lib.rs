@@ -4,6 +4,10 @@
 //!   error;
 //! - [`executor`]: runs a workflow against a [`contexture_store::Store`] and LLM providers,
 //!   recording every step and request in the execution's thread, and resumes from that log;
+//! - [`fitting`]: the one way a request is fitted to a model's window (a step's, a chat
+//!   turn's, a thread read for a model);
+//! - [`chat`]: a stateful chat turn (new messages stored, compaction, fitting, the request
+//!   and its end recorded) and the retry of a keyed turn;
 //! - [`compaction`]: summarizing the older part of a thread into one recorded replace;
 //! - [`conversation`]: history carried across runs that name one conversation;
 //! - [`sources`]: where sub-workflows are read from;
@@ -14,9 +18,11 @@
 //! - [`system`]: the real clock, ids and machine variables for templates.
 
 mod calls;
+pub mod chat;
 pub mod compaction;
 pub mod conversation;
 pub mod executor;
+pub mod fitting;
 pub mod hooks;
 pub mod llm;
 pub mod render_workers;

@@ -31,7 +31,7 @@ pub struct Route {
     pub model: String,
     /// The message rules the requests must follow; `None` when the provider stands in for
     /// any model (a scripted one): the model's family in the executor's registry decides.
-    pub rules: Option<fit::Provider>,
+    pub rules: Option<fit::Rules>,
 }
 
 impl std::fmt::Debug for Route {
@@ -55,7 +55,7 @@ pub trait Router: Send + Sync {
 pub struct FixedRouter {
     provider: Arc<dyn Provider>,
     model: Option<String>,
-    rules: Option<fit::Provider>,
+    rules: Option<fit::Rules>,
 }
 
 impl FixedRouter {
@@ -64,8 +64,8 @@ impl FixedRouter {
     /// model's family's (a scripted provider stands in for any model).
     pub fn new(provider: Arc<dyn Provider>) -> FixedRouter {
         let rules = match provider.name() {
-            "openai" => Some(fit::Provider::OpenAi),
-            "anthropic" => Some(fit::Provider::Anthropic),
+            "openai" => Some(fit::Rules::OpenAi),
+            "anthropic" => Some(fit::Rules::Anthropic),
             _ => None,
         };
         FixedRouter {
@@ -120,27 +120,27 @@ impl Router for AutoRouter {
     fn route(&self, model: &str) -> Route {
         let rules = rules_for_model(&self.registry, model);
         let provider = match rules {
-            fit::Provider::Anthropic => self.anthropic.clone(),
+            fit::Rules::Anthropic => self.anthropic.clone(),
             _ => self.openai.clone(),
         };
         Route {
             provider,
             model: model.to_owned(),
-            rules: Some(if rules == fit::Provider::Anthropic {
+            rules: Some(if rules == fit::Rules::Anthropic {
                 rules
             } else {
-                fit::Provider::OpenAi
+                fit::Rules::OpenAi
             }),
         }
     }
 }
 
 /// The message rules of `model`'s family, from the registry's provider field.
-pub fn rules_for_model(registry: &Registry, model: &str) -> fit::Provider {
+pub fn rules_for_model(registry: &Registry, model: &str) -> fit::Rules {
     match registry.resolve(model).provider.as_deref() {
-        Some("anthropic") => fit::Provider::Anthropic,
-        Some("google" | "gemini") => fit::Provider::Gemini,
-        _ => fit::Provider::OpenAi,
+        Some("anthropic") => fit::Rules::Anthropic,
+        Some("google" | "gemini") => fit::Rules::Gemini,
+        _ => fit::Rules::OpenAi,
     }
 }
 
@@ -367,13 +367,10 @@ mod tests {
         );
         assert_eq!(
             router.route("claude-sonnet-4-5").rules,
-            Some(fit::Provider::Anthropic)
+            Some(fit::Rules::Anthropic)
         );
-        assert_eq!(router.route("gpt-4o").rules, Some(fit::Provider::OpenAi));
-        assert_eq!(
-            router.route("llama3.1:8b").rules,
-            Some(fit::Provider::OpenAi)
-        );
+        assert_eq!(router.route("gpt-4o").rules, Some(fit::Rules::OpenAi));
+        assert_eq!(router.route("llama3.1:8b").rules, Some(fit::Rules::OpenAi));
         let scripted = FixedRouter::new(Arc::new(ScriptedProvider::texts(["x"])));
         assert_eq!(scripted.route("claude-sonnet-4-5").rules, None);
     }

@@ -13,7 +13,7 @@ use contexture_core::budget::SUMMARY_TAG;
 use contexture_core::compact::{
     CompactionPolicy, Keep, NOTES_TAG, ORIGINAL_REQUEST_TAG, Trigger, restore_before,
 };
-use contexture_core::fit::{Provider as Rules, validate};
+use contexture_core::fit::{Rules, validate};
 use contexture_core::registry::Registry;
 use contexture_core::thread::{EventKind, ReplaceReason};
 use contexture_core::{Message, ToolCall};

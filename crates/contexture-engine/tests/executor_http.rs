@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::server::{Answer, serve};
 use common::{events, kinds, sqlite, start};
 use contexture_core::context::RenderOptions;
-use contexture_core::fit::{Provider as Rules, validate};
+use contexture_core::fit::{Rules, validate};
 use contexture_core::format::openai;
 use contexture_core::registry::Registry;
 use contexture_core::thread::{Event, EventKind, RequestOutcome};

@@ -8,7 +8,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{events, executor, requests, script, sqlite, start};
-use contexture_core::fit::{Provider as Rules, validate};
+use contexture_core::fit::{Rules, validate};
 use contexture_core::registry::Registry;
 use contexture_store::Store;
 use proptest::prelude::*;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{events, executor, library, script, sqlite, start, texts};
-use contexture_core::fit::{Provider as Rules, validate};
+use contexture_core::fit::{Rules, validate};
 use contexture_core::thread::{EventKind, RunStatus, Usage};
 use contexture_core::{Message, Role};
 use contexture_engine::executor::{ExecError, Executor, RunRequest};

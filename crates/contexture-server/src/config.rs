@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use contexture_core::budget::BudgetPolicy;
 use contexture_core::compact::CompactionPolicy;
+use contexture_core::fit::Strategy;
 use contexture_core::thread::RunLimits;
 use contexture_engine::render_workers::{RenderWorkers, WorkerCommand, WorkerLimits};
 use contexture_engine::tools::{BUILT_IN_TOOLS, ProgramTool, Toolbox};
@@ -300,8 +301,8 @@ pub struct ContextConfig {
     /// The share of the window and the reply reserve.
     #[serde(flatten)]
     pub budget: BudgetPolicy,
-    /// Which history survives trimming: `last`, `first` or `head-tail`.
-    pub strategy: String,
+    /// Which history survives trimming: `last`, `first`, `head-tail` or `head-tail:N`.
+    pub strategy: Strategy,
     /// Compaction of chat threads before a request, when a trigger fires (absent: none;
     /// requests are still trimmed to fit).
     pub compaction: Option<CompactionPolicy>,
@@ -311,7 +312,7 @@ impl Default for ContextConfig {
     fn default() -> Self {
         ContextConfig {
             budget: BudgetPolicy::default(),
-            strategy: "last".into(),
+            strategy: Strategy::Last,
             compaction: None,
         }
     }
@@ -646,15 +647,6 @@ impl ServerConfig {
         if let Err(error) = self.context.budget.validate() {
             return invalid("context.budget_ratio", error.to_string());
         }
-        if crate::fitting::parse_strategy(&self.context.strategy).is_none() {
-            return invalid(
-                "context.strategy",
-                format!(
-                    "`{}` is not one of last, first, head-tail",
-                    self.context.strategy
-                ),
-            );
-        }
         if let Some(policy) = &self.context.compaction
             && let Some((field, problem)) = policy.problems().into_iter().next()
         {
@@ -752,15 +744,11 @@ mod tests {
             error.starts_with("environment variable CONTEXTURE_BIND"),
             "{error}"
         );
-        let mut config = ServerConfig::default();
-        config.context.strategy = "middle".into();
-        assert!(
-            config
-                .check()
-                .unwrap_err()
-                .to_string()
-                .contains("context.strategy")
-        );
+        let error = ServerConfig::parse("[context]\nstrategy = \"middle\"\n", Path::new("c.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(error.starts_with("c.toml:2:"), "{error}");
+        assert!(error.contains("unknown strategy `middle`"), "{error}");
     }
 
     #[test]

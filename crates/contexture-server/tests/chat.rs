@@ -957,7 +957,7 @@ async fn a_keyed_turn_younger_than_the_abandon_time_is_not_taken_over() {
 async fn a_long_threads_turns_read_its_tail_and_fit_as_the_whole_thread_would() {
     use contexture_core::format::openai;
     use contexture_core::thread::EventKind;
-    use contexture_server::fitting::FitSettings;
+    use contexture_engine::fitting::FitSettings;
     use contexture_store::{NewEvent, Store};
 
     let (upstream, base) = Upstream::start().await;
@@ -989,16 +989,18 @@ async fn a_long_threads_turns_read_its_tail_and_fit_as_the_whole_thread_would() 
             .collect();
         server.state.store.append("acme/long", batch).await.unwrap();
     }
-    let settings = FitSettings::new(&server.state, "gpt-4o-mini", None, None, None).unwrap();
+    let settings = FitSettings::new(
+        server.state.registry.get("gpt-4o-mini").unwrap(),
+        server.state.config.context.budget.clone(),
+        server.state.config.context.strategy,
+    );
     let whole = server
         .state
         .store
         .load_projection("acme/long")
         .await
         .unwrap();
-    let expected = settings
-        .fit_unmetered(&server.state, whole.clone(), &[], &[])
-        .unwrap();
+    let expected = settings.fit(whole.clone(), &[], &[]).unwrap();
 
     let context: Value =
         get_json(&server, &key, "/v1/threads/long/context?model=gpt-4o-mini").await;
@@ -1029,7 +1031,7 @@ async fn a_long_threads_turns_read_its_tail_and_fit_as_the_whole_thread_would() 
     // A turn: the request sent upstream is the whole thread's fit with the new turn.
     let question = contexture_core::Message::user("And now?");
     let expected = settings
-        .fit_unmetered(&server.state, whole, std::slice::from_ref(&question), &[])
+        .fit(whole, std::slice::from_ref(&question), &[])
         .unwrap();
     let answer = chat(
         &server,
@@ -1167,5 +1169,51 @@ async fn a_shutdown_records_the_calls_it_stops_with_what_had_arrived() {
             .await
             .unwrap();
         assert_eq!(projection.messages.len(), 1, "{thread}: only the question");
+    }
+}
+
+#[tokio::test]
+async fn a_turn_is_counted_and_priced_as_every_call_is_when_the_upstream_reports_no_usage() {
+    let (upstream, base) = Upstream::start().await;
+    let (_dir, server, key) = server(&base, |_| {}).await;
+    // A whole answer without `usage`, then a streamed one without it (a stream reports
+    // usage only when asked to).
+    upstream.replies.lock().unwrap().push_back(Reply::Raw(
+        200,
+        "application/json",
+        r#"{"id":"c1","object":"chat.completion","model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"Four, as it always was."},"finish_reason":"stop"}]}"#,
+    ));
+    upstream.replies.lock().unwrap().push_back(Reply::Raw(
+        200,
+        "text/event-stream",
+        "data: {\"id\":\"c2\",\"object\":\"chat.completion.chunk\",\"model\":\"gpt-4o-mini\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"Six, \"},\"finish_reason\":null}]}\n\ndata: {\"id\":\"c2\",\"object\":\"chat.completion.chunk\",\"model\":\"gpt-4o-mini\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"of course.\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n",
+    ));
+    for (turn, stream) in [("What is 2+2?", false), ("And 3+3?", true)] {
+        let response = chat(
+            &server,
+            &key,
+            Some("counted"),
+            json!({"model": "gpt-4o-mini", "stream": stream,
+                   "messages": [{"role": "user", "content": turn}]}),
+        )
+        .await;
+        assert_eq!(response.status(), StatusCode::OK);
+        response.bytes().await.unwrap();
+        let started = events_of_type(&server, &key, "counted", "request_started").await;
+        let sent = started.last().unwrap()["budget"]["input_tokens"]
+            .as_u64()
+            .unwrap();
+        let end = last_request_end(&server, &key, "counted").await;
+        assert_eq!(end["outcome"], "completed", "{end}");
+        assert_eq!(end["usage_estimated"], true, "{end}");
+        assert_eq!(end["usage"]["input_tokens"].as_u64(), Some(sent), "{end}");
+        let output = end["usage"]["output_tokens"].as_u64().unwrap();
+        assert!(output > 0, "the reply is counted: {end}");
+        // gpt-4o-mini's list price: $0.15 in and $0.60 out per million tokens.
+        let cost = end["cost_usd"].as_f64().expect("a cost");
+        let expected = (sent as f64 * 0.15 + output as f64 * 0.6) / 1e6;
+        assert!((cost - expected).abs() < 1e-12, "{cost} vs {expected}");
+        // The answer is the message stored after it, not a second copy in the record.
+        assert!(end.get("reply").is_none_or(Value::is_null), "{end}");
     }
 }

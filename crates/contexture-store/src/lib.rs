@@ -142,6 +142,9 @@ pub trait Store: Send + Sync {
     /// point come first.
     fn events(&self, thread: &str) -> impl Future<Output = Result<Vec<Event>, StoreError>> + Send;
 
+    /// True when `thread` exists (it was appended to or forked, and not deleted since).
+    fn exists(&self, thread: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
     /// The events of `thread` with seq above `after`, oldest first (as [`Store::events`]
     /// gives them): what a reader that has folded the log up to `after` is missing.
     fn events_after(

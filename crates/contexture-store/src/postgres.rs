@@ -683,6 +683,15 @@ impl Store for PgStore {
         .transpose()
     }
 
+    async fn exists(&self, thread: &str) -> Result<bool, StoreError> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_opt("SELECT 1 FROM threads WHERE id = $1", &[&thread])
+            .await
+            .doing("read the thread")?;
+        Ok(row.is_some())
+    }
+
     async fn events_after(&self, thread: &str, after: u64) -> Result<Vec<Event>, StoreError> {
         let mut client = self.pool.get().await?;
         let tx = snapshot(&mut client).await?;

@@ -771,6 +771,17 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn exists(&self, thread: &str) -> Result<bool, StoreError> {
+        let thread = thread.to_string();
+        self.read_inline(move |conn| {
+            conn.prepare_cached("SELECT 1 FROM threads WHERE id = ?1")
+                .doing("prepare the thread query")?
+                .exists([&thread])
+                .doing("read the thread")
+        })
+        .await
+    }
+
     async fn events_after(&self, thread: &str, after: u64) -> Result<Vec<Event>, StoreError> {
         let thread = thread.to_string();
         self.read(move |conn| read_events(conn, &thread, after))

@@ -116,6 +116,13 @@ impl Store for AnyStore {
         }
     }
 
+    async fn exists(&self, thread: &str) -> Result<bool, StoreError> {
+        match self {
+            AnyStore::Sqlite(store) => store.exists(thread).await,
+            AnyStore::Postgres(store) => store.exists(thread).await,
+        }
+    }
+
     async fn events_after(&self, thread: &str, after: u64) -> Result<Vec<Event>, StoreError> {
         match self {
             AnyStore::Sqlite(store) => store.events_after(thread, after).await,

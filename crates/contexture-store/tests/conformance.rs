@@ -497,6 +497,26 @@ async fn deleting_a_thread_with_forks_is_refused(h: &impl Harness) {
     assert_eq!(s.append_one("p", user("new")).await.unwrap(), 1);
 }
 
+async fn a_thread_exists_from_its_first_write_until_it_is_deleted(h: &impl Harness) {
+    let s = h.store();
+    let any = h.any();
+    assert!(!s.exists("t").await.unwrap());
+    assert!(!any.exists("t").await.unwrap());
+    s.append_one("t", user("1")).await.unwrap();
+    s.fork("t", 1, "t-fork").await.unwrap();
+    for id in ["t", "t-fork"] {
+        assert!(s.exists(id).await.unwrap(), "{id}");
+        assert!(any.exists(id).await.unwrap(), "{id}");
+    }
+    // Ids are exact: a prefix, a longer id or another case is another thread.
+    for id in ["", "T", "t-", "t-fork-2", "t/child"] {
+        assert!(!s.exists(id).await.unwrap(), "{id:?}");
+    }
+    s.delete("t-fork").await.unwrap();
+    assert!(!s.exists("t-fork").await.unwrap());
+    assert!(s.exists("t").await.unwrap());
+}
+
 async fn pruning_removes_idle_threads_forks_first(h: &impl Harness) {
     let s = h.store();
     s.append("a", vec![user("1")]).await.unwrap();
@@ -1404,6 +1424,7 @@ conformance!(
     merges_are_events_on_the_parent,
     list_describes_threads_and_forks,
     deleting_a_thread_with_forks_is_refused,
+    a_thread_exists_from_its_first_write_until_it_is_deleted,
     pruning_removes_idle_threads_forks_first,
     reopening_keeps_everything,
     concurrent_writers_get_unique_gap_free_seqs,

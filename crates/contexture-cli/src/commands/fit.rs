@@ -18,7 +18,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use contexture_core::budget::BudgetPolicy;
 use contexture_core::fit::{
-    ClearOptions, ClearTrigger, ClearedResult, Provider, RepairChange, Strategy, TrimOptions,
+    ClearOptions, ClearTrigger, ClearedResult, RepairChange, Rules, Strategy, TrimOptions,
     clear_tool_results, trim,
 };
 use contexture_core::format::openai;
@@ -46,12 +46,10 @@ pub struct FitArgs {
     /// Hysteresis: when over the budget, cut down to this many tokens.
     #[arg(long)]
     low_water: Option<u32>,
-    /// Which part of the history to keep.
-    #[arg(long, value_enum, default_value_t = StrategyArg::Last)]
-    strategy: StrategyArg,
-    /// With --strategy head-tail: how many units to keep at the start.
-    #[arg(long, default_value_t = 1)]
-    head: usize,
+    /// Which part of the history to keep: last, first, head-tail (the opening turn and the
+    /// newest) or head-tail:N (N units at the start).
+    #[arg(long, default_value_t = Strategy::Last)]
+    strategy: Strategy,
     /// Roles the kept history may start with (after the system prompt); repeatable.
     #[arg(long, value_enum)]
     start_on: Vec<RoleArg>,
@@ -67,10 +65,10 @@ pub struct FitArgs {
     /// Pin the message at this index (always kept); repeatable.
     #[arg(long = "pin", value_name = "INDEX")]
     pins: Vec<usize>,
-    /// Whose message rules the output must follow (default: the model's provider, else
-    /// openai).
-    #[arg(long, value_enum)]
-    provider: Option<ProviderArg>,
+    /// Whose message rules the output must follow: openai, anthropic or gemini (default: the
+    /// model's, by who serves it).
+    #[arg(long, visible_alias = "provider")]
+    rules: Option<Rules>,
     /// A JSON file with the request's tool schemas (OpenAI format), counted in the budget.
     #[arg(long, value_name = "FILE")]
     tools: Option<PathBuf>,
@@ -91,20 +89,6 @@ pub struct FitArgs {
     file: Option<PathBuf>,
     #[command(flatten)]
     registry: RegistryArgs,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum StrategyArg {
-    Last,
-    First,
-    HeadTail,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum ProviderArg {
-    Openai,
-    Anthropic,
-    Gemini,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -130,7 +114,7 @@ impl From<RoleArg> for Role {
 #[derive(Debug, Serialize)]
 struct Report<'a> {
     model: &'a str,
-    provider: Provider,
+    rules: Rules,
     max_tokens: u32,
     low_water: Option<u32>,
     messages_in: usize,
@@ -159,16 +143,7 @@ struct Range {
 pub fn run(args: FitArgs) -> Result<()> {
     let model = args.registry.load()?.get(&args.model)?;
     let counter = model.counter;
-    let provider = match args.provider {
-        Some(ProviderArg::Openai) => Provider::OpenAi,
-        Some(ProviderArg::Anthropic) => Provider::Anthropic,
-        Some(ProviderArg::Gemini) => Provider::Gemini,
-        None => match model.provider.as_deref() {
-            Some("anthropic") => Provider::Anthropic,
-            Some("google") => Provider::Gemini,
-            _ => Provider::OpenAi,
-        },
-    };
+    let rules = args.rules.unwrap_or_else(|| model.rules());
     let source = input::describe(args.file.as_deref());
     let value: Value = input::read_json(args.file.as_deref())?;
     let mut messages: Vec<Message> = openai::parse_messages(&value)
@@ -220,16 +195,12 @@ pub fn run(args: FitArgs) -> Result<()> {
         max_tokens,
         low_water: args.low_water,
         tools_tokens,
-        strategy: match args.strategy {
-            StrategyArg::Last => Strategy::Last,
-            StrategyArg::First => Strategy::First,
-            StrategyArg::HeadTail => Strategy::HeadTail { head: args.head },
-        },
+        strategy: args.strategy,
         keep_system: !args.drop_system,
         start_on: args.start_on.iter().copied().map(Role::from).collect(),
         end_on: args.end_on.iter().copied().map(Role::from).collect(),
         allow_partial: args.allow_partial,
-        provider,
+        rules,
     };
     let trimmed = trim(&messages, &options, &counter).with_context(|| {
         format!(
@@ -245,7 +216,7 @@ pub fn run(args: FitArgs) -> Result<()> {
     if args.report {
         let report = Report {
             model: &model.id,
-            provider,
+            rules,
             max_tokens,
             low_water: args.low_water,
             messages_in,

@@ -12,10 +12,11 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use contexture_core::budget::BudgetPolicy;
 use contexture_core::compact::{CompactionPolicy, restore_before};
-use contexture_core::fit::{TrimOptions, trim};
+use contexture_core::fit::Strategy;
 use contexture_core::format::openai;
 use contexture_core::thread::EventKind;
 use contexture_engine::compaction::{CompactRequest, CompactionOutcome, Compactor, compact_stored};
+use contexture_engine::fitting::{FitSettings, fit_thread};
 use contexture_engine::llm::LlmSpec;
 use contexture_store::{AnyStore, NewEvent, Store};
 use serde_json::Value;
@@ -55,19 +56,31 @@ pub enum ThreadCommand {
         /// The JSON file; standard input when absent or `-`.
         file: Option<PathBuf>,
     },
-    /// Print the thread's message view as a JSON array (fitted when --model or --max-tokens
-    /// is given).
+    /// Print the thread's message view as a JSON array, fitted when --model or --max-tokens
+    /// is given: the messages a request to that model would be sent (the same fit as the
+    /// server's `GET /v1/threads/{id}/context`).
     Messages {
         /// The thread.
         #[arg(long)]
         thread: String,
-        /// Fit for this model's window and tokenizer.
+        /// Fit for this model: its window, tokenizer and message rules (default with
+        /// --max-tokens: the registry's default model).
         #[arg(long)]
         model: Option<String>,
-        /// The most tokens the request may take (default with --model: the model's window
-        /// minus its reply reserve).
+        /// At most this many tokens for the request (default: the model's budget, its window
+        /// times --budget-ratio minus the reply reserve).
         #[arg(long)]
         max_tokens: Option<u32>,
+        /// Which history survives fitting: last, first, head-tail or head-tail:N.
+        #[arg(long, default_value_t = Strategy::Last)]
+        strategy: Strategy,
+        /// The share of the window the request may use, in (0, 1].
+        #[arg(long, default_value_t = 1.0)]
+        budget_ratio: f64,
+        /// Tokens kept free for the reply (default: the model's output limit, at most a
+        /// quarter of the window).
+        #[arg(long)]
+        reserve_output: Option<u32>,
         /// Keep only the last N conversation messages (the system prompt is not counted).
         #[arg(long)]
         limit: Option<usize>,
@@ -219,44 +232,67 @@ async fn execute(args: ThreadArgs) -> Result<()> {
             thread,
             model,
             max_tokens,
+            strategy,
+            budget_ratio,
+            reserve_output,
             limit,
             context,
             registry,
         } => {
-            let projection = match context {
-                // The active context: the store's fast path, which decodes only the messages
-                // after the last compaction.
-                None => {
-                    let mut projection = store.load_projection(&thread).await?;
-                    if let Some(limit) = limit {
-                        let excess = projection.messages.len().saturating_sub(limit);
-                        projection.messages.drain(..excess);
-                    }
-                    projection
-                }
-                Some(context) => store.load(&thread).await?.projection_of(&context, limit),
-            };
-            let messages = projection.into_messages();
-            let messages = if model.is_some() || max_tokens.is_some() {
+            let settings = if model.is_some() || max_tokens.is_some() {
                 let registry = registry.load()?;
                 let model = match &model {
                     Some(id) => registry.get(id)?,
                     None => registry.default_model(),
                 };
-                let max_tokens = match max_tokens {
-                    Some(max) => max,
-                    None => BudgetPolicy::default().limits(&model)?.limit,
+                let budget = BudgetPolicy {
+                    budget_ratio,
+                    reserve_output,
                 };
-                trim(&messages, &TrimOptions::new(max_tokens), &model.counter)
-                    .with_context(|| {
-                        format!(
-                            "cannot fit thread {thread} into {max_tokens} tokens for {}",
-                            model.id
-                        )
-                    })?
-                    .messages
+                budget.validate().context("--budget-ratio")?;
+                let mut settings = FitSettings::new(model, budget, strategy);
+                if let Some(max) = max_tokens {
+                    settings.cap_tokens(max).context("--max-tokens")?;
+                }
+                Some(settings)
             } else {
-                messages
+                None
+            };
+            let cannot_fit = |settings: &FitSettings| {
+                format!("cannot fit thread {thread} for {}", settings.model.id)
+            };
+            let messages = match (context, limit, settings) {
+                // The active context fitted: the same read and fit as a request's.
+                (None, None, Some(settings)) => {
+                    fit_thread(&store, &thread, &settings)
+                        .await
+                        .with_context(|| cannot_fit(&settings))?
+                        .messages
+                }
+                (context, limit, settings) => {
+                    let projection = match context {
+                        // The active context: the store's fast path, which decodes only the
+                        // messages after the last compaction.
+                        None => {
+                            let mut projection = store.load_projection(&thread).await?;
+                            if let Some(limit) = limit {
+                                let excess = projection.messages.len().saturating_sub(limit);
+                                projection.messages.drain(..excess);
+                            }
+                            projection
+                        }
+                        Some(context) => store.load(&thread).await?.projection_of(&context, limit),
+                    };
+                    match settings {
+                        Some(settings) => {
+                            settings
+                                .fit(projection, &[], &[])
+                                .with_context(|| cannot_fit(&settings))?
+                                .messages
+                        }
+                        None => projection.into_messages(),
+                    }
+                }
             };
             println!(
                 "{}",

@@ -18,7 +18,7 @@
 use serde::Serialize;
 use serde_json::Map;
 
-use super::validate::{Provider, Violation, has_reasoning, validate};
+use super::validate::{Rules, Violation, has_reasoning, validate};
 use crate::message::{Content, Message, Part, Role};
 
 /// One change [`repair`] made. Indices are positions in the list given to [`repair`].
@@ -80,7 +80,7 @@ pub fn cancelled_result_text(tool: &str) -> String {
 
 /// Repairs `messages` for `provider` (see the module documentation for what is changed) and
 /// reports each change.
-pub fn repair(messages: Vec<Message>, provider: Provider) -> (Vec<Message>, Vec<RepairChange>) {
+pub fn repair(messages: Vec<Message>, rules: Rules) -> (Vec<Message>, Vec<RepairChange>) {
     let mut changes = Vec::new();
     let mut list: Vec<(usize, Message)> = messages.into_iter().enumerate().collect();
 
@@ -96,7 +96,7 @@ pub fn repair(messages: Vec<Message>, provider: Provider) -> (Vec<Message>, Vec<
 
     lift_system(&mut list, &mut changes);
     let list = pair_tool_results(list, &mut changes);
-    let list = if provider.requires_alternation() {
+    let list = if rules.requires_alternation() {
         let list = drop_leading_turns(list, &mut changes);
         merge_turns(list, &mut changes)
     } else {
@@ -105,7 +105,7 @@ pub fn repair(messages: Vec<Message>, provider: Provider) -> (Vec<Message>, Vec<
 
     let messages: Vec<Message> = list.into_iter().map(|(_, message)| message).collect();
     changes.extend(
-        validate(&messages, provider)
+        validate(&messages, rules)
             .into_iter()
             .map(|violation| RepairChange::Unrepaired { violation }),
     );
@@ -311,8 +311,8 @@ mod tests {
             Message::tool_result("a", "1"),
             Message::user("next"),
         ];
-        let (out, changes) = repair(messages, Provider::OpenAi);
-        assert!(validate(&out, Provider::OpenAi).is_empty());
+        let (out, changes) = repair(messages, Rules::OpenAi);
+        assert!(validate(&out, Rules::OpenAi).is_empty());
         assert_eq!(out.len(), 5);
         assert_eq!(out[3].tool_call_id.as_deref(), Some("b"));
         assert_eq!(out[3].text(), "[call to `fetch` was cancelled; no result]");
@@ -342,8 +342,8 @@ mod tests {
             Message::assistant("c"),
             Message::system("late"),
         ];
-        let (out, changes) = repair(messages, Provider::Anthropic);
-        assert!(validate(&out, Provider::Anthropic).is_empty(), "{out:?}");
+        let (out, changes) = repair(messages, Rules::Anthropic);
+        assert!(validate(&out, Rules::Anthropic).is_empty(), "{out:?}");
         assert_eq!(out.len(), 3);
         assert_eq!(out[0].text(), "s\nlate");
         assert_eq!(out[1].text(), "a\nb");
@@ -366,7 +366,7 @@ mod tests {
     #[test]
     fn a_pinned_leading_assistant_is_reported_not_dropped() {
         let messages = vec![Message::assistant("pinned").pinned(), Message::user("u")];
-        let (out, changes) = repair(messages, Provider::Gemini);
+        let (out, changes) = repair(messages, Rules::Gemini);
         assert_eq!(out.len(), 2);
         assert!(matches!(
             changes.as_slice(),

@@ -30,14 +30,20 @@ use std::ops::Range;
 
 use super::repair::{RepairChange, repair};
 use super::units::{IndexedHistory, Segmenter, Unit};
-use super::validate::{Provider, Violation, validate_refs};
+use super::validate::{Rules, Violation, validate_refs};
 use crate::message::{Content, Message, Part, Role};
 use crate::tokens::{REPLY_PRIMING, TokenCounter};
 
 /// Which part of the history to keep.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// Written (in YAML, configuration, query strings and on the command line) as `last`,
+/// `first`, `head-tail` (keeping [`Strategy::DEFAULT_HEAD`] units at the start) or
+/// `head-tail:N`; [`FromStr`](std::str::FromStr), [`Display`](std::fmt::Display) and serde
+/// use that one spelling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Strategy {
     /// The most recent units that fit.
+    #[default]
     Last,
     /// The oldest units that fit.
     First,
@@ -48,6 +54,70 @@ pub enum Strategy {
         /// How many units to keep at the start (fewer when they do not fit).
         head: usize,
     },
+}
+
+impl Strategy {
+    /// The units `head-tail` keeps at the start when it names no number: the opening turn
+    /// (a conversation's first question, a run's input).
+    pub const DEFAULT_HEAD: usize = 1;
+}
+
+/// A strategy name that is not one of `last`, `first`, `head-tail`, `head-tail:N`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown strategy `{name}` (expected last, first, head-tail or head-tail:N){hint}")]
+pub struct UnknownStrategy {
+    /// The name that was given.
+    pub name: String,
+    hint: &'static str,
+}
+
+impl std::str::FromStr for Strategy {
+    type Err = UnknownStrategy;
+
+    fn from_str(name: &str) -> Result<Strategy, UnknownStrategy> {
+        let unknown = |hint| UnknownStrategy {
+            name: name.to_owned(),
+            hint,
+        };
+        match name {
+            "last" => Ok(Strategy::Last),
+            "first" => Ok(Strategy::First),
+            "head-tail" => Ok(Strategy::HeadTail {
+                head: Strategy::DEFAULT_HEAD,
+            }),
+            "head_tail" => Err(unknown("; it is spelled `head-tail`")),
+            _ => match name.strip_prefix("head-tail:") {
+                Some(head) => head
+                    .parse()
+                    .map(|head| Strategy::HeadTail { head })
+                    .map_err(|_| unknown("; N is the number of units kept at the start")),
+                None => Err(unknown("")),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for Strategy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Strategy::Last => f.write_str("last"),
+            Strategy::First => f.write_str("first"),
+            Strategy::HeadTail { head } => write!(f, "head-tail:{head}"),
+        }
+    }
+}
+
+impl serde::Serialize for Strategy {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Strategy {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Strategy, D::Error> {
+        let name = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        name.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 /// How to trim. Start from [`TrimOptions::new`] and set fields with struct update syntax.
@@ -76,7 +146,7 @@ pub struct TrimOptions {
     /// [`Strategy::First`]. Only a plain text message is cut, never a tool call or result.
     pub allow_partial: bool,
     /// Whose rules the output must follow.
-    pub provider: Provider,
+    pub rules: Rules,
 }
 
 impl TrimOptions {
@@ -92,7 +162,7 @@ impl TrimOptions {
             start_on: Vec::new(),
             end_on: Vec::new(),
             allow_partial: false,
-            provider: Provider::OpenAi,
+            rules: Rules::OpenAi,
         }
     }
 }
@@ -159,10 +229,10 @@ pub enum TrimError {
     },
     /// The kept messages break the provider's rules in a way repair cannot fix (for
     /// example a pinned assistant turn with no user turn before it).
-    #[error("the trimmed history breaks {provider} rules that repair cannot fix: {}", first_violation(.violations))]
+    #[error("the trimmed history breaks {rules} rules that repair cannot fix: {}", first_violation(.violations))]
     Unrepairable {
         /// The provider.
-        provider: Provider,
+        rules: Rules,
         /// What is still wrong, with indices into the repaired list.
         violations: Vec<Violation>,
     },
@@ -318,7 +388,7 @@ impl<'a, C: Costs> Fitter<'a, C> {
             0
         };
         let mut anchor = 0..0;
-        if options.provider.requires_alternation()
+        if options.rules.requires_alternation()
             && let Some(&first) = segmenter
                 .pinned
                 .iter()
@@ -360,7 +430,7 @@ impl<'a, C: Costs> Fitter<'a, C> {
     fn start_ok(&self, role: Role) -> bool {
         if !self.options.start_on.is_empty() {
             self.options.start_on.contains(&role)
-        } else if self.options.provider.requires_alternation() {
+        } else if self.options.rules.requires_alternation() {
             role == Role::User
         } else {
             true
@@ -691,8 +761,8 @@ impl<'a, C: Costs> Fitter<'a, C> {
         }
 
         let mut repairs = Vec::new();
-        if !validate_refs(&out, options.provider).is_empty() {
-            let (repaired, changes) = repair(out, options.provider);
+        if !validate_refs(&out, options.rules).is_empty() {
+            let (repaired, changes) = repair(out, options.rules);
             let unrepaired: Vec<Violation> = changes
                 .iter()
                 .filter_map(|change| match change {
@@ -702,7 +772,7 @@ impl<'a, C: Costs> Fitter<'a, C> {
                 .collect();
             if !unrepaired.is_empty() {
                 return Err(TrimError::Unrepairable {
-                    provider: options.provider,
+                    rules: options.rules,
                     violations: unrepaired,
                 });
             }
@@ -768,4 +838,44 @@ fn combine(fixed: &[usize], head: Range<usize>, tail: Range<usize>) -> Vec<usize
     kept.extend(tail);
     kept.sort_unstable();
     kept
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_strategy_has_one_spelling_everywhere() {
+        for (text, strategy) in [
+            ("last", Strategy::Last),
+            ("first", Strategy::First),
+            ("head-tail", Strategy::HeadTail { head: 1 }),
+            ("head-tail:3", Strategy::HeadTail { head: 3 }),
+            ("head-tail:0", Strategy::HeadTail { head: 0 }),
+        ] {
+            assert_eq!(text.parse::<Strategy>(), Ok(strategy), "{text}");
+            let json = serde_json::to_string(&strategy).unwrap();
+            assert_eq!(serde_json::from_str::<Strategy>(&json).unwrap(), strategy);
+        }
+        assert_eq!(Strategy::HeadTail { head: 2 }.to_string(), "head-tail:2");
+        assert_eq!(Strategy::default(), Strategy::Last);
+        for (text, says) in [
+            (
+                "middle",
+                "unknown strategy `middle` (expected last, first, head-tail or head-tail:N)",
+            ),
+            ("head_tail", "it is spelled `head-tail`"),
+            ("head-tail:x", "N is the number of units kept at the start"),
+            ("head-tail:-1", "N is the number of units kept at the start"),
+            ("Last", "unknown strategy `Last`"),
+        ] {
+            let error = text.parse::<Strategy>().unwrap_err().to_string();
+            assert!(error.contains(says), "{text}: {error}");
+        }
+        let error = serde_json::from_str::<Strategy>("\"middle\"").unwrap_err();
+        assert!(
+            error.to_string().contains("unknown strategy `middle`"),
+            "{error}"
+        );
+    }
 }

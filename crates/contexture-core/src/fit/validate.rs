@@ -22,10 +22,10 @@ use serde::Serialize;
 
 use crate::message::{Content, Message, Part, Role};
 
-/// A provider whose message rules a list must follow.
+/// A set of message rules a list must follow, named for the provider that enforces them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Provider {
+pub enum Rules {
     /// OpenAI chat completions (and the OpenAI-compatible servers).
     #[serde(rename = "openai")]
     OpenAi,
@@ -35,47 +35,47 @@ pub enum Provider {
     Gemini,
 }
 
-/// A provider name that is not one of `openai`, `anthropic`, `gemini`.
+/// A rule set name that is not one of `openai`, `anthropic`, `gemini`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown provider `{name}` (known providers: openai, anthropic, gemini)")]
-pub struct UnknownProvider {
+#[error("unknown rules `{name}` (known rules: openai, anthropic, gemini)")]
+pub struct UnknownRules {
     /// The name that was asked for.
     pub name: String,
 }
 
-impl Provider {
+impl Rules {
     /// Every provider.
-    pub const ALL: [Provider; 3] = [Provider::OpenAi, Provider::Anthropic, Provider::Gemini];
+    pub const ALL: [Rules; 3] = [Rules::OpenAi, Rules::Anthropic, Rules::Gemini];
 
     /// The provider's name: `openai`, `anthropic` or `gemini`.
     pub fn name(self) -> &'static str {
         match self {
-            Provider::OpenAi => "openai",
-            Provider::Anthropic => "anthropic",
-            Provider::Gemini => "gemini",
+            Rules::OpenAi => "openai",
+            Rules::Anthropic => "anthropic",
+            Rules::Gemini => "gemini",
         }
     }
 
     /// True when the provider requires user and assistant turns to alternate, starting with
     /// a user turn.
     pub fn requires_alternation(self) -> bool {
-        matches!(self, Provider::Anthropic | Provider::Gemini)
+        matches!(self, Rules::Anthropic | Rules::Gemini)
     }
 }
 
-impl std::fmt::Display for Provider {
+impl std::fmt::Display for Rules {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
     }
 }
 
-impl std::str::FromStr for Provider {
-    type Err = UnknownProvider;
+impl std::str::FromStr for Rules {
+    type Err = UnknownRules;
     fn from_str(name: &str) -> Result<Self, Self::Err> {
-        Provider::ALL
+        Rules::ALL
             .into_iter()
             .find(|provider| provider.name() == name)
-            .ok_or_else(|| UnknownProvider {
+            .ok_or_else(|| UnknownRules {
                 name: name.to_owned(),
             })
     }
@@ -170,15 +170,15 @@ impl std::fmt::Display for Violation {
 
 /// Every place `messages` breaks `provider`'s rules, in message order. An empty list means
 /// the provider accepts the messages as far as these rules go.
-pub fn validate(messages: &[Message], provider: Provider) -> Vec<Violation> {
-    validate_refs(messages, provider)
+pub fn validate(messages: &[Message], rules: Rules) -> Vec<Violation> {
+    validate_refs(messages, rules)
 }
 
 /// [`validate`] over any sequence of message references (the fitting code validates its
 /// output before it clones anything).
 pub(crate) fn validate_refs<'a>(
     messages: impl IntoIterator<Item = &'a Message>,
-    provider: Provider,
+    rules: Rules,
 ) -> Vec<Violation> {
     let mut violations = Vec::new();
     // The open calls of the current assistant turn, and that turn's index.
@@ -241,7 +241,7 @@ pub(crate) fn validate_refs<'a>(
                 in_tool_block = true;
             }
         }
-        if provider.requires_alternation() {
+        if rules.requires_alternation() {
             match previous_turn {
                 None if role != Role::User => violations.push(Violation {
                     index,
@@ -274,8 +274,8 @@ mod tests {
     use super::*;
     use crate::message::ToolCall;
 
-    fn kinds(messages: &[Message], provider: Provider) -> Vec<(usize, ViolationKind)> {
-        validate(messages, provider)
+    fn kinds(messages: &[Message], rules: Rules) -> Vec<(usize, ViolationKind)> {
+        validate(messages, rules)
             .into_iter()
             .map(|v| (v.index, v.kind))
             .collect()
@@ -294,7 +294,7 @@ mod tests {
             Message::tool_result("a", "1"),
             Message::assistant("done"),
         ];
-        for provider in Provider::ALL {
+        for provider in Rules::ALL {
             assert_eq!(kinds(&messages, provider), vec![]);
         }
     }
@@ -313,7 +313,7 @@ mod tests {
             Message::tool_result("z", "late"),
         ];
         assert_eq!(
-            kinds(&messages, Provider::OpenAi),
+            kinds(&messages, Rules::OpenAi),
             vec![
                 (
                     1,
@@ -347,11 +347,11 @@ mod tests {
             Message::system("late"),
         ];
         assert_eq!(
-            kinds(&messages, Provider::OpenAi),
+            kinds(&messages, Rules::OpenAi),
             vec![(4, ViolationKind::SystemNotFirst { role: Role::System })]
         );
         assert_eq!(
-            kinds(&messages, Provider::Anthropic),
+            kinds(&messages, Rules::Anthropic),
             vec![
                 (
                     1,
@@ -370,7 +370,7 @@ mod tests {
         let mut user = Message::user("");
         user.content = Some(Content::Parts(vec![Part::reasoning("r"), Part::text("t")]));
         assert_eq!(
-            kinds(&[user], Provider::Gemini),
+            kinds(&[user], Rules::Gemini),
             vec![(
                 0,
                 ViolationKind::ReasoningOutsideAssistant { role: Role::User }
@@ -390,10 +390,10 @@ mod tests {
             violation.to_string(),
             "message 7: tool call `c1` has no result"
         );
-        assert_eq!("gemini".parse::<Provider>(), Ok(Provider::Gemini));
+        assert_eq!("gemini".parse::<Rules>(), Ok(Rules::Gemini));
         assert!(
             "bard"
-                .parse::<Provider>()
+                .parse::<Rules>()
                 .unwrap_err()
                 .to_string()
                 .contains("bard")

@@ -4,7 +4,6 @@
 //! enter the shared history.
 
 use contexture_core::context::{ContextStore, RenderOptions, render};
-use contexture_core::fit::Strategy;
 use contexture_core::registry::ModelInfo;
 use contexture_core::thread::{
     CancelRequest, ContextReplace, EventKind, RecordedBudget, ReplaceReason, RequestEnd,
@@ -16,10 +15,11 @@ use contexture_store::Store;
 use serde_json::Value;
 
 use super::error::StepError;
-use super::request::{Prepared, Target, check_view, prepare};
+use super::request::check_view;
 use super::step::Abort;
 use super::{Executor, Run, cancel_text, cancelled_results};
 use crate::calls::request_end;
+use crate::fitting::{FitTarget, FittedRequest, fit_request};
 use crate::hooks::{BeforeCall, CallInfo, HistoryChange, StepInfo};
 use crate::llm::{Route, rules_for_model};
 use crate::tools::{
@@ -31,7 +31,7 @@ use crate::workflow::Assistant;
 struct Outgoing {
     messages: Vec<Message>,
     breakdown: BudgetBreakdown,
-    prepared: Prepared,
+    prepared: FittedRequest,
 }
 
 impl<S: Store> Executor<S> {
@@ -55,10 +55,10 @@ impl<S: Store> Executor<S> {
             .filter_map(|id| workflow.tool(id))
             .map(schema)
             .collect();
-        let target = Target {
+        let target = FitTarget {
             model: &model,
             policy: &policy,
-            strategy: assistant.context.trim_strategy().unwrap_or(Strategy::Last),
+            strategy: assistant.context.strategy,
             rules: route
                 .rules
                 .unwrap_or_else(|| rules_for_model(&self.registry, &route.model)),
@@ -163,12 +163,12 @@ impl<S: Store> Executor<S> {
         call: &CallInfo,
         system: Option<&Message>,
         own: &[Message],
-        target: &Target<'_>,
+        target: &FitTarget<'_>,
     ) -> Result<Outgoing, Abort> {
-        let build = |run: &Run| -> Result<Prepared, StepError> {
+        let build = |run: &Run| -> Result<FittedRequest, StepError> {
             let projection = run.log.thread().projection();
             let system = system.or(projection.system.as_ref());
-            prepare(system, projection.messages, own, target)
+            fit_request(system, projection.messages, own, target).map_err(StepError::from)
         };
         let mut prepared = build(run)?;
         let mut messages = prepared.messages.clone();

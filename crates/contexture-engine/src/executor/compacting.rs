@@ -5,7 +5,6 @@ use contexture_core::Message;
 use contexture_core::compact::CompactionPolicy;
 use contexture_core::registry::ModelInfo;
 use contexture_core::thread::{EventKind, Thread};
-use contexture_core::tokens::{REPLY_PRIMING, tools_tokens};
 use contexture_store::Store;
 use serde_json::{Map, Value};
 
@@ -70,27 +69,14 @@ impl<S: Store> Executor<S> {
         if policy.trigger.is_empty() {
             return Ok(None);
         }
-        let counter = model.counter;
         let projection = run.log.thread().projection();
         let system = system.or(projection.system.as_ref());
-        let tools_tokens = if tools.is_empty() {
-            0
-        } else {
-            u64::from(counter.scale(tools_tokens(tools, counter.encoding())))
-        };
-        let tokens: u64 = system
-            .into_iter()
-            .chain(&projection.messages)
-            .chain(own)
-            .map(|m| u64::from(counter.count_message(m)))
-            .sum::<u64>()
-            + tools_tokens
-            + u64::from(REPLY_PRIMING);
-        let Some(reason) =
-            policy
-                .trigger
-                .fires(tokens, projection.messages.len(), model.context_window)
-        else {
+        let Some(reason) = policy.trigger.fires_for(
+            model,
+            system.into_iter().chain(&projection.messages).chain(own),
+            projection.messages.len(),
+            tools,
+        ) else {
             return Ok(None);
         };
         let mut request = CompactRequest::new(policy.clone(), reason);

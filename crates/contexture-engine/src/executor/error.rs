@@ -133,6 +133,19 @@ pub enum StepError {
     },
 }
 
+impl From<crate::fitting::FitError> for StepError {
+    fn from(error: crate::fitting::FitError) -> StepError {
+        match error {
+            crate::fitting::FitError::Budget(error) => StepError::Budget(error),
+            crate::fitting::FitError::Trim(error) => StepError::Fit(error),
+            crate::fitting::FitError::Invalid { violations } => StepError::InvalidRequest {
+                by: "fitting".into(),
+                violations,
+            },
+        }
+    }
+}
+
 /// Why a run could not start, go on, or finish.
 #[derive(Debug, thiserror::Error)]
 pub enum ExecError {

@@ -39,12 +39,8 @@ use contexture_core::thread::{
 use contexture_llm::StreamDelta;
 use contexture_store::{NewEvent, Store};
 
-pub use error::{ExecError, StepError};
-pub use log::{ExecutionLog, ItemResult, Iteration, LogError, Position};
 /// Fitting a request outside a run (a thread's projection for a model, as the server
 /// returns it and sends it upstream), by the same rules as a step's request.
-pub use request::{Prepared as FittedRequest, Target as FitTarget, prepare as fit_request};
-
 use crate::compaction::{CompactRequest, CompactionTarget, Compactor, StoredThread};
 use crate::conversation::{self, ConversationKey};
 use crate::hooks::Hook;
@@ -53,6 +49,8 @@ use crate::sources::{FileSource, WorkflowSource};
 use crate::system::new_id;
 use crate::tools::Toolbox;
 use crate::workflow::{Programs, Provenance, Workflow};
+pub use error::{ExecError, StepError};
+pub use log::{ExecutionLog, ItemResult, Iteration, LogError, Position};
 
 /// Sees a run as it happens: every event as it is recorded, and streamed reply pieces.
 /// Used for progress displays and live feeds; it cannot change anything.

@@ -131,40 +131,27 @@ fn default_max_iterations() -> u32 {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ContextPolicy {
-    /// Which messages trimming keeps: `last`, `first` or `head_tail`.
-    pub strategy: String,
+    /// Which messages trimming keeps: `last`, `first`, `head-tail` (the run's input and the
+    /// newest turns) or `head-tail:N`.
+    pub strategy: Strategy,
     /// Tokens reserved for the reply; default: the model's output limit, at most a quarter
     /// of the window.
     pub reserve: Option<u32>,
     /// The share of the window a request may use, in (0, 1].
     pub budget_ratio: f64,
-    /// With `head_tail`: how many units at the start of the history are kept (default 1,
-    /// the run's input).
-    pub head: usize,
 }
 
 impl Default for ContextPolicy {
     fn default() -> Self {
         ContextPolicy {
-            strategy: "last".to_owned(),
+            strategy: Strategy::Last,
             reserve: None,
             budget_ratio: 1.0,
-            head: 1,
         }
     }
 }
 
 impl ContextPolicy {
-    /// The trimming strategy, when the name is known (`last`, `first`, `head_tail`).
-    pub fn trim_strategy(&self) -> Option<Strategy> {
-        match self.strategy.as_str() {
-            "last" => Some(Strategy::Last),
-            "first" => Some(Strategy::First),
-            "head_tail" | "head-tail" => Some(Strategy::HeadTail { head: self.head }),
-            _ => None,
-        }
-    }
-
     /// The budget policy of the requests.
     pub fn budget(&self) -> BudgetPolicy {
         BudgetPolicy {

@@ -120,15 +120,6 @@ fn assistants(workflow: &Workflow, problems: &mut Problems) {
             }
         }
         let policy = &assistant.context;
-        if policy.trim_strategy().is_none() {
-            problems.push((
-                format!("{base}.context.strategy"),
-                format!(
-                    "unknown strategy `{}` (expected last, first or head_tail)",
-                    policy.strategy
-                ),
-            ));
-        }
         if !(policy.budget_ratio > 0.0 && policy.budget_ratio <= 1.0) {
             problems.push((
                 format!("{base}.context.budget_ratio"),

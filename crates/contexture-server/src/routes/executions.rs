@@ -139,7 +139,8 @@ pub async fn start(
         ));
     }
     let scoped = tenant.scope(&id);
-    if state.store.events_after(&scoped, u64::MAX).await.is_ok() {
+    let exists = state.store.exists(&scoped).await;
+    if exists.map_err(|error| crate::routes::threads::store_error(&tenant, error))? {
         return Err(ApiError::conflict(format!(
             "execution `{id}` already exists"
         )));
@@ -189,7 +190,7 @@ pub async fn start(
     // Answer once the run's log exists, so that status, events and cancel find it at once.
     let logged = tokio::time::timeout(Duration::from_secs(10), async {
         while !run.is_finished() {
-            if state.store.events_after(&scoped_id, u64::MAX).await.is_ok() {
+            if matches!(state.store.exists(&scoped_id).await, Ok(true)) {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(2)).await;

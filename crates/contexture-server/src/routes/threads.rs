@@ -23,9 +23,10 @@ use crate::app::AppState;
 use crate::auth::Caller;
 use crate::body::{JsonBody, QueryParams};
 use crate::error::{ApiError, ApiResult};
-use crate::fitting::FitSettings;
+use crate::fitting;
 use crate::routes::fresh_id;
 use crate::tenancy::{Tenant, check_id};
+use contexture_engine::fitting::{ThreadFitError, fit_thread};
 
 /// Maps a store error on a tenant's thread to the client's view of it.
 pub(crate) fn store_error(tenant: &Tenant, error: StoreError) -> ApiError {
@@ -75,12 +76,12 @@ const THREAD_FULL_REMEDY: &str = "start a new thread (a fork shares its parent's
 
 /// Fails with 404 unless the tenant's thread exists.
 pub(crate) async fn ensure_thread(state: &AppState, tenant: &Tenant, id: &str) -> ApiResult<()> {
-    state
-        .store
-        .events_after(&tenant.scope(id), u64::MAX)
-        .await
-        .map(|_| ())
-        .map_err(|error| store_error(tenant, error))
+    let scoped = tenant.scope(id);
+    match state.store.exists(&scoped).await {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(store_error(tenant, StoreError::NotFound { thread: scoped })),
+        Err(error) => Err(store_error(tenant, error)),
+    }
 }
 
 /// Parses OpenAI-format messages at `param`.
@@ -131,7 +132,12 @@ pub async fn create(
         messages.insert(0, contexture_core::Message::system(system));
     }
     let scoped = tenant.scope(&id);
-    if state.store.events_after(&scoped, u64::MAX).await.is_ok() {
+    if state
+        .store
+        .exists(&scoped)
+        .await
+        .map_err(|error| store_error(tenant, error))?
+    {
         return Err(ApiError::conflict(format!("thread `{id}` already exists")));
     }
     let mut events = vec![NewEvent::new(EventKind::StoreChanged(StoreChange::Set {
@@ -309,7 +315,7 @@ pub async fn context(
     QueryParams(query): QueryParams<ContextQuery>,
 ) -> ApiResult<Response> {
     let tenant = &caller.tenant;
-    let mut settings = FitSettings::new(
+    let mut settings = fitting::settings(
         &state,
         &query.model,
         query.strategy.as_deref(),
@@ -317,25 +323,18 @@ pub async fn context(
         query.reserve_output,
     )?;
     if let Some(max) = query.max_tokens {
-        // A ceiling below the model's own limit: reserve what is above it.
-        let limits = settings
-            .budget
-            .limits(&settings.model)
+        settings
+            .cap_tokens(max)
             .map_err(|error| ApiError::invalid("budget_ratio", error.to_string()))?;
-        if max < limits.limit {
-            settings.budget.reserve_output = Some(limits.reserve_output + (limits.limit - max));
+    }
+    let fitted = match fit_thread(&state.store, &tenant.scope(&id), &settings).await {
+        Ok(fitted) => {
+            fitting::metered(&state, &fitted);
+            fitted
         }
-    }
-    let scoped = tenant.scope(&id);
-    let tail = settings
-        .load(&state, &scoped, 0, 0)
-        .await
-        .map_err(|error| store_error(tenant, error))?;
-    if tail.projection.system.is_none() && tail.projection.messages.is_empty() && tail.unread == 0 {
-        // An empty projection of a thread that does not exist is a 404.
-        ensure_thread(&state, tenant, &id).await?;
-    }
-    let fitted = settings.fit_tail(&state, tail, &[], &[])?;
+        Err(ThreadFitError::Store(error)) => return Err(store_error(tenant, error)),
+        Err(ThreadFitError::Fit(error)) => return Err(fitting::fit_error(error)),
+    };
     Ok(Json(ContextAnswer {
         thread: &id,
         model: &settings.model.id,

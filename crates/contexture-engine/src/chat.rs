@@ -1,0 +1,586 @@
+//! A stateful chat turn: a thread keeps a conversation for a client that sends chat
+//! completions (the server's OpenAI-compatible endpoint), and each turn goes through
+//! [`ChatTurn`]:
+//!
+//! 1. The request's new messages ([`new_messages`]) are checked ([`check_tool_results`]) and
+//!    appended to the thread (each with the turn's idempotency key, when it has one) before
+//!    anything is sent, so a failed call loses nothing the client said. A turn that cannot
+//!    be fitted is refused first, with nothing stored.
+//! 2. The thread is compacted when the policy's trigger fires; a failed compaction replaces
+//!    nothing and the request is still trimmed to fit.
+//! 3. The projection is fitted to the model ([`crate::fitting`]) with the new turns kept
+//!    whole, and the request is recorded (`request_started`) as it will be sent.
+//! 4. However the call ends, [`TurnRecorder`] records it: the answer and its usage (counted
+//!    and priced as every call's are) with the assistant message, in one transaction; or
+//!    why it failed or was cut, with what had arrived.
+//!
+//! A turn sent again with its idempotency key ([`previous_attempt`]) is answered from the
+//! thread when its first attempt was answered, and sent again when that attempt failed.
+//!
+//! Which messages are new: the request may carry the whole conversation (as stateless
+//! clients do) or only the new turn. Messages up to and including the last one equal to the
+//! thread's last message are taken as already stored; the rest are new. A system message
+//! that differs from the thread's system prompt replaces it.
+
+use contexture_core::compact::CompactionPolicy;
+use contexture_core::format::openai;
+use contexture_core::registry::ModelInfo;
+use contexture_core::thread::{
+    EventKind, Projection, RecordedBudget, RequestEnd, RequestOutcome, RequestRecord, Usage,
+};
+use contexture_core::tokens::message_tokens;
+use contexture_core::{Message, Role};
+use contexture_llm::passthrough::{Answer, PassthroughError};
+use contexture_store::{KeyedEvent, NewEvent, Store, StoreError};
+use serde_json::Value;
+
+use crate::calls::answered_end;
+use crate::compaction::{CompactRequest, CompactionOutcome, Compactor, compact_stored};
+use crate::executor::ExecError;
+use crate::fitting::{FitError, FitSettings, FittedRequest};
+
+/// Why a chat turn cannot go ahead.
+#[derive(Debug, thiserror::Error)]
+pub enum ChatError {
+    /// The request's messages are wrong; `field` names the request field.
+    #[error("{message}")]
+    Invalid {
+        /// The request field at fault.
+        field: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+    /// The turn cannot be fitted to the model's window.
+    #[error(transparent)]
+    Fit(#[from] FitError),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The idempotency key was used for another request in this thread.
+    #[error(
+        "Idempotency-Key `{key}` was already used for another request in this thread; a retry must send the same body, a new request a new key"
+    )]
+    KeyReused {
+        /// The key.
+        key: String,
+    },
+    /// The idempotency key was used for something other than a chat turn in this thread.
+    #[error("Idempotency-Key `{key}` was used for something else in this thread; send a new key")]
+    KeyTaken {
+        /// The key.
+        key: String,
+    },
+    /// The turn's first attempt has not ended yet.
+    #[error(
+        "the request with Idempotency-Key `{key}` is still being answered; retry when it has ended"
+    )]
+    InFlight {
+        /// The key.
+        key: String,
+    },
+}
+
+/// The idempotency key of the request record of a keyed turn.
+pub fn request_key(key: &str) -> String {
+    format!("{key}:request")
+}
+
+/// The idempotency key of the answer of a keyed turn.
+pub fn answer_key(key: &str) -> String {
+    format!("{key}:answer")
+}
+
+/// Where a keyed turn stands in its thread.
+#[derive(Debug)]
+pub enum Attempt {
+    /// The key is new: this is the first attempt.
+    First,
+    /// An earlier attempt with this body failed (or was abandoned): call again.
+    Again,
+    /// An earlier attempt with this body was answered.
+    Answered(Box<StoredAnswer>),
+}
+
+/// The answer a keyed turn's first attempt stored.
+#[derive(Debug)]
+pub struct StoredAnswer {
+    /// The assistant message.
+    pub message: Message,
+    /// How the call ended, when it was recorded.
+    pub end: Option<RequestEnd>,
+    /// The model the request named.
+    pub model: String,
+}
+
+/// Where the turn keyed `key`, whose request has the digest `digest`, stands in the stored
+/// thread `thread`. An attempt with no recorded end is still being answered (a
+/// [`ChatError::InFlight`]) until it is `abandon_after_secs` old at `now_ms` (milliseconds
+/// since the Unix epoch): then its server is taken to have stopped, its end is recorded as
+/// failed, and the turn is tried again. The caller makes sure no call of its own is still
+/// answering the turn.
+pub async fn previous_attempt<S: Store>(
+    store: &S,
+    thread: &str,
+    key: &str,
+    digest: &str,
+    abandon_after_secs: f64,
+    now_ms: i64,
+) -> Result<Attempt, ChatError> {
+    let Some(KeyedEvent {
+        event: first,
+        appended_at_ms,
+    }) = store.keyed_event(thread, &request_key(key)).await?
+    else {
+        return Ok(Attempt::First);
+    };
+    let EventKind::RequestStarted(record) = &first.kind else {
+        return Err(ChatError::KeyTaken { key: key.into() });
+    };
+    if record.client_digest.as_deref() != Some(digest) {
+        return Err(ChatError::KeyReused { key: key.into() });
+    }
+    let answer = store.keyed_event(thread, &answer_key(key)).await?;
+    let later = store.events_after(thread, first.seq).await?;
+    let end = later.into_iter().find_map(|event| match event.kind {
+        EventKind::RequestEnded(end) if end.request_id == record.request_id => Some(end),
+        _ => None,
+    });
+    match (answer, end) {
+        (Some(answer), end) => {
+            let EventKind::MessageAppended { message } = answer.event.kind else {
+                return Err(ChatError::KeyTaken { key: key.into() });
+            };
+            Ok(Attempt::Answered(Box::new(StoredAnswer {
+                message,
+                end,
+                model: record.model.clone().unwrap_or_default(),
+            })))
+        }
+        (None, Some(end)) if end.outcome != RequestOutcome::Completed => Ok(Attempt::Again),
+        (None, Some(_)) => Err(ChatError::InFlight { key: key.into() }),
+        (None, None) => {
+            let age_secs = (now_ms - appended_at_ms) as f64 / 1000.0;
+            if age_secs < abandon_after_secs {
+                return Err(ChatError::InFlight { key: key.into() });
+            }
+            let mut end =
+                RequestEnd::new(&record.request_id, RequestOutcome::Failed, Usage::default());
+            end.error = Some(format!(
+                "abandoned: no end was recorded within {abandon_after_secs} s of its start (the server answering it stopped); a retry with its Idempotency-Key called again"
+            ));
+            store
+                .append_one(thread, NewEvent::new(EventKind::RequestEnded(end)))
+                .await?;
+            Ok(Attempt::Again)
+        }
+    }
+}
+
+/// One chat turn on a stored thread (see the module documentation).
+pub struct ChatTurn<'a, S> {
+    /// The store holding the thread.
+    pub store: &'a S,
+    /// The stored thread id.
+    pub thread: &'a str,
+    /// The model, budget and strategy of the fit.
+    pub settings: FitSettings,
+    /// The tool schemas sent with the request.
+    pub tools: Vec<Value>,
+    /// The thread's compaction policy and who compacts, when it has one.
+    pub compaction: Option<(&'a CompactionPolicy, &'a Compactor)>,
+    /// The turn's idempotency key, when it has one.
+    pub key: Option<&'a str>,
+    /// True when this is the keyed turn's first attempt (its request record takes the key).
+    pub first_attempt: bool,
+    /// The digest of the client's request, recorded for retries to compare.
+    pub client_digest: Option<String>,
+}
+
+/// A turn ready to send: its fitted request, recorded.
+#[derive(Debug)]
+pub struct PreparedTurn {
+    /// The request's messages, fitted and validated.
+    pub fitted: FittedRequest,
+    /// The recorded request's id.
+    pub request_id: String,
+    /// What compaction did, when its trigger fired.
+    pub compaction: Option<Result<CompactionOutcome, ExecError>>,
+}
+
+impl<S: Store> ChatTurn<'_, S> {
+    /// Steps 1 to 3 of the turn for the request's messages `requested`: stores what is new,
+    /// compacts when the trigger fires, fits, and records the request as `request_id`.
+    pub async fn prepare(
+        &self,
+        requested: Vec<Message>,
+        request_id: String,
+    ) -> Result<PreparedTurn, ChatError> {
+        let settings = &self.settings;
+        // A cut thread must still be over the token trigger, as the whole thread is.
+        let compaction_tokens = self
+            .compaction
+            .and_then(|(policy, _)| policy.trigger.tokens)
+            .map_or(0, |tokens| tokens.saturating_add(1));
+        // The new turns are among the request's messages, and are kept whole.
+        let encoding = settings.model.counter.encoding();
+        let own_tokens = requested
+            .iter()
+            .map(|message| u64::from(message_tokens(message, encoding)))
+            .sum::<u64>();
+        let load = || settings.load(self.store, self.thread, own_tokens, compaction_tokens);
+        let stored = match load().await {
+            Ok(tail) => tail.projection,
+            Err(StoreError::NotFound { .. }) => Projection {
+                context: "main".into(),
+                system: None,
+                messages: Vec::new(),
+            },
+            Err(error) => return Err(error.into()),
+        };
+        let new = new_messages(&stored, requested);
+        check_tool_results(&stored, &new)?;
+        // Fitting fails only on what it must keep (the system prompt, the new turns, the
+        // tools), which compaction cannot shrink: a turn that cannot fit is refused before
+        // anything of it is stored.
+        let (new_system, new_turns): (Vec<&Message>, Vec<&Message>) = new
+            .iter()
+            .partition(|message| message.role.is_system_like());
+        let preview = Projection {
+            context: stored.context.clone(),
+            system: new_system
+                .last()
+                .map(|message| (*message).clone())
+                .or(stored.system),
+            messages: stored.messages,
+        };
+        let turns: Vec<Message> = new_turns.into_iter().cloned().collect();
+        settings.fit(preview, &turns, &self.tools)?;
+        let new_count = new.iter().filter(|m| !m.role.is_system_like()).count();
+        if !new.is_empty() {
+            let events = new
+                .into_iter()
+                .enumerate()
+                .map(|(i, message)| {
+                    let event = NewEvent::new(EventKind::MessageAppended { message });
+                    match self.key {
+                        Some(key) => event.with_key(format!("{key}:{i}")),
+                        None => event,
+                    }
+                })
+                .collect();
+            self.store.append(self.thread, events).await?;
+        }
+
+        let mut tail = load().await?;
+        let mut compaction = None;
+        if let Some((policy, compactor)) = self.compaction
+            && let Some(reason) = policy.trigger.fires_for(
+                &settings.model,
+                tail.projection
+                    .system
+                    .iter()
+                    .chain(&tail.projection.messages),
+                tail.projection.messages.len() + tail.unread,
+                &self.tools,
+            )
+        {
+            let request = CompactRequest::new(policy.clone(), reason);
+            let outcome = compact_stored(compactor, self.store, self.thread, &request)
+                .await
+                .map(|report| report.outcome);
+            if matches!(outcome, Ok(CompactionOutcome::Compacted { .. })) {
+                tail = load().await?;
+            }
+            compaction = Some(outcome);
+        }
+
+        let split = tail.projection.messages.len().saturating_sub(new_count);
+        let own = tail.projection.messages.split_off(split);
+        let fitted = settings.fit_tail(tail, &own, &self.tools)?;
+        let record = RequestRecord {
+            request_id: request_id.clone(),
+            model: Some(settings.model.id.clone()),
+            messages: fitted.messages.clone(),
+            budget: Some(RecordedBudget {
+                context_window: fitted.limits.context_window,
+                max_output_tokens: fitted.limits.reserve_output,
+                input_tokens: fitted.breakdown.used,
+            }),
+            tools: self.tools.clone(),
+            breakdown: Some(fitted.breakdown.clone()),
+            fit: Some(fitted.fit.clone()),
+            purpose: Some("chat".into()),
+            client_digest: self.client_digest.clone(),
+            ..RequestRecord::default()
+        };
+        let started = NewEvent::new(EventKind::RequestStarted(record));
+        let started = match self.key {
+            Some(key) if self.first_attempt => started.with_key(request_key(key)),
+            _ => started,
+        };
+        self.store.append_one(self.thread, started).await?;
+        Ok(PreparedTurn {
+            fitted,
+            request_id,
+            compaction,
+        })
+    }
+
+    /// What records how the call of `prepared` ends.
+    pub fn recorder(&self, prepared: &PreparedTurn) -> TurnRecorder<S>
+    where
+        S: Clone,
+    {
+        TurnRecorder {
+            store: self.store.clone(),
+            thread: self.thread.to_owned(),
+            request_id: prepared.request_id.clone(),
+            answer_key: self.key.map(answer_key),
+            model: self.settings.model.clone(),
+            input_tokens: prepared.fitted.breakdown.used,
+        }
+    }
+}
+
+/// Why a call the server's shutdown stopped ended.
+pub const SHUT_DOWN: &str = "the server shut down before the answer ended";
+
+/// Records how a turn's call ended in its thread.
+#[derive(Debug, Clone)]
+pub struct TurnRecorder<S> {
+    store: S,
+    thread: String,
+    request_id: String,
+    answer_key: Option<String>,
+    model: ModelInfo,
+    input_tokens: u32,
+}
+
+impl<S: Store> TurnRecorder<S> {
+    /// The answer: the request's end (its usage, or the request's and the reply's counts
+    /// when the upstream reported none, and its cost) and the assistant message, in one
+    /// transaction.
+    pub async fn answered(&self, answer: Answer) -> Result<(), StoreError> {
+        let usage = answer
+            .usage
+            .map(|usage| Usage::new(usage.prompt_tokens, usage.completion_tokens));
+        let mut end = answered_end(
+            &self.request_id,
+            &answer.message,
+            usage,
+            &self.model,
+            self.input_tokens,
+        );
+        // The reply is the message appended with it.
+        end.reply = None;
+        end.finish_reason = answer.finish_reason;
+        let answer = NewEvent::new(EventKind::MessageAppended {
+            message: answer.message,
+        });
+        let answer = match &self.answer_key {
+            Some(key) => answer.with_key(key.clone()),
+            None => answer,
+        };
+        let events = vec![NewEvent::new(EventKind::RequestEnded(end)), answer];
+        self.store.append(&self.thread, events).await.map(|_| ())
+    }
+
+    /// A whole (not streamed) successful response's `body`: its answer, or why it holds
+    /// none.
+    pub async fn completion(&self, body: &[u8]) -> Result<(), StoreError> {
+        match contexture_llm::passthrough::AnswerAccumulator::from_completion(body) {
+            Ok(answer) => self.answered(answer).await,
+            Err(error) => self.failed(error.to_string()).await,
+        }
+    }
+
+    /// A streamed answer's end as the stream's recorder saw it; `stopping` when the server
+    /// was shutting down. Whatever did not end whole appends nothing to the conversation
+    /// (the client never saw the whole answer), and is recorded with what had arrived.
+    pub async fn stream_ended(
+        &self,
+        outcome: Result<Answer, PassthroughError>,
+        stopping: bool,
+    ) -> Result<(), StoreError> {
+        match outcome {
+            // An answer that ended whole is kept, even as the server stopped.
+            Ok(answer) => self.answered(answer).await,
+            Err(
+                PassthroughError::Interrupted { partial } | PassthroughError::Truncated { partial },
+            ) if stopping => {
+                self.cancelled(SHUT_DOWN, partial.map(|message| *message))
+                    .await
+            }
+            Err(_) if stopping => self.cancelled(SHUT_DOWN, None).await,
+            Err(PassthroughError::Interrupted { partial }) => {
+                self.cancelled(
+                    "the client went away before the streamed answer ended",
+                    partial.map(|message| *message),
+                )
+                .await
+            }
+            Err(error @ PassthroughError::Truncated { .. }) => {
+                let text = error.to_string();
+                let PassthroughError::Truncated { partial } = error else {
+                    unreachable!("matched above")
+                };
+                self.ended(
+                    RequestOutcome::Failed,
+                    text,
+                    partial.map(|message| *message),
+                )
+                .await
+            }
+            Err(error) => self.failed(error.to_string()).await,
+        }
+    }
+
+    /// A failed call: recorded, and nothing appended to the conversation.
+    pub async fn failed(&self, error: String) -> Result<(), StoreError> {
+        self.ended(RequestOutcome::Failed, error, None).await
+    }
+
+    /// A call the server's shutdown stopped before an answer began.
+    pub async fn stopped(&self) -> Result<(), StoreError> {
+        self.cancelled(SHUT_DOWN, None).await
+    }
+
+    async fn cancelled(&self, why: &str, partial: Option<Message>) -> Result<(), StoreError> {
+        self.ended(RequestOutcome::Cancelled, why.to_owned(), partial)
+            .await
+    }
+
+    async fn ended(
+        &self,
+        outcome: RequestOutcome,
+        error: String,
+        partial: Option<Message>,
+    ) -> Result<(), StoreError> {
+        let mut end = RequestEnd::new(&self.request_id, outcome, Usage::default());
+        end.error = Some(error);
+        end.reply = partial;
+        self.store
+            .append_one(&self.thread, NewEvent::new(EventKind::RequestEnded(end)))
+            .await
+            .map(|_| ())
+    }
+}
+
+/// Every tool result among the new messages answers a tool call that is still open: one the
+/// thread's messages or an earlier new message made and nothing answered yet. A result that
+/// answers nothing would be stored and then left out of every request.
+pub fn check_tool_results(stored: &Projection, new: &[Message]) -> Result<(), ChatError> {
+    let mut open: Vec<&str> = Vec::new();
+    for message in &stored.messages {
+        open.extend(message.tool_calls.iter().map(|call| call.id.as_str()));
+        if let Some(id) = &message.tool_call_id {
+            open.retain(|open| open != id);
+        }
+    }
+    let invalid = |message: String| ChatError::Invalid {
+        field: "messages",
+        message,
+    };
+    for message in new {
+        open.extend(message.tool_calls.iter().map(|call| call.id.as_str()));
+        if message.role != Role::Tool {
+            continue;
+        }
+        let Some(id) = message.tool_call_id.as_deref() else {
+            return Err(invalid(
+                "messages: a tool message needs `tool_call_id`, the id of the call it answers"
+                    .into(),
+            ));
+        };
+        match open.iter().position(|open| *open == id) {
+            Some(at) => {
+                open.remove(at);
+            }
+            None => {
+                return Err(invalid(format!(
+                    "messages: the tool message for call `{id}` answers no open tool call: no assistant message in the thread or the request made it, or it was answered already"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Two messages are the same turn when they serialize alike in the OpenAI format.
+fn same_turn(a: &Message, b: &Message) -> bool {
+    a.role == b.role && openai::to_value(a) == openai::to_value(b)
+}
+
+/// The request's messages that the thread does not hold yet (see the module docs).
+pub fn new_messages(stored: &Projection, requested: Vec<Message>) -> Vec<Message> {
+    let (system, turns): (Vec<Message>, Vec<Message>) = requested
+        .into_iter()
+        .partition(|message| message.role.is_system_like());
+    let mut new = Vec::new();
+    if let Some(system) = system.into_iter().last()
+        && !stored
+            .system
+            .as_ref()
+            .is_some_and(|current| same_turn(current, &system))
+    {
+        new.push(system);
+    }
+    let start = match stored.messages.last() {
+        Some(last) => turns
+            .iter()
+            .rposition(|message| same_turn(message, last))
+            .map_or(0, |at| at + 1),
+        None => 0,
+    };
+    new.extend(turns.into_iter().skip(start));
+    new
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn projection(system: Option<&str>, messages: Vec<Message>) -> Projection {
+        Projection {
+            context: "main".into(),
+            system: system.map(Message::system),
+            messages,
+        }
+    }
+
+    #[test]
+    fn a_resent_history_adds_only_its_new_turns() {
+        let stored = projection(
+            Some("Be brief."),
+            vec![Message::user("Hi"), Message::assistant("Hello!")],
+        );
+        let full = vec![
+            Message::system("Be brief."),
+            Message::user("Hi"),
+            Message::assistant("Hello!"),
+            Message::user("What is 2+2?"),
+        ];
+        let new = new_messages(&stored, full);
+        assert_eq!(new.len(), 1);
+        assert_eq!(new[0].text(), "What is 2+2?");
+        // Only the new turn: all of it is new.
+        let new = new_messages(&stored, vec![Message::user("And 3+3?")]);
+        assert_eq!(new.len(), 1);
+        // A different system prompt replaces the thread's.
+        let new = new_messages(
+            &stored,
+            vec![Message::system("Be verbose."), Message::user("Hi again")],
+        );
+        assert_eq!(new.len(), 2);
+        assert!(new[0].role.is_system_like());
+        // An empty thread takes everything.
+        assert_eq!(
+            new_messages(
+                &projection(None, vec![]),
+                vec![Message::user("a"), Message::assistant("b")]
+            )
+            .len(),
+            2
+        );
+    }
+}

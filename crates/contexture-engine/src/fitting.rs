@@ -1,0 +1,335 @@
+//! Fitting: the one way a request's messages are fitted to a model's window, whoever asks
+//! (a workflow step, the chat endpoint's turn, a thread read for a model through the API
+//! or the command line).
+//!
+//! [`fit_request`] fits a system prompt, a history and the request's own messages (kept
+//! whole) for a [`FitTarget`]: trimmed by the strategy, repaired and validated for the
+//! model's rules, counted. [`FitSettings`] is what a thread read for a model chooses (the
+//! model, its budget policy, the strategy; the rules follow from the model), and reads a
+//! stored thread for it: only its tail when the strategy keeps the newest history.
+
+use contexture_core::Message;
+use contexture_core::TokenCounter;
+use contexture_core::budget::{BudgetBreakdown, BudgetError, BudgetPolicy, Limits};
+use contexture_core::fit::{
+    self, Strategy, TrimError, TrimOptions, Violation, repair, trim, validate,
+};
+use contexture_core::registry::ModelInfo;
+use contexture_core::thread::{FitRecord, Projection};
+use contexture_core::tokens::tools_tokens;
+use contexture_store::{ProjectionTail, Store, StoreError};
+use serde_json::Value;
+
+/// Marks the request's own messages while they go through trimming, which keeps them whole.
+const OWN_TAG: &str = "contexture:step-own";
+
+/// Why a request cannot be fitted.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FitError {
+    /// The budget policy does not work for the model (for example a reserve larger than
+    /// the window).
+    #[error(transparent)]
+    Budget(#[from] BudgetError),
+    /// What must be kept (the system prompt, the request's own messages, the tools) does
+    /// not fit the budget.
+    #[error("the request cannot fit the model's window: {0}")]
+    Trim(TrimError),
+    /// The fitted messages break the model's rules (only possible for a history that
+    /// repair cannot mend).
+    #[error("the fitted messages break the provider's rules: {}", violations.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Invalid {
+        /// What is wrong.
+        violations: Vec<Violation>,
+    },
+}
+
+/// What one request is fitted for.
+#[derive(Debug, Clone)]
+pub struct FitTarget<'a> {
+    /// The model (window, tokenizer, prices).
+    pub model: &'a ModelInfo,
+    /// The share of the window and the reply reserve.
+    pub policy: &'a BudgetPolicy,
+    /// Which history messages trimming keeps.
+    pub strategy: Strategy,
+    /// Whose message rules the request follows.
+    pub rules: fit::Rules,
+    /// The tool schemas sent.
+    pub tools: &'a [Value],
+}
+
+/// A request ready to send.
+#[derive(Debug, Clone)]
+pub struct FittedRequest {
+    /// The messages, system prompt first.
+    pub messages: Vec<Message>,
+    /// The window arithmetic.
+    pub limits: Limits,
+    /// The request's tokens part by part.
+    pub breakdown: BudgetBreakdown,
+    /// What trimming left out.
+    pub fit: FitRecord,
+}
+
+/// Fits `system + history + own` to `target`: the one fitting every request goes through
+/// (a workflow step's, a chat turn's, a thread read for a model). The request's own
+/// messages are always kept whole; history is trimmed by the strategy. The result passed
+/// the provider-rule validator.
+pub fn fit_request(
+    system: Option<&Message>,
+    history: Vec<Message>,
+    own: &[Message],
+    target: &FitTarget<'_>,
+) -> Result<FittedRequest, FitError> {
+    let limits = target.policy.limits(target.model)?;
+    let counter = &target.model.counter;
+    let mut all = Vec::with_capacity(history.len() + own.len() + 1);
+    all.extend(system.cloned());
+    all.extend(history);
+    all.extend(own.iter().cloned().map(|mut message| {
+        message.metadata.pinned = true;
+        message.metadata.tags.push(OWN_TAG.to_owned());
+        message
+    }));
+    let tools_tokens = if target.tools.is_empty() {
+        0
+    } else {
+        counter.scale(tools_tokens(target.tools, counter.encoding()))
+    };
+    let options = TrimOptions {
+        tools_tokens,
+        strategy: target.strategy,
+        rules: target.rules,
+        ..TrimOptions::new(limits.limit)
+    };
+    // Consecutive turns of one role (the run's input, then a step's task) are merged first
+    // where the provider requires alternation: trimming expects a valid history.
+    let (all, repairs) = repair(all, target.rules);
+    let trimmed = trim(&all, &options, counter).map_err(FitError::Trim)?;
+    let messages: Vec<Message> = trimmed.messages.into_iter().map(unmark).collect();
+    let violations = validate(&messages, target.rules);
+    if !violations.is_empty() {
+        return Err(FitError::Invalid { violations });
+    }
+    let breakdown = BudgetBreakdown::compute(target.model, target.policy, &messages, target.tools)?;
+    let dropped_count: usize = trimmed.dropped.iter().map(|range| range.len()).sum();
+    let mut reasons = Vec::new();
+    if dropped_count > 0 {
+        reasons.push(format!(
+            "the history did not fit {} tokens (window {} x ratio {} - {} reserved for the reply): strategy {} left out {dropped_count} message{}",
+            limits.limit,
+            limits.context_window,
+            limits.budget_ratio,
+            limits.reserve_output,
+            target.strategy,
+            if dropped_count == 1 { "" } else { "s" },
+        ));
+    }
+    let changes = repairs.len() + trimmed.repairs.len();
+    if changes > 0 {
+        reasons.push(format!(
+            "{changes} change{} for {} rules (merged turns, answered or dropped tool messages)",
+            if changes == 1 { "" } else { "s" },
+            target.rules
+        ));
+    }
+    let fit = FitRecord {
+        limit: limits.limit,
+        tokens_before: trimmed.tokens_before,
+        tokens_after: trimmed.tokens_after,
+        dropped: trimmed
+            .dropped
+            .iter()
+            .map(|range| [range.start, range.end])
+            .collect(),
+        reason: (!reasons.is_empty()).then(|| reasons.join("; ")),
+    };
+    Ok(FittedRequest {
+        messages,
+        limits,
+        breakdown,
+        fit,
+    })
+}
+
+/// What a read of a thread for a model chooses: the model, the share of its window and the
+/// reply reserve, and which history survives. The model's rules apply
+/// ([`ModelInfo::rules`]).
+#[derive(Debug, Clone)]
+pub struct FitSettings {
+    /// The model.
+    pub model: ModelInfo,
+    /// Window share and reply reserve.
+    pub budget: BudgetPolicy,
+    /// Which history survives.
+    pub strategy: Strategy,
+}
+
+impl FitSettings {
+    /// Settings for `model` under `budget`, keeping history by `strategy`.
+    pub fn new(model: ModelInfo, budget: BudgetPolicy, strategy: Strategy) -> FitSettings {
+        FitSettings {
+            model,
+            budget,
+            strategy,
+        }
+    }
+
+    /// Caps the request at `max_tokens` when that is below what the budget allows: what is
+    /// above it is reserved, as if for the reply.
+    pub fn cap_tokens(&mut self, max_tokens: u32) -> Result<(), BudgetError> {
+        let limits = self.budget.limits(&self.model)?;
+        if max_tokens < limits.limit {
+            self.budget.reserve_output = Some(limits.reserve_output + (limits.limit - max_tokens));
+        }
+        Ok(())
+    }
+
+    /// What fitting needs of the stored thread `thread`: its projection, or with a strategy
+    /// that keeps the newest history, only its tail ([`Store::load_projection_tail`]), long
+    /// enough that no fit can tell it from the whole: its newest messages past the window
+    /// and `own_tokens` more (the request's own turns, which are part of what is read and
+    /// are kept whole), and past `at_least` tokens (a compaction trigger's threshold, which
+    /// must see a cut thread as over it).
+    pub async fn load<S: Store>(
+        &self,
+        store: &S,
+        thread: &str,
+        own_tokens: u64,
+        at_least: u64,
+    ) -> Result<ProjectionTail, StoreError> {
+        // A strategy that keeps old history too reads all of it.
+        let tokens = if self.strategy == Strategy::Last {
+            self.tail_tokens().saturating_add(own_tokens).max(at_least)
+        } else {
+            u64::MAX
+        };
+        store
+            .load_projection_tail(thread, self.model.counter.encoding(), tokens)
+            .await
+    }
+
+    /// The tokens a fit's history can hold at most, in the counter's encoding (an estimating
+    /// counter that counts fewer tokens than its encoding needs more of them).
+    fn tail_tokens(&self) -> u64 {
+        let window = u64::from(self.model.context_window);
+        let limit = self
+            .budget
+            .limits(&self.model)
+            .map_or(window, |limits| u64::from(limits.limit));
+        let needed = window.max(limit);
+        match self.model.counter {
+            TokenCounter::Estimate { ratio, .. } if ratio < 1.0 && ratio > 0.0 => {
+                (needed as f64 / ratio).ceil() as u64
+            }
+            _ => needed,
+        }
+    }
+
+    /// Fits `projection` (its system prompt, then its messages) followed by `own` (kept
+    /// whole: the messages of the request being answered) with `tools`.
+    pub fn fit(
+        &self,
+        projection: Projection,
+        own: &[Message],
+        tools: &[Value],
+    ) -> Result<FittedRequest, FitError> {
+        let target = FitTarget {
+            model: &self.model,
+            policy: &self.budget,
+            strategy: self.strategy,
+            rules: self.model.rules(),
+            tools,
+        };
+        fit_request(
+            projection.system.as_ref(),
+            projection.messages,
+            own,
+            &target,
+        )
+    }
+
+    /// [`FitSettings::fit`] of a projection read from its end: what fitting left out
+    /// counts the messages that were not read too (they come first in the history).
+    pub fn fit_tail(
+        &self,
+        tail: ProjectionTail,
+        own: &[Message],
+        tools: &[Value],
+    ) -> Result<FittedRequest, FitError> {
+        let has_system = tail.projection.system.is_some();
+        let mut fitted = self.fit(tail.projection, own, tools)?;
+        count_unread(&mut fitted.fit, tail.unread, has_system);
+        Ok(fitted)
+    }
+}
+
+/// Why a stored thread cannot be read for a model.
+#[derive(Debug, thiserror::Error)]
+pub enum ThreadFitError {
+    /// The store failed (or has no such thread).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The thread's projection cannot be fitted.
+    #[error(transparent)]
+    Fit(#[from] FitError),
+}
+
+/// The active projection of the stored thread `thread` fitted for `settings`: what a
+/// request to that model would be sent of it. A thread that does not exist is
+/// [`StoreError::NotFound`].
+pub async fn fit_thread<S: Store>(
+    store: &S,
+    thread: &str,
+    settings: &FitSettings,
+) -> Result<FittedRequest, ThreadFitError> {
+    let tail = settings.load(store, thread, 0, 0).await?;
+    if tail.projection.system.is_none() && tail.projection.messages.is_empty() && tail.unread == 0 {
+        // An empty projection is a thread with nothing to show, or no thread at all.
+        if !store.exists(thread).await? {
+            return Err(StoreError::NotFound {
+                thread: thread.to_owned(),
+            }
+            .into());
+        }
+    }
+    Ok(settings.fit_tail(tail, &[], &[])?)
+}
+
+/// Puts the `unread` oldest history messages of a tail read into `fit`: the history starts
+/// after the system prompt (when there is one), so the ranges left out move up by `unread`
+/// and one more covers the unread ones; the tokens before trimming are no longer known.
+pub fn count_unread(fit: &mut FitRecord, unread: usize, has_system: bool) {
+    if unread == 0 {
+        return;
+    }
+    let start = usize::from(has_system);
+    let mut dropped = vec![[start, start + unread]];
+    for [from, to] in fit.dropped.iter().copied() {
+        let (from, to) = if from >= start {
+            (from + unread, to + unread)
+        } else {
+            (from, to)
+        };
+        match dropped.last_mut() {
+            Some(last) if last[1] == from => last[1] = to,
+            _ => dropped.push([from, to]),
+        }
+    }
+    dropped.sort_unstable();
+    fit.dropped = dropped;
+    fit.tokens_before = None;
+    let note = format!("{unread} older messages were not read: the newest fill the window");
+    fit.reason = Some(match fit.reason.take() {
+        Some(reason) => format!("{note}; {reason}"),
+        None => note,
+    });
+}
+
+fn unmark(mut message: Message) -> Message {
+    if let Some(index) = message.metadata.tags.iter().position(|tag| tag == OWN_TAG) {
+        message.metadata.tags.remove(index);
+        message.metadata.pinned = false;
+    }
+    message
+}

@@ -1,0 +1,122 @@
+//! The command line and the HTTP API are two doors to the same operations: for the same
+//! input they give the same result.
+
+mod common;
+
+use std::process::Command;
+
+use common::{TestServer, client, config, contexture_binary};
+use contexture_store::testing::TempDir;
+use contexture_store::{AnyStore, SqliteStore};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+/// A conversation that the rules of each provider treat differently (two user turns in a
+/// row, a tool call) and that is longer than small budgets.
+fn conversation() -> Value {
+    let long = "the quick brown fox jumps over the lazy dog ".repeat(20);
+    let mut messages = vec![
+        json!({"role": "system", "content": "Be brief."}),
+        json!({"role": "user", "content": format!("first question {long}")}),
+        json!({"role": "user", "content": "and one more thing"}),
+        json!({"role": "assistant", "content": null, "tool_calls": [{
+            "id": "call_1", "type": "function",
+            "function": {"name": "lookup", "arguments": "{\"q\":\"fox\"}"}
+        }]}),
+        json!({"role": "tool", "tool_call_id": "call_1", "content": format!("found {long}")}),
+        json!({"role": "assistant", "content": "It jumps."}),
+    ];
+    for turn in 0..12 {
+        messages.push(json!({"role": "user", "content": format!("question {turn} {long}")}));
+        messages.push(json!({"role": "assistant", "content": format!("answer {turn} {long}")}));
+    }
+    Value::Array(messages)
+}
+
+fn cli_fit(db: &str, thread: &str, args: &[&str]) -> Value {
+    let output = Command::new(contexture_binary())
+        .args(["thread", "messages", "--db", db, "--thread", thread])
+        .args(args)
+        .output()
+        .expect("run contexture");
+    assert!(
+        output.status.success(),
+        "contexture thread messages {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("a JSON array")
+}
+
+#[tokio::test]
+async fn a_thread_fitted_for_a_model_is_the_same_from_the_command_line_and_the_api() {
+    let dir = TempDir::new("contexture-doors");
+    let path = dir.join("doors.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    let server = TestServer::start(config(None), AnyStore::Sqlite(store)).await;
+    let key = server.key("acme").await;
+    let response = client()
+        .post(server.url("/v1/threads/talk/messages"))
+        .bearer_auth(&key)
+        .json(&json!({"messages": conversation()}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.status(),
+        StatusCode::OK,
+        "{}",
+        response.text().await.unwrap()
+    );
+    let db = format!("sqlite:{}", path.display());
+
+    let cases: [(&str, &[(&str, &str)]); 6] = [
+        ("gpt-4o-mini", &[]),
+        ("claude-3-5-sonnet-20241022", &[]),
+        ("gemini-2.5-pro", &[("max_tokens", "900")]),
+        ("claude-3-5-sonnet-20241022", &[("max_tokens", "700")]),
+        (
+            "gpt-4o-mini",
+            &[("max_tokens", "800"), ("strategy", "head-tail")],
+        ),
+        (
+            "claude-3-5-sonnet-20241022",
+            &[
+                ("max_tokens", "1200"),
+                ("strategy", "head-tail:2"),
+                ("reserve_output", "100"),
+            ],
+        ),
+    ];
+    for (model, options) in cases {
+        let mut query = format!("model={model}");
+        let mut args = vec!["--model", model];
+        let flags: Vec<String> = options
+            .iter()
+            .map(|(name, _)| format!("--{}", name.replace('_', "-")))
+            .collect();
+        for ((name, value), flag) in options.iter().zip(&flags) {
+            query.push_str(&format!("&{name}={value}"));
+            args.push(flag);
+            args.push(value);
+        }
+        let answer: Value = client()
+            .get(server.url(&format!("/v1/threads/talk/context?{query}")))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let from_cli = cli_fit(&db, "acme/talk", &args);
+        assert_eq!(from_cli, answer["messages"], "{query}");
+    }
+    // The rules differ by model, so the doors agreeing is not agreeing on one answer.
+    let openai = cli_fit(&db, "acme/talk", &["--model", "gpt-4o-mini"]);
+    let anthropic = cli_fit(&db, "acme/talk", &["--model", "claude-3-5-sonnet-20241022"]);
+    assert_ne!(
+        openai, anthropic,
+        "Anthropic's rules merge the two user turns"
+    );
+    server.shutdown().await;
+}
