@@ -120,27 +120,17 @@ pub enum StoreError {
         /// The newest version this build knows.
         known: u32,
     },
-    /// An SQLite error.
-    #[error("sqlite: {action}: {source}")]
-    Sqlite {
+    /// The database failed: the driver's error, with what the store was doing.
+    #[error("{backend}: {action}: {source}")]
+    Database {
+        /// `sqlite` or `postgres`.
+        backend: &'static str,
         /// What the store was doing.
         action: &'static str,
-        /// The error.
+        /// The driver's error.
         #[source]
-        source: rusqlite::Error,
+        source: DriverError,
     },
-    /// A PostgreSQL error.
-    #[error("postgres: {action}: {source}")]
-    Postgres {
-        /// What the store was doing.
-        action: &'static str,
-        /// The error.
-        #[source]
-        source: tokio_postgres::Error,
-    },
-    /// No PostgreSQL connection could be taken from the pool.
-    #[error("postgres: cannot get a connection: {0}")]
-    Pool(#[from] deadpool_postgres::PoolError),
     /// A write panicked; its savepoint was rolled back, so nothing of it was stored.
     #[error("a database write panicked and was rolled back: {detail}")]
     WritePanicked {
@@ -156,20 +146,68 @@ pub enum StoreError {
     Task(#[from] tokio::task::JoinError),
 }
 
+/// A database driver's error, kept opaque: the store's error type is the same whichever
+/// drivers are compiled in, and callers never depend on a driver's types.
+#[derive(Debug)]
+pub struct DriverError(Box<dyn std::error::Error + Send + Sync>);
+
+impl DriverError {
+    /// Wraps a driver's error.
+    pub(crate) fn new(error: impl std::error::Error + Send + Sync + 'static) -> DriverError {
+        DriverError(Box::new(error))
+    }
+}
+
+impl std::fmt::Display for DriverError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for DriverError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+impl StoreError {
+    /// The database's error `source` while the store was doing `action`.
+    pub(crate) fn database(
+        backend: &'static str,
+        action: &'static str,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> StoreError {
+        StoreError::Database {
+            backend,
+            action,
+            source: DriverError::new(source),
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl From<deadpool_postgres::PoolError> for StoreError {
+    fn from(error: deadpool_postgres::PoolError) -> StoreError {
+        StoreError::database("postgres", "get a connection", error)
+    }
+}
+
 /// Attaches "what the store was doing" to database errors.
 pub(crate) trait Action<T> {
     /// Wraps the error with `action`.
     fn doing(self, action: &'static str) -> Result<T, StoreError>;
 }
 
+#[cfg(feature = "sqlite")]
 impl<T> Action<T> for Result<T, rusqlite::Error> {
     fn doing(self, action: &'static str) -> Result<T, StoreError> {
-        self.map_err(|source| StoreError::Sqlite { action, source })
+        self.map_err(|source| StoreError::database("sqlite", action, source))
     }
 }
 
+#[cfg(feature = "postgres")]
 impl<T> Action<T> for Result<T, tokio_postgres::Error> {
     fn doing(self, action: &'static str) -> Result<T, StoreError> {
-        self.map_err(|source| StoreError::Postgres { action, source })
+        self.map_err(|source| StoreError::database("postgres", action, source))
     }
 }

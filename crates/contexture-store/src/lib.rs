@@ -1,5 +1,8 @@
-//! Durable thread storage: the [`Store`] trait with SQLite ([`SqliteStore`], the embedded
-//! default) and PostgreSQL ([`PgStore`]) implementations.
+//! Durable thread storage: the [`Store`] trait with SQLite (`SqliteStore`, the embedded
+//! default; feature `sqlite`) and PostgreSQL (`PgStore`; feature `postgres`)
+//! implementations, and `AnyStore`, either one chosen by URL. Both features are on by
+//! default; a crate that needs only the trait (the workflow engine) turns them off, and
+//! database errors reach callers wrapped ([`DriverError`]) whichever drivers are built.
 //!
 //! A store keeps each thread's append-only event log (see [`contexture_core::thread`]) and
 //! rebuilds threads by replaying it. Guarantees, the same for both stores and checked by one
@@ -21,14 +24,20 @@
 //! Both stores also keep the HTTP server's API keys ([`ApiKeyStore`], by the hash of the
 //! key) and answer a cheap health check ([`Store::ping`]).
 
+// Without a backend, the helpers the backends share have no user.
+#![cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+
 mod api_keys;
 mod error;
+#[cfg(feature = "postgres")]
 mod postgres;
 mod record;
+#[cfg(feature = "sqlite")]
 mod sqlite;
 mod tail;
-#[cfg(feature = "testing")]
+#[cfg(all(feature = "testing", feature = "sqlite", feature = "postgres"))]
 pub mod testing;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod url;
 
 use std::future::Future;
@@ -38,10 +47,13 @@ use contexture_core::thread::{Event, EventKind, Projection, Thread};
 use contexture_core::tokens::Encoding;
 
 pub use api_keys::{ApiKeyRecord, ApiKeyStore};
-pub use error::StoreError;
+pub use error::{DriverError, StoreError};
+#[cfg(feature = "postgres")]
 pub use postgres::PgStore;
+#[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use tail::ProjectionTail;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use url::{AnyStore, StoreUrl};
 
 /// An event to append, with an optional idempotency key.
@@ -67,6 +79,26 @@ impl NewEvent {
     pub fn with_key(mut self, key: impl Into<String>) -> NewEvent {
         self.idempotency_key = Some(key.into());
         self
+    }
+
+    /// The events appending `messages` in order; with a request's idempotency `key`, the
+    /// i-th (from 0) is keyed `KEY:i`, so a retry of the request, through any door, stores
+    /// each message once.
+    pub fn messages(
+        messages: impl IntoIterator<Item = contexture_core::Message>,
+        key: Option<&str>,
+    ) -> Vec<NewEvent> {
+        messages
+            .into_iter()
+            .enumerate()
+            .map(|(i, message)| {
+                let event = NewEvent::new(EventKind::MessageAppended { message });
+                match key {
+                    Some(key) => event.with_key(format!("{key}:{i}")),
+                    None => event,
+                }
+            })
+            .collect()
     }
 }
 

@@ -7,9 +7,13 @@ use std::time::SystemTime;
 use contexture_core::thread::{Event, Projection};
 use contexture_core::tokens::Encoding;
 
+#[cfg(feature = "postgres")]
+use crate::PgStore;
+#[cfg(feature = "sqlite")]
+use crate::SqliteStore;
 use crate::{
-    ApiKeyRecord, ApiKeyStore, KeyedEvent, NewEvent, PgStore, ProjectionTail, PruneReport,
-    SqliteStore, Store, StoreError, ThreadInfo,
+    ApiKeyRecord, ApiKeyStore, KeyedEvent, NewEvent, ProjectionTail, PruneReport, Store,
+    StoreError, ThreadInfo,
 };
 
 /// A parsed database URL.
@@ -45,40 +49,61 @@ impl FromStr for StoreUrl {
     }
 }
 
-/// Either store, chosen at run time.
+/// A store chosen at run time, among the backends this build has (the `sqlite` and
+/// `postgres` features).
 #[derive(Debug, Clone)]
 pub enum AnyStore {
     /// An SQLite file.
+    #[cfg(feature = "sqlite")]
     Sqlite(SqliteStore),
     /// A PostgreSQL database.
+    #[cfg(feature = "postgres")]
     Postgres(PgStore),
+}
+
+/// Runs `$call` on the store inside `$any`, whichever backend it is.
+macro_rules! on_backend {
+    ($any:expr, $store:ident => $call:expr) => {
+        match $any {
+            #[cfg(feature = "sqlite")]
+            AnyStore::Sqlite($store) => $call,
+            #[cfg(feature = "postgres")]
+            AnyStore::Postgres($store) => $call,
+        }
+    };
 }
 
 impl AnyStore {
     /// Limits every thread to `max` events (`None`: no limit); see
     /// [`StoreError::ThreadFull`].
     pub fn set_max_thread_events(&self, max: Option<u64>) {
-        match self {
-            AnyStore::Sqlite(store) => store.set_max_thread_events(max),
-            AnyStore::Postgres(store) => store.set_max_thread_events(max),
-        }
+        on_backend!(self, store => store.set_max_thread_events(max))
     }
 
     /// Limits every thread to `max` bytes of events, its fork prefix included (`None`: no
     /// limit); see [`StoreError::ThreadTooLarge`].
     pub fn set_max_thread_bytes(&self, max: Option<u64>) {
-        match self {
-            AnyStore::Sqlite(store) => store.set_max_thread_bytes(max),
-            AnyStore::Postgres(store) => store.set_max_thread_bytes(max),
-        }
+        on_backend!(self, store => store.set_max_thread_bytes(max))
     }
 
-    /// Opens the store `url` names (see [`StoreUrl`]), applying pending migrations.
+    /// Opens the store `url` names (see [`StoreUrl`]), applying pending migrations. A URL of
+    /// a backend this build lacks is an [`StoreError::InvalidUrl`].
     pub async fn open(url: &str) -> Result<AnyStore, StoreError> {
-        Ok(match url.parse::<StoreUrl>()? {
-            StoreUrl::Sqlite(path) => AnyStore::Sqlite(SqliteStore::open(path).await?),
-            StoreUrl::Postgres(url) => AnyStore::Postgres(PgStore::open(&url).await?),
-        })
+        #[cfg(not(all(feature = "sqlite", feature = "postgres")))]
+        let missing = |backend: &str| StoreError::InvalidUrl {
+            url: url.to_owned(),
+            reason: format!("this build has no {backend} support (the `{backend}` feature)"),
+        };
+        match url.parse::<StoreUrl>()? {
+            #[cfg(feature = "sqlite")]
+            StoreUrl::Sqlite(path) => Ok(AnyStore::Sqlite(SqliteStore::open(path).await?)),
+            #[cfg(not(feature = "sqlite"))]
+            StoreUrl::Sqlite(_) => Err(missing("sqlite")),
+            #[cfg(feature = "postgres")]
+            StoreUrl::Postgres(url) => Ok(AnyStore::Postgres(PgStore::open(&url).await?)),
+            #[cfg(not(feature = "postgres"))]
+            StoreUrl::Postgres(_) => Err(missing("postgres")),
+        }
     }
 }
 
@@ -89,52 +114,31 @@ impl Store for AnyStore {
         after: &str,
         limit: usize,
     ) -> Result<Vec<ThreadInfo>, StoreError> {
-        match self {
-            AnyStore::Sqlite(store) => store.list_page(prefix, after, limit).await,
-            AnyStore::Postgres(store) => store.list_page(prefix, after, limit).await,
-        }
+        on_backend!(self, store => store.list_page(prefix, after, limit).await)
     }
 
     async fn keyed_event(&self, thread: &str, key: &str) -> Result<Option<KeyedEvent>, StoreError> {
-        match self {
-            AnyStore::Sqlite(store) => store.keyed_event(thread, key).await,
-            AnyStore::Postgres(store) => store.keyed_event(thread, key).await,
-        }
+        on_backend!(self, store => store.keyed_event(thread, key).await)
     }
 
     async fn append(&self, thread: &str, events: Vec<NewEvent>) -> Result<Vec<u64>, StoreError> {
-        match self {
-            AnyStore::Sqlite(store) => store.append(thread, events).await,
-            AnyStore::Postgres(store) => store.append(thread, events).await,
-        }
+        on_backend!(self, store => store.append(thread, events).await)
     }
 
     async fn events(&self, thread: &str) -> Result<Vec<Event>, StoreError> {
-        match self {
-            AnyStore::Sqlite(store) => store.events(thread).await,
-            AnyStore::Postgres(store) => store.events(thread).await,
-        }
+        on_backend!(self, store => store.events(thread).await)
     }
 
     async fn exists(&self, thread: &str) -> Result<bool, StoreError> {
-        match self {
-            AnyStore::Sqlite(store) => store.exists(thread).await,
-            AnyStore::Postgres(store) => store.exists(thread).await,
-        }
+        on_backend!(self, store => store.exists(thread).await)
     }
 
     async fn events_after(&self, thread: &str, after: u64) -> Result<Vec<Event>, StoreError> {
-        match self {
-            AnyStore::Sqlite(store) => store.events_after(thread, after).await,
-            AnyStore::Postgres(store) => store.events_after(thread, after).await,
-        }
+        on_backend!(self, store => store.events_after(thread, after).await)
     }
 
     async fn load_projection(&self, thread: &str) -> Result<Projection, StoreError> {
-        match self {
-            AnyStore::Sqlite(store) => store.load_projection(thread).await,
-            AnyStore::Postgres(store) => store.load_projection(thread).await,
-        }
+        on_backend!(self, store => store.load_projection(thread).await)
     }
 
     async fn load_projection_tail(
@@ -143,45 +147,27 @@ impl Store for AnyStore {
         encoding: Encoding,
         tokens: u64,
     ) -> Result<ProjectionTail, StoreError> {
-        match self {
-            AnyStore::Sqlite(store) => store.load_projection_tail(thread, encoding, tokens).await,
-            AnyStore::Postgres(store) => store.load_projection_tail(thread, encoding, tokens).await,
-        }
+        on_backend!(self, store => store.load_projection_tail(thread, encoding, tokens).await)
     }
 
     async fn fork(&self, parent: &str, at_seq: u64, child: &str) -> Result<u64, StoreError> {
-        match self {
-            AnyStore::Sqlite(store) => store.fork(parent, at_seq, child).await,
-            AnyStore::Postgres(store) => store.fork(parent, at_seq, child).await,
-        }
+        on_backend!(self, store => store.fork(parent, at_seq, child).await)
     }
 
     async fn list(&self) -> Result<Vec<ThreadInfo>, StoreError> {
-        match self {
-            AnyStore::Sqlite(store) => store.list().await,
-            AnyStore::Postgres(store) => store.list().await,
-        }
+        on_backend!(self, store => store.list().await)
     }
 
     async fn delete(&self, thread: &str) -> Result<(), StoreError> {
-        match self {
-            AnyStore::Sqlite(store) => store.delete(thread).await,
-            AnyStore::Postgres(store) => store.delete(thread).await,
-        }
+        on_backend!(self, store => store.delete(thread).await)
     }
 
     async fn prune(&self, idle_before: SystemTime) -> Result<PruneReport, StoreError> {
-        match self {
-            AnyStore::Sqlite(store) => store.prune(idle_before).await,
-            AnyStore::Postgres(store) => store.prune(idle_before).await,
-        }
+        on_backend!(self, store => store.prune(idle_before).await)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        match self {
-            AnyStore::Sqlite(store) => store.ping().await,
-            AnyStore::Postgres(store) => store.ping().await,
-        }
+        on_backend!(self, store => store.ping().await)
     }
 }
 
@@ -193,31 +179,19 @@ impl ApiKeyStore for AnyStore {
         name: &str,
         key_hash: &str,
     ) -> Result<ApiKeyRecord, StoreError> {
-        match self {
-            AnyStore::Sqlite(store) => store.create_api_key(id, tenant, name, key_hash).await,
-            AnyStore::Postgres(store) => store.create_api_key(id, tenant, name, key_hash).await,
-        }
+        on_backend!(self, store => store.create_api_key(id, tenant, name, key_hash).await)
     }
 
     async fn api_key_by_hash(&self, key_hash: &str) -> Result<Option<ApiKeyRecord>, StoreError> {
-        match self {
-            AnyStore::Sqlite(store) => store.api_key_by_hash(key_hash).await,
-            AnyStore::Postgres(store) => store.api_key_by_hash(key_hash).await,
-        }
+        on_backend!(self, store => store.api_key_by_hash(key_hash).await)
     }
 
     async fn list_api_keys(&self, tenant: Option<&str>) -> Result<Vec<ApiKeyRecord>, StoreError> {
-        match self {
-            AnyStore::Sqlite(store) => store.list_api_keys(tenant).await,
-            AnyStore::Postgres(store) => store.list_api_keys(tenant).await,
-        }
+        on_backend!(self, store => store.list_api_keys(tenant).await)
     }
 
     async fn revoke_api_key(&self, id: &str) -> Result<bool, StoreError> {
-        match self {
-            AnyStore::Sqlite(store) => store.revoke_api_key(id).await,
-            AnyStore::Postgres(store) => store.revoke_api_key(id).await,
-        }
+        on_backend!(self, store => store.revoke_api_key(id).await)
     }
 }
 

@@ -142,10 +142,7 @@ fn copy_error(error: &rusqlite::Error) -> rusqlite::Error {
 }
 
 fn fail(action: &'static str, error: &rusqlite::Error) -> StoreError {
-    StoreError::Sqlite {
-        action,
-        source: copy_error(error),
-    }
+    StoreError::database("sqlite", action, copy_error(error))
 }
 
 /// Runs `batch` in one transaction, each write in a savepoint, commits, then answers each.
@@ -290,7 +287,8 @@ mod tests {
         assert_eq!(ok_a.await.unwrap().unwrap(), 2);
         assert!(matches!(
             failing.await.unwrap(),
-            Err(StoreError::Sqlite {
+            Err(StoreError::Database {
+                backend: "sqlite",
                 action: "insert",
                 ..
             })
@@ -358,7 +356,8 @@ mod tests {
         assert_eq!(gate.await.unwrap().unwrap(), 1);
         assert!(matches!(
             orphan.await.unwrap(),
-            Err(StoreError::Sqlite {
+            Err(StoreError::Database {
+                backend: "sqlite",
                 action: "commit a batch of writes",
                 ..
             })
