@@ -17,9 +17,7 @@ pub(crate) fn request_end(
 ) -> RequestEnd {
     match response {
         Ok(response) => {
-            let usage = response
-                .usage
-                .map(|usage| Usage::new(usage.prompt_tokens, usage.completion_tokens));
+            let usage = response.usage;
             let mut end = answered_end(request_id, &response.message, usage, model, input_tokens);
             end.finish_reason = response.finish_reason.clone();
             end.attempts = (response.attempts > 1).then_some(response.attempts);

@@ -257,17 +257,7 @@ impl<S: Store> ChatTurn<'_, S> {
         settings.fit(preview, &turns, &self.tools)?;
         let new_count = new.iter().filter(|m| !m.role.is_system_like()).count();
         if !new.is_empty() {
-            let events = new
-                .into_iter()
-                .enumerate()
-                .map(|(i, message)| {
-                    let event = NewEvent::new(EventKind::MessageAppended { message });
-                    match self.key {
-                        Some(key) => event.with_key(format!("{key}:{i}")),
-                        None => event,
-                    }
-                })
-                .collect();
+            let events = NewEvent::messages(new, self.key);
             self.store.append(self.thread, events).await?;
         }
 
@@ -361,9 +351,7 @@ impl<S: Store> TurnRecorder<S> {
     /// when the upstream reported none, and its cost) and the assistant message, in one
     /// transaction.
     pub async fn answered(&self, answer: Answer) -> Result<(), StoreError> {
-        let usage = answer
-            .usage
-            .map(|usage| Usage::new(usage.prompt_tokens, usage.completion_tokens));
+        let usage = answer.usage;
         let mut end = answered_end(
             &self.request_id,
             &answer.message,

@@ -12,7 +12,7 @@ use contexture_core::tokens::TokenCounter;
 use contexture_core::{Message, Role};
 use contexture_store::NewEvent;
 
-use crate::workflow::ConversationPolicy;
+use crate::workflow::{ConversationPolicy, Workflow};
 
 /// The tag of history messages a run loaded from its conversation.
 pub const CONVERSATION_TAG: &str = "conversation";
@@ -31,6 +31,29 @@ pub struct ConversationKey {
 }
 
 impl ConversationKey {
+    /// The key of `user`'s conversation (`chat`, when the user has several) with `workflow`,
+    /// read from `file`: the workflow is known by its `name`, else by its file's stem, so a
+    /// run from the command line and one through the server continue the same conversation.
+    pub fn new(
+        tenant: &str,
+        user: &str,
+        chat: Option<String>,
+        workflow: &Workflow,
+        file: &str,
+    ) -> ConversationKey {
+        ConversationKey {
+            tenant: tenant.to_owned(),
+            user: user.to_owned(),
+            workflow: workflow.name.clone().unwrap_or_else(|| {
+                std::path::Path::new(file)
+                    .file_stem()
+                    .map(|stem| stem.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            }),
+            chat,
+        }
+    }
+
     /// The conversation's thread id: `conversation:TENANT:USER:WORKFLOW[:CHAT]`, each part
     /// with `%` and `:` escaped, so two keys never share a thread.
     pub fn thread_id(&self) -> String {

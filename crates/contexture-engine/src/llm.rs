@@ -118,7 +118,7 @@ impl AutoRouter {
 
 impl Router for AutoRouter {
     fn route(&self, model: &str) -> Route {
-        let rules = rules_for_model(&self.registry, model);
+        let rules = self.registry.resolve(model).rules();
         let provider = match rules {
             fit::Rules::Anthropic => self.anthropic.clone(),
             _ => self.openai.clone(),
@@ -132,15 +132,6 @@ impl Router for AutoRouter {
                 fit::Rules::OpenAi
             }),
         }
-    }
-}
-
-/// The message rules of `model`'s family, from the registry's provider field.
-pub fn rules_for_model(registry: &Registry, model: &str) -> fit::Rules {
-    match registry.resolve(model).provider.as_deref() {
-        Some("anthropic") => fit::Rules::Anthropic,
-        Some("google" | "gemini") => fit::Rules::Gemini,
-        _ => fit::Rules::OpenAi,
     }
 }
 

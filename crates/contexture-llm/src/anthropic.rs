@@ -123,10 +123,10 @@ impl AnthropicProvider {
             .pop()
             .ok_or_else(|| self.http.decode_error("the answer holds no message"))?;
         let usage = answer.get("usage").and_then(|usage| {
-            Some(Usage {
-                prompt_tokens: usage.get("input_tokens")?.as_u64()?,
-                completion_tokens: usage.get("output_tokens")?.as_u64()?,
-            })
+            Some(Usage::new(
+                usage.get("input_tokens")?.as_u64()?,
+                usage.get("output_tokens")?.as_u64()?,
+            ))
         });
         Ok(ChatResponse {
             message,

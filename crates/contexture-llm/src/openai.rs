@@ -240,10 +240,10 @@ fn first_choice(object: &Value) -> Option<&Value> {
 }
 
 fn parse_usage(usage: &Value) -> Option<Usage> {
-    Some(Usage {
-        prompt_tokens: usage.get("prompt_tokens")?.as_u64()?,
-        completion_tokens: usage.get("completion_tokens")?.as_u64()?,
-    })
+    Some(Usage::new(
+        usage.get("prompt_tokens")?.as_u64()?,
+        usage.get("completion_tokens")?.as_u64()?,
+    ))
 }
 
 /// Why the `data` of a stream event could not be absorbed.
@@ -464,12 +464,6 @@ mod tests {
         );
         assert_eq!(response.message.content, None);
         assert_eq!(response.finish_reason.as_deref(), Some("tool_calls"));
-        assert_eq!(
-            response.usage,
-            Some(Usage {
-                prompt_tokens: 9,
-                completion_tokens: 4
-            })
-        );
+        assert_eq!(response.usage, Some(Usage::new(9, 4)));
     }
 }

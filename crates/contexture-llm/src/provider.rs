@@ -4,8 +4,6 @@ use std::future::Future;
 use std::pin::Pin;
 
 use contexture_core::Message;
-use contexture_core::registry::Pricing;
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::error::LlmError;
@@ -45,33 +43,8 @@ impl ChatRequest {
     }
 }
 
-/// Token usage of one call, as the provider reported it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Usage {
-    /// Tokens of the prompt.
-    pub prompt_tokens: u64,
-    /// Tokens generated.
-    pub completion_tokens: u64,
-}
-
-impl Usage {
-    /// Prompt and completion together.
-    pub fn total(&self) -> u64 {
-        self.prompt_tokens + self.completion_tokens
-    }
-
-    /// The cost of this usage at `pricing`, in dollars.
-    pub fn cost(&self, pricing: &Pricing) -> f64 {
-        pricing.cost(self.prompt_tokens, self.completion_tokens)
-    }
-}
-
-impl std::ops::AddAssign for Usage {
-    fn add_assign(&mut self, other: Usage) {
-        self.prompt_tokens += other.prompt_tokens;
-        self.completion_tokens += other.completion_tokens;
-    }
-}
+/// Token usage of one call, as the provider reported it (the engine's record of it).
+pub use contexture_core::thread::Usage;
 
 /// The answer to a chat call.
 #[derive(Debug, Clone, PartialEq)]

@@ -214,12 +214,12 @@ impl ScriptedProvider {
         }
         let counter = TokenCounter::exact(Encoding::O200kBase);
         let usage = reply.usage.unwrap_or_else(|| Usage {
-            prompt_tokens: u64::from(
+            input_tokens: u64::from(
                 counter
                     .count_request(&request.messages, &request.tools)
                     .total,
             ),
-            completion_tokens: u64::from(counter.count_message(&message)),
+            output_tokens: u64::from(counter.count_message(&message)),
         });
         Ok(ChatResponse {
             finish_reason: Some(
@@ -310,17 +310,11 @@ replies:
             )]
         );
         assert_eq!(first.finish_reason.as_deref(), Some("tool_calls"));
-        assert!(first.usage.unwrap().prompt_tokens > 0);
+        assert!(first.usage.unwrap().input_tokens > 0);
 
         let mut deltas = Vec::new();
         let second = block_on(provider.stream(&request, &mut |d| deltas.push(d))).unwrap();
-        assert_eq!(
-            second.usage,
-            Some(Usage {
-                prompt_tokens: 120,
-                completion_tokens: 9
-            })
-        );
+        assert_eq!(second.usage, Some(Usage::new(120, 9)));
         assert_eq!(
             deltas,
             vec![

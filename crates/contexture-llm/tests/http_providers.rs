@@ -147,13 +147,7 @@ async fn openai_call_sends_the_wire_format_and_reads_usage() {
     let provider = OpenAiProvider::new(format!("{base}/v1"), Some("sk-test-secret".into()));
     let response = provider.complete(&request()).await.unwrap();
     assert_eq!(response.message.text(), "Sunny.");
-    assert_eq!(
-        response.usage,
-        Some(Usage {
-            prompt_tokens: 21,
-            completion_tokens: 5
-        })
-    );
+    assert_eq!(response.usage, Some(Usage::new(21, 5)));
     assert_eq!(response.finish_reason.as_deref(), Some("stop"));
     assert_eq!(response.attempts, 1);
 
@@ -277,13 +271,7 @@ async fn openai_streams_text_and_tool_calls() {
         response.message.tool_calls,
         vec![ToolCall::new("call_1", "weather", "{\"city\":\"Lisbon\"}")]
     );
-    assert_eq!(
-        response.usage,
-        Some(Usage {
-            prompt_tokens: 30,
-            completion_tokens: 12
-        })
-    );
+    assert_eq!(response.usage, Some(Usage::new(30, 12)));
     assert_eq!(deltas[0], StreamDelta::Text("Checking".into()));
     assert_eq!(deltas.len(), 4);
     let received = server.received.lock().unwrap();
@@ -317,13 +305,7 @@ async fn anthropic_call_lifts_the_system_prompt() {
         response.message.tool_calls,
         vec![ToolCall::new("toolu_1", "weather", "{\"city\":\"Lisbon\"}")]
     );
-    assert_eq!(
-        response.usage,
-        Some(Usage {
-            prompt_tokens: 40,
-            completion_tokens: 18
-        })
-    );
+    assert_eq!(response.usage, Some(Usage::new(40, 18)));
 
     let received = server.received.lock().unwrap();
     let (headers, body) = &received[0];
@@ -368,13 +350,7 @@ async fn anthropic_streams() {
     assert_eq!(text, "Sunny, 22°C.");
     assert_eq!(response.message.text(), "Sunny, 22°C.");
     assert_eq!(response.finish_reason.as_deref(), Some("end_turn"));
-    assert_eq!(
-        response.usage,
-        Some(Usage {
-            prompt_tokens: 25,
-            completion_tokens: 7
-        })
-    );
+    assert_eq!(response.usage, Some(Usage::new(25, 7)));
 }
 
 #[tokio::test]

@@ -253,10 +253,7 @@ fn expected_stream_answer() -> Answer {
     message.content = Some(Content::Text("Vou ver o tempo ☀️ — já!".into()));
     Answer {
         message,
-        usage: Some(Usage {
-            prompt_tokens: 31,
-            completion_tokens: 17,
-        }),
+        usage: Some(Usage::new(31, 17)),
         model: Some("gpt-4o-2024-08-06".to_owned()),
         finish_reason: Some("tool_calls".to_owned()),
     }
@@ -366,13 +363,7 @@ async fn a_whole_answer_is_returned_byte_for_byte_and_folds_into_an_answer() {
 
     let answer = AnswerAccumulator::from_completion(full(&response)).unwrap();
     assert_eq!(answer.message, Message::assistant("Sol, 24 °C."));
-    assert_eq!(
-        answer.usage,
-        Some(Usage {
-            prompt_tokens: 21,
-            completion_tokens: 5
-        })
-    );
+    assert_eq!(answer.usage, Some(Usage::new(21, 5)));
     assert_eq!(answer.model.as_deref(), Some("gpt-4o-2024-08-06"));
     assert_eq!(answer.finish_reason.as_deref(), Some("stop"));
 }

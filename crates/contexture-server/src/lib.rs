@@ -12,19 +12,21 @@
 //! This crate is the only one that knows HTTP serving; storage, fitting, compaction and runs
 //! are the other crates' work.
 
-pub mod active_runs;
-pub mod app;
-pub mod auth;
-pub mod body;
-pub mod config;
-pub mod error;
-pub mod fitting;
-pub mod json_shape;
-pub mod keyed_turns;
-pub mod metrics;
-pub mod quota;
-pub mod routes;
-pub mod tenancy;
+mod active_runs;
+mod app;
+mod auth;
+mod body;
+mod config;
+mod error;
+mod fitting;
+mod json_shape;
+mod keyed_turns;
+mod metrics;
+mod quota;
+mod routes;
+mod tenancy;
 
 pub use app::{AppState, StartError, bind, router, serve, shutdown_signal};
-pub use config::{RegisteredTool, ServerConfig};
+pub use auth::{IssuedKey, issue_key};
+pub use config::{RegisteredTool, ServerConfig, redacted_database};
+pub use routes::chat_retry::chat_request_digest;

@@ -863,7 +863,7 @@ async fn a_keyed_turn_in_flight_is_refused_and_one_whose_server_stopped_is_taken
     hanging.abort();
 
     // An attempt recorded by a server that then stopped: no end, no server answering it.
-    let digest = contexture_server::routes::chat_retry::digest(hello.as_object().unwrap());
+    let digest = contexture_server::chat_request_digest(hello.as_object().unwrap());
     let record = RequestRecord {
         request_id: "acme/retry/chat-lost".into(),
         model: Some("gpt-4o-mini".into()),
@@ -934,7 +934,7 @@ async fn a_keyed_turn_younger_than_the_abandon_time_is_not_taken_over() {
     // answering it still.
     let record = RequestRecord {
         request_id: "acme/retry/chat-elsewhere".into(),
-        client_digest: Some(contexture_server::routes::chat_retry::digest(
+        client_digest: Some(contexture_server::chat_request_digest(
             hello.as_object().unwrap(),
         )),
         ..RequestRecord::default()

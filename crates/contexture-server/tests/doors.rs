@@ -120,3 +120,61 @@ async fn a_thread_fitted_for_a_model_is_the_same_from_the_command_line_and_the_a
     );
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_keyed_append_retried_through_the_other_door_stores_nothing_twice() {
+    let dir = TempDir::new("contexture-doors");
+    let path = dir.join("keyed.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    let server = TestServer::start(config(None), AnyStore::Sqlite(store)).await;
+    let key = server.key("acme").await;
+    let db = format!("sqlite:{}", path.display());
+    let message = json!({"role": "user", "content": "Hello"});
+    let file = dir.join("message.json");
+    std::fs::write(&file, message.to_string()).unwrap();
+    let file = file.display().to_string();
+
+    // First through the command line, then the same request through the API; and the
+    // other way round on a second thread.
+    let cli_append = |thread: &str| {
+        let output = Command::new(contexture_binary())
+            .args(["thread", "append", "--db", &db, "--thread", thread])
+            .args(["--key", "turn-1", &file])
+            .output()
+            .expect("run contexture");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let api_append = |thread: &'static str| {
+        client()
+            .post(server.url(&format!("/v1/threads/{thread}/messages")))
+            .bearer_auth(&key)
+            .header("Idempotency-Key", "turn-1")
+            .json(&json!({"messages": [message.clone()]}))
+            .send()
+    };
+    assert_eq!(cli_append("acme/cli-first").trim(), "1");
+    let response = api_append("cli-first").await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let response = api_append("api-first").await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(cli_append("acme/api-first").trim(), "1");
+    for thread in ["cli-first", "api-first"] {
+        let page: Value = client()
+            .get(server.url(&format!("/v1/threads/{thread}/events")))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let events = page["events"].as_array().unwrap();
+        assert_eq!(events.len(), 1, "{thread}: {page}");
+    }
+    server.shutdown().await;
+}

@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use contexture_server::auth::issue_key;
+use contexture_server::issue_key;
 use contexture_store::{AnyStore, ApiKeyStore};
 
 /// Arguments of `contexture keys`.

@@ -128,14 +128,7 @@ async fn execute(args: RunArgs) -> Result<()> {
                 LlmSpec::Auto.router(&settings, registry.clone(), 0)?,
             );
             let log = probe.load(id).await.map_err(|error| report(error, None))?;
-            let recorded = log.start().and_then(|start| start.llm.clone());
-            match &args.llm.llm {
-                Some(spec) => (spec.clone(), 0),
-                None => (
-                    recorded.unwrap_or_else(|| "auto".to_owned()),
-                    usize::try_from(log.script_replies_used()).unwrap_or(usize::MAX),
-                ),
-            }
+            log.resume_llm(args.llm.llm.as_deref())
         }
         None => (args.llm.llm.clone().unwrap_or_else(|| "auto".to_owned()), 0),
     };
@@ -161,16 +154,7 @@ async fn execute(args: RunArgs) -> Result<()> {
                     Some((user, chat)) => (user, Some(chat.to_owned())),
                     None => (key, None),
                 };
-                ConversationKey {
-                    tenant: args.tenant.clone(),
-                    user: user.to_owned(),
-                    workflow: workflow.name.clone().unwrap_or_else(|| {
-                        path.file_stem()
-                            .map(|stem| stem.to_string_lossy().into_owned())
-                            .unwrap_or_default()
-                    }),
-                    chat,
-                }
+                ConversationKey::new(&args.tenant, user, chat, &workflow, &file)
             });
             Some((file, text, input, conversation))
         }

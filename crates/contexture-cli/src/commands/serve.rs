@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use contexture_server::config::redacted_database;
+use contexture_server::redacted_database;
 use contexture_server::{AppState, ServerConfig, bind, serve, shutdown_signal};
 
 /// Arguments of `contexture serve`.

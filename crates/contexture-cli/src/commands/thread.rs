@@ -50,7 +50,8 @@ pub enum ThreadCommand {
         #[arg(long)]
         thread: String,
         /// An idempotency key: a retry with the same key stores nothing and prints the seqs
-        /// assigned the first time (for an array, message i uses KEY:i).
+        /// assigned the first time (message i of the file is keyed KEY:i, as the API keys a request's
+        /// messages, so a retry through either stores nothing twice).
         #[arg(long)]
         key: Option<String>,
         /// The JSON file; standard input when absent or `-`.
@@ -203,27 +204,16 @@ async fn execute(args: ThreadArgs) -> Result<()> {
         ThreadCommand::Append { thread, key, file } => {
             let source = input::describe(file.as_deref());
             let value: Value = input::read_json(file.as_deref())?;
-            let (messages, single) = match &value {
-                Value::Array(_) => (openai::parse_messages(&value), false),
-                _ => (openai::parse_message(&value).map(|m| vec![m]), true),
+            let messages = match &value {
+                Value::Array(_) => openai::parse_messages(&value),
+                _ => openai::parse_message(&value).map(|m| vec![m]),
             };
             let messages = messages
                 .with_context(|| format!("{source}: not a chat message or message array"))?;
             if messages.is_empty() {
                 bail!("{source}: the array holds no message");
             }
-            let events = messages
-                .into_iter()
-                .enumerate()
-                .map(|(i, message)| {
-                    let event = NewEvent::new(EventKind::MessageAppended { message });
-                    match &key {
-                        Some(key) if single => event.with_key(key.clone()),
-                        Some(key) => event.with_key(format!("{key}:{i}")),
-                        None => event,
-                    }
-                })
-                .collect();
+            let events = NewEvent::messages(messages, key.as_deref());
             for seq in store.append(&thread, events).await? {
                 println!("{seq}");
             }

@@ -444,14 +444,15 @@ pub enum RequestOutcome {
     Cancelled,
 }
 
-/// Tokens spent, as reported by providers.
+/// Tokens spent, as reported by providers. Read from scripts and records as
+/// `input_tokens`/`output_tokens`, or in OpenAI's words, `prompt_tokens`/`completion_tokens`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Usage {
     /// Prompt tokens.
-    #[serde(default)]
+    #[serde(default, alias = "prompt_tokens")]
     pub input_tokens: u64,
     /// Completion tokens.
-    #[serde(default)]
+    #[serde(default, alias = "completion_tokens")]
     pub output_tokens: u64,
 }
 
@@ -462,6 +463,11 @@ impl Usage {
             input_tokens,
             output_tokens,
         }
+    }
+
+    /// Input and output together (saturating).
+    pub fn total(self) -> u64 {
+        self.input_tokens.saturating_add(self.output_tokens)
     }
 
     /// The sum of two usages (saturating).

@@ -21,7 +21,7 @@ use super::{Executor, Run, cancel_text, cancelled_results};
 use crate::calls::request_end;
 use crate::fitting::{FitTarget, FittedRequest, fit_request};
 use crate::hooks::{BeforeCall, CallInfo, HistoryChange, StepInfo};
-use crate::llm::{Route, rules_for_model};
+use crate::llm::Route;
 use crate::tools::{
     configured_arguments, is_context_manager, merge_arguments, parse_model_arguments, schema,
 };
@@ -61,7 +61,7 @@ impl<S: Store> Executor<S> {
             strategy: assistant.context.strategy,
             rules: route
                 .rules
-                .unwrap_or_else(|| rules_for_model(&self.registry, &route.model)),
+                .unwrap_or_else(|| self.registry.resolve(&route.model).rules()),
             tools: &tools,
         };
         let system = match &assistant.system_prompt {

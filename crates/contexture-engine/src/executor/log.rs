@@ -261,6 +261,21 @@ impl ExecutionLog {
         self.requests_started - self.script_exhausted
     }
 
+    /// The LLM a resume of this run uses, and how many of a scripted LLM's replies to skip:
+    /// `named` when one is named (from its first reply), else the one the run started with
+    /// (`auto` when it recorded none), continuing a script after the replies the log used.
+    pub fn resume_llm(&self, named: Option<&str>) -> (String, usize) {
+        match named {
+            Some(spec) => (spec.to_owned(), 0),
+            None => (
+                self.start()
+                    .and_then(|start| start.llm.clone())
+                    .unwrap_or_else(|| "auto".to_owned()),
+                usize::try_from(self.script_replies_used()).unwrap_or(usize::MAX),
+            ),
+        }
+    }
+
     /// The step that started and has neither finished nor failed (a crash left it).
     pub fn open_step(&self) -> Option<&StepStart> {
         self.open_step.as_ref()

@@ -68,7 +68,7 @@ pub async fn completions(
 
     // A retry of a keyed turn is answered from the thread, before anything is compared
     // with what the thread holds now (its first attempt is in there).
-    let digest = key.as_ref().map(|_| chat_retry::digest(&body));
+    let digest = key.as_ref().map(|_| chat_retry::chat_request_digest(&body));
     let (first_attempt, claim) = match (&key, &digest) {
         (Some(key), Some(digest)) => {
             let Some(claim) = state.keyed_turns.claim(&scoped, key) else {
@@ -92,51 +92,53 @@ pub async fn completions(
         _ => (false, None),
     };
 
-    let turn = ChatTurn {
-        store: &state.store,
-        thread: &scoped,
-        settings,
-        tools,
-        compaction: state
-            .config
-            .context
-            .compaction
-            .as_ref()
-            .map(|policy| (policy, state.compactor.as_ref())),
-        key: key.as_deref(),
-        first_attempt,
-        client_digest: digest,
-    };
-    let request_id = format!("{scoped}/chat-{}", fresh_id());
-    let prepared = turn
-        .prepare(requested, request_id)
-        .await
-        .map_err(|error| chat_error(tenant, error))?;
-    match &prepared.compaction {
-        Some(Ok(outcome)) => state.metrics.compaction(outcome),
-        Some(Err(error)) => {
-            state.metrics.compaction_error();
-            tracing::warn!(thread = %scoped, %error, "compaction failed; trimming instead");
-        }
-        None => {}
-    }
-    fitting::metered(&state, &prepared.fitted);
-    body.insert(
-        "messages".into(),
-        openai::to_values(&prepared.fitted.messages),
-    );
-    let recorder = Recorder {
-        turn: turn.recorder(&prepared),
-        tenant: tenant.clone(),
-        _claim: claim,
-    };
-    // The call and its recording run apart from the client's connection: a client that goes
-    // away does not cancel them (the answer is stored, and a retry with the same
-    // Idempotency-Key gets it), and a shutdown waits for them.
+    // The turn runs apart from the client's connection from here on: a client that goes
+    // away does not cancel it halfway (its messages stored but never sent), nor the call and
+    // its recording (the answer is stored, and a retry with the same Idempotency-Key gets
+    // it); a shutdown waits for it.
+    let tenant = tenant.clone();
     let guard = state.in_flight.enter();
     let call = tokio::spawn(async move {
         let _guard = guard;
-        forward_and_record(state, body, recorder, thread).await
+        let turn = ChatTurn {
+            store: &state.store,
+            thread: &scoped,
+            settings,
+            tools,
+            compaction: state
+                .config
+                .context
+                .compaction
+                .as_ref()
+                .map(|policy| (policy, state.compactor.as_ref())),
+            key: key.as_deref(),
+            first_attempt,
+            client_digest: digest,
+        };
+        let request_id = format!("{scoped}/chat-{}", fresh_id());
+        let prepared = turn
+            .prepare(requested, request_id)
+            .await
+            .map_err(|error| chat_error(&tenant, error))?;
+        match &prepared.compaction {
+            Some(Ok(outcome)) => state.metrics.compaction(outcome),
+            Some(Err(error)) => {
+                state.metrics.compaction_error();
+                tracing::warn!(thread = %scoped, %error, "compaction failed; trimming instead");
+            }
+            None => {}
+        }
+        fitting::metered(&state, &prepared.fitted);
+        body.insert(
+            "messages".into(),
+            openai::to_values(&prepared.fitted.messages),
+        );
+        let recorder = Recorder {
+            turn: turn.recorder(&prepared),
+            tenant,
+            _claim: claim,
+        };
+        forward_and_record(state.clone(), body, recorder, thread).await
     });
     call.await
         .map_err(|error| ApiError::upstream(format!("the upstream call stopped: {error}")))?

@@ -16,7 +16,7 @@ pub const REPLAYED_HEADER: &str = "x-contexture-replayed";
 
 /// The digest of a request body (after the thread's name was taken out of it, so the header
 /// and the metadata spelling of one request agree).
-pub fn digest(body: &Map<String, Value>) -> String {
+pub fn chat_request_digest(body: &Map<String, Value>) -> String {
     crate::auth::sha256_hex(&serde_json::to_vec(body).unwrap_or_default())
 }
 

@@ -154,17 +154,13 @@ pub async fn start(
         Some(conversation) => {
             check_id("conversation.user", &conversation.user)
                 .map_err(|problem| ApiError::invalid("conversation.user", problem))?;
-            Some(ConversationKey {
-                tenant: tenant.name().to_owned(),
-                user: conversation.user,
-                workflow: workflow.name.clone().unwrap_or_else(|| {
-                    std::path::Path::new(&file)
-                        .file_stem()
-                        .map(|stem| stem.to_string_lossy().into_owned())
-                        .unwrap_or_default()
-                }),
-                chat: conversation.chat,
-            })
+            Some(ConversationKey::new(
+                tenant.name(),
+                &conversation.user,
+                conversation.chat,
+                &workflow,
+                &file,
+            ))
         }
         None => None,
     };

@@ -271,17 +271,7 @@ pub async fn append(
         ));
     }
     let key = crate::body::idempotency_key(&headers)?;
-    let events = messages
-        .into_iter()
-        .enumerate()
-        .map(|(i, message)| {
-            let event = NewEvent::new(EventKind::MessageAppended { message });
-            match &key {
-                Some(key) => event.with_key(format!("{key}:{i}")),
-                None => event,
-            }
-        })
-        .collect();
+    let events = NewEvent::messages(messages, key.as_deref());
     let seqs = state
         .store
         .append(&tenant.scope(&id), events)

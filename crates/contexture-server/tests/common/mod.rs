@@ -13,7 +13,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use contexture_server::auth::issue_key;
+use contexture_server::issue_key;
 use contexture_server::{AppState, ServerConfig, serve};
 use contexture_store::AnyStore;
 use futures_util::StreamExt;
