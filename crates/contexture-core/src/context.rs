@@ -1,6 +1,10 @@
 //! The workflow context store: output parsing, transition flags,
 //! templates, expressions, iteration.
 //!
+//! "Context" here means the execution's key-value store that templates read; a thread's
+//! named contexts (lines of history) are [`crate::thread`]'s, and a model's context window is
+//! [`crate::registry`]'s.
+//!
 //! A workflow execution carries one [`ContextStore`]: a JSON key-value map that every state
 //! reads from (through [templates](template) and [conditions](expr)) and writes to (through its
 //! parsed output and its [transition flags](flags)). Everything here is pure: time and ids reach

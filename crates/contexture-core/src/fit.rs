@@ -1,16 +1,16 @@
 //! Fitting a history into a model's window.
 //!
-//! - [`validate`] lists every place a message list breaks a provider's rules, and [`repair`]
+//! - [`validate()`] lists every place a message list breaks a provider's rules, and [`repair()`]
 //!   fixes what it can without inventing content (module [`mod@validate`], [`mod@repair`]).
-//! - [`units`] groups a history into the pieces that are kept or dropped whole: an assistant
+//! - [`units()`] groups a history into the pieces that are kept or dropped whole: an assistant
 //!   turn with its tool results, or one other message; [`IndexedHistory`] keeps those units
 //!   and their token costs as messages are appended.
-//! - [`trim`] and [`IndexedHistory::fit`] cut a history to a token budget by strategy
+//! - [`trim()`] and [`IndexedHistory::fit`] cut a history to a token budget by strategy
 //!   (last, first, head+tail) with hysteresis, pinned messages and the system prompt kept.
 //! - [`clear_tool_results`] replaces old tool results with placeholders.
 //!
-//! Invariant: every message list these functions return passes [`validate`] for the
-//! provider they were given, whenever their input did (and [`repair`] makes it so).
+//! Invariant: every message list these functions return passes [`validate()`] for the
+//! provider they were given, whenever their input did (and [`repair()`] makes it so).
 
 pub mod clear;
 pub mod repair;

@@ -1,6 +1,11 @@
 //! Threads: the append-only event log, projections, context operations,
 //! fork and merge.
 //!
+//! "Context" here means a thread's *named context*: one line of history that a projection
+//! shows (`main` unless an operation switched to another) and that context operations
+//! (compact, clear, restore) replace. The workflow's key-value context store is
+//! [`crate::context`]; a model's context window is [`crate::registry`]'s.
+//!
 //! A [`Thread`] is the fold of its events: [`Thread::apply`] takes the next event and updates
 //! the state, with no I/O. Stores persist the events and rebuild a thread by replaying them
 //! ([`Thread::replay`]). Everything a caller reads (the message [`Projection`], the key-value

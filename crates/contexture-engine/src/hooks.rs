@@ -13,7 +13,7 @@
 //! they run on the request path.
 //!
 //! A view or a change is checked like everything the engine sends: the messages must pass
-//! the provider-rule validator (after [`contexture_core::fit::repair`]) and fit the budget,
+//! the provider-rule validator (after [`contexture_core::fit::repair()`]) and fit the budget,
 //! or the step fails with an error naming the hook.
 
 use contexture_core::Message;

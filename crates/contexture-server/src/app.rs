@@ -427,7 +427,7 @@ pub fn router(state: AppState) -> Router {
 /// Each connection has `limits.header_read_timeout_secs` to send a request's headers (the
 /// first and each one after on a kept-alive connection), and each request
 /// `limits.body_read_timeout_secs` to send its body, so slow clients cannot hold
-/// connections (and file descriptors) forever (the body's limit is [`BodyTimeout`]'s).
+/// connections (and file descriptors) forever (the body's limit is the body read timeout).
 pub async fn serve(
     state: AppState,
     listener: TcpListener,

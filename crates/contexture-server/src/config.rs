@@ -294,7 +294,8 @@ impl UpstreamConfig {
     }
 }
 
-/// How a chat thread's requests are fitted and compacted, unless a request says otherwise.
+/// How a chat thread's requests are fitted and compacted, unless a request says otherwise
+/// (`[context]`: the model's context window, which requests are fitted to).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ContextConfig {

@@ -178,3 +178,138 @@ async fn a_keyed_append_retried_through_the_other_door_stores_nothing_twice() {
     }
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_compaction_asked_through_either_door_gives_the_same_thread() {
+    let dir = TempDir::new("contexture-doors");
+    let path = dir.join("compact.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    let server = TestServer::start(config(None), AnyStore::Sqlite(store)).await;
+    let key = server.key("acme").await;
+    let db = format!("sqlite:{}", path.display());
+    for thread in ["by-cli", "by-api"] {
+        let response = client()
+            .post(server.url(&format!("/v1/threads/{thread}/messages")))
+            .bearer_auth(&key)
+            .json(&json!({"messages": conversation()}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+
+    let output = Command::new(contexture_binary())
+        .args(["thread", "compact", "--db", &db, "--thread", "acme/by-cli"])
+        .args(["--keep-messages", "4", "--notes", "Keep the fox.", "--json"])
+        .output()
+        .expect("run contexture");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let by_cli: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let by_api: Value = client()
+        .post(server.url("/v1/threads/by-api/compact"))
+        .bearer_auth(&key)
+        .json(&json!({"keep_messages": 4, "notes": "Keep the fox."}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(by_cli["outcome"], "compacted", "{by_cli}");
+    for field in [
+        "outcome",
+        "covered",
+        "covered_messages",
+        "tokens_before",
+        "tokens_after",
+        "summarizer",
+        "summary",
+    ] {
+        assert_eq!(by_cli[field], by_api[field], "{field}: {by_cli} / {by_api}");
+    }
+    // What the next request sees of each thread is the same.
+    let by_cli = cli_fit(&db, "acme/by-cli", &["--model", "gpt-4o"]);
+    let by_api = cli_fit(&db, "acme/by-api", &["--model", "gpt-4o"]);
+    assert_eq!(by_cli, by_api);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_fork_made_through_either_door_reads_the_same_events() {
+    let dir = TempDir::new("contexture-doors");
+    let path = dir.join("fork.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    let server = TestServer::start(config(None), AnyStore::Sqlite(store)).await;
+    let key = server.key("acme").await;
+    let db = format!("sqlite:{}", path.display());
+    let response = client()
+        .post(server.url("/v1/threads/parent/messages"))
+        .bearer_auth(&key)
+        .json(&json!({"messages": conversation()}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+
+    let output = Command::new(contexture_binary())
+        .args(["thread", "fork", "--db", &db, "--thread", "acme/parent"])
+        .args(["--at", "5", "--new", "acme/cli-fork"])
+        .output()
+        .expect("run contexture");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let response = client()
+        .post(server.url("/v1/threads/parent/fork"))
+        .bearer_auth(&key)
+        .json(&json!({"id": "api-fork", "at_seq": 5}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    // The events through either door's reader: the command line's JSON lines and the
+    // API's page hold the same events.
+    let events_of = |thread: &str| {
+        let output = Command::new(contexture_binary())
+            .args(["thread", "events", "--db", &db, "--thread", thread])
+            .output()
+            .expect("run contexture");
+        assert!(output.status.success());
+        String::from_utf8(output.stdout)
+            .unwrap()
+            .lines()
+            .map(|line| serde_json::from_str::<Value>(line).unwrap())
+            .collect::<Vec<_>>()
+    };
+    let from_cli = events_of("acme/cli-fork");
+    assert_eq!(from_cli, events_of("acme/api-fork"));
+    assert_eq!(from_cli.len(), 6, "five shared events and the fork's own");
+    let page: Value = client()
+        .get(server.url("/v1/threads/cli-fork/events"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    // The API names the parent as its tenant knows it; the messages are the same.
+    let messages = |events: &[Value]| {
+        events
+            .iter()
+            .filter(|event| event["type"] == "message_appended")
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        messages(page["events"].as_array().unwrap()),
+        messages(&from_cli)
+    );
+    server.shutdown().await;
+}

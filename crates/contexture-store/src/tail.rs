@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 use crate::StoreError;
 use crate::record;
 
-/// A projection read from its end ([`Store::load_projection_tail`]), with the thread's state
+/// A projection read from its end ([`crate::Store::load_projection_tail`]), with the thread's state
 /// that does not depend on which messages were read.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProjectionTail {

@@ -127,7 +127,8 @@ fn default_max_iterations() -> u32 {
     10
 }
 
-/// How an assistant's requests are fitted to its model's window.
+/// How an assistant's requests are fitted to its model's window (its `context:` key in YAML:
+/// the context window, not the context store).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ContextPolicy {
