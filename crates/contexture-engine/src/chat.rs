@@ -332,6 +332,19 @@ impl<S: Store> ChatTurn<'_, S> {
     }
 }
 
+/// What [`TurnRecorder::completion`] made of a response.
+#[derive(Debug)]
+pub enum CompletionRecord {
+    /// The answer and its end were stored.
+    Answered,
+    /// The body held no answer: the call was recorded as failed (`recorded` says whether
+    /// that record was stored).
+    Unreadable {
+        /// The failed call's record, stored or not.
+        recorded: Result<(), StoreError>,
+    },
+}
+
 /// Why a call the server's shutdown stopped ended.
 pub const SHUT_DOWN: &str = "the server shut down before the answer ended";
 
@@ -374,11 +387,19 @@ impl<S: Store> TurnRecorder<S> {
     }
 
     /// A whole (not streamed) successful response's `body`: its answer, or why it holds
-    /// none.
-    pub async fn completion(&self, body: &[u8]) -> Result<(), StoreError> {
+    /// none. An error is an answer that could not be stored; a body that holds no answer is
+    /// recorded as a failed call, and whether that record was stored is
+    /// [`CompletionRecord::Unreadable`]'s to tell (the response goes back to the client
+    /// either way).
+    pub async fn completion(&self, body: &[u8]) -> Result<CompletionRecord, StoreError> {
         match contexture_llm::passthrough::AnswerAccumulator::from_completion(body) {
-            Ok(answer) => self.answered(answer).await,
-            Err(error) => self.failed(error.to_string()).await,
+            Ok(answer) => self
+                .answered(answer)
+                .await
+                .map(|()| CompletionRecord::Answered),
+            Err(error) => Ok(CompletionRecord::Unreadable {
+                recorded: self.failed(error.to_string()).await,
+            }),
         }
     }
 

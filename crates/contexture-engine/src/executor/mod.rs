@@ -39,8 +39,6 @@ use contexture_core::thread::{
 use contexture_llm::StreamDelta;
 use contexture_store::{NewEvent, Store};
 
-/// Fitting a request outside a run (a thread's projection for a model, as the server
-/// returns it and sends it upstream), by the same rules as a step's request.
 use crate::compaction::{CompactRequest, CompactionTarget, Compactor, StoredThread};
 use crate::conversation::{self, ConversationKey};
 use crate::hooks::Hook;

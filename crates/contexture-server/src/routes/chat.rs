@@ -15,7 +15,7 @@ use contexture_core::Message;
 use contexture_core::format::openai;
 use contexture_core::registry::ModelInfo;
 use contexture_engine::chat::{
-    Attempt, ChatError, ChatTurn, SHUT_DOWN, TurnRecorder, previous_attempt,
+    Attempt, ChatError, ChatTurn, CompletionRecord, SHUT_DOWN, TurnRecorder, previous_attempt,
 };
 use contexture_llm::passthrough::{
     PassthroughError, UpstreamBody, UpstreamResponse, record_stream,
@@ -247,11 +247,14 @@ async fn forward_and_record(
     let response = match response.body {
         UpstreamBody::Full(bytes) => {
             if ok {
-                recorder
+                let record = recorder
                     .turn
                     .completion(&bytes)
                     .await
                     .map_err(|error| store_error(&recorder.tenant, error))?;
+                if let CompletionRecord::Unreadable { recorded } = record {
+                    recorder.logged(recorded);
+                }
             } else {
                 let error = format!("upstream answered {}", response.status);
                 recorder.logged(recorder.turn.failed(error).await);
