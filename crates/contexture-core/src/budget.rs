@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::message::Message;
 use crate::registry::ModelInfo;
-use crate::tokens::{REPLY_PRIMING, tools_tokens};
+use crate::tokens::REPLY_PRIMING;
 
 /// The tag that marks a message as the running summary written by compaction.
 pub const SUMMARY_TAG: &str = "summary";
@@ -143,11 +143,7 @@ impl BudgetBreakdown {
             };
             *slot = slot.saturating_add(tokens);
         }
-        let tools = if tools.is_empty() {
-            0
-        } else {
-            counter.scale(tools_tokens(tools, counter.encoding()))
-        };
+        let tools = counter.count_tools(tools);
         let used = [system, tools, pinned, summary, rest, REPLY_PRIMING]
             .into_iter()
             .fold(0u32, u32::saturating_add);

@@ -20,7 +20,6 @@ use serde_json::Value;
 
 use crate::message::Message;
 use crate::registry::ModelInfo;
-use crate::tokens::{REPLY_PRIMING, tools_tokens};
 
 pub use extractive::{extractive_summary, identifiers};
 pub use plan::{Plan, plan};
@@ -78,18 +77,7 @@ impl Trigger {
         if self.is_empty() {
             return None;
         }
-        let counter = model.counter;
-        let tools = if tools.is_empty() {
-            0
-        } else {
-            u64::from(counter.scale(tools_tokens(tools, counter.encoding())))
-        };
-        let tokens = messages
-            .into_iter()
-            .map(|message| u64::from(counter.count_message(message)))
-            .sum::<u64>()
-            + tools
-            + u64::from(REPLY_PRIMING);
+        let tokens = model.counter.count_request_total(messages, tools);
         self.fires(tokens, history_messages, model.context_window)
     }
 

@@ -225,18 +225,37 @@ impl TokenCounter {
         self.scale(message_tokens(message, self.encoding()))
     }
 
-    /// The tokens of a whole request: every message, the reply priming and the tool schemas.
-    pub fn count_request(&self, messages: &[Message], tools: &[Value]) -> RequestCount {
-        let encoding = self.encoding();
-        let per_message: Vec<u32> = messages
-            .iter()
-            .map(|message| self.scale(message_tokens(message, encoding)))
-            .collect();
-        let tools = if tools.is_empty() {
+    /// The tokens of the tool schemas sent with a request (0 for none).
+    pub fn count_tools(&self, tools: &[Value]) -> u32 {
+        if tools.is_empty() {
             0
         } else {
-            self.scale(tools_tokens(tools, encoding))
-        };
+            self.scale(tools_tokens(tools, self.encoding()))
+        }
+    }
+
+    /// The total of [`TokenCounter::count_request`] without the per-message breakdown, for
+    /// messages that are not in one slice.
+    pub fn count_request_total<'a>(
+        &self,
+        messages: impl IntoIterator<Item = &'a Message>,
+        tools: &[Value],
+    ) -> u64 {
+        messages
+            .into_iter()
+            .map(|message| u64::from(self.count_message(message)))
+            .sum::<u64>()
+            + u64::from(REPLY_PRIMING)
+            + u64::from(self.count_tools(tools))
+    }
+
+    /// The tokens of a whole request: every message, the reply priming and the tool schemas.
+    pub fn count_request(&self, messages: &[Message], tools: &[Value]) -> RequestCount {
+        let per_message: Vec<u32> = messages
+            .iter()
+            .map(|message| self.count_message(message))
+            .collect();
+        let tools = self.count_tools(tools);
         let total = per_message.iter().map(|&n| u64::from(n)).sum::<u64>()
             + u64::from(REPLY_PRIMING)
             + u64::from(tools);

@@ -19,6 +19,7 @@ pub(crate) fn request_end(
         Ok(response) => {
             let usage = response.usage;
             let mut end = answered_end(request_id, &response.message, usage, model, input_tokens);
+            end.reply = Some(response.message.clone());
             end.finish_reason = response.finish_reason.clone();
             end.attempts = (response.attempts > 1).then_some(response.attempts);
             end
@@ -31,9 +32,10 @@ pub(crate) fn request_end(
     }
 }
 
-/// The record of a call answered with `reply`: the provider's `usage`, or when it reported
-/// none, `input_tokens` and the reply counted with the model's tokenizer (marked estimated);
-/// and the cost at the model's list price, when it has one.
+/// The record of a call answered with `reply` (which it does not hold: a caller that records
+/// the reply sets it): the provider's `usage`, or when it reported none, `input_tokens` and
+/// the reply counted with the model's tokenizer (marked estimated); and the cost at the
+/// model's list price, when it has one.
 pub(crate) fn answered_end(
     request_id: &str,
     reply: &Message,
@@ -53,7 +55,6 @@ pub(crate) fn answered_end(
     };
     let mut end = RequestEnd::new(request_id, RequestOutcome::Completed, usage);
     end.usage_estimated = estimated;
-    end.reply = Some(reply.clone());
     end.cost_usd = model
         .pricing
         .map(|pricing| pricing.cost(usage.input_tokens, usage.output_tokens));

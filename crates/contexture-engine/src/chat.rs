@@ -372,8 +372,7 @@ impl<S: Store> TurnRecorder<S> {
             &self.model,
             self.input_tokens,
         );
-        // The reply is the message appended with it.
-        end.reply = None;
+        // The reply is not copied into the record: it is the message appended with it.
         end.finish_reason = answer.finish_reason;
         let answer = NewEvent::new(EventKind::MessageAppended {
             message: answer.message,

@@ -16,7 +16,6 @@ use contexture_core::fit::{
 };
 use contexture_core::registry::ModelInfo;
 use contexture_core::thread::{FitRecord, Projection};
-use contexture_core::tokens::tools_tokens;
 use contexture_store::{ProjectionTail, Store, StoreError};
 use serde_json::Value;
 
@@ -91,13 +90,8 @@ pub fn fit_request(
         message.metadata.tags.push(OWN_TAG.to_owned());
         message
     }));
-    let tools_tokens = if target.tools.is_empty() {
-        0
-    } else {
-        counter.scale(tools_tokens(target.tools, counter.encoding()))
-    };
     let options = TrimOptions {
-        tools_tokens,
+        tools_tokens: counter.count_tools(target.tools),
         strategy: target.strategy,
         rules: target.rules,
         ..TrimOptions::new(limits.limit)

@@ -33,41 +33,95 @@ fn conversation() -> Value {
     Value::Array(messages)
 }
 
-fn cli_fit(db: &str, thread: &str, args: &[&str]) -> Value {
-    let output = Command::new(contexture_binary())
-        .args(["thread", "messages", "--db", db, "--thread", thread])
-        .args(args)
-        .output()
-        .expect("run contexture");
-    assert!(
-        output.status.success(),
-        "contexture thread messages {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).expect("a JSON array")
+/// A server on an SQLite database that the `contexture` binary opens too, and tenant
+/// `acme`'s key: the two doors to one store.
+struct Doors {
+    dir: TempDir,
+    server: TestServer,
+    key: String,
+    db: String,
+}
+
+impl Doors {
+    async fn open(name: &str) -> Doors {
+        let dir = TempDir::new("contexture-doors");
+        let path = dir.join(&format!("{name}.db"));
+        let store = SqliteStore::open(&path).await.unwrap();
+        let server = TestServer::start(config(None), AnyStore::Sqlite(store)).await;
+        let key = server.key("acme").await;
+        let db = format!("sqlite:{}", path.display());
+        Doors {
+            dir,
+            server,
+            key,
+            db,
+        }
+    }
+
+    /// `contexture thread COMMAND --db DB ARGS...`: its standard output (it must succeed).
+    fn cli(&self, command: &str, args: &[&str]) -> String {
+        let output = Command::new(contexture_binary())
+            .args(["thread", command, "--db", &self.db])
+            .args(args)
+            .output()
+            .expect("run contexture");
+        assert!(
+            output.status.success(),
+            "contexture thread {command} {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).unwrap()
+    }
+
+    /// `contexture thread messages --thread THREAD ARGS...` as JSON.
+    fn cli_fit(&self, thread: &str, args: &[&str]) -> Value {
+        let mut all = vec!["--thread", thread];
+        all.extend_from_slice(args);
+        serde_json::from_str(&self.cli("messages", &all)).expect("a JSON array")
+    }
+
+    /// A request through the API as `acme`.
+    fn api(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        client()
+            .request(method, self.server.url(path))
+            .bearer_auth(&self.key)
+    }
+
+    /// Appends `conversation()` to `thread` through the API.
+    async fn post_conversation(&self, thread: &str) {
+        let response = self
+            .api(
+                reqwest::Method::POST,
+                &format!("/v1/threads/{thread}/messages"),
+            )
+            .json(&json!({"messages": conversation()}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            response.status(),
+            StatusCode::OK,
+            "{}",
+            response.text().await.unwrap()
+        );
+    }
+
+    /// `GET path` through the API, as JSON.
+    async fn get_json(&self, path: &str) -> Value {
+        self.api(reqwest::Method::GET, path)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
 }
 
 #[tokio::test]
 async fn a_thread_fitted_for_a_model_is_the_same_from_the_command_line_and_the_api() {
-    let dir = TempDir::new("contexture-doors");
-    let path = dir.join("doors.db");
-    let store = SqliteStore::open(&path).await.unwrap();
-    let server = TestServer::start(config(None), AnyStore::Sqlite(store)).await;
-    let key = server.key("acme").await;
-    let response = client()
-        .post(server.url("/v1/threads/talk/messages"))
-        .bearer_auth(&key)
-        .json(&json!({"messages": conversation()}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(
-        response.status(),
-        StatusCode::OK,
-        "{}",
-        response.text().await.unwrap()
-    );
-    let db = format!("sqlite:{}", path.display());
+    let doors = Doors::open("fit").await;
+    doors.post_conversation("talk").await;
 
     let cases: [(&str, &[(&str, &str)]); 6] = [
         ("gpt-4o-mini", &[]),
@@ -99,60 +153,40 @@ async fn a_thread_fitted_for_a_model_is_the_same_from_the_command_line_and_the_a
             args.push(flag);
             args.push(value);
         }
-        let answer: Value = client()
-            .get(server.url(&format!("/v1/threads/talk/context?{query}")))
-            .bearer_auth(&key)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let from_cli = cli_fit(&db, "acme/talk", &args);
+        let answer = doors
+            .get_json(&format!("/v1/threads/talk/context?{query}"))
+            .await;
+        let from_cli = doors.cli_fit("acme/talk", &args);
         assert_eq!(from_cli, answer["messages"], "{query}");
     }
     // The rules differ by model, so the doors agreeing is not agreeing on one answer.
-    let openai = cli_fit(&db, "acme/talk", &["--model", "gpt-4o-mini"]);
-    let anthropic = cli_fit(&db, "acme/talk", &["--model", "claude-3-5-sonnet-20241022"]);
+    let openai = doors.cli_fit("acme/talk", &["--model", "gpt-4o-mini"]);
+    let anthropic = doors.cli_fit("acme/talk", &["--model", "claude-3-5-sonnet-20241022"]);
     assert_ne!(
         openai, anthropic,
         "Anthropic's rules merge the two user turns"
     );
-    server.shutdown().await;
+    doors.server.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_keyed_append_retried_through_the_other_door_stores_nothing_twice() {
-    let dir = TempDir::new("contexture-doors");
-    let path = dir.join("keyed.db");
-    let store = SqliteStore::open(&path).await.unwrap();
-    let server = TestServer::start(config(None), AnyStore::Sqlite(store)).await;
-    let key = server.key("acme").await;
-    let db = format!("sqlite:{}", path.display());
+    let doors = Doors::open("keyed").await;
     let message = json!({"role": "user", "content": "Hello"});
-    let file = dir.join("message.json");
+    let file = doors.dir.join("message.json");
     std::fs::write(&file, message.to_string()).unwrap();
     let file = file.display().to_string();
 
     // First through the command line, then the same request through the API; and the
     // other way round on a second thread.
-    let cli_append = |thread: &str| {
-        let output = Command::new(contexture_binary())
-            .args(["thread", "append", "--db", &db, "--thread", thread])
-            .args(["--key", "turn-1", &file])
-            .output()
-            .expect("run contexture");
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8(output.stdout).unwrap()
-    };
+    let cli_append =
+        |thread: &str| doors.cli("append", &["--thread", thread, "--key", "turn-1", &file]);
     let api_append = |thread: &'static str| {
-        client()
-            .post(server.url(&format!("/v1/threads/{thread}/messages")))
-            .bearer_auth(&key)
+        doors
+            .api(
+                reqwest::Method::POST,
+                &format!("/v1/threads/{thread}/messages"),
+            )
             .header("Idempotency-Key", "turn-1")
             .json(&json!({"messages": [message.clone()]}))
             .send()
@@ -164,54 +198,37 @@ async fn a_keyed_append_retried_through_the_other_door_stores_nothing_twice() {
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(cli_append("acme/api-first").trim(), "1");
     for thread in ["cli-first", "api-first"] {
-        let page: Value = client()
-            .get(server.url(&format!("/v1/threads/{thread}/events")))
-            .bearer_auth(&key)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let page = doors
+            .get_json(&format!("/v1/threads/{thread}/events"))
+            .await;
         let events = page["events"].as_array().unwrap();
         assert_eq!(events.len(), 1, "{thread}: {page}");
     }
-    server.shutdown().await;
+    doors.server.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_compaction_asked_through_either_door_gives_the_same_thread() {
-    let dir = TempDir::new("contexture-doors");
-    let path = dir.join("compact.db");
-    let store = SqliteStore::open(&path).await.unwrap();
-    let server = TestServer::start(config(None), AnyStore::Sqlite(store)).await;
-    let key = server.key("acme").await;
-    let db = format!("sqlite:{}", path.display());
+    let doors = Doors::open("compact").await;
     for thread in ["by-cli", "by-api"] {
-        let response = client()
-            .post(server.url(&format!("/v1/threads/{thread}/messages")))
-            .bearer_auth(&key)
-            .json(&json!({"messages": conversation()}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), StatusCode::OK);
+        doors.post_conversation(thread).await;
     }
 
-    let output = Command::new(contexture_binary())
-        .args(["thread", "compact", "--db", &db, "--thread", "acme/by-cli"])
-        .args(["--keep-messages", "4", "--notes", "Keep the fox.", "--json"])
-        .output()
-        .expect("run contexture");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    let by_cli = doors.cli(
+        "compact",
+        &[
+            "--thread",
+            "acme/by-cli",
+            "--keep-messages",
+            "4",
+            "--notes",
+            "Keep the fox.",
+            "--json",
+        ],
     );
-    let by_cli: Value = serde_json::from_slice(&output.stdout).unwrap();
-    let by_api: Value = client()
-        .post(server.url("/v1/threads/by-api/compact"))
-        .bearer_auth(&key)
+    let by_cli: Value = serde_json::from_str(&by_cli).unwrap();
+    let by_api: Value = doors
+        .api(reqwest::Method::POST, "/v1/threads/by-api/compact")
         .json(&json!({"keep_messages": 4, "notes": "Keep the fox."}))
         .send()
         .await
@@ -232,42 +249,30 @@ async fn a_compaction_asked_through_either_door_gives_the_same_thread() {
         assert_eq!(by_cli[field], by_api[field], "{field}: {by_cli} / {by_api}");
     }
     // What the next request sees of each thread is the same.
-    let by_cli = cli_fit(&db, "acme/by-cli", &["--model", "gpt-4o"]);
-    let by_api = cli_fit(&db, "acme/by-api", &["--model", "gpt-4o"]);
+    let by_cli = doors.cli_fit("acme/by-cli", &["--model", "gpt-4o"]);
+    let by_api = doors.cli_fit("acme/by-api", &["--model", "gpt-4o"]);
     assert_eq!(by_cli, by_api);
-    server.shutdown().await;
+    doors.server.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_fork_made_through_either_door_reads_the_same_events() {
-    let dir = TempDir::new("contexture-doors");
-    let path = dir.join("fork.db");
-    let store = SqliteStore::open(&path).await.unwrap();
-    let server = TestServer::start(config(None), AnyStore::Sqlite(store)).await;
-    let key = server.key("acme").await;
-    let db = format!("sqlite:{}", path.display());
-    let response = client()
-        .post(server.url("/v1/threads/parent/messages"))
-        .bearer_auth(&key)
-        .json(&json!({"messages": conversation()}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
+    let doors = Doors::open("fork").await;
+    doors.post_conversation("parent").await;
 
-    let output = Command::new(contexture_binary())
-        .args(["thread", "fork", "--db", &db, "--thread", "acme/parent"])
-        .args(["--at", "5", "--new", "acme/cli-fork"])
-        .output()
-        .expect("run contexture");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    doors.cli(
+        "fork",
+        &[
+            "--thread",
+            "acme/parent",
+            "--at",
+            "5",
+            "--new",
+            "acme/cli-fork",
+        ],
     );
-    let response = client()
-        .post(server.url("/v1/threads/parent/fork"))
-        .bearer_auth(&key)
+    let response = doors
+        .api(reqwest::Method::POST, "/v1/threads/parent/fork")
         .json(&json!({"id": "api-fork", "at_seq": 5}))
         .send()
         .await
@@ -276,13 +281,8 @@ async fn a_fork_made_through_either_door_reads_the_same_events() {
     // The events through either door's reader: the command line's JSON lines and the
     // API's page hold the same events.
     let events_of = |thread: &str| {
-        let output = Command::new(contexture_binary())
-            .args(["thread", "events", "--db", &db, "--thread", thread])
-            .output()
-            .expect("run contexture");
-        assert!(output.status.success());
-        String::from_utf8(output.stdout)
-            .unwrap()
+        doors
+            .cli("events", &["--thread", thread])
             .lines()
             .map(|line| serde_json::from_str::<Value>(line).unwrap())
             .collect::<Vec<_>>()
@@ -290,15 +290,7 @@ async fn a_fork_made_through_either_door_reads_the_same_events() {
     let from_cli = events_of("acme/cli-fork");
     assert_eq!(from_cli, events_of("acme/api-fork"));
     assert_eq!(from_cli.len(), 6, "five shared events and the fork's own");
-    let page: Value = client()
-        .get(server.url("/v1/threads/cli-fork/events"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let page = doors.get_json("/v1/threads/cli-fork/events").await;
     // The API names the parent as its tenant knows it; the messages are the same.
     let messages = |events: &[Value]| {
         events
@@ -311,5 +303,5 @@ async fn a_fork_made_through_either_door_reads_the_same_events() {
         messages(page["events"].as_array().unwrap()),
         messages(&from_cli)
     );
-    server.shutdown().await;
+    doors.server.shutdown().await;
 }
