@@ -3,7 +3,7 @@
 //! results are `step_message` events of its own log; only its final answer is returned to
 //! enter the shared history.
 
-use contexture_core::context::{ContextStore, RenderOptions, render};
+use contexture_core::context::render;
 use contexture_core::registry::ModelInfo;
 use contexture_core::thread::{
     CancelRequest, ContextReplace, EventKind, RecordedBudget, ReplaceReason, RequestEnd,
@@ -16,16 +16,33 @@ use serde_json::Value;
 
 use super::error::StepError;
 use super::request::check_view;
-use super::step::Abort;
+use super::step::{Abort, StepContext};
 use super::{Executor, Run, cancel_text, cancelled_results};
 use crate::calls::request_end;
 use crate::fitting::{FitTarget, FittedRequest, fit_request};
-use crate::hooks::{BeforeCall, CallInfo, HistoryChange, StepInfo};
+use crate::hooks::{BeforeCall, CallInfo, HistoryChange};
 use crate::llm::Route;
 use crate::tools::{
     configured_arguments, is_context_manager, merge_arguments, parse_model_arguments, schema,
 };
 use crate::workflow::Assistant;
+
+/// An assistant step's setup, resolved once when the step starts: every call and tool call
+/// of the step goes to the same route with the same tools and system prompt.
+pub(crate) struct AssistantSetup<'a> {
+    /// The step it runs in.
+    pub step: &'a StepContext<'a>,
+    /// The assistant.
+    pub assistant: &'a Assistant,
+    /// Where its calls go.
+    pub route: Route,
+    /// The model called, as the registry knows it (window, pricing, tokenizer).
+    pub model: ModelInfo,
+    /// The schemas of its tools, sent with every call.
+    pub tools: Vec<Value>,
+    /// Its rendered system prompt; without one, the shared history's.
+    pub system: Option<Message>,
+}
 
 /// A request after the hooks: the messages to send and their breakdown.
 struct Outgoing {
@@ -39,34 +56,23 @@ impl<S: Store> Executor<S> {
     pub(crate) async fn run_assistant(
         &self,
         run: &mut Run,
-        info: &StepInfo,
+        step: &StepContext<'_>,
         assistant: &Assistant,
         task: Option<&str>,
-        context: &ContextStore,
-        options: &RenderOptions,
     ) -> Result<String, Abort> {
-        let workflow = run.workflow.clone();
+        let info = &step.info;
         let route = self.router.route(&assistant.model);
         let model = self.registry.resolve(&route.model);
         let policy = assistant.context.budget();
         let tools: Vec<Value> = assistant
             .tools
             .iter()
-            .filter_map(|id| workflow.tool(id))
+            .filter_map(|id| step.workflow.tool(id))
             .map(schema)
             .collect();
-        let target = FitTarget {
-            model: &model,
-            policy: &policy,
-            strategy: assistant.context.strategy,
-            rules: route
-                .rules
-                .unwrap_or_else(|| self.registry.resolve(&route.model).rules()),
-            tools: &tools,
-        };
         let system = match &assistant.system_prompt {
             Some(prompt) => Some(Message::system(
-                render(prompt, context, options)
+                render(prompt, &step.context, &step.options)
                     .map_err(|error| StepError::Template {
                         place: format!("the system prompt of assistant `{}`", assistant.id),
                         error,
@@ -75,9 +81,27 @@ impl<S: Store> Executor<S> {
             )),
             None => None,
         };
-        if run.limits.max_cost_usd.is_some() && model.pricing.is_none() {
+        let setup = AssistantSetup {
+            step,
+            assistant,
+            route,
+            model,
+            tools,
+            system,
+        };
+        let target = FitTarget {
+            model: &setup.model,
+            policy: &policy,
+            strategy: assistant.context.strategy,
+            rules: setup
+                .route
+                .rules
+                .unwrap_or_else(|| self.registry.resolve(&setup.route.model).rules()),
+            tools: &setup.tools,
+        };
+        if run.limits.max_cost_usd.is_some() && setup.model.pricing.is_none() {
             return Err(StepError::NoPrice {
-                model: model.id.clone(),
+                model: setup.model.id.clone(),
             }
             .into());
         }
@@ -96,28 +120,15 @@ impl<S: Store> Executor<S> {
             let call = CallInfo {
                 step: info.clone(),
                 assistant_id: assistant.id.clone(),
-                model: route.model.clone(),
+                model: setup.route.model.clone(),
                 round,
             };
-            if let Some(policy) = &assistant.compaction {
-                self.compact_if_triggered(
-                    run,
-                    policy,
-                    &model,
-                    system.as_ref(),
-                    &own,
-                    &tools,
-                    info.step,
-                )
-                .await?;
-            }
+            self.compact_if_triggered(run, &setup, &own).await?;
             let outgoing = self
-                .outgoing(run, &call, system.as_ref(), &own, &target)
+                .outgoing(run, &call, setup.system.as_ref(), &own, &target)
                 .await?;
-            self.check_budget_before(run, &model, &outgoing.breakdown)?;
-            let reply = self
-                .call(run, &call, &route, &model, &outgoing, &tools, assistant)
-                .await?;
+            self.check_budget_before(run, &setup.model, &outgoing.breakdown)?;
+            let reply = self.call(run, &setup, &call, &outgoing).await?;
             self.check_budget_after(run)?;
             let reply = self
                 .hooks
@@ -136,9 +147,7 @@ impl<S: Store> Executor<S> {
                 let (id, seq) = (run.id.clone(), run.log.thread().last_seq());
                 let text = tokio::select! {
                     biased;
-                    text = self.run_tool_call(
-                        run, info.step, &workflow, assistant, tool_call, context, options,
-                    ) => text,
+                    text = self.run_tool_call(run, &setup, tool_call) => text,
                     request = self.cancellation(&id, seq) => {
                         return Err(self.cancel_step(run, info.step, &own, request).await);
                     }
@@ -213,17 +222,20 @@ impl<S: Store> Executor<S> {
     }
 
     /// Sends one request, recording it before and its end after, whatever the outcome.
-    #[allow(clippy::too_many_arguments)]
     async fn call(
         &self,
         run: &mut Run,
+        setup: &AssistantSetup<'_>,
         call: &CallInfo,
-        route: &Route,
-        model: &ModelInfo,
         outgoing: &Outgoing,
-        tools: &[Value],
-        assistant: &Assistant,
     ) -> Result<Message, Abort> {
+        let AssistantSetup {
+            assistant,
+            route,
+            model,
+            tools,
+            ..
+        } = setup;
         let request_id = format!("{}/step-{}/call-{}", run.id, call.step.step, call.round);
         let limits = outgoing.prepared.limits;
         self.append(
@@ -391,17 +403,20 @@ impl<S: Store> Executor<S> {
 
     /// Runs one tool call of the model. Whatever goes wrong becomes the result text, so the
     /// model can see it and recover.
-    #[allow(clippy::too_many_arguments)]
     async fn run_tool_call(
         &self,
         run: &mut Run,
-        step: u64,
-        workflow: &crate::workflow::Workflow,
-        assistant: &Assistant,
+        setup: &AssistantSetup<'_>,
         call: &contexture_core::ToolCall,
-        context: &ContextStore,
-        options: &RenderOptions,
     ) -> String {
+        let assistant = setup.assistant;
+        let StepContext {
+            info,
+            workflow,
+            context,
+            options,
+            ..
+        } = setup.step;
         let tool = assistant
             .tools
             .contains(&call.name)
@@ -426,7 +441,13 @@ impl<S: Store> Executor<S> {
         if is_context_manager(tool) {
             let model = self.router.route(&assistant.model).model;
             return self
-                .context_manager(run, assistant.compaction.as_ref(), &arguments, &model, step)
+                .context_manager(
+                    run,
+                    assistant.compaction.as_ref(),
+                    &arguments,
+                    &model,
+                    info.step,
+                )
                 .await
                 .unwrap_or_else(|error| format!("error: {error}"));
         }

@@ -3,11 +3,11 @@
 
 use contexture_core::Message;
 use contexture_core::compact::CompactionPolicy;
-use contexture_core::registry::ModelInfo;
 use contexture_core::thread::{EventKind, Thread};
 use contexture_store::Store;
 use serde_json::{Map, Value};
 
+use super::assistant::AssistantSetup;
 use super::error::ExecError;
 use super::{Executor, Run};
 use crate::compaction::{
@@ -53,35 +53,33 @@ impl<S: Store> Executor<S> {
         compactor.compact(&mut target, &request).await
     }
 
-    /// Compacts the shared history when the policy's trigger fires for a request made of
-    /// `system`, the history, `own` messages and `tools` to `model`.
-    #[allow(clippy::too_many_arguments)]
+    /// Compacts the shared history when the assistant's compaction trigger fires for its
+    /// next request: its system prompt, the history, the step's `own` messages and its tools.
     pub(crate) async fn compact_if_triggered(
         &self,
         run: &mut Run,
-        policy: &CompactionPolicy,
-        model: &ModelInfo,
-        system: Option<&Message>,
+        setup: &AssistantSetup<'_>,
         own: &[Message],
-        tools: &[Value],
-        step: u64,
     ) -> Result<Option<CompactionReport>, ExecError> {
+        let Some(policy) = &setup.assistant.compaction else {
+            return Ok(None);
+        };
         if policy.trigger.is_empty() {
             return Ok(None);
         }
         let projection = run.log.thread().projection();
-        let system = system.or(projection.system.as_ref());
+        let system = setup.system.as_ref().or(projection.system.as_ref());
         let Some(reason) = policy.trigger.fires_for(
-            model,
+            &setup.model,
             system.into_iter().chain(&projection.messages).chain(own),
             projection.messages.len(),
-            tools,
+            &setup.tools,
         ) else {
             return Ok(None);
         };
         let mut request = CompactRequest::new(policy.clone(), reason);
-        request.measure_model = model.id.clone();
-        request.step = Some(step);
+        request.measure_model = setup.model.id.clone();
+        request.step = Some(setup.step.info.step);
         self.compact_run(run, request).await.map(Some)
     }
 

@@ -16,7 +16,7 @@ use super::transition::{Finishing, finish};
 use super::{Executor, Run, cancelled_results, provenance_of};
 use crate::hooks::StepInfo;
 use crate::tools::{ToolError, configured_arguments, is_context_manager};
-use crate::workflow::{Provenance, StepKind};
+use crate::workflow::{Provenance, State, StepKind, Workflow};
 use contexture_store::Store;
 
 /// The model whose tokenizer measures a compaction a tool state runs (no assistant names
@@ -70,6 +70,23 @@ impl Work {
     }
 }
 
+/// One step as it runs, built once when it starts. The run it belongs to (its log and
+/// limits) travels beside it rather than in it, as the step appends to the run.
+pub(crate) struct StepContext<'a> {
+    /// The step as the hooks see it.
+    pub info: StepInfo,
+    /// The workflow the run executes.
+    pub workflow: &'a Workflow,
+    /// The state the step runs.
+    pub state: &'a State,
+    /// What the state runs.
+    pub kind: StepKind<'a>,
+    /// What the step's templates render against: an item's context, in an iteration.
+    pub context: ContextStore,
+    /// How the step's templates render.
+    pub options: RenderOptions,
+}
+
 /// A step's task, a tool state's arguments, or a sub-workflow's child, worked out before
 /// the step is recorded.
 pub(crate) struct StepInput {
@@ -101,7 +118,7 @@ impl ChildPlan {
 /// What a sub-workflow state hands its child: the parent's last message, a state's last
 /// output, or an object built from dotted paths into the parent's context. Nothing else.
 fn child_input(
-    state: &crate::workflow::State,
+    state: &State,
     context: &ContextStore,
     log: &ExecutionLog,
 ) -> Result<Value, StepError> {
@@ -237,9 +254,15 @@ impl<S: Store> Executor<S> {
                     .unwrap_or_default(),
                 problems: vec![format!("state `{state_id}` runs nothing")],
             })?;
-        let prepared = self.prepare_step(
-            state, kind, &work, &context, &options, &info, &run.log, &run.id,
-        );
+        let current = StepContext {
+            info,
+            workflow: &workflow,
+            state,
+            kind,
+            context,
+            options,
+        };
+        let prepared = self.prepare_step(&current, &work, &run.log);
         let (task, arguments, child) = match &prepared {
             Ok(input) => (
                 input.task.clone(),
@@ -253,7 +276,7 @@ impl<S: Store> Executor<S> {
             vec![EventKind::StepStarted(StepStart {
                 step,
                 state_id: state_id.clone(),
-                item: info.item,
+                item: current.info.item,
                 task: task.clone(),
                 arguments: match &child {
                     Some(child) => Some(child.input_value.clone()),
@@ -268,28 +291,19 @@ impl<S: Store> Executor<S> {
             Err(error) => Err(Abort::Step(error)),
             Ok(_) if matches!(work, Work::NoItems) => Ok(None),
             Ok(_) => self
-                .execute(
-                    run,
-                    &info,
-                    kind,
-                    task.as_deref(),
-                    arguments,
-                    child.as_ref(),
-                    &context,
-                    &options,
-                )
+                .execute(run, &current, task.as_deref(), arguments, child.as_ref())
                 .await
                 .map(Some),
         };
         let output = match result {
             Ok(output) => output,
             Err(Abort::Exec(error)) => return Err(error),
-            Err(Abort::Step(error)) => return Err(self.fail(run, &info, error).await),
+            Err(Abort::Step(error)) => return Err(self.fail(run, &current.info, error).await),
         };
         let output = output.map(|output| {
-            self.hooks
-                .iter()
-                .fold(output, |output, hook| hook.on_step_exit(&info, output))
+            self.hooks.iter().fold(output, |output, hook| {
+                hook.on_step_exit(&current.info, output)
+            })
         });
 
         let history = run.log.thread().projection().messages;
@@ -298,12 +312,12 @@ impl<S: Store> Executor<S> {
             execution_id: &run.id,
             step,
             state,
-            item: info.item,
+            item: current.info.item,
             output: &own,
             store: &store,
             history: &history,
             last_seq: run.log.thread().last_seq(),
-            isolation: options.isolation.as_deref(),
+            isolation: current.options.isolation.as_deref(),
         };
         let exchange = ItemResult {
             task,
@@ -333,26 +347,28 @@ impl<S: Store> Executor<S> {
         };
         match events {
             Ok(events) => self.append(run, events).await,
-            Err(error) => Err(self.fail(run, &info, error).await),
+            Err(error) => Err(self.fail(run, &current.info, error).await),
         }
     }
 
     /// The step's task (rendered, then passed through the hooks); for a tool state, the
     /// configured arguments it calls the tool with; for a sub-workflow state, the child's
     /// id and input.
-    #[allow(clippy::too_many_arguments)]
     fn prepare_step(
         &self,
-        state: &crate::workflow::State,
-        kind: StepKind<'_>,
+        step: &StepContext<'_>,
         work: &Work,
-        context: &ContextStore,
-        options: &RenderOptions,
-        info: &StepInfo,
         log: &ExecutionLog,
-        execution_id: &str,
     ) -> Result<StepInput, StepError> {
-        if let StepKind::Workflow(_) = kind {
+        let StepContext {
+            info,
+            state,
+            context,
+            options,
+            ..
+        } = step;
+        if let StepKind::Workflow(_) = step.kind {
+            let execution_id = &info.execution_id;
             let mut id = format!("{execution_id}/{}.{}", state.id, log.visits(&state.id) + 1);
             if let Some(item) = info.item {
                 id.push_str(&format!(".{item}"));
@@ -385,7 +401,7 @@ impl<S: Store> Executor<S> {
             .hooks
             .iter()
             .fold(task, |task, hook| hook.on_step_enter(info, task));
-        let arguments = match kind {
+        let arguments = match step.kind {
             StepKind::Tool(tool) => Some(
                 configured_arguments(tool, state.tool_args.as_ref(), context, options).map_err(
                     |error| StepError::Template {
@@ -404,19 +420,21 @@ impl<S: Store> Executor<S> {
     }
 
     /// Runs what the state runs and returns its output.
-    #[allow(clippy::too_many_arguments)]
     async fn execute(
         &self,
         run: &mut Run,
-        info: &StepInfo,
-        kind: StepKind<'_>,
+        step: &StepContext<'_>,
         task: Option<&str>,
         arguments: Option<Map<String, Value>>,
         child: Option<&ChildPlan>,
-        context: &ContextStore,
-        options: &RenderOptions,
     ) -> Result<String, Abort> {
-        match kind {
+        let StepContext {
+            info,
+            context,
+            options,
+            ..
+        } = step;
+        match step.kind {
             StepKind::Workflow(reference) => {
                 let child = child.ok_or_else(|| StepError::SubWorkflow {
                     workflow: reference.to_owned(),
@@ -434,10 +452,7 @@ impl<S: Store> Executor<S> {
                     })?;
                 self.run_child(run, &state, reference, child).await
             }
-            StepKind::Assistant(assistant) => {
-                self.run_assistant(run, info, assistant, task, context, options)
-                    .await
-            }
+            StepKind::Assistant(assistant) => self.run_assistant(run, step, assistant, task).await,
             StepKind::Tool(tool) if is_context_manager(tool) => Ok(self
                 .context_manager(
                     run,

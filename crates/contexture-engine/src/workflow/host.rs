@@ -98,5 +98,5 @@ pub(super) fn program_diagnostics(
     if problems.is_empty() {
         return Vec::new();
     }
-    super::located(text, file, problems)
+    super::load::located(text, file, problems)
 }
