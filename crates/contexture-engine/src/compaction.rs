@@ -65,6 +65,78 @@ impl CompactRequest {
     }
 }
 
+/// A caller's changes to a compaction policy for one compaction, and what it keeps besides:
+/// what `contexture thread compact` and `POST /v1/threads/{id}/compact` take, turned into a
+/// request the same way for both.
+#[derive(Debug, Clone, Default)]
+pub struct CompactOptions {
+    /// The summarizer model (default: the policy's).
+    pub summarizer: Option<String>,
+    /// Keep at most this many recent tokens verbatim. With `keep_messages`, replaces the
+    /// policy's whole `keep` when either is set.
+    pub keep_tokens: Option<u64>,
+    /// Keep at most this many recent messages verbatim.
+    pub keep_messages: Option<usize>,
+    /// The summary's length limit, in tokens (default: the policy's).
+    pub summary_tokens: Option<u32>,
+    /// How often a failed summarizer call is retried (default: the policy's).
+    pub max_retries: Option<u32>,
+    /// The summarizer's prompt (default: the policy's).
+    pub prompt: Option<String>,
+    /// Verbatim content kept before the summary, never shown to the summarizer.
+    pub notes: Option<String>,
+    /// `Some(false)` keeps only the notes (default: the history is summarized).
+    pub preserve_history: Option<bool>,
+    /// The model whose tokenizer measures before and after (default gpt-4o).
+    pub measure_model: Option<String>,
+}
+
+/// A compaction setting that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid compaction settings ({field}): {problem}")]
+pub struct InvalidCompaction {
+    /// The setting.
+    pub field: &'static str,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+impl CompactOptions {
+    /// The compaction `policy` changed by these options, checked, as a request for `reason`.
+    pub fn request(
+        self,
+        mut policy: CompactionPolicy,
+        reason: impl Into<String>,
+    ) -> Result<CompactRequest, InvalidCompaction> {
+        if self.summarizer.is_some() {
+            policy.summarizer = self.summarizer;
+        }
+        if self.keep_tokens.is_some() || self.keep_messages.is_some() {
+            policy.keep.tokens = self.keep_tokens;
+            policy.keep.messages = self.keep_messages;
+        }
+        if let Some(tokens) = self.summary_tokens {
+            policy.summary_tokens = tokens;
+        }
+        if let Some(retries) = self.max_retries {
+            policy.max_retries = retries;
+        }
+        if self.prompt.is_some() {
+            policy.prompt = self.prompt;
+        }
+        if let Some((field, problem)) = policy.problems().into_iter().next() {
+            return Err(InvalidCompaction { field, problem });
+        }
+        let mut request = CompactRequest::new(policy, reason);
+        request.notes = self.notes;
+        request.preserve_history = self.preserve_history.unwrap_or(true);
+        if let Some(model) = self.measure_model {
+            request.measure_model = model;
+        }
+        Ok(request)
+    }
+}
+
 /// How a compaction ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]

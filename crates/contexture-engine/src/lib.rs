@@ -10,6 +10,7 @@
 //!   and its end recorded) and the retry of a keyed turn;
 //! - [`compaction`]: summarizing the older part of a thread into one recorded replace;
 //! - [`conversation`]: history carried across runs that name one conversation;
+//! - [`threads`]: thread operations a caller asks for by name (create, fork, merge, restore);
 //! - [`sources`]: where sub-workflows are read from;
 //! - [`llm`]: which provider answers each assistant (`scripted:FILE`, `openai:MODEL`, ...);
 //! - [`tools`]: tool implementations (programs, fixed answers, registered tools);
@@ -29,5 +30,6 @@ pub mod render_workers;
 pub mod report;
 pub mod sources;
 pub mod system;
+pub mod threads;
 pub mod tools;
 pub mod workflow;

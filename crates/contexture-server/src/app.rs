@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
+use axum::routing::{MethodRouter, get, post};
 use axum::{Extension, middleware};
 use contexture_core::registry::Registry;
 use contexture_engine::compaction::Compactor;
@@ -384,33 +384,55 @@ impl WorkflowSource for ConfinedFiles {
     }
 }
 
-/// The whole API.
-pub fn router(state: AppState) -> Router {
-    let api = Router::new()
-        .route("/v1/threads", post(threads::create).get(threads::list))
-        .route(
+/// The routes behind authentication: each path with its handlers. `openapi.json` documents
+/// exactly these and [`open_routes`] (a test compares them).
+fn api_routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
+    vec![
+        ("/v1/threads", post(threads::create).get(threads::list)),
+        (
             "/v1/threads/{id}",
             get(threads::show).delete(threads::delete),
-        )
-        .route("/v1/threads/{id}/messages", post(threads::append))
-        .route("/v1/threads/{id}/context", get(threads::context))
-        .route("/v1/threads/{id}/events", get(threads::events))
-        .route("/v1/threads/{id}/fork", post(threads::fork))
-        .route("/v1/threads/{id}/merge", post(threads::merge))
-        .route("/v1/threads/{id}/compact", post(threads::compact))
-        .route("/v1/executions", post(executions::start))
-        .route("/v1/executions/{id}", get(executions::status))
-        .route("/v1/executions/{id}/events", get(executions::events))
-        .route("/v1/executions/{id}/cancel", post(executions::cancel))
-        .route("/v1/executions/{id}/requests", get(executions::requests))
-        .route("/v1/chat/completions", post(chat::completions))
-        .route("/v1/models", get(chat::models))
+        ),
+        ("/v1/threads/{id}/messages", post(threads::append)),
+        ("/v1/threads/{id}/context", get(threads::context)),
+        ("/v1/threads/{id}/events", get(threads::events)),
+        ("/v1/threads/{id}/fork", post(threads::fork)),
+        ("/v1/threads/{id}/merge", post(threads::merge)),
+        ("/v1/threads/{id}/compact", post(threads::compact)),
+        ("/v1/threads/{id}/restore", post(threads::restore)),
+        ("/v1/executions", post(executions::start)),
+        ("/v1/executions/{id}", get(executions::status)),
+        ("/v1/executions/{id}/events", get(executions::events)),
+        ("/v1/executions/{id}/cancel", post(executions::cancel)),
+        ("/v1/executions/{id}/requests", get(executions::requests)),
+        ("/v1/chat/completions", post(chat::completions)),
+        ("/v1/models", get(chat::models)),
+    ]
+}
+
+/// The routes anyone may call: probes, metrics and the API's description.
+fn open_routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
+    vec![
+        ("/healthz", get(ops::healthz)),
+        ("/readyz", get(ops::readyz)),
+        ("/metrics", get(ops::metrics)),
+        ("/openapi.json", get(ops::openapi)),
+    ]
+}
+
+/// The whole API.
+pub fn router(state: AppState) -> Router {
+    let api = api_routes()
+        .into_iter()
+        .fold(Router::new(), |router, (path, handlers)| {
+            router.route(path, handlers)
+        })
         .route_layer(middleware::from_fn_with_state(state.clone(), authenticate));
-    let open = Router::new()
-        .route("/healthz", get(ops::healthz))
-        .route("/readyz", get(ops::readyz))
-        .route("/metrics", get(ops::metrics))
-        .route("/openapi.json", get(ops::openapi));
+    let open = open_routes()
+        .into_iter()
+        .fold(Router::new(), |router, (path, handlers)| {
+            router.route(path, handlers)
+        });
     api.merge(open)
         .fallback(ops::not_found)
         .layer(DefaultBodyLimit::max(state.config.limits.max_body_bytes))
@@ -521,5 +543,30 @@ pub async fn shutdown_signal() {
     tokio::select! {
         _ = interrupt => {}
         _ = terminate => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    #[test]
+    fn the_openapi_document_lists_exactly_the_routes_served() {
+        let doc: serde_json::Value =
+            serde_json::from_str(include_str!("../openapi.json")).expect("openapi.json is JSON");
+        let documented: BTreeSet<&str> = doc["paths"]
+            .as_object()
+            .expect("paths")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let served: BTreeSet<&str> = api_routes()
+            .into_iter()
+            .chain(open_routes())
+            .map(|(path, _)| path)
+            .collect();
+        assert_eq!(documented, served);
     }
 }

@@ -92,6 +92,18 @@ impl ApiError {
         }
     }
 
+    /// 500 for a failure of the server's own (a task that stopped); the detail is logged,
+    /// the client gets a generic message.
+    pub fn internal(detail: impl std::fmt::Display) -> ApiError {
+        tracing::error!(%detail, "internal error");
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            code: "internal_error",
+            message: "the server could not answer this request (its log says why)".into(),
+            param: None,
+        }
+    }
+
     /// 500 for a store failure; the detail is logged, the client gets a generic message.
     pub fn store(error: &StoreError) -> ApiError {
         tracing::error!(%error, "store error");

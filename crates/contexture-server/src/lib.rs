@@ -25,6 +25,7 @@ mod metrics;
 mod quota;
 mod routes;
 mod tenancy;
+mod tenant_store;
 
 pub use app::{AppState, StartError, bind, router, serve, shutdown_signal};
 pub use auth::{IssuedKey, issue_key};

@@ -1,6 +1,7 @@
 //! The HTTP handlers, by resource.
 
 pub mod chat;
+pub mod chat_request;
 pub mod chat_retry;
 pub mod executions;
 pub mod ops;

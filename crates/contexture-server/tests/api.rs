@@ -534,7 +534,7 @@ async fn each_key_has_its_rate_limit() {
 }
 
 #[tokio::test]
-async fn the_openapi_document_describes_exactly_the_routes_served() {
+async fn every_operation_the_openapi_document_describes_is_served() {
     let (_dir, store) = sqlite().await;
     let server = TestServer::start(config(None), store).await;
     let key = server.key("acme").await;
@@ -547,23 +547,8 @@ async fn the_openapi_document_describes_exactly_the_routes_served() {
         .await
         .unwrap();
     assert_eq!(doc["openapi"], "3.1.0");
-    let documented: BTreeSet<String> = doc["paths"].as_object().unwrap().keys().cloned().collect();
-    // Every route the router declares is documented ...
-    let source = include_str!("../src/app.rs");
-    let served: BTreeSet<String> = source
-        .split(".route(")
-        .skip(1)
-        .map(|rest| {
-            rest.trim_start()
-                .trim_start_matches('"')
-                .split('"')
-                .next()
-                .unwrap()
-                .to_owned()
-        })
-        .collect();
-    assert_eq!(documented, served);
-    // ... and every documented operation is answered by its handler, not the fallback.
+    // Every documented operation is answered by its handler, not the fallback (that the
+    // document lists every route served is the router's own test).
     for (path, operations) in doc["paths"].as_object().unwrap() {
         for method in operations.as_object().unwrap().keys() {
             let url = server.url(&path.replace("{id}", "probe"));

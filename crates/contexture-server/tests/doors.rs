@@ -208,7 +208,7 @@ async fn a_keyed_append_retried_through_the_other_door_stores_nothing_twice() {
 }
 
 #[tokio::test]
-async fn a_compaction_asked_through_either_door_gives_the_same_thread() {
+async fn a_compaction_and_its_restore_through_either_door_give_the_same_thread() {
     let doors = Doors::open("compact").await;
     for thread in ["by-cli", "by-api"] {
         doors.post_conversation(thread).await;
@@ -249,9 +249,38 @@ async fn a_compaction_asked_through_either_door_gives_the_same_thread() {
         assert_eq!(by_cli[field], by_api[field], "{field}: {by_cli} / {by_api}");
     }
     // What the next request sees of each thread is the same.
-    let by_cli = doors.cli_fit("acme/by-cli", &["--model", "gpt-4o"]);
-    let by_api = doors.cli_fit("acme/by-api", &["--model", "gpt-4o"]);
-    assert_eq!(by_cli, by_api);
+    let fitted_cli = doors.cli_fit("acme/by-cli", &["--model", "gpt-4o"]);
+    let fitted_api = doors.cli_fit("acme/by-api", &["--model", "gpt-4o"]);
+    assert_eq!(fitted_cli, fitted_api);
+
+    // Each door's restore of its compaction brings the whole conversation back.
+    let replaced = |report: &Value| report["replace_seq"].as_u64().expect("a replace seq");
+    let restored_cli: u64 = doors
+        .cli(
+            "restore",
+            &[
+                "--thread",
+                "acme/by-cli",
+                "--before",
+                &replaced(&by_cli).to_string(),
+            ],
+        )
+        .trim()
+        .parse()
+        .unwrap();
+    let restored_api: Value = doors
+        .api(reqwest::Method::POST, "/v1/threads/by-api/restore")
+        .json(&json!({"before": replaced(&by_api)}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(restored_api["seq"], json!(restored_cli), "{restored_api}");
+    let whole_cli = doors.cli_fit("acme/by-cli", &[]);
+    assert_eq!(whole_cli, doors.cli_fit("acme/by-api", &[]));
+    assert_eq!(whole_cli, conversation());
     doors.server.shutdown().await;
 }
 
@@ -303,5 +332,76 @@ async fn a_fork_made_through_either_door_reads_the_same_events() {
         messages(page["events"].as_array().unwrap()),
         messages(&from_cli)
     );
+    doors.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_merge_made_through_either_door_records_the_same_event() {
+    let doors = Doors::open("merge").await;
+    for policy in ["append-messages", "summary-only"] {
+        let (cli_parent, api_parent) = (format!("cli-{policy}"), format!("api-{policy}"));
+        for parent in [&cli_parent, &api_parent] {
+            doors.post_conversation(parent).await;
+            let fork = doors
+                .api(reqwest::Method::POST, &format!("/v1/threads/{parent}/fork"))
+                .json(&json!({"id": format!("{parent}-fork"), "at_seq": 5}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(fork.status(), StatusCode::CREATED);
+            let appended = doors
+                .api(
+                    reqwest::Method::POST,
+                    &format!("/v1/threads/{parent}-fork/messages"),
+                )
+                .json(&json!({"messages": [
+                    {"role": "user", "content": "explore this"},
+                    {"role": "assistant", "content": "explored: it holds"}
+                ]}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(appended.status(), StatusCode::OK);
+        }
+        let cli_seq: u64 = doors
+            .cli(
+                "merge",
+                &[
+                    "--thread",
+                    &format!("acme/{cli_parent}"),
+                    "--from",
+                    &format!("acme/{cli_parent}-fork"),
+                    "--policy",
+                    policy,
+                ],
+            )
+            .trim()
+            .parse()
+            .unwrap();
+        let merged: Value = doors
+            .api(
+                reqwest::Method::POST,
+                &format!("/v1/threads/{api_parent}/merge"),
+            )
+            .json(&json!({"from": format!("{api_parent}-fork"), "policy": policy}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(merged["seq"], json!(cli_seq), "{policy}: {merged}");
+        let merge_event = |thread: &str| {
+            let events = doors.cli("events", &["--thread", thread]);
+            let last: Value = serde_json::from_str(events.lines().last().unwrap()).unwrap();
+            assert_eq!(last["type"], "merged", "{thread}: {last}");
+            last
+        };
+        let mut from_cli = merge_event(&format!("acme/{cli_parent}"));
+        let from_api = merge_event(&format!("acme/{api_parent}"));
+        // The forks' names differ; everything else the merge recorded is the same.
+        from_cli["child"] = from_api["child"].clone();
+        assert_eq!(from_cli, from_api, "{policy}");
+    }
     doors.server.shutdown().await;
 }

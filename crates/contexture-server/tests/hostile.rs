@@ -147,6 +147,75 @@ async fn malformed_bodies_are_refused_with_what_and_where() {
 }
 
 #[tokio::test]
+async fn a_restore_names_a_replace_event_of_the_thread_or_changes_nothing() {
+    let dir = TempDir::new("contexture-hostile");
+    let (server, key) = hostile_server(&dir).await;
+    let json = Some("application/json");
+    let body = |value: Value| serde_json::to_vec(&value).unwrap();
+    let (status, _) = send(
+        &server,
+        &key,
+        "POST",
+        "/v1/threads/t/messages",
+        json,
+        body(json!({"messages": [{"role": "user", "content": "one"}]})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let restore = "/v1/threads/t/restore";
+    let table: Vec<(Vec<u8>, StatusCode, &str, &str)> = vec![
+        (
+            body(json!({})),
+            StatusCode::BAD_REQUEST,
+            "body",
+            "missing field `before`",
+        ),
+        (
+            body(json!({"before": -1})),
+            StatusCode::BAD_REQUEST,
+            "before",
+            "invalid value",
+        ),
+        (
+            body(json!({"before": "1"})),
+            StatusCode::BAD_REQUEST,
+            "before",
+            "invalid type",
+        ),
+        (
+            body(json!({"before": 1, "after": 2})),
+            StatusCode::BAD_REQUEST,
+            "after",
+            "unknown field",
+        ),
+        (
+            body(json!({"before": 99})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "before",
+            "99",
+        ),
+        (
+            body(json!({"before": 1})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "before",
+            "not a",
+        ),
+    ];
+    for (request, status, param, words) in table {
+        let shown = String::from_utf8_lossy(&request).into_owned();
+        let (got, error) = send(&server, &key, "POST", restore, json, request).await;
+        assert_eq!(got, status, "{shown}: {error}");
+        assert_eq!(error["error"]["param"], param, "{shown}: {error}");
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(message.contains(words), "{shown}: {message}");
+    }
+    // Nothing was appended.
+    let (_, thread) = send(&server, &key, "GET", "/v1/threads/t", None, vec![]).await;
+    assert_eq!(thread["last_seq"], 1, "{thread}");
+    server.shutdown().await;
+}
+
+#[tokio::test]
 async fn bad_numbers_ids_and_methods_are_refused_and_labels_stay_fixed() {
     let dir = TempDir::new("contexture-hostile");
     let (server, key) = hostile_server(&dir).await;
@@ -422,6 +491,11 @@ async fn a_running_executions_log_is_read_only_through_the_thread_routes() {
             json_body(json!({"id": "phantom"})),
         ),
         ("POST", "/v1/threads/run-1/compact", json_body(json!({}))),
+        (
+            "POST",
+            "/v1/threads/run-1/restore",
+            json_body(json!({"before": 1})),
+        ),
         ("DELETE", "/v1/threads/run-1", vec![]),
         (
             "POST",

@@ -122,6 +122,12 @@ async fn every_route_keeps_tenants_apart(store: AnyStore) {
         (M::POST, "/v1/threads/secret/compact", Some(json!({})), None),
         (
             M::POST,
+            "/v1/threads/secret/restore",
+            Some(json!({"before": 1})),
+            None,
+        ),
+        (
+            M::POST,
             "/v1/threads/secret/merge",
             Some(json!({"from": "secret-fork"})),
             None,

@@ -11,13 +11,14 @@ use std::time::{Duration, SystemTime};
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use contexture_core::budget::BudgetPolicy;
-use contexture_core::compact::{CompactionPolicy, restore_before};
+use contexture_core::compact::CompactionPolicy;
 use contexture_core::fit::Strategy;
 use contexture_core::format::openai;
-use contexture_core::thread::EventKind;
-use contexture_engine::compaction::{CompactRequest, CompactionOutcome, Compactor, compact_stored};
+use contexture_core::thread::{ConflictPolicy, MergePolicy, MergeSpec};
+use contexture_engine::compaction::{CompactOptions, CompactionOutcome, Compactor, compact_stored};
 use contexture_engine::fitting::{FitSettings, fit_thread};
 use contexture_engine::llm::LlmSpec;
+use contexture_engine::threads::{fork_thread, merge_thread, restore_thread};
 use contexture_store::{AnyStore, NewEvent, Store};
 use serde_json::Value;
 
@@ -102,12 +103,32 @@ pub enum ThreadCommand {
         /// The thread to fork.
         #[arg(long)]
         thread: String,
-        /// The last event the fork shares (0: none).
+        /// The last event the fork shares (0: none; default: the thread's last event).
         #[arg(long)]
-        at: u64,
+        at: Option<u64>,
         /// The new thread's id.
         #[arg(long = "new")]
         new: String,
+    },
+    /// Merge a fork back into the thread it was forked from as one `merged` event; print
+    /// its seq.
+    Merge {
+        /// The thread to merge into (the fork's parent).
+        #[arg(long)]
+        thread: String,
+        /// The fork to merge from.
+        #[arg(long)]
+        from: String,
+        /// What comes back: append-messages, summary-only or output-keys.
+        #[arg(long, default_value = "append-messages", value_parser = kebab_name::<MergePolicy>)]
+        policy: MergePolicy,
+        /// When a key brought back already holds another value: child-wins, parent-wins,
+        /// error or append.
+        #[arg(long, default_value = "child-wins", value_parser = kebab_name::<ConflictPolicy>)]
+        conflict: ConflictPolicy,
+        /// The fork's store keys to bring back (repeat the flag or separate with commas).
+        #[arg(long, value_delimiter = ',')]
+        keys: Vec<String>,
     },
     /// List threads: id, last seq, and the fork point of forks.
     List {
@@ -187,6 +208,11 @@ pub struct CompactArgs {
 }
 
 /// Runs a `thread` command.
+/// Parses a policy by its kebab-case name (as the HTTP API and workflows spell it).
+fn kebab_name<T: serde::de::DeserializeOwned>(name: &str) -> Result<T, String> {
+    serde_json::from_value(Value::String(name.to_owned())).map_err(|error| error.to_string())
+}
+
 pub fn run(args: ThreadArgs) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -295,7 +321,27 @@ async fn execute(args: ThreadArgs) -> Result<()> {
             }
         }
         ThreadCommand::Fork { thread, at, new } => {
-            println!("{}", store.fork(&thread, at, &new).await?);
+            println!(
+                "{}",
+                fork_thread(&store, &thread, at, &new).await?.forked_seq
+            );
+        }
+        ThreadCommand::Merge {
+            thread,
+            from,
+            policy,
+            conflict,
+            keys,
+        } => {
+            let spec = MergeSpec {
+                policy,
+                conflict,
+                keys,
+            };
+            let seq = merge_thread(&store, &thread, &from, &spec)
+                .await
+                .with_context(|| format!("cannot merge thread {from} into {thread}"))?;
+            println!("{seq}");
         }
         ThreadCommand::List { json } => {
             for info in store.list().await? {
@@ -314,13 +360,7 @@ async fn execute(args: ThreadArgs) -> Result<()> {
         ThreadCommand::Delete { thread } => store.delete(&thread).await?,
         ThreadCommand::Compact(args) => compact(&store, args).await?,
         ThreadCommand::Restore { thread, before } => {
-            let events = store.events(&thread).await?;
-            let op_id = format!("{thread}/restore-before-{before}-at-{}", events.len() + 1);
-            let restore = restore_before(&events, before, op_id)
-                .with_context(|| format!("cannot restore thread {thread}"))?;
-            let seq = store
-                .append_one(&thread, NewEvent::new(EventKind::ContextReplaced(restore)))
-                .await?;
+            let seq = restore_thread(&store, &thread, before).await?;
             println!("{seq}");
         }
         ThreadCommand::Prune { idle_secs } => {
@@ -337,33 +377,24 @@ async fn execute(args: ThreadArgs) -> Result<()> {
 /// `contexture thread compact`.
 async fn compact(store: &AnyStore, args: CompactArgs) -> Result<()> {
     let registry = Arc::new(args.registry.load()?);
-    let mut policy = CompactionPolicy {
+    let options = CompactOptions {
         summarizer: args.model.clone(),
-        ..CompactionPolicy::default()
+        keep_tokens: args.keep_tokens,
+        keep_messages: args.keep_messages,
+        summary_tokens: args.summary_tokens,
+        max_retries: args.retries,
+        prompt: match &args.prompt {
+            Some(path) => Some(input::read_text(Some(path))?),
+            None => None,
+        },
+        notes: args.notes.clone(),
+        preserve_history: Some(!args.no_history),
+        measure_model: Some(args.tokens_model.clone()),
     };
-    if args.keep_tokens.is_some() || args.keep_messages.is_some() {
-        policy.keep.tokens = args.keep_tokens;
-        policy.keep.messages = args.keep_messages;
-    }
-    if let Some(tokens) = args.summary_tokens {
-        policy.summary_tokens = tokens;
-    }
-    if let Some(retries) = args.retries {
-        policy.max_retries = retries;
-    }
-    if let Some(path) = &args.prompt {
-        policy.prompt = Some(input::read_text(Some(path))?);
-    }
-    if let Some((field, problem)) = policy.problems().into_iter().next() {
-        bail!("invalid compaction settings ({field}): {problem}");
-    }
+    let request = options.request(CompactionPolicy::default(), "manual")?;
     let spec: LlmSpec = args.llm.llm.as_deref().unwrap_or("auto").parse()?;
     let router = spec.router(&args.llm.settings()?, registry.clone(), 0)?;
     let compactor = Compactor::new(router, registry);
-    let mut request = CompactRequest::new(policy, "manual");
-    request.notes = args.notes.clone();
-    request.preserve_history = !args.no_history;
-    request.measure_model = args.tokens_model.clone();
     let report = compact_stored(&compactor, store, &args.thread, &request)
         .await
         .with_context(|| format!("cannot compact thread {}", args.thread))?;

@@ -264,10 +264,12 @@ pub enum StoreChange {
 }
 
 /// What a merge brings back from a fork.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum MergePolicy {
-    /// The messages the fork appended (after the fork point or its previous merge).
+    /// The messages the fork appended (after the fork point or its previous merge): the
+    /// default.
+    #[default]
     AppendMessages,
     /// Only the fork's last assistant message, as its summary.
     SummaryOnly,
@@ -276,10 +278,11 @@ pub enum MergePolicy {
 }
 
 /// What a merge does when a key it brings back already holds a different value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ConflictPolicy {
-    /// The fork's value replaces the parent's.
+    /// The fork's value replaces the parent's: the default.
+    #[default]
     ChildWins,
     /// The parent's value is kept.
     ParentWins,

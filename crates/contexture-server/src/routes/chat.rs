@@ -11,12 +11,11 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use contexture_core::Message;
 use contexture_core::format::openai;
-use contexture_core::registry::ModelInfo;
 use contexture_engine::chat::{
     Attempt, ChatError, ChatTurn, CompletionRecord, SHUT_DOWN, TurnRecorder, previous_attempt,
 };
+use contexture_engine::fitting::FitSettings;
 use contexture_llm::passthrough::{
     PassthroughError, UpstreamBody, UpstreamResponse, record_stream,
 };
@@ -30,15 +29,11 @@ use crate::body::JsonBody;
 use crate::error::{ApiError, ApiResult};
 use crate::fitting;
 use crate::keyed_turns::TurnClaim;
+use crate::routes::chat_request::{ChatRequest, THREAD_HEADER, ThreadedRequest, reply_budget};
 use crate::routes::chat_retry;
 use crate::routes::fresh_id;
-use crate::routes::threads::{parse_messages, store_error};
-use crate::tenancy::{Tenant, check_id};
-
-/// The header that names the thread.
-pub const THREAD_HEADER: &str = "x-contexture-thread";
-/// The `metadata` key that names the thread.
-pub const THREAD_METADATA_KEY: &str = "contexture_thread";
+use crate::tenancy::Tenant;
+use crate::tenant_store::TenantStore;
 
 /// `POST /v1/chat/completions`.
 pub async fn completions(
@@ -48,149 +43,172 @@ pub async fn completions(
     JsonBody(body): JsonBody<Value>,
 ) -> ApiResult<Response> {
     let key = crate::body::idempotency_key(&headers)?;
-    let Value::Object(mut body) = body else {
-        return Err(ApiError::invalid("body", "the body must be a JSON object"));
+    let request = match ChatRequest::parse(&headers, body)? {
+        ChatRequest::Passthrough(body) => {
+            let response = forward(&state, &body).await?;
+            return Ok(passthrough_response(response, None));
+        }
+        ChatRequest::Threaded(request) => request,
     };
-    let (model, requested, tools) = parse_request(&body)?;
-    let Some(thread) = thread_name(&headers, &mut body)? else {
-        let response = forward(&state, &Value::Object(body)).await?;
-        return Ok(passthrough_response(response, None));
-    };
-    check_id("the thread", &thread).map_err(|problem| ApiError::invalid(THREAD_HEADER, problem))?;
-    check_one_choice(&body)?;
-    let mut settings = fitting::settings(&state, &model, None, None, None)?;
-    if let Some(tokens) = reply_budget(&body, &settings.model)? {
+    let mut settings = fitting::settings(&state, &request.model, None, None, None)?;
+    if let Some(tokens) = reply_budget(&request.body, &settings.model)? {
         settings.budget.reserve_output = Some(tokens);
     }
-    let tenant = &caller.tenant;
-    let scoped = tenant.scope(&thread);
-    state.active_runs.refuse_writes(&scoped, &thread)?;
-
-    // A retry of a keyed turn is answered from the thread, before anything is compared
-    // with what the thread holds now (its first attempt is in there).
-    let digest = key.as_ref().map(|_| chat_retry::chat_request_digest(&body));
-    let (first_attempt, claim) = match (&key, &digest) {
-        (Some(key), Some(digest)) => {
-            let Some(claim) = state.keyed_turns.claim(&scoped, key) else {
-                return Err(chat_error(tenant, ChatError::InFlight { key: key.clone() }));
-            };
-            let abandon_after = state.config.upstream.abandon_after_secs;
-            let attempt =
-                previous_attempt(&state.store, &scoped, key, digest, abandon_after, now_ms())
-                    .await
-                    .map_err(|error| chat_error(tenant, error))?;
-            match attempt {
-                Attempt::Answered(answer) => {
-                    let stream = body.get("stream") == Some(&Value::Bool(true));
-                    let response = chat_retry::replayed(&answer, stream);
-                    return Ok(with_thread(response, &thread));
-                }
-                Attempt::First => (true, Some(claim)),
-                Attempt::Again => (false, Some(claim)),
-            }
-        }
-        _ => (false, None),
+    let threads = state.tenant_store(&caller.tenant);
+    threads.refuse_writes(&request.thread)?;
+    let keyed = match key {
+        Some(key) => match keyed_attempt(&state, threads, &request, key).await? {
+            KeyedAttempt::Answered(response) => return Ok(response),
+            KeyedAttempt::Claimed(claimed) => Some(claimed),
+        },
+        None => None,
     };
-
     // The turn runs apart from the client's connection from here on: a client that goes
     // away does not cancel it halfway (its messages stored but never sent), nor the call and
     // its recording (the answer is stored, and a retry with the same Idempotency-Key gets
     // it); a shutdown waits for it.
-    let tenant = tenant.clone();
     let guard = state.in_flight.enter();
-    let call = tokio::spawn(async move {
+    let turn = tokio::spawn(async move {
         let _guard = guard;
-        let turn = ChatTurn {
-            store: &state.store,
-            thread: &scoped,
-            settings,
-            tools,
-            compaction: state
-                .config
-                .context
-                .compaction
-                .as_ref()
-                .map(|policy| (policy, state.compactor.as_ref())),
-            key: key.as_deref(),
-            first_attempt,
-            client_digest: digest,
-        };
-        let request_id = format!("{scoped}/chat-{}", fresh_id());
-        let prepared = turn
-            .prepare(requested, request_id)
-            .await
-            .map_err(|error| chat_error(&tenant, error))?;
-        match &prepared.compaction {
-            Some(Ok(outcome)) => state.metrics.compaction(outcome),
-            Some(Err(error)) => {
-                state.metrics.compaction_error();
-                tracing::warn!(thread = %scoped, %error, "compaction failed; trimming instead");
-            }
-            None => {}
-        }
-        fitting::metered(&state, &prepared.fitted);
-        body.insert(
-            "messages".into(),
-            openai::to_values(&prepared.fitted.messages),
-        );
-        let recorder = Recorder {
-            turn: turn.recorder(&prepared),
-            tenant,
-            _claim: claim,
-        };
-        forward_and_record(state.clone(), body, recorder, thread).await
+        run_turn(state, caller.tenant, request, settings, keyed).await
     });
-    call.await
+    turn.await
         .map_err(|error| ApiError::upstream(format!("the upstream call stopped: {error}")))?
 }
 
-/// The request's model, messages and tools, and the shape of the fields the server reads,
-/// checked whatever the route, so a malformed request gets a 400 that names the field here
-/// rather than whatever the upstream makes of it.
-fn parse_request(body: &Map<String, Value>) -> ApiResult<(String, Vec<Message>, Vec<Value>)> {
-    let model = match body.get("model") {
-        Some(Value::String(model)) if !model.is_empty() => model.clone(),
-        Some(Value::String(_)) => return Err(ApiError::invalid("model", "model: is empty")),
-        Some(_) => return Err(ApiError::invalid("model", "model: must be a string")),
-        None => return Err(ApiError::invalid("model", "model: missing")),
+/// Where a keyed turn stands.
+enum KeyedAttempt {
+    /// Its answer is stored: the response replays it.
+    Answered(Response),
+    /// This server answers it now.
+    Claimed(KeyedClaim),
+}
+
+/// This server's claim on a keyed turn, and what the turn records of its key.
+struct KeyedClaim {
+    key: String,
+    digest: String,
+    first_attempt: bool,
+    claim: TurnClaim,
+}
+
+/// A retry of a keyed turn is answered from the thread, before anything is compared with
+/// what the thread holds now (its first attempt is in there).
+async fn keyed_attempt(
+    state: &AppState,
+    threads: TenantStore<'_>,
+    request: &ThreadedRequest,
+    key: String,
+) -> ApiResult<KeyedAttempt> {
+    let scoped = threads.stored_id(&request.thread);
+    let digest = chat_retry::chat_request_digest(&request.body);
+    let Some(claim) = state.keyed_turns.claim(&scoped, &key) else {
+        return Err(chat_error(threads, ChatError::InFlight { key }));
     };
-    let requested = parse_messages(body.get("messages").unwrap_or(&Value::Null), "messages")?;
-    let tools: Vec<Value> = match body.get("tools") {
-        Some(Value::Array(tools)) => tools.clone(),
-        Some(Value::Null) | None => Vec::new(),
-        Some(_) => return Err(ApiError::invalid("tools", "tools: must be an array")),
-    };
-    let positive = |value: &Value| value.as_u64().is_some_and(|n| n >= 1);
-    for (field, expected, fits) in [
-        (
-            "stream",
-            "a boolean",
-            &Value::is_boolean as &dyn Fn(&Value) -> bool,
-        ),
-        ("metadata", "an object", &Value::is_object),
-        ("n", "a whole number above 0", &positive),
-        ("max_tokens", "a whole number above 0", &positive),
-        ("max_completion_tokens", "a whole number above 0", &positive),
-    ] {
-        if let Some(value) = body.get(field)
-            && !value.is_null()
-            && !fits(value)
-        {
-            return Err(ApiError::invalid(
-                field,
-                format!("{field}: must be {expected}"),
-            ));
+    let abandon_after = state.config.upstream.abandon_after_secs;
+    let attempt = previous_attempt(
+        threads.store(),
+        &scoped,
+        &key,
+        &digest,
+        abandon_after,
+        now_ms(),
+    )
+    .await
+    .map_err(|error| chat_error(threads, error))?;
+    let first_attempt = match attempt {
+        Attempt::Answered(answer) => {
+            let response = chat_retry::replayed(&answer, request.stream());
+            return Ok(KeyedAttempt::Answered(with_thread(
+                response,
+                &request.thread,
+            )));
         }
+        Attempt::First => true,
+        Attempt::Again => false,
+    };
+    Ok(KeyedAttempt::Claimed(KeyedClaim {
+        key,
+        digest,
+        first_attempt,
+        claim,
+    }))
+}
+
+/// The engine's chat turn for a checked request: its request prepared and recorded, sent
+/// upstream, and its end recorded.
+async fn run_turn(
+    state: AppState,
+    tenant: Tenant,
+    request: ThreadedRequest,
+    settings: FitSettings,
+    keyed: Option<KeyedClaim>,
+) -> ApiResult<Response> {
+    let threads = state.tenant_store(&tenant);
+    let scoped = threads.stored_id(&request.thread);
+    let ThreadedRequest {
+        thread,
+        requested,
+        tools,
+        mut body,
+        ..
+    } = request;
+    let (key, digest, first_attempt, claim) = match keyed {
+        Some(keyed) => (
+            Some(keyed.key),
+            Some(keyed.digest),
+            keyed.first_attempt,
+            Some(keyed.claim),
+        ),
+        None => (None, None, false, None),
+    };
+    let turn = ChatTurn {
+        store: threads.store(),
+        thread: &scoped,
+        settings,
+        tools,
+        compaction: state
+            .config
+            .context
+            .compaction
+            .as_ref()
+            .map(|policy| (policy, state.compactor.as_ref())),
+        key: key.as_deref(),
+        first_attempt,
+        client_digest: digest,
+    };
+    let request_id = format!("{scoped}/chat-{}", fresh_id());
+    let prepared = turn
+        .prepare(requested, request_id)
+        .await
+        .map_err(|error| chat_error(threads, error))?;
+    match &prepared.compaction {
+        Some(Ok(outcome)) => state.metrics.compaction(outcome),
+        Some(Err(error)) => {
+            state.metrics.compaction_error();
+            tracing::warn!(thread = %scoped, %error, "compaction failed; trimming instead");
+        }
+        None => {}
     }
-    Ok((model, requested, tools))
+    fitting::metered(&state, &prepared.fitted);
+    body.insert(
+        "messages".into(),
+        openai::to_values(&prepared.fitted.messages),
+    );
+    let recorder = Recorder {
+        turn: turn.recorder(&prepared),
+        tenant: tenant.clone(),
+        _claim: claim,
+    };
+    forward_and_record(state.clone(), body, recorder, thread).await
 }
 
 /// A chat turn's refusal as the API answers it.
-fn chat_error(tenant: &Tenant, error: ChatError) -> ApiError {
+fn chat_error(threads: TenantStore<'_>, error: ChatError) -> ApiError {
     match error {
         ChatError::Invalid { field, message } => ApiError::invalid(field, message),
         ChatError::Fit(error) => fitting::fit_error(error),
-        ChatError::Store(error) => store_error(tenant, error),
+        ChatError::Store(error) => threads.error(error),
         error @ ChatError::KeyReused { .. } => ApiError {
             status: StatusCode::UNPROCESSABLE_ENTITY,
             code: "idempotency_key_reused",
@@ -251,7 +269,7 @@ async fn forward_and_record(
                     .turn
                     .completion(&bytes)
                     .await
-                    .map_err(|error| store_error(&recorder.tenant, error))?;
+                    .map_err(|error| state.tenant_store(&recorder.tenant).error(error))?;
                 if let CompletionRecord::Unreadable { recorded } = record {
                     recorder.logged(recorded);
                 }
@@ -323,100 +341,6 @@ impl Recorder {
     }
 }
 
-/// The thread a request names, taken out of `metadata` (which is forwarded without it).
-fn thread_name(headers: &HeaderMap, body: &mut Map<String, Value>) -> ApiResult<Option<String>> {
-    let from_metadata = match body.get_mut("metadata") {
-        Some(Value::Object(metadata)) => {
-            let name = metadata.remove(THREAD_METADATA_KEY);
-            let empty = metadata.is_empty();
-            if empty {
-                body.remove("metadata");
-            }
-            match name {
-                Some(Value::String(name)) => Some(name),
-                Some(_) => {
-                    return Err(ApiError::invalid(
-                        "metadata.contexture_thread",
-                        "metadata.contexture_thread: must be a string",
-                    ));
-                }
-                None => None,
-            }
-        }
-        _ => None,
-    };
-    let from_header = match headers.get(THREAD_HEADER) {
-        Some(value) => Some(
-            value
-                .to_str()
-                .map_err(|_| {
-                    ApiError::invalid(THREAD_HEADER, "X-Contexture-Thread must be visible ASCII")
-                })?
-                .to_owned(),
-        ),
-        None => None,
-    };
-    match (from_header, from_metadata) {
-        (Some(a), Some(b)) if a != b => Err(ApiError::invalid(
-            THREAD_HEADER,
-            format!("the header names thread `{a}` and metadata.contexture_thread `{b}`"),
-        )),
-        (Some(name), _) | (None, Some(name)) => Ok(Some(name)),
-        (None, None) => Ok(None),
-    }
-}
-
-/// A thread keeps one answer per turn, so a request for several choices is refused rather
-/// than keeping one of them silently (a client that went on with another would find a
-/// history it never saw).
-fn check_one_choice(body: &Map<String, Value>) -> ApiResult<()> {
-    match body.get("n") {
-        None | Some(Value::Null) => Ok(()),
-        Some(n) if n.as_u64() == Some(1) => Ok(()),
-        Some(n) => Err(ApiError::invalid(
-            "n",
-            format!(
-                "n: a thread keeps one answer per turn, so only n = 1 is accepted with a thread (not {n}); ask for several choices without a thread"
-            ),
-        )),
-    }
-}
-
-/// The reply budget the client asked for (`max_completion_tokens`, else `max_tokens`): it
-/// is reserved when fitting, and a value the model cannot give is refused.
-fn reply_budget(body: &Map<String, Value>, model: &ModelInfo) -> ApiResult<Option<u32>> {
-    for field in ["max_completion_tokens", "max_tokens"] {
-        let Some(value) = body.get(field).filter(|value| !value.is_null()) else {
-            continue;
-        };
-        let tokens = value
-            .as_u64()
-            .filter(|tokens| *tokens >= 1)
-            .ok_or_else(|| {
-                ApiError::invalid(
-                    field,
-                    format!("{field}: must be a whole number above 0, not {value}"),
-                )
-            })?;
-        let most = u64::from(
-            model
-                .max_output_tokens
-                .min(model.context_window.saturating_sub(1)),
-        );
-        if tokens > most {
-            return Err(ApiError::invalid(
-                field,
-                format!(
-                    "{field}: {tokens} is more than model `{}` can answer with (at most {most} tokens)",
-                    model.id
-                ),
-            ));
-        }
-        return Ok(Some(tokens as u32));
-    }
-    Ok(None)
-}
-
 async fn forward(state: &AppState, body: &Value) -> ApiResult<UpstreamResponse> {
     state
         .upstream
@@ -467,33 +391,4 @@ pub async fn models(State(state): State<AppState>) -> ApiResult<Response> {
         .await
         .map_err(|error| upstream_error(&error))?;
     Ok(passthrough_response(response, None))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_thread_comes_from_the_header_or_the_metadata() {
-        let mut headers = HeaderMap::new();
-        let mut body: Map<String, Value> =
-            serde_json::from_str(r#"{"metadata": {"contexture_thread": "t1"}, "model": "m"}"#)
-                .unwrap();
-        assert_eq!(
-            thread_name(&headers, &mut body).unwrap().as_deref(),
-            Some("t1")
-        );
-        assert!(!body.contains_key("metadata"), "forwarded without our key");
-        headers.insert(THREAD_HEADER, HeaderValue::from_static("t2"));
-        let mut body: Map<String, Value> =
-            serde_json::from_str(r#"{"metadata": {"contexture_thread": "t1", "user": "u"}}"#)
-                .unwrap();
-        let error = thread_name(&headers, &mut body).unwrap_err();
-        assert_eq!(error.status, StatusCode::BAD_REQUEST);
-        let mut body = Map::new();
-        assert_eq!(
-            thread_name(&headers, &mut body).unwrap().as_deref(),
-            Some("t2")
-        );
-    }
 }

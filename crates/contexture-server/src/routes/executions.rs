@@ -15,8 +15,7 @@ use contexture_core::thread::{Event, EventKind};
 use contexture_engine::conversation::ConversationKey;
 use contexture_engine::executor::{ExecError, RunRequest};
 use contexture_engine::report::{report, usage_tree};
-use contexture_engine::workflow::Provenance;
-use contexture_store::Store;
+use contexture_engine::workflow::{Provenance, Workflow};
 use futures_util::stream::{self, Stream};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -26,7 +25,6 @@ use crate::auth::Caller;
 use crate::body::{BodyBytes, JsonBody, QueryParams};
 use crate::error::{ApiError, ApiResult};
 use crate::routes::fresh_id;
-use crate::routes::threads::store_error;
 use crate::tenancy::{Tenant, check_id};
 
 /// How often an event stream looks for new events.
@@ -94,18 +92,17 @@ fn diagnostics_text(error: &ExecError) -> String {
         .join("\n")
 }
 
-/// `POST /v1/executions`: validates the workflow (and its sub-workflows), then starts the
-/// run in the background and answers 202 with its id.
-pub async fn start(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    JsonBody(body): JsonBody<StartExecution>,
-) -> ApiResult<Response> {
-    let tenant = caller.tenant.clone();
-    let (file, text, provenance) = match (&body.workflow, body.workflow_yaml) {
+/// The run a start request asks for, its workflow read (from the workflows directory, or
+/// the request's text) and validated with its sub-workflows.
+fn validated_request(
+    state: &AppState,
+    name: Option<String>,
+    yaml: Option<String>,
+) -> ApiResult<(RunRequest, Workflow)> {
+    let (file, text, provenance) = match (name, yaml) {
         (Some(name), None) => {
             let (file, text) = state
-                .read_workflow(name)
+                .read_workflow(&name)
                 .map_err(|problem| ApiError::invalid("workflow", problem))?;
             (file, text, Provenance::Operator)
         }
@@ -129,6 +126,28 @@ pub async fn start(
         };
         ApiError::invalid(param, diagnostics_text(&error))
     })?;
+    Ok((request, workflow))
+}
+
+/// `POST /v1/executions`: validates the workflow (and its sub-workflows), then starts the
+/// run in the background and answers 202 with its id.
+pub async fn start(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    JsonBody(mut body): JsonBody<StartExecution>,
+) -> ApiResult<Response> {
+    let tenant = caller.tenant.clone();
+    let (mut request, workflow) = {
+        let state = state.clone();
+        let (name, yaml) = (body.workflow.clone(), body.workflow_yaml.take());
+        // Reading the workflow and its sub-workflows blocks on the disk: off the runtime.
+        tokio::task::spawn_blocking(move || validated_request(&state, name, yaml))
+            .await
+            .map_err(|error| {
+                ApiError::internal(format!("workflow validation stopped: {error}"))
+            })??
+    };
+    let file = request.workflow_file.clone();
     let id = body.id.unwrap_or_else(fresh_id);
     check_id("an execution id", &id).map_err(|problem| ApiError::invalid("id", problem))?;
     if id.contains('/') {
@@ -138,9 +157,9 @@ pub async fn start(
             "an execution id may not contain `/`",
         ));
     }
-    let scoped = tenant.scope(&id);
-    let exists = state.store.exists(&scoped).await;
-    if exists.map_err(|error| crate::routes::threads::store_error(&tenant, error))? {
+    let threads = state.tenant_store(&tenant);
+    let scoped = threads.stored_id(&id);
+    if threads.exists(&id).await? {
         return Err(ApiError::conflict(format!(
             "execution `{id}` already exists"
         )));
@@ -186,7 +205,7 @@ pub async fn start(
     // Answer once the run's log exists, so that status, events and cancel find it at once.
     let logged = tokio::time::timeout(Duration::from_secs(10), async {
         while !run.is_finished() {
-            if matches!(state.store.exists(&scoped_id).await, Ok(true)) {
+            if matches!(threads.exists(&id).await, Ok(true)) {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
@@ -205,10 +224,10 @@ pub async fn start(
 
 async fn execution_events(state: &AppState, tenant: &Tenant, id: &str) -> ApiResult<Vec<Event>> {
     let events = state
-        .store
-        .events(&tenant.scope(id))
+        .tenant_store(tenant)
+        .events(id)
         .await
-        .map_err(|error| match store_error(tenant, error) {
+        .map_err(|error| match error {
             not_found if not_found.status == StatusCode::NOT_FOUND => {
                 ApiError::not_found("execution", id)
             }
@@ -233,9 +252,10 @@ pub async fn status(
 ) -> ApiResult<Json<Value>> {
     let tenant = &caller.tenant;
     let events = execution_events(&state, tenant, &id).await?;
-    let scoped = tenant.scope(&id);
+    let threads = state.tenant_store(tenant);
+    let scoped = threads.stored_id(&id);
     let report = report(&scoped, &events).ok_or_else(|| ApiError::not_found("execution", &id))?;
-    let tree = usage_tree(&state.store, &scoped).await?;
+    let tree = usage_tree(threads.store(), &scoped).await?;
     let mut value = json!({
         "id": id,
         "status": report.status,
@@ -283,8 +303,8 @@ pub async fn requests(
 ) -> ApiResult<Json<Value>> {
     let tenant = &caller.tenant;
     let events = execution_events(&state, tenant, &id).await?;
-    let report =
-        report(&tenant.scope(&id), &events).ok_or_else(|| ApiError::not_found("execution", &id))?;
+    let scoped = state.tenant_store(tenant).stored_id(&id);
+    let report = report(&scoped, &events).ok_or_else(|| ApiError::not_found("execution", &id))?;
     let mut value = json!({ "id": id, "requests": report.calls });
     tenant.unscope_json(&mut value);
     Ok(Json(value))
@@ -315,12 +335,13 @@ pub async fn cancel(
         crate::body::parse::<CancelExecution>(&body)?.reason
     };
     execution_events(&state, tenant, &id).await?;
+    let threads = state.tenant_store(tenant);
     let marked = state
         .executor
-        .cancel(&tenant.scope(&id), reason)
+        .cancel(&threads.stored_id(&id), reason)
         .await
         .map_err(|error| match error {
-            ExecError::Store(error) => store_error(tenant, error),
+            ExecError::Store(error) => threads.error(error),
             other => ApiError::conflict(tenant.unscope_text(&other.to_string())),
         })?;
     let marked: Vec<&str> = marked
@@ -368,7 +389,6 @@ pub async fn events(
     let ended = logged
         .iter()
         .any(|event| matches!(event.kind, EventKind::RunEnded(_)) && event.seq <= after);
-    let scoped = tenant.scope(&id);
     struct Cursor {
         after: u64,
         pending: std::collections::VecDeque<Event>,
@@ -384,7 +404,7 @@ pub async fn events(
     };
     let stream = stream::unfold(cursor, move |mut cursor| {
         let state = state.clone();
-        let scoped = scoped.clone();
+        let id = id.clone();
         let tenant = tenant.clone();
         async move {
             loop {
@@ -404,11 +424,15 @@ pub async fn events(
                 if cursor.ended {
                     return None;
                 }
-                match state.store.events_after(&scoped, cursor.after).await {
+                match state
+                    .tenant_store(&tenant)
+                    .events_after(&id, cursor.after)
+                    .await
+                {
                     Ok(events) if !events.is_empty() => cursor.pending.extend(events),
                     Ok(_) => tokio::time::sleep(POLL).await,
                     Err(error) => {
-                        tracing::warn!(%error, "event stream stopped by a store error");
+                        tracing::warn!(error = %error.message, "event stream stopped by a store error");
                         return None;
                     }
                 }

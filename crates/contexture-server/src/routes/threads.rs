@@ -1,5 +1,5 @@
 //! `/v1/threads`: create, append (idempotent with `Idempotency-Key`), the projection fitted
-//! to a model with its budget, events paged by seq, fork, merge, compact, delete.
+//! to a model with its budget, events paged by seq, fork, merge, compact, restore, delete.
 
 use axum::Extension;
 use axum::Json;
@@ -7,15 +7,13 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use contexture_core::budget::BudgetBreakdown;
-use contexture_core::compact::CompactionPolicy;
 use contexture_core::format::openai;
-use contexture_core::thread::{
-    ConflictPolicy, EventKind, FitRecord, MergePolicy, MergeSpec, StoreChange,
-};
+use contexture_core::thread::{ConflictPolicy, FitRecord, MergePolicy, MergeSpec};
 use contexture_core::tokens::Encoding;
-use contexture_engine::compaction::{CompactRequest, compact_stored};
+use contexture_engine::compaction::{CompactOptions, compact_stored};
 use contexture_engine::executor::ExecError;
-use contexture_store::{NewEvent, Store, StoreError};
+use contexture_engine::threads::NewThread;
+use contexture_store::NewEvent;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -25,64 +23,8 @@ use crate::body::{JsonBody, QueryParams};
 use crate::error::{ApiError, ApiResult};
 use crate::fitting;
 use crate::routes::fresh_id;
-use crate::tenancy::{Tenant, check_id};
+use crate::tenancy::check_id;
 use contexture_engine::fitting::{ThreadFitError, fit_thread};
-
-/// Maps a store error on a tenant's thread to the client's view of it.
-pub(crate) fn store_error(tenant: &Tenant, error: StoreError) -> ApiError {
-    let text = || tenant.unscope_text(&error.to_string());
-    match &error {
-        StoreError::NotFound { thread } => {
-            ApiError::not_found("thread", tenant.unscope(thread).unwrap_or(thread))
-        }
-        StoreError::AlreadyExists { .. } => ApiError::conflict(text()),
-        StoreError::HasForks { thread, forks } => {
-            let unscoped = |id: &str| tenant.unscope(id).unwrap_or(id).to_owned();
-            let forks: Vec<String> = forks.iter().map(|fork| unscoped(fork)).collect();
-            ApiError::conflict(format!(
-                "thread `{}` has forks ({}); delete them first",
-                unscoped(thread),
-                forks.join(", ")
-            ))
-        }
-        StoreError::ForkBeyondEnd { .. } => ApiError::invalid("at_seq", text()),
-        StoreError::ThreadFull { max_events, .. } => ApiError {
-            status: StatusCode::PAYLOAD_TOO_LARGE,
-            code: "thread_full",
-            message: format!(
-                "{}; nothing of this request was stored (`limits.max_thread_events` = {max_events}): {THREAD_FULL_REMEDY}",
-                text()
-            ),
-            param: None,
-        },
-        StoreError::ThreadTooLarge { max_bytes, .. } => ApiError {
-            status: StatusCode::PAYLOAD_TOO_LARGE,
-            code: "thread_full",
-            message: format!(
-                "{}; nothing of this request was stored (`limits.max_thread_bytes` = {max_bytes}): {THREAD_FULL_REMEDY}",
-                text()
-            ),
-            param: None,
-        },
-        StoreError::InvalidEvent { .. } | StoreError::ForkedEventAppended { .. } => {
-            ApiError::unprocessable(text())
-        }
-        _ => ApiError::store(&error),
-    }
-}
-
-/// What a client can do about a full thread.
-const THREAD_FULL_REMEDY: &str = "start a new thread (a fork shares its parent's events and counts them, or carry a summary over)";
-
-/// Fails with 404 unless the tenant's thread exists.
-pub(crate) async fn ensure_thread(state: &AppState, tenant: &Tenant, id: &str) -> ApiResult<()> {
-    let scoped = tenant.scope(id);
-    match state.store.exists(&scoped).await {
-        Ok(true) => Ok(()),
-        Ok(false) => Err(store_error(tenant, StoreError::NotFound { thread: scoped })),
-        Err(error) => Err(store_error(tenant, error)),
-    }
-}
 
 /// Parses OpenAI-format messages at `param`.
 pub(crate) fn parse_messages(
@@ -121,42 +63,21 @@ pub async fn create(
     Extension(caller): Extension<Caller>,
     JsonBody(body): JsonBody<CreateThread>,
 ) -> ApiResult<Response> {
-    let tenant = &caller.tenant;
     let id = body.id.unwrap_or_else(fresh_id);
     id_param("a thread id", &id)?;
-    let mut messages = match &body.messages {
+    let messages = match &body.messages {
         Some(value) => parse_messages(value, "messages")?,
         None => Vec::new(),
     };
-    if let Some(system) = body.system {
-        messages.insert(0, contexture_core::Message::system(system));
-    }
-    let scoped = tenant.scope(&id);
-    if state
-        .store
-        .exists(&scoped)
-        .await
-        .map_err(|error| store_error(tenant, error))?
-    {
-        return Err(ApiError::conflict(format!("thread `{id}` already exists")));
-    }
-    let mut events = vec![NewEvent::new(EventKind::StoreChanged(StoreChange::Set {
-        key: "metadata".into(),
-        value: body.metadata.unwrap_or_else(|| json!({})),
-    }))];
-    events.extend(
-        messages
-            .into_iter()
-            .map(|message| NewEvent::new(EventKind::MessageAppended { message })),
-    );
-    let seqs = state
-        .store
-        .append(&scoped, events)
-        .await
-        .map_err(|error| store_error(tenant, error))?;
+    let new = NewThread {
+        system: body.system,
+        messages,
+        metadata: body.metadata,
+    };
+    let last_seq = state.tenant_store(&caller.tenant).create(&id, new).await?;
     Ok((
         StatusCode::CREATED,
-        Json(json!({"id": id, "last_seq": seqs.last().copied().unwrap_or(0)})),
+        Json(json!({"id": id, "last_seq": last_seq})),
     )
         .into_response())
 }
@@ -188,13 +109,10 @@ pub async fn list(
 ) -> ApiResult<Json<Value>> {
     let limit = page_limit(query.limit)?;
     let tenant = &caller.tenant;
-    let prefix = tenant.scope("");
-    let after = query
-        .after
-        .as_deref()
-        .map(|after| tenant.scope(after))
-        .unwrap_or_default();
-    let page = state.store.list_page(&prefix, &after, limit + 1).await?;
+    let page = state
+        .tenant_store(tenant)
+        .list_page(query.after.as_deref(), limit + 1)
+        .await?;
     let more = page.len() > limit;
     let mut threads = Vec::with_capacity(limit);
     for info in page.into_iter().take(limit) {
@@ -223,10 +141,9 @@ pub async fn show(
     let tenant = &caller.tenant;
     // Only the newest message is needed: the older ones are counted, not read.
     let thread = state
-        .store
-        .load_projection_tail(&tenant.scope(&id), Encoding::O200kBase, 0)
-        .await
-        .map_err(|error| store_error(tenant, error))?;
+        .tenant_store(tenant)
+        .load_projection_tail(&id, Encoding::O200kBase, 0)
+        .await?;
     let projection = &thread.projection;
     let mut value = json!({
         "id": id,
@@ -260,9 +177,9 @@ pub async fn append(
     headers: HeaderMap,
     JsonBody(body): JsonBody<AppendMessages>,
 ) -> ApiResult<Json<Value>> {
-    let tenant = &caller.tenant;
+    let threads = state.tenant_store(&caller.tenant);
     id_param("a thread id", &id)?;
-    state.active_runs.refuse_writes(&tenant.scope(&id), &id)?;
+    threads.refuse_writes(&id)?;
     let messages = parse_messages(&body.messages, "messages")?;
     if messages.is_empty() {
         return Err(ApiError::invalid(
@@ -272,11 +189,7 @@ pub async fn append(
     }
     let key = crate::body::idempotency_key(&headers)?;
     let events = NewEvent::messages(messages, key.as_deref());
-    let seqs = state
-        .store
-        .append(&tenant.scope(&id), events)
-        .await
-        .map_err(|error| store_error(tenant, error))?;
+    let seqs = threads.append(&id, events).await?;
     Ok(Json(json!({ "seqs": seqs })))
 }
 
@@ -304,7 +217,7 @@ pub async fn context(
     Path(id): Path<String>,
     QueryParams(query): QueryParams<ContextQuery>,
 ) -> ApiResult<Response> {
-    let tenant = &caller.tenant;
+    let threads = state.tenant_store(&caller.tenant);
     let mut settings = fitting::settings(
         &state,
         &query.model,
@@ -317,12 +230,12 @@ pub async fn context(
             .cap_tokens(max)
             .map_err(|error| ApiError::invalid("budget_ratio", error.to_string()))?;
     }
-    let fitted = match fit_thread(&state.store, &tenant.scope(&id), &settings).await {
+    let fitted = match fit_thread(threads.store(), &threads.stored_id(&id), &settings).await {
         Ok(fitted) => {
             fitting::metered(&state, &fitted);
             fitted
         }
-        Err(ThreadFitError::Store(error)) => return Err(store_error(tenant, error)),
+        Err(ThreadFitError::Store(error)) => return Err(threads.error(error)),
         Err(ThreadFitError::Fit(error)) => return Err(fitting::fit_error(error)),
     };
     Ok(Json(ContextAnswer {
@@ -366,10 +279,9 @@ pub async fn events(
     let limit = page_limit(query.limit)?;
     let tenant = &caller.tenant;
     let events = state
-        .store
-        .events_after(&tenant.scope(&id), query.after)
-        .await
-        .map_err(|error| store_error(tenant, error))?;
+        .tenant_store(tenant)
+        .events_after(&id, query.after)
+        .await?;
     let more = events.len() > limit;
     let page: Vec<_> = events.into_iter().take(limit).collect();
     let next_after = if more {
@@ -399,27 +311,19 @@ pub async fn fork(
     Path(id): Path<String>,
     JsonBody(body): JsonBody<ForkThread>,
 ) -> ApiResult<Response> {
-    let tenant = &caller.tenant;
+    let threads = state.tenant_store(&caller.tenant);
     let child = body.id.unwrap_or_else(fresh_id);
     id_param("a thread id", &child)?;
-    state.active_runs.refuse_writes(&tenant.scope(&id), &id)?;
-    let at_seq = match body.at_seq {
-        Some(at) => at,
-        None => state
-            .store
-            .load(&tenant.scope(&id))
-            .await
-            .map_err(|error| store_error(tenant, error))?
-            .last_seq(),
-    };
-    let seq = state
-        .store
-        .fork(&tenant.scope(&id), at_seq, &tenant.scope(&child))
-        .await
-        .map_err(|error| store_error(tenant, error))?;
+    threads.refuse_writes(&id)?;
+    let forked = threads.fork(&id, body.at_seq, &child).await?;
     Ok((
         StatusCode::CREATED,
-        Json(json!({"id": child, "parent": id, "at_seq": at_seq, "forked_seq": seq})),
+        Json(json!({
+            "id": child,
+            "parent": id,
+            "at_seq": forked.at_seq,
+            "forked_seq": forked.forked_seq
+        })),
     )
         .into_response())
 }
@@ -431,22 +335,14 @@ pub struct MergeThread {
     /// The fork to merge into this thread.
     from: String,
     /// `append-messages` (default), `summary-only` or `output-keys`.
-    #[serde(default = "default_merge_policy")]
+    #[serde(default)]
     policy: MergePolicy,
     /// `child-wins` (default), `parent-wins`, `error` or `append`.
-    #[serde(default = "default_conflict")]
+    #[serde(default)]
     conflict: ConflictPolicy,
     /// The fork's store keys to bring back.
     #[serde(default)]
     keys: Vec<String>,
-}
-
-fn default_merge_policy() -> MergePolicy {
-    MergePolicy::AppendMessages
-}
-
-fn default_conflict() -> ConflictPolicy {
-    ConflictPolicy::ChildWins
 }
 
 /// `POST /v1/threads/{id}/merge`: merges a fork back; returns the merge event's seq.
@@ -456,48 +352,38 @@ pub async fn merge(
     Path(id): Path<String>,
     JsonBody(body): JsonBody<MergeThread>,
 ) -> ApiResult<Json<Value>> {
-    let tenant = &caller.tenant;
-    let load = |id: String| {
-        let state = state.clone();
-        let tenant = tenant.clone();
-        async move {
-            state
-                .store
-                .load(&tenant.scope(&id))
-                .await
-                .map_err(|error| store_error(&tenant, error))
-        }
-    };
-    state.active_runs.refuse_writes(&tenant.scope(&id), &id)?;
-    let parent = load(id.clone()).await?;
-    // The path's thread exists; a missing fork is a mistake in the body, not a missing
-    // resource.
-    let child = load(body.from.clone()).await.map_err(|error| {
-        if error.status == StatusCode::NOT_FOUND {
-            ApiError {
-                status: StatusCode::UNPROCESSABLE_ENTITY,
-                code: "unprocessable",
-                message: format!("from: no thread `{}` to merge from", body.from),
-                param: Some("from".into()),
-            }
-        } else {
-            error
-        }
-    })?;
+    let threads = state.tenant_store(&caller.tenant);
+    threads.refuse_writes(&id)?;
     let spec = MergeSpec {
         policy: body.policy,
         conflict: body.conflict,
         keys: body.keys,
     };
-    let event = parent
-        .plan_merge(&child, &spec)
-        .map_err(|error| ApiError::conflict(tenant.unscope_text(&error.to_string())))?;
-    let seq = state
-        .store
-        .append_one(&tenant.scope(&id), NewEvent::new(event))
-        .await
-        .map_err(|error| store_error(tenant, error))?;
+    let seq = threads.merge(&id, &body.from, &spec).await?;
     Ok(Json(json!({ "seq": seq, "from": body.from })))
+}
+
+/// `POST /v1/threads/{id}/restore` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestoreThread {
+    /// The seq of the replace event (a compaction, a clear) whose covered messages come back.
+    before: u64,
+}
+
+/// `POST /v1/threads/{id}/restore`: puts back the projection as it was just before a
+/// replace event, messages appended since included, as one more event (nothing is deleted,
+/// so a restore can be undone the same way); returns its seq.
+pub async fn restore(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<RestoreThread>,
+) -> ApiResult<Json<Value>> {
+    let threads = state.tenant_store(&caller.tenant);
+    threads.refuse_writes(&id)?;
+    let seq = threads.restore(&id, body.before).await?;
+    Ok(Json(json!({ "seq": seq })))
 }
 
 /// `POST /v1/threads/{id}/compact` body.
@@ -527,40 +413,32 @@ pub async fn compact(
     Path(id): Path<String>,
     JsonBody(body): JsonBody<CompactThread>,
 ) -> ApiResult<Json<Value>> {
-    let tenant = &caller.tenant;
-    ensure_thread(&state, tenant, &id).await?;
-    state.active_runs.refuse_writes(&tenant.scope(&id), &id)?;
-    let mut policy = state
-        .config
-        .context
-        .compaction
-        .clone()
-        .unwrap_or_else(CompactionPolicy::default);
-    if body.model.is_some() {
-        policy.summarizer = body.model.clone();
-    }
-    if body.keep_tokens.is_some() || body.keep_messages.is_some() {
-        policy.keep.tokens = body.keep_tokens;
-        policy.keep.messages = body.keep_messages;
-    }
-    if let Some((field, problem)) = policy.problems().into_iter().next() {
-        return Err(ApiError::invalid(field, problem));
-    }
-    let mut request = CompactRequest::new(policy, "api");
-    request.notes = body.notes;
-    request.preserve_history = body.preserve_history.unwrap_or(true);
-    if let Some(model) = body.tokens_model {
-        request.measure_model = model;
-    }
-    let report = compact_stored(&state.compactor, &state.store, &tenant.scope(&id), &request)
+    let threads = state.tenant_store(&caller.tenant);
+    threads.ensure(&id).await?;
+    threads.refuse_writes(&id)?;
+    let options = CompactOptions {
+        summarizer: body.model,
+        keep_tokens: body.keep_tokens,
+        keep_messages: body.keep_messages,
+        notes: body.notes,
+        preserve_history: body.preserve_history,
+        measure_model: body.tokens_model,
+        ..CompactOptions::default()
+    };
+    let policy = state.config.context.compaction.clone().unwrap_or_default();
+    let request = options
+        .request(policy, "api")
+        .map_err(|invalid| ApiError::invalid(invalid.field, invalid.problem))?;
+    let stored = threads.stored_id(&id);
+    let report = compact_stored(&state.compactor, threads.store(), &stored, &request)
         .await
         .map_err(|error| match error {
-            ExecError::Store(error) => store_error(tenant, error),
-            other => ApiError::unprocessable(tenant.unscope_text(&other.to_string())),
+            ExecError::Store(error) => threads.error(error),
+            other => ApiError::unprocessable(threads.tenant().unscope_text(&other.to_string())),
         })?;
     state.metrics.compaction(&report.outcome);
     let mut value = serde_json::to_value(&report).unwrap_or_default();
-    tenant.unscope_json(&mut value);
+    threads.tenant().unscope_json(&mut value);
     Ok(Json(value))
 }
 
@@ -570,12 +448,8 @@ pub async fn delete(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
-    let tenant = &caller.tenant;
-    state.active_runs.refuse_writes(&tenant.scope(&id), &id)?;
-    state
-        .store
-        .delete(&tenant.scope(&id))
-        .await
-        .map_err(|error| store_error(tenant, error))?;
+    let threads = state.tenant_store(&caller.tenant);
+    threads.refuse_writes(&id)?;
+    threads.delete(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -1,0 +1,138 @@
+//! Operations on a stored thread that a caller asks for by name: create one, fork it, merge a
+//! fork back, restore what a replace (a compaction, a clear) covered. The CLI and the HTTP
+//! API both call these, so one request gives the same events whichever door it came through.
+
+use contexture_core::Message;
+use contexture_core::compact::{RestoreError, restore_before};
+use contexture_core::thread::{EventKind, MergeError, MergeSpec, StoreChange};
+use contexture_store::{NewEvent, Store, StoreError};
+use serde_json::Value;
+
+/// Why a thread operation did nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ThreadOpError {
+    /// The store refused or failed (a missing thread is [`StoreError::NotFound`]).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The thread to merge from does not exist.
+    #[error("no thread `{from}` to merge from")]
+    NoMergeSource {
+        /// The thread named as the source.
+        from: String,
+    },
+    /// The merge cannot be planned (not a fork of the target, a conflict under `error`).
+    #[error(transparent)]
+    Merge(#[from] MergeError),
+    /// The restore cannot be planned (no such replace event).
+    #[error("cannot restore thread `{thread}`: {source}")]
+    Restore {
+        /// The thread.
+        thread: String,
+        /// What is wrong with the event named.
+        #[source]
+        source: RestoreError,
+    },
+}
+
+/// What a new thread starts with.
+#[derive(Debug, Clone, Default)]
+pub struct NewThread {
+    /// A system prompt, stored before the messages.
+    pub system: Option<String>,
+    /// The first messages.
+    pub messages: Vec<Message>,
+    /// Free JSON kept in the thread's store under `metadata` (an empty object when `None`).
+    pub metadata: Option<Value>,
+}
+
+/// Creates thread `id` with its metadata, system prompt and first messages in one append,
+/// and returns the last seq. Fails with [`StoreError::AlreadyExists`] when the thread exists.
+pub async fn create_thread<S: Store>(
+    store: &S,
+    id: &str,
+    new: NewThread,
+) -> Result<u64, ThreadOpError> {
+    if store.exists(id).await? {
+        return Err(StoreError::AlreadyExists { thread: id.into() }.into());
+    }
+    let metadata = new
+        .metadata
+        .unwrap_or_else(|| Value::Object(Default::default()));
+    let mut events = vec![NewEvent::new(EventKind::StoreChanged(StoreChange::Set {
+        key: "metadata".into(),
+        value: metadata,
+    }))];
+    let system = new.system.map(Message::system);
+    events.extend(
+        system
+            .into_iter()
+            .chain(new.messages)
+            .map(|message| NewEvent::new(EventKind::MessageAppended { message })),
+    );
+    let seqs = store.append(id, events).await?;
+    Ok(seqs.last().copied().unwrap_or(0))
+}
+
+/// Where a fork was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Forked {
+    /// The parent's last event the fork shares.
+    pub at_seq: u64,
+    /// The seq of the fork's `forked` event.
+    pub forked_seq: u64,
+}
+
+/// Forks `parent` as `child` after the parent's event `at_seq` (default: its last event).
+pub async fn fork_thread<S: Store>(
+    store: &S,
+    parent: &str,
+    at_seq: Option<u64>,
+    child: &str,
+) -> Result<Forked, ThreadOpError> {
+    let at_seq = match at_seq {
+        Some(at) => at,
+        None => store.load(parent).await?.last_seq(),
+    };
+    let forked_seq = store.fork(parent, at_seq, child).await?;
+    Ok(Forked { at_seq, forked_seq })
+}
+
+/// Merges the fork `from` back into `into` as one `merged` event and returns its seq.
+pub async fn merge_thread<S: Store>(
+    store: &S,
+    into: &str,
+    from: &str,
+    spec: &MergeSpec,
+) -> Result<u64, ThreadOpError> {
+    let parent = store.load(into).await?;
+    let child = match store.load(from).await {
+        Ok(child) => child,
+        Err(StoreError::NotFound { .. }) => {
+            return Err(ThreadOpError::NoMergeSource { from: from.into() });
+        }
+        Err(error) => return Err(error.into()),
+    };
+    let event = parent.plan_merge(&child, spec)?;
+    Ok(store.append_one(into, NewEvent::new(event)).await?)
+}
+
+/// Puts back the projection as it was just before the replace event `before` (messages
+/// appended since stay), as one more replace event whose seq is returned. The operation's
+/// id names the thread, the event restored and the log's length, so a second restore of the
+/// same event later is a new operation.
+pub async fn restore_thread<S: Store>(
+    store: &S,
+    thread: &str,
+    before: u64,
+) -> Result<u64, ThreadOpError> {
+    let events = store.events(thread).await?;
+    let op_id = format!("{thread}/restore-before-{before}-at-{}", events.len() + 1);
+    let restore =
+        restore_before(&events, before, op_id).map_err(|source| ThreadOpError::Restore {
+            thread: thread.into(),
+            source,
+        })?;
+    Ok(store
+        .append_one(thread, NewEvent::new(EventKind::ContextReplaced(restore)))
+        .await?)
+}

@@ -1,0 +1,255 @@
+//! A tenant's view of the store. Handlers reach threads and executions only through a
+//! [`TenantStore`]: its methods take the client's ids and scope them under the tenant's
+//! prefix, and map every store error to what the client may see (404 for another tenant's
+//! ids, ids in texts without the prefix). Tenant isolation is a property of this type, not of
+//! each handler remembering to scope.
+
+use axum::http::StatusCode;
+use contexture_core::thread::{Event, MergeSpec};
+use contexture_core::tokens::Encoding;
+use contexture_engine::threads::{
+    Forked, NewThread, ThreadOpError, create_thread, fork_thread, merge_thread, restore_thread,
+};
+use contexture_store::{AnyStore, NewEvent, ProjectionTail, Store, StoreError, ThreadInfo};
+
+use crate::active_runs::ActiveRuns;
+use crate::app::AppState;
+use crate::error::{ApiError, ApiResult};
+use crate::tenancy::Tenant;
+
+/// What a client can do about a full thread.
+const THREAD_FULL_REMEDY: &str = "start a new thread (a fork shares its parent's events and counts them, or carry a summary over)";
+
+/// The store as one tenant sees it.
+#[derive(Clone, Copy)]
+pub(crate) struct TenantStore<'a> {
+    store: &'a AnyStore,
+    active_runs: &'a ActiveRuns,
+    tenant: &'a Tenant,
+}
+
+impl AppState {
+    /// The store as `tenant` sees it.
+    pub(crate) fn tenant_store<'a>(&'a self, tenant: &'a Tenant) -> TenantStore<'a> {
+        TenantStore {
+            store: &self.store,
+            active_runs: &self.active_runs,
+            tenant,
+        }
+    }
+}
+
+impl<'a> TenantStore<'a> {
+    /// The tenant.
+    pub(crate) fn tenant(&self) -> &'a Tenant {
+        self.tenant
+    }
+
+    /// The stored id of the client's thread or execution `id`: for an engine operation that
+    /// takes [`TenantStore::store`] and an id.
+    pub(crate) fn stored_id(&self, id: &str) -> String {
+        self.tenant.scope(id)
+    }
+
+    /// The whole store, for engine operations given ids from [`TenantStore::stored_id`]
+    /// (whose errors then go through [`TenantStore::error`]).
+    pub(crate) fn store(&self) -> &'a AnyStore {
+        self.store
+    }
+
+    /// The client's view of a store error on one of the tenant's threads.
+    pub(crate) fn error(&self, error: StoreError) -> ApiError {
+        let tenant = self.tenant;
+        let unscoped = |id: &str| tenant.unscope(id).unwrap_or(id).to_owned();
+        let text = || tenant.unscope_text(&error.to_string());
+        match &error {
+            StoreError::NotFound { thread } => ApiError::not_found("thread", &unscoped(thread)),
+            StoreError::AlreadyExists { .. } => ApiError::conflict(text()),
+            StoreError::HasForks { thread, forks } => {
+                let forks: Vec<String> = forks.iter().map(|fork| unscoped(fork)).collect();
+                ApiError::conflict(format!(
+                    "thread `{}` has forks ({}); delete them first",
+                    unscoped(thread),
+                    forks.join(", ")
+                ))
+            }
+            StoreError::ForkBeyondEnd { .. } => ApiError::invalid("at_seq", text()),
+            StoreError::ThreadFull { max_events, .. } => ApiError {
+                status: StatusCode::PAYLOAD_TOO_LARGE,
+                code: "thread_full",
+                message: format!(
+                    "{}; nothing of this request was stored (`limits.max_thread_events` = {max_events}): {THREAD_FULL_REMEDY}",
+                    text()
+                ),
+                param: None,
+            },
+            StoreError::ThreadTooLarge { max_bytes, .. } => ApiError {
+                status: StatusCode::PAYLOAD_TOO_LARGE,
+                code: "thread_full",
+                message: format!(
+                    "{}; nothing of this request was stored (`limits.max_thread_bytes` = {max_bytes}): {THREAD_FULL_REMEDY}",
+                    text()
+                ),
+                param: None,
+            },
+            StoreError::InvalidEvent { .. } | StoreError::ForkedEventAppended { .. } => {
+                ApiError::unprocessable(text())
+            }
+            _ => ApiError::store(&error),
+        }
+    }
+
+    /// The client's view of a failed thread operation.
+    fn op_error(&self, error: ThreadOpError) -> ApiError {
+        match error {
+            ThreadOpError::Store(error) => self.error(error),
+            // The path's thread exists; a missing source is a mistake in the body, not a
+            // missing resource.
+            ThreadOpError::NoMergeSource { from } => ApiError {
+                status: StatusCode::UNPROCESSABLE_ENTITY,
+                code: "unprocessable",
+                message: format!("from: no thread `{}` to merge from", self.unscoped(&from)),
+                param: Some("from".into()),
+            },
+            // The path's thread exists; the event named is what is wrong.
+            error @ ThreadOpError::Restore { .. } => ApiError {
+                status: StatusCode::UNPROCESSABLE_ENTITY,
+                code: "unprocessable",
+                message: format!("before: {}", self.tenant.unscope_text(&error.to_string())),
+                param: Some("before".into()),
+            },
+            other => ApiError::conflict(self.tenant.unscope_text(&other.to_string())),
+        }
+    }
+
+    fn unscoped<'s>(&self, stored: &'s str) -> &'s str {
+        self.tenant.unscope(stored).unwrap_or(stored)
+    }
+
+    /// 409 while thread `id` is the log of a running execution.
+    pub(crate) fn refuse_writes(&self, id: &str) -> ApiResult<()> {
+        self.active_runs.refuse_writes(&self.stored_id(id), id)
+    }
+
+    /// True when the tenant's thread `id` exists.
+    pub(crate) async fn exists(&self, id: &str) -> ApiResult<bool> {
+        let stored = self.stored_id(id);
+        self.store
+            .exists(&stored)
+            .await
+            .map_err(|error| self.error(error))
+    }
+
+    /// Fails with 404 unless the tenant's thread `id` exists.
+    pub(crate) async fn ensure(&self, id: &str) -> ApiResult<()> {
+        if self.exists(id).await? {
+            Ok(())
+        } else {
+            Err(ApiError::not_found("thread", id))
+        }
+    }
+
+    /// Appends to the tenant's thread `id` (created when missing); the seq of each event.
+    pub(crate) async fn append(&self, id: &str, events: Vec<NewEvent>) -> ApiResult<Vec<u64>> {
+        self.store
+            .append(&self.stored_id(id), events)
+            .await
+            .map_err(|error| self.error(error))
+    }
+
+    /// Every event of the tenant's thread `id`.
+    pub(crate) async fn events(&self, id: &str) -> ApiResult<Vec<Event>> {
+        self.store
+            .events(&self.stored_id(id))
+            .await
+            .map_err(|error| self.error(error))
+    }
+
+    /// The events of the tenant's thread `id` after seq `after`.
+    pub(crate) async fn events_after(&self, id: &str, after: u64) -> ApiResult<Vec<Event>> {
+        self.store
+            .events_after(&self.stored_id(id), after)
+            .await
+            .map_err(|error| self.error(error))
+    }
+
+    /// The tail of the tenant's thread `id` (see [`Store::load_projection_tail`]).
+    pub(crate) async fn load_projection_tail(
+        &self,
+        id: &str,
+        encoding: Encoding,
+        tokens: u64,
+    ) -> ApiResult<ProjectionTail> {
+        self.store
+            .load_projection_tail(&self.stored_id(id), encoding, tokens)
+            .await
+            .map_err(|error| self.error(error))
+    }
+
+    /// A page of the tenant's threads after the client's id `after`, at most `limit`.
+    /// The infos keep their stored ids: the caller unscopes what it shows.
+    pub(crate) async fn list_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> ApiResult<Vec<ThreadInfo>> {
+        let prefix = self.stored_id("");
+        let after = after.map(|after| self.stored_id(after)).unwrap_or_default();
+        self.store
+            .list_page(&prefix, &after, limit)
+            .await
+            .map_err(|error| self.error(error))
+    }
+
+    /// Deletes the tenant's thread `id`.
+    pub(crate) async fn delete(&self, id: &str) -> ApiResult<()> {
+        self.store
+            .delete(&self.stored_id(id))
+            .await
+            .map_err(|error| self.error(error))
+    }
+
+    /// Creates the tenant's thread `id`; its last seq.
+    pub(crate) async fn create(&self, id: &str, new: NewThread) -> ApiResult<u64> {
+        create_thread(self.store, &self.stored_id(id), new)
+            .await
+            .map_err(|error| self.op_error(error))
+    }
+
+    /// Forks the tenant's thread `parent` as its thread `child`.
+    pub(crate) async fn fork(
+        &self,
+        parent: &str,
+        at_seq: Option<u64>,
+        child: &str,
+    ) -> ApiResult<Forked> {
+        fork_thread(
+            self.store,
+            &self.stored_id(parent),
+            at_seq,
+            &self.stored_id(child),
+        )
+        .await
+        .map_err(|error| self.op_error(error))
+    }
+
+    /// Merges the tenant's fork `from` into its thread `into`; the merge event's seq.
+    pub(crate) async fn merge(&self, into: &str, from: &str, spec: &MergeSpec) -> ApiResult<u64> {
+        merge_thread(
+            self.store,
+            &self.stored_id(into),
+            &self.stored_id(from),
+            spec,
+        )
+        .await
+        .map_err(|error| self.op_error(error))
+    }
+
+    /// Puts back what the replace event `before` of the tenant's thread `id` covered; the
+    /// restore event's seq.
+    pub(crate) async fn restore(&self, id: &str, before: u64) -> ApiResult<u64> {
+        restore_thread(self.store, &self.stored_id(id), before)
+            .await
+            .map_err(|error| self.op_error(error))
+    }
+}
