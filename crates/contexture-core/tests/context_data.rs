@@ -1,6 +1,6 @@
 //! Tests as data for the workflow context store, in minijinja's style: every file under
-//! `tests/inputs/context/<kind>/` is one case, and its result is pinned by an insta snapshot
-//! `tests/snapshots/context_data__<kind>__<file>.snap`. Bad inputs are cases too; their
+//! `tests/inputs/context/<kind>/` is one case (`insta::glob!`), and its result is pinned by an
+//! insta snapshot `tests/snapshots/context_data__<kind>@<file>.snap`. Bad inputs are cases too; their
 //! snapshot is the error. Regenerate after a deliberate change with
 //! `INSTA_UPDATE=always cargo test -p contexture-core --test context_data` and review the diff.
 //!
@@ -18,7 +18,6 @@
 //!   templates, outputs under flags, conditions, tool arguments, iteration) -> the trace.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
 
 use contexture_core::context::args::resolve_args;
 use contexture_core::context::iter::{merge_results, plan_items};
@@ -31,35 +30,6 @@ use serde_json::{Map, Value, json};
 
 /// A fixed moment for dynamic variables: 2024-05-06T09:30:15Z, a Monday.
 const NOW: i64 = 1_714_987_815;
-
-fn inputs(kind: &str) -> Vec<(String, PathBuf)> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/inputs/context")
-        .join(kind);
-    let mut files: Vec<(String, PathBuf)> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()))
-        .map(|entry| entry.expect("directory entry").path())
-        .filter(|path| path.is_file())
-        .map(|path| {
-            let stem = path
-                .file_stem()
-                .expect("file name")
-                .to_string_lossy()
-                .into_owned();
-            (stem, path)
-        })
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "no inputs in {}", dir.display());
-    files
-}
-
-fn snapshot(kind: &str, name: &str, path: &Path, body: &str) {
-    let mut settings = insta::Settings::clone_current();
-    settings.set_input_file(path);
-    settings.set_prepend_module_to_snapshot(true);
-    settings.bind(|| insta::assert_snapshot!(format!("{kind}__{name}"), body));
-}
 
 fn pretty(value: &impl serde::Serialize) -> String {
     serde_json::to_string_pretty(value).expect("serializable")
@@ -83,7 +53,7 @@ fn store_of(value: Option<&Value>) -> ContextStore {
 
 #[test]
 fn parse() {
-    for (name, path) in inputs("parse") {
+    insta::glob!("inputs/context/parse/*", |path| {
         let bytes = std::fs::read(&path).expect("input");
         let body = match parse_output_bytes(&bytes) {
             Ok(parsed) => format!(
@@ -95,8 +65,8 @@ fn parse() {
             ),
             Err(error) => format!("error: {error}\n"),
         };
-        snapshot("parse", &name, &path, &body);
-    }
+        insta::assert_snapshot!(body);
+    });
 }
 
 #[derive(Deserialize)]
@@ -113,19 +83,19 @@ struct FlagsCase {
 
 #[test]
 fn flags() {
-    for (name, path) in inputs("flags") {
+    insta::glob!("inputs/context/flags/*", |path| {
         let case: FlagsCase =
             serde_json::from_str(&std::fs::read_to_string(&path).expect("input")).expect("case");
         let store = store_of(case.store.as_ref());
         let outcome = apply_transition(&case.flags, &store, &parse_output(&case.output));
         let body = format!("# {}\n{}\n", case.about, pretty(&outcome));
-        snapshot("flags", &name, &path, &body);
-    }
+        insta::assert_snapshot!(body);
+    });
 }
 
 #[test]
 fn templates() {
-    for (name, path) in inputs("templates") {
+    insta::glob!("inputs/context/templates/*", |path| {
         let text = std::fs::read_to_string(&path).expect("input");
         let (header, template) = split_header(&text);
         let mut options = RenderOptions::fixed(NOW);
@@ -154,13 +124,13 @@ fn templates() {
             ),
             Err(error) => format!("error: {error}\n"),
         };
-        snapshot("templates", &name, &path, &body);
-    }
+        insta::assert_snapshot!(body);
+    });
 }
 
 #[test]
 fn expr() {
-    for (name, path) in inputs("expr") {
+    insta::glob!("inputs/context/expr/*", |path| {
         let text = std::fs::read_to_string(&path).expect("input");
         let (header, lines) = split_header(&text);
         let store = store_of(header.get("context"));
@@ -183,8 +153,8 @@ fn expr() {
                 Err(error) => writeln!(body, "{line}\n  => error: {error}").expect("write"),
             }
         }
-        snapshot("expr", &name, &path, &body);
-    }
+        insta::assert_snapshot!(body);
+    });
 }
 
 #[derive(Deserialize)]
@@ -208,7 +178,7 @@ struct IterCase {
 
 #[test]
 fn iter() {
-    for (name, path) in inputs("iter") {
+    insta::glob!("inputs/context/iter/*", |path| {
         let case: IterCase =
             serde_json::from_str(&std::fs::read_to_string(&path).expect("input")).expect("case");
         let store = store_of(case.context.as_ref());
@@ -238,8 +208,8 @@ fn iter() {
                 }
             }
         }
-        snapshot("iter", &name, &path, &body);
-    }
+        insta::assert_snapshot!(body);
+    });
 }
 
 #[derive(Deserialize)]
@@ -283,7 +253,7 @@ struct FlowStep {
 
 #[test]
 fn flows() {
-    for (name, path) in inputs("flows") {
+    insta::glob!("inputs/context/flows/*", |path| {
         let flow: Flow =
             serde_json::from_str(&std::fs::read_to_string(&path).expect("input")).expect("flow");
         let mut store = store_of(flow.store.as_ref());
@@ -359,6 +329,6 @@ fn flows() {
                 .expect("write");
             }
         }
-        snapshot("flows", &name, &path, &body);
-    }
+        insta::assert_snapshot!(body);
+    });
 }

@@ -39,8 +39,11 @@ fn samples(prefix: &str) -> Vec<(String, Value)> {
 }
 
 fn sample(name: &str) -> Value {
-    let path = data_dir().join(name);
-    let text = std::fs::read_to_string(&path).expect("sample is readable");
+    sample_at(&data_dir().join(name))
+}
+
+fn sample_at(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).expect("sample is readable");
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
@@ -253,20 +256,15 @@ fn wire_formats_by_name() {
 #[test]
 fn neutral_forms_are_pinned() {
     // The neutral (storage) form of every sample, as a reviewable snapshot of the mapping.
-    for (path, wire) in samples("openai_") {
+    insta::glob!("data/formats/openai_*.json", |path| {
+        let wire = sample_at(path);
         let messages = openai::parse_messages(&wire).unwrap();
-        insta::assert_json_snapshot!(snapshot_name(&path), messages);
-    }
-    for (path, body) in samples("anthropic_") {
+        insta::assert_json_snapshot!(messages);
+    });
+    insta::glob!("data/formats/anthropic_*.json", |path| {
+        let body = sample_at(path);
         let messages = anthropic::parse_request(&body).unwrap();
-        insta::assert_json_snapshot!(snapshot_name(&path), messages);
-    }
+        insta::assert_json_snapshot!(messages);
+    });
 }
 
-fn snapshot_name(path: &str) -> String {
-    let stem = Path::new(path)
-        .file_stem()
-        .and_then(|s| s.to_str())
-        .unwrap_or("sample");
-    format!("neutral_{stem}")
-}
