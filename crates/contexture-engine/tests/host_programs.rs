@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use common::{events, executor, kinds, library, script, sqlite};
 use contexture_core::thread::{EventKind, RunLimits, RunStart, RunStatus};
 use contexture_engine::executor::{ExecError, RunRequest, StepError};
-use contexture_engine::workflow::{Programs, Provenance};
+use contexture_engine::workflow::{Diagnostic, Programs, Provenance};
 use contexture_store::{NewEvent, Store};
 
 const PROGRAM_TOOL: &str = r#"states:
@@ -39,6 +39,15 @@ fn client(text: &str) -> RunRequest {
     }
 }
 
+/// The one diagnostic of a validation error: anything else fails the test.
+fn refusal(error: &ExecError) -> &Diagnostic {
+    let ExecError::Workflow(error) = error else {
+        panic!("not a validation error: {error}");
+    };
+    assert_eq!(error.diagnostics.len(), 1, "{error}");
+    &error.diagnostics[0]
+}
+
 #[tokio::test]
 async fn a_clients_program_tool_is_refused_at_validation_with_where_and_why() {
     let (_dir, store) = sqlite().await;
@@ -61,10 +70,18 @@ async fn a_clients_program_tool_is_refused_at_validation_with_where_and_why() {
     assert!(store.events("run-1").await.unwrap_or_default().is_empty());
     assert!(!std::path::Path::new("pwned.txt").exists());
 
-    let error = exec.validate(&client(MCP_PROGRAM)).unwrap_err().to_string();
+    let error = exec.validate(&client(MCP_PROGRAM)).unwrap_err();
+    let diagnostic = refusal(&error);
+    assert_eq!(
+        (diagnostic.file.as_str(), diagnostic.line, diagnostic.column),
+        ("request.yaml", 7, 16)
+    );
+    assert_eq!(diagnostic.path, "mcp_servers[0].config.command");
     assert!(
-        error.contains("request.yaml:7:16: mcp_servers[0].config.command: MCP server `files` is started as a program"),
-        "{error}"
+        diagnostic
+            .message
+            .starts_with("MCP server `files` is started as a program"),
+        "{diagnostic}"
     );
 }
 
@@ -107,10 +124,16 @@ async fn a_clients_sub_workflows_run_no_program_either() {
     let exec = executor(store.clone(), script("[]"))
         .with_workflow_source(library(&[("child.yaml", &child)]));
     let parent = "states:\n  - {id: sub, workflow: child.yaml, next: {state_id: end}}\n";
-    let error = exec.start(client(parent)).await.unwrap_err().to_string();
+    let error = exec.start(client(parent)).await.unwrap_err();
+    let diagnostic = refusal(&error);
+    assert_eq!(
+        (diagnostic.file.as_str(), diagnostic.line, diagnostic.column),
+        ("child.yaml", 7, 5)
+    );
+    assert_eq!(diagnostic.path, "tools[0].command");
     assert!(
-        error.contains("child.yaml:7:5: tools[0].command: tool `t` runs a program"),
-        "{error}"
+        diagnostic.message.starts_with("tool `t` runs a program"),
+        "{diagnostic}"
     );
     assert!(store.events("run-1").await.unwrap_or_default().is_empty());
     // The operator's own run of the same parent may.
@@ -145,10 +168,15 @@ async fn a_resumed_client_run_stays_a_client_run() {
         .await
         .unwrap();
     let exec = executor(store.clone(), script("[]"));
-    let error = exec.resume("run-1").await.unwrap_err().to_string();
+    let error = exec.resume("run-1").await.unwrap_err();
+    let ExecError::NotRunnable { file, problems } = &error else {
+        panic!("not a refusal to run: {error}");
+    };
+    assert_eq!(file, "request.yaml");
+    assert_eq!(problems.len(), 1, "{problems:?}");
     assert!(
-        error.contains("tool `t` runs a program (`command`), which is refused here: a workflow sent in a request never starts a program"),
-        "{error}"
+        problems[0].starts_with("tool `t` runs a program (`command`), which is refused here: a workflow sent in a request never starts a program"),
+        "{problems:?}"
     );
     assert_eq!(kinds(&events(&store, "run-1").await), ["run_started"]);
 }

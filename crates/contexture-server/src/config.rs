@@ -756,19 +756,19 @@ mod tests {
     fn template_worker_settings_are_checked() {
         let mut config = ServerConfig::default();
         config.executions.template_worker = Some(vec![" ".into()]);
-        let error = config.check().unwrap_err().to_string();
-        assert!(error.contains("executions.template_worker"), "{error}");
+        let invalid = |config: ServerConfig| match config.check() {
+            Err(ConfigError::Invalid { field, problem }) => (field, problem),
+            other => panic!("not an invalid setting: {other:?}"),
+        };
+        assert_eq!(invalid(config).0, "executions.template_worker");
         let mut config = ServerConfig::default();
         config.executions.template_memory_mib = 8;
-        let error = config.check().unwrap_err().to_string();
-        assert!(
-            error.contains("executions.template_memory_mib: must be at least 64"),
-            "{error}"
-        );
+        let (field, problem) = invalid(config);
+        assert_eq!(field, "executions.template_memory_mib");
+        assert!(problem.starts_with("must be at least 64"), "{problem}");
         let mut config = ServerConfig::default();
         config.executions.template_seconds = f64::NAN;
-        let error = config.check().unwrap_err().to_string();
-        assert!(error.contains("executions.template_seconds"), "{error}");
+        assert_eq!(invalid(config).0, "executions.template_seconds");
         let config = ServerConfig::load(None, |_| None).unwrap();
         assert!(config.executions.render_workers().is_none());
     }
