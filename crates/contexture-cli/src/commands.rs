@@ -11,6 +11,7 @@ pub mod models;
 pub mod output;
 pub mod run;
 pub mod serve;
+pub mod store_args;
 pub mod template;
 pub mod template_worker;
 pub mod thread;

@@ -616,15 +616,7 @@ impl Store for PgStore {
             }
             let seq = last + 1;
             // On an error the transaction is dropped: nothing of this append is stored.
-            record::check_room(thread, seq, limits.max_events)?;
-            bytes += record::body_bytes(&row.body);
-            record::check_bytes(thread, bytes, limits.max_bytes)?;
-            row.event
-                .check_at(seq)
-                .map_err(|source| StoreError::InvalidEvent {
-                    thread: thread.to_string(),
-                    source,
-                })?;
+            limits.admit(thread, seq, &mut bytes, &row)?;
             tx.execute(
                 &insert,
                 &[

@@ -84,6 +84,28 @@ pub(crate) struct ThreadLimits {
     pub max_bytes: u64,
 }
 
+impl ThreadLimits {
+    /// Admits `row` as event `seq` of `thread`, whose events take `bytes` before it (counted
+    /// in on success): refused past either limit, or when the event is not valid at `seq`.
+    pub(crate) fn admit(
+        &self,
+        thread: &str,
+        seq: u64,
+        bytes: &mut u64,
+        row: &Row,
+    ) -> Result<(), StoreError> {
+        check_room(thread, seq, self.max_events)?;
+        *bytes += body_bytes(&row.body);
+        check_bytes(thread, *bytes, self.max_bytes)?;
+        row.event
+            .check_at(seq)
+            .map_err(|source| StoreError::InvalidEvent {
+                thread: thread.to_string(),
+                source,
+            })
+    }
+}
+
 /// Refuses an append that would take `thread` to `bytes` of events, past the store's limit
 /// of `max_bytes` (0: no limit).
 pub(crate) fn check_bytes(thread: &str, bytes: u64, max_bytes: u64) -> Result<(), StoreError> {

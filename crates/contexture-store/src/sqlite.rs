@@ -302,15 +302,7 @@ fn append_rows(
             }
             let seq = last + 1;
             // On an error the savepoint of this write is rolled back: nothing of it is stored.
-            record::check_room(thread, seq, limits.max_events)?;
-            bytes += record::body_bytes(&row.body);
-            record::check_bytes(thread, bytes, limits.max_bytes)?;
-            row.event
-                .check_at(seq)
-                .map_err(|source| StoreError::InvalidEvent {
-                    thread: thread.to_string(),
-                    source,
-                })?;
+            limits.admit(thread, seq, &mut bytes, &row)?;
             insert
                 .execute(params![
                     thread,

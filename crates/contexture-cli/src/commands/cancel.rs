@@ -8,7 +8,8 @@ use clap::Args;
 use contexture_engine::executor::Executor;
 use contexture_engine::llm::{FixedRouter, Router};
 use contexture_llm::ScriptedProvider;
-use contexture_store::AnyStore;
+
+use super::store_args::StoreArgs;
 
 /// Arguments of `contexture cancel`.
 #[derive(Debug, Args)]
@@ -18,9 +19,8 @@ pub struct CancelArgs {
     /// Why, recorded with the cancellation.
     #[arg(long)]
     reason: Option<String>,
-    /// The store: `sqlite:PATH` or `postgres://...` (also $CONTEXTURE_DB).
-    #[arg(long, env = "CONTEXTURE_DB", default_value = "sqlite:contexture.db")]
-    db: String,
+    #[command(flatten)]
+    store: StoreArgs,
 }
 
 /// Runs `contexture cancel`: prints each execution newly marked, the given one first.
@@ -30,9 +30,7 @@ pub fn run(args: CancelArgs) -> Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async {
-        let store = AnyStore::open(&args.db)
-            .await
-            .with_context(|| format!("cannot open the store {}", args.db))?;
+        let store = args.store.open().await?;
         // Cancelling calls no model: the executor only needs the store.
         let router: Arc<dyn Router> =
             Arc::new(FixedRouter::new(Arc::new(ScriptedProvider::texts(Vec::<

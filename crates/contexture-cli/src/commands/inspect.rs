@@ -8,16 +8,17 @@ use clap::Args;
 use contexture_core::budget::BudgetBreakdown;
 use contexture_core::thread::RequestOutcome;
 use contexture_engine::report::{ExecutionReport, UsageTree, report, usage_tree};
-use contexture_store::{AnyStore, Store};
+use contexture_store::Store;
+
+use super::store_args::StoreArgs;
 
 /// Arguments of `contexture inspect`.
 #[derive(Debug, Args)]
 pub struct InspectArgs {
     /// The execution's id.
     execution_id: String,
-    /// The store: `sqlite:PATH` or `postgres://...` (also $CONTEXTURE_DB).
-    #[arg(long, env = "CONTEXTURE_DB", default_value = "sqlite:contexture.db")]
-    db: String,
+    #[command(flatten)]
+    store: StoreArgs,
     /// Print the report as JSON (every request's messages included).
     #[arg(long)]
     json: bool,
@@ -36,11 +37,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
 }
 
 async fn execute(args: InspectArgs) -> Result<()> {
-    let store = Arc::new(
-        AnyStore::open(&args.db)
-            .await
-            .with_context(|| format!("cannot open the store {}", args.db))?,
-    );
+    let store = Arc::new(args.store.open().await?);
     let events = store
         .events(&args.execution_id)
         .await

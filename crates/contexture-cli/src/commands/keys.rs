@@ -4,19 +4,15 @@
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use contexture_server::issue_key;
-use contexture_store::{AnyStore, ApiKeyStore};
+use contexture_store::ApiKeyStore;
+
+use super::store_args::StoreArgs;
 
 /// Arguments of `contexture keys`.
 #[derive(Debug, Args)]
 pub struct KeysArgs {
-    /// The store: `sqlite:PATH` or `postgres://...` (also $CONTEXTURE_DB).
-    #[arg(
-        long,
-        global = true,
-        env = "CONTEXTURE_DB",
-        default_value = "sqlite:contexture.db"
-    )]
-    db: String,
+    #[command(flatten)]
+    store: StoreArgs,
     #[command(subcommand)]
     command: KeysCommand,
 }
@@ -53,9 +49,7 @@ pub fn run(args: KeysArgs) -> Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async {
-        let store = AnyStore::open(&args.db)
-            .await
-            .with_context(|| format!("cannot open the store {}", args.db))?;
+        let store = args.store.open().await?;
         match args.command {
             KeysCommand::Create { tenant, name } => {
                 let issued = issue_key(&store, &tenant, &name)

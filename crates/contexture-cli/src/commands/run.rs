@@ -20,11 +20,11 @@ use contexture_engine::llm::LlmSpec;
 use contexture_engine::sources::FileSource;
 use contexture_engine::workflow::Workflow;
 use contexture_llm::StreamDelta;
-use contexture_store::AnyStore;
 
 use super::input;
 use super::llm::LlmArgs;
 use super::models::RegistryArgs;
+use super::store_args::StoreArgs;
 
 /// Arguments of `contexture run`.
 #[derive(Debug, Args)]
@@ -38,9 +38,8 @@ pub struct RunArgs {
     /// Read the user input from a file (`-` for standard input).
     #[arg(long, value_name = "FILE")]
     input_file: Option<PathBuf>,
-    /// The store: `sqlite:PATH` or `postgres://...` (also $CONTEXTURE_DB).
-    #[arg(long, env = "CONTEXTURE_DB", default_value = "sqlite:contexture.db")]
-    db: String,
+    #[command(flatten)]
+    store: StoreArgs,
     /// Continue the execution with this id from its log (finished steps are not re-run).
     #[arg(long, value_name = "EXECUTION_ID", conflicts_with_all = ["input", "input_file", "execution_id"])]
     resume: Option<String>,
@@ -107,9 +106,7 @@ async fn execute(args: RunArgs) -> Result<()> {
         bail!("--max-seconds must be a positive number of seconds, not {seconds}");
     }
     let registry = Arc::new(args.registry.load()?);
-    let store = AnyStore::open(&args.db)
-        .await
-        .with_context(|| format!("cannot open the store {}", args.db))?;
+    let store = args.store.open().await?;
     let settings = args.llm.settings()?;
     let limits = RunLimits {
         max_tokens: args.max_tokens,

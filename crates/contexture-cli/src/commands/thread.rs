@@ -25,18 +25,13 @@ use serde_json::Value;
 use super::input;
 use super::llm::LlmArgs;
 use super::models::RegistryArgs;
+use super::store_args::StoreArgs;
 
 /// Arguments of `contexture thread`.
 #[derive(Debug, Args)]
 pub struct ThreadArgs {
-    /// The store: `sqlite:PATH` or `postgres://user@host:port/db` (also $CONTEXTURE_DB).
-    #[arg(
-        long,
-        global = true,
-        env = "CONTEXTURE_DB",
-        default_value = "sqlite:contexture.db"
-    )]
-    db: String,
+    #[command(flatten)]
+    store: StoreArgs,
     #[command(subcommand)]
     command: ThreadCommand,
 }
@@ -223,9 +218,7 @@ pub fn run(args: ThreadArgs) -> Result<()> {
 }
 
 async fn execute(args: ThreadArgs) -> Result<()> {
-    let store = AnyStore::open(&args.db)
-        .await
-        .with_context(|| format!("cannot open the store {}", args.db))?;
+    let store = args.store.open().await?;
     match args.command {
         ThreadCommand::Append { thread, key, file } => {
             let source = input::describe(file.as_deref());
