@@ -1,38 +1,21 @@
 //! `contexture thread compact` and `thread restore` on an SQLite file: what they print, what
 //! the log holds afterwards, and a failing summarizer that replaces nothing.
 
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
+mod common;
 
+use common::{Outcome, RunToEnd, contexture, sqlite_url};
 use contexture_store::testing::TempDir;
 use serde_json::Value;
 
-fn root() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-}
-
-fn thread(dir: &TempDir, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_contexture"))
-        .current_dir(root())
-        .arg("thread")
+fn thread(dir: &TempDir, args: &[&str]) -> Outcome {
+    contexture(["thread"])
         .args(args)
-        .args(["--db", &format!("sqlite:{}", dir.join("t.db").display())])
-        .env_remove("CONTEXTURE_DB")
-        .env_remove("CONTEXTURE_LLM")
-        .env_remove("CONTEXTURE_MODELS")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run contexture")
+        .args(["--db", &sqlite_url(dir, "t.db")])
+        .run()
 }
 
 fn ok(dir: &TempDir, args: &[&str]) -> String {
-    let output = thread(dir, args);
-    assert!(
-        output.status.success(),
-        "contexture thread {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).unwrap()
+    thread(dir, args).expect_success()
 }
 
 fn messages(dir: &TempDir) -> Vec<Value> {
@@ -141,8 +124,7 @@ fn a_failing_summarizer_exits_non_zero_and_replaces_nothing() {
             &format!("scripted:{}", script.display()),
         ],
     );
-    assert!(!output.status.success());
-    let stderr = String::from_utf8(output.stderr).unwrap();
+    let stderr = output.expect_failure();
     assert!(
         stderr.contains("compaction of thread demo failed and replaced nothing: the summarizer returned an empty text (after 2 attempts)"),
         "{stderr}"

@@ -1,87 +1,40 @@
 //! End-to-end tests of `contexture output parse`, `contexture template render` and
 //! `contexture expr eval`: the real binary, real files, exact stdout, stderr and exit codes.
 
+mod common;
+
 use std::io::Write;
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::Stdio;
 
+use common::{RunToEnd, contexture, write_file};
+use contexture_store::testing::TempDir;
 use serde_json::{Value, json};
-
-struct Run {
-    stdout: Vec<u8>,
-    stderr: String,
-    ok: bool,
-}
-
-fn contexture(args: &[&str], stdin: &[u8]) -> Run {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_contexture"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the contexture binary runs");
-    // A command that fails before reading its input closes the pipe (EPIPE): not an error
-    // here, the exit status and stderr say what happened.
-    let _ = child.stdin.take().expect("stdin").write_all(stdin);
-    let Output {
-        status,
-        stdout,
-        stderr,
-    } = child.wait_with_output().expect("output");
-    Run {
-        stdout,
-        stderr: String::from_utf8_lossy(&stderr).into_owned(),
-        ok: status.success(),
-    }
-}
-
-/// A scratch directory unique to one test.
-fn scratch(test: &str) -> PathBuf {
-    let dir =
-        std::env::temp_dir().join(format!("contexture-ctx-cli-{}-{test}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
-}
-
-fn write(dir: &std::path::Path, name: &str, content: &[u8]) -> String {
-    let path = dir.join(name);
-    std::fs::write(&path, content).expect("write file");
-    path.to_string_lossy().into_owned()
-}
-
-fn stdout_json(run: &Run) -> Value {
-    assert!(run.ok, "command failed: {}", run.stderr);
-    serde_json::from_slice(&run.stdout).expect("stdout is JSON")
-}
 
 #[test]
 fn output_parse_prints_value_and_stored() {
-    let run = contexture(
-        &["output", "parse"],
-        b"[{ 'file': 'a.txt', 'size': 100 }, { 'file': 'b.txt', 'size': 200 }]",
-    );
+    let run = contexture(["output", "parse"])
+        .run_with_input(b"[{ 'file': 'a.txt', 'size': 100 }, { 'file': 'b.txt', 'size': 200 }]");
     assert_eq!(
-        stdout_json(&run),
+        run.expect_json(),
         json!({
             "value": [{"file": "a.txt", "size": 100}, {"file": "b.txt", "size": 200}],
             "stored": {"file": "b.txt", "size": 200}
         })
     );
 
-    let dir = scratch("parse");
-    let file = write(&dir, "out.txt", b"The analysis completed successfully");
-    let run = contexture(&["output", "parse", &file], b"");
+    let dir = TempDir::new("contexture-ctx-cli-parse");
+    let file = write_file(&dir, "out.txt", b"The analysis completed successfully");
+    let run = contexture(["output", "parse", &file]).run();
     assert_eq!(
-        stdout_json(&run),
+        run.expect_json(),
         json!({"value": "The analysis completed successfully", "stored": {}})
     );
 }
 
 #[test]
 fn output_parse_reports_bad_input_clearly() {
-    let run = contexture(&["output", "parse"], b"Here:\n```json\n{\"cut\": ");
-    assert_eq!(stdout_json(&run)["stored"], json!({}));
+    let run = contexture(["output", "parse"]).run_with_input(b"Here:\n```json\n{\"cut\": ");
+    assert_eq!(run.expect_json()["stored"], json!({}));
     assert!(
         run.stderr
             .contains("```json fence opened at line 2 is never closed"),
@@ -89,7 +42,7 @@ fn output_parse_reports_bad_input_clearly() {
         run.stderr
     );
 
-    let run = contexture(&["output", "parse"], b"{\"a\": \"\xff\"}");
+    let run = contexture(["output", "parse"]).run_with_input(b"{\"a\": \"\xff\"}");
     assert!(!run.ok);
     assert!(run.stdout.is_empty());
     assert!(
@@ -100,8 +53,8 @@ fn output_parse_reports_bad_input_clearly() {
     );
 
     let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
-    let run = contexture(&["output", "parse"], deep.as_bytes());
-    assert_eq!(stdout_json(&run)["stored"], json!({}));
+    let run = contexture(["output", "parse"]).run_with_input(deep.as_bytes());
+    assert_eq!(run.expect_json()["stored"], json!({}));
     assert!(
         run.stderr.contains("nesting deeper than 200 levels"),
         "{}",
@@ -111,21 +64,18 @@ fn output_parse_reports_bad_input_clearly() {
 
 #[test]
 fn template_render_prints_exactly_the_text() {
-    let dir = scratch("render");
-    let context = write(
+    let dir = TempDir::new("contexture-ctx-cli-render");
+    let context = write_file(
         &dir,
         "ctx.json",
         br#"{"user": {"name": "Alice"}, "files": [{"name": "a.txt"}]}"#,
     );
-    let template = write(
+    let template = write_file(
         &dir,
         "t.txt",
         b"Welcome {{user.name}} {{user.missing}} {{files/0/name}} {{ nobody }}\n",
     );
-    let run = contexture(
-        &["template", "render", "--context", &context, &template],
-        b"",
-    );
+    let run = contexture(["template", "render", "--context", &context, &template]).run();
     assert!(run.ok, "{}", run.stderr);
     assert_eq!(
         String::from_utf8(run.stdout).expect("utf-8"),
@@ -133,31 +83,27 @@ fn template_render_prints_exactly_the_text() {
     );
 
     // From standard input, no newline added.
-    let run = contexture(
-        &[
-            "template",
-            "render",
-            "--context",
-            &context,
-            "--missing",
-            "empty",
-        ],
-        b"[{{user.name}}][{{user.missing}}]",
-    );
+    let run = contexture([
+        "template",
+        "render",
+        "--context",
+        &context,
+        "--missing",
+        "empty",
+    ])
+    .run_with_input(b"[{{user.name}}][{{user.missing}}]");
     assert_eq!(run.stdout, b"[Alice][]");
 
-    let run = contexture(
-        &[
-            "template",
-            "render",
-            "--context",
-            &context,
-            "--missing",
-            "error",
-            &template,
-        ],
-        b"",
-    );
+    let run = contexture([
+        "template",
+        "render",
+        "--context",
+        &context,
+        "--missing",
+        "error",
+        &template,
+    ])
+    .run();
     assert!(!run.ok);
     assert!(run.stdout.is_empty());
     assert!(
@@ -167,18 +113,16 @@ fn template_render_prints_exactly_the_text() {
         run.stderr
     );
 
-    let run = contexture(
-        &["template", "render", "--context", &context, "--now", "0"],
-        b"{{ current_date }} {{ current_weekday }}",
-    );
+    let run = contexture(["template", "render", "--context", &context, "--now", "0"])
+        .run_with_input(b"{{ current_date }} {{ current_weekday }}");
     assert_eq!(run.stdout, b"1970-01-01 Thursday");
 }
 
 #[test]
 fn template_render_rejects_bad_contexts_and_templates() {
-    let dir = scratch("render-bad");
-    let list = write(&dir, "list.json", b"[1, 2]");
-    let run = contexture(&["template", "render", "--context", &list], b"x");
+    let dir = TempDir::new("contexture-ctx-cli-render-bad");
+    let list = write_file(&dir, "list.json", b"[1, 2]");
+    let run = contexture(["template", "render", "--context", &list]).run_with_input(b"x");
     assert!(!run.ok);
     assert!(
         run.stderr
@@ -187,8 +131,8 @@ fn template_render_rejects_bad_contexts_and_templates() {
         run.stderr
     );
 
-    let cyclic = write(&dir, "cyclic.json", br#"{"a": "{{b}}", "b": "{{a}}"}"#);
-    let run = contexture(&["template", "render", "--context", &cyclic], b"{{a}}");
+    let cyclic = write_file(&dir, "cyclic.json", br#"{"a": "{{b}}", "b": "{{a}}"}"#);
+    let run = contexture(["template", "render", "--context", &cyclic]).run_with_input(b"{{a}}");
     assert!(!run.ok);
     assert!(
         run.stderr
@@ -197,8 +141,8 @@ fn template_render_rejects_bad_contexts_and_templates() {
         run.stderr
     );
 
-    let empty = write(&dir, "empty.json", b"{}");
-    let run = contexture(&["template", "render", "--context", &empty], b"{% for %}");
+    let empty = write_file(&dir, "empty.json", b"{}");
+    let run = contexture(["template", "render", "--context", &empty]).run_with_input(b"{% for %}");
     assert!(!run.ok);
     assert!(
         run.stderr.contains("template syntax error at line 1"),
@@ -209,56 +153,47 @@ fn template_render_rejects_bad_contexts_and_templates() {
 
 #[test]
 fn expr_eval_prints_json() {
-    let dir = scratch("expr");
-    let context = write(
+    let dir = TempDir::new("contexture-ctx-cli-expr");
+    let context = write_file(
         &dir,
         "ctx.json",
         br#"{"user_role": "admin", "count": 5, "status": "ok"}"#,
     );
-    let run = contexture(
-        &[
-            "expr",
-            "eval",
-            "--context",
-            &context,
-            "user_role == 'admin'",
-        ],
-        b"",
-    );
+    let run = contexture([
+        "expr",
+        "eval",
+        "--context",
+        &context,
+        "user_role == 'admin'",
+    ])
+    .run();
     assert_eq!(run.stdout, b"true\n");
-    let run = contexture(
-        &[
-            "expr",
-            "eval",
-            "--context",
-            &context,
-            "count > 3 and status in ['ok', 'done']",
-        ],
-        b"",
-    );
+    let run = contexture([
+        "expr",
+        "eval",
+        "--context",
+        &context,
+        "count > 3 and status in ['ok', 'done']",
+    ])
+    .run();
     assert_eq!(run.stdout, b"true\n");
-    let run = contexture(
-        &["expr", "eval", "--context", &context, "{'n': count * 2}"],
-        b"",
-    );
+    let run = contexture(["expr", "eval", "--context", &context, "{'n': count * 2}"]).run();
     assert_eq!(run.stdout, b"{\"n\":10}\n");
 
-    let output = write(&dir, "out.txt", b"{'score': 0.9}");
-    let run = contexture(
-        &[
-            "expr",
-            "eval",
-            "--context",
-            &context,
-            "--output",
-            &output,
-            "output.score > 0.5",
-        ],
-        b"",
-    );
+    let output = write_file(&dir, "out.txt", b"{'score': 0.9}");
+    let run = contexture([
+        "expr",
+        "eval",
+        "--context",
+        &context,
+        "--output",
+        &output,
+        "output.score > 0.5",
+    ])
+    .run();
     assert_eq!(run.stdout, b"true\n");
 
-    let run = contexture(&["expr", "eval", "--context", &context, "count > > 3"], b"");
+    let run = contexture(["expr", "eval", "--context", &context, "count > > 3"]).run();
     assert!(!run.ok);
     assert!(
         run.stderr
@@ -289,11 +224,8 @@ fn render_job(template: &str, context: Value) -> Value {
 
 #[test]
 fn the_template_worker_renders_jobs_asking_its_caller_for_ids() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_contexture"))
-        .arg("template-worker")
+    let mut child = contexture(["template-worker"])
         .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
         .spawn()
         .expect("the contexture binary runs");
     let mut input = child.stdin.take().unwrap();
@@ -340,7 +272,7 @@ fn the_template_worker_renders_jobs_asking_its_caller_for_ids() {
 #[test]
 fn the_template_worker_needs_its_setup_first() {
     let job = worker_line(render_job("{{ a }}", json!({"a": 1})));
-    let run = contexture(&["template-worker"], job.as_bytes());
+    let run = contexture(["template-worker"]).run_with_input(job.as_bytes());
     assert!(!run.ok);
     assert!(
         run.stderr.contains("the first line must be the setup"),

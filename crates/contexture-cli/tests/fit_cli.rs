@@ -1,11 +1,11 @@
 //! End-to-end tests of `contexture fit`: the built binary on message files.
 
-use std::io::Write;
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+mod common;
 
+use common::{RunToEnd, contexture, write_file};
 use contexture_core::format::openai;
 use contexture_core::{Encoding, TokenCounter};
+use contexture_store::testing::TempDir;
 use serde_json::{Value, json};
 
 fn conversation() -> Value {
@@ -31,29 +31,8 @@ fn conversation() -> Value {
     ])
 }
 
-fn write_input(name: &str, value: &Value) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("contexture-fit-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
-    std::fs::write(&path, serde_json::to_vec_pretty(value).unwrap()).unwrap();
-    path
-}
-
-fn contexture(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_contexture"))
-        .args(args)
-        .env_remove("CONTEXTURE_MODELS")
-        .output()
-        .unwrap()
-}
-
-fn stdout_json(output: &Output) -> Value {
-    assert!(
-        output.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap()
+fn write_input(dir: &TempDir, name: &str, value: &Value) -> String {
+    write_file(dir, name, serde_json::to_vec_pretty(value).unwrap())
 }
 
 /// The request tokens of an output array, as `contexture tokens count --messages` counts it.
@@ -66,16 +45,18 @@ fn request_tokens(messages: &Value) -> u32 {
 
 #[test]
 fn fits_to_max_tokens_keeping_whole_tool_units() {
-    let path = write_input("fit.json", &conversation());
-    let output = contexture(&[
+    let dir = TempDir::new("contexture-fit-cli");
+    let path = write_input(&dir, "fit.json", &conversation());
+    let output = contexture([
         "fit",
         "--model",
         "gpt-4o-mini",
         "--max-tokens",
         "120",
-        path.to_str().unwrap(),
-    ]);
-    let fitted = stdout_json(&output);
+        &path,
+    ])
+    .run();
+    let fitted = output.expect_json();
     let roles: Vec<&str> = fitted
         .as_array()
         .unwrap()
@@ -96,27 +77,25 @@ fn fits_to_max_tokens_keeping_whole_tool_units() {
     );
     assert!(request_tokens(&fitted) <= 120);
     // The same count as the tokens command.
-    let out_path = write_input("fitted.json", &fitted);
-    let counted = contexture(&[
+    let out_path = write_input(&dir, "fitted.json", &fitted);
+    let counted = contexture([
         "tokens",
         "count",
         "--model",
         "gpt-4o-mini",
         "--messages",
-        out_path.to_str().unwrap(),
-    ]);
-    assert!(counted.status.success());
-    let total: u32 = String::from_utf8_lossy(&counted.stdout)
-        .trim()
-        .parse()
-        .unwrap();
+        &out_path,
+    ])
+    .run();
+    let total: u32 = counted.expect_success().trim().parse().unwrap();
     assert_eq!(total, request_tokens(&fitted));
 }
 
 #[test]
 fn report_goes_to_standard_error() {
-    let path = write_input("report.json", &conversation());
-    let output = contexture(&[
+    let dir = TempDir::new("contexture-fit-cli");
+    let path = write_input(&dir, "report.json", &conversation());
+    let output = contexture([
         "fit",
         "--model",
         "gpt-4o-mini",
@@ -129,10 +108,11 @@ fn report_goes_to_standard_error() {
         "--clear-keep",
         "1",
         "--report",
-        path.to_str().unwrap(),
-    ]);
-    let fitted = stdout_json(&output);
-    let report: Value = serde_json::from_slice(&output.stderr).unwrap();
+        &path,
+    ])
+    .run();
+    let fitted = output.expect_json();
+    let report: Value = serde_json::from_str(&output.stderr).unwrap();
     insta::assert_json_snapshot!("fit_cli_report", report);
     assert_eq!(
         report["messages_out"],
@@ -151,8 +131,9 @@ fn report_goes_to_standard_error() {
 
 #[test]
 fn head_tail_inserts_one_marker() {
-    let path = write_input("head_tail.json", &conversation());
-    let output = contexture(&[
+    let dir = TempDir::new("contexture-fit-cli");
+    let path = write_input(&dir, "head_tail.json", &conversation());
+    let output = contexture([
         "fit",
         "--model",
         "gpt-4o-mini",
@@ -160,9 +141,10 @@ fn head_tail_inserts_one_marker() {
         "110",
         "--strategy",
         "head-tail",
-        path.to_str().unwrap(),
-    ]);
-    let fitted = stdout_json(&output);
+        &path,
+    ])
+    .run();
+    let fitted = output.expect_json();
     let markers: Vec<&Value> = fitted
         .as_array()
         .unwrap()
@@ -182,8 +164,9 @@ fn head_tail_inserts_one_marker() {
 
 #[test]
 fn anthropic_rules_start_on_a_user_turn() {
-    let path = write_input("anthropic.json", &conversation());
-    let output = contexture(&[
+    let dir = TempDir::new("contexture-fit-cli");
+    let path = write_input(&dir, "anthropic.json", &conversation());
+    let output = contexture([
         "fit",
         "--model",
         "gpt-4o-mini",
@@ -191,25 +174,21 @@ fn anthropic_rules_start_on_a_user_turn() {
         "120",
         "--provider",
         "anthropic",
-        path.to_str().unwrap(),
-    ]);
-    let fitted = stdout_json(&output);
+        &path,
+    ])
+    .run();
+    let fitted = output.expect_json();
     assert_eq!(fitted[1]["role"], "user");
 }
 
 #[test]
 fn without_max_tokens_the_model_window_applies_and_nothing_is_dropped() {
-    let path = write_input("window.json", &conversation());
-    let output = contexture(&[
-        "fit",
-        "--model",
-        "gpt-4o-mini",
-        "--report",
-        path.to_str().unwrap(),
-    ]);
-    let fitted = stdout_json(&output);
+    let dir = TempDir::new("contexture-fit-cli");
+    let path = write_input(&dir, "window.json", &conversation());
+    let output = contexture(["fit", "--model", "gpt-4o-mini", "--report", &path]).run();
+    let fitted = output.expect_json();
     assert_eq!(fitted, conversation());
-    let report: Value = serde_json::from_slice(&output.stderr).unwrap();
+    let report: Value = serde_json::from_str(&output.stderr).unwrap();
     // 128,000-token window minus a 16,384-token reserve.
     assert_eq!(report["max_tokens"], json!(128_000 - 16_384));
     assert_eq!(report["dropped_count"], json!(0));
@@ -218,29 +197,18 @@ fn without_max_tokens_the_model_window_applies_and_nothing_is_dropped() {
 
 #[test]
 fn reads_standard_input() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_contexture"))
-        .args(["fit", "--model", "gpt-4o-mini", "--max-tokens", "60", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(conversation().to_string().as_bytes())
-        .unwrap();
-    let output = child.wait_with_output().unwrap();
-    let fitted = stdout_json(&output);
+    let output = contexture(["fit", "--model", "gpt-4o-mini", "--max-tokens", "60", "-"])
+        .run_with_input(conversation().to_string().as_bytes());
+    let fitted = output.expect_json();
     assert!(request_tokens(&fitted) <= 60);
     assert_eq!(fitted[0]["role"], "system");
 }
 
 #[test]
 fn fails_clearly_when_system_and_pinned_cannot_fit() {
-    let path = write_input("too_small.json", &conversation());
-    let output = contexture(&[
+    let dir = TempDir::new("contexture-fit-cli");
+    let path = write_input(&dir, "too_small.json", &conversation());
+    let output = contexture([
         "fit",
         "--model",
         "gpt-4o-mini",
@@ -248,11 +216,11 @@ fn fails_clearly_when_system_and_pinned_cannot_fit() {
         "20",
         "--pin",
         "1",
-        path.to_str().unwrap(),
-    ]);
-    assert!(!output.status.success());
+        &path,
+    ])
+    .run();
+    let stderr = output.expect_failure();
     assert!(output.stdout.is_empty());
-    let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("cannot fit"), "{stderr}");
     assert!(
         stderr.contains("system prompt and pinned messages need"),
@@ -262,22 +230,18 @@ fn fails_clearly_when_system_and_pinned_cannot_fit() {
 
 #[test]
 fn bad_input_is_named() {
-    let path = write_input("bad.json", &json!([{"role": "robot", "content": "hi"}]));
-    let output = contexture(&["fit", "--model", "gpt-4o-mini", path.to_str().unwrap()]);
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let dir = TempDir::new("contexture-fit-cli");
+    let path = write_input(
+        &dir,
+        "bad.json",
+        &json!([{"role": "robot", "content": "hi"}]),
+    );
+    let output = contexture(["fit", "--model", "gpt-4o-mini", &path]).run();
+    let stderr = output.expect_failure();
     assert!(stderr.contains("bad.json"), "{stderr}");
-    let good = write_input("pin.json", &conversation());
-    let output = contexture(&[
-        "fit",
-        "--model",
-        "gpt-4o-mini",
-        "--pin",
-        "99",
-        good.to_str().unwrap(),
-    ]);
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let good = write_input(&dir, "pin.json", &conversation());
+    let output = contexture(["fit", "--model", "gpt-4o-mini", "--pin", "99", &good]).run();
+    let stderr = output.expect_failure();
     assert!(
         stderr.contains("--pin 99") && stderr.contains("13 messages"),
         "{stderr}"

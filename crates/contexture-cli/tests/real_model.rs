@@ -8,9 +8,9 @@
 //! within the real window, usage, recording, all-or-nothing compaction) and print how many
 //! facts a summary kept, as a measurement, never as a pass/fail condition.
 
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
+mod common;
 
+use common::{Outcome, RunToEnd, sqlite_url};
 use contexture_store::testing::{TempDir, in_ci};
 use serde_json::Value;
 
@@ -38,32 +38,22 @@ encoding = "cl100k_base"
 estimate_ratio = 1.1
 "#;
 
-/// Runs `contexture ARGS --db ...`; with `base`, the model options too.
-fn contexture(dir: &TempDir, base: Option<&str>, args: &[&str]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_contexture"));
-    command
-        .current_dir(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")))
-        .args(args)
-        .args(["--db", &format!("sqlite:{}", dir.join("runs.db").display())]);
+/// Runs `contexture ARGS --db ...` and checks that it succeeded; with `base`, the model
+/// options too.
+fn contexture(dir: &TempDir, base: Option<&str>, args: &[&str]) -> Outcome {
+    let mut command = common::contexture(args);
+    command.args(["--db", &sqlite_url(dir, "runs.db")]);
     if let Some(base) = base {
         command
             .args(["--models", dir.join("models.toml").to_str().unwrap()])
             .args(["--llm", "openai:smollm2", "--openai-base-url", base])
             .args(["--llm-timeout", "120"]);
     }
-    let output = command
-        .env_remove("CONTEXTURE_DB")
-        .env_remove("CONTEXTURE_LLM")
+    let outcome = command
         .env("OPENAI_API_KEY", "unused-by-the-local-server")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run contexture");
-    assert!(
-        output.status.success(),
-        "contexture {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    output
+        .run();
+    outcome.expect_success();
+    outcome
 }
 
 #[test]
@@ -139,13 +129,11 @@ states:
         serde_json::to_string(&conversation).unwrap(),
     )
     .unwrap();
-    let db = format!("sqlite:{}", dir.join("runs.db").display());
-    let appended = Command::new(env!("CARGO_BIN_EXE_contexture"))
-        .args(["thread", "append", "--thread", "parcel", "--db", &db])
+    let db = sqlite_url(&dir, "runs.db");
+    common::contexture(["thread", "append", "--thread", "parcel", "--db", &db])
         .arg(dir.join("conversation.json"))
-        .output()
-        .unwrap();
-    assert!(appended.status.success());
+        .run()
+        .expect_success();
     let output = contexture(
         &dir,
         Some(&base),

@@ -3,57 +3,31 @@
 //! without re-running its finished steps, conversations carry turns across runs, and a cancel
 //! from another process stops a run and its sub-workflow.
 
-use std::collections::VecDeque;
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
-use std::sync::{Arc, Mutex};
+mod common;
+
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use axum::Router;
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::routing::post;
+use common::{Outcome, RunToEnd, sqlite_url};
+use contexture_fake_upstream::{FakeUpstream, Reply};
 use contexture_store::testing::TempDir;
-use serde_json::{Value, json};
+use serde_json::Value;
 
-fn root() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-}
-
+/// `contexture ARGS`, keeping executions in `dir` for the commands that read or write them.
 fn contexture(dir: &TempDir, args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_contexture"));
-    command.current_dir(root()).args(args);
+    let mut command = common::contexture(args);
     if matches!(args.first(), Some(&"run" | &"inspect" | &"cancel")) {
-        command.args(["--db", &format!("sqlite:{}", dir.join("runs.db").display())]);
+        command.args(["--db", &sqlite_url(dir, "runs.db")]);
     }
     command
-        .env_remove("CONTEXTURE_DB")
-        .env_remove("CONTEXTURE_LLM")
-        .env_remove("CONTEXTURE_MODELS")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    command
-}
-
-fn run(dir: &TempDir, args: &[&str]) -> Output {
-    contexture(dir, args).output().expect("run contexture")
 }
 
 fn ok(dir: &TempDir, args: &[&str]) -> String {
-    let output = run(dir, args);
-    assert!(
-        output.status.success(),
-        "contexture {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).unwrap()
+    contexture(dir, args).run().expect_success()
 }
 
 fn failure(dir: &TempDir, args: &[&str]) -> String {
-    let output = run(dir, args);
-    assert!(!output.status.success(), "contexture {args:?} succeeded");
-    String::from_utf8(output.stderr).unwrap()
+    contexture(dir, args).run().expect_failure()
 }
 
 #[test]
@@ -197,49 +171,15 @@ fn errors_say_where_and_how_to_go_on() {
     assert!(stderr.contains("no execution `missing`"), "{stderr}");
 }
 
-/// A local OpenAI-compatible server: answers in order, the `hang` ones never.
-#[derive(Default)]
-struct Upstream {
-    answers: Mutex<VecDeque<Option<String>>>,
-    received: Mutex<Vec<Value>>,
-}
-
-async fn complete(State(upstream): State<Arc<Upstream>>, body: Bytes) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    upstream
-        .received
-        .lock()
-        .unwrap()
-        .push(serde_json::from_slice(&body).unwrap());
-    let answer = upstream.answers.lock().unwrap().pop_front().flatten();
-    let Some(text) = answer else {
-        tokio::time::sleep(Duration::from_secs(600)).await;
-        return axum::http::StatusCode::GATEWAY_TIMEOUT.into_response();
-    };
-    axum::Json(json!({
-        "id": "x", "object": "chat.completion", "model": "gpt-4o-mini",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}
-    }))
-    .into_response()
-}
-
 #[test]
 fn a_run_killed_during_a_call_resumes_without_rerunning_finished_steps() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let upstream = Arc::new(Upstream::default());
-    upstream.answers.lock().unwrap().extend([
-        Some(r#"{"product": "Acme Sync", "changes": ["sync"]}"#.to_owned()),
-        None, // the second call hangs until the process is killed
+    let upstream = FakeUpstream::start_on(&runtime);
+    upstream.fail_when_unscripted().extend([
+        Reply::text(r#"{"product": "Acme Sync", "changes": ["sync"]}"#),
+        Reply::hang(), // the second call hangs until the process is killed
     ]);
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let base = format!("http://{}/v1", listener.local_addr().unwrap());
-    let app = Router::new()
-        .route("/v1/chat/completions", post(complete))
-        .with_state(upstream.clone());
-    runtime.spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let base = upstream.base_url();
 
     let dir = TempDir::new("contexture-run-cli");
     let workflow = dir.join("wf.yaml");
@@ -269,36 +209,17 @@ states:
     .env("OPENAI_API_KEY", "sk-test")
     .spawn()
     .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while upstream.received.lock().unwrap().len() < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "the run never reached its second call"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    upstream.wait_for_calls_blocking(2, Duration::from_secs(60));
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
 
-    upstream.answers.lock().unwrap().extend([
-        Some("One change.".to_owned()),
-        Some("Release notes.".to_owned()),
-    ]);
-    let output = contexture(&dir, &["run", "--resume", "killed"])
+    upstream.extend([Reply::text("One change."), Reply::text("Release notes.")]);
+    let resumed = contexture(&dir, &["run", "--resume", "killed"])
         .env("OPENAI_BASE_URL", &base)
         .env("OPENAI_API_KEY", "sk-test")
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert_eq!(
-        String::from_utf8(output.stdout).unwrap(),
-        "Release notes.\n"
-    );
-    let received = upstream.received.lock().unwrap().clone();
+        .run();
+    assert_eq!(resumed.expect_success(), "Release notes.\n");
+    let received = upstream.bodies();
     let tasks: Vec<String> = received
         .iter()
         .map(|body| {
@@ -325,7 +246,7 @@ states:
 
 const SUB_WORKFLOW_INPUT: &str = r#"{"product": "Acme Sync", "changes": ["faster sync", "fix: lost edits"], "internal_notes": "do not publish"}"#;
 
-fn sub_workflow_run(dir: &TempDir, id: &str, conversation: &str, trace: bool) -> Output {
+fn sub_workflow_run(dir: &TempDir, id: &str, conversation: &str, trace: bool) -> Outcome {
     let mut args = vec![
         "run",
         "examples/sub-workflow/workflow.yaml",
@@ -341,13 +262,9 @@ fn sub_workflow_run(dir: &TempDir, id: &str, conversation: &str, trace: bool) ->
     if trace {
         args.push("--trace");
     }
-    let output = run(dir, &args);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    output
+    let outcome = contexture(dir, &args).run();
+    outcome.expect_success();
+    outcome
 }
 
 #[test]
@@ -359,7 +276,7 @@ fn the_sub_workflow_example_scopes_its_child_and_continues_a_conversation() {
         answer.starts_with("Acme Sync: sync is now twice as fast"),
         "{answer}"
     );
-    let trace = String::from_utf8(first.stderr).unwrap();
+    let trace = first.stderr;
     let child_request = trace
         .split("--- request ")
         .find(|request| request.starts_with("notes-1/research.1/"))
@@ -373,7 +290,7 @@ fn the_sub_workflow_example_scopes_its_child_and_continues_a_conversation() {
 
     // The same conversation: the second run's request carries the first run's turns.
     let second = sub_workflow_run(&dir, "notes-2", "alice", true);
-    let trace = String::from_utf8(second.stderr).unwrap();
+    let trace = second.stderr;
     let request = trace.split("--- request notes-2/step-2").nth(1).unwrap();
     assert!(
         request.contains("do not publish") && request.contains("edits made offline"),
@@ -381,7 +298,7 @@ fn the_sub_workflow_example_scopes_its_child_and_continues_a_conversation() {
     );
     // Another user's conversation sees none of it.
     let other = sub_workflow_run(&dir, "notes-3", "bob", true);
-    let trace = String::from_utf8(other.stderr).unwrap();
+    let trace = other.stderr;
     let request = trace.split("--- request notes-3/step-2").nth(1).unwrap();
     assert_eq!(
         request.matches("edits made offline").count(),
@@ -393,19 +310,12 @@ fn the_sub_workflow_example_scopes_its_child_and_continues_a_conversation() {
 #[test]
 fn cancel_from_another_process_stops_a_run_and_its_sub_workflow() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let upstream = Arc::new(Upstream::default());
-    upstream.answers.lock().unwrap().extend([
-        Some("the brief".to_owned()),
-        None, // the child's call hangs until the cancellation stops it
+    let upstream = FakeUpstream::start_on(&runtime);
+    upstream.fail_when_unscripted().extend([
+        Reply::text("the brief"),
+        Reply::hang(), // the child's call hangs until the cancellation stops it
     ]);
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let base = format!("http://{}/v1", listener.local_addr().unwrap());
-    let app = Router::new()
-        .route("/v1/chat/completions", post(complete))
-        .with_state(upstream.clone());
-    runtime.spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let base = upstream.base_url();
 
     let dir = TempDir::new("contexture-run-cli");
     std::fs::write(
@@ -440,11 +350,7 @@ states:
     .env("OPENAI_API_KEY", "sk-test")
     .spawn()
     .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while upstream.received.lock().unwrap().len() < 2 {
-        assert!(Instant::now() < deadline, "the child never made its call");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    upstream.wait_for_calls_blocking(2, Duration::from_secs(60));
     let cancelled = ok(&dir, &["cancel", "job", "--reason", "user stopped it"]);
     assert_eq!(
         cancelled,
@@ -460,11 +366,7 @@ states:
     assert!(!output.status.success());
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert!(stderr.contains("cancelled"), "{stderr}");
-    assert_eq!(
-        upstream.received.lock().unwrap().len(),
-        2,
-        "no call after the cancel"
-    );
+    assert_eq!(upstream.call_count(), 2, "no call after the cancel");
     let inspect = ok(&dir, &["inspect", "job"]);
     assert!(
         inspect.contains("job (") && inspect.matches("cancelled").count() >= 2,

@@ -8,13 +8,14 @@
 //! Under CI (`CI=true`) a missing `schemathesis` fails the test; elsewhere the test says
 //! loudly that it skipped.
 
-mod serving;
+mod common;
 
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
+use common::root;
+use common::serving::{Server, create_key, start_upstream, under_ci};
 use contexture_store::testing::TempDir;
-use serving::{Server, create_key, root, under_ci};
 
 /// The seed, so a failure found once is found again.
 const SEED: &str = "20261125";
@@ -51,7 +52,7 @@ fn schemathesis_finds_nothing_wrong_with_the_served_document() {
         .enable_all()
         .build()
         .unwrap();
-    let (_upstream, upstream_url) = serving::upstream::start(&runtime);
+    let upstream_url = start_upstream(&runtime).base_url();
     let dir = TempDir::new("contexture-schemathesis");
     let db = format!("sqlite:{}", dir.join("fuzz.db").display());
     let key = create_key(&db, "acme");

@@ -7,15 +7,16 @@
 //! The client is `tests/python/three_turns.py`. Under CI (`CI=true`) a missing `openai`
 //! package fails the test; elsewhere the test says loudly that it skipped.
 
-mod serving;
+mod common;
 
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
+use common::serving::{Server, create_key, start_upstream, under_ci};
+use common::{RunToEnd, contexture, root};
+use contexture_fake_upstream::MODEL;
 use contexture_store::testing::TempDir;
 use serde_json::{Value, json};
-use serving::upstream::{MODEL, Received};
-use serving::{Server, root, under_ci};
 
 const UPSTREAM_KEY: &str = "sk-upstream-secret";
 const CHAT_THREAD: &str = "sdk-chat";
@@ -49,15 +50,6 @@ fn turns(items: &[(&str, &str)]) -> Vec<(String, String)> {
         .collect()
 }
 
-fn sent_upstream(request: &Received) -> Vec<(String, String)> {
-    request.body["messages"]
-        .as_array()
-        .expect("messages sent upstream")
-        .iter()
-        .map(turn)
-        .collect()
-}
-
 /// The thread's `message_appended` events, with the counts of its other event types.
 fn stored(server: &Server, key: &str, thread: &str) -> (Vec<(String, String)>, Vec<Value>) {
     let page = server.get_json(&format!("/v1/threads/{thread}/events?limit=1000"), key);
@@ -87,12 +79,13 @@ fn the_openai_python_sdk_talks_to_contexture_serve() {
 
     // The fake upstream.
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let (upstream, upstream_url) = serving::upstream::start(&runtime);
+    let upstream = start_upstream(&runtime);
+    let upstream_url = upstream.base_url();
 
     // A key for tenant acme, then the server.
     let dir = TempDir::new("contexture-serve-sdk");
     let db = format!("sqlite:{}", dir.join("serve.db").display());
-    let key = serving::create_key(&db, "acme");
+    let key = create_key(&db, "acme");
     let mut server = Server::start(&db, &upstream_url, UPSTREAM_KEY);
 
     // The SDK's conversation.
@@ -140,16 +133,12 @@ fn the_openai_python_sdk_talks_to_contexture_serve() {
 
     // Upstream: each request carried the thread's history, although the client sent only
     // its new message.
-    let received = upstream.received.lock().unwrap().clone();
-    let answers = upstream.answers.lock().unwrap().clone();
+    let received = upstream.calls();
     assert_eq!(received.len(), 5, "{received:#?}");
     let system = ("system", "You are terse.");
+    assert_eq!(received[0].messages(), turns(&[system, ("user", "user 1")]));
     assert_eq!(
-        sent_upstream(&received[0]),
-        turns(&[system, ("user", "user 1")])
-    );
-    assert_eq!(
-        sent_upstream(&received[1]),
+        received[1].messages(),
         turns(&[
             system,
             ("user", "user 1"),
@@ -165,27 +154,23 @@ fn the_openai_python_sdk_talks_to_contexture_serve() {
         ("assistant", "reply 2"),
         ("user", "user 3"),
     ]);
-    assert_eq!(sent_upstream(&received[2]), full_history);
+    assert_eq!(received[2].messages(), full_history);
     for request in &received[..3] {
-        assert_eq!(request.body["model"], MODEL);
+        assert_eq!(request.json["model"], MODEL);
         assert!(
-            request.body.get("metadata").is_none(),
+            request.json.get("metadata").is_none(),
             "metadata.contexture_thread is not forwarded: {}",
-            request.body
+            request.json
         );
     }
 
     // The streamed turn, and the turn after it, whose history holds the streamed answer.
-    assert_eq!(received[3].body["stream"], true);
+    assert_eq!(received[3].json["stream"], true);
+    assert_eq!(received[3].messages(), turns(&[("user", "stream please")]));
+    // What the fake streams for the fourth call.
+    let streamed = "streamed reply 4";
     assert_eq!(
-        sent_upstream(&received[3]),
-        turns(&[("user", "stream please")])
-    );
-    let streamed = &answers[3];
-    assert_eq!(streamed, "streamed reply 4");
-    assert_eq!(
-        summary["stream"]["text"],
-        streamed.as_str(),
+        summary["stream"]["text"], streamed,
         "the deltas, joined, are the upstream's answer: {summary}"
     );
     assert_eq!(
@@ -194,7 +179,7 @@ fn the_openai_python_sdk_talks_to_contexture_serve() {
     );
     assert_eq!(summary["stream"]["finish_reason"], "stop");
     assert_eq!(
-        sent_upstream(&received[4]),
+        received[4].messages(),
         turns(&[
             ("user", "stream please"),
             ("assistant", "streamed reply 4"),
@@ -207,15 +192,15 @@ fn the_openai_python_sdk_talks_to_contexture_serve() {
     // Keys: the upstream got the server's, never the client's.
     for (i, request) in received.iter().enumerate() {
         assert_eq!(
-            request.authorization.as_deref(),
+            request.authorization(),
             Some("Bearer sk-upstream-secret"),
             "request {i}"
         );
+        let headers = format!("{:?}", request.headers);
         assert!(
-            !request.headers.contains("ctx_") && !request.body.to_string().contains("ctx_"),
-            "the client's key reached the upstream in request {i}:\n{}{}",
-            request.headers,
-            request.body
+            !headers.contains("ctx_") && !request.json.to_string().contains("ctx_"),
+            "the client's key reached the upstream in request {i}:\n{headers}\n{}",
+            request.json
         );
     }
 
@@ -244,7 +229,7 @@ fn the_openai_python_sdk_talks_to_contexture_serve() {
         .map(turn)
         .collect();
     assert_eq!(fitted, all_turns, "{context}");
-    assert_eq!(sent_upstream(&received[2]), fitted[..fitted.len() - 1]);
+    assert_eq!(received[2].messages(), fitted[..fitted.len() - 1]);
     let (messages, events) = stored(&server, &key, STREAM_THREAD);
     assert_eq!(
         messages,
@@ -270,25 +255,16 @@ fn the_openai_python_sdk_talks_to_contexture_serve() {
     );
 
     // Stored durably, under the tenant's scope: the CLI reads `acme/ID` from the database.
-    let listed = Command::new(env!("CARGO_BIN_EXE_contexture"))
-        .current_dir(root())
-        .args([
-            "thread",
-            "messages",
-            "--thread",
-            &format!("acme/{CHAT_THREAD}"),
-            "--db",
-            &db,
-        ])
-        .env_remove("CONTEXTURE_DB")
-        .output()
-        .expect("run contexture thread messages");
-    assert!(
-        listed.status.success(),
-        "{}",
-        String::from_utf8_lossy(&listed.stderr)
-    );
-    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let listed = contexture([
+        "thread",
+        "messages",
+        "--thread",
+        &format!("acme/{CHAT_THREAD}"),
+        "--db",
+        &db,
+    ])
+    .run()
+    .expect_json();
     let listed: Vec<_> = listed.as_array().unwrap().iter().map(turn).collect();
     assert_eq!(listed, all_turns);
     eprintln!("serve_sdk took {:?}", started.elapsed());

@@ -4,12 +4,11 @@
 //! user would run it, on PostgreSQL with a password in its URL (trust authentication ignores
 //! it), with an upstream that cannot be reached and one that fails.
 
-mod serving;
+mod common;
 
-use std::process::Command;
-
+use common::serving::{Server, create_key};
+use common::{RunToEnd, contexture};
 use contexture_store::testing::{in_ci, pg_url};
-use serving::{Server, create_key, root};
 
 const UPSTREAM_KEY: &str = "sk-upstream-SECRET-7f3a9";
 
@@ -118,16 +117,10 @@ fn the_upstream_key_and_the_database_password_never_show() {
 
     // A server that cannot reach its database says so without the password.
     let bad = db.replace("127.0.0.1:5432", "127.0.0.1:9");
-    let failed = Command::new(env!("CARGO_BIN_EXE_contexture"))
-        .current_dir(root())
-        .args(["serve", "--db", &bad, "--bind", "127.0.0.1:0"])
+    let failed = contexture(["serve", "--db", &bad, "--bind", "127.0.0.1:0"])
         .env("CONTEXTURE_UPSTREAM_KEY", UPSTREAM_KEY)
-        .env_remove("CONTEXTURE_CONFIG")
-        .env_remove("CONTEXTURE_DB")
-        .output()
-        .expect("run contexture serve");
-    assert!(!failed.status.success());
-    let stderr = String::from_utf8_lossy(&failed.stderr);
+        .run();
+    let stderr = failed.expect_failure();
     assert!(stderr.contains("cannot open the store"), "{stderr}");
     assert_no_secret("a failed start", &stderr, &secrets);
     assert_no_secret(

@@ -1,76 +1,25 @@
 //! `contexture thread`: append, messages (plain, limited and fitted), events, fork, list,
 //! delete and prune against an SQLite file, and the same round trip on PostgreSQL.
 
-use std::io::Write;
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+mod common;
 
-/// A temporary directory removed on drop.
-struct TempDir(PathBuf);
+use common::{Outcome, RunToEnd, contexture, sqlite_url};
+use contexture_store::testing::{TempDir, in_ci, pg_url, unique};
 
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let path = std::env::temp_dir().join(format!(
-            "contexture-cli-{name}-{}-{nanos}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&path).expect("temp dir");
-        TempDir(path)
-    }
-
-    fn db(&self) -> String {
-        format!("sqlite:{}", self.0.join("threads.db").display())
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn run(db: &str, args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_contexture"))
-        .arg("thread")
+/// `contexture thread ARGS --db DB` with `input` on its standard input.
+fn thread(db: &str, args: &[&str], input: &str) -> Outcome {
+    contexture(["thread"])
         .args(args)
         .args(["--db", db])
-        .env_remove("CONTEXTURE_DB")
-        .env_remove("CONTEXTURE_MODELS")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run contexture");
-    // A command that fails before reading its input closes the pipe (EPIPE): not an error
-    // here, the exit status and stderr say what happened.
-    let _ = child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(stdin.as_bytes());
-    child.wait_with_output().expect("wait for contexture")
+        .run_with_input(input.as_bytes())
 }
 
-fn ok(db: &str, args: &[&str], stdin: &str) -> String {
-    let output = run(db, args, stdin);
-    assert!(
-        output.status.success(),
-        "contexture thread {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).expect("UTF-8 output")
+fn ok(db: &str, args: &[&str], input: &str) -> String {
+    thread(db, args, input).expect_success()
 }
 
-fn fail(db: &str, args: &[&str], stdin: &str) -> String {
-    let output = run(db, args, stdin);
-    assert!(
-        !output.status.success(),
-        "contexture thread {args:?} should fail"
-    );
-    String::from_utf8(output.stderr).expect("UTF-8 errors")
+fn fail(db: &str, args: &[&str], input: &str) -> String {
+    thread(db, args, input).expect_failure()
 }
 
 const HISTORY: &str = r#"[
@@ -173,25 +122,21 @@ fn round_trip(db: &str) {
 
 #[test]
 fn thread_commands_on_sqlite() {
-    let dir = TempDir::new("round-trip");
-    round_trip(&dir.db());
+    let dir = TempDir::new("contexture-cli-round-trip");
+    round_trip(&sqlite_url(&dir, "threads.db"));
 }
 
 #[test]
 fn thread_commands_on_postgres() {
-    let url = std::env::var("CONTEXTURE_TEST_PG")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string());
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let schema = format!("ctx_cli_{}_{nanos}", std::process::id());
+    let url = pg_url();
+    let schema = unique("ctx_cli");
     // The CLI takes a plain URL; the test isolates itself in a fresh schema, created here
     // through the store library and named in the URL's `options`.
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let store = match runtime.block_on(contexture_store::PgStore::open_in_schema(&url, &schema)) {
         Ok(store) => store,
         Err(error) => {
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
+            if in_ci() {
                 panic!("CI=true and PostgreSQL at {url} is unreachable: {error}");
             }
             eprintln!("\n!!! SKIPPING the PostgreSQL CLI test: {url} is unreachable ({error}).\n");
@@ -208,8 +153,8 @@ fn thread_commands_on_postgres() {
 
 #[test]
 fn bad_input_and_bad_urls_are_reported() {
-    let dir = TempDir::new("errors");
-    let db = dir.db();
+    let dir = TempDir::new("contexture-cli-errors");
+    let db = sqlite_url(&dir, "threads.db");
     let error = fail(
         &db,
         &["append", "--thread", "t"],

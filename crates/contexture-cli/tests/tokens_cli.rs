@@ -1,35 +1,9 @@
 //! End-to-end tests of `contexture tokens` and `contexture models`, running the built binary.
 
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
+mod common;
 
-fn contexture(args: &[&str], stdin: &[u8]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_contexture"))
-        .args(args)
-        .env_remove("CONTEXTURE_MODELS")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the binary runs");
-    // A command that fails before reading its input closes the pipe: that is not an error here.
-    let _ = child.stdin.take().unwrap().write_all(stdin);
-    child.wait_with_output().unwrap()
-}
-
-fn stdout(output: &Output) -> String {
-    assert!(
-        output.status.success(),
-        "failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout.clone()).unwrap()
-}
-
-fn stderr_of_failure(output: &Output) -> String {
-    assert!(!output.status.success(), "expected a failure");
-    String::from_utf8(output.stderr.clone()).unwrap()
-}
+use common::{RunToEnd, contexture};
+use contexture_store::testing::TempDir;
 
 const EXAMPLE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -39,20 +13,23 @@ const EXAMPLE: &str = concat!(
 #[test]
 fn counts_text_from_stdin_and_file() {
     assert_eq!(
-        stdout(&contexture(&["tokens", "count"], b"hello world")),
+        contexture(["tokens", "count"])
+            .run_with_input(b"hello world")
+            .expect_success(),
         "2\n"
     );
     let text = "naïve café 東京 🚀 fn main() { println!(\"hi\"); }";
-    let counted: usize = stdout(&contexture(
-        &["tokens", "count", "--encoding", "cl100k_base"],
-        text.as_bytes(),
-    ))
-    .trim()
-    .parse()
-    .unwrap();
+    let counted: usize = contexture(["tokens", "count", "--encoding", "cl100k_base"])
+        .run_with_input(text.as_bytes())
+        .expect_success()
+        .trim()
+        .parse()
+        .unwrap();
     // The library's count, which tests/tokens_oracle.rs ties to tiktoken.
     assert_eq!(counted, contexture_core::Encoding::Cl100kBase.count(text));
-    let from_file: u32 = stdout(&contexture(&["tokens", "count", EXAMPLE], b""))
+    let from_file: u32 = contexture(["tokens", "count", EXAMPLE])
+        .run()
+        .expect_success()
         .trim()
         .parse()
         .unwrap();
@@ -61,29 +38,27 @@ fn counts_text_from_stdin_and_file() {
 
 #[test]
 fn counts_a_request_by_the_chat_recipe() {
-    let total = stdout(&contexture(
-        &[
-            "tokens",
-            "count",
-            "--messages",
-            "--model",
-            "gpt-4o",
-            EXAMPLE,
-        ],
-        b"",
-    ));
-    let json = stdout(&contexture(
-        &[
-            "tokens",
-            "count",
-            "--messages",
-            "--model",
-            "gpt-4o",
-            "--json",
-            EXAMPLE,
-        ],
-        b"",
-    ));
+    let total = contexture([
+        "tokens",
+        "count",
+        "--messages",
+        "--model",
+        "gpt-4o",
+        EXAMPLE,
+    ])
+    .run()
+    .expect_success();
+    let json = contexture([
+        "tokens",
+        "count",
+        "--messages",
+        "--model",
+        "gpt-4o",
+        "--json",
+        EXAMPLE,
+    ])
+    .run()
+    .expect_success();
     let report: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(report["total"].to_string(), total.trim());
     let per_message: u64 = report["messages"]
@@ -101,9 +76,11 @@ fn counts_a_request_by_the_chat_recipe() {
 fn models_show_and_list() {
     insta::assert_snapshot!(
         "models_show_gpt41_mini",
-        stdout(&contexture(&["models", "show", "gpt-4.1-mini"], b""))
+        contexture(["models", "show", "gpt-4.1-mini"])
+            .run()
+            .expect_success()
     );
-    let list = stdout(&contexture(&["models", "list"], b""));
+    let list = contexture(["models", "list"]).run().expect_success();
     for family in [
         "gpt-4o",
         "claude-sonnet-4-5",
@@ -118,36 +95,33 @@ fn models_show_and_list() {
 
 #[test]
 fn a_models_file_overrides_entries() {
-    let dir = std::env::temp_dir().join(format!("contexture-models-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("contexture-models");
     let file = dir.join("models.toml");
     std::fs::write(
         &file,
         "[models.\"in-house\"]\ncontext_window = 4096\nmax_output_tokens = 512\nencoding = \"cl100k_base\"\n",
     )
     .unwrap();
-    let shown = stdout(&contexture(
-        &[
-            "models",
-            "show",
-            "in-house-v2",
-            "--models",
-            file.to_str().unwrap(),
-        ],
-        b"",
-    ));
+    let shown = contexture([
+        "models",
+        "show",
+        "in-house-v2",
+        "--models",
+        file.to_str().unwrap(),
+    ])
+    .run()
+    .expect_success();
     assert!(shown.contains("\"context_window\": 4096"), "{shown}");
     std::fs::write(&file, "[models.\"in-house\"]\ncontext_window = \"big\"\n").unwrap();
-    let error = stderr_of_failure(&contexture(
-        &[
-            "models",
-            "show",
-            "in-house",
-            "--models",
-            file.to_str().unwrap(),
-        ],
-        b"",
-    ));
+    let error = contexture([
+        "models",
+        "show",
+        "in-house",
+        "--models",
+        file.to_str().unwrap(),
+    ])
+    .run()
+    .expect_failure();
     assert!(
         error.contains("models.toml") && error.contains("line 2"),
         "{error}"
@@ -199,7 +173,7 @@ fn bad_input_fails_with_a_located_message() {
         ),
     ];
     for (args, stdin, expected) in cases {
-        let error = stderr_of_failure(&contexture(args, stdin));
+        let error = contexture(*args).run_with_input(stdin).expect_failure();
         assert!(error.contains(expected), "{args:?}: {error}");
     }
 }

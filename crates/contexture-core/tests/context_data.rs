@@ -54,7 +54,7 @@ fn store_of(value: Option<&Value>) -> ContextStore {
 #[test]
 fn parse() {
     insta::glob!("inputs/context/parse/*", |path| {
-        let bytes = std::fs::read(&path).expect("input");
+        let bytes = std::fs::read(path).expect("input");
         let body = match parse_output_bytes(&bytes) {
             Ok(parsed) => format!(
                 "format: {}\nvalue: {}\nstored: {}\nnotes: {}\n",
@@ -85,7 +85,7 @@ struct FlagsCase {
 fn flags() {
     insta::glob!("inputs/context/flags/*", |path| {
         let case: FlagsCase =
-            serde_json::from_str(&std::fs::read_to_string(&path).expect("input")).expect("case");
+            serde_json::from_str(&std::fs::read_to_string(path).expect("input")).expect("case");
         let store = store_of(case.store.as_ref());
         let outcome = apply_transition(&case.flags, &store, &parse_output(&case.output));
         let body = format!("# {}\n{}\n", case.about, pretty(&outcome));
@@ -96,7 +96,7 @@ fn flags() {
 #[test]
 fn templates() {
     insta::glob!("inputs/context/templates/*", |path| {
-        let text = std::fs::read_to_string(&path).expect("input");
+        let text = std::fs::read_to_string(path).expect("input");
         let (header, template) = split_header(&text);
         let mut options = RenderOptions::fixed(NOW);
         if let Some(missing) = header.get("missing") {
@@ -131,7 +131,7 @@ fn templates() {
 #[test]
 fn expr() {
     insta::glob!("inputs/context/expr/*", |path| {
-        let text = std::fs::read_to_string(&path).expect("input");
+        let text = std::fs::read_to_string(path).expect("input");
         let (header, lines) = split_header(&text);
         let store = store_of(header.get("context"));
         let output = header.get("output").cloned();
@@ -180,7 +180,7 @@ struct IterCase {
 fn iter() {
     insta::glob!("inputs/context/iter/*", |path| {
         let case: IterCase =
-            serde_json::from_str(&std::fs::read_to_string(&path).expect("input")).expect("case");
+            serde_json::from_str(&std::fs::read_to_string(path).expect("input")).expect("case");
         let store = store_of(case.context.as_ref());
         let mut body = format!("# {}\n", case.about);
         match select_items(&case.iter_key, &store, case.output.as_ref()) {
@@ -255,7 +255,7 @@ struct FlowStep {
 fn flows() {
     insta::glob!("inputs/context/flows/*", |path| {
         let flow: Flow =
-            serde_json::from_str(&std::fs::read_to_string(&path).expect("input")).expect("flow");
+            serde_json::from_str(&std::fs::read_to_string(path).expect("input")).expect("flow");
         let mut store = store_of(flow.store.as_ref());
         let mut body = format!("# {}\n", flow.about);
         if let Some(input) = &flow.input {

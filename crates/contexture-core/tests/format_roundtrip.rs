@@ -267,4 +267,3 @@ fn neutral_forms_are_pinned() {
         insta::assert_json_snapshot!(messages);
     });
 }
-

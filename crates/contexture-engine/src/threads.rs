@@ -126,6 +126,12 @@ pub async fn restore_thread<S: Store>(
     before: u64,
 ) -> Result<u64, ThreadOpError> {
     let events = store.events(thread).await?;
+    if events.is_empty() && !store.exists(thread).await? {
+        return Err(StoreError::NotFound {
+            thread: thread.into(),
+        }
+        .into());
+    }
     let op_id = format!("{thread}/restore-before-{before}-at-{}", events.len() + 1);
     let restore =
         restore_before(&events, before, op_id).map_err(|source| ThreadOpError::Restore {

@@ -1,5 +1,5 @@
 //! Compaction on stored threads and inside runs, with the scripted provider
-//! and with a local OpenAI-compatible server: what is covered, what stays verbatim, what the
+//! and with the fake upstream: what is covered, what stays verbatim, what the
 //! summarizer sees, and that a failed summary replaces nothing.
 
 mod common;
@@ -7,7 +7,6 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::server::{Answer, serve};
 use common::{events, executor, requests, script, sqlite, start, texts};
 use contexture_core::budget::SUMMARY_TAG;
 use contexture_core::compact::{
@@ -22,6 +21,7 @@ use contexture_engine::compaction::{
 };
 use contexture_engine::hooks::{CompactionInfo, Hook};
 use contexture_engine::llm::{FixedRouter, Router};
+use contexture_fake_upstream::{FakeUpstream, Reply};
 use contexture_llm::{OpenAiProvider, Provider, RetryPolicy, ScriptedProvider};
 use contexture_store::{NewEvent, SqliteStore, Store};
 
@@ -288,11 +288,12 @@ async fn a_failing_or_empty_summarizer_replaces_nothing_and_records_why() {
 
 #[tokio::test]
 async fn a_summarizer_that_times_out_over_http_replaces_nothing() {
-    let (base, server) = serve(vec![
-        Answer::text("late").after(Duration::from_secs(3)),
-        Answer::text("late").after(Duration::from_secs(3)),
+    let upstream = FakeUpstream::scripted([
+        Reply::text("late").after(Duration::from_secs(3)),
+        Reply::text("late").after(Duration::from_secs(3)),
     ])
     .await;
+    let base = upstream.base_url();
     let provider = Arc::new(
         OpenAiProvider::new(base, None)
             .with_timeout(Duration::from_millis(200))
@@ -315,7 +316,7 @@ async fn a_summarizer_that_times_out_over_http_replaces_nothing() {
         matches!(&report.outcome, CompactionOutcome::Failed { error } if error.contains("no answer within 200ms")),
         "{report:?}"
     );
-    assert_eq!(server.received().len(), 2);
+    assert_eq!(upstream.bodies().len(), 2);
     assert_eq!(store.load("t").await.unwrap().projection(), before);
 }
 
@@ -644,14 +645,12 @@ async fn in_a_run_the_trigger_compacts_and_every_request_fits_and_validates() {
         )
     };
     // Replies in order: each step's answer, with a summary wherever a compaction runs.
-    let (base, server) = serve(Vec::new()).await;
+    let upstream = FakeUpstream::scripted((0..steps * 2).map(|n| Reply::text(answer(n)))).await;
+    let base = upstream.base_url();
     let provider =
         Arc::new(OpenAiProvider::new(base.clone(), None).with_retry(RetryPolicy::none()));
     let (_dir, store) = sqlite().await;
     let exec = executor(store.clone(), provider).with_registry(registry());
-    // The server answers summaries for compaction prompts and answers for steps.
-    let answers: Vec<Answer> = (0..steps * 2).map(|n| Answer::text(&answer(n))).collect();
-    server.push(answers);
     let out = start(&exec, &long_run(steps), "Incident 4711: analyse the logs.")
         .await
         .unwrap();
@@ -663,7 +662,7 @@ async fn in_a_run_the_trigger_compacts_and_every_request_fits_and_validates() {
         .count();
     assert!(compactions >= 2, "{compactions} compactions");
     let model = registry().resolve("small-window");
-    for (n, body) in server.received().iter().enumerate() {
+    for (n, body) in upstream.bodies().iter().enumerate() {
         let messages = contexture_core::format::openai::parse_request(body).unwrap();
         assert_eq!(validate(&messages, Rules::OpenAi), vec![], "request {n}");
         let tokens = model.counter.count_request(&messages, &[]).total;

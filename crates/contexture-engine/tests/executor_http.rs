@@ -1,13 +1,12 @@
-//! The executor against a local OpenAI-compatible server over real HTTP: the server checks
-//! what it receives (history flags, window, provider rules), fails on purpose (500, a slow
-//! answer), and streams.
+//! The executor against the fake upstream over real HTTP: what the upstream receives
+//! (history flags, window, provider rules), failures on purpose (500, a slow answer), and
+//! streams.
 
 mod common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::server::{Answer, serve};
 use common::{events, kinds, sqlite, start};
 use contexture_core::context::RenderOptions;
 use contexture_core::fit::{Rules, validate};
@@ -17,6 +16,7 @@ use contexture_core::thread::{Event, EventKind, RequestOutcome};
 use contexture_engine::executor::{ExecError, Executor, Observer};
 use contexture_engine::hooks::{BeforeCall, CallInfo, Hook};
 use contexture_engine::llm::FixedRouter;
+use contexture_fake_upstream::{FakeUpstream, Reply};
 use contexture_llm::{OpenAiProvider, RetryPolicy, StreamDelta};
 use contexture_store::Store;
 use serde_json::Value;
@@ -52,11 +52,12 @@ fn sent_texts(body: &Value) -> Vec<String> {
 
 #[tokio::test]
 async fn include_in_llm_history_false_hides_an_output_from_later_requests() {
-    let (base, server) = serve(vec![
-        Answer::text(r#"{"ids": [101, 102, 103]}"#),
-        Answer::text("processed"),
+    let upstream = FakeUpstream::scripted([
+        Reply::text(r#"{"ids": [101, 102, 103]}"#),
+        Reply::text("processed"),
     ])
     .await;
+    let base = upstream.base_url();
     let (_dir, store) = sqlite().await;
     let exec = http_executor(store, &base);
     let workflow = r#"
@@ -67,7 +68,7 @@ states:
 "#;
     let out = start(&exec, workflow, "start").await.unwrap();
     assert_eq!(out.output, "processed");
-    let received = server.received();
+    let received = upstream.bodies();
     assert_eq!(received.len(), 2);
     assert_eq!(sent_texts(&received[1]), ["start", "Process 3 users"]);
     assert!(!received[1].to_string().contains("101"));
@@ -75,12 +76,13 @@ states:
 
 #[tokio::test]
 async fn clear_prior_messages_empties_the_history_of_later_requests() {
-    let (base, server) = serve(vec![
-        Answer::text("phase one notes"),
-        Answer::text("phase one summary"),
-        Answer::text("phase two"),
+    let upstream = FakeUpstream::scripted([
+        Reply::text("phase one notes"),
+        Reply::text("phase one summary"),
+        Reply::text("phase two"),
     ])
     .await;
+    let base = upstream.base_url();
     let (_dir, store) = sqlite().await;
     let exec = http_executor(store, &base);
     let workflow = r#"
@@ -91,7 +93,7 @@ states:
   - {id: next-phase, assistant_id: a, task: Go on, next: {end: true}}
 "#;
     start(&exec, workflow, "the request").await.unwrap();
-    let received = server.received();
+    let received = upstream.bodies();
     assert_eq!(
         sent_texts(&received[1]),
         [
@@ -121,8 +123,9 @@ async fn every_request_fits_the_model_window_and_validates() {
             "the data shows a steady trend. ".repeat(30)
         )
     };
-    let answers: Vec<Answer> = (0..8).map(|n| Answer::text(&long_answer(n))).collect();
-    let (base, server) = serve(answers).await;
+    let answers: Vec<Reply> = (0..8).map(|n| Reply::text(long_answer(n))).collect();
+    let upstream = FakeUpstream::scripted(answers).await;
+    let base = upstream.base_url();
     let mut registry = Registry::builtin();
     registry
         .apply_toml(
@@ -152,7 +155,7 @@ async fn every_request_fits_the_model_window_and_validates() {
         .unwrap();
     let model = registry.resolve("small-window");
     let limit = 1200 - 200;
-    let received = server.received();
+    let received = upstream.bodies();
     assert_eq!(received.len(), 8);
     for (n, body) in received.iter().enumerate() {
         let messages = openai::parse_request(body).unwrap();
@@ -205,7 +208,12 @@ impl Hook for Count {
 
 #[tokio::test]
 async fn a_500_followed_by_a_200_is_retried_and_succeeds() {
-    let (base, server) = serve(vec![Answer::status(500), Answer::text("recovered")]).await;
+    let upstream = FakeUpstream::scripted([
+        Reply::error(500, "busy"),
+        Reply::text("recovered").usage(50, 10),
+    ])
+    .await;
+    let base = upstream.base_url();
     let (_dir, store) = sqlite().await;
     let count = Arc::new(Count::default());
     let exec = http_executor(store.clone(), &base).with_hook(count.clone());
@@ -217,8 +225,8 @@ async fn a_500_followed_by_a_200_is_retried_and_succeeds() {
     .await
     .unwrap();
     assert_eq!(out.output, "recovered");
-    assert_eq!(server.received().len(), 2);
-    assert_eq!(server.received()[0], server.received()[1]);
+    assert_eq!(upstream.bodies().len(), 2);
+    assert_eq!(upstream.bodies()[0], upstream.bodies()[1]);
     assert_eq!(*count.0.lock().unwrap(), (1, 1), "hooks fire once per call");
     let ends: Vec<_> = events(&store, "run-1")
         .await
@@ -238,11 +246,12 @@ async fn a_500_followed_by_a_200_is_retried_and_succeeds() {
 
 #[tokio::test]
 async fn a_timeout_ends_the_step_with_a_clear_error_and_loses_nothing() {
-    let (base, _server) = serve(vec![
-        Answer::text(r#"{"found": "alpha"}"#),
-        Answer::text("too late").after(Duration::from_secs(3)),
+    let upstream = FakeUpstream::scripted([
+        Reply::text(r#"{"found": "alpha"}"#),
+        Reply::text("too late").after(Duration::from_secs(3)),
     ])
     .await;
+    let base = upstream.base_url();
     let (_dir, store) = sqlite().await;
     let exec = Executor::new(
         store.clone(),
@@ -288,14 +297,15 @@ states:
         ["Find", r#"{"found": "alpha"}"#]
     );
     // And the run goes on from there against a server that answers.
-    let (base, server) = serve(vec![Answer::text("used alpha")]).await;
+    let upstream = FakeUpstream::scripted([Reply::text("used alpha")]).await;
+    let base = upstream.base_url();
     let out = http_executor(store.clone(), &base)
         .resume("run-1")
         .await
         .unwrap();
     assert_eq!(out.output, "used alpha");
     assert_eq!(
-        sent_texts(&server.received()[0]).last().unwrap(),
+        sent_texts(&upstream.bodies()[0]).last().unwrap(),
         "Use alpha"
     );
 }
@@ -315,7 +325,8 @@ impl Observer for Deltas {
 
 #[tokio::test]
 async fn streamed_replies_reach_the_observer_piece_by_piece() {
-    let (base, server) = serve(vec![Answer::stream(&["Hel", "lo ", "there"])]).await;
+    let upstream = FakeUpstream::scripted([Reply::text_in_pieces(["Hel", "lo ", "there"])]).await;
+    let base = upstream.base_url();
     let (_dir, store) = sqlite().await;
     let deltas = Arc::new(Deltas::default());
     let exec = http_executor(store, &base)
@@ -330,5 +341,5 @@ async fn streamed_replies_reach_the_observer_piece_by_piece() {
     .unwrap();
     assert_eq!(out.output, "Hello there");
     assert_eq!(*deltas.0.lock().unwrap(), "Hello there");
-    assert_eq!(server.received()[0]["stream"], true);
+    assert_eq!(upstream.bodies()[0]["stream"], true);
 }

@@ -1,177 +1,29 @@
-//! The pass-through client against a local test server over real HTTP: the body and the key
+//! The pass-through client against the fake upstream over real HTTP: the body and the key
 //! forwarded, answers returned byte for byte (whole or streamed chunk by chunk), retries
 //! only before anything was handed over, error statuses passed through, stalls; and the
 //! answer accumulator on streams split anywhere.
 
-use std::collections::VecDeque;
-use std::convert::Infallible;
-use std::pin::Pin;
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use axum::Router;
-use axum::body::Body;
-use axum::extract::State;
-use axum::http::{HeaderMap, Method, StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use bytes::Bytes;
 use contexture_core::{Content, Message, Part, ToolCall};
+use contexture_fake_upstream::{FakeUpstream, Reply};
 use contexture_llm::{
     Answer, AnswerAccumulator, Passthrough, PassthroughError, UpstreamBody, UpstreamConfig,
     UpstreamResponse, UpstreamStream, Usage, record_stream,
 };
-use futures_core::Stream;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
 const KEY: &str = "sk-upstream-secret-123";
 
 // ---------------------------------------------------------------------------------------
-// The test server.
-
-/// A canned answer: a status, headers, and a body sent as `chunks` with `gap` between
-/// them, after `head_delay`; with `stall`, the connection then stays open that long
-/// without another byte.
-#[derive(Clone)]
-struct Canned {
-    status: u16,
-    headers: Vec<(&'static str, String)>,
-    chunks: Vec<Bytes>,
-    head_delay: Duration,
-    gap: Duration,
-    stall: Option<Duration>,
-}
-
-impl Canned {
-    fn raw(status: u16, content_type: &str, body: impl Into<Bytes>) -> Canned {
-        Canned {
-            status,
-            headers: vec![("content-type", content_type.to_owned())],
-            chunks: vec![body.into()],
-            head_delay: Duration::ZERO,
-            gap: Duration::ZERO,
-            stall: None,
-        }
-    }
-
-    fn json(status: u16, body: Value) -> Canned {
-        Canned::raw(status, "application/json", body.to_string())
-    }
-
-    fn sse_chunks(chunks: Vec<Bytes>) -> Canned {
-        Canned {
-            chunks,
-            gap: Duration::from_millis(30),
-            ..Canned::raw(200, "text/event-stream", "")
-        }
-    }
-
-    fn header(mut self, name: &'static str, value: &str) -> Canned {
-        self.headers.push((name, value.to_owned()));
-        self
-    }
-}
-
-/// One request the server received.
-struct Received {
-    method: Method,
-    path: String,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
-#[derive(Default)]
-struct Server {
-    answers: Mutex<VecDeque<Canned>>,
-    received: Mutex<Vec<Received>>,
-}
-
-impl Server {
-    fn count(&self) -> usize {
-        self.received.lock().unwrap().len()
-    }
-}
-
-/// A body stream fed by a channel, so that chunks can be sent with pauses between them.
-struct ChannelBody(tokio::sync::mpsc::Receiver<Result<Bytes, Infallible>>);
-
-impl Stream for ChannelBody {
-    type Item = Result<Bytes, Infallible>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.0.poll_recv(cx)
-    }
-}
-
-async fn answer(
-    State(server): State<Arc<Server>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    server.received.lock().unwrap().push(Received {
-        method,
-        path: uri.path().to_owned(),
-        headers,
-        body,
-    });
-    let canned = server
-        .answers
-        .lock()
-        .unwrap()
-        .pop_front()
-        .unwrap_or_else(|| Canned::json(500, json!({"error": "no canned answer left"})));
-    tokio::time::sleep(canned.head_delay).await;
-    let streamed = canned.chunks.len() > 1 || canned.stall.is_some();
-    let body = if streamed {
-        let (sender, receiver) = tokio::sync::mpsc::channel(1);
-        let (chunks, gap, stall) = (canned.chunks.clone(), canned.gap, canned.stall);
-        tokio::spawn(async move {
-            for (i, chunk) in chunks.into_iter().enumerate() {
-                if i > 0 {
-                    tokio::time::sleep(gap).await;
-                }
-                if sender.send(Ok(chunk)).await.is_err() {
-                    return;
-                }
-            }
-            if let Some(stall) = stall {
-                tokio::time::sleep(stall).await;
-            }
-        });
-        Body::from_stream(ChannelBody(receiver))
-    } else {
-        Body::from(canned.chunks.into_iter().next().unwrap_or_default())
-    };
-    let mut response = (StatusCode::from_u16(canned.status).unwrap(), body).into_response();
-    for (name, value) in canned.headers {
-        response.headers_mut().insert(name, value.parse().unwrap());
-    }
-    response
-}
-
-/// Starts a server on a free loopback port; returns its base URL (ending in `/v1`) and its
-/// state.
-async fn serve(answers: Vec<Canned>) -> (String, Arc<Server>) {
-    let server = Arc::new(Server {
-        answers: Mutex::new(answers.into()),
-        received: Mutex::default(),
-    });
-    let app = Router::new()
-        .route("/v1/chat/completions", post(answer))
-        .route("/v1/models", get(answer))
-        .with_state(server.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (format!("http://{address}/v1"), server)
-}
-
-// ---------------------------------------------------------------------------------------
 // Helpers.
+
+/// A 200 event stream sent as `chunks`, with a pause between them so that they arrive apart.
+fn sse_chunks(chunks: impl IntoIterator<Item = Bytes>) -> Reply {
+    Reply::chunks("text/event-stream", chunks).gap(Duration::from_millis(30))
+}
 
 fn config(base_url: &str, retries: u32) -> UpstreamConfig {
     UpstreamConfig {
@@ -287,15 +139,16 @@ fn fold<'a>(pieces: impl IntoIterator<Item = &'a [u8]>) -> Result<Answer, Passth
 
 #[tokio::test]
 async fn the_body_is_forwarded_unchanged_with_the_key_as_bearer() {
-    let (base, server) = serve(vec![Canned::json(200, json!({"choices": []}))]).await;
+    let upstream = FakeUpstream::scripted([Reply::json(200, json!({"choices": []}))]).await;
+    let base = upstream.base_url();
     let body = request_body(false);
     let response = client(&base, 0).chat_completions(&body).await.unwrap();
     assert_eq!(response.status, 200);
 
-    let received = server.received.lock().unwrap();
+    let received = upstream.requests();
     assert_eq!(received.len(), 1);
     let request = &received[0];
-    assert_eq!(request.method, Method::POST);
+    assert_eq!(request.method, "POST");
     assert_eq!(request.path, "/v1/chat/completions");
     assert_eq!(request.headers["authorization"], format!("Bearer {KEY}"));
     assert_eq!(request.headers["content-type"], "application/json");
@@ -323,7 +176,8 @@ async fn the_body_is_forwarded_unchanged_with_the_key_as_bearer() {
 
 #[tokio::test]
 async fn no_key_sends_no_authorization() {
-    let (base, server) = serve(vec![Canned::json(200, json!({"choices": []}))]).await;
+    let upstream = FakeUpstream::scripted([Reply::json(200, json!({"choices": []}))]).await;
+    let base = upstream.base_url();
     let mut config = config(&base, 0);
     config.api_key = Some(String::new());
     let passthrough = Passthrough::new(config).unwrap();
@@ -331,23 +185,16 @@ async fn no_key_sends_no_authorization() {
         .chat_completions(&request_body(false))
         .await
         .unwrap();
-    assert!(
-        !server.received.lock().unwrap()[0]
-            .headers
-            .contains_key("authorization")
-    );
+    assert!(!upstream.requests()[0].headers.contains_key("authorization"));
 }
 
 #[tokio::test]
 async fn a_whole_answer_is_returned_byte_for_byte_and_folds_into_an_answer() {
     // Spacing and key order a re-serialization would not keep.
     let raw = "{\n  \"id\": \"chatcmpl-9\",  \"object\": \"chat.completion\", \"model\": \"gpt-4o-2024-08-06\",\n  \"choices\": [ {\"index\": 0, \"message\": {\"role\": \"assistant\", \"content\": \"Sol, 24 °C.\"}, \"finish_reason\": \"stop\"} ],\n  \"usage\": {\"total_tokens\": 26, \"prompt_tokens\": 21, \"completion_tokens\": 5},\n  \"system_fingerprint\": \"fp_x\"\n}\n";
-    let (base, _server) = serve(vec![Canned::raw(
-        200,
-        "application/json; charset=utf-8",
-        raw,
-    )])
-    .await;
+    let upstream =
+        FakeUpstream::scripted([Reply::raw(200, "application/json; charset=utf-8", raw)]).await;
+    let base = upstream.base_url();
     let response = client(&base, 0)
         .chat_completions(&request_body(false))
         .await
@@ -378,10 +225,9 @@ async fn a_streamed_answer_arrives_in_chunks_in_order_and_folds_at_any_split() {
         .unwrap();
     let blank = bytes.windows(2).position(|w| w == b"\n\n").unwrap();
     let sent = split_at(&bytes, &[7, blank + 1, sun + 1, sun + 2, bytes.len() - 3]);
-    let (base, server) = serve(vec![Canned::sse_chunks(
-        sent.iter().cloned().map(Bytes::from).collect(),
-    )])
-    .await;
+    let upstream =
+        FakeUpstream::scripted([sse_chunks(sent.iter().cloned().map(Bytes::from))]).await;
+    let base = upstream.base_url();
 
     let response = client(&base, 2)
         .chat_completions(&request_body(true))
@@ -406,7 +252,7 @@ async fn a_streamed_answer_arrives_in_chunks_in_order_and_folds_at_any_split() {
         bytes,
         "the chunks are the body, in order"
     );
-    assert_eq!(server.count(), 1);
+    assert_eq!(upstream.requests().len(), 1);
 
     let expected = expected_stream_answer();
     assert_eq!(
@@ -422,19 +268,20 @@ async fn a_streamed_answer_arrives_in_chunks_in_order_and_folds_at_any_split() {
 #[tokio::test]
 async fn a_server_error_then_success_is_retried() {
     let raw = json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}).to_string();
-    let (base, server) = serve(vec![
-        Canned::json(500, json!({"error": {"message": "boom"}})),
-        Canned::raw(200, "application/json", raw.clone()),
+    let upstream = FakeUpstream::scripted([
+        Reply::json(500, json!({"error": {"message": "boom"}})),
+        Reply::raw(200, "application/json", raw.clone()),
     ])
     .await;
+    let base = upstream.base_url();
     let response = client(&base, 3)
         .chat_completions(&request_body(false))
         .await
         .unwrap();
     assert_eq!(response.status, 200);
     assert_eq!(full(&response).as_ref(), raw.as_bytes());
-    assert_eq!(server.count(), 2);
-    let received = server.received.lock().unwrap();
+    assert_eq!(upstream.requests().len(), 2);
+    let received = upstream.requests();
     assert_eq!(
         received[0].body, received[1].body,
         "the retry sends the same body"
@@ -444,30 +291,27 @@ async fn a_server_error_then_success_is_retried() {
 #[tokio::test]
 async fn a_streamed_call_is_retried_before_its_first_byte() {
     let bytes = sse_bytes(&stream_events());
-    let (base, server) = serve(vec![
-        Canned::json(503, json!({"error": "overloaded"})),
-        Canned::sse_chunks(
-            split_at(&bytes, &[40])
-                .into_iter()
-                .map(Bytes::from)
-                .collect(),
-        ),
+    let upstream = FakeUpstream::scripted([
+        Reply::json(503, json!({"error": "overloaded"})),
+        sse_chunks(split_at(&bytes, &[40]).into_iter().map(Bytes::from)),
     ])
     .await;
+    let base = upstream.base_url();
     let response = client(&base, 1)
         .chat_completions(&request_body(true))
         .await
         .unwrap();
     assert_eq!(response.status, 200);
     assert_eq!(response.body.collect().await.unwrap(), bytes);
-    assert_eq!(server.count(), 2);
+    assert_eq!(upstream.requests().len(), 2);
 }
 
 #[tokio::test]
 async fn a_client_error_is_returned_as_is_without_retry() {
     let raw = "{\"error\": {\"message\": \"messages[1].content: bad\", \"type\": \"invalid_request_error\"}}";
     for stream in [false, true] {
-        let (base, server) = serve(vec![Canned::raw(400, "application/json", raw)]).await;
+        let upstream = FakeUpstream::scripted([Reply::raw(400, "application/json", raw)]).await;
+        let base = upstream.base_url();
         let response = client(&base, 3)
             .chat_completions(&request_body(stream))
             .await
@@ -476,7 +320,7 @@ async fn a_client_error_is_returned_as_is_without_retry() {
         assert!(!response.is_success());
         assert_eq!(response.content_type.as_deref(), Some("application/json"));
         assert_eq!(full(&response).as_ref(), raw.as_bytes(), "stream: {stream}");
-        assert_eq!(server.count(), 1, "stream: {stream}");
+        assert_eq!(upstream.requests().len(), 1, "stream: {stream}");
         assert!(matches!(
             AnswerAccumulator::from_completion(full(&response)),
             Err(PassthroughError::Reported { .. })
@@ -486,18 +330,19 @@ async fn a_client_error_is_returned_as_is_without_retry() {
 
 #[tokio::test]
 async fn a_rate_limit_is_retried_honouring_retry_after() {
-    let (base, server) = serve(vec![
-        Canned::json(429, json!({"error": {"message": "slow down"}})).header("retry-after", "0.4"),
-        Canned::json(200, json!({"choices": []})),
+    let upstream = FakeUpstream::scripted([
+        Reply::json(429, json!({"error": {"message": "slow down"}})).header("retry-after", "0.4"),
+        Reply::json(200, json!({"choices": []})),
     ])
     .await;
+    let base = upstream.base_url();
     let started = Instant::now();
     let response = client(&base, 2)
         .chat_completions(&request_body(false))
         .await
         .unwrap();
     assert_eq!(response.status, 200);
-    assert_eq!(server.count(), 2);
+    assert_eq!(upstream.requests().len(), 2);
     assert!(
         started.elapsed() >= Duration::from_millis(400),
         "Retry-After was not honoured: {:?}",
@@ -507,33 +352,35 @@ async fn a_rate_limit_is_retried_honouring_retry_after() {
 
 #[tokio::test]
 async fn the_last_error_status_is_returned_when_retries_run_out() {
-    let (base, server) = serve(vec![
-        Canned::json(503, json!({"error": "first"})),
-        Canned::json(503, json!({"error": "second"})),
-        Canned::json(503, json!({"error": "third"})).header("retry-after", "1"),
+    let upstream = FakeUpstream::scripted([
+        Reply::json(503, json!({"error": "first"})),
+        Reply::json(503, json!({"error": "second"})),
+        Reply::json(503, json!({"error": "third"})).header("retry-after", "1"),
     ])
     .await;
+    let base = upstream.base_url();
     let response = client(&base, 2)
         .chat_completions(&request_body(true))
         .await
         .unwrap();
     assert_eq!(response.status, 503);
     assert_eq!(full(&response).as_ref(), br#"{"error":"third"}"#);
-    assert_eq!(server.count(), 3);
+    assert_eq!(upstream.requests().len(), 3);
 }
 
 #[tokio::test]
 async fn a_stalled_stream_ends_with_an_error_item() {
-    let mut stalling = Canned::sse_chunks(vec![
+    let stalling = sse_chunks([
         Bytes::from_static(
             b"data: {\"choices\": [{\"index\": 0, \"delta\": {\"content\": \"Hel\"}}]}\n\n",
         ),
         Bytes::from_static(
             b"data: {\"choices\": [{\"index\": 0, \"delta\": {\"content\": \"lo\"}}]}\n\n",
         ),
-    ]);
-    stalling.stall = Some(Duration::from_secs(5));
-    let (base, server) = serve(vec![stalling]).await;
+    ])
+    .pause_after(2, Duration::from_secs(5));
+    let upstream = FakeUpstream::scripted([stalling]).await;
+    let base = upstream.base_url();
     let mut config = config(&base, 3);
     config.timeout = Duration::from_millis(400);
     let response = Passthrough::new(config)
@@ -570,14 +417,18 @@ async fn a_stalled_stream_ends_with_an_error_item() {
         }
         other => panic!("not a truncated answer: {other:?}"),
     }
-    assert_eq!(server.count(), 1, "no retry once bytes were handed over");
+    assert_eq!(
+        upstream.requests().len(),
+        1,
+        "no retry once bytes were handed over"
+    );
 }
 
 #[tokio::test]
 async fn slow_headers_time_out_and_are_retried() {
-    let mut slow = Canned::json(200, json!({"choices": []}));
-    slow.head_delay = Duration::from_secs(3);
-    let (base, server) = serve(vec![slow.clone(), Canned::json(200, json!({"ok": 1}))]).await;
+    let slow = Reply::json(200, json!({"choices": []})).after(Duration::from_secs(3));
+    let upstream = FakeUpstream::scripted([slow.clone(), Reply::json(200, json!({"ok": 1}))]).await;
+    let base = upstream.base_url();
     let mut retrying = config(&base, 1);
     retrying.timeout = Duration::from_millis(300);
     let response = Passthrough::new(retrying)
@@ -586,9 +437,10 @@ async fn slow_headers_time_out_and_are_retried() {
         .await
         .unwrap();
     assert_eq!(full(&response).as_ref(), br#"{"ok":1}"#);
-    assert_eq!(server.count(), 2);
+    assert_eq!(upstream.requests().len(), 2);
 
-    let (base, _server) = serve(vec![slow]).await;
+    let upstream = FakeUpstream::scripted([slow]).await;
+    let base = upstream.base_url();
     let mut once = config(&base, 0);
     once.timeout = Duration::from_millis(300);
     let error = Passthrough::new(once)
@@ -635,17 +487,17 @@ async fn an_unreachable_upstream_is_a_connection_error_after_retries() {
 #[tokio::test]
 async fn models_are_returned_as_received() {
     let raw = "{\"object\":\"list\",\"data\":[{\"id\":\"gpt-4o\",\"object\":\"model\"}]}";
-    let (base, server) = serve(vec![
-        Canned::json(502, json!({"error": "bad gateway"})),
-        Canned::raw(200, "application/json", raw),
-    ])
-    .await;
+    let upstream = FakeUpstream::start().await;
+    upstream
+        .push_models_reply(Reply::json(502, json!({"error": "bad gateway"})))
+        .push_models_reply(Reply::raw(200, "application/json", raw));
+    let base = upstream.base_url();
     let response = client(&format!("{base}/"), 1).models().await.unwrap();
     assert_eq!(response.status, 200);
     assert_eq!(full(&response).as_ref(), raw.as_bytes());
-    let received = server.received.lock().unwrap();
+    let received = upstream.requests();
     assert_eq!(received.len(), 2);
-    assert_eq!(received[1].method, Method::GET);
+    assert_eq!(received[1].method, "GET");
     assert_eq!(received[1].path, "/v1/models");
     assert_eq!(
         received[1].headers["authorization"],
@@ -657,13 +509,13 @@ async fn models_are_returned_as_received() {
 #[tokio::test]
 async fn a_recorded_stream_passes_chunks_through_and_reports_the_answer() {
     let bytes = sse_bytes(&stream_events());
-    let (base, _server) = serve(vec![Canned::sse_chunks(
+    let upstream = FakeUpstream::scripted([sse_chunks(
         split_at(&bytes, &[3, 100, 101, 250])
             .into_iter()
-            .map(Bytes::from)
-            .collect(),
+            .map(Bytes::from),
     )])
     .await;
+    let base = upstream.base_url();
     let response = client(&base, 0)
         .chat_completions(&request_body(true))
         .await
@@ -682,11 +534,12 @@ async fn a_recorded_stream_passes_chunks_through_and_reports_the_answer() {
 
 #[tokio::test]
 async fn a_recorded_stream_dropped_early_reports_the_interruption() {
-    let mut stalling = Canned::sse_chunks(vec![Bytes::from_static(
+    let stalling = sse_chunks([Bytes::from_static(
         b"data: {\"choices\": [{\"index\": 0, \"delta\": {\"role\": \"assistant\", \"content\": \"Hel\"}}]}\n\n",
-    )]);
-    stalling.stall = Some(Duration::from_secs(5));
-    let (base, _server) = serve(vec![stalling]).await;
+    )])
+    .pause_after(1, Duration::from_secs(5));
+    let upstream = FakeUpstream::scripted([stalling]).await;
+    let base = upstream.base_url();
     let response = client(&base, 0)
         .chat_completions(&request_body(true))
         .await

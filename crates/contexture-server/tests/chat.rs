@@ -4,7 +4,8 @@
 
 mod common;
 
-use common::{Reply, TestServer, Upstream, client, config};
+use common::{TestServer, client, config};
+use contexture_fake_upstream::{FakeUpstream, Reply};
 use contexture_store::testing::TempDir;
 use contexture_store::{AnyStore, SqliteStore};
 use reqwest::StatusCode;
@@ -100,7 +101,8 @@ fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
 
 #[tokio::test]
 async fn the_thread_keeps_the_history_for_a_client_that_sends_only_new_turns() {
-    let (upstream, base) = Upstream::start().await;
+    let upstream = FakeUpstream::start().await;
+    let base = upstream.base_url();
     let (_dir, server, key) = server(&base, |_| {}).await;
     for (turn, question) in ["What is Rust?", "Who made it?", "When?"]
         .iter()
@@ -130,7 +132,7 @@ async fn the_thread_keeps_the_history_for_a_client_that_sends_only_new_turns() {
         ("user", "When?"),
     ]);
     assert_eq!(
-        upstream.messages(2),
+        upstream.call(2).messages(),
         expected,
         "the third request carries the history"
     );
@@ -143,8 +145,8 @@ async fn the_thread_keeps_the_history_for_a_client_that_sends_only_new_turns() {
     all.push(("assistant".into(), "reply 3".into()));
     assert_eq!(stored_messages(&server, &key, "conv-1").await, all);
     // The upstream got the server's key, never the client's.
-    for auth in upstream.authorizations.lock().unwrap().iter() {
-        assert_eq!(auth.as_deref(), Some("Bearer sk-upstream-secret"));
+    for call in upstream.calls() {
+        assert_eq!(call.authorization(), Some("Bearer sk-upstream-secret"));
     }
 
     // A client that resends the whole conversation adds only what is new.
@@ -173,7 +175,8 @@ async fn the_thread_keeps_the_history_for_a_client_that_sends_only_new_turns() {
 
 #[tokio::test]
 async fn requests_are_fitted_to_the_models_window_and_every_turn_is_stored() {
-    let (upstream, base) = Upstream::start().await;
+    let upstream = FakeUpstream::start().await;
+    let base = upstream.base_url();
     let dir = TempDir::new("contexture-models");
     let models = dir.join("models.toml");
     std::fs::write(&models, "[models.\"tiny-llm\"]\ncontext_window = 400\nmax_output_tokens = 100\nencoding = \"cl100k_base\"\n").unwrap();
@@ -197,7 +200,7 @@ async fn requests_are_fitted_to_the_models_window_and_every_turn_is_stored() {
             response.text().await.unwrap()
         );
     }
-    let last = upstream.messages(11);
+    let last = upstream.call(11).messages();
     assert!(
         last.len() < 23,
         "the history was trimmed to fit: {} messages",
@@ -245,12 +248,9 @@ async fn requests_are_fitted_to_the_models_window_and_every_turn_is_stored() {
 
 #[tokio::test]
 async fn streaming_is_passed_through_and_the_answer_stored() {
-    let (upstream, base) = Upstream::start().await;
-    upstream
-        .replies
-        .lock()
-        .unwrap()
-        .push_back(Reply::Text("The answer is forty two.".into()));
+    let upstream = FakeUpstream::start().await;
+    let base = upstream.base_url();
+    upstream.push(Reply::text("The answer is forty two."));
     let (_dir, server, key) = server(&base, |_| {}).await;
     let response = chat(&server, &key, Some("s1"), json!({"model": "gpt-4o-mini", "stream": true, "messages": [{"role": "user", "content": "Answer?"}]})).await;
     assert_eq!(response.status(), StatusCode::OK);
@@ -298,14 +298,15 @@ async fn streaming_is_passed_through_and_the_answer_stored() {
 
 #[tokio::test]
 async fn without_a_thread_it_is_a_transparent_proxy_and_upstream_errors_pass_through() {
-    let (upstream, base) = Upstream::start().await;
+    let upstream = FakeUpstream::start().await;
+    let base = upstream.base_url();
     let (_dir, server, key) = server(&base, |_| {}).await;
     let body = json!({"model": "anything-at-all", "messages": [{"role": "user", "content": "hi"}], "metadata": {"user": "u1"}, "n": 1});
     let response = chat(&server, &key, None, body.clone()).await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(upstream.bodies()[0], body, "forwarded unchanged");
 
-    upstream.replies.lock().unwrap().push_back(Reply::Status(
+    upstream.push(Reply::json(
         400,
         json!({"error": {"message": "bad temperature", "type": "invalid_request_error"}}),
     ));
@@ -374,7 +375,8 @@ async fn an_unreachable_upstream_is_a_502_and_loses_nothing() {
 
 #[tokio::test]
 async fn a_long_chat_thread_is_compacted_by_the_policy() {
-    let (upstream, base) = Upstream::start().await;
+    let upstream = FakeUpstream::start().await;
+    let base = upstream.base_url();
     let (_dir, server, key) = server(&base, |config| {
         config.context.compaction = Some(
             serde_json::from_value(json!({"trigger": {"messages": 6}, "keep": {"messages": 2}}))
@@ -396,7 +398,7 @@ async fn a_long_chat_thread_is_compacted_by_the_policy() {
     let replaced = events_of_type(&server, &key, "long-chat", "context_replaced").await;
     assert!(!replaced.is_empty(), "the thread was never compacted");
     // After the compaction the request holds the summary, not every turn.
-    let last = upstream.messages(4);
+    let last = upstream.call(4).messages();
     assert!(last.len() < 9, "{last:?}");
     assert!(
         last.iter().any(|(_, content)| content.contains("T-000")),
@@ -425,7 +427,8 @@ async fn a_long_chat_thread_is_compacted_by_the_policy() {
 
 #[tokio::test]
 async fn requests_a_thread_cannot_keep_are_refused_before_anything_is_stored() {
-    let (upstream, base) = Upstream::start().await;
+    let upstream = FakeUpstream::start().await;
+    let base = upstream.base_url();
     let (_dir, server, key) = server(&base, |_| {}).await;
     let user = json!({"role": "user", "content": "Hi"});
     let orphan = json!({"role": "tool", "tool_call_id": "call_9", "content": "42"});
@@ -519,7 +522,8 @@ async fn requests_a_thread_cannot_keep_are_refused_before_anything_is_stored() {
 
 #[tokio::test]
 async fn the_reply_budget_the_client_asks_for_is_reserved_when_fitting() {
-    let (upstream, base) = Upstream::start().await;
+    let upstream = FakeUpstream::start().await;
+    let base = upstream.base_url();
     let (_dir, server, key) = server(&base, |_| {}).await;
     // gpt-4o-mini: a 128,000-token window, 16,384 tokens of output at most. Six turns of
     // 19,500 tokens each (117,000 in all), then a question asked with a reply budget of
@@ -594,7 +598,8 @@ async fn keyed(
 
 #[tokio::test]
 async fn a_retried_turn_gets_its_stored_answer_and_a_reused_key_is_refused() {
-    let (upstream, base) = Upstream::start().await;
+    let upstream = FakeUpstream::start().await;
+    let base = upstream.base_url();
     let (_dir, server, key) = server(&base, |_| {}).await;
     let hello = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hello"}]});
     let first = keyed(&server, &key, "k-1", hello.clone()).await;
@@ -644,12 +649,9 @@ async fn a_retried_turn_gets_its_stored_answer_and_a_reused_key_is_refused() {
 
 #[tokio::test]
 async fn a_retry_after_a_failed_attempt_calls_the_upstream_again_and_stores_each_turn_once() {
-    let (upstream, base) = Upstream::start().await;
-    upstream
-        .replies
-        .lock()
-        .unwrap()
-        .push_back(Reply::Status(500, json!({"error": {"message": "busy"}})));
+    let upstream = FakeUpstream::start().await;
+    let base = upstream.base_url();
+    upstream.push(Reply::json(500, json!({"error": {"message": "busy"}})));
     let (_dir, server, key) = server(&base, |_| {}).await;
     let hello = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hello"}]});
     let failed = keyed(&server, &key, "k-1", hello.clone()).await;
@@ -668,7 +670,8 @@ async fn a_retry_after_a_failed_attempt_calls_the_upstream_again_and_stores_each
 
 #[tokio::test]
 async fn a_turn_that_cannot_fit_is_refused_and_leaves_nothing_stored() {
-    let (upstream, base) = Upstream::start().await;
+    let upstream = FakeUpstream::start().await;
+    let base = upstream.base_url();
     let (_dir, server, key) = server(&base, |_| {}).await;
     let small = chat(
         &server,
@@ -718,10 +721,13 @@ async fn last_request_end(server: &TestServer, key: &str, thread: &str) -> Value
 
 #[tokio::test]
 async fn a_client_that_goes_away_leaves_a_finished_record_and_loses_nothing() {
-    let (upstream, base) = Upstream::start().await;
-    upstream.replies.lock().unwrap().extend([
-        Reply::Delayed(std::time::Duration::from_millis(800), "late answer".into()),
-        Reply::Delayed(std::time::Duration::from_secs(3), "streamed late".into()),
+    let upstream = FakeUpstream::start().await;
+    let base = upstream.base_url();
+    upstream.extend([
+        // A whole answer sent late.
+        Reply::text("late answer").after(std::time::Duration::from_millis(800)),
+        // A stream whose first chunk comes at once and the rest late.
+        Reply::text("streamed late").pause_after(1, std::time::Duration::from_secs(3)),
     ]);
     let (_dir, server, key) = server(&base, |_| {}).await;
     let impatient = reqwest::Client::builder()
@@ -770,12 +776,13 @@ async fn a_client_that_goes_away_leaves_a_finished_record_and_loses_nothing() {
 
 #[tokio::test]
 async fn an_upstream_that_answers_garbage_or_dies_mid_stream_leaves_a_valid_thread() {
-    let (upstream, base) = Upstream::start().await;
+    let upstream = FakeUpstream::start().await;
+    let base = upstream.base_url();
     let cut = "data: {\"id\": \"c\", \"object\": \"chat.completion.chunk\", \"choices\": [{\"index\": 0, \"delta\": {\"role\": \"assistant\", \"content\": \"half an ans\"}, \"finish_reason\": null}]}\n\n";
-    upstream.replies.lock().unwrap().extend([
-        Reply::Raw(200, "application/json", "<html>this is not JSON"),
-        Reply::Raw(200, "text/event-stream", "data: {not json}\n\n"),
-        Reply::Raw(200, "text/event-stream", cut),
+    upstream.extend([
+        Reply::raw(200, "application/json", "<html>this is not JSON"),
+        Reply::raw(200, "text/event-stream", "data: {not json}\n\n"),
+        Reply::raw(200, "text/event-stream", cut),
     ]);
     let (_dir, server, key) = server(&base, |_| {}).await;
     for (n, stream) in [(0, false), (1, true), (2, true)] {
@@ -805,7 +812,7 @@ async fn an_upstream_that_answers_garbage_or_dies_mid_stream_leaves_a_valid_thre
     )
     .await;
     assert_eq!(response.status(), StatusCode::OK);
-    let sent = upstream.messages(3);
+    let sent = upstream.call(3).messages();
     assert_eq!(
         sent.last().unwrap(),
         &("user".to_owned(), "again".to_owned())
@@ -817,8 +824,9 @@ async fn a_keyed_turn_in_flight_is_refused_and_one_whose_server_stopped_is_taken
     use contexture_core::thread::{EventKind, RequestRecord};
     use contexture_store::{NewEvent, Store};
 
-    let (upstream, base) = Upstream::start().await;
-    upstream.replies.lock().unwrap().push_back(Reply::Hang);
+    let upstream = FakeUpstream::start().await;
+    let base = upstream.base_url();
+    upstream.push(Reply::hang());
     let (_dir, server, key) = server(&base, |config| {
         config.upstream.abandon_after_secs = 0.3;
     })
@@ -840,14 +848,9 @@ async fn a_keyed_turn_in_flight_is_refused_and_one_whose_server_stopped_is_taken
                 .await;
         })
     };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while upstream.bodies().is_empty() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the upstream was never called"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    upstream
+        .wait_for_calls(1, std::time::Duration::from_secs(10))
+        .await;
     tokio::time::sleep(std::time::Duration::from_millis(400)).await;
     let refused = keyed(&server, &key, "k-1", hello.clone()).await;
     assert_eq!(refused.status(), StatusCode::CONFLICT);
@@ -927,7 +930,8 @@ async fn a_keyed_turn_younger_than_the_abandon_time_is_not_taken_over() {
     use contexture_core::thread::{EventKind, RequestRecord};
     use contexture_store::{NewEvent, Store};
 
-    let (upstream, base) = Upstream::start().await;
+    let upstream = FakeUpstream::start().await;
+    let base = upstream.base_url();
     let (_dir, server, key) = server(&base, |_| {}).await;
     let hello = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hello"}]});
     // Another server (of a shared database) recorded the attempt moments ago and may be
@@ -960,7 +964,8 @@ async fn a_long_threads_turns_read_its_tail_and_fit_as_the_whole_thread_would() 
     use contexture_engine::fitting::FitSettings;
     use contexture_store::{NewEvent, Store};
 
-    let (upstream, base) = Upstream::start().await;
+    let upstream = FakeUpstream::start().await;
+    let base = upstream.base_url();
     let (_dir, server, key) = server(&base, |_| {}).await;
     // 30,000 messages of about 30 tokens: several times what the model's window holds.
     let filler = "the quick brown fox jumps over the lazy dog ".repeat(3);
@@ -1069,15 +1074,11 @@ async fn request_ends(
 async fn a_shutdown_records_the_calls_it_stops_with_what_had_arrived() {
     use contexture_core::thread::RequestOutcome;
 
-    let (upstream, base) = Upstream::start().await;
-    {
-        let mut replies = upstream.replies.lock().unwrap();
-        replies.push_back(Reply::Hang);
-        replies.push_back(Reply::Delayed(
-            std::time::Duration::from_secs(60),
-            "Half of it, then the rest".into(),
-        ));
-    }
+    let upstream = FakeUpstream::start().await;
+    let base = upstream.base_url();
+    upstream.push(Reply::hang()).push(
+        Reply::text("Half of it, then the rest").pause_after(1, std::time::Duration::from_secs(60)),
+    );
     let (_dir, server, key) = server(&base, |config| {
         config.shutdown_grace_secs = 1;
         // Longer than a loaded machine may take to get here: the hanging call must still be
@@ -1099,14 +1100,9 @@ async fn a_shutdown_records_the_calls_it_stops_with_what_had_arrived() {
         })
     };
     // The upstream answers in the order calls arrive: the hanging one must be first.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while upstream.bodies().is_empty() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the upstream was not called"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    upstream
+        .wait_for_calls(1, std::time::Duration::from_secs(10))
+        .await;
     // The client of the stream says when its first chunk came: by then the server has seen
     // it too (a chunk is recorded as it passes through).
     let (first_chunk, first_chunk_came) = tokio::sync::oneshot::channel::<()>();
@@ -1127,14 +1123,9 @@ async fn a_shutdown_records_the_calls_it_stops_with_what_had_arrived() {
             while let Ok(Some(_)) = response.chunk().await {}
         })
     };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while upstream.bodies().len() < 2 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the upstream was not called twice"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    upstream
+        .wait_for_calls(2, std::time::Duration::from_secs(10))
+        .await;
     tokio::time::timeout(std::time::Duration::from_secs(10), first_chunk_came)
         .await
         .expect("the stream's first chunk never came")
@@ -1174,16 +1165,17 @@ async fn a_shutdown_records_the_calls_it_stops_with_what_had_arrived() {
 
 #[tokio::test]
 async fn a_turn_is_counted_and_priced_as_every_call_is_when_the_upstream_reports_no_usage() {
-    let (upstream, base) = Upstream::start().await;
+    let upstream = FakeUpstream::start().await;
+    let base = upstream.base_url();
     let (_dir, server, key) = server(&base, |_| {}).await;
     // A whole answer without `usage`, then a streamed one without it (a stream reports
     // usage only when asked to).
-    upstream.replies.lock().unwrap().push_back(Reply::Raw(
+    upstream.push(Reply::raw(
         200,
         "application/json",
         r#"{"id":"c1","object":"chat.completion","model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"Four, as it always was."},"finish_reason":"stop"}]}"#,
     ));
-    upstream.replies.lock().unwrap().push_back(Reply::Raw(
+    upstream.push(Reply::raw(
         200,
         "text/event-stream",
         "data: {\"id\":\"c2\",\"object\":\"chat.completion.chunk\",\"model\":\"gpt-4o-mini\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"Six, \"},\"finish_reason\":null}]}\n\ndata: {\"id\":\"c2\",\"object\":\"chat.completion.chunk\",\"model\":\"gpt-4o-mini\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"of course.\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n",

@@ -6,7 +6,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Reply, TestServer, Upstream, client, config};
+use common::{TestServer, client, config};
+use contexture_fake_upstream::{FakeUpstream, Reply};
 use contexture_store::testing::{TempDir, pg_store, pg_url};
 use contexture_store::{AnyStore, PgStore, SqliteStore};
 use reqwest::StatusCode;
@@ -158,12 +159,9 @@ async fn two_servers_share_one_postgres_database() {
         return;
     };
     let store_b = PgStore::open_in_schema(&pg_url(), &schema).await.unwrap();
-    let (upstream, base) = Upstream::start().await;
-    upstream
-        .replies
-        .lock()
-        .unwrap()
-        .extend([Reply::Text("an outline".into()), Reply::Hang]);
+    let upstream = FakeUpstream::start().await;
+    let base = upstream.base_url();
+    upstream.extend([Reply::text("an outline"), Reply::hang()]);
     let mut config = config(Some(&base));
     config.llm = "openai:gpt-4o-mini".into();
     let a = TestServer::start(config.clone(), AnyStore::Postgres(store_a.clone())).await;
@@ -205,14 +203,7 @@ async fn two_servers_share_one_postgres_database() {
     )
     .await;
     assert_eq!(status, StatusCode::ACCEPTED);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while upstream.bodies().len() < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "the run never reached its second call"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    upstream.wait_for_calls(2, Duration::from_secs(30)).await;
     let (status, cancelled) = post(
         &b,
         &key,

@@ -9,6 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{TestServer, client, config};
+use contexture_fake_upstream::{FakeUpstream, Reply};
 use contexture_store::testing::TempDir;
 use contexture_store::{AnyStore, SqliteStore};
 use reqwest::StatusCode;
@@ -360,12 +361,9 @@ async fn an_event_stream_resumed_at_or_past_the_end_of_a_finished_run_ends_at_on
 #[tokio::test]
 async fn a_tenant_holds_at_most_its_share_of_running_executions_and_event_streams() {
     let dir = TempDir::new("contexture-hostile");
-    let (upstream, base) = common::Upstream::start().await;
-    upstream
-        .replies
-        .lock()
-        .unwrap()
-        .extend([common::Reply::Hang, common::Reply::Hang]);
+    let upstream = FakeUpstream::start().await;
+    let base = upstream.base_url();
+    upstream.extend([Reply::hang(), Reply::hang()]);
     let mut config = config(Some(&base));
     config.llm = "openai:gpt-4o-mini".into();
     config.executions.max_running = 1;
@@ -454,12 +452,9 @@ async fn a_tenant_holds_at_most_its_share_of_running_executions_and_event_stream
 #[tokio::test]
 async fn a_running_executions_log_is_read_only_through_the_thread_routes() {
     let dir = TempDir::new("contexture-hostile");
-    let (upstream, base) = common::Upstream::start().await;
-    upstream
-        .replies
-        .lock()
-        .unwrap()
-        .push_back(common::Reply::Hang);
+    let upstream = FakeUpstream::start().await;
+    let base = upstream.base_url();
+    upstream.push(Reply::hang());
     let mut config = config(Some(&base));
     config.llm = "openai:gpt-4o-mini".into();
     let store = SqliteStore::open(dir.join("readonly.db")).await.unwrap();
@@ -527,7 +522,8 @@ async fn a_running_executions_log_is_read_only_through_the_thread_routes() {
 #[tokio::test]
 async fn a_full_thread_answers_413_naming_the_limit_and_stores_nothing_more() {
     let dir = TempDir::new("contexture-hostile");
-    let (upstream, base) = common::Upstream::start().await;
+    let upstream = FakeUpstream::start().await;
+    let base = upstream.base_url();
     let mut config = config(Some(&base));
     config.limits.max_thread_events = 3;
     let store = SqliteStore::open(dir.join("full.db")).await.unwrap();
@@ -565,7 +561,8 @@ async fn a_full_thread_answers_413_naming_the_limit_and_stores_nothing_more() {
 #[tokio::test]
 async fn a_thread_past_its_bytes_answers_413_naming_the_limit_and_stores_nothing_more() {
     let dir = TempDir::new("contexture-hostile");
-    let (upstream, base) = common::Upstream::start().await;
+    let upstream = FakeUpstream::start().await;
+    let base = upstream.base_url();
     let mut config = config(Some(&base));
     config.limits.max_thread_bytes = 2_000;
     let store = SqliteStore::open(dir.join("large.db")).await.unwrap();

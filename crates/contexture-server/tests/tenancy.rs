@@ -7,7 +7,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Reply, TestServer, Upstream, client, config};
+use common::{TestServer, client, config};
+use contexture_fake_upstream::{FakeUpstream, Reply};
 use contexture_store::testing::{TempDir, pg_store};
 use contexture_store::{AnyStore, SqliteStore};
 use reqwest::Method as M;
@@ -55,12 +56,9 @@ async fn acme_view(server: &TestServer, key: &str) -> Vec<String> {
 }
 
 async fn every_route_keeps_tenants_apart(store: AnyStore) {
-    let (upstream, base) = Upstream::start().await;
-    upstream
-        .replies
-        .lock()
-        .unwrap()
-        .push_back(Reply::Text("acme's answer".into()));
+    let upstream = FakeUpstream::start().await;
+    let base = upstream.base_url();
+    upstream.push(Reply::text("acme's answer"));
     let mut config = config(Some(&base));
     config.llm = "openai:gpt-4o-mini".into();
     let server = TestServer::start(config, store).await;

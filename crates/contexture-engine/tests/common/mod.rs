@@ -1,9 +1,7 @@
-//! Shared test support: a store in a temporary directory, executors over scripted or HTTP
-//! providers, and a local OpenAI-compatible test server that records what it receives.
+//! Shared test support: a store in a temporary directory and executors over scripted or HTTP
+//! providers.
 
 #![allow(dead_code)]
-
-pub mod server;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -1,19 +1,18 @@
 //! `contexture serve` as a child process, for tests that use it as a client would: started on
-//! a free port, its stderr collected, stopped with SIGTERM when dropped.
-
-#![allow(dead_code)]
-
-pub mod upstream;
+//! a free port, its stderr collected, stopped with SIGTERM when dropped; and the fake upstream
+//! it forwards chat to.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use contexture_fake_upstream::{FakeUpstream, Reply};
 use serde_json::Value;
+
+use super::{RunToEnd, contexture};
 
 /// `CI` set to anything but empty, `0` or `false`: a missing tool fails a test instead of
 /// skipping it.
@@ -21,9 +20,24 @@ pub fn under_ci() -> bool {
     std::env::var("CI").is_ok_and(|value| !matches!(value.as_str(), "" | "0" | "false"))
 }
 
-/// The repository's root.
-pub fn root() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+/// Starts the fake upstream on `runtime`: the Nth call is answered `reply N`, or, when it
+/// asks for a stream, `streamed reply N` in three pieces (`streamed`, ` reply`, ` N`) and
+/// without usage.
+pub fn start_upstream(runtime: &tokio::runtime::Runtime) -> FakeUpstream {
+    let upstream = FakeUpstream::start_on(runtime);
+    upstream.otherwise(|number, request| {
+        if request.wants_stream() {
+            Reply::text_in_pieces([
+                "streamed".to_owned(),
+                " reply".to_owned(),
+                format!(" {number}"),
+            ])
+            .no_usage()
+        } else {
+            Reply::text(format!("reply {number}"))
+        }
+    });
+    upstream
 }
 
 /// A running `contexture serve`; stopped (SIGTERM, then SIGKILL) when dropped, also when the
@@ -51,24 +65,16 @@ impl Server {
         upstream_key: &str,
         env: &[(&str, &str)],
     ) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_contexture"))
-            .current_dir(root())
-            .args(["serve", "--db", db, "--bind", "127.0.0.1:0"])
+        let mut child = contexture(["serve", "--db", db, "--bind", "127.0.0.1:0"])
             .env("CONTEXTURE_UPSTREAM_URL", upstream)
             .env("CONTEXTURE_UPSTREAM_KEY", upstream_key)
             // Debug logs from every crate: the upstream key must not show even there.
             .env("CONTEXTURE_LOG", "debug")
-            .env_remove("CONTEXTURE_CONFIG")
-            .env_remove("CONTEXTURE_DB")
             .env_remove("CONTEXTURE_BIND")
-            .env_remove("CONTEXTURE_MODELS")
-            .env_remove("CONTEXTURE_LLM")
             .env_remove("CONTEXTURE_ANONYMOUS_TENANT")
             .env_remove("OPENAI_BASE_URL")
             .env_remove("OPENAI_API_KEY")
-            .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
             .envs(env.iter().copied())
             .spawn()
             .expect("start contexture serve");
@@ -201,20 +207,12 @@ pub fn dechunk(mut body: &str) -> String {
 
 /// Creates an API key for `tenant` in `db` with `contexture keys create`; the key.
 pub fn create_key(db: &str, tenant: &str) -> String {
-    let created = Command::new(env!("CARGO_BIN_EXE_contexture"))
-        .current_dir(root())
-        .args([
-            "keys", "create", "--tenant", tenant, "--name", "test", "--db", db,
-        ])
-        .env_remove("CONTEXTURE_DB")
-        .output()
-        .expect("run contexture keys create");
-    assert!(
-        created.status.success(),
-        "contexture keys create failed: {}",
-        String::from_utf8_lossy(&created.stderr)
-    );
-    let key = String::from_utf8(created.stdout).unwrap().trim().to_owned();
+    let created = contexture([
+        "keys", "create", "--tenant", tenant, "--name", "test", "--db", db,
+    ])
+    .run()
+    .expect_success();
+    let key = created.trim().to_owned();
     assert!(key.starts_with("ctx_"), "not a key: {key}");
     key
 }
