@@ -405,3 +405,132 @@ async fn a_merge_made_through_either_door_records_the_same_event() {
     }
     doors.server.shutdown().await;
 }
+
+/// The stored ids in a document as tenant `acme` sees them through the API.
+fn as_acme_sees(value: &mut Value) {
+    match value {
+        Value::String(text) => {
+            if let Some(rest) = text.strip_prefix("acme/") {
+                *text = rest.to_owned();
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(as_acme_sees),
+        Value::Object(map) => map.values_mut().for_each(as_acme_sees),
+        _ => {}
+    }
+}
+
+#[tokio::test]
+async fn an_execution_inspected_through_either_door_reports_the_same_run() {
+    let doors = Doors::open("inspect").await;
+    let workflow = doors.dir.join("release.yaml");
+    std::fs::write(
+        &workflow,
+        "assistants:\n  - {id: writer, model: gpt-4o-mini, system_prompt: Be brief.}\nstates:\n  - {id: draft, assistant_id: writer, task: 'Draft a note on {{topic}}.', next: {state_id: polish}}\n  - {id: polish, assistant_id: writer, task: Polish it., next: {state_id: end}}\n",
+    )
+    .unwrap();
+    let replies = doors.dir.join("replies.yaml");
+    std::fs::write(
+        &replies,
+        "replies:\n  - content: A first draft.\n  - content: A polished note.\n",
+    )
+    .unwrap();
+    let output = Command::new(contexture_binary())
+        .args(["run", &workflow.display().to_string(), "--db", &doors.db])
+        .args([
+            "--input",
+            "{\"topic\": \"the fox\"}",
+            "--execution-id",
+            "acme/run-1",
+        ])
+        .args(["--llm", &format!("scripted:{}", replies.display())])
+        .output()
+        .expect("run contexture");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    let output = Command::new(contexture_binary())
+        .args(["inspect", "acme/run-1", "--json", "--db", &doors.db])
+        .output()
+        .expect("run contexture");
+    assert!(output.status.success());
+    let mut inspected: Value = serde_json::from_slice(&output.stdout).unwrap();
+    as_acme_sees(&mut inspected);
+    let status = doors.get_json("/v1/executions/run-1").await;
+    assert_eq!(status["status"], "completed", "{status}");
+    for field in [
+        "status",
+        "output",
+        "error",
+        "usage",
+        "cost_usd",
+        "steps",
+        "children",
+        "usage_tree",
+    ] {
+        assert_eq!(inspected[field], status[field], "{field}");
+    }
+    let requests = doors.get_json("/v1/executions/run-1/requests").await;
+    assert_eq!(inspected["calls"], requests["requests"]);
+    assert_eq!(requests["requests"].as_array().unwrap().len(), 2);
+    doors.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn threads_listed_and_deleted_through_either_door_agree() {
+    let doors = Doors::open("list").await;
+    for thread in ["a", "b"] {
+        doors.post_conversation(thread).await;
+    }
+    doors.cli(
+        "fork",
+        &["--thread", "acme/a", "--at", "3", "--new", "acme/a-fork"],
+    );
+    let listed = |doors: &Doors| {
+        let mut rows: Vec<Value> = doors
+            .cli("list", &["--json"])
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect();
+        rows.iter_mut().for_each(as_acme_sees);
+        rows
+    };
+    let page = doors.get_json("/v1/threads").await;
+    assert_eq!(page["threads"].as_array().unwrap(), &listed(&doors));
+
+    // Neither door deletes a thread that has a fork.
+    let output = Command::new(contexture_binary())
+        .args(["thread", "delete", "--db", &doors.db, "--thread", "acme/a"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("has forks"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let refused = doors
+        .api(reqwest::Method::DELETE, "/v1/threads/a")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::CONFLICT);
+    assert_eq!(listed(&doors).len(), 3, "nothing was deleted");
+
+    // Each door deletes a thread without forks.
+    doors.cli("delete", &["--thread", "acme/a-fork"]);
+    let deleted = doors
+        .api(reqwest::Method::DELETE, "/v1/threads/b")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), StatusCode::NO_CONTENT);
+    let ids: Vec<Value> = listed(&doors).iter().map(|row| row["id"].clone()).collect();
+    assert_eq!(ids, vec![json!("a")]);
+    let page = doors.get_json("/v1/threads").await;
+    assert_eq!(page["threads"].as_array().unwrap(), &listed(&doors));
+    doors.server.shutdown().await;
+}
