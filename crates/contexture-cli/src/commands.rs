@@ -10,6 +10,7 @@ pub mod llm;
 pub mod models;
 pub mod output;
 pub mod run;
+pub mod runtime;
 pub mod serve;
 pub mod store_args;
 pub mod template;

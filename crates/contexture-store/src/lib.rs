@@ -205,7 +205,9 @@ pub trait Store: Send + Sync {
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Every thread, by id.
-    fn list(&self) -> impl Future<Output = Result<Vec<ThreadInfo>, StoreError>> + Send;
+    fn list(&self) -> impl Future<Output = Result<Vec<ThreadInfo>, StoreError>> + Send {
+        self.list_page("", "", usize::MAX)
+    }
 
     /// A page of the threads whose ids start with `prefix`: those after `after` (every one
     /// when empty), in byte order of their ids, at most `limit`.

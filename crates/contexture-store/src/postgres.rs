@@ -764,10 +764,6 @@ impl Store for PgStore {
         Ok(seq)
     }
 
-    async fn list(&self) -> Result<Vec<ThreadInfo>, StoreError> {
-        self.list_page("", "", usize::MAX).await
-    }
-
     async fn list_page(
         &self,
         prefix: &str,

@@ -817,10 +817,6 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn list(&self) -> Result<Vec<ThreadInfo>, StoreError> {
-        self.list_page("", "", usize::MAX).await
-    }
-
     async fn list_page(
         &self,
         prefix: &str,

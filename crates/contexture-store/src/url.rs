@@ -154,10 +154,6 @@ impl Store for AnyStore {
         on_backend!(self, store => store.fork(parent, at_seq, child).await)
     }
 
-    async fn list(&self) -> Result<Vec<ThreadInfo>, StoreError> {
-        on_backend!(self, store => store.list().await)
-    }
-
     async fn delete(&self, thread: &str) -> Result<(), StoreError> {
         on_backend!(self, store => store.delete(thread).await)
     }

@@ -9,6 +9,7 @@ use contexture_engine::executor::Executor;
 use contexture_engine::llm::{FixedRouter, Router};
 use contexture_llm::ScriptedProvider;
 
+use super::runtime;
 use super::store_args::StoreArgs;
 
 /// Arguments of `contexture cancel`.
@@ -25,11 +26,7 @@ pub struct CancelArgs {
 
 /// Runs `contexture cancel`: prints each execution newly marked, the given one first.
 pub fn run(args: CancelArgs) -> Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
-    runtime.block_on(async {
+    runtime::on_current_thread(async {
         let store = args.store.open().await?;
         // Cancelling calls no model: the executor only needs the store.
         let router: Arc<dyn Router> =

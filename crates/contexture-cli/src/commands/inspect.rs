@@ -10,6 +10,7 @@ use contexture_core::thread::RequestOutcome;
 use contexture_engine::report::{ExecutionReport, UsageTree, report, usage_tree};
 use contexture_store::Store;
 
+use super::runtime;
 use super::store_args::StoreArgs;
 
 /// Arguments of `contexture inspect`.
@@ -29,11 +30,7 @@ pub struct InspectArgs {
 
 /// Runs `contexture inspect`.
 pub fn run(args: InspectArgs) -> Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
-    runtime.block_on(execute(args))
+    runtime::on_current_thread(execute(args))
 }
 
 async fn execute(args: InspectArgs) -> Result<()> {

@@ -6,6 +6,7 @@ use clap::{Args, Subcommand};
 use contexture_server::issue_key;
 use contexture_store::ApiKeyStore;
 
+use super::runtime;
 use super::store_args::StoreArgs;
 
 /// Arguments of `contexture keys`.
@@ -44,11 +45,7 @@ pub enum KeysCommand {
 
 /// Runs a `keys` command.
 pub fn run(args: KeysArgs) -> Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
-    runtime.block_on(async {
+    runtime::on_current_thread(async {
         let store = args.store.open().await?;
         match args.command {
             KeysCommand::Create { tenant, name } => {

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Result, anyhow, bail};
 use clap::Args;
 use contexture_core::format::openai;
 use contexture_core::thread::{Event, EventKind, RequestOutcome, RunLimits};
@@ -24,6 +24,7 @@ use contexture_llm::StreamDelta;
 use super::input;
 use super::llm::LlmArgs;
 use super::models::RegistryArgs;
+use super::runtime;
 use super::store_args::StoreArgs;
 
 /// Arguments of `contexture run`.
@@ -86,12 +87,7 @@ pub struct RunArgs {
 
 /// Runs `contexture run`.
 pub fn run(args: RunArgs) -> Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
-    runtime.block_on(execute(args))
+    runtime::on_worker_threads(Some(2), execute(args))
 }
 
 async fn execute(args: RunArgs) -> Result<()> {

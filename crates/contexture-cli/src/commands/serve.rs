@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use super::runtime;
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use contexture_server::redacted_database;
@@ -59,11 +60,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             "template-worker".to_owned(),
         ]);
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
-    runtime.block_on(async move {
+    runtime::on_worker_threads(None, async move {
         let listener = bind(&config).await?;
         let address = listener
             .local_addr()

@@ -25,6 +25,7 @@ use serde_json::Value;
 use super::input;
 use super::llm::LlmArgs;
 use super::models::RegistryArgs;
+use super::runtime;
 use super::store_args::StoreArgs;
 
 /// Arguments of `contexture thread`.
@@ -209,12 +210,7 @@ fn kebab_name<T: serde::de::DeserializeOwned>(name: &str) -> Result<T, String> {
 }
 
 pub fn run(args: ThreadArgs) -> Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
-    runtime.block_on(execute(args))
+    runtime::on_worker_threads(Some(2), execute(args))
 }
 
 async fn execute(args: ThreadArgs) -> Result<()> {
