@@ -290,6 +290,46 @@ pub async fn fit_thread<S: Store>(
     Ok(settings.fit_tail(tail, &[], &[])?)
 }
 
+/// Which messages of a stored thread to read: the view `contexture thread messages` prints.
+#[derive(Debug, Clone, Default)]
+pub struct MessageView {
+    /// A named context instead of the active one.
+    pub context: Option<String>,
+    /// Only the last this many conversation messages (the system prompt is not counted).
+    pub limit: Option<usize>,
+    /// Fitted for a model, as a request to it would be sent.
+    pub fit: Option<FitSettings>,
+}
+
+/// The messages of the stored thread `thread` that `view` asks for. The active context
+/// fitted, with no limit, is [`fit_thread`]'s read (only the tail the fit keeps); the active
+/// context otherwise is the store's projection (which decodes only what the last replace
+/// left); a named context replays the thread.
+pub async fn thread_messages<S: Store>(
+    store: &S,
+    thread: &str,
+    view: &MessageView,
+) -> Result<Vec<Message>, ThreadFitError> {
+    if let (None, None, Some(settings)) = (&view.context, view.limit, &view.fit) {
+        return Ok(fit_thread(store, thread, settings).await?.messages);
+    }
+    let projection = match &view.context {
+        None => {
+            let mut projection = store.load_projection(thread).await?;
+            if let Some(limit) = view.limit {
+                let excess = projection.messages.len().saturating_sub(limit);
+                projection.messages.drain(..excess);
+            }
+            projection
+        }
+        Some(context) => store.load(thread).await?.projection_of(context, view.limit),
+    };
+    Ok(match &view.fit {
+        Some(settings) => settings.fit(projection, &[], &[])?.messages,
+        None => projection.into_messages(),
+    })
+}
+
 /// Puts the `unread` oldest history messages of a tail read into `fit`: the history starts
 /// after the system prompt (when there is one), so the ranges left out move up by `unread`
 /// and one more covers the unread ones; the tokens before trimming are no longer known.

@@ -16,7 +16,7 @@ use contexture_core::fit::Strategy;
 use contexture_core::format::openai;
 use contexture_core::thread::{ConflictPolicy, MergePolicy, MergeSpec};
 use contexture_engine::compaction::{CompactOptions, CompactionOutcome, Compactor, compact_stored};
-use contexture_engine::fitting::{FitSettings, fit_thread};
+use contexture_engine::fitting::{FitSettings, MessageView, thread_messages};
 use contexture_engine::llm::LlmSpec;
 use contexture_engine::threads::{fork_thread, merge_thread, restore_thread};
 use contexture_store::{AnyStore, NewEvent, Store};
@@ -263,42 +263,18 @@ async fn execute(args: ThreadArgs) -> Result<()> {
             } else {
                 None
             };
-            let cannot_fit = |settings: &FitSettings| {
-                format!("cannot fit thread {thread} for {}", settings.model.id)
+            let what = match &settings {
+                Some(settings) => format!("cannot fit thread {thread} for {}", settings.model.id),
+                None => format!("cannot read thread {thread}"),
             };
-            let messages = match (context, limit, settings) {
-                // The active context fitted: the same read and fit as a request's.
-                (None, None, Some(settings)) => {
-                    fit_thread(&store, &thread, &settings)
-                        .await
-                        .with_context(|| cannot_fit(&settings))?
-                        .messages
-                }
-                (context, limit, settings) => {
-                    let projection = match context {
-                        // The active context: the store's fast path, which decodes only the
-                        // messages after the last compaction.
-                        None => {
-                            let mut projection = store.load_projection(&thread).await?;
-                            if let Some(limit) = limit {
-                                let excess = projection.messages.len().saturating_sub(limit);
-                                projection.messages.drain(..excess);
-                            }
-                            projection
-                        }
-                        Some(context) => store.load(&thread).await?.projection_of(&context, limit),
-                    };
-                    match settings {
-                        Some(settings) => {
-                            settings
-                                .fit(projection, &[], &[])
-                                .with_context(|| cannot_fit(&settings))?
-                                .messages
-                        }
-                        None => projection.into_messages(),
-                    }
-                }
+            let view = MessageView {
+                context,
+                limit,
+                fit: settings,
             };
+            let messages = thread_messages(&store, &thread, &view)
+                .await
+                .context(what)?;
             println!(
                 "{}",
                 serde_json::to_string_pretty(&openai::to_values(&messages))?
