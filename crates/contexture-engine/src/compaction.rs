@@ -419,12 +419,7 @@ impl Compactor {
         counter: &TokenCounter,
     ) -> String {
         let budget = request.policy.summary_tokens;
-        let mut messages: Vec<Message> = plan
-            .to_summarize
-            .iter()
-            .map(|&i| projected[i].message.clone())
-            .collect();
-        messages.extend(request.extra_history.iter().map(Message::user));
+        let messages = covered_messages(plan, projected, request);
         let refs: Vec<&Message> = messages.iter().collect();
         match plan.previous_summary {
             None => extractive_summary(&refs, budget, counter),
@@ -456,12 +451,7 @@ impl Compactor {
         let previous = plan
             .previous_summary
             .map(|i| summary_text(&projected[i].message));
-        let mut messages: Vec<Message> = plan
-            .to_summarize
-            .iter()
-            .map(|&i| projected[i].message.clone())
-            .collect();
-        messages.extend(request.extra_history.iter().map(Message::user));
+        let messages = covered_messages(plan, projected, request);
         let refs: Vec<&Message> = messages.iter().collect();
         // What one call may spend on the transcript: the window, less the summary's room, the
         // prompt around the transcript and the chat overhead.
@@ -638,4 +628,18 @@ pub async fn compact_stored<S: Store>(
 ) -> Result<CompactionReport, ExecError> {
     let mut target = StoredThread::load(store, thread_id).await?;
     compactor.compact(&mut target, request).await
+}
+
+/// What a compaction summarizes: the covered messages, then the request's extra history as
+/// user lines.
+fn covered_messages(
+    plan: &Plan,
+    projected: &[ProjectedMessage],
+    request: &CompactRequest,
+) -> Vec<Message> {
+    plan.to_summarize
+        .iter()
+        .map(|&i| projected[i].message.clone())
+        .chain(request.extra_history.iter().map(Message::user))
+        .collect()
 }
