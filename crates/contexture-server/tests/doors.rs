@@ -58,19 +58,31 @@ impl Doors {
         }
     }
 
-    /// `contexture thread COMMAND --db DB ARGS...`: its standard output (it must succeed).
-    fn cli(&self, command: &str, args: &[&str]) -> String {
-        let output = Command::new(contexture_binary())
-            .args(["thread", command, "--db", &self.db])
+    /// `contexture ARGS... --db DB`, as it ended.
+    fn contexture(&self, args: &[&str]) -> std::process::Output {
+        Command::new(contexture_binary())
             .args(args)
+            .args(["--db", &self.db])
             .output()
-            .expect("run contexture");
+            .expect("run contexture")
+    }
+
+    /// `contexture ARGS... --db DB`: its standard output (it must succeed).
+    fn contexture_ok(&self, args: &[&str]) -> String {
+        let output = self.contexture(args);
         assert!(
             output.status.success(),
-            "contexture thread {command} {args:?}: {}",
+            "contexture {args:?}: {}",
             String::from_utf8_lossy(&output.stderr)
         );
         String::from_utf8(output.stdout).unwrap()
+    }
+
+    /// `contexture thread COMMAND ARGS... --db DB`: its standard output (it must succeed).
+    fn cli(&self, command: &str, args: &[&str]) -> String {
+        let mut all = vec!["thread", command];
+        all.extend_from_slice(args);
+        self.contexture_ok(&all)
     }
 
     /// `contexture thread messages --thread THREAD ARGS...` as JSON.
@@ -435,29 +447,22 @@ async fn an_execution_inspected_through_either_door_reports_the_same_run() {
         "replies:\n  - content: A first draft.\n  - content: A polished note.\n",
     )
     .unwrap();
-    let output = Command::new(contexture_binary())
-        .args(["run", &workflow.display().to_string(), "--db", &doors.db])
-        .args([
-            "--input",
-            "{\"topic\": \"the fox\"}",
-            "--execution-id",
-            "acme/run-1",
-        ])
-        .args(["--llm", &format!("scripted:{}", replies.display())])
-        .output()
-        .expect("run contexture");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    let (workflow, llm) = (
+        workflow.display().to_string(),
+        format!("scripted:{}", replies.display()),
     );
-
-    let output = Command::new(contexture_binary())
-        .args(["inspect", "acme/run-1", "--json", "--db", &doors.db])
-        .output()
-        .expect("run contexture");
-    assert!(output.status.success());
-    let mut inspected: Value = serde_json::from_slice(&output.stdout).unwrap();
+    doors.contexture_ok(&[
+        "run",
+        &workflow,
+        "--input",
+        "{\"topic\": \"the fox\"}",
+        "--execution-id",
+        "acme/run-1",
+        "--llm",
+        &llm,
+    ]);
+    let inspected = doors.contexture_ok(&["inspect", "acme/run-1", "--json"]);
+    let mut inspected: Value = serde_json::from_str(&inspected).unwrap();
     as_acme_sees(&mut inspected);
     let status = doors.get_json("/v1/executions/run-1").await;
     assert_eq!(status["status"], "completed", "{status}");
@@ -502,10 +507,7 @@ async fn threads_listed_and_deleted_through_either_door_agree() {
     assert_eq!(page["threads"].as_array().unwrap(), &listed(&doors));
 
     // Neither door deletes a thread that has a fork.
-    let output = Command::new(contexture_binary())
-        .args(["thread", "delete", "--db", &doors.db, "--thread", "acme/a"])
-        .output()
-        .unwrap();
+    let output = doors.contexture(&["thread", "delete", "--thread", "acme/a"]);
     assert!(!output.status.success());
     assert!(
         String::from_utf8_lossy(&output.stderr).contains("has forks"),
