@@ -107,6 +107,33 @@ fn round_trip(db: &str) {
         ok(db, &["list"], ""),
         "t1\t6\nt1-fork\t4\tfork of t1 at 2\n"
     );
+    // Sizes: a thread of messages only takes its messages' bytes; the fork's own event
+    // is not a message.
+    let listed: Vec<serde_json::Value> = ok(db, &["list", "--json"], "")
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON line"))
+        .collect();
+    assert_eq!(listed[0]["bytes"], listed[0]["message_bytes"], "{listed:?}");
+    assert!(
+        listed[1]["bytes"].as_u64() > listed[1]["message_bytes"].as_u64(),
+        "{listed:?}"
+    );
+    let sized = ok(db, &["list", "--sizes"], "");
+    let lines: Vec<&str> = sized.lines().collect();
+    assert_eq!(
+        lines[0],
+        format!(
+            "t1\t6\t{} bytes, {} in messages (1.0x)",
+            listed[0]["bytes"], listed[0]["message_bytes"]
+        )
+    );
+    assert!(
+        lines[1].starts_with(&format!(
+            "t1-fork\t4\tfork of t1 at 2\t{} bytes, {} in messages (",
+            listed[1]["bytes"], listed[1]["message_bytes"]
+        )),
+        "{sized}"
+    );
 
     let refused = fail(db, &["delete", "--thread", "t1"], "");
     assert!(

@@ -135,6 +135,10 @@ pub struct ThreadInfo {
     pub updated_at_ms: i64,
     /// The bytes of its events as stored (their JSON bodies), its fork prefix included.
     pub bytes: u64,
+    /// The bytes of its messages as stored, each once (the bodies of its `message_appended`
+    /// events), its fork prefix included: the text it holds. `bytes` less this is what the
+    /// rest of its log (request records, runs, store changes) costs.
+    pub message_bytes: u64,
 }
 
 /// The least string above every string that starts with `prefix` (`None`: there is none

@@ -37,6 +37,10 @@ const MIGRATIONS: &[(u32, &str)] = &[
         4,
         include_str!("../migrations/postgres/0004_ordinary_messages.sql"),
     ),
+    (
+        5,
+        include_str!("../migrations/postgres/0005_message_bytes.sql"),
+    ),
 ];
 
 /// Connections in the pool.
@@ -415,6 +419,7 @@ async fn append_fast(
 ) -> Result<Vec<u64>, StoreError> {
     let count = i64::try_from(rows.len()).unwrap_or(i64::MAX);
     let added: u64 = rows.iter().map(|row| record::body_bytes(&row.body)).sum();
+    let added_messages: u64 = rows.iter().map(record::message_bytes).sum();
     record::check_room(thread, rows.len() as u64, limits.max_events)?;
     record::check_bytes(thread, added, limits.max_bytes)?;
     let cap = |limit: u64| {
@@ -437,11 +442,12 @@ async fn append_fast(
     let statement = client
         .prepare_cached(
             "WITH reserved AS (
-                 INSERT INTO threads (id, last_seq, created_at, updated_at, bytes)
-                 VALUES ($1, $2, $3, $3, $9)
+                 INSERT INTO threads (id, last_seq, created_at, updated_at, bytes, message_bytes)
+                 VALUES ($1, $2, $3, $3, $9, $11)
                  ON CONFLICT (id) DO UPDATE
                  SET last_seq = threads.last_seq + EXCLUDED.last_seq, updated_at = EXCLUDED.updated_at,
-                     bytes = threads.bytes + EXCLUDED.bytes
+                     bytes = threads.bytes + EXCLUDED.bytes,
+                     message_bytes = threads.message_bytes + EXCLUDED.message_bytes
                  WHERE threads.last_seq + EXCLUDED.last_seq <= $7
                    AND threads.bytes + EXCLUDED.bytes <= $8
                  RETURNING last_seq)
@@ -469,6 +475,7 @@ async fn append_fast(
                 &cap(limits.max_bytes),
                 &db_bytes(added),
                 &ordinary,
+                &db_bytes(added_messages),
             ],
         )
         .await
@@ -506,40 +513,46 @@ async fn append_fast(
     Ok(seqs)
 }
 
-/// The bytes of `thread`'s events up to `at_seq`, its fork prefix included: its size less
-/// its own events after `at_seq`, or, for a seq inside its prefix, the parent's up to it.
-async fn bytes_through(
+/// The bytes of `thread`'s events and of its messages up to `at_seq`, its fork prefix
+/// included: its sizes less its own events after `at_seq`, or, for a seq inside its prefix,
+/// the parent's up to it.
+async fn sizes_through(
     client: &impl GenericClient,
     thread: &str,
     at_seq: u64,
-) -> Result<u64, StoreError> {
+) -> Result<(u64, u64), StoreError> {
     let mut current = thread.to_owned();
     loop {
         let row = client
             .query_one(
-                "SELECT bytes, parent_id, fork_seq FROM threads WHERE id = $1",
+                "SELECT bytes, message_bytes, parent_id, fork_seq FROM threads WHERE id = $1",
                 &[&current],
             )
             .await
             .doing("read the thread's size")?;
-        let (bytes, parent, fork_seq): (i64, Option<String>, Option<i64>) =
-            (row.get(0), row.get(1), row.get(2));
+        let (bytes, message_bytes, parent, fork_seq): (i64, i64, Option<String>, Option<i64>) =
+            (row.get(0), row.get(1), row.get(2), row.get(3));
         if let (Some(parent), Some(fork_seq)) = (parent, fork_seq)
             && at_seq <= seq_of(&current, fork_seq)?
         {
             current = parent;
             continue;
         }
-        let after: i64 = client
+        let after = client
             .query_one(
-                "SELECT COALESCE(SUM(octet_length(body)), 0)::BIGINT FROM events
-                 WHERE thread_id = $1 AND seq > $2",
+                "SELECT COALESCE(SUM(octet_length(body)), 0)::BIGINT,
+                        COALESCE(SUM(CASE WHEN kind = 'message_appended'
+                                          THEN octet_length(body) ELSE 0 END), 0)::BIGINT
+                 FROM events WHERE thread_id = $1 AND seq > $2",
                 &[&current, &db_seq(at_seq)],
             )
             .await
-            .doing("measure the thread's later events")?
-            .get(0);
-        return Ok(u64::try_from(bytes - after).unwrap_or(0));
+            .doing("measure the thread's later events")?;
+        let (after, messages_after): (i64, i64) = (after.get(0), after.get(1));
+        return Ok((
+            u64::try_from(bytes - after).unwrap_or(0),
+            u64::try_from(message_bytes - messages_after).unwrap_or(0),
+        ));
     }
 }
 
@@ -583,13 +596,14 @@ impl Store for PgStore {
         .doing("create the thread")?;
         let row = tx
             .query_one(
-                "SELECT last_seq, bytes FROM threads WHERE id = $1 FOR UPDATE",
+                "SELECT last_seq, bytes, message_bytes FROM threads WHERE id = $1 FOR UPDATE",
                 &[&thread],
             )
             .await
             .doing("lock the thread")?;
         let mut last = seq_of(thread, row.get(0))?;
         let mut bytes = u64::try_from(row.get::<_, i64>(1)).unwrap_or(0);
+        let mut message_bytes = u64::try_from(row.get::<_, i64>(2)).unwrap_or(0);
         let find = tx
             .prepare_cached("SELECT seq FROM events WHERE thread_id = $1 AND idempotency_key = $2")
             .await
@@ -617,6 +631,7 @@ impl Store for PgStore {
             let seq = last + 1;
             // On an error the transaction is dropped: nothing of this append is stored.
             limits.admit(thread, seq, &mut bytes, &row)?;
+            message_bytes += record::message_bytes(&row);
             tx.execute(
                 &insert,
                 &[
@@ -636,8 +651,15 @@ impl Store for PgStore {
             seqs.push(seq);
         }
         tx.execute(
-            "UPDATE threads SET last_seq = $2, updated_at = $3, bytes = $4 WHERE id = $1",
-            &[&thread, &db_seq(last), &now, &db_bytes(bytes)],
+            "UPDATE threads SET last_seq = $2, updated_at = $3, bytes = $4, message_bytes = $5
+             WHERE id = $1",
+            &[
+                &thread,
+                &db_seq(last),
+                &now,
+                &db_bytes(bytes),
+                &db_bytes(message_bytes),
+            ],
         )
         .await
         .doing("update the thread")?;
@@ -732,11 +754,13 @@ impl Store for PgStore {
         }
         let seq = at_seq + 1;
         let body = record::forked_body(parent, at_seq);
-        let bytes = bytes_through(&tx, parent, at_seq).await? + record::body_bytes(&body);
+        let (bytes, message_bytes) = sizes_through(&tx, parent, at_seq).await?;
+        let bytes = bytes + record::body_bytes(&body);
         let created = tx
             .execute(
-                "INSERT INTO threads (id, parent_id, fork_seq, last_seq, created_at, updated_at, bytes)
-                 VALUES ($1, $2, $3, $4, $5, $5, $6) ON CONFLICT (id) DO NOTHING",
+                "INSERT INTO threads
+                     (id, parent_id, fork_seq, last_seq, created_at, updated_at, bytes, message_bytes)
+                 VALUES ($1, $2, $3, $4, $5, $5, $6, $7) ON CONFLICT (id) DO NOTHING",
                 &[
                     &child,
                     &parent,
@@ -744,6 +768,7 @@ impl Store for PgStore {
                     &db_seq(seq),
                     &now,
                     &db_bytes(bytes),
+                    &db_bytes(message_bytes),
                 ],
             )
             .await
@@ -777,7 +802,8 @@ impl Store for PgStore {
         // is one range and pages follow each other.
         let rows = client
             .query(
-                r#"SELECT id, parent_id, fork_seq, last_seq, created_at, updated_at, bytes
+                r#"SELECT id, parent_id, fork_seq, last_seq, created_at, updated_at, bytes,
+                          message_bytes
                    FROM threads
                    WHERE id COLLATE "C" >= $1 AND id COLLATE "C" > $2
                      AND ($3::text IS NULL OR id COLLATE "C" < $3)
@@ -799,6 +825,7 @@ impl Store for PgStore {
                     created_at_ms: row.get(4),
                     updated_at_ms: row.get(5),
                     bytes: u64::try_from(row.get::<_, i64>(6)).unwrap_or(0),
+                    message_bytes: u64::try_from(row.get::<_, i64>(7)).unwrap_or(0),
                     id,
                 })
             })

@@ -123,6 +123,15 @@ pub(crate) fn body_bytes(body: &str) -> u64 {
     body.len() as u64
 }
 
+/// The bytes `row` adds to a thread's messages: its body, for a message event.
+pub(crate) fn message_bytes(row: &Row) -> u64 {
+    if row.kind == MESSAGE_APPENDED {
+        body_bytes(&row.body)
+    } else {
+        0
+    }
+}
+
 /// Encodes the `forked` event [`crate::Store::fork`] writes.
 pub(crate) fn forked_body(parent: &str, at_seq: u64) -> String {
     serde_json::json!({"type": "forked", "parent": parent, "at_seq": at_seq}).to_string()

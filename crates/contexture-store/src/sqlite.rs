@@ -43,6 +43,10 @@ const MIGRATIONS: &[(u32, &str)] = &[
         5,
         include_str!("../migrations/sqlite/0005_thread_bytes.sql"),
     ),
+    (
+        6,
+        include_str!("../migrations/sqlite/0006_message_bytes.sql"),
+    ),
 ];
 
 /// How long a write waits for another process's write transaction.
@@ -267,16 +271,20 @@ fn append_rows(
 ) -> Result<Vec<u64>, StoreError> {
     let now = epoch_ms(SystemTime::now());
     // Creates the thread when it is new, and reads its last seq and size either way.
-    let (last, bytes): (i64, i64) = tx
+    let (last, bytes, message_bytes): (i64, i64, i64) = tx
         .prepare_cached(
             "INSERT INTO threads (id, last_seq, created_at, updated_at) VALUES (?1, 0, ?2, ?2)
-             ON CONFLICT (id) DO UPDATE SET last_seq = last_seq RETURNING last_seq, bytes",
+             ON CONFLICT (id) DO UPDATE SET last_seq = last_seq
+             RETURNING last_seq, bytes, message_bytes",
         )
         .doing("prepare the thread's creation")?
-        .query_row(params![thread, now], |r| Ok((r.get(0)?, r.get(1)?)))
+        .query_row(params![thread, now], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
         .doing("create the thread or read its last seq")?;
     let mut last = seq_of(thread, last)?;
     let mut bytes = u64::try_from(bytes).unwrap_or(0);
+    let mut message_bytes = u64::try_from(message_bytes).unwrap_or(0);
     let mut seqs = Vec::with_capacity(rows.len());
     {
         let mut find = tx
@@ -303,6 +311,7 @@ fn append_rows(
             let seq = last + 1;
             // On an error the savepoint of this write is rolled back: nothing of it is stored.
             limits.admit(thread, seq, &mut bytes, &row)?;
+            message_bytes += record::message_bytes(&row);
             insert
                 .execute(params![
                     thread,
@@ -320,10 +329,17 @@ fn append_rows(
         }
     }
     tx.prepare_cached(
-        "UPDATE threads SET last_seq = ?2, updated_at = ?3, bytes = ?4 WHERE id = ?1",
+        "UPDATE threads SET last_seq = ?2, updated_at = ?3, bytes = ?4, message_bytes = ?5
+         WHERE id = ?1",
     )
     .doing("prepare the thread's update")?
-    .execute(params![thread, db_seq(last), now, db_bytes(bytes)])
+    .execute(params![
+        thread,
+        db_seq(last),
+        now,
+        db_bytes(bytes),
+        db_bytes(message_bytes)
+    ])
     .doing("update the thread")?;
     Ok(seqs)
 }
@@ -584,17 +600,20 @@ fn fork_thread(tx: &Connection, parent: &str, at_seq: u64, child: &str) -> Resul
     }
     let seq = at_seq + 1;
     let body = record::forked_body(parent, at_seq);
-    let bytes = bytes_through(tx, parent, at_seq)? + record::body_bytes(&body);
+    let (bytes, message_bytes) = sizes_through(tx, parent, at_seq)?;
+    let bytes = bytes + record::body_bytes(&body);
     tx.execute(
-        "INSERT INTO threads (id, parent_id, fork_seq, last_seq, created_at, updated_at, bytes)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6)",
+        "INSERT INTO threads
+             (id, parent_id, fork_seq, last_seq, created_at, updated_at, bytes, message_bytes)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6, ?7)",
         params![
             child,
             parent,
             db_seq(at_seq),
             db_seq(seq),
             now,
-            db_bytes(bytes)
+            db_bytes(bytes),
+            db_bytes(message_bytes)
         ],
     )
     .doing("create the fork")?;
@@ -607,15 +626,20 @@ fn fork_thread(tx: &Connection, parent: &str, at_seq: u64, child: &str) -> Resul
     Ok(seq)
 }
 
-/// The bytes of `thread`'s events up to `at_seq`, its fork prefix included: its size less
-/// its own events after `at_seq`, or, for a seq inside its prefix, the parent's up to it.
-fn bytes_through(tx: &Connection, thread: &str, at_seq: u64) -> Result<u64, StoreError> {
+/// The bytes of `thread`'s events and of its messages up to `at_seq`, its fork prefix
+/// included: its sizes less its own events after `at_seq`, or, for a seq inside its prefix,
+/// the parent's up to it.
+fn sizes_through(tx: &Connection, thread: &str, at_seq: u64) -> Result<(u64, u64), StoreError> {
     let mut current = thread.to_owned();
     loop {
-        let (bytes, parent, fork_seq): (i64, Option<String>, Option<i64>) = tx
-            .prepare_cached("SELECT bytes, parent_id, fork_seq FROM threads WHERE id = ?1")
+        let (bytes, message_bytes, parent, fork_seq): (i64, i64, Option<String>, Option<i64>) = tx
+            .prepare_cached(
+                "SELECT bytes, message_bytes, parent_id, fork_seq FROM threads WHERE id = ?1",
+            )
             .doing("prepare the thread's size query")?
-            .query_row([&current], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .query_row([&current], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+            })
             .doing("read the thread's size")?;
         if let (Some(parent), Some(fork_seq)) = (parent, fork_seq)
             && at_seq <= seq_of(&current, fork_seq)?
@@ -623,15 +647,22 @@ fn bytes_through(tx: &Connection, thread: &str, at_seq: u64) -> Result<u64, Stor
             current = parent;
             continue;
         }
-        let after: i64 = tx
+        let (after, messages_after): (i64, i64) = tx
             .prepare_cached(
-                "SELECT COALESCE(SUM(length(CAST(body AS BLOB))), 0) FROM events
-                 WHERE thread_id = ?1 AND seq > ?2",
+                "SELECT COALESCE(SUM(length(CAST(body AS BLOB))), 0),
+                        COALESCE(SUM(CASE WHEN kind = 'message_appended'
+                                          THEN length(CAST(body AS BLOB)) ELSE 0 END), 0)
+                 FROM events WHERE thread_id = ?1 AND seq > ?2",
             )
             .doing("prepare the size query")?
-            .query_row(params![current, db_seq(at_seq)], |r| r.get(0))
+            .query_row(params![current, db_seq(at_seq)], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
             .doing("measure the thread's later events")?;
-        return Ok(u64::try_from(bytes - after).unwrap_or(0));
+        return Ok((
+            u64::try_from(bytes - after).unwrap_or(0),
+            u64::try_from(message_bytes - messages_after).unwrap_or(0),
+        ));
     }
 }
 
@@ -829,7 +860,8 @@ impl Store for SqliteStore {
         self.read(move |conn| {
             let mut select = conn
                 .prepare_cached(
-                    "SELECT id, parent_id, fork_seq, last_seq, created_at, updated_at, bytes
+                    "SELECT id, parent_id, fork_seq, last_seq, created_at, updated_at, bytes,
+                            message_bytes
                      FROM threads WHERE id >= ?1 AND id > ?2 AND (?3 IS NULL OR id < ?3)
                      ORDER BY id LIMIT ?4",
                 )
@@ -844,6 +876,7 @@ impl Store for SqliteStore {
                         r.get::<_, i64>(4)?,
                         r.get::<_, i64>(5)?,
                         r.get::<_, i64>(6)?,
+                        r.get::<_, i64>(7)?,
                     ))
                 })
                 .doing("list threads")?
@@ -851,7 +884,7 @@ impl Store for SqliteStore {
                 .doing("read a thread")?;
             rows.into_iter()
                 .map(
-                    |(id, parent, fork_seq, last_seq, created, updated, bytes)| {
+                    |(id, parent, fork_seq, last_seq, created, updated, bytes, message_bytes)| {
                         Ok(ThreadInfo {
                             fork_seq: fork_seq.map(|s| seq_of(&id, s)).transpose()?,
                             last_seq: seq_of(&id, last_seq)?,
@@ -860,6 +893,7 @@ impl Store for SqliteStore {
                             created_at_ms: created,
                             updated_at_ms: updated,
                             bytes: u64::try_from(bytes).unwrap_or(0),
+                            message_bytes: u64::try_from(message_bytes).unwrap_or(0),
                         })
                     },
                 )

@@ -1170,6 +1170,13 @@ async fn api_key_migration_applies_to_an_older_database<H: Harness>(h: &H) {
         .into_iter()
         .map(|thread| (thread.id, thread.bytes))
         .collect();
+    let message_sizes: Vec<(String, u64)> = new
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|thread| (thread.id, thread.message_bytes))
+        .collect();
     let len = |body: &str| body.len() as u64;
     assert_eq!(
         sizes,
@@ -1179,6 +1186,14 @@ async fn api_key_migration_applies_to_an_older_database<H: Harness>(h: &H) {
                 "g".to_owned(),
                 len(OLD_ONE) + len(OLD_FORK_F) + len(OLD_FORK_G) + len(OLD_THREE)
             ),
+            ("t".to_owned(), len(OLD_ONE) + len(OLD_TWO)),
+        ]
+    );
+    assert_eq!(
+        message_sizes,
+        [
+            ("f".to_owned(), len(OLD_ONE)),
+            ("g".to_owned(), len(OLD_ONE) + len(OLD_THREE)),
             ("t".to_owned(), len(OLD_ONE) + len(OLD_TWO)),
         ]
     );
@@ -1209,13 +1224,19 @@ async fn api_key_migration_applies_to_an_older_database<H: Harness>(h: &H) {
 
 /// The bytes of `id`'s events, as the thread list reports them.
 async fn size_of(s: &impl Store, id: &str) -> u64 {
-    s.list()
+    sizes_of(s, id).await.0
+}
+
+/// The bytes of `id`'s events and of its messages, as the thread list reports them.
+async fn sizes_of(s: &impl Store, id: &str) -> (u64, u64) {
+    let info = s
+        .list()
         .await
         .unwrap()
         .into_iter()
         .find(|thread| thread.id == id)
-        .unwrap_or_else(|| panic!("no thread {id}"))
-        .bytes
+        .unwrap_or_else(|| panic!("no thread {id}"));
+    (info.bytes, info.message_bytes)
 }
 
 async fn sizes_count_a_threads_events_and_its_fork_prefix(h: &impl Harness) {
@@ -1247,6 +1268,43 @@ async fn sizes_count_a_threads_events_and_its_fork_prefix(h: &impl Harness) {
     // A fork grows on its own.
     s.append_one("f", user("a")).await.unwrap();
     assert_eq!(size_of(s, "f").await, t2 + forked + t1);
+}
+
+async fn message_bytes_count_a_threads_messages_each_once(h: &impl Harness) {
+    let s = h.store();
+    let body = |text: &str| serde_json::to_string(&Message::user(text)).unwrap().len() as u64;
+    s.append("t", vec![user("a"), user("bb")]).await.unwrap();
+    assert_eq!(
+        sizes_of(s, "t").await,
+        (body("a") + body("bb"), body("a") + body("bb"))
+    );
+    // Events that are not messages count in the thread's bytes only, on either path of an
+    // append (keyed or not).
+    let change = || {
+        NewEvent::new(EventKind::StoreChanged(StoreChange::Set {
+            key: "k".into(),
+            value: json!("a value"),
+        }))
+    };
+    s.append_one("t", change()).await.unwrap();
+    s.append("t", vec![change().with_key("c"), user("ccc").with_key("m")])
+        .await
+        .unwrap();
+    let (bytes, messages) = sizes_of(s, "t").await;
+    let texts = body("a") + body("bb") + body("ccc");
+    assert_eq!(messages, texts);
+    assert!(bytes > messages, "{bytes} {messages}");
+    // A fork carries its prefix's messages; its forked event is not one.
+    s.fork("t", 2, "f").await.unwrap();
+    assert_eq!(sizes_of(s, "f").await.1, body("a") + body("bb"));
+    s.fork("t", 5, "g").await.unwrap();
+    assert_eq!(sizes_of(s, "g").await.1, texts);
+    s.append_one("f", user("dddd")).await.unwrap();
+    assert_eq!(
+        sizes_of(s, "f").await.1,
+        body("a") + body("bb") + body("dddd")
+    );
+    assert_eq!(sizes_of(s, "t").await, (bytes, messages));
 }
 
 async fn a_thread_past_its_bytes_refuses_appends_and_stores_nothing_of_them(h: &impl Harness) {
@@ -1436,6 +1494,7 @@ conformance!(
     a_full_thread_refuses_appends_and_stores_nothing_of_them,
     sizes_count_a_threads_events_and_its_fork_prefix,
     a_thread_past_its_bytes_refuses_appends_and_stores_nothing_of_them,
+    message_bytes_count_a_threads_messages_each_once,
     a_projection_read_from_its_end_holds_the_newest_messages_past_the_budget,
     threads_are_listed_by_prefix_a_page_at_a_time,
     ],

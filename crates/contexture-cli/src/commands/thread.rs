@@ -128,9 +128,13 @@ pub enum ThreadCommand {
     },
     /// List threads: id, last seq, and the fork point of forks.
     List {
-        /// Print JSON lines with timestamps instead.
+        /// Print JSON lines with timestamps and sizes instead.
         #[arg(long)]
         json: bool,
+        /// Add each thread's size: the bytes of its events, the bytes of its messages (each
+        /// stored once), and how many times its messages' bytes the whole takes.
+        #[arg(long)]
+        sizes: bool,
     },
     /// Delete a thread (refused while it has forks).
     Delete {
@@ -308,18 +312,28 @@ async fn execute(args: ThreadArgs) -> Result<()> {
                 .with_context(|| format!("cannot merge thread {from} into {thread}"))?;
             println!("{seq}");
         }
-        ThreadCommand::List { json } => {
+        ThreadCommand::List { json, sizes } => {
             for info in store.list().await? {
                 if json {
                     println!("{}", serde_json::to_string(&info)?);
-                } else {
-                    match (&info.parent, info.fork_seq) {
-                        (Some(parent), Some(at)) => {
-                            println!("{}\t{}\tfork of {parent} at {at}", info.id, info.last_seq)
-                        }
-                        _ => println!("{}\t{}", info.id, info.last_seq),
-                    }
+                    continue;
                 }
+                let mut line = format!("{}\t{}", info.id, info.last_seq);
+                if let (Some(parent), Some(at)) = (&info.parent, info.fork_seq) {
+                    line.push_str(&format!("\tfork of {parent} at {at}"));
+                }
+                if sizes {
+                    line.push_str(&format!(
+                        "\t{} bytes, {} in messages{}",
+                        info.bytes,
+                        info.message_bytes,
+                        match info.message_bytes {
+                            0 => String::new(),
+                            messages => format!(" ({:.1}x)", info.bytes as f64 / messages as f64),
+                        }
+                    ));
+                }
+                println!("{line}");
             }
         }
         ThreadCommand::Delete { thread } => store.delete(&thread).await?,
