@@ -99,23 +99,29 @@ impl Doors {
             .bearer_auth(&self.key)
     }
 
-    /// Appends `conversation()` to `thread` through the API.
-    async fn post_conversation(&self, thread: &str) {
+    /// `POST path` with a JSON body through the API as `acme`: the status (it must be
+    /// `expected`) and the answer as JSON.
+    async fn post_json(&self, path: &str, body: &Value, expected: StatusCode) -> Value {
         let response = self
-            .api(
-                reqwest::Method::POST,
-                &format!("/v1/threads/{thread}/messages"),
-            )
-            .json(&json!({"messages": conversation()}))
+            .api(reqwest::Method::POST, path)
+            .json(body)
             .send()
             .await
             .unwrap();
-        assert_eq!(
-            response.status(),
+        let status = response.status();
+        let text = response.text().await.unwrap();
+        assert_eq!(status, expected, "POST {path}: {text}");
+        serde_json::from_str(&text).unwrap_or(Value::Null)
+    }
+
+    /// Appends `conversation()` to `thread` through the API.
+    async fn post_conversation(&self, thread: &str) {
+        self.post_json(
+            &format!("/v1/threads/{thread}/messages"),
+            &json!({"messages": conversation()}),
             StatusCode::OK,
-            "{}",
-            response.text().await.unwrap()
-        );
+        )
+        .await;
     }
 
     /// `GET path` through the API, as JSON.
@@ -239,15 +245,13 @@ async fn a_compaction_and_its_restore_through_either_door_give_the_same_thread()
         ],
     );
     let by_cli: Value = serde_json::from_str(&by_cli).unwrap();
-    let by_api: Value = doors
-        .api(reqwest::Method::POST, "/v1/threads/by-api/compact")
-        .json(&json!({"keep_messages": 4, "notes": "Keep the fox."}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let by_api = doors
+        .post_json(
+            "/v1/threads/by-api/compact",
+            &json!({"keep_messages": 4, "notes": "Keep the fox."}),
+            StatusCode::OK,
+        )
+        .await;
     assert_eq!(by_cli["outcome"], "compacted", "{by_cli}");
     for field in [
         "outcome",
@@ -280,15 +284,13 @@ async fn a_compaction_and_its_restore_through_either_door_give_the_same_thread()
         .trim()
         .parse()
         .unwrap();
-    let restored_api: Value = doors
-        .api(reqwest::Method::POST, "/v1/threads/by-api/restore")
-        .json(&json!({"before": replaced(&by_api)}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let restored_api = doors
+        .post_json(
+            "/v1/threads/by-api/restore",
+            &json!({"before": replaced(&by_api)}),
+            StatusCode::OK,
+        )
+        .await;
     assert_eq!(restored_api["seq"], json!(restored_cli), "{restored_api}");
     let whole_cli = doors.cli_fit("acme/by-cli", &[]);
     assert_eq!(whole_cli, doors.cli_fit("acme/by-api", &[]));
@@ -312,13 +314,13 @@ async fn a_fork_made_through_either_door_reads_the_same_events() {
             "acme/cli-fork",
         ],
     );
-    let response = doors
-        .api(reqwest::Method::POST, "/v1/threads/parent/fork")
-        .json(&json!({"id": "api-fork", "at_seq": 5}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::CREATED);
+    doors
+        .post_json(
+            "/v1/threads/parent/fork",
+            &json!({"id": "api-fork", "at_seq": 5}),
+            StatusCode::CREATED,
+        )
+        .await;
     // The events through either door's reader: the command line's JSON lines and the
     // API's page hold the same events.
     let events_of = |thread: &str| {
@@ -354,26 +356,23 @@ async fn a_merge_made_through_either_door_records_the_same_event() {
         let (cli_parent, api_parent) = (format!("cli-{policy}"), format!("api-{policy}"));
         for parent in [&cli_parent, &api_parent] {
             doors.post_conversation(parent).await;
-            let fork = doors
-                .api(reqwest::Method::POST, &format!("/v1/threads/{parent}/fork"))
-                .json(&json!({"id": format!("{parent}-fork"), "at_seq": 5}))
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(fork.status(), StatusCode::CREATED);
-            let appended = doors
-                .api(
-                    reqwest::Method::POST,
-                    &format!("/v1/threads/{parent}-fork/messages"),
+            doors
+                .post_json(
+                    &format!("/v1/threads/{parent}/fork"),
+                    &json!({"id": format!("{parent}-fork"), "at_seq": 5}),
+                    StatusCode::CREATED,
                 )
-                .json(&json!({"messages": [
-                    {"role": "user", "content": "explore this"},
-                    {"role": "assistant", "content": "explored: it holds"}
-                ]}))
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(appended.status(), StatusCode::OK);
+                .await;
+            doors
+                .post_json(
+                    &format!("/v1/threads/{parent}-fork/messages"),
+                    &json!({"messages": [
+                        {"role": "user", "content": "explore this"},
+                        {"role": "assistant", "content": "explored: it holds"}
+                    ]}),
+                    StatusCode::OK,
+                )
+                .await;
         }
         let cli_seq: u64 = doors
             .cli(
@@ -390,18 +389,13 @@ async fn a_merge_made_through_either_door_records_the_same_event() {
             .trim()
             .parse()
             .unwrap();
-        let merged: Value = doors
-            .api(
-                reqwest::Method::POST,
+        let merged = doors
+            .post_json(
                 &format!("/v1/threads/{api_parent}/merge"),
+                &json!({"from": format!("{api_parent}-fork"), "policy": policy}),
+                StatusCode::OK,
             )
-            .json(&json!({"from": format!("{api_parent}-fork"), "policy": policy}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+            .await;
         assert_eq!(merged["seq"], json!(cli_seq), "{policy}: {merged}");
         let merge_event = |thread: &str| {
             let events = doors.cli("events", &["--thread", thread]);
