@@ -5,6 +5,7 @@
 use contexture_core::Message;
 use contexture_core::compact::{RestoreError, restore_before};
 use contexture_core::thread::{EventKind, MergeError, MergeSpec, StoreChange};
+use contexture_core::tokens::Encoding;
 use contexture_store::{NewEvent, Store, StoreError};
 use serde_json::Value;
 
@@ -91,7 +92,14 @@ pub async fn fork_thread<S: Store>(
 ) -> Result<Forked, ThreadOpError> {
     let at_seq = match at_seq {
         Some(at) => at,
-        None => store.load(parent).await?.last_seq(),
+        // The tail read with no token budget decodes no history: the last seq is all it
+        // needs (a missing parent is refused by the fork itself).
+        None => {
+            store
+                .load_projection_tail(parent, Encoding::O200kBase, 0)
+                .await?
+                .last_seq
+        }
     };
     let forked_seq = store.fork(parent, at_seq, child).await?;
     Ok(Forked { at_seq, forked_seq })
