@@ -582,7 +582,8 @@ async fn a_thread_past_its_bytes_answers_413_naming_the_limit_and_stores_nothing
         message.contains("`limits.max_thread_bytes` = 2000") && !message.contains("acme/"),
         "{message}"
     );
-    let chat = serde_json::to_vec(&json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": text}], "metadata": {"contexture_thread": "t"}})).unwrap();
+    let other = "y".repeat(1_200);
+    let chat = serde_json::to_vec(&json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": other}], "metadata": {"contexture_thread": "t"}})).unwrap();
     let (status, _) = send(&server, &key, "POST", "/v1/chat/completions", json, chat).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
     assert!(upstream.bodies().is_empty());

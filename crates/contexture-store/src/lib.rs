@@ -32,6 +32,7 @@ mod error;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod record;
+mod request_refs;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod tail;

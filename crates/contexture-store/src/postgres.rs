@@ -9,6 +9,7 @@
 //! they read back byte for byte.
 
 mod api_keys;
+mod references;
 
 use std::time::SystemTime;
 
@@ -19,6 +20,7 @@ use tokio_postgres::{IsolationLevel, NoTls};
 
 use crate::error::Action;
 use crate::record::{self, Row, ThreadLimits, db_bytes, db_seq, seq_of};
+use crate::request_refs::REQUEST_STARTED;
 use crate::tail::{TailStart, fold_sparse, watermark_of};
 use crate::{
     ForkChain, KeyedEvent, NewEvent, ProjectionTail, PruneReport, Store, StoreError, ThreadInfo,
@@ -41,6 +43,11 @@ const MIGRATIONS: &[(u32, &str)] = &[
         5,
         include_str!("../migrations/postgres/0005_message_bytes.sql"),
     ),
+    (
+        6,
+        include_str!("../migrations/postgres/0006_message_text.sql"),
+    ),
+    (7, include_str!("../migrations/postgres/0007_key_index.sql")),
 ];
 
 /// Connections in the pool.
@@ -262,6 +269,9 @@ const ORDINARY_MESSAGES: &str = "SELECT seq, kind, body, tokens FROM events
 
 /// The events `select` (one of [`ALL_EVENTS`], [`SPECIAL_EVENTS`], [`ORDINARY_MESSAGES`])
 /// finds in `segments` (of `thread`'s chain) with seq above `after`, in order.
+///
+/// A request record's references are left unresolved (see [`record::decode`]): the reads
+/// that use this fold projections, which need no record's messages.
 async fn events_in(
     tx: &impl GenericClient,
     thread: &str,
@@ -269,6 +279,18 @@ async fn events_in(
     select: &str,
     after: u64,
 ) -> Result<Vec<Event>, StoreError> {
+    decoded_in(tx, thread, segments, select, after, record::decode).await
+}
+
+/// The rows `select` finds (as for [`events_in`]), each decoded by `decode`.
+async fn decoded_in<T>(
+    tx: &impl GenericClient,
+    thread: &str,
+    segments: &[(String, Option<u64>)],
+    select: &str,
+    after: u64,
+    decode: impl Fn(&str, u64, &str, &str, Option<&str>) -> Result<T, StoreError>,
+) -> Result<Vec<T>, StoreError> {
     let select = tx
         .prepare_cached(select)
         .await
@@ -285,13 +307,7 @@ async fn events_in(
         events.reserve(rows.len());
         for row in rows {
             let seq = seq_of(thread, row.get(0))?;
-            events.push(record::decode(
-                thread,
-                seq,
-                row.get(1),
-                row.get(2),
-                row.get(3),
-            )?);
+            events.push(decode(thread, seq, row.get(1), row.get(2), row.get(3))?);
         }
     }
     Ok(events)
@@ -399,11 +415,12 @@ async fn tail_start(
     Ok((start, usize::try_from(unread).unwrap_or(usize::MAX)))
 }
 
-/// True for events whose validity depends on the seq they get.
+/// True for events whose validity depends on the seq they get, and for request records,
+/// stored by reference to the events before them.
 fn needs_seq_check(event: &EventKind) -> bool {
     matches!(
         event,
-        EventKind::ContextReplaced(_) | EventKind::Forked { .. }
+        EventKind::ContextReplaced(_) | EventKind::Forked { .. } | EventKind::RequestStarted(_)
     )
 }
 
@@ -538,20 +555,33 @@ async fn sizes_through(
             current = parent;
             continue;
         }
-        let after = client
+        let after: i64 = client
             .query_one(
-                "SELECT COALESCE(SUM(octet_length(body)), 0)::BIGINT,
-                        COALESCE(SUM(CASE WHEN kind = 'message_appended'
-                                          THEN octet_length(body) ELSE 0 END), 0)::BIGINT
+                "SELECT COALESCE(SUM(octet_length(body)), 0)::BIGINT
                  FROM events WHERE thread_id = $1 AND seq > $2",
                 &[&current, &db_seq(at_seq)],
             )
             .await
-            .doing("measure the thread's later events")?;
-        let (after, messages_after): (i64, i64) = (after.get(0), after.get(1));
+            .doing("measure the thread's later events")?
+            .get(0);
+        let later = client
+            .query(
+                "SELECT seq, kind, body FROM events WHERE thread_id = $1 AND seq > $2
+                   AND kind IN ('message_appended', 'step_message', 'context_replaced', 'merged')",
+                &[&current, &db_seq(at_seq)],
+            )
+            .await
+            .doing("read the thread's later messages")?;
+        let mut messages_after = 0u64;
+        for row in later {
+            let seq = seq_of(&current, row.get(0))?;
+            messages_after += record::stored_message_bytes(&current, seq, row.get(1), row.get(2))?;
+        }
         return Ok((
             u64::try_from(bytes - after).unwrap_or(0),
-            u64::try_from(message_bytes - messages_after).unwrap_or(0),
+            u64::try_from(message_bytes)
+                .unwrap_or(0)
+                .saturating_sub(messages_after),
         ));
     }
 }
@@ -573,10 +603,11 @@ impl Store for PgStore {
         if events.is_empty() {
             return Ok(Vec::new());
         }
-        let rows = events
+        let mut rows = events
             .into_iter()
             .map(|event| record::encode(thread, event))
             .collect::<Result<Vec<_>, _>>()?;
+        record::share_replies(thread, &mut rows)?;
         let now = epoch_ms(SystemTime::now());
         let limits = self.limits();
         let mut client = self.pool.get().await?;
@@ -617,7 +648,7 @@ impl Store for PgStore {
             .await
             .doing("prepare the insert")?;
         let mut seqs = Vec::with_capacity(rows.len());
-        for row in rows {
+        for mut row in rows {
             if let Some(key) = &row.key {
                 let stored = tx
                     .query_opt(&find, &[&thread, key])
@@ -629,6 +660,9 @@ impl Store for PgStore {
                 }
             }
             let seq = last + 1;
+            if row.kind == REQUEST_STARTED {
+                references::refer_request(&tx, thread, seq, &mut row).await?;
+            }
             // On an error the transaction is dropped: nothing of this append is stored.
             limits.admit(thread, seq, &mut bytes, &row)?;
             message_bytes += record::message_bytes(&row);
@@ -672,31 +706,32 @@ impl Store for PgStore {
     }
 
     async fn keyed_event(&self, thread: &str, key: &str) -> Result<Option<KeyedEvent>, StoreError> {
-        let client = self.pool.get().await?;
-        let select = client
+        let mut client = self.pool.get().await?;
+        let tx = snapshot(&mut client).await?;
+        let select = tx
             .prepare_cached(
                 "SELECT seq, kind, body, tokens, created_at FROM events
                  WHERE thread_id = $1 AND idempotency_key = $2",
             )
             .await
             .doing("prepare the idempotency lookup")?;
-        let row = client
+        let Some(row) = tx
             .query_opt(&select, &[&thread, &key])
             .await
-            .doing("look up the idempotency key")?;
-        row.map(|row| {
-            Ok(KeyedEvent {
-                event: record::decode(
-                    thread,
-                    seq_of(thread, row.get(0))?,
-                    row.get(1),
-                    row.get(2),
-                    row.get(3),
-                )?,
-                appended_at_ms: row.get(4),
-            })
-        })
-        .transpose()
+            .doing("look up the idempotency key")?
+        else {
+            return Ok(None);
+        };
+        let seq = seq_of(thread, row.get(0))?;
+        let decoded = record::decode_row(thread, seq, row.get(1), row.get(2), row.get(3))?;
+        let segments = chain(&tx, thread).await?;
+        let mut events =
+            references::resolve(&tx, thread, &segments, vec![decoded], seq - 1).await?;
+        tx.commit().await.doing("end the read")?;
+        Ok(events.pop().map(|event| KeyedEvent {
+            event,
+            appended_at_ms: row.get(4),
+        }))
     }
 
     async fn exists(&self, thread: &str) -> Result<bool, StoreError> {
@@ -712,7 +747,16 @@ impl Store for PgStore {
         let mut client = self.pool.get().await?;
         let tx = snapshot(&mut client).await?;
         let segments = chain(&tx, thread).await?;
-        let events = events_in(&tx, thread, &segments, ALL_EVENTS, after).await?;
+        let rows = decoded_in(
+            &tx,
+            thread,
+            &segments,
+            ALL_EVENTS,
+            after,
+            record::decode_row,
+        )
+        .await?;
+        let events = references::resolve(&tx, thread, &segments, rows, after).await?;
         tx.commit().await.doing("end the read")?;
         Ok(events)
     }

@@ -9,13 +9,20 @@
 //!   `cl100k_base=12,o200k_base=11`). Counted once at append time, restored on load.
 
 use contexture_core::Message;
-use contexture_core::thread::{Event, EventKind};
+use contexture_core::thread::{Event, EventKind, RequestEnd};
 use contexture_core::tokens::{Encoding, message_tokens};
 
+use crate::request_refs::{MESSAGE_EVENT_KINDS, REQUEST_STARTED, StoredRequest, Unresolved};
 use crate::{NewEvent, StoreError};
 
 /// The type name of message events, stored with the message alone as the body.
 const MESSAGE_APPENDED: &str = "message_appended";
+
+/// The type name of request ends.
+const REQUEST_ENDED: &str = "request_ended";
+
+/// How a request end whose reply is the next event's message says so.
+const REPLY_IN_NEXT: &str = r#""reply_in_next":true"#;
 
 /// An event ready to be written.
 pub(crate) struct Row {
@@ -27,6 +34,8 @@ pub(crate) struct Row {
     pub tokens: Option<String>,
     /// True for a message event whose message is not a system or developer message.
     pub ordinary_message: bool,
+    /// The bytes of the messages it holds as a message event (see [`message_bytes`]).
+    pub message_bytes: u64,
     /// The idempotency key.
     pub key: Option<String>,
     /// The event, for checks that need its seq.
@@ -53,14 +62,71 @@ pub(crate) fn encode(thread: &str, event: NewEvent) -> Result<Row, StoreError> {
         &event.kind,
         EventKind::MessageAppended { message } if !message.role.is_system_like()
     );
+    let message_bytes = match &event.kind {
+        EventKind::MessageAppended { .. } => body_bytes(&body),
+        kind if MESSAGE_EVENT_KINDS.contains(&kind.type_name()) => kind
+            .messages()
+            .into_iter()
+            .map(|message| serde_json::to_string(message).map(|text| body_bytes(&text)))
+            .sum::<Result<u64, _>>()
+            .map_err(|error| StoreError::Corrupt {
+                thread: thread.to_string(),
+                seq: 0,
+                detail: format!("cannot serialize a message: {error}"),
+            })?,
+        _ => 0,
+    };
     Ok(Row {
         ordinary_message,
+        message_bytes,
         kind: event.kind.type_name(),
         body,
         tokens: count(&event.kind),
         key: event.idempotency_key,
         event: event.kind,
     })
+}
+
+/// Stores each request end's reply once: when the next row of the batch is a message event
+/// holding the same message and has no idempotency key (so it is stored right after the
+/// end, whatever else the batch holds), the end says that its reply is there.
+pub(crate) fn share_replies(thread: &str, rows: &mut [Row]) -> Result<(), StoreError> {
+    let unserializable = |error: serde_json::Error| StoreError::Corrupt {
+        thread: thread.to_string(),
+        seq: 0,
+        detail: format!("cannot serialize a request's end: {error}"),
+    };
+    for i in 1..rows.len() {
+        let (before, after) = rows.split_at_mut(i);
+        let (row, next) = (&mut before[i - 1], &after[0]);
+        let EventKind::RequestEnded(end) = &row.event else {
+            continue;
+        };
+        let held = match &next.event {
+            EventKind::MessageAppended { message } => message,
+            EventKind::StepMessage(step) => &step.message,
+            _ => continue,
+        };
+        let Some(reply) = &end.reply else { continue };
+        if next.key.is_some()
+            || serde_json::to_string(reply).map_err(unserializable)?
+                != serde_json::to_string(held).map_err(unserializable)?
+        {
+            continue;
+        }
+        let shell = RequestEnd {
+            reply: None,
+            ..end.clone()
+        };
+        let mut value =
+            serde_json::to_value(EventKind::RequestEnded(shell)).map_err(unserializable)?;
+        if let serde_json::Value::Object(fields) = &mut value {
+            fields.insert("reply_in_next".into(), serde_json::Value::Bool(true));
+        }
+        row.body = serde_json::to_string(&value).map_err(unserializable)?;
+        row.tokens = None;
+    }
+    Ok(())
 }
 
 /// Refuses the event that would get `seq` in `thread` past the store's limit of
@@ -123,13 +189,30 @@ pub(crate) fn body_bytes(body: &str) -> u64 {
     body.len() as u64
 }
 
-/// The bytes `row` adds to a thread's messages: its body, for a message event.
+/// The bytes `row` adds to a thread's messages, the text it holds: for a message event
+/// (see [`MESSAGE_EVENT_KINDS`]), each of its messages serialized on its own (for a
+/// `message_appended` event, its body); 0 for any other event.
 pub(crate) fn message_bytes(row: &Row) -> u64 {
-    if row.kind == MESSAGE_APPENDED {
-        body_bytes(&row.body)
-    } else {
-        0
+    row.message_bytes
+}
+
+/// [`message_bytes`] of a stored row.
+pub(crate) fn stored_message_bytes(
+    thread: &str,
+    seq: u64,
+    kind: &str,
+    body: &str,
+) -> Result<u64, StoreError> {
+    if kind == MESSAGE_APPENDED {
+        return Ok(body_bytes(body));
     }
+    if !MESSAGE_EVENT_KINDS.contains(&kind) {
+        return Ok(0);
+    }
+    Ok(message_bodies(thread, seq, kind, body)?
+        .iter()
+        .map(|text| body_bytes(text))
+        .sum())
 }
 
 /// Encodes the `forked` event [`crate::Store::fork`] writes.
@@ -137,8 +220,53 @@ pub(crate) fn forked_body(parent: &str, at_seq: u64) -> String {
     serde_json::json!({"type": "forked", "parent": parent, "at_seq": at_seq}).to_string()
 }
 
+/// Stores `row`, a `request_started` row, as `stored`: the record with references in place
+/// of what its thread holds, and the token counts of its inline messages alone.
+pub(crate) fn store_request(
+    thread: &str,
+    row: &mut Row,
+    stored: &StoredRequest,
+) -> Result<(), StoreError> {
+    row.body = stored.to_body().map_err(|error| StoreError::Corrupt {
+        thread: thread.to_string(),
+        seq: 0,
+        detail: format!("cannot serialize the request record: {error}"),
+    })?;
+    row.tokens = count_messages(stored.inline().collect());
+    Ok(())
+}
+
+/// The messages a message event's row holds, each as stored on its own (the JSON a request
+/// record compares with): a `message_appended` body as it is, the others' messages
+/// serialized from the decoded event.
+pub(crate) fn message_bodies(
+    thread: &str,
+    seq: u64,
+    kind: &str,
+    body: &str,
+) -> Result<Vec<String>, StoreError> {
+    if kind == MESSAGE_APPENDED {
+        return Ok(vec![body.to_string()]);
+    }
+    let event = decode(thread, seq, kind, body, None)?;
+    event
+        .kind
+        .messages()
+        .into_iter()
+        .map(serde_json::to_string)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|error| StoreError::Corrupt {
+            thread: thread.to_string(),
+            seq,
+            detail: format!("cannot serialize a message: {error}"),
+        })
+}
+
 fn count(event: &EventKind) -> Option<String> {
-    let messages = event.messages();
+    count_messages(event.messages())
+}
+
+fn count_messages(messages: Vec<&Message>) -> Option<String> {
     if messages.is_empty() {
         return None;
     }
@@ -218,7 +346,9 @@ fn parse_stored<T: serde::de::DeserializeOwned>(body: &str) -> Result<T, String>
     Ok(value)
 }
 
-/// Decodes a stored event and restores its messages' token counts.
+/// Decodes a stored event and restores its messages' token counts. A request record's
+/// references are left unresolved: its messages are empty unless it was stored whole (see
+/// [`decode_row`] for reads that resolve them).
 pub(crate) fn decode(
     thread: &str,
     seq: u64,
@@ -226,11 +356,65 @@ pub(crate) fn decode(
     body: &str,
     tokens: Option<&str>,
 ) -> Result<Event, StoreError> {
+    let (mut event, stored) = decode_row(thread, seq, kind, body, tokens)?;
+    if let (EventKind::RequestStarted(record), Some(Unresolved::Request(stored))) =
+        (&mut event.kind, stored)
+        && stored
+            .sent
+            .iter()
+            .all(|item| matches!(item, crate::request_refs::Sent::Inline(_)))
+    {
+        record.messages = stored.inline().cloned().collect();
+    }
+    Ok(event)
+}
+
+/// Decodes a stored event and restores its messages' token counts; with what it leaves for
+/// [`crate::request_refs::Resolver`] to resolve: a request record's references (its messages
+/// are left empty until then), a request end's reply stored in the next event.
+pub(crate) fn decode_row(
+    thread: &str,
+    seq: u64,
+    kind: &str,
+    body: &str,
+    tokens: Option<&str>,
+) -> Result<(Event, Option<Unresolved>), StoreError> {
     let corrupt = |detail: String| StoreError::Corrupt {
         thread: thread.to_string(),
         seq,
         detail,
     };
+    if kind == REQUEST_STARTED {
+        let value: serde_json::Value = parse_stored(body).map_err(corrupt)?;
+        let stored = StoredRequest::from_body(value).map_err(corrupt)?;
+        if let Some(tokens) = tokens {
+            restore_counts(tokens, stored.inline().collect()).map_err(corrupt)?;
+        }
+        let event = EventKind::RequestStarted(stored.record.clone());
+        return Ok((
+            Event::new(seq, event),
+            Some(Unresolved::Request(Box::new(stored))),
+        ));
+    }
+    // Only a key can hold these characters unescaped: a string in JSON escapes its quotes.
+    if kind == REQUEST_ENDED && body.contains(REPLY_IN_NEXT) {
+        let mut value: serde_json::Value = parse_stored(body).map_err(corrupt)?;
+        let marked = value
+            .as_object_mut()
+            .and_then(|fields| fields.remove("reply_in_next"))
+            .is_some_and(|flag| flag == serde_json::Value::Bool(true));
+        let event: EventKind = serde_json::from_value(value).map_err(|e| corrupt(e.to_string()))?;
+        if event.type_name() != kind {
+            return Err(corrupt(format!(
+                "stored as `{kind}` but the body is a `{}`",
+                event.type_name()
+            )));
+        }
+        return Ok((
+            Event::new(seq, event),
+            marked.then_some(Unresolved::ReplyInNext),
+        ));
+    }
     let event = if kind == MESSAGE_APPENDED {
         let message: Message = parse_stored(body).map_err(corrupt)?;
         EventKind::MessageAppended { message }
@@ -245,33 +429,38 @@ pub(crate) fn decode(
         event
     };
     if let Some(tokens) = tokens {
-        let messages = event.messages();
-        let counts: Vec<&str> = tokens.split(';').collect();
-        if counts.len() != messages.len() {
-            return Err(corrupt(format!(
-                "{} token counts for {} messages",
-                counts.len(),
-                messages.len()
-            )));
-        }
-        for (message, counts) in messages.into_iter().zip(counts) {
-            for pair in counts.split(',') {
-                let parsed = pair.split_once('=').and_then(|(name, n)| {
-                    Some((Encoding::from_name(name).ok()?, n.parse::<u32>().ok()?))
-                });
-                // A count under an encoding this build does not know is skipped (it would be
-                // recomputed); a malformed one is an error.
-                match parsed {
-                    Some((encoding, n)) => message.set_cached_tokens(encoding, n),
-                    None if pair
-                        .split_once('=')
-                        .is_some_and(|(_, n)| n.parse::<u32>().is_ok()) => {}
-                    None => return Err(corrupt(format!("bad token count `{pair}`"))),
-                }
+        restore_counts(tokens, event.messages()).map_err(corrupt)?;
+    }
+    Ok((Event::new(seq, event), None))
+}
+
+/// Puts the stored `tokens` column's counts into `messages`' caches.
+fn restore_counts(tokens: &str, messages: Vec<&Message>) -> Result<(), String> {
+    let counts: Vec<&str> = tokens.split(';').collect();
+    if counts.len() != messages.len() {
+        return Err(format!(
+            "{} token counts for {} messages",
+            counts.len(),
+            messages.len()
+        ));
+    }
+    for (message, counts) in messages.into_iter().zip(counts) {
+        for pair in counts.split(',') {
+            let parsed = pair.split_once('=').and_then(|(name, n)| {
+                Some((Encoding::from_name(name).ok()?, n.parse::<u32>().ok()?))
+            });
+            // A count under an encoding this build does not know is skipped (it would be
+            // recomputed); a malformed one is an error.
+            match parsed {
+                Some((encoding, n)) => message.set_cached_tokens(encoding, n),
+                None if pair
+                    .split_once('=')
+                    .is_some_and(|(_, n)| n.parse::<u32>().is_ok()) => {}
+                None => return Err(format!("bad token count `{pair}`")),
             }
         }
     }
-    Ok(Event::new(seq, event))
+    Ok(())
 }
 
 /// Converts a database integer to a seq.

@@ -9,6 +9,7 @@
 
 mod api_keys;
 mod projection_cache;
+mod references;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -24,6 +25,7 @@ use self::writer::Writer;
 
 use crate::error::Action;
 use crate::record::{self, Row, ThreadLimits, db_bytes, db_seq, seq_of};
+use crate::request_refs::REQUEST_STARTED;
 use crate::tail::{TailStart, fold_sparse, watermark_of};
 use crate::{
     ForkChain, KeyedEvent, NewEvent, ProjectionTail, PruneReport, Store, StoreError, ThreadInfo,
@@ -46,6 +48,14 @@ const MIGRATIONS: &[(u32, &str)] = &[
     (
         6,
         include_str!("../migrations/sqlite/0006_message_bytes.sql"),
+    ),
+    (
+        7,
+        include_str!("../migrations/sqlite/0007_message_text.sql"),
+    ),
+    (
+        8,
+        include_str!("../migrations/sqlite/0008_events_by_rowid.sql"),
     ),
 ];
 
@@ -297,7 +307,7 @@ fn append_rows(
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             )
             .doing("prepare the insert")?;
-        for row in rows {
+        for mut row in rows {
             if let Some(key) = &row.key {
                 let stored: Option<i64> = find
                     .query_row(params![thread, key], |r| r.get(0))
@@ -309,6 +319,9 @@ fn append_rows(
                 }
             }
             let seq = last + 1;
+            if row.kind == REQUEST_STARTED {
+                references::refer_request(tx, thread, seq, &mut row)?;
+            }
             // On an error the savepoint of this write is rolled back: nothing of it is stored.
             limits.admit(thread, seq, &mut bytes, &row)?;
             message_bytes += record::message_bytes(&row);
@@ -365,7 +378,15 @@ fn chain(conn: &Connection, thread: &str) -> Result<Vec<(String, Option<u64>)>, 
 fn read_events(conn: &mut Connection, thread: &str, after: u64) -> Result<Vec<Event>, StoreError> {
     let tx = conn.transaction().doing("begin a read")?;
     let segments = chain(&tx, thread)?;
-    let events = events_in(&tx, thread, &segments, ALL_EVENTS, after)?;
+    let rows = decoded_in(
+        &tx,
+        thread,
+        &segments,
+        ALL_EVENTS,
+        after,
+        record::decode_row,
+    )?;
+    let events = references::resolve(&tx, thread, &segments, rows, after)?;
     tx.commit().doing("end the read")?;
     Ok(events)
 }
@@ -388,6 +409,9 @@ const ORDINARY_MESSAGES: &str = "SELECT seq, kind, body, tokens FROM events
 
 /// The events `select` (one of [`ALL_EVENTS`], [`SPECIAL_EVENTS`], [`ORDINARY_MESSAGES`])
 /// finds in `segments` (of `thread`'s chain) with seq above `after`, in order.
+///
+/// A request record's references are left unresolved (see [`record::decode`]): the reads
+/// that use this fold projections, which need no record's messages.
 fn events_in(
     tx: &Connection,
     thread: &str,
@@ -395,6 +419,18 @@ fn events_in(
     select: &str,
     after: u64,
 ) -> Result<Vec<Event>, StoreError> {
+    decoded_in(tx, thread, segments, select, after, record::decode)
+}
+
+/// The rows `select` finds (as for [`events_in`]), each decoded by `decode`.
+fn decoded_in<T>(
+    tx: &Connection,
+    thread: &str,
+    segments: &[(String, Option<u64>)],
+    select: &str,
+    after: u64,
+    decode: impl Fn(&str, u64, &str, &str, Option<&str>) -> Result<T, StoreError>,
+) -> Result<Vec<T>, StoreError> {
     let mut select = tx.prepare_cached(select).doing("prepare the event query")?;
     let mut events = Vec::new();
     for (id, limit) in segments {
@@ -410,7 +446,7 @@ fn events_in(
                 .get_ref(3)
                 .and_then(|v| Ok(v.as_str_or_null()?))
                 .doing("read token counts")?;
-            events.push(record::decode(thread, seq, kind, body, tokens)?);
+            events.push(decode(thread, seq, kind, body, tokens)?);
         }
     }
     Ok(events)
@@ -647,21 +683,35 @@ fn sizes_through(tx: &Connection, thread: &str, at_seq: u64) -> Result<(u64, u64
             current = parent;
             continue;
         }
-        let (after, messages_after): (i64, i64) = tx
+        let after: i64 = tx
             .prepare_cached(
-                "SELECT COALESCE(SUM(length(CAST(body AS BLOB))), 0),
-                        COALESCE(SUM(CASE WHEN kind = 'message_appended'
-                                          THEN length(CAST(body AS BLOB)) ELSE 0 END), 0)
+                "SELECT COALESCE(SUM(length(CAST(body AS BLOB))), 0)
                  FROM events WHERE thread_id = ?1 AND seq > ?2",
             )
             .doing("prepare the size query")?
-            .query_row(params![current, db_seq(at_seq)], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
+            .query_row(params![current, db_seq(at_seq)], |r| r.get(0))
             .doing("measure the thread's later events")?;
+        let mut messages_after = 0u64;
+        let mut later = tx
+            .prepare_cached(
+                "SELECT seq, kind, body FROM events WHERE thread_id = ?1 AND seq > ?2
+                   AND kind IN ('message_appended', 'step_message', 'context_replaced', 'merged')",
+            )
+            .doing("prepare the later messages query")?;
+        let mut rows = later
+            .query(params![current, db_seq(at_seq)])
+            .doing("read the thread's later messages")?;
+        while let Some(row) = rows.next().doing("read a later message")? {
+            let seq = seq_of(&current, row.get(0).doing("read a seq")?)?;
+            let kind: String = row.get(1).doing("read a kind")?;
+            let body: String = row.get(2).doing("read a body")?;
+            messages_after += record::stored_message_bytes(&current, seq, &kind, &body)?;
+        }
         return Ok((
             u64::try_from(bytes - after).unwrap_or(0),
-            u64::try_from(message_bytes - messages_after).unwrap_or(0),
+            u64::try_from(message_bytes)
+                .unwrap_or(0)
+                .saturating_sub(messages_after),
         ));
     }
 }
@@ -734,10 +784,11 @@ impl Store for SqliteStore {
         }
         // Encoded (serialized, tokens counted) here rather than on the writer thread, whose
         // time every write of the process shares; as the PostgreSQL store does.
-        let rows = events
+        let mut rows = events
             .into_iter()
             .map(|event| record::encode(thread, event))
             .collect::<Result<Vec<_>, _>>()?;
+        record::share_replies(thread, &mut rows)?;
         let thread = thread.to_string();
         let limits = ThreadLimits {
             max_events: self
@@ -760,13 +811,13 @@ impl Store for SqliteStore {
     async fn keyed_event(&self, thread: &str, key: &str) -> Result<Option<KeyedEvent>, StoreError> {
         let (thread, key) = (thread.to_string(), key.to_string());
         self.read(move |conn| {
-            let mut select = conn
+            let tx = conn.transaction().doing("begin a read")?;
+            let row = tx
                 .prepare_cached(
                     "SELECT seq, kind, body, tokens, created_at FROM events
                      WHERE thread_id = ?1 AND idempotency_key = ?2",
                 )
-                .doing("prepare the idempotency lookup")?;
-            let row = select
+                .doing("prepare the idempotency lookup")?
                 .query_row(params![thread, key], |row| {
                     Ok((
                         row.get::<_, i64>(0)?,
@@ -778,19 +829,18 @@ impl Store for SqliteStore {
                 })
                 .optional()
                 .doing("look up the idempotency key")?;
-            row.map(|(seq, kind, body, tokens, appended_at_ms)| {
-                Ok(KeyedEvent {
-                    event: record::decode(
-                        &thread,
-                        seq_of(&thread, seq)?,
-                        &kind,
-                        &body,
-                        tokens.as_deref(),
-                    )?,
-                    appended_at_ms,
-                })
-            })
-            .transpose()
+            let Some((seq, kind, body, tokens, appended_at_ms)) = row else {
+                return Ok(None);
+            };
+            let seq = seq_of(&thread, seq)?;
+            let decoded = record::decode_row(&thread, seq, &kind, &body, tokens.as_deref())?;
+            let segments = chain(&tx, &thread)?;
+            let mut events = references::resolve(&tx, &thread, &segments, vec![decoded], seq - 1)?;
+            tx.commit().doing("end the read")?;
+            Ok(events.pop().map(|event| KeyedEvent {
+                event,
+                appended_at_ms,
+            }))
         })
         .await
     }

@@ -114,3 +114,69 @@ pub async fn pg_store_at_version(prefix: &str, version: u32) -> Option<(PgStore,
 pub async fn open_pg_at_version(schema: &str, version: u32) -> Result<PgStore, StoreError> {
     PgStore::open_in_schema_at_version(&pg_url(), schema, version).await
 }
+
+/// The bytes the SQLite database at `path` takes on disk once its write-ahead log is
+/// checkpointed into it: the file, as a copy of it would take.
+pub fn sqlite_disk_bytes(path: &Path) -> u64 {
+    let conn = rusqlite::Connection::open(path).expect("open the database");
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .expect("checkpoint the log");
+    let pages: i64 = conn
+        .query_row("PRAGMA page_count", [], |r| r.get(0))
+        .expect("count pages");
+    let page_size: i64 = conn
+        .query_row("PRAGMA page_size", [], |r| r.get(0))
+        .expect("read the page size");
+    u64::try_from(pages * page_size).unwrap_or(0)
+}
+
+/// The bytes the threads of `schema` (of the test database) take on disk, after a `VACUUM`
+/// that frees what superseded row versions took: the `events` table whole (its indexes,
+/// out-of-line (TOAST) storage and maps included) and the `threads` table's rows. (That
+/// table's own pages and indexes hold one row per thread; an append updates the row, which
+/// leaves index entries that only a later vacuum reuses, whatever the thread holds.)
+pub async fn pg_disk_bytes(schema: &str) -> u64 {
+    let mut config: tokio_postgres::Config = pg_url().parse().expect("the test URL");
+    config.options(format!("-c search_path={schema}"));
+    let (client, connection) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("connect to PostgreSQL");
+    let driver = tokio::spawn(connection);
+    for table in ["threads", "events"] {
+        client
+            .batch_execute(&format!("VACUUM {table}"))
+            .await
+            .expect("vacuum");
+    }
+    let bytes: i64 = client
+        .query_one(
+            "SELECT (pg_total_relation_size('events')
+                     + (SELECT COALESCE(SUM(pg_column_size(t.*)), 0) FROM threads t))::BIGINT",
+            &[],
+        )
+        .await
+        .expect("measure the tables")
+        .get(0);
+    // Where the bytes are, for a test that finds too many.
+    let parts = client
+        .query(
+            "SELECT c.relname::TEXT, pg_relation_size(c.oid)::BIGINT FROM pg_class c
+             JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = current_schema() OR c.oid IN (
+                 SELECT reltoastrelid FROM pg_class t JOIN pg_namespace tn ON tn.oid = t.relnamespace
+                 WHERE tn.nspname = current_schema())
+             ORDER BY 2 DESC",
+            &[],
+        )
+        .await
+        .expect("measure the relations");
+    let parts: Vec<String> = parts
+        .iter()
+        .map(|row| format!("{} {}", row.get::<_, String>(0), row.get::<_, i64>(1)))
+        .collect();
+    eprintln!("{schema}: {}", parts.join(", "));
+    drop(client);
+    let _ = driver.await;
+    u64::try_from(bytes).unwrap_or(0)
+}

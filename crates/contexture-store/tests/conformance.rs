@@ -1101,6 +1101,9 @@ const OLD_TWO: &str = r#"{"role":"user","content":"2"}"#;
 const OLD_THREE: &str = r#"{"role":"user","content":"3"}"#;
 const OLD_FORK_F: &str = r#"{"type":"forked","parent":"t","at_seq":1}"#;
 const OLD_FORK_G: &str = r#"{"type":"forked","parent":"f","at_seq":2}"#;
+const OLD_STEP: &str =
+    r#"{"type":"step_message","step":1,"message":{"role":"user","content":"4"}}"#;
+const OLD_REPLACE: &str = r#"{"type":"context_replaced","op_id":"o","reason":"manual","from_seq":1,"to_seq":1,"replacement":[{"role":"user","content":"5"},{"role":"assistant","content":"6"}]}"#;
 
 /// Run on a database an older build left (migrations before the API keys' only): opening it
 /// with this build applies the new migration only, and keeps its threads.
@@ -1119,13 +1122,16 @@ async fn api_key_migration_applies_to_an_older_database<H: Harness>(h: &H) {
     // The rows an older build wrote: a thread, a keyed message, and a fork of a fork.
     h.execute_raw(&format!(
         "INSERT INTO threads (id, parent_id, fork_seq, last_seq, created_at, updated_at) VALUES
-             ('t', NULL, NULL, 2, 0, 0), ('f', 't', 1, 2, 0, 0), ('g', 'f', 2, 4, 0, 0);
+             ('t', NULL, NULL, 2, 0, 0), ('f', 't', 1, 2, 0, 0), ('g', 'f', 2, 4, 0, 0),
+             ('e', NULL, NULL, 2, 0, 0);
          INSERT INTO events (thread_id, seq, kind, body, tokens, idempotency_key, created_at) VALUES
              ('t', 1, 'message_appended', '{OLD_ONE}', NULL, NULL, 0),
              ('t', 2, 'message_appended', '{OLD_TWO}', NULL, 'k', 0),
              ('f', 2, 'forked', '{OLD_FORK_F}', NULL, NULL, 0),
              ('g', 3, 'forked', '{OLD_FORK_G}', NULL, NULL, 0),
-             ('g', 4, 'message_appended', '{OLD_THREE}', NULL, NULL, 0);"
+             ('g', 4, 'message_appended', '{OLD_THREE}', NULL, NULL, 0),
+             ('e', 1, 'step_message', '{OLD_STEP}', NULL, NULL, 0),
+             ('e', 2, 'context_replaced', '{OLD_REPLACE}', NULL, NULL, 0);"
     ))
     .await;
     let events = old.events("t").await.unwrap();
@@ -1181,6 +1187,7 @@ async fn api_key_migration_applies_to_an_older_database<H: Harness>(h: &H) {
     assert_eq!(
         sizes,
         [
+            ("e".to_owned(), len(OLD_STEP) + len(OLD_REPLACE)),
             ("f".to_owned(), len(OLD_ONE) + len(OLD_FORK_F)),
             (
                 "g".to_owned(),
@@ -1189,9 +1196,19 @@ async fn api_key_migration_applies_to_an_older_database<H: Harness>(h: &H) {
             ("t".to_owned(), len(OLD_ONE) + len(OLD_TWO)),
         ]
     );
+    // Every message event's messages, each as stored on its own.
+    let step_and_replacement = [
+        r#"{"role":"user","content":"4"}"#,
+        r#"{"role":"user","content":"5"}"#,
+        r#"{"role":"assistant","content":"6"}"#,
+    ];
     assert_eq!(
         message_sizes,
         [
+            (
+                "e".to_owned(),
+                step_and_replacement.iter().map(|m| len(m)).sum()
+            ),
             ("f".to_owned(), len(OLD_ONE)),
             ("g".to_owned(), len(OLD_ONE) + len(OLD_THREE)),
             ("t".to_owned(), len(OLD_ONE) + len(OLD_TWO)),
@@ -1305,6 +1322,25 @@ async fn message_bytes_count_a_threads_messages_each_once(h: &impl Harness) {
         body("a") + body("bb") + body("dddd")
     );
     assert_eq!(sizes_of(s, "t").await, (bytes, messages));
+    // Every message event's messages count, each serialized on its own: a step's and a
+    // replacement's too, in the thread and in a fork's prefix.
+    let json = |message: &Message| serde_json::to_string(message).unwrap().len() as u64;
+    let step = NewEvent::new(EventKind::StepMessage(StepMessage {
+        step: 1,
+        message: Message::user("e"),
+    }));
+    let replacement = vec![Message::user("ff"), Message::assistant("g")];
+    let replace = NewEvent::new(EventKind::ContextReplaced(ContextReplace::new(
+        "op",
+        ReplaceReason::Manual,
+        6,
+        replacement.clone(),
+    )));
+    s.append("t", vec![step, replace]).await.unwrap();
+    let replaced: u64 = replacement.iter().map(json).sum();
+    assert_eq!(sizes_of(s, "t").await.1, texts + body("e") + replaced);
+    s.fork("t", 6, "h").await.unwrap();
+    assert_eq!(sizes_of(s, "h").await.1, texts + body("e"));
 }
 
 async fn a_thread_past_its_bytes_refuses_appends_and_stores_nothing_of_them(h: &impl Harness) {

@@ -128,20 +128,31 @@ impl<S: Store> Executor<S> {
                 .outgoing(run, &call, setup.system.as_ref(), &own, &target)
                 .await?;
             self.check_budget_before(run, &setup.model, &outgoing.breakdown)?;
-            let reply = self.call(run, &setup, &call, &outgoing).await?;
-            self.check_budget_after(run)?;
+            let (end, reply) = self.call(run, &setup, &call, &outgoing).await?;
             let reply = self
                 .hooks
                 .iter()
                 .fold(reply, |reply, hook| hook.after_llm_call(&call, reply));
+            // A reply that goes on into tool calls enters the step's log in the same append
+            // as its request's end, which then stores it once (by reference); unless what the
+            // call spent stops the step, whose log then ends before the reply.
+            let goes_on = !reply.tool_calls.is_empty() && round + 1 < assistant.max_iterations;
+            let mut events = vec![EventKind::RequestEnded(end.clone())];
+            if goes_on && self.check_budget_after(run, Some(&end)).is_ok() {
+                events.push(EventKind::StepMessage(StepMessage {
+                    step: info.step,
+                    message: reply.clone(),
+                }));
+            }
+            let recorded_reply = events.len() == 2;
+            self.append(run, events).await?;
+            self.check_budget_after(run, None)?;
             if reply.tool_calls.is_empty() {
                 return Ok(reply.text());
             }
-            if round + 1 == assistant.max_iterations {
+            if !recorded_reply {
                 break;
             }
-            self.record_step_message(run, info.step, reply.clone())
-                .await?;
             own.push(reply.clone());
             for tool_call in &reply.tool_calls {
                 let (id, seq) = (run.id.clone(), run.log.thread().last_seq());
@@ -221,14 +232,15 @@ impl<S: Store> Executor<S> {
         })
     }
 
-    /// Sends one request, recording it before and its end after, whatever the outcome.
+    /// Sends one request, recording it before. A failed or cancelled call's end is recorded
+    /// here; a completed call's end is returned with the reply, for the caller to record.
     async fn call(
         &self,
         run: &mut Run,
         setup: &AssistantSetup<'_>,
         call: &CallInfo,
         outgoing: &Outgoing,
-    ) -> Result<Message, Abort> {
+    ) -> Result<(RequestEnd, Message), Abort> {
         let AssistantSetup {
             assistant,
             route,
@@ -275,8 +287,13 @@ impl<S: Store> Executor<S> {
             }
         };
         let end = request_end(&request_id, &response, model, outgoing.breakdown.used);
-        self.append(run, vec![EventKind::RequestEnded(end)]).await?;
-        Ok(response.map_err(StepError::Llm)?.message)
+        match response {
+            Ok(response) => Ok((end, response.message)),
+            Err(error) => {
+                self.append(run, vec![EventKind::RequestEnded(end)]).await?;
+                Err(StepError::Llm(error).into())
+            }
+        }
     }
 
     /// The provider call itself, streamed when streaming is on.
@@ -337,9 +354,13 @@ impl<S: Store> Executor<S> {
         Ok(())
     }
 
-    /// Stops the run once a call took the execution over a budget.
-    fn check_budget_after(&self, run: &Run) -> Result<(), StepError> {
-        let usage = run.log.usage();
+    /// Stops the run once a call took the execution over a budget: what the log records,
+    /// with the end of a call not yet recorded (`pending`) counted in.
+    fn check_budget_after(&self, run: &Run, pending: Option<&RequestEnd>) -> Result<(), StepError> {
+        let usage = run
+            .log
+            .usage()
+            .plus(pending.map(|end| end.usage).unwrap_or_default());
         let spent = usage.input_tokens + usage.output_tokens;
         if let Some(limit) = run.limits.max_tokens
             && spent > limit
@@ -350,11 +371,12 @@ impl<S: Store> Executor<S> {
                 limit,
             });
         }
+        let cost = run.log.cost_usd() + pending.and_then(|end| end.cost_usd).unwrap_or(0.0);
         if let Some(limit) = run.limits.max_cost_usd
-            && run.log.cost_usd() > limit
+            && cost > limit
         {
             return Err(StepError::CostBudget {
-                spent: run.log.cost_usd(),
+                spent: cost,
                 request: None,
                 limit,
             });

@@ -1,0 +1,144 @@
+//! What a chat turn costs to record when every request sends the whole conversation.
+//!
+//! Run: `cargo bench -p contexture-store --bench request_records -- --measurement-time 5 --warm-up-time 1 --sample-size 20`
+//!
+//! A conversation of 1,000 messages (500 turns, messages of 40 to 1,000 bytes, the same texts
+//! as `benches/storage/langgraph_chat.py` writes with LangGraph's SQLite checkpointer) is
+//! appended to a SQLite store as the chat endpoint appends it: the question with the request
+//! record (every message so far), then the request's end with the answer. Printed first: the
+//! database's bytes on disk per byte of message text. Then, timed:
+//!
+//! - `request_records/sqlite/chat_turn_at_1000_messages`: the 501st turn (two durable appends;
+//!   the record stored by reference to the thread's messages, found byte for byte), on a fork
+//!   of the conversation made before the clock starts;
+//! - `request_records/sqlite/read_records_at_1000_messages`: read the thread back with every
+//!   record resolved (500 records of up to 1,000 messages each).
+
+use std::hint::black_box;
+
+use contexture_core::Message;
+use contexture_core::thread::{EventKind, RequestEnd, RequestOutcome, RequestRecord, Usage};
+use contexture_store::{NewEvent, SqliteStore, Store, testing};
+use criterion::{Criterion, criterion_group, criterion_main};
+use tokio::runtime::Runtime;
+
+const TURNS: usize = 500;
+
+/// A text of about `len` bytes that differs from turn to turn.
+fn prose(turn: usize, len: usize) -> String {
+    let words = [
+        "context", "window", "thread", "model", "request", "message", "store", "fit",
+    ];
+    let mut text = format!("turn {turn}:");
+    let mut i = turn;
+    while text.len() < len {
+        text.push(' ');
+        text.push_str(words[i % words.len()]);
+        i = i.wrapping_mul(31).wrapping_add(7);
+    }
+    text
+}
+
+/// A message's length: between 40 and 1,000 bytes, most of them short.
+fn length(turn: usize) -> usize {
+    40 + (turn * 7919) % 960 * ((turn % 3) + 1) / 3
+}
+
+/// Appends turn `turn` to `thread`, whose messages so far are `history`.
+async fn turn(store: &SqliteStore, thread: &str, history: &mut Vec<Message>, turn: usize) {
+    let question = Message::user(prose(turn, length(turn)));
+    history.push(question.clone());
+    let id = format!("chat-{turn}");
+    let record = RequestRecord {
+        request_id: id.clone(),
+        model: Some("gpt-4o-mini".into()),
+        messages: history.clone(),
+        purpose: Some("chat".into()),
+        ..RequestRecord::default()
+    };
+    store
+        .append(
+            thread,
+            vec![
+                NewEvent::new(EventKind::MessageAppended { message: question }),
+                NewEvent::new(EventKind::RequestStarted(record)),
+            ],
+        )
+        .await
+        .expect("append the question");
+    let answer = Message::assistant(prose(turn + TURNS, length(turn + TURNS)));
+    store
+        .append(
+            thread,
+            vec![
+                NewEvent::new(EventKind::RequestEnded(RequestEnd::new(
+                    id,
+                    RequestOutcome::Completed,
+                    Usage::new(10, 10),
+                ))),
+                NewEvent::new(EventKind::MessageAppended {
+                    message: answer.clone(),
+                }),
+            ],
+        )
+        .await
+        .expect("append the answer");
+    history.push(answer);
+}
+
+fn records(c: &mut Criterion) {
+    let runtime = Runtime::new().expect("a runtime");
+    let dir = testing::TempDir::new("contexture-bench-records");
+    let path = dir.join("chat.db");
+    let store = runtime
+        .block_on(SqliteStore::open(&path))
+        .expect("open the store");
+    let mut history = Vec::new();
+    runtime.block_on(async {
+        for n in 0..TURNS {
+            turn(&store, "chat", &mut history, n).await;
+        }
+    });
+    let info = runtime
+        .block_on(store.list())
+        .expect("list")
+        .into_iter()
+        .find(|info| info.id == "chat")
+        .expect("the thread");
+    let disk = testing::sqlite_disk_bytes(&path);
+    println!(
+        "1,000 messages: {} bytes of message text, {} bytes of events, {disk} bytes on disk \
+         ({:.2}x the text)",
+        info.message_bytes,
+        info.bytes,
+        disk as f64 / info.message_bytes as f64
+    );
+    let mut group = c.benchmark_group("request_records/sqlite");
+    // Each timed turn goes to a fork of the conversation at its 1,000th message (made before
+    // the clock starts), so that every one is the 501st turn.
+    let mut forks = 0usize;
+    group.bench_function("chat_turn_at_1000_messages", |b| {
+        b.iter_custom(|iters| {
+            let mut spent = std::time::Duration::ZERO;
+            for _ in 0..iters {
+                forks += 1;
+                let fork = format!("fork-{forks}");
+                runtime
+                    .block_on(store.fork("chat", info.last_seq, &fork))
+                    .expect("fork");
+                let mut sent = history.clone();
+                let start = std::time::Instant::now();
+                runtime.block_on(turn(&store, &fork, &mut sent, TURNS));
+                spent += start.elapsed();
+            }
+            spent
+        })
+    });
+    group.bench_function("read_records_at_1000_messages", |b| {
+        b.iter(|| black_box(runtime.block_on(store.events("chat")).expect("read")))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, records);
+criterion_main!(benches);

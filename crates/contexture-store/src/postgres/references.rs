@@ -1,0 +1,219 @@
+//! Request records by reference in PostgreSQL (see [`crate::request_refs`]): what an append
+//! reads to refer to, and what a read fetches to resolve references.
+
+use contexture_core::thread::{Event, EventKind};
+use deadpool_postgres::GenericClient;
+
+use crate::StoreError;
+use crate::error::Action;
+use crate::record::{self, Row, db_seq, seq_of};
+use crate::request_refs::{Prior, Referable, Resolver, Unresolved};
+
+/// The newest request records of a segment, newest first: `$1` the segment's thread, `$2`
+/// its last seq to read, `$3` how many.
+const RECENT_REQUESTS: &str = "SELECT seq, kind, body, tokens FROM events
+     WHERE thread_id = $1 AND seq <= $2 AND kind = 'request_started'
+     ORDER BY seq DESC LIMIT $3";
+
+/// The message events of a segment from `$3` to `$4`; `$1`, `$2` as for [`RECENT_REQUESTS`].
+const MESSAGE_EVENTS: &str = "SELECT seq, kind, body, tokens FROM events
+     WHERE thread_id = $1 AND seq <= $2 AND seq >= $3 AND seq <= $4
+       AND kind IN ('message_appended', 'step_message', 'context_replaced', 'merged')
+     ORDER BY seq";
+
+/// The events a request record may refer to (message events and request records), in a
+/// segment from `$3` to `$4`; parameters as for [`MESSAGE_EVENTS`].
+const REFERRED_EVENTS: &str = "SELECT seq, kind, body, tokens FROM events
+     WHERE thread_id = $1 AND seq <= $2 AND seq >= $3 AND seq <= $4
+       AND kind IN ('message_appended', 'step_message', 'context_replaced', 'merged',
+                    'request_started')
+     ORDER BY seq";
+
+/// A stored row: seq, kind, body, tokens.
+type StoredRow = (u64, String, String, Option<String>);
+
+/// The rows `select` (with a segment's thread, its limit and two more parameters) finds in
+/// `segments`, in seq order.
+async fn rows_in(
+    client: &impl GenericClient,
+    thread: &str,
+    segments: &[(String, Option<u64>)],
+    select: &str,
+    from: u64,
+    to: u64,
+) -> Result<Vec<StoredRow>, StoreError> {
+    let select = client
+        .prepare_cached(select)
+        .await
+        .doing("prepare the event query")?;
+    let mut rows = Vec::new();
+    for (id, limit) in segments {
+        let found = client
+            .query(
+                &select,
+                &[
+                    id,
+                    &limit.map_or(i64::MAX, db_seq),
+                    &db_seq(from),
+                    &db_seq(to),
+                ],
+            )
+            .await
+            .doing("query events")?;
+        for row in found {
+            rows.push((
+                seq_of(thread, row.get(0))?,
+                row.get(1),
+                row.get(2),
+                row.get(3),
+            ));
+        }
+    }
+    Ok(rows)
+}
+
+/// Stores `row`, a `request_started` row that gets `seq` in `thread`, by reference to what
+/// the thread holds before it: inside the append's transaction (which holds the thread's row
+/// lock), so that what it refers to is what a read will find.
+pub(super) async fn refer_request(
+    client: &impl GenericClient,
+    thread: &str,
+    seq: u64,
+    row: &mut Row,
+) -> Result<(), StoreError> {
+    let EventKind::RequestStarted(record) = &row.event else {
+        return Ok(());
+    };
+    let segments = super::chain(client, thread).await?;
+    let select = client
+        .prepare_cached(RECENT_REQUESTS)
+        .await
+        .doing("prepare the recent requests query")?;
+    let mut recent = Vec::new();
+    'segments: for (id, limit) in segments.iter().rev() {
+        let found = client
+            .query(
+                &select,
+                &[id, &limit.map_or(i64::MAX, db_seq), &Prior::RECENT],
+            )
+            .await
+            .doing("query recent requests")?;
+        for found in found {
+            let at = seq_of(thread, found.get(0))?;
+            let kind: &str = found.get(1);
+            match record::decode_row(thread, at, kind, found.get(2), found.get(3))? {
+                (_, Some(Unresolved::Request(stored))) => recent.push((at, *stored)),
+                _ => {
+                    return Err(StoreError::Corrupt {
+                        thread: thread.to_string(),
+                        seq: at,
+                        detail: format!("read as a request record but stored as `{kind}`"),
+                    });
+                }
+            }
+            if recent.len() as i64 >= Prior::RECENT {
+                break 'segments;
+            }
+        }
+    }
+    let mut prior = Prior::from_recent(recent);
+    for holder in prior.holders_needed() {
+        let rows = rows_in(client, thread, &segments, REFERRED_EVENTS, holder, holder).await?;
+        for (at, kind, body, tokens) in rows {
+            if let (_, Some(Unresolved::Request(stored))) =
+                record::decode_row(thread, at, &kind, &body, tokens.as_deref())?
+            {
+                prior.add_holder(at, *stored);
+            }
+        }
+    }
+    let mut referable = prior
+        .referable()
+        .map_err(|error| unserializable(thread, &error))?;
+    let from = prior.first_seq();
+    add_messages(
+        &mut referable,
+        client,
+        thread,
+        &segments,
+        from,
+        seq.saturating_sub(1),
+    )
+    .await?;
+    let (mut stored, missed) = referable
+        .refer(record)
+        .map_err(|error| unserializable(thread, &error))?;
+    if missed && from > 1 {
+        let mut before = Referable::default();
+        add_messages(&mut before, client, thread, &segments, 1, from - 1).await?;
+        referable.prepend(before);
+        stored = referable
+            .refer(record)
+            .map_err(|error| unserializable(thread, &error))?
+            .0;
+    }
+    record::store_request(thread, row, &stored)
+}
+
+fn unserializable(thread: &str, error: &serde_json::Error) -> StoreError {
+    StoreError::Corrupt {
+        thread: thread.to_string(),
+        seq: 0,
+        detail: format!("cannot serialize a message: {error}"),
+    }
+}
+
+/// Adds the message events of `thread` from `from` to `to` to `referable`.
+async fn add_messages(
+    referable: &mut Referable,
+    client: &impl GenericClient,
+    thread: &str,
+    segments: &[(String, Option<u64>)],
+    from: u64,
+    to: u64,
+) -> Result<(), StoreError> {
+    if from > to {
+        return Ok(());
+    }
+    for (at, kind, body, _) in rows_in(client, thread, segments, MESSAGE_EVENTS, from, to).await? {
+        referable.push(at, record::message_bodies(thread, at, &kind, &body)?);
+    }
+    Ok(())
+}
+
+/// The events of `rows` (decoded from a read of the events after `read_after`), every
+/// request record's references resolved, fetching what they refer to before the read.
+pub(super) async fn resolve(
+    client: &impl GenericClient,
+    thread: &str,
+    segments: &[(String, Option<u64>)],
+    rows: Vec<(Event, Option<Unresolved>)>,
+    read_after: u64,
+) -> Result<Vec<Event>, StoreError> {
+    let mut resolver = Resolver::new(rows);
+    for (from, to) in resolver.missing(read_after) {
+        let mut fetched = Vec::new();
+        for (at, kind, body, tokens) in
+            rows_in(client, thread, segments, REFERRED_EVENTS, from, to).await?
+        {
+            fetched.push(record::decode_row(
+                thread,
+                at,
+                &kind,
+                &body,
+                tokens.as_deref(),
+            )?);
+        }
+        resolver.add_fetched(fetched);
+    }
+    for (owner, seq) in resolver.replies_past_forks(segments) {
+        let own = [(owner.to_string(), None)];
+        for (at, kind, body, tokens) in
+            rows_in(client, thread, &own, REFERRED_EVENTS, seq, seq).await?
+        {
+            let (event, _) = record::decode_row(thread, at, &kind, &body, tokens.as_deref())?;
+            resolver.add_reply_past_fork(seq, &event);
+        }
+    }
+    resolver.resolve(thread)
+}

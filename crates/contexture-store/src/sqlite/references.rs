@@ -1,0 +1,214 @@
+//! Request records by reference in SQLite (see [`crate::request_refs`]): what an append
+//! reads to refer to, and what a read fetches to resolve references.
+
+use contexture_core::thread::{Event, EventKind};
+use rusqlite::{Connection, params};
+
+use crate::StoreError;
+use crate::error::Action;
+use crate::record::{self, Row, db_seq, seq_of};
+use crate::request_refs::{Prior, Referable, Resolver, StoredRequest, Unresolved};
+
+/// The newest request records of a segment, newest first: `?1` the segment's thread, `?2`
+/// its last seq to read, `?3` how many.
+const RECENT_REQUESTS: &str = "SELECT seq, kind, body, tokens FROM events
+     WHERE thread_id = ?1 AND seq <= ?2 AND kind = 'request_started'
+     ORDER BY seq DESC LIMIT ?3";
+
+/// The message events of a segment from `?3` to `?4`; `?1`, `?2` as for [`RECENT_REQUESTS`].
+const MESSAGE_EVENTS: &str = "SELECT seq, kind, body, tokens FROM events
+     WHERE thread_id = ?1 AND seq <= ?2 AND seq >= ?3 AND seq <= ?4
+       AND kind IN ('message_appended', 'step_message', 'context_replaced', 'merged')
+     ORDER BY seq";
+
+/// The events a request record may refer to (message events and request records), in a
+/// segment from `?3` to `?4`; parameters as for [`MESSAGE_EVENTS`].
+const REFERRED_EVENTS: &str = "SELECT seq, kind, body, tokens FROM events
+     WHERE thread_id = ?1 AND seq <= ?2 AND seq >= ?3 AND seq <= ?4
+       AND kind IN ('message_appended', 'step_message', 'context_replaced', 'merged',
+                    'request_started')
+     ORDER BY seq";
+
+/// A stored row: seq, kind, body, tokens.
+type StoredRow = (u64, String, String, Option<String>);
+
+/// The rows `select` (with a segment's thread, its limit and two more parameters) finds in
+/// `segments`, in seq order.
+fn rows_in(
+    tx: &Connection,
+    thread: &str,
+    segments: &[(String, Option<u64>)],
+    select: &str,
+    from: u64,
+    to: u64,
+) -> Result<Vec<StoredRow>, StoreError> {
+    let mut select = tx.prepare_cached(select).doing("prepare the event query")?;
+    let mut rows = Vec::new();
+    for (id, limit) in segments {
+        let mut found = select
+            .query(params![
+                id,
+                limit.map_or(i64::MAX, db_seq),
+                db_seq(from),
+                db_seq(to)
+            ])
+            .doing("query events")?;
+        while let Some(row) = found.next().doing("read an event")? {
+            rows.push((
+                seq_of(thread, row.get(0).doing("read a seq")?)?,
+                row.get(1).doing("read a kind")?,
+                row.get(2).doing("read a body")?,
+                row.get(3).doing("read token counts")?,
+            ));
+        }
+    }
+    Ok(rows)
+}
+
+/// Stores `row`, a `request_started` row that gets `seq` in `thread`, by reference to what
+/// the thread holds before it: inside the append's transaction, so that what it refers to
+/// is what a read will find.
+pub(super) fn refer_request(
+    tx: &Connection,
+    thread: &str,
+    seq: u64,
+    row: &mut Row,
+) -> Result<(), StoreError> {
+    let EventKind::RequestStarted(record) = &row.event else {
+        return Ok(());
+    };
+    let segments = super::chain(tx, thread)?;
+    let mut recent = Vec::new();
+    {
+        let mut select = tx
+            .prepare_cached(RECENT_REQUESTS)
+            .doing("prepare the recent requests query")?;
+        'segments: for (id, limit) in segments.iter().rev() {
+            let mut found = select
+                .query(params![id, limit.map_or(i64::MAX, db_seq), Prior::RECENT])
+                .doing("query recent requests")?;
+            while let Some(found) = found.next().doing("read a request")? {
+                let at = seq_of(thread, found.get(0).doing("read a seq")?)?;
+                let stored = decode_request(thread, at, found)?;
+                recent.push((at, stored));
+                if recent.len() as i64 >= Prior::RECENT {
+                    break 'segments;
+                }
+            }
+        }
+    }
+    let mut prior = Prior::from_recent(recent);
+    for holder in prior.holders_needed() {
+        let rows = rows_in(tx, thread, &segments, REFERRED_EVENTS, holder, holder)?;
+        for (at, kind, body, tokens) in rows {
+            if let (_, Some(Unresolved::Request(stored))) =
+                record::decode_row(thread, at, &kind, &body, tokens.as_deref())?
+            {
+                prior.add_holder(at, *stored);
+            }
+        }
+    }
+    let mut referable = prior
+        .referable()
+        .map_err(|error| unserializable(thread, &error))?;
+    let from = prior.first_seq();
+    add_messages(
+        &mut referable,
+        tx,
+        thread,
+        &segments,
+        from,
+        seq.saturating_sub(1),
+    )?;
+    let (mut stored, missed) = referable
+        .refer(record)
+        .map_err(|error| unserializable(thread, &error))?;
+    if missed && from > 1 {
+        let mut before = Referable::default();
+        add_messages(&mut before, tx, thread, &segments, 1, from - 1)?;
+        referable.prepend(before);
+        stored = referable
+            .refer(record)
+            .map_err(|error| unserializable(thread, &error))?
+            .0;
+    }
+    record::store_request(thread, row, &stored)
+}
+
+fn unserializable(thread: &str, error: &serde_json::Error) -> StoreError {
+    StoreError::Corrupt {
+        thread: thread.to_string(),
+        seq: 0,
+        detail: format!("cannot serialize a message: {error}"),
+    }
+}
+
+/// Decodes the request record in `row` (seq, kind, body, tokens).
+fn decode_request(
+    thread: &str,
+    seq: u64,
+    row: &rusqlite::Row<'_>,
+) -> Result<StoredRequest, StoreError> {
+    let kind: String = row.get(1).doing("read a kind")?;
+    let body: String = row.get(2).doing("read a body")?;
+    let tokens: Option<String> = row.get(3).doing("read token counts")?;
+    match record::decode_row(thread, seq, &kind, &body, tokens.as_deref())? {
+        (_, Some(Unresolved::Request(stored))) => Ok(*stored),
+        _ => Err(StoreError::Corrupt {
+            thread: thread.to_string(),
+            seq,
+            detail: format!("read as a request record but stored as `{kind}`"),
+        }),
+    }
+}
+
+/// Adds the message events of `thread` from `from` to `to` to `referable`.
+fn add_messages(
+    referable: &mut Referable,
+    tx: &Connection,
+    thread: &str,
+    segments: &[(String, Option<u64>)],
+    from: u64,
+    to: u64,
+) -> Result<(), StoreError> {
+    if from > to {
+        return Ok(());
+    }
+    for (at, kind, body, _) in rows_in(tx, thread, segments, MESSAGE_EVENTS, from, to)? {
+        referable.push(at, record::message_bodies(thread, at, &kind, &body)?);
+    }
+    Ok(())
+}
+
+/// The events of `rows` (decoded from a read of the events after `read_after`), every
+/// request record's references resolved, fetching what they refer to before the read.
+pub(super) fn resolve(
+    tx: &Connection,
+    thread: &str,
+    segments: &[(String, Option<u64>)],
+    rows: Vec<(Event, Option<Unresolved>)>,
+    read_after: u64,
+) -> Result<Vec<Event>, StoreError> {
+    let mut resolver = Resolver::new(rows);
+    for (from, to) in resolver.missing(read_after) {
+        let mut fetched = Vec::new();
+        for (at, kind, body, tokens) in rows_in(tx, thread, segments, REFERRED_EVENTS, from, to)? {
+            fetched.push(record::decode_row(
+                thread,
+                at,
+                &kind,
+                &body,
+                tokens.as_deref(),
+            )?);
+        }
+        resolver.add_fetched(fetched);
+    }
+    for (owner, seq) in resolver.replies_past_forks(segments) {
+        let own = [(owner.to_string(), None)];
+        for (at, kind, body, tokens) in rows_in(tx, thread, &own, REFERRED_EVENTS, seq, seq)? {
+            let (event, _) = record::decode_row(thread, at, &kind, &body, tokens.as_deref())?;
+            resolver.add_reply_past_fork(seq, &event);
+        }
+    }
+    resolver.resolve(thread)
+}

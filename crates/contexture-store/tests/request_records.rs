@@ -1,0 +1,562 @@
+//! Request records are stored by reference to the messages their thread holds, and read back
+//! exactly as they were appended: a property test over random threads (message events of
+//! every kind, duplicates, context replaces, merges, forks, requests that send windows of
+//! the history with messages left out, added, repeated and rendered, keyed or not, tools
+//! the same or changed), on SQLite and on PostgreSQL; and a test that a long conversation's
+//! records take bytes in proportion to its text, not to its square.
+
+mod common;
+
+use common::Harness;
+use contexture_core::thread::{
+    ContextReplace, EventKind, Merge, RecordedBudget, ReplaceReason, RequestEnd, RequestOutcome,
+    RequestRecord, StepMessage, Usage,
+};
+use contexture_core::{Message, ToolCall};
+use contexture_store::{NewEvent, Store};
+use proptest::prelude::*;
+use serde_json::json;
+
+/// Few texts, so that the same message often appears more than once.
+const TEXTS: [&str; 6] = [
+    "yes",
+    "no",
+    "tell me more",
+    "here is the answer",
+    "ok",
+    "why?",
+];
+
+fn message(role: u8, text: u8) -> Message {
+    let text = TEXTS[usize::from(text) % TEXTS.len()];
+    match role % 6 {
+        0 => Message::user(text),
+        1 => Message::assistant(text),
+        2 => Message::tool_result(format!("call-{text}"), text),
+        3 => Message::assistant_tool_calls(vec![ToolCall::new(
+            format!("call-{text}"),
+            "search",
+            json!({"q": text}).to_string(),
+        )]),
+        4 => Message::user(text).pinned(),
+        _ => Message::system(text),
+    }
+}
+
+fn tools(set: u8) -> Vec<serde_json::Value> {
+    match set % 3 {
+        0 => Vec::new(),
+        1 => vec![
+            json!({"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}),
+        ],
+        _ => vec![
+            json!({"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}),
+            json!({"type": "function", "function": {"name": "fetch", "parameters": {"type": "object", "properties": {"url": {"type": "string"}}}}}),
+        ],
+    }
+}
+
+/// One step of a random thread's life.
+#[derive(Debug, Clone)]
+enum Op {
+    /// A `message_appended` event.
+    Say(u8, u8),
+    /// A `step_message` event.
+    Step(u8, u8),
+    /// A context replace whose replacement repeats messages of the history and adds one.
+    Replace(Vec<u16>, u8),
+    /// A merge bringing messages back.
+    Merge(Vec<(u8, u8)>),
+    /// A request: a window of the history (start, length), positions in it left out,
+    /// messages put in (position, role, text), a rendered system prompt first, the
+    /// previous request's messages sent again, a tool set, and whether it has a key.
+    Request {
+        window: (u16, u16),
+        left_out: Vec<u16>,
+        put_in: Vec<(u16, u8, u8)>,
+        system: Option<u8>,
+        again: bool,
+        tools: u8,
+        keyed: bool,
+    },
+    /// The thread goes on as a fork of itself at a seq (a fraction of its length, in 256ths).
+    Fork(u8),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (any::<u8>(), any::<u8>()).prop_map(|(r, t)| Op::Say(r, t)),
+        2 => (any::<u8>(), any::<u8>()).prop_map(|(r, t)| Op::Step(r, t)),
+        1 => (prop::collection::vec(any::<u16>(), 0..4), any::<u8>()).prop_map(|(p, t)| Op::Replace(p, t)),
+        1 => prop::collection::vec((any::<u8>(), any::<u8>()), 0..3).prop_map(Op::Merge),
+        6 => (
+            (any::<u16>(), any::<u16>()),
+            prop::collection::vec(any::<u16>(), 0..3),
+            prop::collection::vec((any::<u16>(), any::<u8>(), any::<u8>()), 0..3),
+            prop::option::of(any::<u8>()),
+            any::<bool>(),
+            any::<u8>(),
+            any::<bool>(),
+        )
+            .prop_map(|(window, left_out, put_in, system, again, tools, keyed)| Op::Request {
+                window,
+                left_out,
+                put_in,
+                system,
+                again,
+                tools,
+                keyed,
+            }),
+        1 => any::<u8>().prop_map(Op::Fork),
+    ]
+}
+
+/// What a thread holds, as the test appended it.
+#[derive(Debug, Clone, Default)]
+struct Model {
+    /// Every event, in order (a fork's prefix included).
+    events: Vec<EventKind>,
+    /// The messages of its message events, in order.
+    history: Vec<Message>,
+    /// The last request's messages.
+    last_sent: Vec<Message>,
+    /// The keys of keyed requests, with their seqs.
+    keys: Vec<(String, u64)>,
+}
+
+fn at(items: usize, pick: u16) -> usize {
+    usize::from(pick) % items.max(1)
+}
+
+/// Runs `ops` on a thread `id` of `store` (forks named after it), then checks that every
+/// thread reads back as appended: whole, after seqs, and by key.
+async fn run(store: &impl Store, id: &str, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let mut thread = id.to_string();
+    let mut model = Model::default();
+    let mut threads: Vec<(String, Model)> = Vec::new();
+    let mut requests = 0u64;
+    for (n, op) in ops.into_iter().enumerate() {
+        let mut batch: Vec<NewEvent> = Vec::new();
+        match op {
+            Op::Say(role, text) => {
+                let message = message(role, text);
+                model.history.push(message.clone());
+                batch.push(NewEvent::new(EventKind::MessageAppended { message }));
+            }
+            Op::Step(role, text) => {
+                let message = message(role, text);
+                model.history.push(message.clone());
+                batch.push(NewEvent::new(EventKind::StepMessage(StepMessage {
+                    step: 1,
+                    message,
+                })));
+            }
+            Op::Replace(picks, text) => {
+                let mut replacement: Vec<Message> = picks
+                    .iter()
+                    .filter(|_| !model.history.is_empty())
+                    .map(|p| model.history[at(model.history.len(), *p)].clone())
+                    .collect();
+                replacement.push(Message::assistant(format!(
+                    "summary {n}: {}",
+                    TEXTS[usize::from(text) % 6]
+                )));
+                model.history.extend(replacement.iter().cloned());
+                let based_on = model.events.len() as u64;
+                batch.push(NewEvent::new(EventKind::ContextReplaced(
+                    ContextReplace::new(
+                        format!("op-{n}"),
+                        ReplaceReason::Manual,
+                        based_on,
+                        replacement,
+                    ),
+                )));
+            }
+            Op::Merge(items) => {
+                let messages: Vec<Message> = items.iter().map(|(r, t)| message(*r, *t)).collect();
+                model.history.extend(messages.iter().cloned());
+                batch.push(NewEvent::new(EventKind::Merged(Merge {
+                    child: format!("{id}-child-{n}"),
+                    child_seq: 3,
+                    policy: Default::default(),
+                    conflict: Default::default(),
+                    messages,
+                    store_changes: Vec::new(),
+                    usage: Usage::default(),
+                })));
+            }
+            Op::Request {
+                window,
+                left_out,
+                put_in,
+                system,
+                again,
+                tools: set,
+                keyed,
+            } => {
+                let len = model.history.len();
+                let start = at(len + 1, window.0).min(len);
+                let end = (start + usize::from(window.1) % (len - start + 1)).min(len);
+                let mut sent: Vec<Message> = model.history[start..end].to_vec();
+                for pick in left_out {
+                    if !sent.is_empty() {
+                        sent.remove(at(sent.len(), pick));
+                    }
+                }
+                for (position, role, text) in put_in {
+                    let position = at(sent.len() + 1, position);
+                    sent.insert(position, message(role, text));
+                }
+                if again {
+                    sent.splice(0..0, model.last_sent.iter().cloned());
+                }
+                if let Some(text) = system {
+                    sent.insert(0, Message::system(format!("rendered {}", text % 4)));
+                }
+                model.last_sent = sent.clone();
+                requests += 1;
+                let request_id = format!("r{requests}");
+                // Fields that change from request to request, and fields that come and go.
+                let record = RequestRecord {
+                    request_id: request_id.clone(),
+                    model: (set % 4 != 3)
+                        .then(|| ["gpt-4o", "gpt-4o-mini"][usize::from(set % 2)].into()),
+                    messages: sent,
+                    budget: (set % 7 != 6).then_some(RecordedBudget {
+                        context_window: 128_000,
+                        max_output_tokens: 4_096,
+                        input_tokens: u32::from(set) * 10 + n as u32,
+                    }),
+                    tools: tools(set),
+                    purpose: Some("chat".into()),
+                    ..RequestRecord::default()
+                };
+                let started = NewEvent::new(EventKind::RequestStarted(record));
+                batch.push(if keyed {
+                    let key = format!("key-{n}");
+                    model
+                        .keys
+                        .push((key.clone(), model.events.len() as u64 + 1));
+                    started.with_key(key)
+                } else {
+                    started
+                });
+                // The reply goes into the thread (or a step's log) in the same append, as the
+                // engine does, and is then stored once; or a different message follows.
+                let reply = Message::assistant(format!("reply {requests}"));
+                let ended = NewEvent::new(EventKind::RequestEnded(RequestEnd {
+                    reply: Some(reply.clone()),
+                    ..RequestEnd::new(request_id, RequestOutcome::Completed, Usage::new(3, 4))
+                }));
+                batch.push(if keyed {
+                    let key = format!("end-{n}");
+                    model
+                        .keys
+                        .push((key.clone(), model.events.len() as u64 + 2));
+                    ended.with_key(key)
+                } else {
+                    ended
+                });
+                let next = if set % 5 == 4 {
+                    Message::assistant("something else")
+                } else {
+                    reply
+                };
+                model.history.push(next.clone());
+                batch.push(NewEvent::new(if again {
+                    EventKind::StepMessage(StepMessage {
+                        step: 2,
+                        message: next,
+                    })
+                } else {
+                    EventKind::MessageAppended { message: next }
+                }));
+            }
+            Op::Fork(fraction) => {
+                if model.events.is_empty() {
+                    continue;
+                }
+                let at_seq = 1 + ((model.events.len() as u64 - 1) * u64::from(fraction)) / 256;
+                let child = format!("{id}-fork-{n}");
+                store.fork(&thread, at_seq, &child).await.map_err(fail)?;
+                let mut forked = Model {
+                    events: model.events[..at_seq as usize].to_vec(),
+                    ..Model::default()
+                };
+                forked.events.push(EventKind::Forked {
+                    parent: thread.clone(),
+                    at_seq,
+                });
+                forked.history = forked
+                    .events
+                    .iter()
+                    .filter(|e| {
+                        matches!(
+                            e,
+                            EventKind::MessageAppended { .. }
+                                | EventKind::StepMessage(_)
+                                | EventKind::ContextReplaced(_)
+                                | EventKind::Merged(_)
+                        )
+                    })
+                    .flat_map(|e| e.messages().into_iter().cloned())
+                    .collect();
+                threads.push((thread, std::mem::replace(&mut model, forked)));
+                thread = child;
+                continue;
+            }
+        }
+        model.events.extend(batch.iter().map(|e| e.kind.clone()));
+        store.append(&thread, batch).await.map_err(fail)?;
+    }
+    threads.push((thread, model));
+    for (thread, model) in &threads {
+        if model.events.is_empty() {
+            continue;
+        }
+        let read: Vec<EventKind> = store
+            .events(thread)
+            .await
+            .map_err(fail)?
+            .into_iter()
+            .map(|e| e.kind)
+            .collect();
+        prop_assert_eq!(&read, &model.events, "thread {}", thread);
+        for after in [
+            1,
+            model.events.len() / 2,
+            model.events.len().saturating_sub(2),
+        ] {
+            let tail: Vec<EventKind> = store
+                .events_after(thread, after as u64)
+                .await
+                .map_err(fail)?
+                .into_iter()
+                .map(|e| e.kind)
+                .collect();
+            prop_assert_eq!(&tail[..], &model.events[after.min(model.events.len())..]);
+        }
+        // A fork shares its parent's events, not their keys: each thread finds its own.
+        for (key, seq) in &model.keys {
+            let keyed = store.keyed_event(thread, key).await.map_err(fail)?;
+            let keyed = keyed.ok_or_else(|| TestCaseError::fail(format!("{key} not found")))?;
+            prop_assert_eq!(keyed.event.seq, *seq);
+            prop_assert_eq!(&keyed.event.kind, &model.events[*seq as usize - 1]);
+        }
+    }
+    Ok(())
+}
+
+fn fail(error: contexture_store::StoreError) -> TestCaseError {
+    TestCaseError::fail(error.to_string())
+}
+
+fn check_random_threads(store: &impl Store, runtime: &tokio::runtime::Runtime, cases: u32) {
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases,
+        ..ProptestConfig::default()
+    });
+    let case = std::sync::atomic::AtomicU64::new(0);
+    runner
+        .run(&prop::collection::vec(op(), 1..40), |ops| {
+            let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            runtime.block_on(run(store, &format!("case-{n}"), ops))
+        })
+        .unwrap();
+}
+
+#[test]
+fn sqlite_reads_request_records_back_as_appended() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let harness = runtime.block_on(common::Sqlite::new());
+    check_random_threads(harness.store(), &runtime, 64);
+}
+
+#[test]
+fn postgres_reads_request_records_back_as_appended() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let Some(harness) = runtime.block_on(common::Pg::new()) else {
+        return;
+    };
+    check_random_threads(harness.store(), &runtime, 32);
+    runtime.block_on(harness.cleanup());
+}
+
+/// A text of `len` bytes that differs from turn to turn.
+fn prose(turn: usize, len: usize) -> String {
+    let words = [
+        "context", "window", "thread", "model", "request", "message", "store", "fit",
+    ];
+    let mut text = format!("turn {turn}:");
+    let mut i = turn;
+    while text.len() < len {
+        text.push(' ');
+        text.push_str(words[i % words.len()]);
+        i = i.wrapping_mul(31).wrapping_add(7);
+    }
+    text
+}
+
+/// A message's length in a conversation: between 40 and 1,000 bytes, most of them short.
+fn length(turn: usize) -> usize {
+    40 + (turn * 7919) % 960 * ((turn % 3) + 1) / 3
+}
+
+/// (bytes, message bytes) of `thread`, as the store reports them.
+async fn sizes(store: &impl Store, thread: &str) -> (u64, u64) {
+    let info = store
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|info| info.id == thread)
+        .expect("the thread is listed");
+    (info.bytes, info.message_bytes)
+}
+
+/// A chat of 1,000 messages whose every request sends the whole conversation (a window large
+/// enough for all of it), and an agent's 200 calls each sending a rendered system prompt,
+/// the task, every tool call and result so far, and the same tools: each stores at most 3
+/// bytes of events per byte of its messages.
+async fn long_threads_store_requests_in_proportion_to_their_text(h: &impl Harness) {
+    let s = h.store();
+    let system = Message::system("You are a helpful assistant. Answer briefly and cite sources.");
+    s.append_one(
+        "chat",
+        NewEvent::new(EventKind::MessageAppended {
+            message: system.clone(),
+        }),
+    )
+    .await
+    .unwrap();
+    let mut history = vec![system];
+    for turn in 0..500 {
+        let question = Message::user(prose(turn, length(turn)));
+        history.push(question.clone());
+        let id = format!("r{turn}");
+        let record = RequestRecord {
+            request_id: id.clone(),
+            model: Some("gpt-4o".into()),
+            messages: history.clone(),
+            purpose: Some("chat".into()),
+            ..RequestRecord::default()
+        };
+        let answer = Message::assistant(prose(turn + 1, length(turn + 1)));
+        s.append(
+            "chat",
+            vec![
+                NewEvent::new(EventKind::MessageAppended { message: question }),
+                NewEvent::new(EventKind::RequestStarted(record)),
+            ],
+        )
+        .await
+        .unwrap();
+        s.append(
+            "chat",
+            vec![
+                NewEvent::new(EventKind::RequestEnded(RequestEnd {
+                    reply: Some(answer.clone()),
+                    ..RequestEnd::new(id, RequestOutcome::Completed, Usage::new(10, 10))
+                })),
+                NewEvent::new(EventKind::MessageAppended {
+                    message: answer.clone(),
+                }),
+            ],
+        )
+        .await
+        .unwrap();
+        history.push(answer);
+    }
+    let tools = tools(2);
+    let rendered = Message::system(format!("You are an agent. {}", prose(0, 2_000)));
+    let task = Message::user("Find the three largest files and summarize them.");
+    s.append_one(
+        "agent",
+        NewEvent::new(EventKind::StepMessage(StepMessage {
+            step: 1,
+            message: task.clone(),
+        })),
+    )
+    .await
+    .unwrap();
+    let mut sent = vec![rendered, task];
+    for call in 0..200 {
+        let id = format!("a{call}");
+        let record = RequestRecord {
+            request_id: id.clone(),
+            model: Some("gpt-4o".into()),
+            messages: sent.clone(),
+            step: Some(1),
+            tools: tools.clone(),
+            ..RequestRecord::default()
+        };
+        let call_id = format!("call-{call}");
+        let asked = Message::assistant_tool_calls(vec![ToolCall::new(
+            call_id.clone(),
+            "fetch",
+            json!({"url": format!("file:///data/{call}")}).to_string(),
+        )]);
+        let result = Message::tool_result(call_id, prose(call, length(call)));
+        let step = |message: Message| {
+            NewEvent::new(EventKind::StepMessage(StepMessage { step: 1, message }))
+        };
+        s.append(
+            "agent",
+            vec![
+                NewEvent::new(EventKind::RequestStarted(record)),
+                NewEvent::new(EventKind::RequestEnded(RequestEnd {
+                    reply: Some(asked.clone()),
+                    ..RequestEnd::new(id, RequestOutcome::Completed, Usage::new(10, 10))
+                })),
+                step(asked.clone()),
+                step(result.clone()),
+            ],
+        )
+        .await
+        .unwrap();
+        sent.extend([asked, result]);
+    }
+    for (thread, last) in [
+        ("chat", history),
+        ("agent", sent[..sent.len() - 2].to_vec()),
+    ] {
+        let events = s.events(thread).await.unwrap();
+        let Some(EventKind::RequestStarted(record)) = events
+            .iter()
+            .rev()
+            .map(|e| &e.kind)
+            .find(|kind| matches!(kind, EventKind::RequestStarted(_)))
+        else {
+            panic!("{thread} has no request");
+        };
+        let expected = if thread == "chat" {
+            &last[..last.len() - 1]
+        } else {
+            &last[..]
+        };
+        assert_eq!(
+            record.messages, expected,
+            "{thread}'s last request reads back as sent"
+        );
+        let (bytes, message_bytes) = sizes(s, thread).await;
+        let ratio = bytes as f64 / message_bytes as f64;
+        eprintln!(
+            "{thread}: {bytes} bytes of events for {message_bytes} of messages ({ratio:.2}x)"
+        );
+        assert!(ratio <= 3.0, "{thread}: {ratio:.2}x");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_long_threads_store_requests_in_proportion_to_their_text() {
+    long_threads_store_requests_in_proportion_to_their_text(&common::Sqlite::new().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_long_threads_store_requests_in_proportion_to_their_text() {
+    let Some(harness) = common::Pg::new().await else {
+        return;
+    };
+    long_threads_store_requests_in_proportion_to_their_text(&harness).await;
+    harness.cleanup().await;
+}
