@@ -51,6 +51,9 @@ pub(crate) fn encode(thread: &str, event: NewEvent) -> Result<Row, StoreError> {
     }
     let body = match &event.kind {
         EventKind::MessageAppended { message } => serde_json::to_string(message),
+        // Written by [`store_request`] inside the append, once the store has found what the
+        // record refers to; until then it has no body.
+        EventKind::RequestStarted(_) => Ok(String::new()),
         other => serde_json::to_string(other),
     }
     .map_err(|error| StoreError::Corrupt {
@@ -81,7 +84,12 @@ pub(crate) fn encode(thread: &str, event: NewEvent) -> Result<Row, StoreError> {
         message_bytes,
         kind: event.kind.type_name(),
         body,
-        tokens: count(&event.kind),
+        // A request record's inline messages are counted once the store has found which
+        // messages it refers to instead ([`store_request`]).
+        tokens: match &event.kind {
+            EventKind::RequestStarted(_) => None,
+            kind => count(kind),
+        },
         key: event.idempotency_key,
         event: event.kind,
     })
@@ -161,6 +169,13 @@ impl ThreadLimits {
         row: &Row,
     ) -> Result<(), StoreError> {
         check_room(thread, seq, self.max_events)?;
+        if row.body.is_empty() {
+            return Err(StoreError::Corrupt {
+                thread: thread.to_string(),
+                seq,
+                detail: format!("a `{}` event reached the insert without a body", row.kind),
+            });
+        }
         *bytes += body_bytes(&row.body);
         check_bytes(thread, *bytes, self.max_bytes)?;
         row.event
@@ -507,7 +522,10 @@ mod tests {
             EventKind::MessageAppended { message },
             EventKind::RequestStarted(record),
         ] {
-            let row = encode("t", NewEvent::new(kind.clone())).unwrap();
+            let mut row = encode("t", NewEvent::new(kind.clone())).unwrap();
+            if let EventKind::RequestStarted(record) = &kind {
+                store_request("t", &mut row, &StoredRequest::whole(record.clone())).unwrap();
+            }
             let event = decode("t", 1, row.kind, &row.body, row.tokens.as_deref()).unwrap();
             assert_eq!(event.kind, kind);
         }

@@ -494,10 +494,9 @@ impl Referable {
         &self,
         record: &RequestRecord,
     ) -> Result<(StoredRequest, bool), serde_json::Error> {
-        let mut positions: HashMap<&str, Vec<usize>> = HashMap::new();
-        for (position, (_, body)) in self.messages.iter().enumerate() {
-            positions.entry(body.as_str()).or_default().push(position);
-        }
+        // Built when a message does not go on from the last one referred to: a request
+        // that sends a stretch of the thread in order never needs it.
+        let mut positions: Option<HashMap<&str, Vec<usize>>> = None;
         let earlier: HashMap<&str, Address> = self
             .earlier
             .iter()
@@ -510,16 +509,22 @@ impl Referable {
         for message in &record.messages {
             let body = serde_json::to_string(message)?;
             let next = cursor.map_or(0, |at| at + 1);
-            if let Some(Sent::Run(_, to)) = sent.last_mut()
-                && self
-                    .messages
-                    .get(next)
-                    .is_some_and(|(_, held)| *held == body)
-            {
-                *to = self.messages[next].0;
+            if self.messages.get(next).is_some_and(|(_, held)| *held == body) {
+                let at = self.messages[next].0;
+                match sent.last_mut() {
+                    Some(Sent::Run(_, to)) if cursor.is_some() => *to = at,
+                    _ => sent.push(Sent::Run(at, at)),
+                }
                 cursor = Some(next);
                 continue;
             }
+            let positions = positions.get_or_insert_with(|| {
+                let mut positions: HashMap<&str, Vec<usize>> = HashMap::new();
+                for (position, (_, body)) in self.messages.iter().enumerate() {
+                    positions.entry(body.as_str()).or_default().push(position);
+                }
+                positions
+            });
             if let Some(found) = positions.get(body.as_str()) {
                 // The first copy after the last message referred to, else the newest copy:
                 // the one most likely to go on into a run.
