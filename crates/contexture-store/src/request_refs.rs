@@ -509,7 +509,11 @@ impl Referable {
         for message in &record.messages {
             let body = serde_json::to_string(message)?;
             let next = cursor.map_or(0, |at| at + 1);
-            if self.messages.get(next).is_some_and(|(_, held)| *held == body) {
+            if self
+                .messages
+                .get(next)
+                .is_some_and(|(_, held)| *held == body)
+            {
                 let at = self.messages[next].0;
                 match sent.last_mut() {
                     Some(Sent::Run(_, to)) if cursor.is_some() => *to = at,
