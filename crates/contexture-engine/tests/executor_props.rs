@@ -1,17 +1,51 @@
 //! Property: whatever the workflow's flags, answer sizes and tool rounds, every request the
 //! executor sends passes the provider-rule validator for its model's rules and fits its
-//! limit, and the log replays to the state the run ended with. Cases: `PROPTEST_CASES`
-//! (default 24; each case is a whole run on SQLite).
+//! limit, is recorded exactly as the provider received it (a hook cuts long tool results in
+//! some calls' views; the history is compacted when it grows), and the log replays to the
+//! state the run ended with. Cases: `PROPTEST_CASES` (default 24; each case is a whole run,
+//! on SQLite, and on PostgreSQL for every third case).
 
 mod common;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::{events, executor, requests, script, sqlite, start};
+use contexture_core::Message;
 use contexture_core::fit::{Rules, validate};
 use contexture_core::registry::Registry;
-use contexture_store::Store;
+use contexture_core::thread::EventKind;
+use contexture_engine::hooks::{BeforeCall, CallInfo, Hook};
+use contexture_store::{Store, testing};
 use proptest::prelude::*;
+
+/// Cuts the tool results of every other call's view to their first 8 characters: what the
+/// provider gets is not what the thread holds, and the record must say what it got.
+struct CutResults;
+
+impl Hook for CutResults {
+    fn name(&self) -> &str {
+        "cut-results"
+    }
+
+    fn before_llm_call(&self, call: &CallInfo, messages: &[Message]) -> BeforeCall {
+        if call.round % 2 == 0 || !messages.iter().any(|m| m.tool_call_id.is_some()) {
+            return BeforeCall::Continue;
+        }
+        let view = messages
+            .iter()
+            .map(|message| {
+                let mut message = message.clone();
+                if message.tool_call_id.is_some() {
+                    let text: String = message.text().chars().take(8).collect();
+                    message.set_text(format!("{text} [cut]"));
+                }
+                message
+            })
+            .collect();
+        BeforeCall::View(view)
+    }
+}
 
 #[derive(Debug, Clone)]
 struct StepPlan {
@@ -67,7 +101,8 @@ encoding = "o200k_base"
 /// The workflow and the script of replies for a plan.
 fn build(plan: &[StepPlan], model: &str) -> (String, String) {
     let mut workflow = format!(
-        "assistants: [{{id: a, model: {model}, system_prompt: You are terse., tools: [lookup]}}]\n\
+        "assistants: [{{id: a, model: {model}, system_prompt: You are terse., tools: [lookup], \
+         compaction: {{trigger: {{messages: 9}}, keep: {{messages: 3}}}}}}]\n\
          tools: [{{id: lookup, description: Look up., response: 'value {{{{ arguments.q }}}}'}}]\nstates:\n"
     );
     let mut replies = String::from("replies:\n");
@@ -100,6 +135,60 @@ fn build(plan: &[StepPlan], model: &str) -> (String, String) {
     (workflow, replies)
 }
 
+static CASE: AtomicUsize = AtomicUsize::new(0);
+
+/// Runs `workflow` on `store` with the provider answering `replies`, and checks the property.
+async fn check_run<S: Store + Clone>(
+    store: S,
+    workflow: &str,
+    replies: &str,
+    rules: Rules,
+) -> Result<(), TestCaseError> {
+    let provider = script(replies);
+    let exec = executor(store.clone(), provider.clone())
+        .with_registry(registry())
+        .with_hook(Arc::new(CutResults));
+    let out = start(&exec, workflow, r#"{"topic": "start"}"#)
+        .await
+        .unwrap();
+    let log = events(&store, "run-1").await;
+    let recorded = requests(&log);
+    let received = provider.requests();
+    // The summarizer's calls are recorded too, in the order they were made.
+    prop_assert_eq!(recorded.len(), received.len());
+    for (n, request) in recorded.iter().enumerate() {
+        prop_assert_eq!(&request.messages, &received[n].messages, "request {}", n);
+        if request.purpose.as_deref() == Some("compaction") {
+            continue;
+        }
+        prop_assert_eq!(validate(&request.messages, rules), vec![], "request {}", n);
+        let breakdown = request.breakdown.as_ref().unwrap();
+        prop_assert!(
+            breakdown.fits(),
+            "request {} uses {} of {}",
+            n,
+            breakdown.used,
+            breakdown.limits.limit
+        );
+    }
+    if log
+        .iter()
+        .any(|e| matches!(e.kind, EventKind::ContextReplaced(_)))
+    {
+        COMPACTED.fetch_add(1, Ordering::Relaxed);
+    }
+    let cut = recorded
+        .iter()
+        .flat_map(|request| &request.messages)
+        .filter(|message| message.text().ends_with("[cut]"))
+        .count();
+    CUT.fetch_add(cut, Ordering::Relaxed);
+    // The log replays to what the run ended with.
+    let thread = store.load("run-1").await.unwrap();
+    prop_assert_eq!(thread.store(), out.context.as_map());
+    Ok(())
+}
+
 fn cases() -> u32 {
     std::env::var("PROPTEST_CASES")
         .ok()
@@ -107,39 +196,52 @@ fn cases() -> u32 {
         .unwrap_or(24)
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(cases()))]
+/// Over all cases: runs on PostgreSQL, runs whose history was compacted, and calls whose
+/// view the hook cut, so that the property is known to have covered them.
+static ON_POSTGRES: AtomicUsize = AtomicUsize::new(0);
+static COMPACTED: AtomicUsize = AtomicUsize::new(0);
+static CUT: AtomicUsize = AtomicUsize::new(0);
 
-    #[test]
-    fn every_request_validates_and_fits(
-        plan in proptest::collection::vec(step_plan(), 1..8),
-        anthropic in any::<bool>(),
-    ) {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        runtime.block_on(async {
-            let (model, rules) = if anthropic {
-                ("claude-tiny", Rules::Anthropic)
-            } else {
-                ("gpt-tiny", Rules::OpenAi)
-            };
-            let (workflow, replies) = build(&plan, model);
-            let (_dir, store) = sqlite().await;
-            let provider = script(&replies);
-            let exec = executor(store.clone(), provider.clone()).with_registry(registry());
-            let out = start(&exec, &workflow, r#"{"topic": "start"}"#).await.unwrap();
-            let log = events(&store, "run-1").await;
-            let recorded = requests(&log);
-            prop_assert_eq!(recorded.len(), provider.requests().len());
-            for (n, request) in recorded.iter().enumerate() {
-                prop_assert_eq!(validate(&request.messages, rules), vec![], "request {}", n);
-                let breakdown = request.breakdown.as_ref().unwrap();
-                prop_assert!(breakdown.fits(), "request {} uses {} of {}", n, breakdown.used, breakdown.limits.limit);
-                prop_assert_eq!(&request.messages, &provider.requests()[n].messages);
-            }
-            // The log replays to what the run ended with.
-            let thread = store.load("run-1").await.unwrap();
-            prop_assert_eq!(thread.store(), out.context.as_map());
-            Ok(())
-        })?;
+#[test]
+fn every_request_validates_and_fits() {
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(cases()));
+    let strategy = (proptest::collection::vec(step_plan(), 1..8), any::<bool>());
+    runner
+        .run(&strategy, |(plan, anthropic)| {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let (model, rules) = if anthropic {
+                    ("claude-tiny", Rules::Anthropic)
+                } else {
+                    ("gpt-tiny", Rules::OpenAi)
+                };
+                let (workflow, replies) = build(&plan, model);
+                let case = CASE.fetch_add(1, Ordering::Relaxed);
+                if case % 3 == 2
+                    && let Some((store, _)) = testing::pg_store("ctx_props").await
+                {
+                    ON_POSTGRES.fetch_add(1, Ordering::Relaxed);
+                    let result = check_run(store.clone(), &workflow, &replies, rules).await;
+                    store.drop_schema().await.unwrap();
+                    return result;
+                }
+                let (_dir, store) = sqlite().await;
+                check_run(store, &workflow, &replies, rules).await
+            })
+        })
+        .unwrap();
+    for (what, counter) in [
+        ("a run on PostgreSQL", &ON_POSTGRES),
+        ("a compacted history", &COMPACTED),
+        ("a view the hook cut", &CUT),
+    ] {
+        assert!(
+            counter.load(Ordering::Relaxed) > 0
+                || (what == "a run on PostgreSQL" && !testing::in_ci()),
+            "no case had {what}: the property did not cover it"
+        );
     }
 }
