@@ -29,7 +29,7 @@ impl Hook for CutResults {
     }
 
     fn before_llm_call(&self, call: &CallInfo, messages: &[Message]) -> BeforeCall {
-        if call.round % 2 == 0 || !messages.iter().any(|m| m.tool_call_id.is_some()) {
+        if call.round.is_multiple_of(2) || !messages.iter().any(|m| m.tool_call_id.is_some()) {
             return BeforeCall::Continue;
         }
         let view = messages
