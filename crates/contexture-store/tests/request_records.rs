@@ -560,3 +560,157 @@ async fn postgres_long_threads_store_requests_in_proportion_to_their_text() {
     long_threads_store_requests_in_proportion_to_their_text(&harness).await;
     harness.cleanup().await;
 }
+
+/// The token counts an older build stored for `messages` (see `src/record.rs`).
+fn old_counts(messages: &[&Message]) -> String {
+    messages
+        .iter()
+        .map(|message| {
+            contexture_core::tokens::Encoding::ALL
+                .iter()
+                .map(|encoding| {
+                    format!(
+                        "{}={}",
+                        encoding.name(),
+                        contexture_core::tokens::message_tokens(message, *encoding)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+/// A database an older build wrote (its last schema before request records by reference),
+/// holding a conversation whose request records copy their messages, is migrated on open:
+/// every event reads back as it was, its message bytes are counted again, and a new turn's
+/// record refers to the old messages instead of copying them.
+async fn old_request_records_read_back_after_the_migration<H: Harness>(h: &H) {
+    let turn = |n: usize| Message::user(format!("old question {n}: {}", prose(n, 300)));
+    let answer = |n: usize| Message::assistant(format!("old answer {n}: {}", prose(n + 7, 300)));
+    let mut history = vec![Message::system("Be brief.")];
+    let mut events: Vec<EventKind> = vec![EventKind::MessageAppended {
+        message: history[0].clone(),
+    }];
+    for n in 0..2 {
+        history.push(turn(n));
+        events.push(EventKind::MessageAppended { message: turn(n) });
+        events.push(EventKind::RequestStarted(RequestRecord {
+            request_id: format!("old-{n}"),
+            model: Some("gpt-4o-mini".into()),
+            messages: history.clone(),
+            ..RequestRecord::default()
+        }));
+        events.push(EventKind::RequestEnded(RequestEnd {
+            reply: Some(answer(n)),
+            ..RequestEnd::new(
+                format!("old-{n}"),
+                RequestOutcome::Completed,
+                Usage::new(9, 9),
+            )
+        }));
+        history.push(answer(n));
+        events.push(EventKind::MessageAppended { message: answer(n) });
+    }
+    // The rows as the older build wrote them: a message event's body is the message, any
+    // other event's the whole event, records with every message they sent.
+    let mut rows = Vec::new();
+    let mut bytes = 0;
+    for (i, event) in events.iter().enumerate() {
+        let (body, ordinary) = match event {
+            EventKind::MessageAppended { message } => (
+                serde_json::to_string(message).unwrap(),
+                if message.role.is_system_like() {
+                    "NULL"
+                } else {
+                    "1"
+                },
+            ),
+            other => (serde_json::to_string(other).unwrap(), "NULL"),
+        };
+        let messages = event.messages();
+        let tokens = if messages.is_empty() {
+            "NULL".to_string()
+        } else {
+            format!("'{}'", old_counts(&messages))
+        };
+        bytes += body.len();
+        rows.push(format!(
+            "('old', {}, '{}', '{body}', {tokens}, NULL, 0, {ordinary})",
+            i + 1,
+            event.type_name()
+        ));
+    }
+    h.execute_raw(&format!(
+        "INSERT INTO threads (id, parent_id, fork_seq, last_seq, created_at, updated_at, bytes, message_bytes)
+             VALUES ('old', NULL, NULL, {}, 0, 0, {bytes}, 0);
+         INSERT INTO events (thread_id, seq, kind, body, tokens, idempotency_key, created_at, ordinary_message)
+             VALUES {};",
+        events.len(),
+        rows.join(",\n")
+    ))
+    .await;
+
+    let new = h.reopen().await;
+    let read: Vec<EventKind> = new
+        .events("old")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(read, events, "every old event reads back as it was written");
+    let text: u64 = history
+        .iter()
+        .map(|m| serde_json::to_string(m).unwrap().len() as u64)
+        .sum();
+    let (before, message_bytes) = sizes(&new, "old").await;
+    assert_eq!(message_bytes, text, "the message bytes are counted again");
+
+    // A new turn's record sends the whole conversation: it refers to the old messages.
+    let question = turn(2);
+    history.push(question.clone());
+    let record = RequestRecord {
+        request_id: "new-2".into(),
+        model: Some("gpt-4o-mini".into()),
+        messages: history.clone(),
+        ..RequestRecord::default()
+    };
+    new.append(
+        "old",
+        vec![
+            NewEvent::new(EventKind::MessageAppended {
+                message: question.clone(),
+            }),
+            NewEvent::new(EventKind::RequestStarted(record.clone())),
+        ],
+    )
+    .await
+    .unwrap();
+    let last = new.events("old").await.unwrap().pop().unwrap();
+    assert_eq!(last.kind, EventKind::RequestStarted(record));
+    let (after, _) = sizes(&new, "old").await;
+    let question_bytes = serde_json::to_string(&question).unwrap().len() as u64;
+    assert!(
+        after - before < question_bytes + 400,
+        "the new record holds references, not {text} bytes of copies: it took {}",
+        after - before - question_bytes
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_old_request_records_read_back_after_the_migration() {
+    // Version 6: the last before request records by reference.
+    old_request_records_read_back_after_the_migration(&common::Sqlite::at_version(6)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_old_request_records_read_back_after_the_migration() {
+    // Version 5: the last before request records by reference.
+    let Some(harness) = common::Pg::at_version(5).await else {
+        return;
+    };
+    old_request_records_read_back_after_the_migration(&harness).await;
+    harness.cleanup().await;
+}

@@ -50,6 +50,15 @@ impl Sqlite {
         Sqlite { dir, store }
     }
 
+    /// A fresh file created by the migrations up to `version` only, as an older build left
+    /// it.
+    pub fn at_version(version: u32) -> Sqlite {
+        let dir = TempDir::new("contexture-store-test");
+        let store = testing::open_sqlite_at_version(&dir.join("threads.db"), version)
+            .expect("open sqlite at an older version");
+        Sqlite { dir, store }
+    }
+
     /// A fresh file created by the migrations before the API keys' only, as an older build
     /// left it.
     pub async fn before_api_keys() -> Sqlite {
@@ -109,6 +118,13 @@ impl Pg {
     /// `None` (after a loud message) when PostgreSQL is unreachable outside CI; panics in CI.
     pub async fn new() -> Option<Pg> {
         let (store, schema) = testing::pg_store("ctx_test").await?;
+        Some(Pg { schema, store })
+    }
+
+    /// A fresh schema created by the migrations up to `version` only, as an older build left
+    /// it; `None` as for [`Pg::new`].
+    pub async fn at_version(version: u32) -> Option<Pg> {
+        let (store, schema) = testing::pg_store_at_version("ctx_test", version).await?;
         Some(Pg { schema, store })
     }
 
