@@ -14,6 +14,7 @@
 #   PG_URL=postgres://postgres@127.0.0.1:5432/test  PG_SCHEMA=contexture_bench (dropped and
 #   recreated: every run starts from empty tables)
 #   BIN=target/release/contexture  SKIP_BUILD=1 (use BIN as it is)
+#   KEEP_DB=1 with SQLITE_DIR: go on with the SQLite file an earlier run left (a grown file)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -145,7 +146,9 @@ run_store() { # NAME DB_URL
 for store in $STORES; do
     case "$store" in
     sqlite)
-        rm -f "$SQLITE_DIR/bench.db" "$SQLITE_DIR/bench.db-wal" "$SQLITE_DIR/bench.db-shm"
+        if [[ -z "${KEEP_DB:-}" ]]; then
+            rm -f "$SQLITE_DIR/bench.db" "$SQLITE_DIR/bench.db-wal" "$SQLITE_DIR/bench.db-shm"
+        fi
         run_store sqlite "sqlite:$SQLITE_DIR/bench.db"
         ;;
     postgres)

@@ -8,6 +8,7 @@
 //! `(thread_id, seq)` as a backstop. Reads run on tokio's blocking pool.
 
 mod api_keys;
+mod checkpointer;
 mod projection_cache;
 mod references;
 mod writer;
@@ -20,6 +21,7 @@ use contexture_core::thread::{Event, Projection};
 use contexture_core::tokens::Encoding;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
+use self::checkpointer::Checkpointer;
 use self::projection_cache::ProjectionCache;
 use self::writer::Writer;
 
@@ -76,6 +78,9 @@ pub struct SqliteStore {
 struct Inner {
     path: PathBuf,
     writer: Writer,
+    /// Held for its thread; dropped after the writer (fields drop in order), so that it
+    /// checkpoints the last writes.
+    _checkpointer: Checkpointer,
     readers: Mutex<Vec<Connection>>,
     reading: tokio::sync::Semaphore,
     projections: ProjectionCache,
@@ -185,10 +190,17 @@ impl SqliteStore {
         let path = path.to_path_buf();
         let mut writer = connect(&path)?;
         migrate(&mut writer, migrations)?;
+        // The checkpointer copies the log into the database; no commit waits for that.
+        writer
+            .execute_batch("PRAGMA wal_autocheckpoint = 0;")
+            .doing("configure the writer")?;
+        let checkpointer = Checkpointer::start(connect(&path)?)?;
+        let committed = checkpointer.notifier();
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 path,
-                writer: Writer::start(writer)?,
+                writer: Writer::start(writer, committed)?,
+                _checkpointer: checkpointer,
                 readers: Mutex::new(Vec::new()),
                 reading: tokio::sync::Semaphore::new(READERS),
                 projections: ProjectionCache::default(),

@@ -41,12 +41,15 @@ pub(super) struct Writer {
 }
 
 impl Writer {
-    /// Starts the writer thread on `conn`.
-    pub(super) fn start(conn: Connection) -> Result<Writer, StoreError> {
+    /// Starts the writer thread on `conn`; it tells `committed` of each commit.
+    pub(super) fn start(
+        conn: Connection,
+        committed: Option<mpsc::Sender<()>>,
+    ) -> Result<Writer, StoreError> {
         let (jobs, queue) = mpsc::channel::<Job>();
         let thread = std::thread::Builder::new()
             .name("contexture-sqlite-writer".into())
-            .spawn(move || run(&conn, &queue))
+            .spawn(move || run(&conn, &queue, committed.as_ref()))
             .map_err(|error| StoreError::WritePanicked {
                 detail: format!("cannot start the writer thread: {error}"),
             })?;
@@ -119,12 +122,16 @@ fn control(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
-fn run(conn: &Connection, queue: &mpsc::Receiver<Job>) {
+fn run(conn: &Connection, queue: &mpsc::Receiver<Job>, committed: Option<&mpsc::Sender<()>>) {
     while let Ok(first) = queue.recv() {
         let mut batch = Vec::with_capacity(8);
         batch.push(first);
         batch.extend(queue.try_iter().take(MAX_BATCH - 1));
         commit_batch(conn, batch);
+        if let Some(committed) = committed {
+            // The checkpointer may have stopped; the writes stand either way.
+            let _ = committed.send(());
+        }
     }
 }
 
@@ -249,7 +256,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_failed_or_panicking_write_is_rolled_back_alone_in_its_batch() {
-        let writer = std::sync::Arc::new(Writer::start(table()).unwrap());
+        let writer = std::sync::Arc::new(Writer::start(table(), None).unwrap());
         let (release, wait) = std_mpsc::channel::<()>();
         let (started, running) = oneshot::channel::<()>();
         let gate = {
@@ -323,7 +330,7 @@ mod tests {
                  t_id INTEGER REFERENCES t(id) DEFERRABLE INITIALLY DEFERRED);",
         )
         .unwrap();
-        let writer = std::sync::Arc::new(Writer::start(conn).unwrap());
+        let writer = std::sync::Arc::new(Writer::start(conn, None).unwrap());
         let (release, wait) = std_mpsc::channel::<()>();
         let (started, running) = oneshot::channel::<()>();
         let gate = {
@@ -382,7 +389,7 @@ mod tests {
         let conn = Connection::open(&path).unwrap();
         conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT NOT NULL)")
             .unwrap();
-        let writer = std::sync::Arc::new(Writer::start(conn).unwrap());
+        let writer = std::sync::Arc::new(Writer::start(conn, None).unwrap());
         let writes: Vec<_> = (0..50)
             .map(|id| {
                 let writer = writer.clone();
