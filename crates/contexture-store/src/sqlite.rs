@@ -61,6 +61,13 @@ const MIGRATIONS: &[(u32, &str)] = &[
     ),
 ];
 
+/// `PRAGMA auto_vacuum`'s value for incremental vacuum.
+const INCREMENTAL_VACUUM: i64 = 2;
+
+/// Free pages one reclaiming write gives back (1 MB of 4 KB pages): a step of a few
+/// milliseconds.
+const RECLAIM_STEP: u32 = 256;
+
 /// How long a write waits for another process's write transaction.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -104,8 +111,12 @@ fn connect(path: &Path) -> Result<Connection, StoreError> {
         .doing("set the busy timeout")?;
     // Room for every statement the store runs, so that none is prepared twice.
     conn.set_prepared_statement_cache_capacity(64);
+    // A new file gives the pages of deleted threads back to the file system, a step at a
+    // time ([`SqliteStore::reclaim`]). The mode is chosen before anything else makes the
+    // file (WAL mode does); an older file keeps its free pages for reuse instead.
     conn.execute_batch(
-        "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;",
+        "PRAGMA auto_vacuum = INCREMENTAL; PRAGMA journal_mode = WAL; \
+         PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;",
     )
     .doing("configure the connection")?;
     // The query planner stability guarantee: a cached statement keeps its plan whatever
@@ -208,6 +219,39 @@ impl SqliteStore {
                 max_bytes: std::sync::atomic::AtomicU64::new(0),
             }),
         })
+    }
+
+    /// Gives the free pages of the file (those deleted threads left) back to the file
+    /// system, [`RECLAIM_STEP`] pages per write: the writes queued meanwhile go in between,
+    /// so none waits for more than one step. Nothing to do for a file made before the store
+    /// chose incremental vacuum (its free pages are reused by later writes instead).
+    async fn reclaim(&self) -> Result<(), StoreError> {
+        let mut before = i64::MAX;
+        loop {
+            let left: i64 = self
+                .write(|conn| {
+                    let mode: i64 = conn
+                        .query_row("PRAGMA auto_vacuum", [], |r| r.get(0))
+                        .doing("read the vacuum mode")?;
+                    if mode != INCREMENTAL_VACUUM {
+                        return Ok(0);
+                    }
+                    // The pragma frees one page per step of its statement: stepped through.
+                    let mut vacuum = conn
+                        .prepare_cached(&format!("PRAGMA incremental_vacuum({RECLAIM_STEP})"))
+                        .doing("prepare reclaiming free pages")?;
+                    let mut freeing = vacuum.query([]).doing("reclaim free pages")?;
+                    while freeing.next().doing("reclaim free pages")?.is_some() {}
+                    conn.query_row("PRAGMA freelist_count", [], |r| r.get(0))
+                        .doing("count free pages")
+                })
+                .await?;
+            // A step that freed nothing (another process holds the pages) ends it too.
+            if left == 0 || left >= before {
+                return Ok(());
+            }
+            before = left;
+        }
     }
 
     /// The database file.
@@ -982,12 +1026,15 @@ impl Store for SqliteStore {
             }
             delete_thread(tx, &thread)
         })
-        .await
+        .await?;
+        self.reclaim().await
     }
 
     async fn prune(&self, idle_before: SystemTime) -> Result<PruneReport, StoreError> {
         let cutoff = epoch_ms(idle_before);
-        self.write(move |conn| prune_idle(conn, cutoff)).await
+        let report = self.write(move |conn| prune_idle(conn, cutoff)).await?;
+        self.reclaim().await?;
+        Ok(report)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -997,5 +1044,53 @@ impl Store for SqliteStore {
             Ok(())
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use contexture_core::Message;
+    use contexture_core::thread::EventKind;
+
+    /// Deleting a thread gives its pages back: the file shrinks, in steps.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_deleted_threads_pages_go_back_to_the_file_system() {
+        let dir = crate::testing::TempDir::new("contexture-reclaim");
+        let path = dir.join("threads.db");
+        let store = SqliteStore::open(&path).await.unwrap();
+        let text = "x".repeat(2_000);
+        for _ in 0..40 {
+            let batch = (0..50)
+                .map(|_| {
+                    NewEvent::new(EventKind::MessageAppended {
+                        message: Message::user(text.clone()),
+                    })
+                })
+                .collect();
+            store.append("big", batch).await.unwrap();
+        }
+        store
+            .append_one(
+                "small",
+                NewEvent::new(EventKind::MessageAppended {
+                    message: Message::user("kept"),
+                }),
+            )
+            .await
+            .unwrap();
+        let full = crate::testing::sqlite_disk_bytes(&path);
+        assert!(full > 4_000_000, "{full}");
+        let started = std::time::Instant::now();
+        store.delete("big").await.unwrap();
+        let took = started.elapsed();
+        let after = crate::testing::sqlite_disk_bytes(&path);
+        let steps = (full - after).div_ceil(4096 * u64::from(RECLAIM_STEP));
+        eprintln!("delete + {steps} reclaiming steps: {took:?}");
+        assert!(
+            after < full / 10,
+            "{full} bytes before the delete, {after} after"
+        );
+        assert_eq!(store.events("small").await.unwrap().len(), 1);
     }
 }
