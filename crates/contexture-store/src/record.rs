@@ -42,6 +42,33 @@ pub(crate) struct Row {
     pub event: EventKind,
 }
 
+/// The error for something of `thread` that could not be serialized (`what`, in words).
+pub(crate) fn unserializable(thread: &str, what: &str, error: &serde_json::Error) -> StoreError {
+    StoreError::Corrupt {
+        thread: thread.to_string(),
+        seq: 0,
+        detail: format!("cannot serialize {what}: {error}"),
+    }
+}
+
+/// Decodes a row that must hold a request record (a `request_started` row).
+pub(crate) fn decode_request(
+    thread: &str,
+    seq: u64,
+    kind: &str,
+    body: &str,
+    tokens: Option<&str>,
+) -> Result<StoredRequest, StoreError> {
+    match decode_row(thread, seq, kind, body, tokens)? {
+        (_, Some(Unresolved::Request(stored))) => Ok(*stored),
+        _ => Err(StoreError::Corrupt {
+            thread: thread.to_string(),
+            seq,
+            detail: format!("read as a request record but stored as `{kind}`"),
+        }),
+    }
+}
+
 /// Encodes `event` for writing, counting its messages' tokens.
 pub(crate) fn encode(thread: &str, event: NewEvent) -> Result<Row, StoreError> {
     if matches!(event.kind, EventKind::Forked { .. }) {
@@ -56,11 +83,7 @@ pub(crate) fn encode(thread: &str, event: NewEvent) -> Result<Row, StoreError> {
         EventKind::RequestStarted(_) => Ok(String::new()),
         other => serde_json::to_string(other),
     }
-    .map_err(|error| StoreError::Corrupt {
-        thread: thread.to_string(),
-        seq: 0,
-        detail: format!("cannot serialize the event: {error}"),
-    })?;
+    .map_err(|error| unserializable(thread, "the event", &error))?;
     let ordinary_message = matches!(
         &event.kind,
         EventKind::MessageAppended { message } if !message.role.is_system_like()
@@ -72,11 +95,7 @@ pub(crate) fn encode(thread: &str, event: NewEvent) -> Result<Row, StoreError> {
             .into_iter()
             .map(|message| serde_json::to_string(message).map(|text| body_bytes(&text)))
             .sum::<Result<u64, _>>()
-            .map_err(|error| StoreError::Corrupt {
-                thread: thread.to_string(),
-                seq: 0,
-                detail: format!("cannot serialize a message: {error}"),
-            })?,
+            .map_err(|error| unserializable(thread, "a message", &error))?,
         _ => 0,
     };
     Ok(Row {
@@ -99,11 +118,8 @@ pub(crate) fn encode(thread: &str, event: NewEvent) -> Result<Row, StoreError> {
 /// holding the same message and has no idempotency key (so it is stored right after the
 /// end, whatever else the batch holds), the end says that its reply is there.
 pub(crate) fn share_replies(thread: &str, rows: &mut [Row]) -> Result<(), StoreError> {
-    let unserializable = |error: serde_json::Error| StoreError::Corrupt {
-        thread: thread.to_string(),
-        seq: 0,
-        detail: format!("cannot serialize a request's end: {error}"),
-    };
+    let unserializable =
+        |error: serde_json::Error| unserializable(thread, "a request's end", &error);
     for i in 1..rows.len() {
         let (before, after) = rows.split_at_mut(i);
         let (row, next) = (&mut before[i - 1], &after[0]);
@@ -242,11 +258,9 @@ pub(crate) fn store_request(
     row: &mut Row,
     stored: &StoredRequest,
 ) -> Result<(), StoreError> {
-    row.body = stored.to_body().map_err(|error| StoreError::Corrupt {
-        thread: thread.to_string(),
-        seq: 0,
-        detail: format!("cannot serialize the request record: {error}"),
-    })?;
+    row.body = stored
+        .to_body()
+        .map_err(|error| unserializable(thread, "the request record", &error))?;
     row.tokens = count_messages(stored.inline().collect());
     Ok(())
 }

@@ -180,3 +180,24 @@ pub async fn pg_disk_bytes(schema: &str) -> u64 {
     let _ = driver.await;
     u64::try_from(bytes).unwrap_or(0)
 }
+
+/// A text of about `len` bytes that differs with `n`: what the storage tests and benchmarks
+/// write as conversations (`benches/storage/langgraph_chat.py` writes the same texts).
+pub fn prose(n: usize, len: usize) -> String {
+    let words = [
+        "context", "window", "thread", "model", "request", "message", "store", "fit",
+    ];
+    let mut text = format!("turn {n}:");
+    let mut i = n;
+    while text.len() < len {
+        text.push(' ');
+        text.push_str(words[i % words.len()]);
+        i = i.wrapping_mul(31).wrapping_add(7);
+    }
+    text
+}
+
+/// The length of message `n` of those conversations: 40 to 1,000 bytes, most of them short.
+pub fn message_length(n: usize) -> usize {
+    40 + (n * 7919) % 960 * ((n % 3) + 1) / 3
+}

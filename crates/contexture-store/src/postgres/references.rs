@@ -100,17 +100,9 @@ pub(super) async fn refer_request(
             .doing("query recent requests")?;
         for found in found {
             let at = seq_of(thread, found.get(0))?;
-            let kind: &str = found.get(1);
-            match record::decode_row(thread, at, kind, found.get(2), found.get(3))? {
-                (_, Some(Unresolved::Request(stored))) => recent.push((at, *stored)),
-                _ => {
-                    return Err(StoreError::Corrupt {
-                        thread: thread.to_string(),
-                        seq: at,
-                        detail: format!("read as a request record but stored as `{kind}`"),
-                    });
-                }
-            }
+            let stored =
+                record::decode_request(thread, at, found.get(1), found.get(2), found.get(3))?;
+            recent.push((at, stored));
             if recent.len() as i64 >= Prior::RECENT {
                 break 'segments;
             }
@@ -129,7 +121,7 @@ pub(super) async fn refer_request(
     }
     let mut referable = prior
         .referable()
-        .map_err(|error| unserializable(thread, &error))?;
+        .map_err(|error| record::unserializable(thread, "a message", &error))?;
     let from = prior.first_seq();
     add_messages(
         &mut referable,
@@ -142,25 +134,17 @@ pub(super) async fn refer_request(
     .await?;
     let (mut stored, missed) = referable
         .refer(record)
-        .map_err(|error| unserializable(thread, &error))?;
+        .map_err(|error| record::unserializable(thread, "a message", &error))?;
     if missed && from > 1 {
         let mut before = Referable::default();
         add_messages(&mut before, client, thread, &segments, 1, from - 1).await?;
         referable.prepend(before);
         stored = referable
             .refer(record)
-            .map_err(|error| unserializable(thread, &error))?
+            .map_err(|error| record::unserializable(thread, "a message", &error))?
             .0;
     }
     record::store_request(thread, row, &stored)
-}
-
-fn unserializable(thread: &str, error: &serde_json::Error) -> StoreError {
-    StoreError::Corrupt {
-        thread: thread.to_string(),
-        seq: 0,
-        detail: format!("cannot serialize a message: {error}"),
-    }
 }
 
 /// Adds the message events of `thread` from `from` to `to` to `referable`.

@@ -7,7 +7,7 @@ use rusqlite::{Connection, params};
 use crate::StoreError;
 use crate::error::Action;
 use crate::record::{self, Row, db_seq, seq_of};
-use crate::request_refs::{Prior, Referable, Resolver, StoredRequest, Unresolved};
+use crate::request_refs::{Prior, Referable, Resolver, Unresolved};
 
 /// The newest request records of a segment, newest first: `?1` the segment's thread, `?2`
 /// its last seq to read, `?3` how many.
@@ -89,7 +89,10 @@ pub(super) fn refer_request(
                 .doing("query recent requests")?;
             while let Some(found) = found.next().doing("read a request")? {
                 let at = seq_of(thread, found.get(0).doing("read a seq")?)?;
-                let stored = decode_request(thread, at, found)?;
+                let kind: String = found.get(1).doing("read a kind")?;
+                let body: String = found.get(2).doing("read a body")?;
+                let tokens: Option<String> = found.get(3).doing("read token counts")?;
+                let stored = record::decode_request(thread, at, &kind, &body, tokens.as_deref())?;
                 recent.push((at, stored));
                 if recent.len() as i64 >= Prior::RECENT {
                     break 'segments;
@@ -110,7 +113,7 @@ pub(super) fn refer_request(
     }
     let mut referable = prior
         .referable()
-        .map_err(|error| unserializable(thread, &error))?;
+        .map_err(|error| record::unserializable(thread, "a message", &error))?;
     let from = prior.first_seq();
     add_messages(
         &mut referable,
@@ -122,44 +125,17 @@ pub(super) fn refer_request(
     )?;
     let (mut stored, missed) = referable
         .refer(record)
-        .map_err(|error| unserializable(thread, &error))?;
+        .map_err(|error| record::unserializable(thread, "a message", &error))?;
     if missed && from > 1 {
         let mut before = Referable::default();
         add_messages(&mut before, tx, thread, &segments, 1, from - 1)?;
         referable.prepend(before);
         stored = referable
             .refer(record)
-            .map_err(|error| unserializable(thread, &error))?
+            .map_err(|error| record::unserializable(thread, "a message", &error))?
             .0;
     }
     record::store_request(thread, row, &stored)
-}
-
-fn unserializable(thread: &str, error: &serde_json::Error) -> StoreError {
-    StoreError::Corrupt {
-        thread: thread.to_string(),
-        seq: 0,
-        detail: format!("cannot serialize a message: {error}"),
-    }
-}
-
-/// Decodes the request record in `row` (seq, kind, body, tokens).
-fn decode_request(
-    thread: &str,
-    seq: u64,
-    row: &rusqlite::Row<'_>,
-) -> Result<StoredRequest, StoreError> {
-    let kind: String = row.get(1).doing("read a kind")?;
-    let body: String = row.get(2).doing("read a body")?;
-    let tokens: Option<String> = row.get(3).doing("read token counts")?;
-    match record::decode_row(thread, seq, &kind, &body, tokens.as_deref())? {
-        (_, Some(Unresolved::Request(stored))) => Ok(*stored),
-        _ => Err(StoreError::Corrupt {
-            thread: thread.to_string(),
-            seq,
-            detail: format!("read as a request record but stored as `{kind}`"),
-        }),
-    }
 }
 
 /// Adds the message events of `thread` from `from` to `to` to `referable`.
