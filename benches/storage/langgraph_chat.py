@@ -21,7 +21,7 @@ WORDS = ["context", "window", "thread", "model", "request", "message", "store", 
 
 
 def prose(turn: int, length: int) -> str:
-    """The text the Rust benchmark writes for `turn` (crates/contexture-store/benches)."""
+    """The text Contexture's storage benchmark writes for `turn` (`contexture_store::testing::prose`)."""
     text = f"turn {turn}:"
     i = turn
     while len(text) < length:

@@ -6,26 +6,11 @@
 mod common;
 
 use common::{executor, requests, script, start};
-use contexture_store::testing::{self, TempDir};
+use contexture_store::testing::{self, TempDir, message_length, prose};
 use contexture_store::{SqliteStore, Store};
 
 /// LLM calls of the agent's step.
 const CALLS: usize = 200;
-
-/// A text of about `len` bytes that differs from call to call.
-fn prose(call: usize, len: usize) -> String {
-    let words = [
-        "context", "window", "thread", "model", "request", "message", "store", "fit",
-    ];
-    let mut text = format!("part {call}:");
-    let mut i = call;
-    while text.len() < len {
-        text.push(' ');
-        text.push_str(words[i % words.len()]);
-        i = i.wrapping_mul(31).wrapping_add(7);
-    }
-    text
-}
 
 /// A workflow of one agent step whose assistant has a long system prompt and two tools.
 fn workflow() -> String {
@@ -53,7 +38,7 @@ states:
 fn agent_script() -> String {
     let mut yaml = String::new();
     for call in 1..CALLS {
-        let len = 40 + (call * 7919) % 960 * ((call % 3) + 1) / 3;
+        let len = message_length(call);
         let tool = if call % 2 == 0 { "read" } else { "search" };
         yaml.push_str(&format!(
             "- tool_calls:\n    - {{id: c{call}, name: {tool}, arguments: {{q: \"{}\"}}}}\n",

@@ -7,7 +7,7 @@ mod common;
 
 use common::{TestServer, client, config};
 use contexture_fake_upstream::{FakeUpstream, Reply};
-use contexture_store::testing::{self, TempDir};
+use contexture_store::testing::{self, TempDir, message_length, prose};
 use contexture_store::{AnyStore, SqliteStore};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -15,31 +15,12 @@ use serde_json::{Value, json};
 /// Turns of the conversation: a question and an answer each.
 const TURNS: usize = 500;
 
-/// A text of about `len` bytes that differs from turn to turn.
-fn prose(turn: usize, len: usize) -> String {
-    let words = [
-        "context", "window", "thread", "model", "request", "message", "store", "fit",
-    ];
-    let mut text = format!("turn {turn}:");
-    let mut i = turn;
-    while text.len() < len {
-        text.push(' ');
-        text.push_str(words[i % words.len()]);
-        i = i.wrapping_mul(31).wrapping_add(7);
-    }
-    text
-}
-
-/// A message's length: between 40 and 1,000 bytes, most of them short.
-fn length(turn: usize) -> usize {
-    40 + (turn * 7919) % 960 * ((turn % 3) + 1) / 3
-}
-
 /// Holds a 1,000-message conversation on `server`, then checks what the upstream got against
 /// what the API reads back, and returns the thread's message bytes.
 async fn converse(server: &TestServer, upstream: &FakeUpstream, key: &str) -> u64 {
     for turn in 0..TURNS {
-        let mut messages = vec![json!({"role": "user", "content": prose(turn, length(turn))})];
+        let mut messages =
+            vec![json!({"role": "user", "content": prose(turn, message_length(turn))})];
         if turn == 0 {
             messages.insert(0, json!({"role": "system", "content": "Answer briefly."}));
         }
@@ -111,7 +92,7 @@ async fn converse(server: &TestServer, upstream: &FakeUpstream, key: &str) -> u6
 }
 
 fn upstream_answering_prose(upstream: &FakeUpstream) {
-    upstream.otherwise(|call, _| Reply::text(prose(call + TURNS, length(call + TURNS))));
+    upstream.otherwise(|call, _| Reply::text(prose(call + TURNS, message_length(call + TURNS))));
 }
 
 fn assert_linear(store: &str, disk: u64, message_bytes: u64) {

@@ -2,8 +2,8 @@
 //!
 //! Run: `cargo bench -p contexture-store --bench request_records -- --measurement-time 5 --warm-up-time 1 --sample-size 20`
 //!
-//! A conversation of 1,000 messages (500 turns, messages of 40 to 1,000 bytes, the same texts
-//! as `benches/storage/langgraph_chat.py` writes with LangGraph's SQLite checkpointer) is
+//! A conversation of 1,000 messages (500 turns, messages of 40 to 1,000 bytes: `testing::prose`,
+//! the same texts as `benches/storage/langgraph_chat.py` writes with LangGraph's SQLite checkpointer) is
 //! appended to a SQLite store as the chat endpoint appends it: the question with the request
 //! record (every message so far), then the request's end with the answer. Printed first: the
 //! database's bytes on disk per byte of message text. Then, timed:
@@ -18,35 +18,16 @@ use std::hint::black_box;
 
 use contexture_core::Message;
 use contexture_core::thread::{EventKind, RequestEnd, RequestOutcome, RequestRecord, Usage};
-use contexture_store::{NewEvent, SqliteStore, Store, testing};
+use contexture_store::testing::{self, message_length, prose};
+use contexture_store::{NewEvent, SqliteStore, Store};
 use criterion::{Criterion, criterion_group, criterion_main};
 use tokio::runtime::Runtime;
 
 const TURNS: usize = 500;
 
-/// A text of about `len` bytes that differs from turn to turn.
-fn prose(turn: usize, len: usize) -> String {
-    let words = [
-        "context", "window", "thread", "model", "request", "message", "store", "fit",
-    ];
-    let mut text = format!("turn {turn}:");
-    let mut i = turn;
-    while text.len() < len {
-        text.push(' ');
-        text.push_str(words[i % words.len()]);
-        i = i.wrapping_mul(31).wrapping_add(7);
-    }
-    text
-}
-
-/// A message's length: between 40 and 1,000 bytes, most of them short.
-fn length(turn: usize) -> usize {
-    40 + (turn * 7919) % 960 * ((turn % 3) + 1) / 3
-}
-
 /// Appends turn `turn` to `thread`, whose messages so far are `history`.
 async fn turn(store: &SqliteStore, thread: &str, history: &mut Vec<Message>, turn: usize) {
-    let question = Message::user(prose(turn, length(turn)));
+    let question = Message::user(prose(turn, message_length(turn)));
     history.push(question.clone());
     let id = format!("chat-{turn}");
     let record = RequestRecord {
@@ -66,7 +47,7 @@ async fn turn(store: &SqliteStore, thread: &str, history: &mut Vec<Message>, tur
         )
         .await
         .expect("append the question");
-    let answer = Message::assistant(prose(turn + TURNS, length(turn + TURNS)));
+    let answer = Message::assistant(prose(turn + TURNS, message_length(turn + TURNS)));
     store
         .append(
             thread,

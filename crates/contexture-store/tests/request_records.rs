@@ -13,6 +13,7 @@ use contexture_core::thread::{
     RequestRecord, StepMessage, Usage,
 };
 use contexture_core::{Message, ToolCall};
+use contexture_store::testing::{message_length, prose};
 use contexture_store::{NewEvent, Store};
 use proptest::prelude::*;
 use serde_json::json;
@@ -382,26 +383,6 @@ fn postgres_reads_request_records_back_as_appended() {
     runtime.block_on(harness.cleanup());
 }
 
-/// A text of `len` bytes that differs from turn to turn.
-fn prose(turn: usize, len: usize) -> String {
-    let words = [
-        "context", "window", "thread", "model", "request", "message", "store", "fit",
-    ];
-    let mut text = format!("turn {turn}:");
-    let mut i = turn;
-    while text.len() < len {
-        text.push(' ');
-        text.push_str(words[i % words.len()]);
-        i = i.wrapping_mul(31).wrapping_add(7);
-    }
-    text
-}
-
-/// A message's length in a conversation: between 40 and 1,000 bytes, most of them short.
-fn length(turn: usize) -> usize {
-    40 + (turn * 7919) % 960 * ((turn % 3) + 1) / 3
-}
-
 /// (bytes, message bytes) of `thread`, as the store reports them.
 async fn sizes(store: &impl Store, thread: &str) -> (u64, u64) {
     let info = store
@@ -431,7 +412,7 @@ async fn long_threads_store_requests_in_proportion_to_their_text(h: &impl Harnes
     .unwrap();
     let mut history = vec![system];
     for turn in 0..500 {
-        let question = Message::user(prose(turn, length(turn)));
+        let question = Message::user(prose(turn, message_length(turn)));
         history.push(question.clone());
         let id = format!("r{turn}");
         let record = RequestRecord {
@@ -441,7 +422,7 @@ async fn long_threads_store_requests_in_proportion_to_their_text(h: &impl Harnes
             purpose: Some("chat".into()),
             ..RequestRecord::default()
         };
-        let answer = Message::assistant(prose(turn + 1, length(turn + 1)));
+        let answer = Message::assistant(prose(turn + 1, message_length(turn + 1)));
         s.append(
             "chat",
             vec![
@@ -496,7 +477,7 @@ async fn long_threads_store_requests_in_proportion_to_their_text(h: &impl Harnes
             "fetch",
             json!({"url": format!("file:///data/{call}")}).to_string(),
         )]);
-        let result = Message::tool_result(call_id, prose(call, length(call)));
+        let result = Message::tool_result(call_id, prose(call, message_length(call)));
         let step = |message: Message| {
             NewEvent::new(EventKind::StepMessage(StepMessage { step: 1, message }))
         };
