@@ -39,8 +39,8 @@ use crate::message::Message;
 
 pub use event::{
     CancelRequest, CompactionFailure, ConflictPolicy, ContextReplace, DEFAULT_CONTEXT, Event,
-    EventKind, Merge, MergePolicy, Provenance, RecordedBudget, ReplaceReason, RequestEnd,
-    RequestOutcome, RequestRecord, StoreChange, Usage,
+    EventKind, Merge, MergePolicy, Provenance, PrunedRequest, RecordedBudget, ReplaceReason,
+    RequestEnd, RequestOutcome, RequestRecord, StoreChange, Usage,
 };
 pub use execution::{
     FitRecord, RunEnd, RunLimits, RunStart, RunStatus, StepEnd, StepFailure, StepMessage, StepStart,

@@ -577,6 +577,7 @@ impl Compactor {
                     fit: None,
                     purpose: Some("compaction".to_owned()),
                     client_digest: None,
+                    pruned: None,
                 })])
                 .await?;
             let mut chat = ChatRequest::new(route.model.clone(), messages.clone());

@@ -33,6 +33,7 @@ mod error;
 mod postgres;
 mod record;
 mod request_refs;
+mod retention;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod tail;
@@ -51,6 +52,9 @@ pub use api_keys::{ApiKeyRecord, ApiKeyStore};
 pub use error::{DriverError, StoreError};
 #[cfg(feature = "postgres")]
 pub use postgres::PgStore;
+pub use retention::{
+    RequestPruneReport, RequestRetention, RequestsPruned, RetentionError, RetentionRules,
+};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use tail::ProjectionTail;
@@ -140,6 +144,9 @@ pub struct ThreadInfo {
     /// events), its fork prefix included: the text it holds. `bytes` less this is what the
     /// rest of its log (request records, runs, store changes) costs.
     pub message_bytes: u64,
+    /// Its own retention policy for request records, when it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retention: Option<RequestRetention>,
 }
 
 /// The least string above every string that starts with `prefix` (`None`: there is none
@@ -233,6 +240,58 @@ pub trait Store: Send + Sync {
         &self,
         idle_before: SystemTime,
     ) -> impl Future<Output = Result<PruneReport, StoreError>> + Send;
+
+    /// Sets `thread`'s own retention policy for its request records (`None` clears it):
+    /// [`Store::prune_requests`] applies it before any rule. Refuses an unknown thread.
+    fn set_retention(
+        &self,
+        thread: &str,
+        retention: Option<RequestRetention>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Removes the messages of `thread`'s own request records that `retention` no longer
+    /// keeps at `now`, except those a kept record (of the thread or of a fork of it) takes
+    /// a message from; message events are never touched. Works through the records in
+    /// transactions of at most a hundred or so, each short.
+    fn prune_thread_requests(
+        &self,
+        thread: &str,
+        retention: &RequestRetention,
+        now: SystemTime,
+    ) -> impl Future<Output = Result<RequestsPruned, StoreError>> + Send;
+
+    /// Prunes the request records of every thread with a policy: its own, else the one
+    /// `rules` give it (see [`Store::prune_thread_requests`]). A thread deleted meanwhile is
+    /// passed over.
+    fn prune_requests(
+        &self,
+        rules: &RetentionRules,
+        now: SystemTime,
+    ) -> impl Future<Output = Result<RequestPruneReport, StoreError>> + Send {
+        async move {
+            const PAGE: usize = 500;
+            let mut report = RequestPruneReport::default();
+            let mut after = String::new();
+            loop {
+                let page = self.list_page("", &after, PAGE).await?;
+                for info in &page {
+                    let Some(retention) = info.retention.or(rules.for_thread(&info.id).copied())
+                    else {
+                        continue;
+                    };
+                    match self.prune_thread_requests(&info.id, &retention, now).await {
+                        Ok(pruned) => report.add(&info.id, pruned),
+                        Err(StoreError::NotFound { .. }) => {}
+                        Err(error) => return Err(error),
+                    }
+                }
+                match page.last() {
+                    Some(last) if page.len() == PAGE => after = last.id.clone(),
+                    _ => return Ok(report),
+                }
+            }
+        }
+    }
 
     /// A cheap health check: one `SELECT 1` round trip through the store's connections (for
     /// a readiness probe). It waits as long as getting a connection does: callers that must

@@ -10,6 +10,7 @@
 
 mod api_keys;
 mod references;
+mod retention;
 
 use std::time::SystemTime;
 
@@ -23,8 +24,8 @@ use crate::record::{self, Row, ThreadLimits, db_bytes, db_seq, seq_of};
 use crate::request_refs::REQUEST_STARTED;
 use crate::tail::{TailStart, fold_sparse, watermark_of};
 use crate::{
-    ForkChain, KeyedEvent, NewEvent, ProjectionTail, PruneReport, Store, StoreError, ThreadInfo,
-    epoch_ms, pending_migrations,
+    ForkChain, KeyedEvent, NewEvent, ProjectionTail, PruneReport, RequestRetention, RequestsPruned,
+    Store, StoreError, ThreadInfo, epoch_ms, pending_migrations,
 };
 
 /// The numbered migrations, applied in order on open.
@@ -48,6 +49,7 @@ const MIGRATIONS: &[(u32, &str)] = &[
         include_str!("../migrations/postgres/0006_message_text.sql"),
     ),
     (7, include_str!("../migrations/postgres/0007_key_index.sql")),
+    (8, include_str!("../migrations/postgres/0008_retention.sql")),
 ];
 
 /// Connections in the pool.
@@ -847,7 +849,7 @@ impl Store for PgStore {
         let rows = client
             .query(
                 r#"SELECT id, parent_id, fork_seq, last_seq, created_at, updated_at, bytes,
-                          message_bytes
+                          message_bytes, retention
                    FROM threads
                    WHERE id COLLATE "C" >= $1 AND id COLLATE "C" > $2
                      AND ($3::text IS NULL OR id COLLATE "C" < $3)
@@ -859,7 +861,9 @@ impl Store for PgStore {
         rows.into_iter()
             .map(|row| {
                 let id: String = row.get(0);
+                let retention: Option<String> = row.get(8);
                 Ok(ThreadInfo {
+                    retention: crate::retention::parse_stored(&id, retention.as_deref())?,
                     parent: row.get(1),
                     fork_seq: row
                         .get::<_, Option<i64>>(2)
@@ -943,6 +947,37 @@ impl Store for PgStore {
             .collect();
         tx.commit().await.doing("commit pruning")?;
         Ok(report)
+    }
+
+    async fn set_retention(
+        &self,
+        thread: &str,
+        retention: Option<RequestRetention>,
+    ) -> Result<(), StoreError> {
+        let client = self.pool.get().await?;
+        retention::set_retention(&client, thread, retention.as_ref()).await
+    }
+
+    async fn prune_thread_requests(
+        &self,
+        thread: &str,
+        retention: &RequestRetention,
+        now: SystemTime,
+    ) -> Result<RequestsPruned, StoreError> {
+        let now_ms = epoch_ms(now);
+        let mut total = RequestsPruned::default();
+        loop {
+            let mut client = self.pool.get().await?;
+            let tx = client.transaction().await.doing("begin pruning records")?;
+            let (pruned, more) = retention::prune_batch(&tx, thread, retention, now_ms).await?;
+            tx.commit().await.doing("commit pruning records")?;
+            total.records += pruned.records;
+            total.bytes += pruned.bytes;
+            total.kept_for_references = pruned.kept_for_references;
+            if !more {
+                return Ok(total);
+            }
+        }
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

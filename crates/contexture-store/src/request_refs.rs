@@ -93,6 +93,14 @@ fn record_fields(record: &RequestRecord) -> Result<Map<String, Value>, serde_jso
     Ok(fields)
 }
 
+/// A record's fields as a base of later records: without its retention mark, which a
+/// record stored as a change of it does not share (the base may be pruned after it).
+fn base_fields(record: &RequestRecord) -> Result<Map<String, Value>, serde_json::Error> {
+    let mut fields = record_fields(record)?;
+    fields.remove("pruned");
+    Ok(fields)
+}
+
 /// The JSON merge patch that turns `base` into `target` (objects are changed key by key,
 /// anything else replaced whole, a key `target` lacks removed with `null`).
 fn merge_patch(base: &Map<String, Value>, target: &Map<String, Value>) -> Map<String, Value> {
@@ -462,9 +470,9 @@ impl Prior {
         // The newest record's own base, or the newest record when it is stored whole: bases
         // are stored whole, so that a record resolves in one step.
         referable.base = match &newest.change {
-            None => Some((*seq, record_fields(&newest.record)?)),
+            None => Some((*seq, base_fields(&newest.record)?)),
             Some((base, _)) => match self.holders.get(base) {
-                Some(held) if held.change.is_none() => Some((*base, record_fields(&held.record)?)),
+                Some(held) if held.change.is_none() => Some((*base, base_fields(&held.record)?)),
                 _ => None,
             },
         };
@@ -765,7 +773,7 @@ fn resolve_request(
             .ok_or_else(|| {
                 format!("is a change of a request record at {base} that is not stored whole")
             })?;
-        let fields = record_fields(&held.record).map_err(|error| error.to_string())?;
+        let fields = base_fields(&held.record).map_err(|error| error.to_string())?;
         *record = record_from_fields(apply_patch(&fields, change))?;
     }
     record.messages = sent;

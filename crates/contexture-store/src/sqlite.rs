@@ -11,6 +11,7 @@ mod api_keys;
 mod checkpointer;
 mod projection_cache;
 mod references;
+mod retention;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -30,8 +31,8 @@ use crate::record::{self, Row, ThreadLimits, db_bytes, db_seq, seq_of};
 use crate::request_refs::REQUEST_STARTED;
 use crate::tail::{TailStart, fold_sparse, watermark_of};
 use crate::{
-    ForkChain, KeyedEvent, NewEvent, ProjectionTail, PruneReport, Store, StoreError, ThreadInfo,
-    epoch_ms, pending_migrations,
+    ForkChain, KeyedEvent, NewEvent, ProjectionTail, PruneReport, RequestRetention, RequestsPruned,
+    Store, StoreError, ThreadInfo, epoch_ms, pending_migrations,
 };
 
 /// The numbered migrations, applied in order on open.
@@ -59,6 +60,7 @@ const MIGRATIONS: &[(u32, &str)] = &[
         8,
         include_str!("../migrations/sqlite/0008_events_by_rowid.sql"),
     ),
+    (9, include_str!("../migrations/sqlite/0009_retention.sql")),
 ];
 
 /// `PRAGMA auto_vacuum`'s value for incremental vacuum.
@@ -967,7 +969,7 @@ impl Store for SqliteStore {
             let mut select = conn
                 .prepare_cached(
                     "SELECT id, parent_id, fork_seq, last_seq, created_at, updated_at, bytes,
-                            message_bytes
+                            message_bytes, retention
                      FROM threads WHERE id >= ?1 AND id > ?2 AND (?3 IS NULL OR id < ?3)
                      ORDER BY id LIMIT ?4",
                 )
@@ -983,6 +985,7 @@ impl Store for SqliteStore {
                         r.get::<_, i64>(5)?,
                         r.get::<_, i64>(6)?,
                         r.get::<_, i64>(7)?,
+                        r.get::<_, Option<String>>(8)?,
                     ))
                 })
                 .doing("list threads")?
@@ -990,8 +993,19 @@ impl Store for SqliteStore {
                 .doing("read a thread")?;
             rows.into_iter()
                 .map(
-                    |(id, parent, fork_seq, last_seq, created, updated, bytes, message_bytes)| {
+                    |(
+                        id,
+                        parent,
+                        fork_seq,
+                        last_seq,
+                        created,
+                        updated,
+                        bytes,
+                        message_bytes,
+                        retention,
+                    )| {
                         Ok(ThreadInfo {
+                            retention: crate::retention::parse_stored(&id, retention.as_deref())?,
                             fork_seq: fork_seq.map(|s| seq_of(&id, s)).transpose()?,
                             last_seq: seq_of(&id, last_seq)?,
                             id,
@@ -1035,6 +1049,42 @@ impl Store for SqliteStore {
         let report = self.write(move |conn| prune_idle(conn, cutoff)).await?;
         self.reclaim().await?;
         Ok(report)
+    }
+
+    async fn set_retention(
+        &self,
+        thread: &str,
+        retention: Option<RequestRetention>,
+    ) -> Result<(), StoreError> {
+        let thread = thread.to_string();
+        self.write(move |tx| retention::set_retention(tx, &thread, retention.as_ref()))
+            .await
+    }
+
+    async fn prune_thread_requests(
+        &self,
+        thread: &str,
+        retention: &RequestRetention,
+        now: SystemTime,
+    ) -> Result<RequestsPruned, StoreError> {
+        let now_ms = epoch_ms(now);
+        let mut total = RequestsPruned::default();
+        loop {
+            let (thread, retention) = (thread.to_string(), *retention);
+            let (pruned, more) = self
+                .write(move |tx| retention::prune_batch(tx, &thread, &retention, now_ms))
+                .await?;
+            total.records += pruned.records;
+            total.bytes += pruned.bytes;
+            total.kept_for_references = pruned.kept_for_references;
+            if !more {
+                break;
+            }
+        }
+        if total.records > 0 {
+            self.reclaim().await?;
+        }
+        Ok(total)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -12,8 +12,8 @@ use crate::PgStore;
 #[cfg(feature = "sqlite")]
 use crate::SqliteStore;
 use crate::{
-    ApiKeyRecord, ApiKeyStore, KeyedEvent, NewEvent, ProjectionTail, PruneReport, Store,
-    StoreError, ThreadInfo,
+    ApiKeyRecord, ApiKeyStore, KeyedEvent, NewEvent, ProjectionTail, PruneReport, RequestRetention,
+    RequestsPruned, Store, StoreError, ThreadInfo,
 };
 
 /// A parsed database URL.
@@ -160,6 +160,23 @@ impl Store for AnyStore {
 
     async fn prune(&self, idle_before: SystemTime) -> Result<PruneReport, StoreError> {
         on_backend!(self, store => store.prune(idle_before).await)
+    }
+
+    async fn set_retention(
+        &self,
+        thread: &str,
+        retention: Option<RequestRetention>,
+    ) -> Result<(), StoreError> {
+        on_backend!(self, store => store.set_retention(thread, retention).await)
+    }
+
+    async fn prune_thread_requests(
+        &self,
+        thread: &str,
+        retention: &RequestRetention,
+        now: SystemTime,
+    ) -> Result<RequestsPruned, StoreError> {
+        on_backend!(self, store => store.prune_thread_requests(thread, retention, now).await)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -16,7 +16,10 @@ use contexture_core::thread::{
 };
 use contexture_core::tokens::{Encoding, message_tokens};
 use contexture_core::{Message, Role, ToolCall};
-use contexture_store::{ApiKeyRecord, ApiKeyStore, NewEvent, PruneReport, Store, StoreError};
+use contexture_store::{
+    ApiKeyRecord, ApiKeyStore, NewEvent, PruneReport, RequestRetention, RetentionRules, Store,
+    StoreError,
+};
 use serde_json::json;
 
 fn say(message: Message) -> NewEvent {
@@ -1459,6 +1462,254 @@ async fn a_projection_read_from_its_end_holds_the_newest_messages_past_the_budge
     ));
 }
 
+/// A conversation of `turns` turns on `thread`, each request sending a rendered system
+/// prompt (inline, a different one each turn, so that every record holds a few kilobytes of
+/// its own) and the whole conversation so far.
+async fn conversation_with_requests(
+    s: &impl Store,
+    thread: &str,
+    turns: usize,
+) -> Vec<RequestRecord> {
+    let mut history: Vec<Message> = Vec::new();
+    let mut records = Vec::new();
+    for turn in 0..turns {
+        let question = Message::user(format!("question {turn}"));
+        s.append_one(thread, say(question.clone())).await.unwrap();
+        history.push(question);
+        let mut sent = vec![Message::system(format!(
+            "rendered prompt {turn}: {}",
+            "x".repeat(6000)
+        ))];
+        sent.extend(history.iter().cloned());
+        let record = RequestRecord {
+            request_id: format!("{thread}-r{turn}"),
+            model: Some("gpt-4o".into()),
+            messages: sent,
+            ..Default::default()
+        };
+        let answer = Message::assistant(format!("answer {turn}"));
+        s.append(
+            thread,
+            vec![
+                NewEvent::new(EventKind::RequestStarted(record.clone())),
+                NewEvent::new(EventKind::RequestEnded(RequestEnd {
+                    reply: Some(answer.clone()),
+                    ..RequestEnd::new(
+                        record.request_id.clone(),
+                        RequestOutcome::Completed,
+                        Usage::new(5, 2),
+                    )
+                })),
+                say(answer.clone()),
+            ],
+        )
+        .await
+        .unwrap();
+        history.push(answer);
+        records.push(record);
+    }
+    records
+}
+
+/// The request records of `thread` as read back.
+async fn records_of(s: &impl Store, thread: &str) -> Vec<RequestRecord> {
+    s.events(thread)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|event| match event.kind {
+            EventKind::RequestStarted(record) => Some(record),
+            _ => None,
+        })
+        .collect()
+}
+
+async fn retention_policies_are_stored_with_the_thread(h: &impl Harness) {
+    let s = h.store();
+    s.append_one("kept", user("hi")).await.unwrap();
+    let policy = RequestRetention::new(Some(30), Some(100)).unwrap();
+    s.set_retention("kept", Some(policy)).await.unwrap();
+    let info = |threads: Vec<contexture_store::ThreadInfo>| {
+        threads.into_iter().find(|t| t.id == "kept").unwrap()
+    };
+    assert_eq!(info(s.list().await.unwrap()).retention, Some(policy));
+    s.set_retention("kept", None).await.unwrap();
+    assert_eq!(info(s.list().await.unwrap()).retention, None);
+    assert!(matches!(
+        s.set_retention("missing", Some(policy)).await,
+        Err(StoreError::NotFound { .. })
+    ));
+    assert!(!s.exists("missing").await.unwrap(), "nothing was created");
+}
+
+async fn pruning_request_records_keeps_the_policy_and_every_message(h: &impl Harness) {
+    let s = h.store();
+    let records = conversation_with_requests(s, "chat", 6).await;
+    let messages_before: Vec<Event> = s
+        .events("chat")
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| !matches!(e.kind, EventKind::RequestStarted(_)))
+        .collect();
+    let (bytes_before, message_bytes) = sizes_of(s, "chat").await;
+    let last_two = RequestRetention::new(None, Some(2)).unwrap();
+    let report = s
+        .prune_thread_requests("chat", &last_two, SystemTime::now())
+        .await
+        .unwrap();
+    assert_eq!(report.records, 4, "{report:?}");
+    let read = records_of(s, "chat").await;
+    assert_eq!(read[4..], records[4..], "the last two read back as sent");
+    for (got, sent) in read[..4].iter().zip(&records) {
+        let mark = got.pruned.expect("pruned");
+        assert_eq!(mark.messages, sent.messages.len() as u64);
+        assert!(got.messages.is_empty());
+        assert_eq!(got.request_id, sent.request_id);
+        assert_eq!(got.model, sent.model);
+    }
+    let messages_after: Vec<Event> = s
+        .events("chat")
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| !matches!(e.kind, EventKind::RequestStarted(_)))
+        .collect();
+    assert_eq!(
+        messages_after, messages_before,
+        "every other event is untouched"
+    );
+    let (bytes_after, message_bytes_after) = sizes_of(s, "chat").await;
+    assert_eq!(message_bytes_after, message_bytes);
+    assert_eq!(bytes_before - bytes_after, report.bytes);
+    assert!(report.bytes > 4 * 6000, "{report:?}");
+    // Nothing more to do; a new record reads back as sent.
+    let again = s
+        .prune_thread_requests("chat", &last_two, SystemTime::now())
+        .await
+        .unwrap();
+    assert_eq!(again.records, 0);
+    let more = conversation_with_requests(s, "chat", 1).await;
+    assert_eq!(records_of(s, "chat").await.last(), more.last());
+
+    // Days: nothing is older than a day now; everything is, two days on.
+    conversation_with_requests(s, "aged", 3).await;
+    let a_day = RequestRetention::new(Some(1), None).unwrap();
+    let now = SystemTime::now();
+    let report = s.prune_thread_requests("aged", &a_day, now).await.unwrap();
+    assert_eq!(report.records, 0);
+    let later = now + Duration::from_secs(2 * 24 * 3600);
+    let report = s
+        .prune_thread_requests("aged", &a_day, later)
+        .await
+        .unwrap();
+    assert_eq!(report.records, 3);
+    assert!(
+        records_of(s, "aged")
+            .await
+            .iter()
+            .all(|r| r.pruned.is_some())
+    );
+    assert!(matches!(
+        s.prune_thread_requests("missing", &a_day, now).await,
+        Err(StoreError::NotFound { .. })
+    ));
+}
+
+async fn pruning_follows_each_threads_policy_then_the_rules(h: &impl Harness) {
+    let s = h.store();
+    for thread in ["acme/a", "acme/own", "beta/b", "gamma/c"] {
+        conversation_with_requests(s, thread, 3).await;
+    }
+    s.set_retention(
+        "acme/own",
+        Some(RequestRetention::new(None, Some(2)).unwrap()),
+    )
+    .await
+    .unwrap();
+    let rules = RetentionRules {
+        default: Some(RequestRetention::new(None, Some(1)).unwrap()),
+        by_prefix: [
+            (
+                "acme/".to_string(),
+                RequestRetention::new(None, Some(0)).unwrap(),
+            ),
+            (
+                "beta/".to_string(),
+                RequestRetention::new(Some(365), None).unwrap(),
+            ),
+        ]
+        .into(),
+    };
+    let report = s.prune_requests(&rules, SystemTime::now()).await.unwrap();
+    let pruned = |thread: &str| report.by_thread.get(thread).map_or(0, |r| r.records);
+    assert_eq!(pruned("acme/a"), 3, "the tenant's rule: {report:?}");
+    assert_eq!(pruned("acme/own"), 1, "the thread's own policy wins");
+    assert_eq!(pruned("beta/b"), 0, "a year keeps everything");
+    assert_eq!(pruned("gamma/c"), 2, "the default");
+    assert_eq!(report.threads, 4);
+    assert_eq!(report.records, 6);
+    let none = s
+        .prune_requests(&RetentionRules::default(), SystemTime::now())
+        .await
+        .unwrap();
+    assert_eq!(
+        (none.threads, none.records),
+        (1, 0),
+        "only acme/own has a policy"
+    );
+}
+
+async fn pruning_keeps_what_a_fork_still_sends(h: &impl Harness) {
+    let s = h.store();
+    // The parent's first record holds a rendered prompt that a fork's request sends again:
+    // the fork's record refers to it.
+    let parent = conversation_with_requests(s, "parent", 1).await;
+    s.fork("parent", 3, "child").await.unwrap();
+    let system = parent[0].messages[0].clone();
+    let child_record = RequestRecord {
+        request_id: "child-r".into(),
+        model: Some("gpt-4o".into()),
+        messages: vec![system, Message::user("question 0")],
+        ..Default::default()
+    };
+    s.append_one(
+        "child",
+        NewEvent::new(EventKind::RequestStarted(child_record.clone())),
+    )
+    .await
+    .unwrap();
+    let none = RequestRetention::new(None, Some(0)).unwrap();
+    let report = s
+        .prune_thread_requests("parent", &none, SystemTime::now())
+        .await
+        .unwrap();
+    assert_eq!(
+        (report.records, report.kept_for_references),
+        (0, 1),
+        "{report:?}"
+    );
+    assert_eq!(
+        records_of(s, "child").await,
+        [parent[0].clone(), child_record]
+    );
+    // Once the fork's record is pruned, so is the parent's.
+    s.prune_thread_requests("child", &none, SystemTime::now())
+        .await
+        .unwrap();
+    let report = s
+        .prune_thread_requests("parent", &none, SystemTime::now())
+        .await
+        .unwrap();
+    assert_eq!(report.records, 1);
+    let (child_bytes, _) = sizes_of(s, "child").await;
+    let child_events: u64 = s.events("child").await.unwrap().len() as u64;
+    assert!(
+        child_events == 5 && child_bytes < 6000,
+        "the fork's size follows: {child_bytes}"
+    );
+}
+
 macro_rules! conformance {
     (
         fresh: [$($name:ident),* $(,)?],
@@ -1533,6 +1784,10 @@ conformance!(
     message_bytes_count_a_threads_messages_each_once,
     a_projection_read_from_its_end_holds_the_newest_messages_past_the_budget,
     threads_are_listed_by_prefix_a_page_at_a_time,
+    retention_policies_are_stored_with_the_thread,
+    pruning_request_records_keeps_the_policy_and_every_message,
+    pruning_follows_each_threads_policy_then_the_rules,
+    pruning_keeps_what_a_fork_still_sends,
     ],
     before_api_keys: [api_key_migration_applies_to_an_older_database],
 );

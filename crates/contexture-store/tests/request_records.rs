@@ -14,9 +14,11 @@ use contexture_core::thread::{
 };
 use contexture_core::{Message, ToolCall};
 use contexture_store::testing::{message_length, prose};
-use contexture_store::{NewEvent, Store};
+use contexture_store::{NewEvent, RequestRetention, Store};
 use proptest::prelude::*;
 use serde_json::json;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::SystemTime;
 
 /// Few texts, so that the same message often appears more than once.
 const TEXTS: [&str; 6] = [
@@ -123,6 +125,8 @@ struct Model {
     last_sent: Vec<Message>,
     /// The keys of keyed requests, with their seqs.
     keys: Vec<(String, u64)>,
+    /// The index in `events` of its first own event (after a fork's prefix).
+    own_from: usize,
 }
 
 fn at(items: usize, pick: u16) -> usize {
@@ -130,8 +134,15 @@ fn at(items: usize, pick: u16) -> usize {
 }
 
 /// Runs `ops` on a thread `id` of `store` (forks named after it), then checks that every
-/// thread reads back as appended: whole, after seqs, and by key.
-async fn run(store: &impl Store, id: &str, ops: Vec<Op>) -> Result<(), TestCaseError> {
+/// thread reads back as appended: whole, after seqs, and by key; then, with `prune`, that
+/// pruning each thread's records past its last few (parents or forks first) leaves them
+/// reading back as appended or pruned, and later requests read back as appended.
+async fn run(
+    store: &impl Store,
+    id: &str,
+    ops: Vec<Op>,
+    prune: Option<(u8, bool)>,
+) -> Result<(), TestCaseError> {
     let mut thread = id.to_string();
     let mut model = Model::default();
     let mut threads: Vec<(String, Model)> = Vec::new();
@@ -282,6 +293,7 @@ async fn run(store: &impl Store, id: &str, ops: Vec<Op>) -> Result<(), TestCaseE
                 store.fork(&thread, at_seq, &child).await.map_err(fail)?;
                 let mut forked = Model {
                     events: model.events[..at_seq as usize].to_vec(),
+                    own_from: at_seq as usize,
                     ..Model::default()
                 };
                 forked.events.push(EventKind::Forked {
@@ -345,6 +357,132 @@ async fn run(store: &impl Store, id: &str, ops: Vec<Op>) -> Result<(), TestCaseE
             prop_assert_eq!(&keyed.event.kind, &model.events[*seq as usize - 1]);
         }
     }
+    if let Some((keep, forks_first)) = prune {
+        check_pruning(store, &mut threads, u64::from(keep % 4), forks_first).await?;
+    }
+    Ok(())
+}
+
+/// Records pruned in all the cases run, and threads where some were pruned and some kept:
+/// what the property covered.
+static PRUNED: AtomicU64 = AtomicU64::new(0);
+static PRUNED_WITH_KEPT: AtomicU64 = AtomicU64::new(0);
+
+/// Prunes every thread's request records but its last `keep`, then checks what reads back.
+async fn check_pruning(
+    store: &impl Store,
+    threads: &mut [(String, Model)],
+    keep: u64,
+    forks_first: bool,
+) -> Result<(), TestCaseError> {
+    let retention = RequestRetention::new(None, Some(keep)).unwrap();
+    let mut order: Vec<usize> = (0..threads.len()).collect();
+    if forks_first {
+        order.reverse();
+    }
+    // A parent's record that only a fork's record took a message from is pruned once the
+    // fork's record is: a round per generation of forks, at most, until nothing is left.
+    let mut pruned_by = std::collections::HashMap::new();
+    let mut rounds = 0;
+    loop {
+        let mut pruned = 0;
+        for &i in &order {
+            let thread = &threads[i].0;
+            if threads[i].1.events.is_empty() {
+                continue;
+            }
+            let report = store
+                .prune_thread_requests(thread, &retention, SystemTime::now())
+                .await
+                .map_err(fail)?;
+            *pruned_by.entry(thread.clone()).or_insert(0) += report.records;
+            pruned += report.records;
+        }
+        rounds += 1;
+        if pruned == 0 {
+            break;
+        }
+        prop_assert!(
+            rounds <= threads.len() + 1,
+            "pruning goes on after {} rounds",
+            rounds
+        );
+    }
+    for (thread, model) in threads.iter_mut() {
+        if model.events.is_empty() {
+            continue;
+        }
+        let read = store.events(thread).await.map_err(fail)?;
+        prop_assert_eq!(read.len(), model.events.len());
+        let own_records: Vec<usize> = (model.own_from..model.events.len())
+            .filter(|i| matches!(model.events[*i], EventKind::RequestStarted(_)))
+            .collect();
+        let exact_from = own_records.len().saturating_sub(keep as usize);
+        let must_be_exact: Vec<usize> = own_records[exact_from..].to_vec();
+        let mut own_pruned = 0;
+        for (i, (event, appended)) in read.iter().zip(&model.events).enumerate() {
+            match (&event.kind, appended) {
+                (EventKind::RequestStarted(got), EventKind::RequestStarted(sent))
+                    if got != sent =>
+                {
+                    prop_assert!(
+                        !must_be_exact.contains(&i),
+                        "{} seq {}: one of the last {} records was pruned",
+                        thread,
+                        i + 1,
+                        keep
+                    );
+                    let mark = got.pruned.ok_or_else(|| {
+                        TestCaseError::fail(format!("{thread} seq {}: changed, not pruned", i + 1))
+                    })?;
+                    prop_assert_eq!(mark.messages, sent.messages.len() as u64);
+                    prop_assert!(got.messages.is_empty());
+                    let unmarked = RequestRecord {
+                        pruned: None,
+                        ..got.clone()
+                    };
+                    let bare = RequestRecord {
+                        messages: Vec::new(),
+                        ..sent.clone()
+                    };
+                    prop_assert_eq!(unmarked, bare);
+                    if i >= model.own_from {
+                        own_pruned += 1;
+                    }
+                }
+                _ => prop_assert_eq!(&event.kind, appended, "{} seq {}", thread, i + 1),
+            }
+        }
+        prop_assert_eq!(own_pruned, pruned_by[thread.as_str()], "{}", thread);
+        PRUNED.fetch_add(own_pruned, Ordering::Relaxed);
+        if own_pruned > 0 && !must_be_exact.is_empty() {
+            PRUNED_WITH_KEPT.fetch_add(1, Ordering::Relaxed);
+        }
+        // A later request, whose record may be stored as a change of a pruned one, reads
+        // back as appended.
+        let newest = model.events.iter().rev().find_map(|event| match event {
+            EventKind::RequestStarted(record) => Some(record.clone()),
+            _ => None,
+        });
+        let record = RequestRecord {
+            request_id: format!("{thread}-after-pruning"),
+            messages: model.history.iter().rev().take(3).cloned().collect(),
+            ..newest.unwrap_or_default()
+        };
+        let kind = EventKind::RequestStarted(record);
+        store
+            .append(thread, vec![NewEvent::new(kind.clone())])
+            .await
+            .map_err(fail)?;
+        model.events.push(kind.clone());
+        let last = store
+            .events(thread)
+            .await
+            .map_err(fail)?
+            .pop()
+            .map(|e| e.kind);
+        prop_assert_eq!(last.as_ref(), Some(&kind), "{}", thread);
+    }
     Ok(())
 }
 
@@ -359,11 +497,23 @@ fn check_random_threads(store: &impl Store, runtime: &tokio::runtime::Runtime, c
     });
     let case = std::sync::atomic::AtomicU64::new(0);
     runner
-        .run(&prop::collection::vec(op(), 1..40), |ops| {
-            let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            runtime.block_on(run(store, &format!("case-{n}"), ops))
-        })
+        .run(
+            &(
+                prop::collection::vec(op(), 1..40),
+                prop::option::of((any::<u8>(), any::<bool>())),
+            ),
+            |(ops, prune)| {
+                let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                runtime.block_on(run(store, &format!("case-{n}"), ops, prune))
+            },
+        )
         .unwrap();
+    let (pruned, mixed) = (
+        PRUNED.load(Ordering::Relaxed),
+        PRUNED_WITH_KEPT.load(Ordering::Relaxed),
+    );
+    eprintln!("{pruned} records pruned; {mixed} threads with records pruned and kept");
+    assert!(pruned > 0 && mixed > 0, "the cases pruned nothing");
 }
 
 #[test]

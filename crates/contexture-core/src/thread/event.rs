@@ -349,6 +349,19 @@ pub struct RequestRecord {
     /// so that a retry is told apart from another request that reuses the key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_digest: Option<String>,
+    /// Set when a retention policy removed the messages the request sent (`messages` is
+    /// then empty): the record keeps everything else.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pruned: Option<PrunedRequest>,
+}
+
+/// What a retention policy removed from a request record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrunedRequest {
+    /// How many messages the request sent.
+    pub messages: u64,
+    /// When they were removed, in milliseconds since the Unix epoch.
+    pub at_ms: i64,
 }
 
 /// A request to cancel an execution.

@@ -267,6 +267,7 @@ impl<S: Store> Executor<S> {
                 fit: Some(outgoing.prepared.fit.clone()),
                 purpose: None,
                 client_digest: None,
+                pruned: None,
             })],
         )
         .await?;
