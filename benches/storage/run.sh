@@ -9,5 +9,5 @@ python3 -c 'import langgraph.checkpoint.sqlite' 2>/dev/null \
   || python3 -m pip install --quiet langgraph langgraph-checkpoint-sqlite
 cargo bench -p contexture-store --bench request_records -- \
   --measurement-time 5 --warm-up-time 1 --sample-size 20 2>&1 \
-  | grep -E '1,000 messages|^request_records|time:'
+  | grep -E '1,000 messages|^request_records|time:|while pruning'
 python3 benches/storage/langgraph_chat.py

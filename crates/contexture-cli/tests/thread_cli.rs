@@ -4,7 +4,10 @@
 mod common;
 
 use common::{Outcome, RunToEnd, contexture, sqlite_url};
+use contexture_core::Message;
+use contexture_core::thread::{EventKind, RequestEnd, RequestOutcome, RequestRecord, Usage};
 use contexture_store::testing::{TempDir, in_ci, pg_url, unique};
+use contexture_store::{NewEvent, Store};
 
 /// `contexture thread ARGS --db DB` with `input` on its standard input.
 fn thread(db: &str, args: &[&str], input: &str) -> Outcome {
@@ -151,6 +154,100 @@ fn round_trip(db: &str) {
 fn thread_commands_on_sqlite() {
     let dir = TempDir::new("contexture-cli-round-trip");
     round_trip(&sqlite_url(&dir, "threads.db"));
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let store = runtime
+        .block_on(contexture_store::SqliteStore::open(dir.join("records.db")))
+        .expect("open the store");
+    retention(&sqlite_url(&dir, "records.db"), &store, &runtime);
+}
+
+/// `thread retention` sets, shows and clears a thread's policy; `thread prune` applies it
+/// (and the default it is given) to request records the library wrote.
+fn retention(db: &str, store: &impl Store, runtime: &tokio::runtime::Runtime) {
+    for thread in ["own", "other"] {
+        for turn in 0..4 {
+            let record = RequestRecord {
+                request_id: format!("{thread}-{turn}"),
+                messages: vec![Message::user(format!("question {turn}"))],
+                ..RequestRecord::default()
+            };
+            let events = vec![
+                NewEvent::new(EventKind::MessageAppended {
+                    message: Message::user(format!("question {turn}")),
+                }),
+                NewEvent::new(EventKind::RequestStarted(record)),
+                NewEvent::new(EventKind::RequestEnded(RequestEnd::new(
+                    format!("{thread}-{turn}"),
+                    RequestOutcome::Completed,
+                    Usage::new(1, 1),
+                ))),
+            ];
+            runtime
+                .block_on(store.append(thread, events))
+                .expect("append");
+        }
+    }
+    assert_eq!(ok(db, &["retention", "--thread", "own"], ""), "null\n");
+    assert_eq!(
+        ok(
+            db,
+            &["retention", "--thread", "own", "--keep-last", "1"],
+            ""
+        ),
+        "{\"keep_last\":1}\n"
+    );
+    let listed = ok(db, &["list"], "");
+    assert!(
+        listed.contains("own\t12\tkeeps request records: the last 1 records"),
+        "{listed}"
+    );
+    let report = ok(db, &["prune", "--keep-last", "3"], "");
+    let report: serde_json::Value = serde_json::from_str(&report).expect("JSON report");
+    assert_eq!(report["requests"]["records"], 3 + 1, "{report}");
+    assert_eq!(
+        report["requests"]["by_thread"]["own"]["records"], 3,
+        "{report}"
+    );
+    assert!(
+        report.get("deleted").is_none(),
+        "no thread was deleted: {report}"
+    );
+    let events = ok(db, &["events", "--thread", "own"], "");
+    assert_eq!(
+        events.matches("\"pruned\":{\"messages\":1").count(),
+        3,
+        "{events}"
+    );
+    assert_eq!(events.matches("question 3").count(), 2, "{events}");
+    assert_eq!(
+        ok(db, &["retention", "--thread", "own", "--clear"], ""),
+        "null\n"
+    );
+    let error = fail(
+        db,
+        &["retention", "--thread", "own", "--keep-days", "0"],
+        "",
+    );
+    assert!(error.contains("`keep_days` must be at least 1"), "{error}");
+    let error = fail(
+        db,
+        &[
+            "retention",
+            "--thread",
+            "own",
+            "--clear",
+            "--keep-last",
+            "2",
+        ],
+        "",
+    );
+    assert!(error.contains("cannot be used with"), "{error}");
+    let error = fail(
+        db,
+        &["retention", "--thread", "missing", "--keep-last", "2"],
+        "",
+    );
+    assert!(error.contains("thread `missing` not found"), "{error}");
 }
 
 #[test]
@@ -173,6 +270,7 @@ fn thread_commands_on_postgres() {
     let separator = if url.contains('?') { '&' } else { '?' };
     let db = format!("{url}{separator}options=-csearch_path%3D{schema}");
     round_trip(&db);
+    retention(&db, &store, &runtime);
     runtime
         .block_on(store.drop_schema())
         .expect("drop the test schema");

@@ -6,7 +6,7 @@ use contexture_core::Message;
 use contexture_core::compact::{RestoreError, restore_before};
 use contexture_core::thread::{EventKind, MergeError, MergeSpec, StoreChange};
 use contexture_core::tokens::Encoding;
-use contexture_store::{NewEvent, Store, StoreError};
+use contexture_store::{NewEvent, RequestRetention, RetentionError, Store, StoreError};
 use serde_json::Value;
 
 /// Why a thread operation did nothing.
@@ -33,6 +33,13 @@ pub enum ThreadOpError {
         #[source]
         source: RestoreError,
     },
+    /// The retention policy given cannot be used.
+    #[error("invalid retention policy: {source}")]
+    Retention {
+        /// What is wrong with it.
+        #[source]
+        source: RetentionError,
+    },
 }
 
 /// What a new thread starts with.
@@ -44,10 +51,13 @@ pub struct NewThread {
     pub messages: Vec<Message>,
     /// Free JSON kept in the thread's store under `metadata` (an empty object when `None`).
     pub metadata: Option<Value>,
+    /// The thread's own retention policy for its request records.
+    pub retention: Option<RequestRetention>,
 }
 
 /// Creates thread `id` with its metadata, system prompt and first messages in one append,
-/// and returns the last seq. Fails with [`StoreError::AlreadyExists`] when the thread exists.
+/// then its retention policy, and returns the last seq. Fails with
+/// [`StoreError::AlreadyExists`] when the thread exists.
 pub async fn create_thread<S: Store>(
     store: &S,
     id: &str,
@@ -55,6 +65,11 @@ pub async fn create_thread<S: Store>(
 ) -> Result<u64, ThreadOpError> {
     if store.exists(id).await? {
         return Err(StoreError::AlreadyExists { thread: id.into() }.into());
+    }
+    if let Some(retention) = &new.retention {
+        retention
+            .check()
+            .map_err(|source| ThreadOpError::Retention { source })?;
     }
     let metadata = new
         .metadata
@@ -71,6 +86,9 @@ pub async fn create_thread<S: Store>(
             .map(|message| NewEvent::new(EventKind::MessageAppended { message })),
     );
     let seqs = store.append(id, events).await?;
+    if new.retention.is_some() {
+        store.set_retention(id, new.retention).await?;
+    }
     Ok(seqs.last().copied().unwrap_or(0))
 }
 

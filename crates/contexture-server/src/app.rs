@@ -5,11 +5,11 @@ use std::ops::Deref;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{MethodRouter, get, post};
+use axum::routing::{MethodRouter, get, post, put};
 use axum::{Extension, middleware};
 use contexture_core::registry::Registry;
 use contexture_engine::compaction::Compactor;
@@ -19,7 +19,7 @@ use contexture_engine::sources::WorkflowSource;
 use contexture_engine::workflow::Programs;
 use contexture_llm::RetryPolicy;
 use contexture_llm::passthrough::{Passthrough, UpstreamConfig as PassthroughConfig};
-use contexture_store::{AnyStore, StoreError};
+use contexture_store::{AnyStore, RetentionRules, Store, StoreError};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
@@ -114,6 +114,8 @@ pub struct Shared {
     pub streams: Arc<TenantSlots>,
     /// The keyed chat turns this server is answering.
     pub keyed_turns: Arc<KeyedTurns>,
+    /// The retention of request records for threads without a policy of their own.
+    pub retention: RetentionRules,
 }
 
 /// Counts work in flight outside requests, so a shutdown can wait for it, and tells that
@@ -293,6 +295,10 @@ impl AppState {
             Some(name) => Some(Tenant::new(name.clone()).map_err(StartError::Config)?),
             None => None,
         };
+        let retention = config
+            .retention
+            .rules()
+            .map_err(|error| StartError::Config(error.to_string()))?;
         Ok(AppState(Arc::new(Shared {
             store,
             registry,
@@ -317,6 +323,7 @@ impl AppState {
                 "open event streams",
                 "limits.max_event_streams",
             ),
+            retention,
             config,
         })))
     }
@@ -400,6 +407,10 @@ fn api_routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
         ("/v1/threads/{id}/merge", post(threads::merge)),
         ("/v1/threads/{id}/compact", post(threads::compact)),
         ("/v1/threads/{id}/restore", post(threads::restore)),
+        (
+            "/v1/threads/{id}/retention",
+            put(threads::set_retention).delete(threads::clear_retention),
+        ),
         ("/v1/executions", post(executions::start)),
         ("/v1/executions/{id}", get(executions::status)),
         ("/v1/executions/{id}/events", get(executions::events)),
@@ -456,6 +467,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let grace = Duration::from_secs(state.config.shutdown_grace_secs);
+    let pruner = prune_in_background(&state);
     let header_timeout = Duration::from_secs_f64(state.config.limits.header_read_timeout_secs);
     let in_flight = state.in_flight.clone();
     let app = router(state);
@@ -488,6 +500,9 @@ pub async fn serve(
     }
     tracing::info!("shutting down: finishing the requests in flight");
     drop(listener);
+    if let Some(pruner) = pruner {
+        pruner.abort();
+    }
     let finished = async {
         connections.shutdown().await;
         // Answers of streams that just ended are still being recorded.
@@ -509,6 +524,44 @@ pub async fn serve(
         }
     }
     Ok(())
+}
+
+/// Prunes request records by the threads' policies and `[retention]` every
+/// `retention.interval_secs` (none when it is 0). Several servers on one database may all
+/// prune: pruning is idempotent and each thread's batch is one short transaction.
+fn prune_in_background(state: &AppState) -> Option<tokio::task::JoinHandle<()>> {
+    let every = Duration::from_secs(state.config.retention.interval_secs);
+    if every.is_zero() {
+        return None;
+    }
+    let state = state.clone();
+    Some(tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The first tick is now: wait a whole interval before the first pruning.
+        ticks.tick().await;
+        loop {
+            ticks.tick().await;
+            let started = std::time::Instant::now();
+            match state
+                .store
+                .prune_requests(&state.retention, SystemTime::now())
+                .await
+            {
+                Ok(report) => {
+                    state.metrics.count_pruned(report.records, report.bytes);
+                    tracing::info!(
+                        threads = report.threads,
+                        records = report.records,
+                        bytes = report.bytes,
+                        elapsed_ms = started.elapsed().as_millis() as u64,
+                        "pruned request records"
+                    );
+                }
+                Err(error) => tracing::warn!(%error, "cannot prune request records"),
+            }
+        }
+    }))
 }
 
 /// How long a shutdown waits, after the grace period, for stopped work to record its end.

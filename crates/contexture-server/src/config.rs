@@ -13,6 +13,7 @@ use contexture_core::fit::Strategy;
 use contexture_core::thread::RunLimits;
 use contexture_engine::render_workers::{RenderWorkers, WorkerCommand, WorkerLimits};
 use contexture_engine::tools::{BUILT_IN_TOOLS, ProgramTool, Toolbox};
+use contexture_store::{RequestRetention, RetentionRules};
 use serde::{Deserialize, Serialize};
 
 /// Everything `contexture serve` can be told.
@@ -43,6 +44,8 @@ pub struct ServerConfig {
     pub llm: String,
     /// The default context policy of chat threads.
     pub context: ContextConfig,
+    /// How long threads keep their request records, and how often the server prunes them.
+    pub retention: RetentionConfig,
     /// How long a shutdown waits for requests in flight to finish, in seconds.
     pub shutdown_grace_secs: u64,
     /// Tools the operator registers by name (`[tools.NAME]`): every workflow on this server,
@@ -64,6 +67,7 @@ impl Default for ServerConfig {
             upstream: UpstreamConfig::default(),
             llm: "auto".into(),
             context: ContextConfig::default(),
+            retention: RetentionConfig::default(),
             shutdown_grace_secs: 30,
             tools: BTreeMap::new(),
         }
@@ -316,6 +320,63 @@ impl Default for ContextConfig {
             strategy: Strategy::Last,
             compaction: None,
         }
+    }
+}
+
+/// How long threads keep the messages of their request records (`[retention]`); message
+/// events are always kept. A thread's own policy (set through the API or `contexture
+/// thread retention`) comes first, then its tenant's (`[retention.tenants.NAME]`), then
+/// `keep_days` / `keep_last` here; with none of them, records are kept.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetentionConfig {
+    /// Keep request records appended in the last this many days.
+    pub keep_days: Option<u32>,
+    /// Keep each thread's newest this many request records.
+    pub keep_last: Option<u64>,
+    /// Seconds between two prunings in the background (0: never; `contexture thread prune`
+    /// still prunes by the same policies).
+    pub interval_secs: u64,
+    /// Policies by tenant, over the default.
+    pub tenants: BTreeMap<String, RequestRetention>,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        RetentionConfig {
+            keep_days: None,
+            keep_last: None,
+            interval_secs: 300,
+            tenants: BTreeMap::new(),
+        }
+    }
+}
+
+impl RetentionConfig {
+    /// The rules pruning applies to threads without a policy of their own: a tenant's
+    /// threads are those under its prefix.
+    pub fn rules(&self) -> Result<RetentionRules, ConfigError> {
+        let default =
+            match (self.keep_days, self.keep_last) {
+                (None, None) => None,
+                (days, last) => Some(RequestRetention::new(days, last).map_err(|error| {
+                    ConfigError::Invalid {
+                        field: "retention",
+                        problem: error.to_string(),
+                    }
+                })?),
+            };
+        let mut by_prefix = BTreeMap::new();
+        for (tenant, policy) in &self.tenants {
+            let problem = |problem: String| ConfigError::Invalid {
+                field: "retention.tenants",
+                problem: format!("`{tenant}`: {problem}"),
+            };
+            crate::tenancy::check_tenant(tenant).map_err(problem)?;
+            policy.check().map_err(|error| problem(error.to_string()))?;
+            by_prefix.insert(format!("{tenant}/"), *policy);
+        }
+        Ok(RetentionRules { default, by_prefix })
     }
 }
 
@@ -635,6 +696,7 @@ impl ServerConfig {
                 format!("must be above 0, not {}", self.executions.template_seconds),
             );
         }
+        self.retention.rules()?;
         if self.executions.template_workers == 0 {
             return invalid("executions.template_workers", "must be at least 1".into());
         }

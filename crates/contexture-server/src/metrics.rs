@@ -50,6 +50,8 @@ pub struct Metrics {
     trims: Counter,
     compactions: Family<OutcomeLabels, Counter>,
     store_errors: Counter,
+    records_pruned: Counter,
+    bytes_pruned: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -98,6 +100,18 @@ impl Default for Metrics {
             "Requests that failed in the store",
             store_errors.clone(),
         );
+        let records_pruned = Counter::default();
+        registry.register(
+            "request_records_pruned",
+            "Request records whose messages the retention policies removed",
+            records_pruned.clone(),
+        );
+        let bytes_pruned = Counter::default();
+        registry.register(
+            "request_record_bytes_pruned",
+            "Bytes of request records the retention policies freed",
+            bytes_pruned.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -106,6 +120,8 @@ impl Default for Metrics {
             trims,
             compactions,
             store_errors,
+            records_pruned,
+            bytes_pruned,
         }
     }
 }
@@ -126,6 +142,12 @@ impl Metrics {
             CompactionOutcome::Skipped { .. } => "skipped",
             CompactionOutcome::Failed { .. } => "failed",
         });
+    }
+
+    /// Counts what a pruning of request records removed.
+    pub fn count_pruned(&self, records: u64, bytes: u64) {
+        self.records_pruned.inc_by(records);
+        self.bytes_pruned.inc_by(bytes);
     }
 
     /// Counts a compaction that ended in an error before it could report (as `failed`).

@@ -10,7 +10,9 @@ use contexture_core::tokens::Encoding;
 use contexture_engine::threads::{
     Forked, NewThread, ThreadOpError, create_thread, fork_thread, merge_thread, restore_thread,
 };
-use contexture_store::{AnyStore, NewEvent, ProjectionTail, Store, StoreError, ThreadInfo};
+use contexture_store::{
+    AnyStore, NewEvent, ProjectionTail, RequestRetention, Store, StoreError, ThreadInfo,
+};
 
 use crate::active_runs::ActiveRuns;
 use crate::app::AppState;
@@ -112,6 +114,9 @@ impl<'a> TenantStore<'a> {
                 param: Some("from".into()),
             },
             // The path's thread exists; the event named is what is wrong.
+            error @ ThreadOpError::Retention { .. } => {
+                ApiError::invalid("retention", error.to_string())
+            }
             error @ ThreadOpError::Restore { .. } => ApiError {
                 status: StatusCode::UNPROCESSABLE_ENTITY,
                 code: "unprocessable",
@@ -199,6 +204,32 @@ impl<'a> TenantStore<'a> {
             .list_page(&prefix, &after, limit)
             .await
             .map_err(|error| self.error(error))
+    }
+
+    /// Sets (`None`: removes) the retention policy of the tenant's thread `id`.
+    pub(crate) async fn set_retention(
+        &self,
+        id: &str,
+        retention: Option<RequestRetention>,
+    ) -> ApiResult<()> {
+        self.store
+            .set_retention(&self.stored_id(id), retention)
+            .await
+            .map_err(|error| self.error(error))
+    }
+
+    /// The own retention policy of the tenant's thread `id` (404 when there is no thread).
+    pub(crate) async fn retention(&self, id: &str) -> ApiResult<Option<RequestRetention>> {
+        let stored = self.stored_id(id);
+        let info = self
+            .store
+            .list_page(&stored, "", 1)
+            .await
+            .map_err(|error| self.error(error))?
+            .into_iter()
+            .find(|info| info.id == stored)
+            .ok_or_else(|| ApiError::not_found("thread", id))?;
+        Ok(info.retention)
     }
 
     /// Deletes the tenant's thread `id`.

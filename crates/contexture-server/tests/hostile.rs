@@ -148,6 +148,117 @@ async fn malformed_bodies_are_refused_with_what_and_where() {
 }
 
 #[tokio::test]
+async fn bad_retention_policies_are_refused_naming_the_field_and_change_nothing() {
+    let dir = TempDir::new("contexture-hostile-retention");
+    let (server, key) = hostile_server(&dir).await;
+    let json = Some("application/json");
+    let body = |value: Value| serde_json::to_vec(&value).unwrap();
+    let (status, _) = send(
+        &server,
+        &key,
+        "POST",
+        "/v1/threads",
+        json,
+        body(json!({"id": "t", "retention": {"keep_last": 5}})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let path = "/v1/threads/t/retention";
+    let table: Vec<(&str, &str, Vec<u8>, &str, &str)> = vec![
+        (
+            "PUT",
+            path,
+            body(json!({})),
+            "retention",
+            "needs `keep_days`, `keep_last` or both",
+        ),
+        (
+            "PUT",
+            path,
+            body(json!({"keep_days": 0})),
+            "retention",
+            "`keep_days` must be at least 1",
+        ),
+        (
+            "PUT",
+            path,
+            body(json!({"keep_days": -1})),
+            "keep_days",
+            "invalid value",
+        ),
+        (
+            "PUT",
+            path,
+            body(json!({"keep_days": 1e99})),
+            "keep_days",
+            "invalid type",
+        ),
+        (
+            "PUT",
+            path,
+            body(json!({"keep_last": "all"})),
+            "keep_last",
+            "invalid type",
+        ),
+        (
+            "PUT",
+            path,
+            body(json!({"keep_last": 1, "keep_forever": true})),
+            "keep_forever",
+            "unknown field",
+        ),
+        (
+            "PUT",
+            path,
+            body(json!([1, 2])),
+            "",
+            "the body must be a JSON object",
+        ),
+        (
+            "PUT",
+            path,
+            b"{\"keep_last\": 1, \"keep_last\": 2}".to_vec(),
+            "keep_last",
+            "the key appears twice",
+        ),
+        (
+            "POST",
+            "/v1/threads",
+            body(json!({"id": "u", "retention": {"keep_days": 0}})),
+            "retention",
+            "`keep_days` must be at least 1",
+        ),
+    ];
+    for (method, path, sent, param, words) in table {
+        let shown = String::from_utf8_lossy(&sent).into_owned();
+        let (status, error) = send(&server, &key, method, path, json, sent).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{shown}: {error}");
+        if !param.is_empty() {
+            assert_eq!(error["error"]["param"], param, "{shown}: {error}");
+        }
+        let message = error["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(words), "{shown}: {message}");
+        healthy(&server).await;
+    }
+    // The thread's policy is as it was; the refused thread was not created.
+    let (_, thread) = send(&server, &key, "GET", "/v1/threads/t", None, vec![]).await;
+    assert_eq!(thread["retention"], json!({"keep_last": 5}), "{thread}");
+    let (status, _) = send(&server, &key, "GET", "/v1/threads/u", None, vec![]).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = send(
+        &server,
+        &key,
+        "PUT",
+        "/v1/threads/nope/retention",
+        json,
+        body(json!({"keep_last": 1})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    server.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_restore_names_a_replace_event_of_the_thread_or_changes_nothing() {
     let dir = TempDir::new("contexture-hostile");
     let (server, key) = hostile_server(&dir).await;

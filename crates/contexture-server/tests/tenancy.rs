@@ -42,6 +42,7 @@ async fn acme_view(server: &TestServer, key: &str) -> Vec<String> {
     let mut view = Vec::new();
     for path in [
         "/v1/threads",
+        "/v1/threads/secret",
         "/v1/threads/secret/events",
         "/v1/threads/secret-fork/events",
         "/v1/threads/run-1/events",
@@ -80,6 +81,11 @@ async fn every_route_keeps_tenants_apart(store: AnyStore) {
             M::POST,
             "/v1/threads/secret/fork",
             json!({"id": "secret-fork"}),
+        ),
+        (
+            M::PUT,
+            "/v1/threads/secret/retention",
+            json!({"keep_days": 30}),
         ),
         (
             M::POST,
@@ -130,6 +136,13 @@ async fn every_route_keeps_tenants_apart(store: AnyStore) {
             Some(json!({"from": "secret-fork"})),
             None,
         ),
+        (
+            M::PUT,
+            "/v1/threads/secret/retention",
+            Some(json!({"keep_last": 0})),
+            None,
+        ),
+        (M::DELETE, "/v1/threads/secret/retention", None, None),
         (M::DELETE, "/v1/threads/secret", None, None),
         (M::DELETE, "/v1/threads/secret-fork", None, None),
         (M::GET, "/v1/executions/run-1", None, None),

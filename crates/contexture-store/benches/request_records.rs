@@ -12,14 +12,22 @@
 //!   the record stored by reference to the thread's messages, found byte for byte), on a fork
 //!   of the conversation made before the clock starts;
 //! - `request_records/sqlite/read_records_at_1000_messages`: read the thread back with every
-//!   record resolved (500 records of up to 1,000 messages each).
+//!   record resolved (500 records of up to 1,000 messages each);
+//! - `request_records/sqlite/prune_200_records`: a retention policy that keeps none prunes
+//!   the 200 records of an agent's thread (each holding a rendered prompt of 6 KB of its
+//!   own, 1.3 MB in all), in batches of 128 per transaction, the free pages given back;
+//!   meanwhile another task appends a message every millisecond, and the longest any of
+//!   those appends waited is printed after the group (what pruning costs writers).
 
 use std::hint::black_box;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime};
 
 use contexture_core::Message;
 use contexture_core::thread::{EventKind, RequestEnd, RequestOutcome, RequestRecord, Usage};
 use contexture_store::testing::{self, message_length, prose};
-use contexture_store::{NewEvent, SqliteStore, Store};
+use contexture_store::{NewEvent, RequestRetention, SqliteStore, Store};
 use criterion::{Criterion, criterion_group, criterion_main};
 use tokio::runtime::Runtime;
 
@@ -100,7 +108,7 @@ fn records(c: &mut Criterion) {
     let mut forks = 0usize;
     group.bench_function("chat_turn_at_1000_messages", |b| {
         b.iter_custom(|iters| {
-            let mut spent = std::time::Duration::ZERO;
+            let mut spent = Duration::ZERO;
             for _ in 0..iters {
                 forks += 1;
                 let fork = format!("fork-{forks}");
@@ -108,7 +116,7 @@ fn records(c: &mut Criterion) {
                     .block_on(store.fork("chat", info.last_seq, &fork))
                     .expect("fork");
                 let mut sent = history.clone();
-                let start = std::time::Instant::now();
+                let start = Instant::now();
                 runtime.block_on(turn(&store, &fork, &mut sent, TURNS));
                 spent += start.elapsed();
             }
@@ -118,7 +126,92 @@ fn records(c: &mut Criterion) {
     group.bench_function("read_records_at_1000_messages", |b| {
         b.iter(|| black_box(runtime.block_on(store.events("chat")).expect("read")))
     });
+    group.sample_size(10);
+    let mut agents = 0usize;
+    let mut worst_wait = Duration::ZERO;
+    let mut probes = 0usize;
+    group.bench_function("prune_200_records", |b| {
+        b.iter_custom(|iters| {
+            let mut spent = Duration::ZERO;
+            for _ in 0..iters {
+                agents += 1;
+                let thread = format!("agent-{agents}");
+                runtime.block_on(agent(&store, &thread, 200));
+                let stop = Arc::new(AtomicBool::new(false));
+                let probe = runtime.spawn(probe_appends(store.clone(), stop.clone()));
+                let start = Instant::now();
+                let pruned = runtime
+                    .block_on(store.prune_thread_requests(
+                        &thread,
+                        &RequestRetention::new(None, Some(0)).expect("a policy"),
+                        SystemTime::now(),
+                    ))
+                    .expect("prune");
+                spent += start.elapsed();
+                assert_eq!(pruned.records, 200);
+                stop.store(true, Ordering::Relaxed);
+                let (waits, worst) = runtime.block_on(probe).expect("the probe");
+                probes += waits;
+                worst_wait = worst_wait.max(worst);
+            }
+            spent
+        })
+    });
     group.finish();
+    println!(
+        "while pruning: the longest of {probes} appends waited {:.2} ms",
+        worst_wait.as_secs_f64() * 1e3
+    );
+}
+
+/// An agent's thread of `calls` calls, each request sending a rendered prompt of its own
+/// (6 KB, stored inline) and the task.
+async fn agent(store: &SqliteStore, thread: &str, calls: usize) {
+    for call in 0..calls {
+        let task = Message::user(format!("task {call}"));
+        let record = RequestRecord {
+            request_id: format!("{thread}-{call}"),
+            model: Some("gpt-4o-mini".into()),
+            messages: vec![Message::system(prose(call, 6_000)), task.clone()],
+            ..RequestRecord::default()
+        };
+        store
+            .append(
+                thread,
+                vec![
+                    NewEvent::new(EventKind::MessageAppended { message: task }),
+                    NewEvent::new(EventKind::RequestStarted(record)),
+                    NewEvent::new(EventKind::RequestEnded(RequestEnd::new(
+                        format!("{thread}-{call}"),
+                        RequestOutcome::Completed,
+                        Usage::new(10, 10),
+                    ))),
+                ],
+            )
+            .await
+            .expect("append a call");
+    }
+}
+
+/// Appends a message every millisecond until `stop`: how many, and the longest wait.
+async fn probe_appends(store: SqliteStore, stop: Arc<AtomicBool>) -> (usize, Duration) {
+    let (mut count, mut worst) = (0, Duration::ZERO);
+    while !stop.load(Ordering::Relaxed) {
+        let start = Instant::now();
+        store
+            .append_one(
+                "probe",
+                NewEvent::new(EventKind::MessageAppended {
+                    message: Message::user("probe"),
+                }),
+            )
+            .await
+            .expect("a probe append");
+        worst = worst.max(start.elapsed());
+        count += 1;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    (count, worst)
 }
 
 criterion_group!(benches, records);

@@ -26,8 +26,8 @@ use crate::request_refs::{Sent, StoredRequest};
 const DAY_MS: i64 = 24 * 60 * 60 * 1000;
 
 /// How many request records one transaction prunes at most, so that a thread with a long
-/// history of records does not hold the store's writers for long.
-pub(crate) const PRUNE_BATCH: usize = 128;
+/// history of records does not hold the store's writers (or a thread's row lock) for long.
+pub(crate) const PRUNE_BATCH: usize = 32;
 
 /// How long a thread's request records keep the messages they sent. A record is kept whole
 /// while it passes every limit set: appended within the last `keep_days` days, and among
@@ -238,7 +238,7 @@ impl StoredRequest {
 /// Which of a thread's records to prune.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct PrunePlan {
-    /// The seqs of the records to prune now (at most [`PRUNE_BATCH`]), in order.
+    /// The seqs of the records to prune now (at most the limit planned with), in order.
     pub prune: Vec<u64>,
     /// True when more records are to be pruned after these.
     pub more: bool,
@@ -250,14 +250,16 @@ pub(crate) struct PrunePlan {
 }
 
 /// Plans the pruning of a thread's records from `floor` on (`records`, in seq order; every
-/// record below `floor` is pruned already) under `retention` at `now_ms`. `referred` holds
-/// the seqs of this thread's records that its forks' records take messages from.
+/// record below `floor` is pruned already) under `retention` at `now_ms`, at most `limit`
+/// of them. `referred` holds the seqs of this thread's records that its forks' records take
+/// messages from.
 pub(crate) fn plan(
     retention: &RequestRetention,
     records: &[StoredRecord],
     referred: &BTreeSet<u64>,
     floor: u64,
     now_ms: i64,
+    limit: usize,
 ) -> PrunePlan {
     let by_seq: HashMap<u64, &StoredRecord> = records.iter().map(|r| (r.seq, r)).collect();
     let count = records.len() as u64;
@@ -290,7 +292,7 @@ pub(crate) fn plan(
         let pruned = record.stored.is_pruned();
         let keep = kept.contains(&record.seq) || needed.contains(&record.seq);
         if !pruned && !keep {
-            if plan.prune.len() < PRUNE_BATCH {
+            if plan.prune.len() < limit {
                 plan.prune.push(record.seq);
                 continue;
             }
@@ -485,7 +487,7 @@ mod tests {
     #[test]
     fn the_last_n_records_are_kept() {
         let records: Vec<_> = (1..=5).map(|i| record(i * 2, 0, vec![run(1, i)])).collect();
-        let plan = plan(&last(2), &records, &BTreeSet::new(), 0, 0);
+        let plan = plan(&last(2), &records, &BTreeSet::new(), 0, 0, PRUNE_BATCH);
         assert_eq!(plan.prune, vec![2, 4, 6]);
         assert_eq!(plan.floor, 8);
         assert!(!plan.more);
@@ -503,12 +505,12 @@ mod tests {
         ];
         let days = RequestRetention::new(Some(3), None).unwrap();
         assert_eq!(
-            plan(&days, &records, &BTreeSet::new(), 0, now).prune,
+            plan(&days, &records, &BTreeSet::new(), 0, now, PRUNE_BATCH).prune,
             vec![1]
         );
         let both = RequestRetention::new(Some(3), Some(2)).unwrap();
         assert_eq!(
-            plan(&both, &records, &BTreeSet::new(), 0, now).prune,
+            plan(&both, &records, &BTreeSet::new(), 0, now, PRUNE_BATCH).prune,
             vec![1, 2]
         );
     }
@@ -522,7 +524,7 @@ mod tests {
             record(4, 0, vec![earlier(2)]),
             record(5, 0, vec![earlier(2)]),
         ];
-        let plan = plan(&last(1), &records, &BTreeSet::new(), 0, 0);
+        let plan = plan(&last(1), &records, &BTreeSet::new(), 0, 0, PRUNE_BATCH);
         assert_eq!(plan.prune, vec![3, 4]);
         assert_eq!(plan.kept_for_references, 2);
         assert_eq!(plan.floor, 1);
@@ -531,7 +533,7 @@ mod tests {
     #[test]
     fn records_a_fork_refers_to_are_kept() {
         let records = vec![record(1, 0, vec![]), record(2, 0, vec![])];
-        let plan = plan(&last(0), &records, &BTreeSet::from([1]), 0, 0);
+        let plan = plan(&last(0), &records, &BTreeSet::from([1]), 0, 0, PRUNE_BATCH);
         assert_eq!(plan.prune, vec![2]);
         assert_eq!(plan.floor, 1);
     }
@@ -545,7 +547,7 @@ mod tests {
             messages: 1,
             at_ms: 0,
         });
-        let first = plan(&last(1), &records, &BTreeSet::new(), 0, 0);
+        let first = plan(&last(1), &records, &BTreeSet::new(), 0, 0, PRUNE_BATCH);
         assert_eq!(first.prune.len(), PRUNE_BATCH);
         assert_eq!(first.prune[0], 2);
         assert!(first.more);

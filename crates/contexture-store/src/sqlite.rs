@@ -256,6 +256,25 @@ impl SqliteStore {
         }
     }
 
+    /// Rewrites the database file without its free pages, and switches a file made before
+    /// the store chose incremental vacuum over to it (so that later deletes and prunings
+    /// give their pages back as they go). Every write waits while the file is rewritten, a
+    /// second or more per hundred megabytes: maintenance, not something to run under load.
+    /// Returns the file's bytes before and after.
+    pub async fn vacuum(&self) -> Result<(u64, u64), StoreError> {
+        let path = self.inner.path.clone();
+        tokio::task::spawn_blocking(move || {
+            let size = |path: &Path| std::fs::metadata(path).map_or(0, |meta| meta.len());
+            let before = size(&path);
+            // `connect` asks for incremental vacuum, which `VACUUM` then applies.
+            let conn = connect(&path)?;
+            conn.execute_batch("VACUUM; PRAGMA wal_checkpoint(TRUNCATE);")
+                .doing("rewrite the database file")?;
+            Ok((before, size(&path)))
+        })
+        .await?
+    }
+
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.inner.path
@@ -1067,16 +1086,69 @@ impl Store for SqliteStore {
         retention: &RequestRetention,
         now: SystemTime,
     ) -> Result<RequestsPruned, StoreError> {
+        /// Plans made on a reader that a busy thread's appends outdated before they were
+        /// written: past these, the plan is made by the writer, a batch at a time.
+        const STALE_PLANS: usize = 3;
         let now_ms = epoch_ms(now);
         let mut total = RequestsPruned::default();
-        loop {
-            let (thread, retention) = (thread.to_string(), *retention);
-            let (pruned, more) = self
-                .write(move |tx| retention::prune_batch(tx, &thread, &retention, now_ms))
+        for _ in 0..STALE_PLANS {
+            // The records are read on a reader: the writers wait only for the rewrites.
+            let (id, policy) = (thread.to_string(), *retention);
+            let planned = self
+                .read(move |conn| {
+                    let tx = conn.transaction().doing("begin a read")?;
+                    let planned = retention::plan(&tx, &id, &policy, now_ms, usize::MAX)?;
+                    tx.commit().doing("end the read")?;
+                    Ok(planned)
+                })
                 .await?;
-            total.records += pruned.records;
-            total.bytes += pruned.bytes;
-            total.kept_for_references = pruned.kept_for_references;
+            total.kept_for_references = planned.kept_for_references();
+            if planned.is_empty() {
+                return Ok(total);
+            }
+            let planned = Arc::new(planned);
+            let mut from = 0;
+            let written = loop {
+                let (id, plan) = (thread.to_string(), Arc::clone(&planned));
+                match self
+                    .write(move |tx| retention::apply(tx, &id, &plan, from))
+                    .await?
+                {
+                    Some(done) => {
+                        total.records += done.records;
+                        total.bytes += done.bytes;
+                        from += done.records as usize;
+                        if from >= planned.len() {
+                            break true;
+                        }
+                    }
+                    None => {
+                        tracing::debug!(thread, "appends outdated a pruning plan; planning again");
+                        break false;
+                    }
+                }
+            };
+            if written {
+                if total.records > 0 {
+                    self.reclaim().await?;
+                }
+                return Ok(total);
+            }
+        }
+        loop {
+            let (id, policy) = (thread.to_string(), *retention);
+            let (done, more) = self
+                .write(move |tx| {
+                    let planned =
+                        retention::plan(tx, &id, &policy, now_ms, retention::BATCH_LIMIT)?;
+                    let done = retention::apply(tx, &id, &planned, 0)?;
+                    Ok((done, planned.more))
+                })
+                .await?;
+            let done = done.unwrap_or_default();
+            total.records += done.records;
+            total.bytes += done.bytes;
+            total.kept_for_references = done.kept_for_references;
             if !more {
                 break;
             }
@@ -1142,5 +1214,66 @@ mod tests {
             "{full} bytes before the delete, {after} after"
         );
         assert_eq!(store.events("small").await.unwrap().len(), 1);
+    }
+
+    /// A file made before the store chose incremental vacuum keeps its free pages after a
+    /// delete; a vacuum rewrites it without them and switches it over.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_vacuum_shrinks_an_older_file_and_switches_it_to_incremental_vacuum() {
+        let dir = crate::testing::TempDir::new("contexture-vacuum");
+        let path = dir.join("old.db");
+        {
+            let old = Connection::open(&path).unwrap();
+            old.execute_batch("PRAGMA auto_vacuum = NONE; CREATE TABLE made_before (x);")
+                .unwrap();
+        }
+        let mode = |path: &Path| -> i64 {
+            Connection::open(path)
+                .unwrap()
+                .query_row("PRAGMA auto_vacuum", [], |r| r.get(0))
+                .unwrap()
+        };
+        let store = SqliteStore::open(&path).await.unwrap();
+        assert_eq!(mode(&path), 0, "an older file keeps its mode on open");
+        let text = "y".repeat(2_000);
+        for _ in 0..20 {
+            let batch = (0..50)
+                .map(|_| {
+                    NewEvent::new(EventKind::MessageAppended {
+                        message: Message::user(text.clone()),
+                    })
+                })
+                .collect();
+            store.append("big", batch).await.unwrap();
+        }
+        store
+            .append_one(
+                "small",
+                NewEvent::new(EventKind::MessageAppended {
+                    message: Message::user("kept"),
+                }),
+            )
+            .await
+            .unwrap();
+        store.delete("big").await.unwrap();
+        let kept = crate::testing::sqlite_disk_bytes(&path);
+        assert!(kept > 2_000_000, "the free pages stay in the file: {kept}");
+        let (before, after) = store.vacuum().await.unwrap();
+        assert!(
+            before > 2_000_000 && after < before / 10,
+            "{before} -> {after}"
+        );
+        assert_eq!(mode(&path), INCREMENTAL_VACUUM);
+        assert_eq!(store.events("small").await.unwrap().len(), 1);
+        store
+            .append_one(
+                "small",
+                NewEvent::new(EventKind::MessageAppended {
+                    message: Message::user("after"),
+                }),
+            )
+            .await
+            .unwrap();
+        assert_eq!(store.events("small").await.unwrap().len(), 2);
     }
 }

@@ -86,6 +86,17 @@ impl AnyStore {
         on_backend!(self, store => store.set_max_thread_bytes(max))
     }
 
+    /// Rewrites an SQLite file without its free pages ([`SqliteStore::vacuum`]): its bytes
+    /// before and after. `None` for PostgreSQL, whose autovacuum reuses the space.
+    pub async fn vacuum(&self) -> Result<Option<(u64, u64)>, StoreError> {
+        match self {
+            #[cfg(feature = "sqlite")]
+            AnyStore::Sqlite(store) => store.vacuum().await.map(Some),
+            #[cfg(feature = "postgres")]
+            AnyStore::Postgres(_) => Ok(None),
+        }
+    }
+
     /// Opens the store `url` names (see [`StoreUrl`]), applying pending migrations. A URL of
     /// a backend this build lacks is an [`StoreError::InvalidUrl`].
     pub async fn open(url: &str) -> Result<AnyStore, StoreError> {

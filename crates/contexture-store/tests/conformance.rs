@@ -1710,6 +1710,69 @@ async fn pruning_keeps_what_a_fork_still_sends(h: &impl Harness) {
     );
 }
 
+async fn pruning_while_requests_are_appended_leaves_every_record_readable(h: &impl Harness) {
+    let s = h.store();
+    // Each request sends the same rendered prompt, stored inline once and then taken from
+    // the newest record that holds it: appends made while the pruning runs refer to records
+    // that a plan made a moment before would prune.
+    let prompt = Message::system(format!("rendered: {}", "z".repeat(3000)));
+    let request = |n: usize| {
+        EventKind::RequestStarted(RequestRecord {
+            request_id: format!("r{n}"),
+            messages: vec![prompt.clone(), Message::user(format!("q{n}"))],
+            ..Default::default()
+        })
+    };
+    let append = |n: usize| {
+        let events = vec![
+            user(&format!("q{n}")),
+            NewEvent::new(request(n)),
+            NewEvent::new(EventKind::RequestEnded(RequestEnd::new(
+                format!("r{n}"),
+                RequestOutcome::Completed,
+                Usage::new(1, 1),
+            ))),
+        ];
+        async move { s.append("busy", events).await.unwrap() }
+    };
+    for n in 0..100 {
+        append(n).await;
+    }
+    let none = RequestRetention::new(None, Some(0)).unwrap();
+    for round in 0..5 {
+        let writes = async {
+            for n in 0..20 {
+                append(100 + round * 20 + n).await;
+            }
+        };
+        let (pruned, ()) = tokio::join!(
+            s.prune_thread_requests("busy", &none, SystemTime::now()),
+            writes
+        );
+        pruned.unwrap();
+        let records = records_of(s, "busy").await;
+        assert_eq!(records.len(), 120 + round * 20);
+        for (n, record) in records.iter().enumerate() {
+            match record.pruned {
+                Some(mark) => assert_eq!(mark.messages, 2, "record {n}"),
+                None => {
+                    assert_eq!(
+                        EventKind::RequestStarted(record.clone()),
+                        request(n),
+                        "record {n}"
+                    )
+                }
+            }
+        }
+    }
+    let report = s
+        .prune_thread_requests("busy", &none, SystemTime::now())
+        .await
+        .unwrap();
+    let records = records_of(s, "busy").await;
+    assert!(records.iter().all(|r| r.pruned.is_some()), "{report:?}");
+}
+
 macro_rules! conformance {
     (
         fresh: [$($name:ident),* $(,)?],
@@ -1788,6 +1851,7 @@ conformance!(
     pruning_request_records_keeps_the_policy_and_every_message,
     pruning_follows_each_threads_policy_then_the_rules,
     pruning_keeps_what_a_fork_still_sends,
+    pruning_while_requests_are_appended_leaves_every_record_readable,
     ],
     before_api_keys: [api_key_migration_applies_to_an_older_database],
 );

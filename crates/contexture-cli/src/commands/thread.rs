@@ -1,4 +1,5 @@
-//! `contexture thread`: append to, read, fork, list, delete and prune threads in a store.
+//! `contexture thread`: append to, read, fork, list, delete and prune threads in a store, and
+//! set their retention of request records.
 //!
 //! `--db` names the store: `sqlite:PATH` (the default, `sqlite:contexture.db`) or
 //! `postgres://...`. Messages are read and printed in the OpenAI chat format; events are
@@ -19,7 +20,7 @@ use contexture_engine::compaction::{CompactOptions, CompactionOutcome, Compactor
 use contexture_engine::fitting::{FitSettings, MessageView, thread_messages};
 use contexture_engine::llm::LlmSpec;
 use contexture_engine::threads::{fork_thread, merge_thread, restore_thread};
-use contexture_store::{AnyStore, NewEvent, Store};
+use contexture_store::{AnyStore, NewEvent, RequestRetention, RetentionRules, Store};
 use serde_json::Value;
 
 use super::input;
@@ -142,12 +143,32 @@ pub enum ThreadCommand {
         #[arg(long)]
         thread: String,
     },
-    /// Delete threads idle for longer than a duration, forks before their parents; print a
-    /// JSON report.
+    /// Prune request records by each thread's retention policy (for threads without one,
+    /// the policy given here, if any) and, with --idle-secs, delete threads idle for longer,
+    /// forks before their parents; print a JSON report. Message events are never pruned.
     Prune {
-        /// Idle time in seconds.
+        /// Also delete the threads idle for longer than this many seconds.
         #[arg(long, value_name = "SECONDS")]
-        idle_secs: u64,
+        idle_secs: Option<u64>,
+        #[command(flatten)]
+        retention: RetentionArgs,
+        /// Then rewrite an SQLite file without its free pages (and switch a file made by an
+        /// older version to giving pages back as it goes). Writes wait meanwhile: run it
+        /// during maintenance. PostgreSQL's autovacuum needs nothing.
+        #[arg(long)]
+        vacuum: bool,
+    },
+    /// Show a thread's own retention policy for its request records, set it (--keep-days,
+    /// --keep-last) or remove it (--clear). `thread prune` and the server's pruning apply it.
+    Retention {
+        /// The thread.
+        #[arg(long)]
+        thread: String,
+        #[command(flatten)]
+        retention: RetentionArgs,
+        /// Remove the thread's policy (the default policy applies again).
+        #[arg(long, conflicts_with_all = ["keep_days", "keep_last"])]
+        clear: bool,
     },
     /// Summarize the older part of a thread into one message (a recorded replace: the
     /// original events stay); print what was covered and the tokens before and after.
@@ -322,6 +343,9 @@ async fn execute(args: ThreadArgs) -> Result<()> {
                 if let (Some(parent), Some(at)) = (&info.parent, info.fork_seq) {
                     line.push_str(&format!("\tfork of {parent} at {at}"));
                 }
+                if let Some(policy) = &info.retention {
+                    line.push_str(&format!("\tkeeps request records: {policy}"));
+                }
                 if sizes {
                     line.push_str(&format!(
                         "\t{} bytes, {} in messages{}",
@@ -342,15 +366,81 @@ async fn execute(args: ThreadArgs) -> Result<()> {
             let seq = restore_thread(&store, &thread, before).await?;
             println!("{seq}");
         }
-        ThreadCommand::Prune { idle_secs } => {
-            let cutoff = SystemTime::now()
-                .checked_sub(Duration::from_secs(idle_secs))
-                .unwrap_or(SystemTime::UNIX_EPOCH);
-            let report = store.prune(cutoff).await?;
+        ThreadCommand::Prune {
+            idle_secs,
+            retention,
+            vacuum,
+        } => {
+            let now = SystemTime::now();
+            let mut report = serde_json::Map::new();
+            if let Some(idle_secs) = idle_secs {
+                let cutoff = now
+                    .checked_sub(Duration::from_secs(idle_secs))
+                    .unwrap_or(SystemTime::UNIX_EPOCH);
+                let deleted = store.prune(cutoff).await?;
+                if let Value::Object(fields) = serde_json::to_value(&deleted)? {
+                    report.extend(fields);
+                }
+            }
+            let rules = RetentionRules::with_default(retention.policy()?);
+            let requests = store.prune_requests(&rules, now).await?;
+            report.insert("requests".into(), serde_json::to_value(&requests)?);
+            if vacuum && let Some((before, after)) = store.vacuum().await? {
+                report.insert(
+                    "file_bytes".into(),
+                    serde_json::json!({"before": before, "after": after}),
+                );
+            }
             println!("{}", serde_json::to_string_pretty(&report)?);
+        }
+        ThreadCommand::Retention {
+            thread,
+            retention,
+            clear,
+        } => {
+            let policy = retention.policy()?;
+            if clear || policy.is_some() {
+                store
+                    .set_retention(&thread, policy)
+                    .await
+                    .with_context(|| format!("cannot set the retention of thread {thread}"))?;
+            }
+            let info = store
+                .list_page(&thread, "", 1)
+                .await?
+                .into_iter()
+                .find(|info| info.id == thread)
+                .with_context(|| format!("no thread {thread}"))?;
+            match info.retention {
+                Some(policy) => println!("{}", serde_json::to_string(&policy)?),
+                None => println!("null"),
+            }
         }
     }
     Ok(())
+}
+
+/// A retention policy for request records given on the command line.
+#[derive(Debug, Args)]
+pub struct RetentionArgs {
+    /// Keep request records appended in the last this many days.
+    #[arg(long, value_name = "DAYS")]
+    keep_days: Option<u32>,
+    /// Keep each thread's newest this many request records.
+    #[arg(long, value_name = "N")]
+    keep_last: Option<u64>,
+}
+
+impl RetentionArgs {
+    /// The policy given, if any.
+    fn policy(&self) -> Result<Option<RequestRetention>> {
+        if self.keep_days.is_none() && self.keep_last.is_none() {
+            return Ok(None);
+        }
+        let policy = RequestRetention::new(self.keep_days, self.keep_last)
+            .context("--keep-days / --keep-last")?;
+        Ok(Some(policy))
+    }
 }
 
 /// `contexture thread compact`.

@@ -1,5 +1,6 @@
 //! `/v1/threads`: create, append (idempotent with `Idempotency-Key`), the projection fitted
-//! to a model with its budget, events paged by seq, fork, merge, compact, restore, delete.
+//! to a model with its budget, events paged by seq, fork, merge, compact, restore, delete,
+//! and the thread's retention of request records.
 
 use axum::Extension;
 use axum::Json;
@@ -13,7 +14,7 @@ use contexture_core::tokens::Encoding;
 use contexture_engine::compaction::{CompactOptions, compact_stored};
 use contexture_engine::executor::ExecError;
 use contexture_engine::threads::NewThread;
-use contexture_store::NewEvent;
+use contexture_store::{NewEvent, RequestRetention};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -55,6 +56,15 @@ pub struct CreateThread {
     messages: Option<Value>,
     /// Free JSON kept in the thread's store under `metadata`.
     metadata: Option<Value>,
+    /// The thread's own retention policy for its request records.
+    retention: Option<RequestRetention>,
+}
+
+/// A retention policy from a body: 400 naming the field when it cannot be used.
+fn check_retention(param: &str, retention: &RequestRetention) -> ApiResult<()> {
+    retention
+        .check()
+        .map_err(|error| ApiError::invalid(param, format!("{param}: {error}")))
 }
 
 /// `POST /v1/threads`: 201 with the id and the last seq.
@@ -69,10 +79,14 @@ pub async fn create(
         Some(value) => parse_messages(value, "messages")?,
         None => Vec::new(),
     };
+    if let Some(retention) = &body.retention {
+        check_retention("retention", retention)?;
+    }
     let new = NewThread {
         system: body.system,
         messages,
         metadata: body.metadata,
+        retention: body.retention,
     };
     let last_seq = state.tenant_store(&caller.tenant).create(&id, new).await?;
     Ok((
@@ -145,8 +159,13 @@ pub async fn show(
         .load_projection_tail(&id, Encoding::O200kBase, 0)
         .await?;
     let projection = &thread.projection;
+    let threads = state.tenant_store(tenant);
+    let own = threads.retention(&id).await?;
+    let retention = retention_answer(&state, &threads.stored_id(&id), &id, own);
     let mut value = json!({
         "id": id,
+        "retention": retention["retention"],
+        "applied_retention": retention["applied_retention"],
         "last_seq": thread.last_seq,
         "messages": projection.messages.len()
             + thread.unread
@@ -157,6 +176,54 @@ pub async fn show(
     });
     tenant.unscope_json(&mut value);
     Ok(Json(value))
+}
+
+/// `PUT /v1/threads/{id}/retention`: sets the thread's own retention policy for its request
+/// records (`keep_days`, `keep_last`, at least one); the background pruning and `contexture
+/// thread prune` apply it before the server's. Answers with the policy.
+pub async fn set_retention(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<RequestRetention>,
+) -> ApiResult<Json<Value>> {
+    check_retention("retention", &body)?;
+    let threads = state.tenant_store(&caller.tenant);
+    threads.set_retention(&id, Some(body)).await?;
+    Ok(Json(retention_answer(
+        &state,
+        &threads.stored_id(&id),
+        &id,
+        Some(body),
+    )))
+}
+
+/// `DELETE /v1/threads/{id}/retention`: removes the thread's own policy (the server's
+/// applies again). Answers as `PUT` does.
+pub async fn clear_retention(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let threads = state.tenant_store(&caller.tenant);
+    threads.set_retention(&id, None).await?;
+    Ok(Json(retention_answer(
+        &state,
+        &threads.stored_id(&id),
+        &id,
+        None,
+    )))
+}
+
+/// A thread's retention as the API shows it: its own policy and the one pruning applies.
+fn retention_answer(
+    state: &AppState,
+    stored_id: &str,
+    id: &str,
+    own: Option<RequestRetention>,
+) -> Value {
+    let applied = own.or_else(|| state.retention.for_thread(stored_id).copied());
+    json!({ "id": id, "retention": own, "applied_retention": applied })
 }
 
 /// `POST /v1/threads/{id}/messages` body.

@@ -10,6 +10,10 @@ use crate::error::Action;
 use crate::record::{self, db_bytes, db_seq, seq_of};
 use crate::retention::{self, RequestRetention, RequestsPruned, StoredRecord};
 
+/// How many records one transaction prunes at most. Only the thread's own appends (and its
+/// forks') wait for it: its row is locked, no other thread's is.
+const BATCH: usize = 128;
+
 /// Stores `thread`'s own policy (`None` clears it).
 pub(super) async fn set_retention(
     client: &impl GenericClient,
@@ -128,7 +132,7 @@ pub(super) async fn prune_batch(
         let theirs = records_from(client, fork, 0).await?;
         retention::referred_from_fork(theirs.into_iter().map(|r| r.stored), *shared, &mut referred);
     }
-    let plan = retention::plan(retention, &records, &referred, floor, now_ms);
+    let plan = retention::plan(retention, &records, &referred, floor, now_ms, BATCH);
     let mut held = BTreeMap::new();
     if let Some((from, to)) = retention::held_span(&plan, &records) {
         for (id, limit) in super::chain(client, thread).await? {

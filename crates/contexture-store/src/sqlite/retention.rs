@@ -8,7 +8,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use crate::StoreError;
 use crate::error::Action;
 use crate::record::{self, db_bytes, db_seq, seq_of};
-use crate::retention::{self, RequestRetention, RequestsPruned, StoredRecord};
+use crate::retention::{self, RequestRetention, RequestsPruned, Rewrite, StoredRecord};
 
 /// Stores `thread`'s own policy (`None` clears it).
 pub(super) fn set_retention(
@@ -67,39 +67,106 @@ fn records_from(
 }
 
 /// The forks of `thread`, forks of forks included, each with the last seq of `thread` it
-/// shares.
-fn descendants(tx: &Connection, thread: &str) -> Result<Vec<(String, u64)>, StoreError> {
+/// shares and its own last seq.
+fn descendants(tx: &Connection, thread: &str) -> Result<Vec<(String, u64, u64)>, StoreError> {
     let mut select = tx
         .prepare_cached(
-            "WITH RECURSIVE below (id, shared) AS (
-                 SELECT id, fork_seq FROM threads WHERE parent_id = ?1
+            "WITH RECURSIVE below (id, shared, last_seq) AS (
+                 SELECT id, fork_seq, last_seq FROM threads WHERE parent_id = ?1
                  UNION ALL
-                 SELECT t.id, MIN(b.shared, t.fork_seq) FROM threads t
+                 SELECT t.id, MIN(b.shared, t.fork_seq), t.last_seq FROM threads t
                  JOIN below b ON t.parent_id = b.id
              )
-             SELECT id, shared FROM below",
+             SELECT id, shared, last_seq FROM below ORDER BY id",
         )
         .doing("prepare the forks query")?;
     let rows = select
         .query_map([thread], |r| {
-            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
         })
         .doing("find forks")?
         .collect::<Result<Vec<_>, _>>()
         .doing("read a fork")?;
     rows.into_iter()
-        .map(|(id, shared)| Ok((id, seq_of(thread, shared)?)))
+        .map(|(id, shared, last)| Ok((id, seq_of(thread, shared)?, seq_of(thread, last)?)))
         .collect()
 }
 
-/// Prunes at most one batch of `thread`'s request records under `retention` at `now_ms`;
-/// true with it when more are left for the next transaction.
-pub(super) fn prune_batch(
+/// The limit of a plan made by the writer itself.
+pub(super) const BATCH_LIMIT: usize = retention::PRUNE_BATCH;
+
+/// What a thread and its forks hold when a pruning is planned: their last seqs. A pruning
+/// planned on a reader is carried out only while these are unchanged, since a record
+/// appended meanwhile may take a message from a record the plan prunes.
+#[derive(Debug, PartialEq, Eq)]
+struct Version {
+    last_seq: u64,
+    forks: Vec<(String, u64, u64)>,
+}
+
+fn version(tx: &Connection, thread: &str) -> Result<Option<Version>, StoreError> {
+    let last: Option<i64> = tx
+        .query_row(
+            "SELECT last_seq FROM threads WHERE id = ?1",
+            [thread],
+            |r| r.get(0),
+        )
+        .optional()
+        .doing("read the thread")?;
+    let Some(last) = last else { return Ok(None) };
+    Ok(Some(Version {
+        last_seq: seq_of(thread, last)?,
+        forks: descendants(tx, thread)?,
+    }))
+}
+
+/// A pruning of one thread's records, planned on a read connection so that the writers do
+/// not wait while the thread's records are read.
+#[derive(Debug)]
+pub(super) struct Planned {
+    version: Version,
+    /// The records' new bodies, in seq order.
+    rewrites: Vec<Rewrite>,
+    /// Where the next pruning starts reading once these are written.
+    floor: u64,
+    /// Records past the policy kept for the references of kept ones.
+    kept_for_references: u64,
+    /// True when the plan was limited and more records are to be pruned after these.
+    pub(super) more: bool,
+    /// The floor when the plan was made.
+    floor_before: u64,
+}
+
+impl Planned {
+    /// True when there is nothing to write.
+    pub(super) fn is_empty(&self) -> bool {
+        self.rewrites.is_empty() && self.floor == self.floor_before
+    }
+
+    /// How many records it prunes.
+    pub(super) fn len(&self) -> usize {
+        self.rewrites.len()
+    }
+
+    /// Records past the policy kept for the references of kept ones.
+    pub(super) fn kept_for_references(&self) -> u64 {
+        self.kept_for_references
+    }
+}
+
+/// Plans the pruning of the records of `thread` (at most `limit`) that `retention` no longer
+/// keeps at `now_ms`.
+pub(super) fn plan(
     tx: &Connection,
     thread: &str,
     retention: &RequestRetention,
     now_ms: i64,
-) -> Result<(RequestsPruned, bool), StoreError> {
+    limit: usize,
+) -> Result<Planned, StoreError> {
     let floor: Option<i64> = tx
         .query_row(
             "SELECT request_floor FROM threads WHERE id = ?1",
@@ -114,14 +181,16 @@ pub(super) fn prune_batch(
         });
     };
     let floor = seq_of(thread, floor)?;
+    let version = version(tx, thread)?.ok_or_else(|| StoreError::NotFound {
+        thread: thread.to_string(),
+    })?;
     let records = records_from(tx, thread, floor)?;
-    let forks = descendants(tx, thread)?;
     let mut referred = BTreeSet::new();
-    for (fork, shared) in &forks {
+    for (fork, shared, _) in &version.forks {
         let theirs = records_from(tx, fork, 0)?;
         retention::referred_from_fork(theirs.into_iter().map(|r| r.stored), *shared, &mut referred);
     }
-    let plan = retention::plan(retention, &records, &referred, floor, now_ms);
+    let plan = retention::plan(retention, &records, &referred, floor, now_ms, limit);
     let mut held = BTreeMap::new();
     if let Some((from, to)) = retention::held_span(&plan, &records) {
         let segments = super::chain(tx, thread)?;
@@ -150,25 +219,56 @@ pub(super) fn prune_batch(
         }
     }
     let rewrites = retention::rewrites(thread, &plan, records, &held, now_ms)?;
+    Ok(Planned {
+        version,
+        rewrites,
+        floor: plan.floor,
+        kept_for_references: plan.kept_for_references,
+        more: plan.more,
+        floor_before: floor,
+    })
+}
+
+/// Writes `planned`'s rewrites from `from` on, at most [`retention::PRUNE_BATCH`] of them,
+/// inside the writer's transaction, and the floor with the last of them; `None` (nothing
+/// written) when the thread or a fork of it changed since the plan.
+pub(super) fn apply(
+    tx: &Connection,
+    thread: &str,
+    planned: &Planned,
+    from: usize,
+) -> Result<Option<RequestsPruned>, StoreError> {
+    if version(tx, thread)?.as_ref() != Some(&planned.version) {
+        return Ok(None);
+    }
+    let to = (from + retention::PRUNE_BATCH).min(planned.rewrites.len());
+    let chunk = &planned.rewrites[from..to];
     let mut update = tx
         .prepare_cached(
             "UPDATE events SET body = ?3, tokens = NULL WHERE thread_id = ?1 AND seq = ?2",
         )
         .doing("prepare pruning a record")?;
-    for rewrite in &rewrites {
+    for rewrite in chunk {
         update
             .execute(params![thread, db_seq(rewrite.seq), rewrite.body])
             .doing("prune a request record")?;
     }
-    let freed: u64 = rewrites.iter().map(|rewrite| rewrite.freed).sum();
+    let freed: u64 = chunk.iter().map(|rewrite| rewrite.freed).sum();
     tx.execute(
-        "UPDATE threads SET bytes = MAX(bytes - ?2, 0), request_floor = ?3 WHERE id = ?1",
-        params![thread, db_bytes(freed), db_seq(plan.floor)],
+        "UPDATE threads SET bytes = MAX(bytes - ?2, 0) WHERE id = ?1",
+        params![thread, db_bytes(freed)],
     )
     .doing("count the freed bytes")?;
+    if to == planned.rewrites.len() {
+        tx.execute(
+            "UPDATE threads SET request_floor = ?2 WHERE id = ?1",
+            params![thread, db_seq(planned.floor)],
+        )
+        .doing("move the pruning floor")?;
+    }
     // A fork's size counts the prefix it shares.
-    for (fork, shared) in &forks {
-        let shared_freed = retention::freed_through(&rewrites, *shared);
+    for (fork, shared, _) in &planned.version.forks {
+        let shared_freed = retention::freed_through(chunk, *shared);
         if shared_freed > 0 {
             tx.execute(
                 "UPDATE threads SET bytes = MAX(bytes - ?2, 0) WHERE id = ?1",
@@ -177,12 +277,9 @@ pub(super) fn prune_batch(
             .doing("count a fork's freed bytes")?;
         }
     }
-    Ok((
-        RequestsPruned {
-            records: rewrites.len() as u64,
-            kept_for_references: plan.kept_for_references,
-            bytes: freed,
-        },
-        plan.more,
-    ))
+    Ok(Some(RequestsPruned {
+        records: chunk.len() as u64,
+        kept_for_references: planned.kept_for_references,
+        bytes: freed,
+    }))
 }
