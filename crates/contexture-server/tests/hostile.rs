@@ -191,7 +191,14 @@ async fn bad_retention_policies_are_refused_naming_the_field_and_change_nothing(
             path,
             body(json!({"keep_days": 1e99})),
             "keep_days",
-            "invalid type",
+            "expected a whole number",
+        ),
+        (
+            "PUT",
+            path,
+            body(json!({"keep_days": 1.5})),
+            "keep_days",
+            "expected a whole number",
         ),
         (
             "PUT",

@@ -36,11 +36,75 @@ pub(crate) const PRUNE_BATCH: usize = 32;
 #[serde(deny_unknown_fields)]
 pub struct RequestRetention {
     /// Keep the records appended in the last this many days.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "whole_number"
+    )]
     pub keep_days: Option<u32>,
     /// Keep the thread's newest this many records.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "whole_number"
+    )]
     pub keep_last: Option<u64>,
+}
+
+/// An optional count, written as a whole number: `5`, or `5.0` as JSON Schema's integers
+/// allow (what a client generated from the API's document may send).
+fn whole_number<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: TryFrom<u64>,
+{
+    struct Count<T>(std::marker::PhantomData<T>);
+    impl<'de, T: TryFrom<u64>> serde::de::Visitor<'de> for Count<T> {
+        type Value = Option<T>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(
+                f,
+                "a whole number of at most {}",
+                std::any::type_name::<T>()
+            )
+        }
+
+        fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Self::Value, E> {
+            T::try_from(n)
+                .map(Some)
+                .map_err(|_| E::invalid_value(serde::de::Unexpected::Unsigned(n), &self))
+        }
+
+        fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Self::Value, E> {
+            match u64::try_from(n) {
+                Ok(n) => self.visit_u64(n),
+                Err(_) => Err(E::invalid_value(serde::de::Unexpected::Signed(n), &self)),
+            }
+        }
+
+        fn visit_f64<E: serde::de::Error>(self, n: f64) -> Result<Self::Value, E> {
+            // Exactly representable and whole: 2^53 bounds the integers an f64 holds.
+            if n.fract() == 0.0 && (0.0..9_007_199_254_740_992.0).contains(&n) {
+                self.visit_u64(n as u64)
+            } else {
+                Err(E::invalid_value(serde::de::Unexpected::Float(n), &self))
+            }
+        }
+
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+    deserializer.deserialize_option(Count(std::marker::PhantomData))
 }
 
 /// A retention policy that cannot be used.
@@ -479,6 +543,20 @@ mod tests {
             Err(RetentionError::ZeroDays)
         );
         assert!(RequestRetention::new(Some(1), Some(0)).is_ok());
+        let whole: RequestRetention =
+            serde_json::from_str(r#"{"keep_days": 3.0, "keep_last": null}"#).unwrap();
+        assert_eq!(whole, RequestRetention::new(Some(3), None).unwrap());
+        for bad in [
+            r#"{"keep_days": 1.5}"#,
+            r#"{"keep_days": -1}"#,
+            r#"{"keep_days": 4294967296}"#,
+            r#"{"keep_last": "10"}"#,
+        ] {
+            assert!(
+                serde_json::from_str::<RequestRetention>(bad).is_err(),
+                "{bad}"
+            );
+        }
         let text = r#"{"keep_days":3,"keep_lsat":2}"#;
         let error = serde_json::from_str::<RequestRetention>(text).unwrap_err();
         assert!(error.to_string().contains("keep_lsat"), "{error}");
