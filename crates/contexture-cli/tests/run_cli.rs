@@ -31,6 +31,24 @@ fn failure(dir: &TempDir, args: &[&str]) -> String {
 }
 
 #[test]
+fn the_agent_loop_example_cuts_and_clears_its_tool_results_and_inspect_shows_each() {
+    let dir = TempDir::new("contexture-run-agent-loop");
+    let output = ok(
+        &dir,
+        &[
+            "run",
+            "examples/agent-loop/workflow.yaml",
+            "--llm",
+            "scripted:examples/agent-loop/replies.yaml",
+            "--execution-id",
+            "agent-loop",
+        ],
+    );
+    assert_eq!(output, "Pages 1 to 6 each list 300 numbered lines.\n");
+    insta::assert_snapshot!("agent_loop_inspect", ok(&dir, &["inspect", "agent-loop"]));
+}
+
+#[test]
 fn the_examples_run_as_documented() {
     let dir = TempDir::new("contexture-run-cli");
     let multi = ok(
@@ -81,9 +99,10 @@ fn the_examples_run_as_documented() {
             "examples/multi-phase/workflow.yaml",
             "examples/iterate/workflow.yaml",
             "examples/branching/workflow.yaml",
+            "examples/agent-loop/workflow.yaml",
         ],
     );
-    assert_eq!(validated.lines().count(), 3);
+    assert_eq!(validated.lines().count(), 4);
     // Inspect draws each call's budget.
     insta::assert_snapshot!("multi_phase_inspect", ok(&dir, &["inspect", "multi-phase"]));
     let report: Value =

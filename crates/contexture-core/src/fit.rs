@@ -7,7 +7,8 @@
 //!   and their token costs as messages are appended.
 //! - [`trim()`] and [`IndexedHistory::fit`] cut a history to a token budget by strategy
 //!   (last, first, head+tail) with hysteresis, pinned messages and the system prompt kept.
-//! - [`clear_tool_results`] replaces old tool results with placeholders.
+//! - [`clear_tool_results`] replaces old tool results with placeholders, and
+//!   [`truncate_tool_results`] cuts oversized ones to their start and end.
 //!
 //! Invariant: every message list these functions return passes [`validate()`] for the
 //! provider they were given, whenever their input did (and [`repair()`] makes it so).
@@ -15,15 +16,18 @@
 pub mod clear;
 pub mod repair;
 pub mod trim;
+pub mod truncate;
 pub mod units;
 pub mod validate;
 
 pub use clear::{
-    ClearOptions, ClearTrigger, Cleared, ClearedResult, clear_tool_results, cleared_placeholder,
+    ClearOptions, ClearPolicy, ClearTrigger, Cleared, ClearedResult, clear_tool_results,
+    cleared_placeholder, is_cleared_placeholder,
 };
 pub use repair::{RepairChange, cancelled_result_text, repair};
 pub use trim::{
     MARKER_TAG, Strategy, TrimError, TrimOptions, Trimmed, UnknownStrategy, marker_message, trim,
 };
+pub use truncate::{TruncatePolicy, Truncated, TruncatedResult, truncate_tool_results};
 pub use units::{IndexedHistory, Unit, units};
 pub use validate::{Rules, UnknownRules, Violation, ViolationKind, validate};

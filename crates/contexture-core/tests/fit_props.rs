@@ -4,8 +4,8 @@
 
 use contexture_core::fit::{
     ClearOptions, ClearTrigger, IndexedHistory, RepairChange, Rules, Strategy as Keep, TrimError,
-    TrimOptions, ViolationKind, clear_tool_results, cleared_placeholder, repair, trim, units,
-    validate,
+    TrimOptions, TruncatePolicy, ViolationKind, clear_tool_results, cleared_placeholder, repair,
+    trim, truncate_tool_results, units, validate,
 };
 use contexture_core::{Content, Encoding, Message, Part, Role, TokenCounter, ToolCall};
 use proptest::prelude::*;
@@ -348,6 +348,35 @@ proptest! {
     }
 
     #[test]
+    fn truncating_keeps_shape_and_cuts_every_result_to_its_limit(
+        messages in history(),
+        max_tokens in 48u32..400,
+        provider in provider(),
+    ) {
+        let Some(input) = valid_input(messages, provider) else { return Ok(()) };
+        let policy = TruncatePolicy { max_tokens };
+        let truncated = truncate_tool_results(&input, &policy, &COUNTER);
+        let out = &truncated.messages;
+        prop_assert_eq!(out.len(), input.len());
+        prop_assert_eq!(validate(out, provider), vec![]);
+        let mut changed = 0;
+        for (before, after) in input.iter().zip(out) {
+            prop_assert_eq!(before.role, after.role);
+            prop_assert_eq!(&before.tool_call_id, &after.tool_call_id);
+            if before.role == Role::Tool && before.text() != after.text() {
+                changed += 1;
+                prop_assert!(COUNTER.count_text(&after.text()) <= max_tokens);
+            } else {
+                prop_assert_eq!(before, after);
+            }
+            if after.role == Role::Tool && matches!(after.content, Some(Content::Text(_)) | None) {
+                prop_assert!(COUNTER.count_text(&after.text()) <= max_tokens);
+            }
+        }
+        prop_assert_eq!(changed, truncated.truncated.len());
+    }
+
+    #[test]
     fn clearing_keeps_shape_and_recent_results(
         messages in history(),
         keep in 0usize..4,
@@ -380,7 +409,11 @@ proptest! {
             prop_assert_eq!(&before.tool_call_id, &after.tool_call_id);
         }
         for result in &cleared.cleared {
-            prop_assert_eq!(out[result.index].text(), cleared_placeholder(&result.tool));
+            let held = u64::from(COUNTER.count_message(&input[result.index]));
+            prop_assert_eq!(
+                out[result.index].text(),
+                cleared_placeholder(&result.tool, &result.tool_call_id, held)
+            );
             prop_assert!(!(exclude_search && result.tool == "search"));
         }
         // The `keep` most recent calls keep their results.

@@ -12,7 +12,8 @@ use contexture_core::Message;
 use contexture_core::TokenCounter;
 use contexture_core::budget::{BudgetBreakdown, BudgetError, BudgetPolicy, Limits};
 use contexture_core::fit::{
-    self, Strategy, TrimError, TrimOptions, Violation, repair, trim, validate,
+    self, ClearPolicy, Strategy, TrimError, TrimOptions, TruncatePolicy, Violation,
+    clear_tool_results, repair, trim, truncate_tool_results, validate,
 };
 use contexture_core::registry::ModelInfo;
 use contexture_core::thread::{FitRecord, Projection};
@@ -55,6 +56,10 @@ pub struct FitTarget<'a> {
     pub rules: fit::Rules,
     /// The tool schemas sent.
     pub tools: &'a [Value],
+    /// Old tool results cleared once the request passes a number of tokens.
+    pub clear: Option<&'a ClearPolicy>,
+    /// Tool results cut to their start and end past a number of tokens.
+    pub truncate: Option<&'a TruncatePolicy>,
 }
 
 /// A request ready to send.
@@ -71,9 +76,11 @@ pub struct FittedRequest {
 }
 
 /// Fits `system + history + own` to `target`: the one fitting every request goes through
-/// (a workflow step's, a chat turn's, a thread read for a model). The request's own
-/// messages are always kept whole; history is trimmed by the strategy. The result passed
-/// the provider-rule validator.
+/// (a workflow step's, a chat turn's, a thread read for a model). Tool results past the
+/// target's truncation limit are cut to their start and end, then old tool results are
+/// cleared when the request passes the clearing trigger (the request's own tool loop
+/// included); then the request's own messages are kept whole and the history is trimmed
+/// by the strategy. The result passed the provider-rule validator.
 pub fn fit_request(
     system: Option<&Message>,
     history: Vec<Message>,
@@ -82,16 +89,32 @@ pub fn fit_request(
 ) -> Result<FittedRequest, FitError> {
     let limits = target.policy.limits(target.model)?;
     let counter = &target.model.counter;
+    let tools_tokens = counter.count_tools(target.tools);
     let mut all = Vec::with_capacity(history.len() + own.len() + 1);
     all.extend(system.cloned());
+    let own_from = all.len() + history.len();
     all.extend(history);
-    all.extend(own.iter().cloned().map(|mut message| {
+    all.extend(own.iter().cloned());
+    let mut truncated = Vec::new();
+    if let Some(policy) = target.truncate {
+        let cut = truncate_tool_results(&all, policy, counter);
+        all = cut.messages;
+        truncated = cut.truncated;
+    }
+    let mut cleared = Vec::new();
+    if let Some(policy) = target.clear {
+        let done = clear_tool_results(&all, &policy.options(tools_tokens), counter);
+        all = done.messages;
+        cleared = done.cleared;
+    }
+    // The request's own messages (a step's task and tool loop, a chat turn's new messages)
+    // are kept whole from here: only the history is trimmed.
+    for message in &mut all[own_from..] {
         message.metadata.pinned = true;
         message.metadata.tags.push(OWN_TAG.to_owned());
-        message
-    }));
+    }
     let options = TrimOptions {
-        tools_tokens: counter.count_tools(target.tools),
+        tools_tokens,
         strategy: target.strategy,
         rules: target.rules,
         ..TrimOptions::new(limits.limit)
@@ -119,6 +142,31 @@ pub fn fit_request(
             if dropped_count == 1 { "" } else { "s" },
         ));
     }
+    if !truncated.is_empty() {
+        let cut: u64 = truncated
+            .iter()
+            .map(|result| result.tokens_before.saturating_sub(result.tokens_after))
+            .sum();
+        reasons.push(format!(
+            "{} tool result{} over {} tokens cut to {} ({cut} tokens cut)",
+            truncated.len(),
+            if truncated.len() == 1 { "" } else { "s" },
+            target.truncate.map_or(0, |policy| policy.max_tokens),
+            if truncated.len() == 1 {
+                "its start and end"
+            } else {
+                "their start and end"
+            },
+        ));
+    }
+    if !cleared.is_empty() {
+        let freed: u64 = cleared.iter().map(|result| result.tokens).sum();
+        reasons.push(format!(
+            "{} old tool result{} cleared ({freed} tokens freed)",
+            cleared.len(),
+            if cleared.len() == 1 { "" } else { "s" },
+        ));
+    }
     let changes = repairs.len() + trimmed.repairs.len();
     if changes > 0 {
         reasons.push(format!(
@@ -137,6 +185,8 @@ pub fn fit_request(
             .map(|range| [range.start, range.end])
             .collect(),
         reason: (!reasons.is_empty()).then(|| reasons.join("; ")),
+        cleared,
+        truncated,
     };
     Ok(FittedRequest {
         messages,
@@ -234,6 +284,8 @@ impl FitSettings {
             strategy: self.strategy,
             rules: self.model.rules(),
             tools,
+            clear: None,
+            truncate: None,
         };
         fit_request(
             projection.system.as_ref(),

@@ -183,6 +183,9 @@ fn render(report: &ExecutionReport, width: usize) -> String {
         if let Some(reason) = request.fit.as_ref().and_then(|fit| fit.reason.as_ref()) {
             out += &format!("   fitted: {reason}\n");
         }
+        for change in request.fit.iter().flat_map(|fit| fit.tool_result_changes()) {
+            out += &format!("     {change}\n");
+        }
     }
     out
 }

@@ -328,6 +328,9 @@ impl Observer for Progress {
                 if let Some(reason) = request.fit.as_ref().and_then(|fit| fit.reason.as_ref()) {
                     eprintln!("    fitted: {reason}");
                 }
+                for change in request.fit.iter().flat_map(|fit| fit.tool_result_changes()) {
+                    eprintln!("      {change}");
+                }
                 for message in &request.messages {
                     eprintln!("    {}", openai::to_value(message));
                 }

@@ -2,6 +2,7 @@
 //! and, when the transcript is larger than the summarizer's window, the chunks of a
 //! map-reduce (split on whole units; a single oversized message cut with a visible marker).
 
+use crate::fit::truncate::keep_head_and_tail;
 use crate::fit::units;
 use crate::message::{Message, Role};
 use crate::tokens::TokenCounter;
@@ -158,57 +159,10 @@ pub fn chunk_transcripts(messages: &[&Message], limit: u32, counter: &TokenCount
 /// `text` cut to at most `limit` tokens: its start (two thirds of the room) and its end (one
 /// third) around a marker naming how many tokens were cut.
 pub fn cut_to_fit(text: &str, limit: u32, counter: &TokenCounter) -> String {
-    let total = counter.count_text(text);
-    if total <= limit {
-        return text.to_owned();
-    }
-    // Room for the marker, whatever the number in it.
-    let room = limit.saturating_sub(24);
-    let head_room = room * 2 / 3;
-    let tail_room = room - head_room;
-    let head = longest_prefix(text, head_room, counter);
-    let tail = longest_suffix(&text[head.len()..], tail_room, counter);
-    let cut = total.saturating_sub(counter.count_text(head) + counter.count_text(tail));
-    format!("{head}\n[... {cut} tokens cut to fit the summarizer's window ...]\n{tail}")
-}
-
-/// The longest prefix of `text` (on a character boundary) of at most `limit` tokens.
-fn longest_prefix<'t>(text: &'t str, limit: u32, counter: &TokenCounter) -> &'t str {
-    let bounds: Vec<usize> = text
-        .char_indices()
-        .map(|(i, _)| i)
-        .chain([text.len()])
-        .collect();
-    let (mut low, mut high) = (0, bounds.len() - 1);
-    while low < high {
-        let mid = (low + high).div_ceil(2);
-        if counter.count_text(&text[..bounds[mid]]) <= limit {
-            low = mid;
-        } else {
-            high = mid - 1;
-        }
-    }
-    &text[..bounds[low]]
-}
-
-/// The longest suffix of `text` (on a character boundary) of at most `limit` tokens.
-fn longest_suffix<'t>(text: &'t str, limit: u32, counter: &TokenCounter) -> &'t str {
-    let bounds: Vec<usize> = text
-        .char_indices()
-        .map(|(i, _)| i)
-        .chain([text.len()])
-        .collect();
-    // The suffix starting at bounds[i] shrinks as i grows: find the smallest i that fits.
-    let (mut low, mut high) = (0, bounds.len() - 1);
-    while low < high {
-        let mid = (low + high) / 2;
-        if counter.count_text(&text[bounds[mid]..]) <= limit {
-            high = mid;
-        } else {
-            low = mid + 1;
-        }
-    }
-    &text[bounds[low]..]
+    keep_head_and_tail(text, limit, counter, |cut| {
+        format!("\n[... {cut} tokens cut to fit the summarizer's window ...]\n")
+    })
+    .unwrap_or_else(|| text.to_owned())
 }
 
 #[cfg(test)]

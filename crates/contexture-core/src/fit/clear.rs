@@ -1,8 +1,8 @@
 //! Clearing old tool results: the results of older tool uses are replaced
-//! by a short placeholder naming the tool, keeping the conversation's shape (every call
+//! by a short placeholder naming the tool, the call and the tokens it held, keeping the conversation's shape (every call
 //! keeps a result, so the output is as valid as the input) while freeing their tokens.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::message::{Message, Role};
 use crate::tokens::TokenCounter;
@@ -27,8 +27,9 @@ pub struct ClearOptions {
     pub trigger: ClearTrigger,
     /// How many of the most recent tool uses keep their results.
     pub keep_tool_uses: usize,
-    /// Stop once at least this many tokens were cleared (oldest results first); `None`
-    /// clears every eligible result.
+    /// Stop once at least this many tokens were cleared (oldest results first) and, under
+    /// [`ClearTrigger::Tokens`], the request is back under the trigger; `None` clears
+    /// every eligible result.
     pub clear_at_least: Option<u64>,
     /// Tools whose results are never cleared.
     pub exclude_tools: Vec<String>,
@@ -53,8 +54,73 @@ impl Default for ClearOptions {
     }
 }
 
+/// When and how a request's old tool results are cleared (`clear_tool_results:` of an
+/// assistant's context, or of a chat thread's policy).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClearPolicy {
+    /// Clear once the request (messages and tool schemas) is over this many tokens.
+    pub trigger_tokens: u64,
+    /// How many of the most recent tool uses keep their results (default 3).
+    #[serde(default = "default_keep")]
+    pub keep: usize,
+    /// Each time, clear at least this many tokens, oldest results first, and go on until
+    /// the request is back under the trigger (default: clear every older result).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clear_at_least: Option<u64>,
+    /// Tools whose results are never cleared.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude_tools: Vec<String>,
+    /// Also replace the cleared calls' inputs (their arguments) with `{}`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub clear_inputs: bool,
+}
+
+fn default_keep() -> usize {
+    3
+}
+
+impl ClearPolicy {
+    /// The clearing options of a request whose tool schemas take `tools_tokens`.
+    pub fn options(&self, tools_tokens: u32) -> ClearOptions {
+        ClearOptions {
+            trigger: ClearTrigger::Tokens(self.trigger_tokens),
+            keep_tool_uses: self.keep,
+            clear_at_least: self.clear_at_least,
+            exclude_tools: self.exclude_tools.clone(),
+            clear_arguments: self.clear_inputs,
+            tools_tokens,
+        }
+    }
+
+    /// What is wrong with the policy, as `(field, problem)` pairs.
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        let mut problems = Vec::new();
+        if self.trigger_tokens == 0 {
+            problems.push((
+                "trigger_tokens",
+                "must be at least 1 (the request's tokens past which results are cleared)".into(),
+            ));
+        }
+        if self.clear_at_least == Some(0) {
+            problems.push((
+                "clear_at_least",
+                "must be at least 1, or left out to clear every older result".into(),
+            ));
+        }
+        if let Some(blank) = self
+            .exclude_tools
+            .iter()
+            .find(|tool| tool.trim().is_empty())
+        {
+            problems.push(("exclude_tools", format!("`{blank}` is not a tool name")));
+        }
+        problems
+    }
+}
+
 /// One cleared result.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClearedResult {
     /// The tool result's index.
     pub index: usize,
@@ -79,9 +145,15 @@ pub struct Cleared {
     pub tokens_cleared: u64,
 }
 
-/// The placeholder a cleared result of `tool` becomes.
-pub fn cleared_placeholder(tool: &str) -> String {
-    format!("[result of `{tool}` cleared to save context]")
+/// The placeholder a cleared result of `tool` for the call `call_id`, which held `tokens`
+/// tokens, becomes.
+pub fn cleared_placeholder(tool: &str, call_id: &str, tokens: u64) -> String {
+    format!("[cleared `{tool}` result ({call_id}, {tokens} tokens)]")
+}
+
+/// True for a result [`clear_tool_results`] cleared already.
+pub fn is_cleared_placeholder(text: &str) -> bool {
+    text.starts_with("[cleared `") && text.ends_with(" tokens)]")
 }
 
 /// One tool call and where its result is.
@@ -100,14 +172,21 @@ pub fn clear_tool_results(
     counter: &TokenCounter,
 ) -> Cleared {
     let uses = tool_uses(messages);
+    // The request's tokens, under a token trigger: clearing goes on while it is over.
+    let mut request_tokens = 0u64;
     let triggered = match options.trigger {
         ClearTrigger::Always => true,
         ClearTrigger::ToolUses(limit) => uses.len() > limit,
         ClearTrigger::Tokens(limit) => {
             let tools = vec![];
             let count = counter.count_request(messages, &tools);
-            u64::from(count.total) + u64::from(options.tools_tokens) > limit
+            request_tokens = u64::from(count.total) + u64::from(options.tools_tokens);
+            request_tokens > limit
         }
+    };
+    let under_trigger = |request_tokens: u64| match options.trigger {
+        ClearTrigger::Tokens(limit) => request_tokens <= limit,
+        _ => true,
     };
     let mut out = messages.to_vec();
     let mut cleared = Vec::new();
@@ -118,6 +197,7 @@ pub fn clear_tool_results(
             if options
                 .clear_at_least
                 .is_some_and(|enough| tokens_cleared >= enough)
+                && under_trigger(request_tokens)
             {
                 break;
             }
@@ -126,16 +206,16 @@ pub fn clear_tool_results(
             };
             let call = &out[tool_use.assistant].tool_calls[tool_use.call];
             let (tool, id) = (call.name.clone(), call.id.clone());
-            let placeholder = cleared_placeholder(&tool);
             let result = &out[result_index];
             if options.exclude_tools.contains(&tool)
                 || result.is_pinned()
                 || out[tool_use.assistant].is_pinned()
-                || result.text() == placeholder
+                || is_cleared_placeholder(&result.text())
             {
                 continue;
             }
             let before = u64::from(counter.count_message(result));
+            let placeholder = cleared_placeholder(&tool, &id, before);
             let mut replacement = result.clone();
             replacement.set_text(placeholder);
             let after = u64::from(counter.count_message(&replacement));
@@ -154,6 +234,7 @@ pub fn clear_tool_results(
                 saved += before.saturating_sub(u64::from(counter.count_message(assistant)));
             }
             tokens_cleared += saved;
+            request_tokens = request_tokens.saturating_sub(saved);
             cleared.push(ClearedResult {
                 index: result_index,
                 tool_call_id: id,

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::context::MergePolicy;
+use crate::fit::{ClearedResult, TruncatedResult};
 use crate::message::Message;
 
 /// A run began.
@@ -201,4 +202,33 @@ pub struct FitRecord {
     /// Why anything was left out or changed, in words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The tool results replaced by a placeholder (their indexes in the unfitted request).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cleared: Vec<ClearedResult>,
+    /// The tool results cut to their start and end.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub truncated: Vec<TruncatedResult>,
+}
+
+impl FitRecord {
+    /// One line per tool result the fit changed, in words: what was cut and what was
+    /// cleared, with the tokens each freed.
+    pub fn tool_result_changes(&self) -> Vec<String> {
+        let truncated = self.truncated.iter().map(|result| {
+            format!(
+                "cut `{}` result ({}): {} -> {} tokens",
+                result.tool.as_deref().unwrap_or("?"),
+                result.tool_call_id,
+                result.tokens_before,
+                result.tokens_after
+            )
+        });
+        let cleared = self.cleared.iter().map(|result| {
+            format!(
+                "cleared `{}` result ({}): {} tokens freed",
+                result.tool, result.tool_call_id, result.tokens
+            )
+        });
+        truncated.chain(cleared).collect()
+    }
 }

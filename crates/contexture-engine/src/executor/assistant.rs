@@ -62,7 +62,7 @@ impl<S: Store> Executor<S> {
     ) -> Result<String, Abort> {
         let info = &step.info;
         let route = self.router.route(&assistant.model);
-        let model = self.registry.resolve(&route.model);
+        let model = assistant.context.model(self.registry.resolve(&route.model));
         let policy = assistant.context.budget();
         let tools: Vec<Value> = assistant
             .tools
@@ -98,6 +98,8 @@ impl<S: Store> Executor<S> {
                 .rules
                 .unwrap_or_else(|| self.registry.resolve(&setup.route.model).rules()),
             tools: &setup.tools,
+            clear: assistant.context.clear_tool_results.as_ref(),
+            truncate: assistant.context.truncate_tool_results.as_ref(),
         };
         if run.limits.max_cost_usd.is_some() && setup.model.pricing.is_none() {
             return Err(StepError::NoPrice {

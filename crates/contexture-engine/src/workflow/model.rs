@@ -8,7 +8,8 @@ use contexture_core::compact::CompactionPolicy;
 use contexture_core::context::{
     Branch, ClearContextStore, MergePolicy, MissingPolicy, Switch, TransitionFlags,
 };
-use contexture_core::fit::Strategy;
+use contexture_core::fit::{ClearPolicy, Strategy, TruncatePolicy};
+use contexture_core::registry::ModelInfo;
 use contexture_core::thread::RunLimits;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -102,6 +103,17 @@ pub struct ContextPolicy {
     pub reserve: Option<u32>,
     /// The share of the window a request may use, in (0, 1].
     pub budget_ratio: f64,
+    /// The context window this assistant's requests are fitted to, in place of the model
+    /// registry's (a smaller one keeps requests cheap; default: the registry's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<u32>,
+    /// Old tool results replaced by placeholders once a request passes a number of tokens
+    /// (the step's own tool loop included); default: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clear_tool_results: Option<ClearPolicy>,
+    /// Tool results past a number of tokens cut to their start and end; default: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub truncate_tool_results: Option<TruncatePolicy>,
 }
 
 impl Default for ContextPolicy {
@@ -110,6 +122,9 @@ impl Default for ContextPolicy {
             strategy: Strategy::Last,
             reserve: None,
             budget_ratio: 1.0,
+            window: None,
+            clear_tool_results: None,
+            truncate_tool_results: None,
         }
     }
 }
@@ -121,6 +136,79 @@ impl ContextPolicy {
             budget_ratio: self.budget_ratio,
             reserve_output: self.reserve,
         }
+    }
+
+    /// `model` as this assistant's requests see it: with its window in place of the
+    /// registry's, when it sets one.
+    pub fn model(&self, model: ModelInfo) -> ModelInfo {
+        match self.window {
+            Some(window) => ModelInfo {
+                context_window: window,
+                ..model
+            },
+            None => model,
+        }
+    }
+
+    /// What is wrong with the policy, as `(field, problem)` pairs (the field's path under
+    /// `context.`).
+    pub fn problems(&self) -> Vec<(String, String)> {
+        let mut problems = Vec::new();
+        if !(self.budget_ratio > 0.0 && self.budget_ratio <= 1.0) {
+            problems.push((
+                "budget_ratio".into(),
+                format!(
+                    "budget_ratio must be greater than 0 and at most 1, not {}",
+                    self.budget_ratio
+                ),
+            ));
+        }
+        if self.window == Some(0) {
+            problems.push(("window".into(), "window must be at least 1 token".into()));
+        }
+        if let (Some(window), Some(reserve)) = (self.window, self.reserve)
+            && reserve >= window
+        {
+            problems.push((
+                "reserve".into(),
+                format!(
+                    "reserve ({reserve}) leaves nothing of the window ({window}) for the request"
+                ),
+            ));
+        }
+        if let Some(clear) = &self.clear_tool_results {
+            for (field, problem) in clear.problems() {
+                problems.push((format!("clear_tool_results.{field}"), problem));
+            }
+            if let Some(window) = self.window
+                && clear.trigger_tokens >= u64::from(window)
+            {
+                problems.push((
+                    "clear_tool_results.trigger_tokens".into(),
+                    format!(
+                        "trigger_tokens ({}) is not below the window ({window}): results would never be cleared",
+                        clear.trigger_tokens
+                    ),
+                ));
+            }
+        }
+        if let Some(truncate) = &self.truncate_tool_results {
+            for (field, problem) in truncate.problems() {
+                problems.push((format!("truncate_tool_results.{field}"), problem));
+            }
+            if let Some(window) = self.window
+                && truncate.max_tokens >= window
+            {
+                problems.push((
+                    "truncate_tool_results.max_tokens".into(),
+                    format!(
+                        "max_tokens ({}) is not below the window ({window}): one result could fill it",
+                        truncate.max_tokens
+                    ),
+                ));
+            }
+        }
+        problems
     }
 }
 

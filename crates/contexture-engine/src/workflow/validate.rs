@@ -119,15 +119,8 @@ fn assistants(workflow: &Workflow, problems: &mut Problems) {
                 problems.push((format!("{base}.compaction.{field}"), problem));
             }
         }
-        let policy = &assistant.context;
-        if !(policy.budget_ratio > 0.0 && policy.budget_ratio <= 1.0) {
-            problems.push((
-                format!("{base}.context.budget_ratio"),
-                format!(
-                    "budget_ratio must be greater than 0 and at most 1, not {}",
-                    policy.budget_ratio
-                ),
-            ));
+        for (field, problem) in assistant.context.problems() {
+            problems.push((format!("{base}.context.{field}"), problem));
         }
     }
 }

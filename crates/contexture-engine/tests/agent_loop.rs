@@ -1,0 +1,182 @@
+//! Fitting inside an assistant's own tool loop: a one-step agent whose tool results are
+//! large, on a small window. Without a policy the step fails naming what to set; with
+//! truncation and clearing every call fits, keeps its task and its most recent tool uses,
+//! records what was cleared and cut, and the step's log keeps every result whole.
+
+mod common;
+
+use common::{events, executor, requests, script, sqlite, start};
+use contexture_core::fit::{Rules, is_cleared_placeholder, validate};
+use contexture_core::thread::EventKind;
+use contexture_core::{Encoding, Role, TokenCounter};
+
+/// A tool whose every result is about 1,200 tokens of numbered lines.
+const WORKFLOW: &str = r#"
+assistants:
+  - id: agent
+    model: gpt-4o-mini
+    tools: [fetch]
+    max_iterations: 12
+    context:
+      window: 4000
+      reserve: 500
+POLICY
+tools:
+  - id: fetch
+    description: Fetch a page.
+    response: '{% for i in range(300) %}line {{ i }} of page {{ arguments.page }}
+      {% endfor %}'
+states:
+  - {id: s, assistant_id: agent, task: Read ten pages and sum them up., next: {end: true}}
+"#;
+
+/// Ten tool calls, one page each, then the answer.
+fn calls() -> String {
+    let mut script = String::new();
+    for page in 0..10 {
+        script.push_str(&format!(
+            "- tool_calls: [{{id: call-{page}, name: fetch, arguments: {{page: {page}}}}}]\n"
+        ));
+    }
+    script.push_str("- content: the sum of ten pages\n");
+    script
+}
+
+#[tokio::test]
+async fn without_a_policy_the_loop_does_not_fit_and_the_error_says_what_to_set() {
+    let (_dir, store) = sqlite().await;
+    let exec = executor(store, script(&calls()));
+    let error = start(&exec, &WORKFLOW.replace("POLICY", ""), "")
+        .await
+        .unwrap_err();
+    let text = error.to_string();
+    assert!(
+        text.contains("cannot fit the model's window")
+            && text.contains("context.clear_tool_results"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn with_truncation_and_clearing_every_call_fits_and_keeps_its_task_and_recent_results() {
+    let (_dir, store) = sqlite().await;
+    let provider = script(&calls());
+    let exec = executor(store.clone(), provider.clone());
+    let policy = "      clear_tool_results: {trigger_tokens: 2500, keep: 2, clear_at_least: 500}\n      truncate_tool_results: {max_tokens: 900}";
+    let out = start(&exec, &WORKFLOW.replace("POLICY", policy), "")
+        .await
+        .unwrap();
+    assert_eq!(out.output, "the sum of ten pages");
+    let counter = TokenCounter::Exact {
+        encoding: Encoding::O200kBase,
+    };
+    let log = events(&store, "run-1").await;
+    let records = requests(&log);
+    assert_eq!(records.len(), 11);
+    let sent = provider.requests();
+    let mut cleared_any = false;
+    for (n, (record, sent)) in records.iter().zip(&sent).enumerate() {
+        // Recorded exactly as sent, within the limit, valid for both providers' rules.
+        assert_eq!(record.messages, sent.messages, "call {n}");
+        let fit = record.fit.as_ref().expect("a fit record");
+        assert!(
+            fit.tokens_after <= u64::from(fit.limit),
+            "call {n}: {fit:?}"
+        );
+        for rules in [Rules::OpenAi, Rules::Anthropic] {
+            assert_eq!(validate(&record.messages, rules), vec![], "call {n}");
+        }
+        assert!(
+            record
+                .messages
+                .iter()
+                .any(|m| m.role == Role::User && m.text() == "Read ten pages and sum them up."),
+            "call {n} lost its task"
+        );
+        let results: Vec<_> = record
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::Tool)
+            .collect();
+        assert_eq!(results.len(), n, "call {n}: every call keeps a result");
+        for (i, result) in results.iter().enumerate() {
+            let text = result.text();
+            assert!(counter.count_text(&text) <= 900, "call {n} result {i}");
+            let recent = i + 2 >= results.len();
+            if recent {
+                assert!(
+                    !is_cleared_placeholder(&text),
+                    "call {n}: result {i} is recent"
+                );
+            }
+            if is_cleared_placeholder(&text) {
+                let id = result.tool_call_id.as_deref().unwrap();
+                assert!(text.contains(&format!("({id}, ")), "{text}");
+                cleared_any = true;
+            }
+        }
+        if n >= 1 {
+            // Every result is cut first; the oldest are then cleared.
+            assert_eq!(fit.truncated.len(), results.len(), "call {n}");
+            assert!(
+                fit.reason.as_deref().unwrap_or("").contains("cut"),
+                "{fit:?}"
+            );
+        }
+    }
+    assert!(cleared_any, "the loop passed the trigger");
+    // The step's log holds every result whole.
+    let whole: Vec<String> = log
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::StepMessage(step) if step.message.role == Role::Tool => {
+                Some(step.message.text())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(whole.len(), 10);
+    for (page, text) in whole.iter().enumerate() {
+        assert!(counter.count_text(text) > 1_000, "page {page}");
+        assert!(
+            text.contains(&format!("line 299 of page {page}")),
+            "page {page}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn bad_loop_policies_are_refused_naming_the_key() {
+    let (_dir, store) = sqlite().await;
+    let exec = executor(store, script("[]"));
+    let table = [
+        (
+            "      clear_tool_results: {trigger_tokens: 0}",
+            "assistants[0].context.clear_tool_results.trigger_tokens",
+        ),
+        (
+            "      clear_tool_results: {trigger_tokens: 5000}",
+            "is not below the window (4000)",
+        ),
+        (
+            "      truncate_tool_results: {max_tokens: 10}",
+            "assistants[0].context.truncate_tool_results.max_tokens",
+        ),
+        (
+            "      truncate_tool_results: {max_tokens: 900, head: 3}",
+            "unknown field `head`",
+        ),
+        (
+            "      clear_tool_results: {trigger_tokens: 100, keep: -1}",
+            "keep",
+        ),
+    ];
+    for (policy, expected) in table {
+        let error = start(&exec, &WORKFLOW.replace("POLICY", policy), "")
+            .await
+            .unwrap_err();
+        let text = error.to_string();
+        assert!(text.contains(expected), "{policy}: {text}");
+        assert!(text.contains("workflow.yaml:"), "{policy}: {text}");
+    }
+}
