@@ -15,6 +15,7 @@
 
 pub mod clear;
 pub mod repair;
+pub mod shrink;
 pub mod trim;
 pub mod truncate;
 pub mod units;
@@ -22,9 +23,10 @@ pub mod validate;
 
 pub use clear::{
     ClearOptions, ClearPolicy, ClearTrigger, Cleared, ClearedResult, clear_tool_results,
-    cleared_placeholder, is_cleared_placeholder,
+    clear_tool_results_to, cleared_placeholder, is_cleared_placeholder,
 };
 pub use repair::{RepairChange, cancelled_result_text, repair};
+pub use shrink::{CutMemory, HistoryCut, Hysteresis, RequestParts, ShrinkPolicy, Shrunk, shrink};
 pub use trim::{
     MARKER_TAG, Strategy, TrimError, TrimOptions, Trimmed, UnknownStrategy, marker_message, trim,
 };

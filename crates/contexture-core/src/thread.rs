@@ -43,7 +43,8 @@ pub use event::{
     RequestEnd, RequestOutcome, RequestRecord, StoreChange, Usage,
 };
 pub use execution::{
-    FitRecord, RunEnd, RunLimits, RunStart, RunStatus, StepEnd, StepFailure, StepMessage, StepStart,
+    FitRecord, PrefixReuse, RunEnd, RunLimits, RunStart, RunStatus, StepEnd, StepFailure,
+    StepMessage, StepStart,
 };
 pub use merge::{MergeError, MergeSpec};
 pub use projection::{ProjectedMessage, Projection};

@@ -12,8 +12,8 @@ use contexture_core::Message;
 use contexture_core::TokenCounter;
 use contexture_core::budget::{BudgetBreakdown, BudgetError, BudgetPolicy, Limits};
 use contexture_core::fit::{
-    self, ClearPolicy, Strategy, TrimError, TrimOptions, TruncatePolicy, Violation,
-    clear_tool_results, repair, trim, truncate_tool_results, validate,
+    self, ClearPolicy, CutMemory, Hysteresis, RequestParts, ShrinkPolicy, Strategy, TrimError,
+    TrimOptions, TruncatePolicy, Violation, repair, shrink, trim, validate,
 };
 use contexture_core::registry::ModelInfo;
 use contexture_core::thread::{FitRecord, Projection};
@@ -60,6 +60,8 @@ pub struct FitTarget<'a> {
     pub clear: Option<&'a ClearPolicy>,
     /// Tool results cut to their start and end past a number of tokens.
     pub truncate: Option<&'a TruncatePolicy>,
+    /// Cut from a high mark down to a low one, what was cut kept cut in a loop's next calls.
+    pub hysteresis: Option<&'a Hysteresis>,
 }
 
 /// A request ready to send.
@@ -87,29 +89,59 @@ pub fn fit_request(
     own: &[Message],
     target: &FitTarget<'_>,
 ) -> Result<FittedRequest, FitError> {
+    fit_request_in_loop(system, history, own, target, &mut CutMemory::default())
+}
+
+/// [`fit_request`] for one call of a loop (an assistant's tool loop): what `memory` says the
+/// loop's earlier calls cut is cut again first, and with the target's hysteresis, a request
+/// past the high mark is cut down to the low one; `memory` then holds what this call cut.
+pub fn fit_request_in_loop(
+    system: Option<&Message>,
+    history: Vec<Message>,
+    own: &[Message],
+    target: &FitTarget<'_>,
+    memory: &mut CutMemory,
+) -> Result<FittedRequest, FitError> {
     let limits = target.policy.limits(target.model)?;
     let counter = &target.model.counter;
     let tools_tokens = counter.count_tools(target.tools);
-    let mut all = Vec::with_capacity(history.len() + own.len() + 1);
-    all.extend(system.cloned());
-    let own_from = all.len() + history.len();
-    all.extend(history);
-    all.extend(own.iter().cloned());
-    let mut truncated = Vec::new();
-    if let Some(policy) = target.truncate {
-        let cut = truncate_tool_results(&all, policy, counter);
-        all = cut.messages;
-        truncated = cut.truncated;
-    }
-    let mut cleared = Vec::new();
-    if let Some(policy) = target.clear {
-        let done = clear_tool_results(&all, &policy.options(tools_tokens), counter);
-        all = done.messages;
-        cleared = done.cleared;
-    }
+    let policy = ShrinkPolicy {
+        truncate: target.truncate,
+        clear: target.clear,
+        hysteresis: target.hysteresis,
+        history_oldest_first: target.strategy == Strategy::Last,
+    };
+    let request = RequestParts {
+        system,
+        history: &history,
+        own,
+        limit: limits.limit,
+        tools_tokens,
+    };
+    let shrunk = shrink(&request, &policy, memory, counter);
+    let system_len = usize::from(system.is_some());
+    let history_dropped = shrunk.history_dropped;
+    // Indexes in the request as it was before anything was left out.
+    let unfitted = |index: usize| {
+        if index < system_len {
+            index
+        } else {
+            index + history_dropped
+        }
+    };
+    let truncated = shrunk.truncated;
+    let cleared: Vec<_> = shrunk
+        .cleared
+        .into_iter()
+        .map(|mut result| {
+            result.index = unfitted(result.index);
+            result
+        })
+        .collect();
+    let mut all = shrunk.messages;
     // The request's own messages (a step's task and tool loop, a chat turn's new messages)
     // are kept whole from here: only the history is trimmed.
-    for message in &mut all[own_from..] {
+    for message in &mut all[shrunk.own_from..] {
         message.metadata.pinned = true;
         message.metadata.tags.push(OWN_TAG.to_owned());
     }
@@ -129,8 +161,28 @@ pub fn fit_request(
         return Err(FitError::Invalid { violations });
     }
     let breakdown = BudgetBreakdown::compute(target.model, target.policy, &messages, target.tools)?;
+    let mut dropped: Vec<[usize; 2]> = Vec::new();
+    if history_dropped > 0 {
+        dropped.push([system_len, system_len + history_dropped]);
+    }
+    dropped.extend(
+        trimmed
+            .dropped
+            .iter()
+            .map(|range| [unfitted(range.start), unfitted(range.end)]),
+    );
     let dropped_count: usize = trimmed.dropped.iter().map(|range| range.len()).sum();
     let mut reasons = Vec::new();
+    if let (Some(hysteresis), true) = (target.hysteresis, history_dropped > 0) {
+        reasons.push(format!(
+            "{history_dropped} history message{} left out to stay under {} of {} tokens (cut down to {} when the request passed {})",
+            if history_dropped == 1 { "" } else { "s" },
+            hysteresis.high,
+            limits.limit,
+            hysteresis.low,
+            hysteresis.high,
+        ));
+    }
     if dropped_count > 0 {
         reasons.push(format!(
             "the history did not fit {} tokens (window {} x ratio {} - {} reserved for the reply): strategy {} left out {dropped_count} message{}",
@@ -179,14 +231,11 @@ pub fn fit_request(
         limit: limits.limit,
         tokens_before: trimmed.tokens_before,
         tokens_after: trimmed.tokens_after,
-        dropped: trimmed
-            .dropped
-            .iter()
-            .map(|range| [range.start, range.end])
-            .collect(),
+        dropped,
         reason: (!reasons.is_empty()).then(|| reasons.join("; ")),
         cleared,
         truncated,
+        prefix: None,
     };
     Ok(FittedRequest {
         messages,
@@ -286,6 +335,7 @@ impl FitSettings {
             tools,
             clear: None,
             truncate: None,
+            hysteresis: None,
         };
         fit_request(
             projection.system.as_ref(),

@@ -170,6 +170,14 @@ async fn bad_loop_policies_are_refused_naming_the_key() {
             "      clear_tool_results: {trigger_tokens: 100, keep: -1}",
             "keep",
         ),
+        (
+            "      hysteresis: {high: 0.6, low: 0.9}",
+            "assistants[0].context.hysteresis.low: low (0.9) must be below high (0.6)",
+        ),
+        (
+            "      hysteresis: {high: 1.5, low: 0.5}",
+            "assistants[0].context.hysteresis.high",
+        ),
     ];
     for (policy, expected) in table {
         let error = start(&exec, &WORKFLOW.replace("POLICY", policy), "")
@@ -179,4 +187,98 @@ async fn bad_loop_policies_are_refused_naming_the_key() {
         assert!(text.contains(expected), "{policy}: {text}");
         assert!(text.contains("workflow.yaml:"), "{policy}: {text}");
     }
+}
+
+/// Forty calls of a tool whose results are about 3,000 tokens each, on a 16,000-token
+/// window, then the answer: the loop of the issue's example, under `context`.
+fn forty_calls(context: &str) -> (String, String) {
+    let workflow = format!(
+        r#"
+assistants:
+  - id: agent
+    model: gpt-4o-mini
+    tools: [search]
+    max_iterations: 60
+    context:
+      window: 16000
+      reserve: 1000
+{context}
+tools:
+  - id: search
+    description: Search.
+    response: '{{% for i in range(430) %}}hit {{{{ i }}}} for query {{{{ arguments.q }}}}
+      {{% endfor %}}'
+states:
+  - {{id: s, assistant_id: agent, task: Search forty times and report., next: {{end: true}}}}
+"#
+    );
+    let mut script = String::new();
+    for call in 0..40 {
+        script.push_str(&format!(
+            "- tool_calls: [{{id: call-{call}, name: search, arguments: {{q: {call}}}}}]\n"
+        ));
+    }
+    script.push_str("- content: forty searches done\n");
+    (workflow, script)
+}
+
+/// Runs the forty-call loop under `context`: every request fits, validates for OpenAI and
+/// Anthropic, keeps its task and its 3 most recent tool uses; returns the share of calls
+/// whose request starts with the whole previous one.
+async fn forty_call_loop(context: &str) -> f64 {
+    let (workflow, replies) = forty_calls(context);
+    let (_dir, store) = sqlite().await;
+    let provider = script(&replies);
+    let exec = executor(store.clone(), provider.clone());
+    let out = start(&exec, &workflow, "").await.unwrap();
+    assert_eq!(out.output, "forty searches done");
+    let records = requests(&events(&store, "run-1").await);
+    assert_eq!(records.len(), 41);
+    let mut stable = 0;
+    for (n, record) in records.iter().enumerate() {
+        let fit = record.fit.as_ref().unwrap();
+        assert!(
+            fit.tokens_after <= u64::from(fit.limit),
+            "call {n}: {fit:?}"
+        );
+        for rules in [Rules::OpenAi, Rules::Anthropic] {
+            assert_eq!(validate(&record.messages, rules), vec![], "call {n}");
+        }
+        assert!(
+            record
+                .messages
+                .iter()
+                .any(|m| m.text() == "Search forty times and report."),
+            "call {n} lost its task"
+        );
+        let results: Vec<_> = record
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::Tool)
+            .collect();
+        assert_eq!(results.len(), n);
+        for result in results.iter().rev().take(3) {
+            assert!(!is_cleared_placeholder(&result.text()), "call {n}");
+        }
+        match (n, fit.prefix) {
+            (0, None) => {}
+            (0, Some(prefix)) => panic!("the first call has no previous one: {prefix:?}"),
+            (_, Some(prefix)) => stable += usize::from(prefix.stable()),
+            (_, None) => panic!("call {n} records no prefix"),
+        }
+    }
+    stable as f64 / 40.0
+}
+
+#[tokio::test]
+async fn a_forty_call_loop_on_a_16000_window_fits_every_call_and_hysteresis_keeps_prefixes() {
+    let clearing =
+        "      clear_tool_results: {trigger_tokens: 9000, keep: 3, clear_at_least: 2000}";
+    let without = forty_call_loop(clearing).await;
+    let with = forty_call_loop(&format!(
+        "{clearing}\n      hysteresis: {{high: 0.9, low: 0.6}}"
+    ))
+    .await;
+    eprintln!("stable prefixes: {with:.2} of calls with hysteresis, {without:.2} without");
+    assert!(with > without, "{with} with hysteresis, {without} without");
 }

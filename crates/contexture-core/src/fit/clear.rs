@@ -2,9 +2,11 @@
 //! by a short placeholder naming the tool, the call and the tokens it held, keeping the conversation's shape (every call
 //! keeps a result, so the output is as valid as the input) while freeing their tokens.
 
+use std::collections::BTreeSet;
+
 use serde::{Deserialize, Serialize};
 
-use crate::message::{Message, Role};
+use crate::message::{Content, Message, Role};
 use crate::tokens::TokenCounter;
 
 /// When clearing starts.
@@ -156,6 +158,15 @@ pub fn is_cleared_placeholder(text: &str) -> bool {
     text.starts_with("[cleared `") && text.ends_with(" tokens)]")
 }
 
+/// True when `message`'s body is a placeholder, read without copying a long result's text.
+fn holds_placeholder(message: &Message) -> bool {
+    match &message.content {
+        Some(Content::Text(text)) => is_cleared_placeholder(text),
+        Some(Content::Parts(_)) => is_cleared_placeholder(&message.text()),
+        None => false,
+    }
+}
+
 /// One tool call and where its result is.
 struct ToolUse {
     assistant: usize,
@@ -171,81 +182,105 @@ pub fn clear_tool_results(
     options: &ClearOptions,
     counter: &TokenCounter,
 ) -> Cleared {
+    let uses = tool_uses(messages).len();
+    let (fire, stop_below) = match options.trigger {
+        ClearTrigger::Always => (true, None),
+        ClearTrigger::ToolUses(limit) => (uses > limit, None),
+        ClearTrigger::Tokens(limit) => (
+            request_tokens(messages, options, counter) > limit,
+            options.clear_at_least.map(|_| limit),
+        ),
+    };
+    clear_tool_results_to(
+        messages,
+        options,
+        &BTreeSet::new(),
+        fire,
+        stop_below,
+        counter,
+    )
+}
+
+/// The tokens of a request of `messages` with tool schemas of `options.tools_tokens`.
+fn request_tokens(messages: &[Message], options: &ClearOptions, counter: &TokenCounter) -> u64 {
+    u64::from(counter.count_request(messages, &[]).total) + u64::from(options.tools_tokens)
+}
+
+/// Clears, first, the results of the calls in `carried` (what earlier calls of a loop
+/// cleared: they stay cleared, whatever the trigger), then, when `fire`, old results by
+/// `options` (its trigger aside): oldest first, until at least `clear_at_least` tokens were
+/// cleared and the request is at most `stop_below` tokens (with neither, every eligible
+/// result; with `stop_below` alone, until the request is under it).
+pub fn clear_tool_results_to(
+    messages: &[Message],
+    options: &ClearOptions,
+    carried: &BTreeSet<String>,
+    fire: bool,
+    stop_below: Option<u64>,
+    counter: &TokenCounter,
+) -> Cleared {
     let uses = tool_uses(messages);
-    // The request's tokens, under a token trigger: clearing goes on while it is over.
-    let mut request_tokens = 0u64;
-    let triggered = match options.trigger {
-        ClearTrigger::Always => true,
-        ClearTrigger::ToolUses(limit) => uses.len() > limit,
-        ClearTrigger::Tokens(limit) => {
-            let tools = vec![];
-            let count = counter.count_request(messages, &tools);
-            request_tokens = u64::from(count.total) + u64::from(options.tools_tokens);
-            request_tokens > limit
-        }
-    };
-    let under_trigger = |request_tokens: u64| match options.trigger {
-        ClearTrigger::Tokens(limit) => request_tokens <= limit,
-        _ => true,
-    };
+    let mut request = request_tokens(messages, options, counter);
+    let at_least =
+        options
+            .clear_at_least
+            .unwrap_or(if stop_below.is_some() { 0 } else { u64::MAX });
     let mut out = messages.to_vec();
     let mut cleared = Vec::new();
     let mut tokens_cleared = 0u64;
-    if triggered {
-        let older = uses.len().saturating_sub(options.keep_tool_uses);
-        for tool_use in &uses[..older] {
-            if options
-                .clear_at_least
-                .is_some_and(|enough| tokens_cleared >= enough)
-                && under_trigger(request_tokens)
-            {
-                break;
-            }
-            let Some(result_index) = tool_use.result else {
-                continue;
-            };
-            let call = &out[tool_use.assistant].tool_calls[tool_use.call];
-            let (tool, id) = (call.name.clone(), call.id.clone());
-            let result = &out[result_index];
-            if options.exclude_tools.contains(&tool)
-                || result.is_pinned()
-                || out[tool_use.assistant].is_pinned()
-                || is_cleared_placeholder(&result.text())
-            {
+    let older = uses.len().saturating_sub(options.keep_tool_uses);
+    for (position, tool_use) in uses.iter().enumerate() {
+        let call = &out[tool_use.assistant].tool_calls[tool_use.call];
+        let is_carried = carried.contains(&call.id);
+        if !is_carried {
+            let enough = tokens_cleared >= at_least && stop_below.is_none_or(|t| request <= t);
+            if !fire || position >= older || enough {
                 continue;
             }
-            let before = u64::from(counter.count_message(result));
-            let placeholder = cleared_placeholder(&tool, &id, before);
-            let mut replacement = result.clone();
-            replacement.set_text(placeholder);
-            let after = u64::from(counter.count_message(&replacement));
-            if after >= before {
-                continue;
-            }
-            let mut saved = before - after;
-            out[result_index] = replacement;
-            if options.clear_arguments
-                && out[tool_use.assistant].tool_calls[tool_use.call].arguments != "{}"
-            {
-                let assistant = &mut out[tool_use.assistant];
-                let before = u64::from(counter.count_message(assistant));
-                assistant.tool_calls[tool_use.call].arguments = "{}".to_owned();
-                assistant.touch();
-                saved += before.saturating_sub(u64::from(counter.count_message(assistant)));
-            }
-            tokens_cleared += saved;
-            request_tokens = request_tokens.saturating_sub(saved);
-            cleared.push(ClearedResult {
-                index: result_index,
-                tool_call_id: id,
-                tool,
-                tokens: saved,
-            });
         }
+        let Some(result_index) = tool_use.result else {
+            continue;
+        };
+        let (tool, id) = (call.name.clone(), call.id.clone());
+        let result = &out[result_index];
+        if options.exclude_tools.contains(&tool)
+            || result.is_pinned()
+            || out[tool_use.assistant].is_pinned()
+            || holds_placeholder(result)
+        {
+            continue;
+        }
+        let before = u64::from(counter.count_message(result));
+        let placeholder = cleared_placeholder(&tool, &id, before);
+        let mut replacement = result.clone();
+        replacement.set_text(placeholder);
+        let after = u64::from(counter.count_message(&replacement));
+        if after >= before {
+            continue;
+        }
+        let mut saved = before - after;
+        out[result_index] = replacement;
+        if options.clear_arguments
+            && out[tool_use.assistant].tool_calls[tool_use.call].arguments != "{}"
+        {
+            let assistant = &mut out[tool_use.assistant];
+            let before = u64::from(counter.count_message(assistant));
+            assistant.tool_calls[tool_use.call].arguments = "{}".to_owned();
+            assistant.touch();
+            saved += before.saturating_sub(u64::from(counter.count_message(assistant)));
+        }
+        tokens_cleared += saved;
+        request = request.saturating_sub(saved);
+        cleared.push(ClearedResult {
+            index: result_index,
+            tool_call_id: id,
+            tool,
+            tokens: saved,
+        });
     }
     Cleared {
         messages: out,
-        triggered,
+        triggered: fire,
         cleared,
         tokens_cleared,
     }

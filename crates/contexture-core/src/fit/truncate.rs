@@ -76,7 +76,12 @@ pub fn truncate_tool_results(
     let mut truncated = Vec::new();
     for index in 0..out.len() {
         let message = &out[index];
-        if message.role != Role::Tool || !is_plain_text(message.content.as_ref()) {
+        // A result whose whole message (counted once, then cached) is within the limit
+        // needs no look at its text.
+        if message.role != Role::Tool
+            || counter.count_message(message) <= policy.max_tokens
+            || !is_plain_text(message.content.as_ref())
+        {
             continue;
         }
         let text = message.text();

@@ -208,11 +208,45 @@ pub struct FitRecord {
     /// The tool results cut to their start and end.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub truncated: Vec<TruncatedResult>,
+    /// For a call after the first of a loop: how much of the previous call's request this
+    /// one sends again, unchanged, at its start (what a provider's prompt cache can reuse).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<PrefixReuse>,
+}
+
+/// How much of the previous call's request a call sends again at its start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrefixReuse {
+    /// The previous call's messages.
+    pub previous: u32,
+    /// How many of them this call sends first, unchanged.
+    pub shared: u32,
+}
+
+impl PrefixReuse {
+    /// How much of `previous` starts `current`, message for message.
+    pub fn between(previous: &[Message], current: &[Message]) -> PrefixReuse {
+        let shared = previous
+            .iter()
+            .zip(current)
+            .take_while(|(before, now)| before == now)
+            .count();
+        PrefixReuse {
+            previous: u32::try_from(previous.len()).unwrap_or(u32::MAX),
+            shared: u32::try_from(shared).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// True when the whole previous request starts this one: its prefix is stable.
+    pub fn stable(&self) -> bool {
+        self.shared == self.previous
+    }
 }
 
 impl FitRecord {
-    /// One line per tool result the fit changed, in words: what was cut and what was
-    /// cleared, with the tokens each freed.
+    /// One line per tool result the fit changed, in words (what was cut and what was
+    /// cleared, with the tokens each freed), then how much of the previous call's request
+    /// this one sent again.
     pub fn tool_result_changes(&self) -> Vec<String> {
         let truncated = self.truncated.iter().map(|result| {
             format!(
@@ -229,6 +263,21 @@ impl FitRecord {
                 result.tool, result.tool_call_id, result.tokens
             )
         });
-        truncated.chain(cleared).collect()
+        let prefix = self.prefix.iter().map(|prefix| {
+            if prefix.stable() {
+                format!(
+                    "prefix: the previous call's {} messages, unchanged",
+                    prefix.previous
+                )
+            } else {
+                format!(
+                    "prefix: {} of the previous call's {} messages, unchanged (changed at message {})",
+                    prefix.shared,
+                    prefix.previous,
+                    prefix.shared + 1
+                )
+            }
+        });
+        truncated.chain(cleared).chain(prefix).collect()
     }
 }

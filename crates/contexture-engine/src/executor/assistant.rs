@@ -4,10 +4,11 @@
 //! enter the shared history.
 
 use contexture_core::context::render;
+use contexture_core::fit::CutMemory;
 use contexture_core::registry::ModelInfo;
 use contexture_core::thread::{
-    CancelRequest, ContextReplace, EventKind, RecordedBudget, ReplaceReason, RequestEnd,
-    RequestOutcome, RequestRecord, StepMessage, Usage,
+    CancelRequest, ContextReplace, EventKind, PrefixReuse, RecordedBudget, ReplaceReason,
+    RequestEnd, RequestOutcome, RequestRecord, StepMessage, Usage,
 };
 use contexture_core::{Message, budget::BudgetBreakdown};
 use contexture_llm::{ChatRequest, ChatResponse, LlmError};
@@ -19,7 +20,7 @@ use super::request::check_view;
 use super::step::{Abort, StepContext};
 use super::{Executor, Run, cancel_text, cancelled_results};
 use crate::calls::request_end;
-use crate::fitting::{FitTarget, FittedRequest, fit_request};
+use crate::fitting::{FitTarget, FittedRequest, fit_request_in_loop};
 use crate::hooks::{BeforeCall, CallInfo, HistoryChange};
 use crate::llm::Route;
 use crate::tools::{
@@ -100,6 +101,7 @@ impl<S: Store> Executor<S> {
             tools: &setup.tools,
             clear: assistant.context.clear_tool_results.as_ref(),
             truncate: assistant.context.truncate_tool_results.as_ref(),
+            hysteresis: assistant.context.hysteresis.as_ref(),
         };
         if run.limits.max_cost_usd.is_some() && setup.model.pricing.is_none() {
             return Err(StepError::NoPrice {
@@ -114,6 +116,10 @@ impl<S: Store> Executor<S> {
                 vec![message]
             })
             .unwrap_or_default();
+        // What the loop's calls cut, cut again by the next (their prefix then stays the same),
+        // and what the previous call sent.
+        let mut memory = CutMemory::default();
+        let mut previous: Option<Vec<Message>> = None;
         for round in 0..assistant.max_iterations {
             self.refresh(run).await?;
             if let Some(request) = run.log.cancel_requested().cloned() {
@@ -126,9 +132,20 @@ impl<S: Store> Executor<S> {
                 round,
             };
             self.compact_if_triggered(run, &setup, &own).await?;
-            let outgoing = self
-                .outgoing(run, &call, setup.system.as_ref(), &own, &target)
+            let mut outgoing = self
+                .outgoing(
+                    run,
+                    &call,
+                    setup.system.as_ref(),
+                    &own,
+                    &target,
+                    &mut memory,
+                )
                 .await?;
+            outgoing.prepared.fit.prefix = previous
+                .as_deref()
+                .map(|previous| PrefixReuse::between(previous, &outgoing.messages));
+            previous = Some(outgoing.messages.clone());
             self.check_budget_before(run, &setup.model, &outgoing.breakdown)?;
             let (end, reply) = self.call(run, &setup, &call, &outgoing).await?;
             let reply = self
@@ -186,13 +203,15 @@ impl<S: Store> Executor<S> {
         system: Option<&Message>,
         own: &[Message],
         target: &FitTarget<'_>,
+        memory: &mut CutMemory,
     ) -> Result<Outgoing, Abort> {
-        let build = |run: &Run| -> Result<FittedRequest, StepError> {
+        let build = |run: &Run, memory: &mut CutMemory| -> Result<FittedRequest, StepError> {
             let projection = run.log.thread().projection();
             let system = system.or(projection.system.as_ref());
-            fit_request(system, projection.messages, own, target).map_err(StepError::from)
+            fit_request_in_loop(system, projection.messages, own, target, memory)
+                .map_err(StepError::from)
         };
-        let mut prepared = build(run)?;
+        let mut prepared = build(run, memory)?;
         let mut messages = prepared.messages.clone();
         let mut breakdown = prepared.breakdown.clone();
         for (index, hook) in self.hooks.iter().enumerate() {
@@ -221,7 +240,7 @@ impl<S: Store> Executor<S> {
                         }
                     };
                     self.append(run, events).await?;
-                    prepared = build(run)?;
+                    prepared = build(run, memory)?;
                     messages = prepared.messages.clone();
                     breakdown = prepared.breakdown.clone();
                 }

@@ -8,7 +8,7 @@ use contexture_core::compact::CompactionPolicy;
 use contexture_core::context::{
     Branch, ClearContextStore, MergePolicy, MissingPolicy, Switch, TransitionFlags,
 };
-use contexture_core::fit::{ClearPolicy, Strategy, TruncatePolicy};
+use contexture_core::fit::{ClearPolicy, Hysteresis, Strategy, TruncatePolicy};
 use contexture_core::registry::ModelInfo;
 use contexture_core::thread::RunLimits;
 use serde::{Deserialize, Serialize};
@@ -114,6 +114,11 @@ pub struct ContextPolicy {
     /// Tool results past a number of tokens cut to their start and end; default: none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub truncate_tool_results: Option<TruncatePolicy>,
+    /// Once a request passes `high` of its limit, it is cut down to `low`, and the next
+    /// calls of the step's loop keep that cut (a stable prefix) until `high` is passed
+    /// again; default: cut just enough on every call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hysteresis: Option<Hysteresis>,
 }
 
 impl Default for ContextPolicy {
@@ -125,6 +130,7 @@ impl Default for ContextPolicy {
             window: None,
             clear_tool_results: None,
             truncate_tool_results: None,
+            hysteresis: None,
         }
     }
 }
@@ -206,6 +212,11 @@ impl ContextPolicy {
                         truncate.max_tokens
                     ),
                 ));
+            }
+        }
+        if let Some(hysteresis) = &self.hysteresis {
+            for (field, problem) in hysteresis.problems() {
+                problems.push((format!("hysteresis.{field}"), problem));
             }
         }
         problems
