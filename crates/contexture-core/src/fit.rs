@@ -22,8 +22,8 @@ pub mod units;
 pub mod validate;
 
 pub use clear::{
-    ClearOptions, ClearPolicy, ClearTrigger, Cleared, ClearedResult, clear_tool_results,
-    clear_tool_results_to, cleared_placeholder, is_cleared_placeholder,
+    ClearOptions, ClearPolicy, ClearTrigger, Cleared, ClearedResult, Replacements,
+    clear_tool_results, clear_tool_results_with, cleared_placeholder, is_cleared_placeholder,
 };
 pub use repair::{RepairChange, cancelled_result_text, repair};
 pub use shrink::{CutMemory, HistoryCut, Hysteresis, RequestParts, ShrinkPolicy, Shrunk, shrink};

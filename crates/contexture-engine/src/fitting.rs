@@ -111,6 +111,11 @@ pub fn fit_request_in_loop(
         hysteresis: target.hysteresis,
         history_oldest_first: target.strategy == Strategy::Last,
     };
+    // Counted in place (once; the counts are cached in the messages), so that the copies
+    // fitting makes carry the counts instead of counting again on every call of a loop.
+    for message in system.into_iter().chain(&history).chain(own) {
+        counter.count_message(message);
+    }
     let request = RequestParts {
         system,
         history: &history,

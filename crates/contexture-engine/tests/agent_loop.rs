@@ -171,6 +171,10 @@ async fn bad_loop_policies_are_refused_naming_the_key() {
             "keep",
         ),
         (
+            "      clear_tool_results: {trigger_tokens: 2000, keep: 5}\n      truncate_tool_results: {max_tokens: 900}",
+            "assistants[0].context.clear_tool_results.keep: keep (5) results of up to truncate_tool_results.max_tokens (900) each take 4500 tokens, more than the 3500",
+        ),
+        (
             "      hysteresis: {high: 0.6, low: 0.9}",
             "assistants[0].context.hysteresis.low: low (0.9) must be below high (0.6)",
         ),

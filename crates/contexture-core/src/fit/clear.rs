@@ -2,7 +2,7 @@
 //! by a short placeholder naming the tool, the call and the tokens it held, keeping the conversation's shape (every call
 //! keeps a result, so the output is as valid as the input) while freeing their tokens.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -191,12 +191,12 @@ pub fn clear_tool_results(
             options.clear_at_least.map(|_| limit),
         ),
     };
-    clear_tool_results_to(
-        messages,
+    clear_tool_results_with(
+        messages.to_vec(),
         options,
         &BTreeSet::new(),
-        fire,
-        stop_below,
+        (fire, stop_below),
+        &mut Replacements::default(),
         counter,
     )
 }
@@ -206,26 +206,41 @@ fn request_tokens(messages: &[Message], options: &ClearOptions, counter: &TokenC
     u64::from(counter.count_request(messages, &[]).total) + u64::from(options.tools_tokens)
 }
 
+/// The messages earlier calls of a loop put in place of results and tool calls, with their
+/// token counts: made again for the same call (the loop's messages do not change), they are
+/// taken from here instead of being counted again.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Replacements {
+    /// A cleared result's placeholder and the tokens it saved, by call id.
+    results: HashMap<String, (Message, u64)>,
+    /// An assistant turn with a call's arguments cleared, and the tokens that saved, by the
+    /// call's id, for each set of the turn's calls whose arguments were cleared before (a
+    /// bit per call).
+    turns: HashMap<String, Vec<(u64, Message, u64)>>,
+}
+
 /// Clears, first, the results of the calls in `carried` (what earlier calls of a loop
 /// cleared: they stay cleared, whatever the trigger), then, when `fire`, old results by
 /// `options` (its trigger aside): oldest first, until at least `clear_at_least` tokens were
 /// cleared and the request is at most `stop_below` tokens (with neither, every eligible
-/// result; with `stop_below` alone, until the request is under it).
-pub fn clear_tool_results_to(
-    messages: &[Message],
+/// result; with `stop_below` alone, until the request is under it). `(fire, stop_below)`
+/// come as a pair. Replacements earlier calls made are taken from `replacements`, and the
+/// new ones added to it.
+pub fn clear_tool_results_with(
+    messages: Vec<Message>,
     options: &ClearOptions,
     carried: &BTreeSet<String>,
-    fire: bool,
-    stop_below: Option<u64>,
+    (fire, stop_below): (bool, Option<u64>),
+    replacements: &mut Replacements,
     counter: &TokenCounter,
 ) -> Cleared {
-    let uses = tool_uses(messages);
-    let mut request = request_tokens(messages, options, counter);
+    let uses = tool_uses(&messages);
+    let mut request = request_tokens(&messages, options, counter);
     let at_least =
         options
             .clear_at_least
             .unwrap_or(if stop_below.is_some() { 0 } else { u64::MAX });
-    let mut out = messages.to_vec();
+    let mut out = messages;
     let mut cleared = Vec::new();
     let mut tokens_cleared = 0u64;
     let older = uses.len().saturating_sub(options.keep_tool_uses);
@@ -250,24 +265,55 @@ pub fn clear_tool_results_to(
         {
             continue;
         }
-        let before = u64::from(counter.count_message(result));
-        let placeholder = cleared_placeholder(&tool, &id, before);
-        let mut replacement = result.clone();
-        replacement.set_text(placeholder);
-        let after = u64::from(counter.count_message(&replacement));
-        if after >= before {
+        let (replacement, mut saved) = match replacements.results.get(&id) {
+            Some(made) => made.clone(),
+            None => {
+                let before = u64::from(counter.count_message(result));
+                let mut replacement = result.clone();
+                replacement.set_text(cleared_placeholder(&tool, &id, before));
+                let after = u64::from(counter.count_message(&replacement));
+                let made = (replacement, before.saturating_sub(after));
+                replacements.results.insert(id.clone(), made.clone());
+                made
+            }
+        };
+        if saved == 0 {
             continue;
         }
-        let mut saved = before - after;
         out[result_index] = replacement;
         if options.clear_arguments
             && out[tool_use.assistant].tool_calls[tool_use.call].arguments != "{}"
         {
-            let assistant = &mut out[tool_use.assistant];
-            let before = u64::from(counter.count_message(assistant));
-            assistant.tool_calls[tool_use.call].arguments = "{}".to_owned();
-            assistant.touch();
-            saved += before.saturating_sub(u64::from(counter.count_message(assistant)));
+            let assistant = &out[tool_use.assistant];
+            let mask = assistant
+                .tool_calls
+                .iter()
+                .take(64)
+                .enumerate()
+                .filter(|(_, call)| call.arguments == "{}")
+                .fold(0u64, |mask, (bit, _)| mask | 1 << bit);
+            let made = replacements
+                .turns
+                .get(&id)
+                .and_then(|made| made.iter().find(|(cleared, ..)| *cleared == mask));
+            let (turn, turn_saved) = match made {
+                Some((_, turn, saved)) => (turn.clone(), *saved),
+                None => {
+                    let before = u64::from(counter.count_message(assistant));
+                    let mut turn = assistant.clone();
+                    turn.tool_calls[tool_use.call].arguments = "{}".to_owned();
+                    turn.touch();
+                    let saved = before.saturating_sub(u64::from(counter.count_message(&turn)));
+                    replacements.turns.entry(id.clone()).or_default().push((
+                        mask,
+                        turn.clone(),
+                        saved,
+                    ));
+                    (turn, saved)
+                }
+            };
+            out[tool_use.assistant] = turn;
+            saved += turn_saved;
         }
         tokens_cleared += saved;
         request = request.saturating_sub(saved);

@@ -8,10 +8,10 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
-use crate::fit::clear::{ClearPolicy, ClearedResult, clear_tool_results_to};
+use crate::fit::clear::{ClearPolicy, ClearedResult, Replacements, clear_tool_results_with};
 use crate::fit::truncate::{TruncatePolicy, TruncatedResult, truncate_tool_results};
 use crate::fit::units::units;
-use crate::message::Message;
+use crate::message::{Message, Role};
 use crate::tokens::TokenCounter;
 
 /// When a request passes `high` of its limit (or, the first time in a loop, its clearing
@@ -59,6 +59,8 @@ impl Hysteresis {
 pub struct CutMemory {
     /// The calls whose results were cleared.
     pub cleared: BTreeSet<String>,
+    /// The placeholders and cleared calls made, counted once.
+    pub replacements: Replacements,
     /// The history's first messages left out (whole units): a history that changed since
     /// (a compaction) starts over.
     pub history_dropped: Option<HistoryCut>,
@@ -179,7 +181,14 @@ pub fn shrink(
     if let Some(clear) = policy.clear {
         let options = clear.options(tools_tokens);
         // What earlier calls cleared first; then whether this request still passes a mark.
-        let carried = clear_tool_results_to(&all, &options, &memory.cleared, false, None, counter);
+        let carried = clear_tool_results_with(
+            all,
+            &options,
+            &memory.cleared,
+            (false, None),
+            &mut memory.replacements,
+            counter,
+        );
         all = carried.messages;
         cleared = carried.cleared;
         let total = tokens(&all);
@@ -197,8 +206,14 @@ pub fn shrink(
             None => clear.clear_at_least.map(|_| clear.trigger_tokens),
         };
         if fire {
-            let more =
-                clear_tool_results_to(&all, &options, &BTreeSet::new(), true, stop_below, counter);
+            let more = clear_tool_results_with(
+                all,
+                &options,
+                &BTreeSet::new(),
+                (true, stop_below),
+                &mut memory.replacements,
+                counter,
+            );
             all = more.messages;
             cleared.extend(more.cleared);
             cleared.sort_by_key(|result| result.index);
@@ -216,7 +231,8 @@ pub fn shrink(
         let mut total = tokens(&all);
         let mut more = 0;
         for unit in units(kept) {
-            if total <= low {
+            // What is kept starts on a user turn, as every provider wants the first turn.
+            if total <= low && kept[unit.messages().start].role == Role::User {
                 break;
             }
             let range = unit.messages();

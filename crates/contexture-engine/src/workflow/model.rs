@@ -214,6 +214,23 @@ impl ContextPolicy {
                 ));
             }
         }
+        if let (Some(window), Some(clear), Some(truncate)) = (
+            self.window,
+            &self.clear_tool_results,
+            &self.truncate_tool_results,
+        ) {
+            let kept = (clear.keep as u64).saturating_mul(u64::from(truncate.max_tokens));
+            let room = u64::from(window.saturating_sub(self.reserve.unwrap_or(0)));
+            if kept > room {
+                problems.push((
+                    "clear_tool_results.keep".into(),
+                    format!(
+                        "keep ({}) results of up to truncate_tool_results.max_tokens ({}) each take {kept} tokens, more than the {room} the window ({window}) leaves for a request",
+                        clear.keep, truncate.max_tokens
+                    ),
+                ));
+            }
+        }
         if let Some(hysteresis) = &self.hysteresis {
             for (field, problem) in hysteresis.problems() {
                 problems.push((format!("hysteresis.{field}"), problem));

@@ -1,0 +1,110 @@
+//! Fitting one call of a long agent loop: a step whose own messages are its task and 250
+//! tool uses (500 messages, results of about 1,500 tokens each, 375,000 in all), on
+//! gpt-4o-mini with a 16,000-token window (`context.window`), clearing old results and
+//! their inputs (`trigger_tokens` 9,000, `keep` 3, `clear_at_least` 2,000) with hysteresis
+//! (`high` 0.9, `low` 0.6). Every
+//! message's token count is cached (counted once when it entered the loop), and the loop's
+//! cut memory is the one the previous call left, as in a running step.
+//!
+//! Run: `cargo bench -p contexture-engine --bench loop_fit` (the target: under 50 µs).
+//!
+//! - `loop_fit/call_500_messages`: `fit_request_in_loop`, the whole fitting of the call:
+//!   earlier cuts applied again, the marks checked, the own messages kept, trimming,
+//!   validation for the model's rules, the budget breakdown.
+
+use std::hint::black_box;
+
+use contexture_core::budget::BudgetPolicy;
+use contexture_core::fit::{ClearPolicy, CutMemory, Hysteresis, Strategy};
+use contexture_core::registry::{ModelInfo, Registry};
+use contexture_core::{Message, ToolCall};
+use contexture_engine::fitting::{FitTarget, fit_request_in_loop};
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+
+const USES: usize = 250;
+
+/// The step's task and `uses` tool uses, each result about 1,500 tokens.
+fn own(uses: usize) -> Vec<Message> {
+    let mut own = vec![Message::user("Search every source and report.")];
+    for use_ in 0..uses {
+        let id = format!("call_{use_}");
+        own.push(Message::assistant_tool_calls(vec![ToolCall::new(
+            id.clone(),
+            "search",
+            format!(r#"{{"q":"source {use_}"}}"#),
+        )]));
+        let text: String = (0..170)
+            .map(|hit| format!("hit {hit} for source {use_}\n"))
+            .collect();
+        own.push(Message::tool_result(id, text));
+    }
+    own
+}
+
+fn loop_fit(c: &mut Criterion) {
+    let model = ModelInfo {
+        context_window: 16_000,
+        ..Registry::builtin().resolve("gpt-4o-mini")
+    };
+    let policy = BudgetPolicy {
+        budget_ratio: 1.0,
+        reserve_output: Some(1_000),
+    };
+    let clear = ClearPolicy {
+        trigger_tokens: 9_000,
+        keep: 3,
+        clear_at_least: Some(2_000),
+        exclude_tools: Vec::new(),
+        clear_inputs: true,
+    };
+    let hysteresis = Hysteresis {
+        high: 0.9,
+        low: 0.6,
+    };
+    let tools = vec![
+        serde_json::json!({"type": "function", "function": {"name": "search",
+        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}),
+    ];
+    let target = FitTarget {
+        model: &model,
+        policy: &policy,
+        strategy: Strategy::Last,
+        rules: model.rules(),
+        tools: &tools,
+        clear: Some(&clear),
+        truncate: None,
+        hysteresis: Some(&hysteresis),
+    };
+    let system = Message::system("You are a research agent. Use the search tool.");
+    let messages = own(USES);
+    // The loop as it ran: every call before this one fitted in turn, each counting its new
+    // messages once and leaving its cut memory to the next.
+    let mut memory = CutMemory::default();
+    for calls in 1..USES {
+        fit_request_in_loop(
+            Some(&system),
+            Vec::new(),
+            &messages[..1 + 2 * calls],
+            &target,
+            &mut memory,
+        )
+        .unwrap_or_else(|error| panic!("call {calls}: {error}"));
+    }
+    let mut group = c.benchmark_group("loop_fit");
+    group.bench_function("call_500_messages", |b| {
+        b.iter_batched(
+            || memory.clone(),
+            |mut memory| {
+                black_box(
+                    fit_request_in_loop(Some(&system), Vec::new(), &messages, &target, &mut memory)
+                        .expect("the call fits"),
+                )
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    group.finish();
+}
+
+criterion_group!(benches, loop_fit);
+criterion_main!(benches);
