@@ -343,3 +343,63 @@ async fn streamed_replies_reach_the_observer_piece_by_piece() {
     assert_eq!(*deltas.0.lock().unwrap(), "Hello there");
     assert_eq!(upstream.bodies()[0]["stream"], true);
 }
+
+/// The forty-call agent loop of the agent-loop tests over real HTTP: 3,000-token results on a
+/// 16,000-token window with clearing and hysteresis. Every request the upstream received
+/// parses as OpenAI's format, fits the window (counted as received), validates for OpenAI's
+/// and Anthropic's rules, and keeps the task and every call's result.
+#[tokio::test]
+async fn a_forty_call_loop_over_http_sends_only_requests_that_fit_and_validate() {
+    let mut replies: Vec<Reply> = (0..40)
+        .map(|call| {
+            Reply::tool_call(
+                &format!("call-{call}"),
+                "search",
+                serde_json::json!({"q": call}),
+            )
+        })
+        .collect();
+    replies.push(Reply::text("forty searches done"));
+    let upstream = FakeUpstream::scripted(replies).await;
+    let (_dir, store) = sqlite().await;
+    let exec = http_executor(store, &upstream.base_url());
+    let workflow = r#"
+assistants:
+  - id: agent
+    model: gpt-4o-mini
+    tools: [search]
+    max_iterations: 60
+    context:
+      window: 16000
+      reserve: 1000
+      clear_tool_results: {trigger_tokens: 9000, keep: 3, clear_at_least: 2000}
+      hysteresis: {high: 0.9, low: 0.6}
+tools:
+  - id: search
+    description: Search.
+    response: '{% for i in range(430) %}hit {{ i }} for query {{ arguments.q }}
+      {% endfor %}'
+states:
+  - {id: s, assistant_id: agent, task: Search forty times and report., next: {end: true}}
+"#;
+    let out = start(&exec, workflow, "").await.unwrap();
+    assert_eq!(out.output, "forty searches done");
+    let counter = Registry::builtin().resolve("gpt-4o-mini").counter;
+    let bodies = upstream.bodies();
+    assert_eq!(bodies.len(), 41);
+    for (n, body) in bodies.iter().enumerate() {
+        let messages = openai::parse_request(body).expect("a valid OpenAI request");
+        let tokens = counter.count_request(&messages, &[]).total;
+        assert!(tokens <= 15_000, "request {n}: {tokens} tokens");
+        for rules in [Rules::OpenAi, Rules::Anthropic] {
+            assert_eq!(validate(&messages, rules), vec![], "request {n}");
+        }
+        assert!(
+            messages
+                .iter()
+                .any(|m| m.text() == "Search forty times and report.")
+        );
+        let results = messages.iter().filter(|m| m.tool_call_id.is_some()).count();
+        assert_eq!(results, n, "request {n}: every call keeps its result");
+    }
+}
