@@ -129,6 +129,88 @@ fn report_goes_to_standard_error() {
     );
 }
 
+/// The same policies as an assistant's `context`: a long result cut to its start and end,
+/// then old results cleared once the request passes a number of tokens.
+#[test]
+fn tool_results_are_cut_then_cleared_past_a_trigger_as_an_assistants_context_does() {
+    let dir = TempDir::new("contexture-fit-cli");
+    let mut conversation = conversation();
+    let long: String = (0..400)
+        .map(|i| format!("row {i} of the Lyon table\n"))
+        .collect();
+    conversation[10]["content"] = json!(long);
+    let path = write_input(&dir, "loop.json", &conversation);
+    let output = contexture([
+        "fit",
+        "--model",
+        "gpt-4o-mini",
+        "--truncate-tool-results",
+        "300",
+        "--clear-keep",
+        "1",
+        "--clear-trigger-tokens",
+        "400",
+        "--report",
+        &path,
+    ])
+    .run();
+    let fitted = output.expect_json();
+    let report: Value = serde_json::from_str(&output.stderr).unwrap();
+    assert_eq!(report["truncated"][0]["tool_call_id"], "c3", "{report}");
+    let cleared: Vec<&str> = report["cleared"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["tool_call_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(cleared, ["c1", "c2"], "{report}");
+    let lyon = fitted[10]["content"].as_str().unwrap();
+    assert!(
+        lyon.starts_with("row 0 of the Lyon table") && lyon.contains("tokens of this result cut"),
+        "{lyon}"
+    );
+    assert!(
+        request_tokens(&fitted) <= 400 + 300,
+        "{}",
+        request_tokens(&fitted)
+    );
+    assert_eq!(
+        fitted[3]["content"],
+        "[cleared `search` result (c1, 27 tokens)]"
+    );
+    // Bad values are named.
+    let error = contexture([
+        "fit",
+        "--model",
+        "gpt-4o-mini",
+        "--truncate-tool-results",
+        "5",
+        &path,
+    ])
+    .run()
+    .expect_failure();
+    assert!(
+        error.contains("--truncate-tool-results: max_tokens must be at least 48"),
+        "{error}"
+    );
+    let error = contexture([
+        "fit",
+        "--model",
+        "gpt-4o-mini",
+        "--clear-keep",
+        "1",
+        "--clear-trigger-tokens",
+        "0",
+        &path,
+    ])
+    .run()
+    .expect_failure();
+    assert!(
+        error.contains("--clear-trigger-tokens: must be at least 1"),
+        "{error}"
+    );
+}
+
 #[test]
 fn head_tail_inserts_one_marker() {
     let dir = TempDir::new("contexture-fit-cli");

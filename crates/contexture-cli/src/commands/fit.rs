@@ -1,5 +1,7 @@
 //! `contexture fit`: fit a chat history (a JSON array of OpenAI-format messages) into a
-//! model's window, optionally clearing old tool results first, and print the fitted array.
+//! model's window, optionally cutting oversized tool results and clearing old ones first
+//! (the same policies as an assistant's `context.truncate_tool_results` and
+//! `context.clear_tool_results`), and print the fitted array.
 //!
 //! The budget bounds the whole request as `contexture tokens count --messages` counts it
 //! (messages, reply priming, and tool schemas given with `--tools`). Without `--max-tokens`
@@ -18,8 +20,8 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use contexture_core::budget::BudgetPolicy;
 use contexture_core::fit::{
-    ClearOptions, ClearTrigger, ClearedResult, RepairChange, Rules, Strategy, TrimOptions,
-    clear_tool_results, trim,
+    ClearOptions, ClearPolicy, ClearTrigger, ClearedResult, RepairChange, Rules, Strategy,
+    TrimOptions, TruncatePolicy, TruncatedResult, clear_tool_results, trim, truncate_tool_results,
 };
 use contexture_core::format::openai;
 use contexture_core::{Message, Role};
@@ -72,9 +74,20 @@ pub struct FitArgs {
     /// A JSON file with the request's tool schemas (OpenAI format), counted in the budget.
     #[arg(long, value_name = "FILE")]
     tools: Option<PathBuf>,
+    /// Before anything else, cut every tool result over this many tokens to its start and
+    /// end (`truncate_tool_results.max_tokens`).
+    #[arg(long, value_name = "TOKENS")]
+    truncate_tool_results: Option<u32>,
     /// Before trimming, clear the results of all but the N most recent tool uses.
     #[arg(long, value_name = "N")]
     clear_keep: Option<usize>,
+    /// With --clear-keep: clear only once the request passes this many tokens, oldest first,
+    /// until it is back under (`clear_tool_results.trigger_tokens`).
+    #[arg(long, value_name = "TOKENS", requires = "clear_keep")]
+    clear_trigger_tokens: Option<u64>,
+    /// With --clear-keep: clear at least this many tokens each time (`clear_at_least`).
+    #[arg(long, value_name = "TOKENS", requires = "clear_keep")]
+    clear_at_least: Option<u64>,
     /// With --clear-keep: never clear results of this tool; repeatable.
     #[arg(long, value_name = "TOOL", requires = "clear_keep")]
     clear_exclude: Vec<String>,
@@ -125,6 +138,8 @@ struct Report<'a> {
     dropped_count: usize,
     partial: Option<usize>,
     marker: Option<usize>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    truncated: Vec<TruncatedResult>,
     cleared: Vec<ClearedResult>,
     tokens_cleared: u64,
     tokens_before: Option<u64>,
@@ -174,15 +189,40 @@ pub fn run(args: FitArgs) -> Result<()> {
     };
 
     let messages_in = messages.len();
+    let mut truncated = Vec::new();
+    if let Some(max_tokens) = args.truncate_tool_results {
+        let policy = TruncatePolicy { max_tokens };
+        if let Some((field, problem)) = policy.problems().into_iter().next() {
+            bail!("--truncate-tool-results: {field} {problem}");
+        }
+        let cut = truncate_tool_results(&messages, &policy, &counter);
+        messages = cut.messages;
+        truncated = cut.truncated;
+    }
     let (cleared, tokens_cleared) = match args.clear_keep {
         Some(keep) => {
-            let options = ClearOptions {
-                trigger: ClearTrigger::ToolUses(keep),
-                keep_tool_uses: keep,
-                clear_at_least: None,
-                exclude_tools: args.clear_exclude.clone(),
-                clear_arguments: args.clear_arguments,
-                tools_tokens,
+            let options = match args.clear_trigger_tokens {
+                Some(trigger_tokens) => {
+                    let policy = ClearPolicy {
+                        trigger_tokens,
+                        keep,
+                        clear_at_least: args.clear_at_least,
+                        exclude_tools: args.clear_exclude.clone(),
+                        clear_inputs: args.clear_arguments,
+                    };
+                    if let Some((field, problem)) = policy.problems().into_iter().next() {
+                        bail!("--clear-{}: {problem}", field.replace('_', "-"));
+                    }
+                    policy.options(tools_tokens)
+                }
+                None => ClearOptions {
+                    trigger: ClearTrigger::ToolUses(keep),
+                    keep_tool_uses: keep,
+                    clear_at_least: args.clear_at_least,
+                    exclude_tools: args.clear_exclude.clone(),
+                    clear_arguments: args.clear_arguments,
+                    tools_tokens,
+                },
             };
             let result = clear_tool_results(&messages, &options, &counter);
             messages = result.messages;
@@ -233,6 +273,7 @@ pub fn run(args: FitArgs) -> Result<()> {
                 .collect(),
             partial: trimmed.partial,
             marker: trimmed.marker,
+            truncated,
             cleared,
             tokens_cleared,
             tokens_before: trimmed.tokens_before,
