@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{events, executor, requests, script, sqlite, start};
+use common::{events, executor, forty_call_workflow, requests, script, sqlite, start};
 use contexture_core::fit::{Rules, is_cleared_placeholder, validate};
 use contexture_core::thread::EventKind;
 use contexture_core::{Encoding, Role, TokenCounter};
@@ -193,29 +193,10 @@ async fn bad_loop_policies_are_refused_naming_the_key() {
     }
 }
 
-/// Forty calls of a tool whose results are about 3,000 tokens each, on a 16,000-token
-/// window, then the answer: the loop of the issue's example, under `context`.
+/// The forty-call loop under `context` (see [`common::forty_call_workflow`]), and its
+/// scripted replies: forty searches, then the answer.
 fn forty_calls(context: &str) -> (String, String) {
-    let workflow = format!(
-        r#"
-assistants:
-  - id: agent
-    model: gpt-4o-mini
-    tools: [search]
-    max_iterations: 60
-    context:
-      window: 16000
-      reserve: 1000
-{context}
-tools:
-  - id: search
-    description: Search.
-    response: '{{% for i in range(430) %}}hit {{{{ i }}}} for query {{{{ arguments.q }}}}
-      {{% endfor %}}'
-states:
-  - {{id: s, assistant_id: agent, task: Search forty times and report., next: {{end: true}}}}
-"#
-    );
+    let workflow = forty_call_workflow(context);
     let mut script = String::new();
     for call in 0..40 {
         script.push_str(&format!(

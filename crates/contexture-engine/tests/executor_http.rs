@@ -7,7 +7,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{events, kinds, sqlite, start};
+use common::{events, forty_call_workflow, kinds, sqlite, start};
 use contexture_core::context::RenderOptions;
 use contexture_core::fit::{Rules, validate};
 use contexture_core::format::openai;
@@ -363,26 +363,10 @@ async fn a_forty_call_loop_over_http_sends_only_requests_that_fit_and_validate()
     let upstream = FakeUpstream::scripted(replies).await;
     let (_dir, store) = sqlite().await;
     let exec = http_executor(store, &upstream.base_url());
-    let workflow = r#"
-assistants:
-  - id: agent
-    model: gpt-4o-mini
-    tools: [search]
-    max_iterations: 60
-    context:
-      window: 16000
-      reserve: 1000
-      clear_tool_results: {trigger_tokens: 9000, keep: 3, clear_at_least: 2000}
-      hysteresis: {high: 0.9, low: 0.6}
-tools:
-  - id: search
-    description: Search.
-    response: '{% for i in range(430) %}hit {{ i }} for query {{ arguments.q }}
-      {% endfor %}'
-states:
-  - {id: s, assistant_id: agent, task: Search forty times and report., next: {end: true}}
-"#;
-    let out = start(&exec, workflow, "").await.unwrap();
+    let workflow = forty_call_workflow(
+        "      clear_tool_results: {trigger_tokens: 9000, keep: 3, clear_at_least: 2000}\n      hysteresis: {high: 0.9, low: 0.6}",
+    );
+    let out = start(&exec, &workflow, "").await.unwrap();
     assert_eq!(out.output, "forty searches done");
     let counter = Registry::builtin().resolve("gpt-4o-mini").counter;
     let bodies = upstream.bodies();

@@ -70,11 +70,9 @@ async fn run_agent<S: Store + Clone>(store: S) -> u64 {
         assert_eq!(record.tools.len(), 2, "call {call}'s tools read back");
     }
     let info = store
-        .list()
+        .thread_info("run-1")
         .await
         .unwrap()
-        .into_iter()
-        .find(|thread| thread.id == "run-1")
         .expect("the execution's thread is listed");
     info.message_bytes
 }

@@ -220,14 +220,11 @@ impl<'a> TenantStore<'a> {
 
     /// The own retention policy of the tenant's thread `id` (404 when there is no thread).
     pub(crate) async fn retention(&self, id: &str) -> ApiResult<Option<RequestRetention>> {
-        let stored = self.stored_id(id);
         let info = self
             .store
-            .list_page(&stored, "", 1)
+            .thread_info(&self.stored_id(id))
             .await
             .map_err(|error| self.error(error))?
-            .into_iter()
-            .find(|info| info.id == stored)
             .ok_or_else(|| ApiError::not_found("thread", id))?;
         Ok(info.retention)
     }

@@ -89,10 +89,8 @@ fn records(c: &mut Criterion) {
         }
     });
     let info = runtime
-        .block_on(store.list())
-        .expect("list")
-        .into_iter()
-        .find(|info| info.id == "chat")
+        .block_on(store.thread_info("chat"))
+        .expect("read the thread")
         .expect("the thread");
     let disk = testing::sqlite_disk_bytes(&path);
     println!(

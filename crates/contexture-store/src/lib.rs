@@ -230,6 +230,18 @@ pub trait Store: Send + Sync {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<ThreadInfo>, StoreError>> + Send;
 
+    /// The summary of `thread` (its sizes, fork point, retention policy), when it exists.
+    fn thread_info(
+        &self,
+        thread: &str,
+    ) -> impl Future<Output = Result<Option<ThreadInfo>, StoreError>> + Send {
+        async move {
+            // Among the ids that start with a thread's id, its own sorts first.
+            let page = self.list_page(thread, "", 1).await?;
+            Ok(page.into_iter().find(|info| info.id == thread))
+        }
+    }
+
     /// Deletes `thread` and its events. Refuses with [`StoreError::HasForks`] when forks
     /// of it exist (they read its events); delete or prune the forks first.
     fn delete(&self, thread: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -252,7 +264,7 @@ pub trait Store: Send + Sync {
     /// Removes the messages of `thread`'s own request records that `retention` no longer
     /// keeps at `now`, except those a kept record (of the thread or of a fork of it) takes
     /// a message from; message events are never touched. Works through the records in
-    /// transactions of at most a hundred or so, each short.
+    /// short transactions of a few dozen to a hundred or so records.
     fn prune_thread_requests(
         &self,
         thread: &str,

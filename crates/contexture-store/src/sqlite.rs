@@ -1175,32 +1175,28 @@ mod tests {
     use contexture_core::Message;
     use contexture_core::thread::EventKind;
 
+    /// Fills thread `big` with `batches` appends of 50 messages of 2 KB, then thread `small`
+    /// with one message.
+    async fn big_and_small(store: &SqliteStore, batches: usize) {
+        let say = |text: String| {
+            NewEvent::new(EventKind::MessageAppended {
+                message: Message::user(text),
+            })
+        };
+        for _ in 0..batches {
+            let batch = (0..50).map(|_| say("x".repeat(2_000))).collect();
+            store.append("big", batch).await.unwrap();
+        }
+        store.append_one("small", say("kept".into())).await.unwrap();
+    }
+
     /// Deleting a thread gives its pages back: the file shrinks, in steps.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_deleted_threads_pages_go_back_to_the_file_system() {
         let dir = crate::testing::TempDir::new("contexture-reclaim");
         let path = dir.join("threads.db");
         let store = SqliteStore::open(&path).await.unwrap();
-        let text = "x".repeat(2_000);
-        for _ in 0..40 {
-            let batch = (0..50)
-                .map(|_| {
-                    NewEvent::new(EventKind::MessageAppended {
-                        message: Message::user(text.clone()),
-                    })
-                })
-                .collect();
-            store.append("big", batch).await.unwrap();
-        }
-        store
-            .append_one(
-                "small",
-                NewEvent::new(EventKind::MessageAppended {
-                    message: Message::user("kept"),
-                }),
-            )
-            .await
-            .unwrap();
+        big_and_small(&store, 40).await;
         let full = crate::testing::sqlite_disk_bytes(&path);
         assert!(full > 4_000_000, "{full}");
         let started = std::time::Instant::now();
@@ -1235,26 +1231,7 @@ mod tests {
         };
         let store = SqliteStore::open(&path).await.unwrap();
         assert_eq!(mode(&path), 0, "an older file keeps its mode on open");
-        let text = "y".repeat(2_000);
-        for _ in 0..20 {
-            let batch = (0..50)
-                .map(|_| {
-                    NewEvent::new(EventKind::MessageAppended {
-                        message: Message::user(text.clone()),
-                    })
-                })
-                .collect();
-            store.append("big", batch).await.unwrap();
-        }
-        store
-            .append_one(
-                "small",
-                NewEvent::new(EventKind::MessageAppended {
-                    message: Message::user("kept"),
-                }),
-            )
-            .await
-            .unwrap();
+        big_and_small(&store, 20).await;
         store.delete("big").await.unwrap();
         let kept = crate::testing::sqlite_disk_bytes(&path);
         assert!(kept > 2_000_000, "the free pages stay in the file: {kept}");

@@ -1250,11 +1250,9 @@ async fn size_of(s: &impl Store, id: &str) -> u64 {
 /// The bytes of `id`'s events and of its messages, as the thread list reports them.
 async fn sizes_of(s: &impl Store, id: &str) -> (u64, u64) {
     let info = s
-        .list()
+        .thread_info(id)
         .await
         .unwrap()
-        .into_iter()
-        .find(|thread| thread.id == id)
         .unwrap_or_else(|| panic!("no thread {id}"));
     (info.bytes, info.message_bytes)
 }
@@ -1524,17 +1522,38 @@ async fn records_of(s: &impl Store, thread: &str) -> Vec<RequestRecord> {
         .collect()
 }
 
+/// Every event of `thread` but its request records.
+async fn other_events(s: &impl Store, thread: &str) -> Vec<Event> {
+    s.events(thread)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| !matches!(e.kind, EventKind::RequestStarted(_)))
+        .collect()
+}
+
 async fn retention_policies_are_stored_with_the_thread(h: &impl Harness) {
     let s = h.store();
+    // A thread whose id another one's starts with, listed after it.
+    s.append_one("kept-too", user("hi")).await.unwrap();
     s.append_one("kept", user("hi")).await.unwrap();
     let policy = RequestRetention::new(Some(30), Some(100)).unwrap();
     s.set_retention("kept", Some(policy)).await.unwrap();
-    let info = |threads: Vec<contexture_store::ThreadInfo>| {
-        threads.into_iter().find(|t| t.id == "kept").unwrap()
-    };
-    assert_eq!(info(s.list().await.unwrap()).retention, Some(policy));
+    let info = s.thread_info("kept").await.unwrap().expect("the thread");
+    assert_eq!((info.id.as_str(), info.retention), ("kept", Some(policy)));
+    let listed = s.list().await.unwrap();
+    assert_eq!(listed.iter().find(|t| t.id == "kept"), Some(&info));
+    assert_eq!(
+        s.thread_info("kept-too").await.unwrap().unwrap().retention,
+        None
+    );
     s.set_retention("kept", None).await.unwrap();
-    assert_eq!(info(s.list().await.unwrap()).retention, None);
+    assert_eq!(
+        s.thread_info("kept").await.unwrap().unwrap().retention,
+        None
+    );
+    assert_eq!(s.thread_info("kep").await.unwrap(), None);
+    assert_eq!(s.thread_info("missing").await.unwrap(), None);
     assert!(matches!(
         s.set_retention("missing", Some(policy)).await,
         Err(StoreError::NotFound { .. })
@@ -1545,13 +1564,7 @@ async fn retention_policies_are_stored_with_the_thread(h: &impl Harness) {
 async fn pruning_request_records_keeps_the_policy_and_every_message(h: &impl Harness) {
     let s = h.store();
     let records = conversation_with_requests(s, "chat", 6).await;
-    let messages_before: Vec<Event> = s
-        .events("chat")
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|e| !matches!(e.kind, EventKind::RequestStarted(_)))
-        .collect();
+    let messages_before = other_events(s, "chat").await;
     let (bytes_before, message_bytes) = sizes_of(s, "chat").await;
     let last_two = RequestRetention::new(None, Some(2)).unwrap();
     let report = s
@@ -1568,13 +1581,7 @@ async fn pruning_request_records_keeps_the_policy_and_every_message(h: &impl Har
         assert_eq!(got.request_id, sent.request_id);
         assert_eq!(got.model, sent.model);
     }
-    let messages_after: Vec<Event> = s
-        .events("chat")
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|e| !matches!(e.kind, EventKind::RequestStarted(_)))
-        .collect();
+    let messages_after = other_events(s, "chat").await;
     assert_eq!(
         messages_after, messages_before,
         "every other event is untouched"

@@ -536,11 +536,9 @@ fn postgres_reads_request_records_back_as_appended() {
 /// (bytes, message bytes) of `thread`, as the store reports them.
 async fn sizes(store: &impl Store, thread: &str) -> (u64, u64) {
     let info = store
-        .list()
+        .thread_info(thread)
         .await
         .unwrap()
-        .into_iter()
-        .find(|info| info.id == thread)
         .expect("the thread is listed");
     (info.bytes, info.message_bytes)
 }

@@ -20,7 +20,7 @@ use contexture_engine::compaction::{CompactOptions, CompactionOutcome, Compactor
 use contexture_engine::fitting::{FitSettings, MessageView, thread_messages};
 use contexture_engine::llm::LlmSpec;
 use contexture_engine::threads::{fork_thread, merge_thread, restore_thread};
-use contexture_store::{AnyStore, NewEvent, RequestRetention, RetentionRules, Store};
+use contexture_store::{AnyStore, NewEvent, RequestRetention, RetentionRules, Store, StoreError};
 use serde_json::Value;
 
 use super::input;
@@ -406,11 +406,9 @@ async fn execute(args: ThreadArgs) -> Result<()> {
                     .with_context(|| format!("cannot set the retention of thread {thread}"))?;
             }
             let info = store
-                .list_page(&thread, "", 1)
+                .thread_info(&thread)
                 .await?
-                .into_iter()
-                .find(|info| info.id == thread)
-                .with_context(|| format!("no thread {thread}"))?;
+                .ok_or(StoreError::NotFound { thread })?;
             match info.retention {
                 Some(policy) => println!("{}", serde_json::to_string(&policy)?),
                 None => println!("null"),

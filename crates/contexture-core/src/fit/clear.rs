@@ -187,7 +187,7 @@ pub fn clear_tool_results(
         ClearTrigger::Always => (true, None),
         ClearTrigger::ToolUses(limit) => (uses > limit, None),
         ClearTrigger::Tokens(limit) => (
-            request_tokens(messages, options, counter) > limit,
+            request_tokens(messages, options.tools_tokens, counter) > limit,
             options.clear_at_least.map(|_| limit),
         ),
     };
@@ -201,9 +201,13 @@ pub fn clear_tool_results(
     )
 }
 
-/// The tokens of a request of `messages` with tool schemas of `options.tools_tokens`.
-fn request_tokens(messages: &[Message], options: &ClearOptions, counter: &TokenCounter) -> u64 {
-    u64::from(counter.count_request(messages, &[]).total) + u64::from(options.tools_tokens)
+/// The tokens of a request of `messages` with tool schemas of `tools_tokens`.
+pub(crate) fn request_tokens(
+    messages: &[Message],
+    tools_tokens: u32,
+    counter: &TokenCounter,
+) -> u64 {
+    u64::from(counter.count_request(messages, &[]).total) + u64::from(tools_tokens)
 }
 
 /// The messages earlier calls of a loop put in place of results and tool calls, with their
@@ -235,7 +239,7 @@ pub fn clear_tool_results_with(
     counter: &TokenCounter,
 ) -> Cleared {
     let uses = tool_uses(&messages);
-    let mut request = request_tokens(&messages, options, counter);
+    let mut request = request_tokens(&messages, options.tools_tokens, counter);
     let at_least =
         options
             .clear_at_least

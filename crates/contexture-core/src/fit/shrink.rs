@@ -8,7 +8,9 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
-use crate::fit::clear::{ClearPolicy, ClearedResult, Replacements, clear_tool_results_with};
+use crate::fit::clear::{
+    ClearPolicy, ClearedResult, Replacements, clear_tool_results_with, request_tokens,
+};
 use crate::fit::truncate::{TruncatePolicy, TruncatedResult, truncate_tool_results};
 use crate::fit::units::units;
 use crate::message::{Message, Role};
@@ -174,9 +176,7 @@ pub fn shrink(
         all = cut.messages;
         truncated = cut.truncated;
     }
-    let tokens = |messages: &[Message]| {
-        u64::from(counter.count_request(messages, &[]).total) + u64::from(tools_tokens)
-    };
+    let tokens = |messages: &[Message]| request_tokens(messages, tools_tokens, counter);
     let mut cleared = Vec::new();
     if let Some(clear) = policy.clear {
         let options = clear.options(tools_tokens);

@@ -71,6 +71,32 @@ pub fn requests(events: &[Event]) -> Vec<RequestRecord> {
         .collect()
 }
 
+/// A one-step agent that searches forty times, each result about 3,000 tokens, on a
+/// 16,000-token window (`reserve` 1,000), with `context` (indented YAML lines) added to
+/// its assistant's `context:`; its task is "Search forty times and report.".
+pub fn forty_call_workflow(context: &str) -> String {
+    format!(
+        r#"
+assistants:
+  - id: agent
+    model: gpt-4o-mini
+    tools: [search]
+    max_iterations: 60
+    context:
+      window: 16000
+      reserve: 1000
+{context}
+tools:
+  - id: search
+    description: Search.
+    response: '{{% for i in range(430) %}}hit {{{{ i }}}} for query {{{{ arguments.q }}}}
+      {{% endfor %}}'
+states:
+  - {{id: s, assistant_id: agent, task: Search forty times and report., next: {{end: true}}}}
+"#
+    )
+}
+
 /// The texts of messages.
 pub fn texts(messages: &[Message]) -> Vec<String> {
     messages.iter().map(Message::text).collect()
