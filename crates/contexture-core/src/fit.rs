@@ -9,11 +9,14 @@
 //!   (last, first, head+tail) with hysteresis, pinned messages and the system prompt kept.
 //! - [`clear_tool_results`] replaces old tool results with placeholders, and
 //!   [`truncate_tool_results`] cuts oversized ones to their start and end.
+//! - [`FitPolicy`] holds all of those choices, as workflows, chat threads and the command
+//!   line set them.
 //!
 //! Invariant: every message list these functions return passes [`validate()`] for the
 //! provider they were given, whenever their input did (and [`repair()`] makes it so).
 
 pub mod clear;
+pub mod policy;
 pub mod repair;
 pub mod shrink;
 pub mod trim;
@@ -25,6 +28,7 @@ pub use clear::{
     ClearOptions, ClearPolicy, ClearTrigger, Cleared, ClearedResult, Replacements,
     clear_tool_results, clear_tool_results_with, cleared_placeholder, is_cleared_placeholder,
 };
+pub use policy::FitPolicy;
 pub use repair::{RepairChange, cancelled_result_text, repair};
 pub use shrink::{CutMemory, HistoryCut, Hysteresis, RequestParts, ShrinkPolicy, Shrunk, shrink};
 pub use trim::{

@@ -39,8 +39,8 @@ use crate::message::Message;
 
 pub use event::{
     CancelRequest, CompactionFailure, ConflictPolicy, ContextReplace, DEFAULT_CONTEXT, Event,
-    EventKind, Merge, MergePolicy, Provenance, PrunedRequest, RecordedBudget, ReplaceReason,
-    RequestEnd, RequestOutcome, RequestRecord, StoreChange, Usage,
+    EventKind, Merge, MergePolicy, PolicyChange, Provenance, PrunedRequest, RecordedBudget,
+    ReplaceReason, RequestEnd, RequestOutcome, RequestRecord, StoreChange, ThreadPolicy, Usage,
 };
 pub use execution::{
     FitRecord, PrefixReuse, RunEnd, RunLimits, RunStart, RunStatus, StepEnd, StepFailure,
@@ -200,6 +200,10 @@ pub struct Thread {
     merged: BTreeMap<String, u64>,
     /// Counts effects (appended system messages and applied replaces) to order them.
     effects: u64,
+    /// The thread's own policy, when one is set.
+    policy: Option<ThreadPolicy>,
+    /// The seq of the last request record.
+    last_request: Option<u64>,
 }
 
 impl Thread {
@@ -220,6 +224,8 @@ impl Thread {
             usage_log: Vec::new(),
             merged: BTreeMap::new(),
             effects: 0,
+            policy: None,
+            last_request: None,
         }
     }
 
@@ -276,6 +282,17 @@ impl Thread {
     /// The thread's key-value store.
     pub fn store(&self) -> &Map<String, Value> {
         &self.store
+    }
+
+    /// The thread's own policy for its requests, when one is set (a fork inherits its
+    /// parent's).
+    pub fn policy(&self) -> Option<&ThreadPolicy> {
+        self.policy.as_ref()
+    }
+
+    /// The seq of the thread's last request record, when it has one.
+    pub fn last_request(&self) -> Option<u64> {
+        self.last_request
     }
 
     /// All tokens spent: requests of this thread (its shared prefix included) and merged forks.
@@ -349,6 +366,7 @@ impl Thread {
                     });
                 }
                 self.in_flight = Some(record.request_id);
+                self.last_request = Some(seq);
             }
             EventKind::RequestEnded(end) => {
                 if self.in_flight.as_deref() != Some(end.request_id.as_str()) {
@@ -370,6 +388,7 @@ impl Thread {
             | EventKind::RunEnded(_)
             | EventKind::CompactionFailed(_)
             | EventKind::CancelRequested(_) => {}
+            EventKind::PolicySet(change) => self.policy = change.policy,
         }
         self.last_seq = seq;
         Ok(())
@@ -488,7 +507,8 @@ pub fn projection_watermark<'a>(events: impl IntoIterator<Item = (u64, &'a Event
             | EventKind::StepFailed(_)
             | EventKind::RunEnded(_)
             | EventKind::CompactionFailed(_)
-            | EventKind::CancelRequested(_) => {}
+            | EventKind::CancelRequested(_)
+            | EventKind::PolicySet(_) => {}
         }
     }
     bases.get(active.as_str()).copied().unwrap_or(0)

@@ -23,6 +23,7 @@
 //! that differs from the thread's system prompt replaces it.
 
 use contexture_core::compact::CompactionPolicy;
+use contexture_core::fit::{CutMemory, HistoryCut};
 use contexture_core::format::openai;
 use contexture_core::registry::ModelInfo;
 use contexture_core::thread::{
@@ -37,7 +38,7 @@ use serde_json::Value;
 use crate::calls::answered_end;
 use crate::compaction::{CompactRequest, CompactionOutcome, Compactor, compact_stored};
 use crate::executor::ExecError;
-use crate::fitting::{FitError, FitSettings, FittedRequest};
+use crate::fitting::{FitError, FitSettings, FittedRequest, ThreadFitError};
 
 /// Why a chat turn cannot go ahead.
 #[derive(Debug, thiserror::Error)]
@@ -182,12 +183,14 @@ pub struct ChatTurn<'a, S> {
     pub store: &'a S,
     /// The stored thread id.
     pub thread: &'a str,
-    /// The model, budget and strategy of the fit.
+    /// The model and the default fit policy (the thread's own takes its place).
     pub settings: FitSettings,
     /// The tool schemas sent with the request.
     pub tools: Vec<Value>,
-    /// The thread's compaction policy and who compacts, when it has one.
-    pub compaction: Option<(&'a CompactionPolicy, &'a Compactor)>,
+    /// The default compaction policy, when there is one (the thread's own takes its place).
+    pub compaction: Option<&'a CompactionPolicy>,
+    /// Who compacts.
+    pub compactor: &'a Compactor,
     /// The turn's idempotency key, when it has one.
     pub key: Option<&'a str>,
     /// True when this is the keyed turn's first attempt (its request record takes the key).
@@ -215,28 +218,38 @@ impl<S: Store> ChatTurn<'_, S> {
         requested: Vec<Message>,
         request_id: String,
     ) -> Result<PreparedTurn, ChatError> {
-        let settings = &self.settings;
-        // A cut thread must still be over the token trigger, as the whole thread is.
-        let compaction_tokens = self
-            .compaction
-            .and_then(|(policy, _)| policy.trigger.tokens)
-            .map_or(0, |tokens| tokens.saturating_add(1));
+        let mut settings = self.settings.clone();
         // The new turns are among the request's messages, and are kept whole.
         let encoding = settings.model.counter.encoding();
         let own_tokens = requested
             .iter()
             .map(|message| u64::from(message_tokens(message, encoding)))
             .sum::<u64>();
-        let load = || settings.load(self.store, self.thread, own_tokens, compaction_tokens);
-        let stored = match load().await {
-            Ok(tail) => tail.projection,
-            Err(StoreError::NotFound { .. }) => Projection {
-                context: "main".into(),
-                system: None,
-                messages: Vec::new(),
-            },
-            Err(error) => return Err(error.into()),
+        let loaded = settings
+            .load_adopting(self.store, self.thread, own_tokens)
+            .await;
+        let (stored, policy) = match loaded {
+            Ok(tail) => (tail.projection, tail.policy),
+            Err(ThreadFitError::Store(StoreError::NotFound { .. })) => (
+                Projection {
+                    context: "main".into(),
+                    system: None,
+                    messages: Vec::new(),
+                },
+                None,
+            ),
+            Err(ThreadFitError::Store(error)) => return Err(error.into()),
+            Err(ThreadFitError::Fit(error)) => return Err(error.into()),
         };
+        let compaction = policy
+            .and_then(|policy| policy.compaction)
+            .or_else(|| self.compaction.cloned());
+        // A cut thread must still be over the token trigger, as the whole thread is.
+        let compaction_tokens = compaction
+            .as_ref()
+            .and_then(|policy| policy.trigger.tokens)
+            .map_or(0, |tokens| tokens.saturating_add(1));
+        let load = || settings.load(self.store, self.thread, own_tokens, compaction_tokens);
         let new = new_messages(&stored, requested);
         check_tool_results(&stored, &new)?;
         // Fitting fails only on what it must keep (the system prompt, the new turns, the
@@ -262,8 +275,8 @@ impl<S: Store> ChatTurn<'_, S> {
         }
 
         let mut tail = load().await?;
-        let mut compaction = None;
-        if let Some((policy, compactor)) = self.compaction
+        let mut compacted = None;
+        if let Some(policy) = &compaction
             && let Some(reason) = policy.trigger.fires_for(
                 &settings.model,
                 tail.projection
@@ -275,18 +288,25 @@ impl<S: Store> ChatTurn<'_, S> {
             )
         {
             let request = CompactRequest::new(policy.clone(), reason);
-            let outcome = compact_stored(compactor, self.store, self.thread, &request)
+            let outcome = compact_stored(self.compactor, self.store, self.thread, &request)
                 .await
                 .map(|report| report.outcome);
             if matches!(outcome, Ok(CompactionOutcome::Compacted { .. })) {
                 tail = load().await?;
             }
-            compaction = Some(outcome);
+            compacted = Some(outcome);
         }
 
         let split = tail.projection.messages.len().saturating_sub(new_count);
         let own = tail.projection.messages.split_off(split);
-        let fitted = settings.fit_tail(tail, &own, &self.tools)?;
+        let mut memory = if settings.policy.shrinks() {
+            let hysteresis = settings.policy.hysteresis.is_some();
+            self.carried_cuts(tail.last_request, &tail.projection.messages, hysteresis)
+                .await?
+        } else {
+            CutMemory::default()
+        };
+        let fitted = settings.fit_tail_in_loop(tail, &own, &self.tools, &mut memory)?;
         let record = RequestRecord {
             request_id: request_id.clone(),
             model: Some(settings.model.id.clone()),
@@ -312,8 +332,55 @@ impl<S: Store> ChatTurn<'_, S> {
         Ok(PreparedTurn {
             fitted,
             request_id,
-            compaction,
+            compaction: compacted,
         })
+    }
+
+    /// What the thread's previous request cut, for a policy that cuts the same way from one
+    /// request to the next: the results it cleared, and with hysteresis, the history it left
+    /// out (found again by its first kept message in `history`, the history being fitted).
+    /// A thread's turns are one loop across requests, and servers keep nothing between them,
+    /// so this comes from the request's record.
+    async fn carried_cuts(
+        &self,
+        last_request: Option<u64>,
+        history: &[Message],
+        hysteresis: bool,
+    ) -> Result<CutMemory, ChatError> {
+        let mut memory = CutMemory::default();
+        let Some(seq) = last_request else {
+            return Ok(memory);
+        };
+        let events = self.store.events_after(self.thread, seq - 1).await?;
+        let Some(EventKind::RequestStarted(record)) =
+            events.into_iter().next().map(|event| event.kind)
+        else {
+            return Ok(memory);
+        };
+        if let Some(fit) = &record.fit {
+            memory.cleared = fit
+                .cleared
+                .iter()
+                .map(|result| result.tool_call_id.clone())
+                .collect();
+        }
+        if hysteresis {
+            let first_kept = record
+                .messages
+                .iter()
+                .find(|message| !message.role.is_system_like());
+            if let Some(first_kept) = first_kept
+                && let Some(dropped) = history.iter().position(|message| message == first_kept)
+                && dropped > 0
+            {
+                memory.history_dropped = Some(HistoryCut {
+                    dropped,
+                    length: history.len(),
+                    first_kept: Some(first_kept.clone()),
+                });
+            }
+        }
+        Ok(memory)
     }
 
     /// What records how the call of `prepared` ends.

@@ -12,8 +12,8 @@ use contexture_core::Message;
 use contexture_core::TokenCounter;
 use contexture_core::budget::{BudgetBreakdown, BudgetError, BudgetPolicy, Limits};
 use contexture_core::fit::{
-    self, ClearPolicy, CutMemory, Hysteresis, RequestParts, ShrinkPolicy, Strategy, TrimError,
-    TrimOptions, TruncatePolicy, Violation, repair, shrink, trim, validate,
+    self, ClearPolicy, CutMemory, FitPolicy, Hysteresis, RequestParts, ShrinkPolicy, Strategy,
+    TrimError, TrimOptions, TruncatePolicy, Violation, repair, shrink, trim, validate,
 };
 use contexture_core::registry::ModelInfo;
 use contexture_core::thread::{FitRecord, Projection};
@@ -250,37 +250,97 @@ pub fn fit_request_in_loop(
     })
 }
 
-/// What a read of a thread for a model chooses: the model, the share of its window and the
-/// reply reserve, and which history survives. The model's rules apply
-/// ([`ModelInfo::rules`]).
+/// What a read of a thread for a model chooses: the model, the fit policy (the server's
+/// default or the thread's own) and what the request itself sets over it. The model's rules
+/// apply ([`ModelInfo::rules`]). A policy's window may only lower the model's: a thread's
+/// policy is set by a client, and a request must never pass the real window.
 #[derive(Debug, Clone)]
 pub struct FitSettings {
-    /// The model.
+    /// The model, with the policy's window when that is smaller.
     pub model: ModelInfo,
-    /// Window share and reply reserve.
-    pub budget: BudgetPolicy,
+    /// The policy in effect: the base policy with the request's overrides.
+    pub policy: FitPolicy,
+    registry_model: ModelInfo,
+    base: FitPolicy,
+    overrides: FitOverrides,
+}
+
+/// What one request sets over the fit policy that applies (a query string's or a command
+/// line's options, a chat request's `max_tokens`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FitOverrides {
     /// Which history survives.
-    pub strategy: Strategy,
+    pub strategy: Option<Strategy>,
+    /// The share of the window.
+    pub budget_ratio: Option<f64>,
+    /// The tokens reserved for the reply.
+    pub reserve: Option<u32>,
+    /// The most tokens the request may use: what the budget allows above it is reserved,
+    /// as if for the reply.
+    pub max_tokens: Option<u32>,
 }
 
 impl FitSettings {
-    /// Settings for `model` under `budget`, keeping history by `strategy`.
-    pub fn new(model: ModelInfo, budget: BudgetPolicy, strategy: Strategy) -> FitSettings {
-        FitSettings {
-            model,
-            budget,
-            strategy,
-        }
+    /// Settings for `model` under `policy`, with `overrides` over it.
+    pub fn new(
+        model: ModelInfo,
+        policy: FitPolicy,
+        overrides: FitOverrides,
+    ) -> Result<FitSettings, BudgetError> {
+        let (effective, resolved) = resolve(&model, &policy, &overrides)?;
+        Ok(FitSettings {
+            model: effective,
+            policy: resolved,
+            registry_model: model,
+            base: policy,
+            overrides,
+        })
     }
 
-    /// Caps the request at `max_tokens` when that is below what the budget allows: what is
-    /// above it is reserved, as if for the reply.
-    pub fn cap_tokens(&mut self, max_tokens: u32) -> Result<(), BudgetError> {
-        let limits = self.budget.limits(&self.model)?;
-        if max_tokens < limits.limit {
-            self.budget.reserve_output = Some(limits.reserve_output + (limits.limit - max_tokens));
-        }
+    /// Settings for `model` under `budget`, keeping history by `strategy`, with nothing made
+    /// smaller before trimming.
+    pub fn plain(
+        model: ModelInfo,
+        budget: BudgetPolicy,
+        strategy: Strategy,
+    ) -> Result<FitSettings, BudgetError> {
+        let policy = FitPolicy {
+            strategy,
+            reserve: budget.reserve_output,
+            budget_ratio: budget.budget_ratio,
+            ..FitPolicy::default()
+        };
+        FitSettings::new(model, policy, FitOverrides::default())
+    }
+
+    /// The same model and overrides under `policy` (a thread's own, in place of the
+    /// server's default).
+    pub fn adopt(&mut self, policy: &FitPolicy) -> Result<(), BudgetError> {
+        let (effective, resolved) = resolve(&self.registry_model, policy, &self.overrides)?;
+        self.model = effective;
+        self.policy = resolved;
+        self.base = policy.clone();
         Ok(())
+    }
+
+    /// Reserves `tokens` for the reply, whichever policy applies (a chat request's own
+    /// `max_tokens`).
+    pub fn reserve_for_reply(&mut self, tokens: u32) -> Result<(), BudgetError> {
+        self.overrides.reserve = Some(tokens);
+        let (effective, resolved) = resolve(&self.registry_model, &self.base, &self.overrides)?;
+        self.model = effective;
+        self.policy = resolved;
+        Ok(())
+    }
+
+    /// The budget policy in effect.
+    pub fn budget(&self) -> BudgetPolicy {
+        self.policy.budget()
+    }
+
+    /// Which history survives.
+    pub fn strategy(&self) -> Strategy {
+        self.policy.strategy
     }
 
     /// What fitting needs of the stored thread `thread`: its projection, or with a strategy
@@ -297,7 +357,7 @@ impl FitSettings {
         at_least: u64,
     ) -> Result<ProjectionTail, StoreError> {
         // A strategy that keeps old history too reads all of it.
-        let tokens = if self.strategy == Strategy::Last {
+        let tokens = if self.policy.strategy == Strategy::Last {
             self.tail_tokens().saturating_add(own_tokens).max(at_least)
         } else {
             u64::MAX
@@ -307,12 +367,43 @@ impl FitSettings {
             .await
     }
 
+    /// [`FitSettings::load`], after which the settings follow the thread's own fit policy
+    /// when it has one (read again when that policy needs more of the thread).
+    pub async fn load_adopting<S: Store>(
+        &mut self,
+        store: &S,
+        thread: &str,
+        own_tokens: u64,
+    ) -> Result<ProjectionTail, ThreadFitError> {
+        let tail = self.load(store, thread, own_tokens, 0).await?;
+        let Some(policy) = tail
+            .policy
+            .as_ref()
+            .and_then(|policy| policy.context.as_ref())
+        else {
+            return Ok(tail);
+        };
+        let before = self.clone();
+        self.adopt(policy).map_err(FitError::from)?;
+        if tail.unread > 0 && self.reads_more_than(&before) {
+            return Ok(self.load(store, thread, own_tokens, 0).await?);
+        }
+        Ok(tail)
+    }
+
+    /// True when a read for these settings needs more of a thread than one for `other`: the
+    /// whole of it where `other` read a tail, or a longer tail.
+    pub fn reads_more_than(&self, other: &FitSettings) -> bool {
+        let whole = |settings: &FitSettings| settings.policy.strategy != Strategy::Last;
+        (whole(self) && !whole(other)) || self.tail_tokens() > other.tail_tokens()
+    }
+
     /// The tokens a fit's history can hold at most, in the counter's encoding (an estimating
     /// counter that counts fewer tokens than its encoding needs more of them).
     fn tail_tokens(&self) -> u64 {
         let window = u64::from(self.model.context_window);
         let limit = self
-            .budget
+            .budget()
             .limits(&self.model)
             .map_or(window, |limits| u64::from(limits.limit));
         let needed = window.max(limit);
@@ -332,21 +423,35 @@ impl FitSettings {
         own: &[Message],
         tools: &[Value],
     ) -> Result<FittedRequest, FitError> {
+        self.fit_in_loop(projection, own, tools, &mut CutMemory::default())
+    }
+
+    /// [`FitSettings::fit`] as one call of a loop: what `memory` says earlier calls cut is
+    /// cut again first (see [`fit_request_in_loop`]).
+    pub fn fit_in_loop(
+        &self,
+        projection: Projection,
+        own: &[Message],
+        tools: &[Value],
+        memory: &mut CutMemory,
+    ) -> Result<FittedRequest, FitError> {
+        let budget = self.budget();
         let target = FitTarget {
             model: &self.model,
-            policy: &self.budget,
-            strategy: self.strategy,
+            policy: &budget,
+            strategy: self.policy.strategy,
             rules: self.model.rules(),
             tools,
-            clear: None,
-            truncate: None,
-            hysteresis: None,
+            clear: self.policy.clear_tool_results.as_ref(),
+            truncate: self.policy.truncate_tool_results.as_ref(),
+            hysteresis: self.policy.hysteresis.as_ref(),
         };
-        fit_request(
+        fit_request_in_loop(
             projection.system.as_ref(),
             projection.messages,
             own,
             &target,
+            memory,
         )
     }
 
@@ -358,11 +463,49 @@ impl FitSettings {
         own: &[Message],
         tools: &[Value],
     ) -> Result<FittedRequest, FitError> {
+        self.fit_tail_in_loop(tail, own, tools, &mut CutMemory::default())
+    }
+
+    /// [`FitSettings::fit_tail`] as one call of a loop (see [`FitSettings::fit_in_loop`]).
+    pub fn fit_tail_in_loop(
+        &self,
+        tail: ProjectionTail,
+        own: &[Message],
+        tools: &[Value],
+        memory: &mut CutMemory,
+    ) -> Result<FittedRequest, FitError> {
         let has_system = tail.projection.system.is_some();
-        let mut fitted = self.fit(tail.projection, own, tools)?;
+        let mut fitted = self.fit_in_loop(tail.projection, own, tools, memory)?;
         count_unread(&mut fitted.fit, tail.unread, has_system);
         Ok(fitted)
     }
+}
+
+/// `policy` with `overrides` over it, for `model`: the model as the policy sees it and the
+/// policy in effect.
+fn resolve(
+    model: &ModelInfo,
+    policy: &FitPolicy,
+    overrides: &FitOverrides,
+) -> Result<(ModelInfo, FitPolicy), BudgetError> {
+    let mut policy = policy.clone();
+    if let Some(strategy) = overrides.strategy {
+        policy.strategy = strategy;
+    }
+    if let Some(ratio) = overrides.budget_ratio {
+        policy.budget_ratio = ratio;
+    }
+    if overrides.reserve.is_some() {
+        policy.reserve = overrides.reserve;
+    }
+    let model = policy.model_at_most(model.clone());
+    let limits = policy.budget().limits(&model)?;
+    if let Some(max_tokens) = overrides.max_tokens
+        && max_tokens < limits.limit
+    {
+        policy.reserve = Some(limits.reserve_output + (limits.limit - max_tokens));
+    }
+    Ok((model, policy))
 }
 
 /// Why a stored thread cannot be read for a model.
@@ -376,15 +519,17 @@ pub enum ThreadFitError {
     Fit(#[from] FitError),
 }
 
-/// The active projection of the stored thread `thread` fitted for `settings`: what a
-/// request to that model would be sent of it. A thread that does not exist is
+/// The active projection of the stored thread `thread` fitted for `settings` (under the
+/// thread's own fit policy when it has one): what a request to that model would be sent of
+/// it. A thread that does not exist is
 /// [`StoreError::NotFound`].
 pub async fn fit_thread<S: Store>(
     store: &S,
     thread: &str,
     settings: &FitSettings,
 ) -> Result<FittedRequest, ThreadFitError> {
-    let tail = settings.load(store, thread, 0, 0).await?;
+    let mut settings = settings.clone();
+    let tail = settings.load_adopting(store, thread, 0).await?;
     if tail.projection.system.is_none() && tail.projection.messages.is_empty() && tail.unread == 0 {
         // An empty projection is a thread with nothing to show, or no thread at all.
         if !store.exists(thread).await? {
@@ -420,19 +565,36 @@ pub async fn thread_messages<S: Store>(
     if let (None, None, Some(settings)) = (&view.context, view.limit, &view.fit) {
         return Ok(fit_thread(store, thread, settings).await?.messages);
     }
-    let projection = match &view.context {
-        None => {
-            let mut projection = store.load_projection(thread).await?;
-            if let Some(limit) = view.limit {
-                let excess = projection.messages.len().saturating_sub(limit);
-                projection.messages.drain(..excess);
-            }
-            projection
+    let (projection, policy) = match (&view.context, &view.fit) {
+        (None, None) => (store.load_projection(thread).await?, None),
+        (None, Some(settings)) => {
+            // The whole projection, with the thread's policy.
+            let tail = store
+                .load_projection_tail(thread, settings.model.counter.encoding(), u64::MAX)
+                .await?;
+            (tail.projection, tail.policy)
         }
-        Some(context) => store.load(thread).await?.projection_of(context, view.limit),
+        (Some(context), _) => {
+            let folded = store.load(thread).await?;
+            (
+                folded.projection_of(context, view.limit),
+                folded.policy().cloned(),
+            )
+        }
     };
+    let mut projection = projection;
+    if let (None, Some(limit)) = (&view.context, view.limit) {
+        let excess = projection.messages.len().saturating_sub(limit);
+        projection.messages.drain(..excess);
+    }
     Ok(match &view.fit {
-        Some(settings) => settings.fit(projection, &[], &[])?.messages,
+        Some(settings) => {
+            let mut settings = settings.clone();
+            if let Some(policy) = policy.and_then(|policy| policy.context) {
+                settings.adopt(&policy).map_err(FitError::from)?;
+            }
+            settings.fit(projection, &[], &[])?.messages
+        }
         None => projection.into_messages(),
     })
 }

@@ -1,10 +1,12 @@
-//! Operations on a stored thread that a caller asks for by name: create one, fork it, merge a
-//! fork back, restore what a replace (a compaction, a clear) covered. The CLI and the HTTP
+//! Operations on a stored thread that a caller asks for by name: create one, set its policy,
+//! fork it, merge a fork back, restore what a replace (a compaction, a clear) covered. The CLI and the HTTP
 //! API both call these, so one request gives the same events whichever door it came through.
 
 use contexture_core::Message;
 use contexture_core::compact::{RestoreError, restore_before};
-use contexture_core::thread::{EventKind, MergeError, MergeSpec, StoreChange};
+use contexture_core::thread::{
+    EventKind, MergeError, MergeSpec, PolicyChange, StoreChange, ThreadPolicy,
+};
 use contexture_core::tokens::Encoding;
 use contexture_store::{NewEvent, RequestRetention, RetentionError, Store, StoreError};
 use serde_json::Value;
@@ -40,6 +42,24 @@ pub enum ThreadOpError {
         #[source]
         source: RetentionError,
     },
+    /// The thread policy given cannot be used.
+    #[error("invalid thread policy: {field}: {problem}")]
+    Policy {
+        /// The policy's field at fault (such as `context.hysteresis.low`).
+        field: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+}
+
+impl ThreadOpError {
+    /// The first problem of `policy`, as an error.
+    fn check_policy(policy: &ThreadPolicy) -> Result<(), ThreadOpError> {
+        match policy.problems().into_iter().next() {
+            Some((field, problem)) => Err(ThreadOpError::Policy { field, problem }),
+            None => Ok(()),
+        }
+    }
 }
 
 /// What a new thread starts with.
@@ -53,10 +73,12 @@ pub struct NewThread {
     pub metadata: Option<Value>,
     /// The thread's own retention policy for its request records.
     pub retention: Option<RequestRetention>,
+    /// The thread's own policy for its requests (how they are fitted and compacted).
+    pub policy: Option<ThreadPolicy>,
 }
 
-/// Creates thread `id` with its metadata, system prompt and first messages in one append,
-/// then its retention policy, and returns the last seq. Fails with
+/// Creates thread `id` with its metadata, policy, system prompt and first messages in one
+/// append, then its retention policy, and returns the last seq. Fails with
 /// [`StoreError::AlreadyExists`] when the thread exists.
 pub async fn create_thread<S: Store>(
     store: &S,
@@ -71,6 +93,9 @@ pub async fn create_thread<S: Store>(
             .check()
             .map_err(|source| ThreadOpError::Retention { source })?;
     }
+    if let Some(policy) = &new.policy {
+        ThreadOpError::check_policy(policy)?;
+    }
     let metadata = new
         .metadata
         .unwrap_or_else(|| Value::Object(Default::default()));
@@ -78,6 +103,11 @@ pub async fn create_thread<S: Store>(
         key: "metadata".into(),
         value: metadata,
     }))];
+    if let Some(policy) = new.policy {
+        events.push(NewEvent::new(EventKind::PolicySet(PolicyChange {
+            policy: Some(policy),
+        })));
+    }
     let system = new.system.map(Message::system);
     events.extend(
         system
@@ -90,6 +120,24 @@ pub async fn create_thread<S: Store>(
         store.set_retention(id, new.retention).await?;
     }
     Ok(seqs.last().copied().unwrap_or(0))
+}
+
+/// Sets the thread `id`'s own policy for its requests (or, with `None`, removes it: the
+/// defaults apply again) as one `policy_set` event, and returns its seq. The policy is
+/// checked first; a thread that does not exist is [`StoreError::NotFound`].
+pub async fn set_thread_policy<S: Store>(
+    store: &S,
+    id: &str,
+    policy: Option<ThreadPolicy>,
+) -> Result<u64, ThreadOpError> {
+    if let Some(policy) = &policy {
+        ThreadOpError::check_policy(policy)?;
+    }
+    if !store.exists(id).await? {
+        return Err(StoreError::NotFound { thread: id.into() }.into());
+    }
+    let event = NewEvent::new(EventKind::PolicySet(PolicyChange { policy }));
+    Ok(store.append_one(id, event).await?)
 }
 
 /// Where a fork was made.

@@ -411,6 +411,10 @@ fn api_routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
             "/v1/threads/{id}/retention",
             put(threads::set_retention).delete(threads::clear_retention),
         ),
+        (
+            "/v1/threads/{id}/policy",
+            put(threads::set_policy).delete(threads::clear_policy),
+        ),
         ("/v1/executions", post(executions::start)),
         ("/v1/executions/{id}", get(executions::status)),
         ("/v1/executions/{id}/events", get(executions::events)),

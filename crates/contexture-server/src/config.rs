@@ -7,9 +7,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use contexture_core::budget::BudgetPolicy;
 use contexture_core::compact::CompactionPolicy;
-use contexture_core::fit::Strategy;
+use contexture_core::fit::FitPolicy;
 use contexture_core::thread::RunLimits;
 use contexture_engine::render_workers::{RenderWorkers, WorkerCommand, WorkerLimits};
 use contexture_engine::tools::{BUILT_IN_TOOLS, ProgramTool, Toolbox};
@@ -42,8 +41,14 @@ pub struct ServerConfig {
     /// The LLM of workflow executions: `auto`, `openai[:MODEL]`, `anthropic[:MODEL]` or
     /// `scripted:FILE` (`CONTEXTURE_LLM`).
     pub llm: String,
-    /// The default context policy of chat threads.
-    pub context: ContextConfig,
+    /// How chat threads' requests are fitted (`[context]`: the model's context window,
+    /// which requests are fitted to): the window, its share, the reply reserve, which
+    /// history survives, tool results cleared and truncated, hysteresis. A thread's own
+    /// policy takes its place.
+    pub context: FitPolicy,
+    /// Compaction of chat threads before a request, when a trigger fires (`[compaction]`;
+    /// absent: none, requests are still trimmed to fit). A thread's own takes its place.
+    pub compaction: Option<CompactionPolicy>,
     /// How long threads keep their request records, and how often the server prunes them.
     pub retention: RetentionConfig,
     /// How long a shutdown waits for requests in flight to finish, in seconds.
@@ -66,7 +71,8 @@ impl Default for ServerConfig {
             executions: ExecutionsConfig::default(),
             upstream: UpstreamConfig::default(),
             llm: "auto".into(),
-            context: ContextConfig::default(),
+            context: FitPolicy::default(),
+            compaction: None,
             retention: RetentionConfig::default(),
             shutdown_grace_secs: 30,
             tools: BTreeMap::new(),
@@ -295,31 +301,6 @@ impl UpstreamConfig {
     /// The timeout as a duration.
     pub fn timeout(&self) -> Duration {
         Duration::from_secs_f64(self.timeout_secs)
-    }
-}
-
-/// How a chat thread's requests are fitted and compacted, unless a request says otherwise
-/// (`[context]`: the model's context window, which requests are fitted to).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ContextConfig {
-    /// The share of the window and the reply reserve.
-    #[serde(flatten)]
-    pub budget: BudgetPolicy,
-    /// Which history survives trimming: `last`, `first`, `head-tail` or `head-tail:N`.
-    pub strategy: Strategy,
-    /// Compaction of chat threads before a request, when a trigger fires (absent: none;
-    /// requests are still trimmed to fit).
-    pub compaction: Option<CompactionPolicy>,
-}
-
-impl Default for ContextConfig {
-    fn default() -> Self {
-        ContextConfig {
-            budget: BudgetPolicy::default(),
-            strategy: Strategy::Last,
-            compaction: None,
-        }
     }
 }
 
@@ -707,13 +688,13 @@ impl ServerConfig {
             );
         }
         self.toolbox()?;
-        if let Err(error) = self.context.budget.validate() {
-            return invalid("context.budget_ratio", error.to_string());
+        if let Some((field, problem)) = self.context.problems().into_iter().next() {
+            return invalid("context", format!("{field}: {problem}"));
         }
-        if let Some(policy) = &self.context.compaction
+        if let Some(policy) = &self.compaction
             && let Some((field, problem)) = policy.problems().into_iter().next()
         {
-            return invalid("context.compaction", format!("{field}: {problem}"));
+            return invalid("compaction", format!("{field}: {problem}"));
         }
         if let Some(tenant) = &self.auth.anonymous_tenant
             && let Err(problem) = crate::tenancy::check_tenant(tenant)
@@ -765,8 +746,8 @@ mod tests {
         let config = ServerConfig::parse(text, Path::new("docs/server.md")).unwrap();
         config.check().unwrap();
         assert_eq!(config.upstream.retries, 2);
-        assert!(config.context.compaction.is_some());
-        assert_eq!(config.context.budget.reserve_output, Some(4096));
+        assert!(config.compaction.is_some());
+        assert_eq!(config.context.reserve, Some(4096));
     }
 
     #[test]
@@ -812,6 +793,37 @@ mod tests {
             .to_string();
         assert!(error.starts_with("c.toml:2:"), "{error}");
         assert!(error.contains("unknown strategy `middle`"), "{error}");
+    }
+
+    #[test]
+    fn the_context_section_is_a_fit_policy() {
+        let text = "[context]\nwindow = 16000\nreserve_output = 1000\nstrategy = \"head-tail\"\n\
+                    clear_tool_results = { trigger_tokens = 9000, keep = 3, clear_at_least = 2000 }\n\
+                    truncate_tool_results = { max_tokens = 4000 }\n\
+                    hysteresis = { high = 0.9, low = 0.6 }\n";
+        let config = ServerConfig::parse(text, Path::new("c.toml")).unwrap();
+        config.check().unwrap();
+        let policy = &config.context;
+        assert_eq!(policy.window, Some(16_000));
+        assert_eq!(policy.reserve, Some(1_000));
+        assert_eq!(policy.clear_tool_results.as_ref().unwrap().keep, 3);
+        assert_eq!(policy.truncate_tool_results.unwrap().max_tokens, 4_000);
+        let error = ServerConfig::parse("[context]\nwindw = 1\n", Path::new("c.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("unknown field `windw`"), "{error}");
+        let config = ServerConfig::parse(
+            "[context]\nhysteresis = { high = 0.5, low = 0.8 }\n",
+            Path::new("c.toml"),
+        )
+        .unwrap();
+        match config.check() {
+            Err(ConfigError::Invalid { field, problem }) => {
+                assert_eq!(field, "context");
+                assert!(problem.starts_with("hysteresis.low: "), "{problem}");
+            }
+            other => panic!("not refused: {other:?}"),
+        }
     }
 
     #[test]

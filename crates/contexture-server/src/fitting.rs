@@ -1,43 +1,42 @@
-//! A request's fit settings: the server's default context policy with the request's
+//! A request's fit settings: the server's default fit policy with the request's
 //! overrides, turned into the engine's [`FitSettings`]; fitting itself is the engine's.
 
 use contexture_core::fit::Strategy;
-use contexture_engine::fitting::{FitError, FitSettings, FittedRequest};
+use contexture_engine::fitting::{FitError, FitOverrides, FitSettings, FittedRequest};
 
 use crate::app::AppState;
 use crate::error::ApiError;
 
-/// The settings for `model` (as the request's `model` field names it), with optional
-/// overrides of the strategy, the window share and the reply reserve; each mistake is a 400
-/// naming its field.
+/// The settings for `model` (as the request's `model` field names it) under the server's
+/// default policy, with the request's overrides of the strategy, the window share, the reply
+/// reserve and the request's size; each mistake is a 400 naming its field. A thread's own
+/// policy takes the default's place when the thread is read ([`FitSettings::adopt`]).
 pub fn settings(
     state: &AppState,
     model: &str,
     strategy: Option<&str>,
     budget_ratio: Option<f64>,
     reserve_output: Option<u32>,
+    max_tokens: Option<u32>,
 ) -> Result<FitSettings, ApiError> {
     let model = state
         .registry
         .get(model)
         .map_err(|error| ApiError::invalid("model", error.to_string()))?;
-    let strategy = match strategy {
-        Some(text) => text
-            .parse::<Strategy>()
-            .map_err(|error| ApiError::invalid("strategy", error.to_string()))?,
-        None => state.config.context.strategy,
+    let strategy = strategy
+        .map(|text| {
+            text.parse::<Strategy>()
+                .map_err(|error| ApiError::invalid("strategy", error.to_string()))
+        })
+        .transpose()?;
+    let overrides = FitOverrides {
+        strategy,
+        budget_ratio,
+        reserve: reserve_output,
+        max_tokens,
     };
-    let mut budget = state.config.context.budget.clone();
-    if let Some(ratio) = budget_ratio {
-        budget.budget_ratio = ratio;
-    }
-    if reserve_output.is_some() {
-        budget.reserve_output = reserve_output;
-    }
-    budget
-        .validate()
-        .map_err(|error| ApiError::invalid("budget_ratio", error.to_string()))?;
-    Ok(FitSettings::new(model, budget, strategy))
+    FitSettings::new(model, state.config.context.clone(), overrides)
+        .map_err(|error| ApiError::invalid("budget_ratio", error.to_string()))
 }
 
 /// A request that cannot be fitted: a 422 that says why.

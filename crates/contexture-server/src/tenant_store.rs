@@ -5,10 +5,11 @@
 //! each handler remembering to scope.
 
 use axum::http::StatusCode;
-use contexture_core::thread::{Event, MergeSpec};
+use contexture_core::thread::{Event, MergeSpec, ThreadPolicy};
 use contexture_core::tokens::Encoding;
 use contexture_engine::threads::{
     Forked, NewThread, ThreadOpError, create_thread, fork_thread, merge_thread, restore_thread,
+    set_thread_policy,
 };
 use contexture_store::{
     AnyStore, NewEvent, ProjectionTail, RequestRetention, Store, StoreError, ThreadInfo,
@@ -117,6 +118,10 @@ impl<'a> TenantStore<'a> {
             error @ ThreadOpError::Retention { .. } => {
                 ApiError::invalid("retention", error.to_string())
             }
+            ThreadOpError::Policy { field, problem } => ApiError::invalid(
+                format!("policy.{field}"),
+                format!("policy.{field}: {problem}"),
+            ),
             error @ ThreadOpError::Restore { .. } => ApiError {
                 status: StatusCode::UNPROCESSABLE_ENTITY,
                 code: "unprocessable",
@@ -240,6 +245,17 @@ impl<'a> TenantStore<'a> {
     /// Creates the tenant's thread `id`; its last seq.
     pub(crate) async fn create(&self, id: &str, new: NewThread) -> ApiResult<u64> {
         create_thread(self.store, &self.stored_id(id), new)
+            .await
+            .map_err(|error| self.op_error(error))
+    }
+
+    /// Sets (`None`: removes) the own policy of the tenant's thread `id`; the event's seq.
+    pub(crate) async fn set_policy(
+        &self,
+        id: &str,
+        policy: Option<ThreadPolicy>,
+    ) -> ApiResult<u64> {
+        set_thread_policy(self.store, &self.stored_id(id), policy)
             .await
             .map_err(|error| self.op_error(error))
     }

@@ -378,7 +378,7 @@ async fn a_long_chat_thread_is_compacted_by_the_policy() {
     let upstream = FakeUpstream::start().await;
     let base = upstream.base_url();
     let (_dir, server, key) = server(&base, |config| {
-        config.context.compaction = Some(
+        config.compaction = Some(
             serde_json::from_value(json!({"trigger": {"messages": 6}, "keep": {"messages": 2}}))
                 .unwrap(),
         );
@@ -961,7 +961,7 @@ async fn a_keyed_turn_younger_than_the_abandon_time_is_not_taken_over() {
 async fn a_long_threads_turns_read_its_tail_and_fit_as_the_whole_thread_would() {
     use contexture_core::format::openai;
     use contexture_core::thread::EventKind;
-    use contexture_engine::fitting::FitSettings;
+    use contexture_engine::fitting::{FitOverrides, FitSettings};
     use contexture_store::{NewEvent, Store};
 
     let upstream = FakeUpstream::start().await;
@@ -996,9 +996,10 @@ async fn a_long_threads_turns_read_its_tail_and_fit_as_the_whole_thread_would() 
     }
     let settings = FitSettings::new(
         server.state.registry.get("gpt-4o-mini").unwrap(),
-        server.state.config.context.budget.clone(),
-        server.state.config.context.strategy,
-    );
+        server.state.config.context.clone(),
+        FitOverrides::default(),
+    )
+    .unwrap();
     let whole = server
         .state
         .store

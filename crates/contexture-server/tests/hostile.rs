@@ -266,6 +266,153 @@ async fn bad_retention_policies_are_refused_naming_the_field_and_change_nothing(
 }
 
 #[tokio::test]
+async fn bad_thread_policies_are_refused_naming_the_field_and_change_nothing() {
+    let dir = TempDir::new("contexture-hostile-policy");
+    let (server, key) = hostile_server(&dir).await;
+    let json = Some("application/json");
+    let body = |value: Value| serde_json::to_vec(&value).unwrap();
+    let policy = json!({"context": {"window": 8000, "hysteresis": {"high": 0.9, "low": 0.6}}});
+    let (status, _) = send(
+        &server,
+        &key,
+        "POST",
+        "/v1/threads",
+        json,
+        body(json!({"id": "t", "policy": policy})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let path = "/v1/threads/t/policy";
+    let put = |value: Value| ("PUT", path, body(value));
+    // (the request: method, path, body), the field named, words of the message.
+    type Case<'a> = ((&'a str, &'a str, Vec<u8>), &'a str, &'a str);
+    let table: Vec<Case> = vec![
+        (
+            put(json!({"context": {"hysteresis": {"high": 0.6, "low": 0.9}}})),
+            "policy.context.hysteresis.low",
+            "must be below high",
+        ),
+        (
+            put(json!({"context": {"window": 0}})),
+            "policy.context.window",
+            "at least 1 token",
+        ),
+        (
+            put(json!({"context": {"window": 1000, "reserve": 1000}})),
+            "policy.context.reserve",
+            "leaves nothing",
+        ),
+        (
+            put(json!({"context": {"budget_ratio": 0}})),
+            "policy.context.budget_ratio",
+            "greater than 0",
+        ),
+        (
+            put(
+                json!({"context": {"window": 4000, "clear_tool_results": {"trigger_tokens": 5000}}}),
+            ),
+            "policy.context.clear_tool_results.trigger_tokens",
+            "not below the window",
+        ),
+        (
+            put(json!({"context": {"truncate_tool_results": {"max_tokens": 3}}})),
+            "policy.context.truncate_tool_results.max_tokens",
+            "must be at least",
+        ),
+        (
+            put(
+                json!({"context": {"window": 4000, "clear_tool_results": {"trigger_tokens": 3000, "keep": 5}, "truncate_tool_results": {"max_tokens": 2000}}}),
+            ),
+            "policy.context.clear_tool_results.keep",
+            "more than the",
+        ),
+        (
+            put(json!({"context": {"strategy": "middle"}})),
+            "context.strategy",
+            "unknown strategy",
+        ),
+        (
+            put(json!({"context": {"window": -5}})),
+            "context.window",
+            "invalid value",
+        ),
+        (
+            put(json!({"context": {"window": 1e99}})),
+            "context.window",
+            "invalid type: floating point",
+        ),
+        (
+            put(json!({"context": {"windw": 4000}})),
+            "context.windw",
+            "unknown field",
+        ),
+        (
+            put(json!({"context": {"reserve": 10, "reserve_output": 20}})),
+            "context",
+            "duplicate field `reserve`",
+        ),
+        (
+            put(json!({"compaction": {"trigger": {"window_share": 7}}})),
+            "policy.compaction.trigger.window_share",
+            "at most 1, not 7",
+        ),
+        (
+            put(json!({"command": "rm -rf /"})),
+            "command",
+            "unknown field",
+        ),
+        (put(json!("last")), "", "the body must be a JSON object"),
+        (
+            ("PUT", path, b"{\"context\": {}, \"context\": {}}".to_vec()),
+            "context",
+            "the key appears twice",
+        ),
+        (
+            (
+                "POST",
+                "/v1/threads",
+                body(json!({"id": "u", "policy": {"context": {"window": 0}}})),
+            ),
+            "policy.context.window",
+            "at least 1 token",
+        ),
+    ];
+    for ((method, path, sent), param, words) in table {
+        let shown = String::from_utf8_lossy(&sent).into_owned();
+        let (status, error) = send(&server, &key, method, path, json, sent).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{shown}: {error}");
+        if !param.is_empty() {
+            assert_eq!(error["error"]["param"], param, "{shown}: {error}");
+        }
+        let message = error["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(words), "{shown}: {message}");
+        healthy(&server).await;
+    }
+    // The thread's policy is as it was, and no event was added; the refused thread was not
+    // created; a thread that does not exist has no policy to set.
+    let (_, thread) = send(&server, &key, "GET", "/v1/threads/t", None, vec![]).await;
+    assert_eq!(thread["policy"]["context"]["window"], 8000, "{thread}");
+    assert_eq!(
+        thread["policy"]["context"]["hysteresis"], policy["context"]["hysteresis"],
+        "{thread}"
+    );
+    assert_eq!(thread["last_seq"], 2, "{thread}");
+    let (status, _) = send(&server, &key, "GET", "/v1/threads/u", None, vec![]).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = send(
+        &server,
+        &key,
+        "PUT",
+        "/v1/threads/nope/policy",
+        json,
+        body(json!({"context": {"window": 4000}})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    server.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_restore_names_a_replace_event_of_the_thread_or_changes_nothing() {
     let dir = TempDir::new("contexture-hostile");
     let (server, key) = hostile_server(&dir).await;

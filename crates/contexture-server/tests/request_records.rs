@@ -152,7 +152,7 @@ async fn run(ops: Vec<Op>, covered: &Covered) -> Result<(), TestCaseError> {
     let store = SqliteStore::open(dir.join("chat.db")).await.unwrap();
     let mut config = config(Some(&upstream.base_url()));
     config.models_file = Some(models);
-    config.context.compaction = Some(
+    config.compaction = Some(
         serde_json::from_value(json!({"trigger": {"messages": 14}, "keep": {"messages": 4}}))
             .unwrap(),
     );

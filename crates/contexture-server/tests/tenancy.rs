@@ -88,6 +88,11 @@ async fn every_route_keeps_tenants_apart(store: AnyStore) {
             json!({"keep_days": 30}),
         ),
         (
+            M::PUT,
+            "/v1/threads/secret/policy",
+            json!({"context": {"window": 4000, "hysteresis": {"high": 0.9, "low": 0.6}}}),
+        ),
+        (
             M::POST,
             "/v1/executions",
             json!({"id": "run-1", "workflow_yaml": "assistants: [{id: a, model: gpt-4o-mini}]\nstates:\n  - {id: s, assistant_id: a, task: go, next: {state_id: end}}\n"}),
@@ -143,6 +148,13 @@ async fn every_route_keeps_tenants_apart(store: AnyStore) {
             None,
         ),
         (M::DELETE, "/v1/threads/secret/retention", None, None),
+        (
+            M::PUT,
+            "/v1/threads/secret/policy",
+            Some(json!({"context": {"window": 100}})),
+            None,
+        ),
+        (M::DELETE, "/v1/threads/secret/policy", None, None),
         (M::DELETE, "/v1/threads/secret", None, None),
         (M::DELETE, "/v1/threads/secret-fork", None, None),
         (M::GET, "/v1/executions/run-1", None, None),

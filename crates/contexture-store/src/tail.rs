@@ -4,7 +4,7 @@
 
 use contexture_core::Role;
 use contexture_core::thread::{
-    Event, EventKind, ForkPoint, Projection, Thread, projection_watermark,
+    Event, EventKind, ForkPoint, Projection, Thread, ThreadPolicy, projection_watermark,
 };
 use contexture_core::tokens::Encoding;
 use serde_json::{Map, Value};
@@ -26,6 +26,10 @@ pub struct ProjectionTail {
     pub store: Map<String, Value>,
     /// Where the thread was forked from, when it is a fork.
     pub fork: Option<ForkPoint>,
+    /// The thread's own policy for its requests, when one is set.
+    pub policy: Option<ThreadPolicy>,
+    /// The seq of the thread's last request record, when it has one.
+    pub last_request: Option<u64>,
 }
 
 impl ProjectionTail {
@@ -51,6 +55,8 @@ impl ProjectionTail {
             last_seq: fold.last_seq(),
             store: fold.store().clone(),
             fork: fold.fork_point().cloned(),
+            policy: fold.policy().cloned(),
+            last_request: fold.last_request(),
         }
     }
 }

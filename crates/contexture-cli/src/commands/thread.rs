@@ -11,13 +11,12 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
-use contexture_core::budget::BudgetPolicy;
 use contexture_core::compact::CompactionPolicy;
-use contexture_core::fit::Strategy;
+use contexture_core::fit::{FitPolicy, Strategy};
 use contexture_core::format::openai;
 use contexture_core::thread::{ConflictPolicy, MergePolicy, MergeSpec};
 use contexture_engine::compaction::{CompactOptions, CompactionOutcome, Compactor, compact_stored};
-use contexture_engine::fitting::{FitSettings, MessageView, thread_messages};
+use contexture_engine::fitting::{FitOverrides, FitSettings, MessageView, thread_messages};
 use contexture_engine::llm::LlmSpec;
 use contexture_engine::threads::{fork_thread, merge_thread, restore_thread};
 use contexture_store::{AnyStore, NewEvent, RequestRetention, RetentionRules, Store, StoreError};
@@ -70,14 +69,16 @@ pub enum ThreadCommand {
         /// times --budget-ratio minus the reply reserve).
         #[arg(long)]
         max_tokens: Option<u32>,
-        /// Which history survives fitting: last, first, head-tail or head-tail:N.
-        #[arg(long, default_value_t = Strategy::Last)]
-        strategy: Strategy,
-        /// The share of the window the request may use, in (0, 1].
-        #[arg(long, default_value_t = 1.0)]
-        budget_ratio: f64,
-        /// Tokens kept free for the reply (default: the model's output limit, at most a
-        /// quarter of the window).
+        /// Which history survives fitting: last, first, head-tail or head-tail:N (default:
+        /// the thread's policy's, else last).
+        #[arg(long)]
+        strategy: Option<Strategy>,
+        /// The share of the window the request may use, in (0, 1] (default: the thread's
+        /// policy's, else 1).
+        #[arg(long)]
+        budget_ratio: Option<f64>,
+        /// Tokens kept free for the reply (default: the thread's policy's, else the model's
+        /// output limit, at most a quarter of the window).
         #[arg(long)]
         reserve_output: Option<u32>,
         /// Keep only the last N conversation messages (the system prompt is not counted).
@@ -275,15 +276,14 @@ async fn execute(args: ThreadArgs) -> Result<()> {
                     Some(id) => registry.get(id)?,
                     None => registry.default_model(),
                 };
-                let budget = BudgetPolicy {
+                let overrides = FitOverrides {
+                    strategy,
                     budget_ratio,
-                    reserve_output,
+                    reserve: reserve_output,
+                    max_tokens,
                 };
-                budget.validate().context("--budget-ratio")?;
-                let mut settings = FitSettings::new(model, budget, strategy);
-                if let Some(max) = max_tokens {
-                    settings.cap_tokens(max).context("--max-tokens")?;
-                }
+                let settings = FitSettings::new(model, FitPolicy::default(), overrides)
+                    .context("--budget-ratio")?;
                 Some(settings)
             } else {
                 None

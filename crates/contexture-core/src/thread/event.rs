@@ -8,6 +8,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::budget::BudgetBreakdown;
+use crate::compact::CompactionPolicy;
+use crate::fit::FitPolicy;
 use crate::message::Message;
 use crate::thread::execution::{
     FitRecord, RunEnd, RunStart, StepEnd, StepFailure, StepMessage, StepStart,
@@ -93,6 +95,9 @@ pub enum EventKind {
     /// A compaction was attempted and replaced nothing (its summarizer failed or returned
     /// nothing); the thread goes on uncompacted.
     CompactionFailed(CompactionFailure),
+    /// The thread's own policy for its requests was set (or, with none, cleared): the next
+    /// requests on it are fitted and compacted by it instead of the server's defaults.
+    PolicySet(PolicyChange),
 }
 
 impl EventKind {
@@ -115,6 +120,7 @@ impl EventKind {
             EventKind::RunEnded(_) => "run_ended",
             EventKind::CompactionFailed(_) => "compaction_failed",
             EventKind::CancelRequested(_) => "cancel_requested",
+            EventKind::PolicySet(_) => "policy_set",
         }
     }
 
@@ -137,7 +143,8 @@ impl EventKind {
             | EventKind::StepFailed(_)
             | EventKind::RunEnded(_)
             | EventKind::CompactionFailed(_)
-            | EventKind::CancelRequested(_) => Vec::new(),
+            | EventKind::CancelRequested(_)
+            | EventKind::PolicySet(_) => Vec::new(),
         }
     }
 
@@ -148,6 +155,47 @@ impl EventKind {
             _ => None,
         }
     }
+}
+
+/// A thread's own policy for the requests made on it: how they are fitted and when the
+/// thread is compacted. What it leaves out is the defaults' (a server's configuration).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ThreadPolicy {
+    /// How requests are fitted to the model's window (a window here may only lower the
+    /// model's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<FitPolicy>,
+    /// When and how the thread is compacted before a request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction: Option<CompactionPolicy>,
+}
+
+impl ThreadPolicy {
+    /// What is wrong with the policy, as `(field, problem)` pairs (the field's path, such
+    /// as `context.clear_tool_results.keep`).
+    pub fn problems(&self) -> Vec<(String, String)> {
+        let mut problems = Vec::new();
+        if let Some(context) = &self.context {
+            for (field, problem) in context.problems() {
+                problems.push((format!("context.{field}"), problem));
+            }
+        }
+        if let Some(compaction) = &self.compaction {
+            for (field, problem) in compaction.problems() {
+                problems.push((format!("compaction.{field}"), problem));
+            }
+        }
+        problems
+    }
+}
+
+/// A thread's policy set, or cleared (`policy` absent).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PolicyChange {
+    /// The policy from now on; none: the defaults again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<ThreadPolicy>,
 }
 
 /// Why a context was replaced.

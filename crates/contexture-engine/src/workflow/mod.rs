@@ -43,7 +43,7 @@ mod validate;
 pub use host::{Programs, Provenance, program_declarations, program_refusals};
 pub use load::{Diagnostic, WorkflowError};
 pub use model::{
-    Assistant, ContextPolicy, ConversationPolicy, END, McpServer, McpServerConfig, Next, State,
-    StepKind, SubInput, SubResult, Tool, Workflow, WorkflowRef,
+    Assistant, ConversationPolicy, END, McpServer, McpServerConfig, Next, State, StepKind,
+    SubInput, SubResult, Tool, Workflow, WorkflowRef,
 };
 pub use spans::Position;

@@ -3,13 +3,11 @@
 
 use std::collections::BTreeMap;
 
-use contexture_core::budget::BudgetPolicy;
 use contexture_core::compact::CompactionPolicy;
 use contexture_core::context::{
     Branch, ClearContextStore, MergePolicy, MissingPolicy, Switch, TransitionFlags,
 };
-use contexture_core::fit::{ClearPolicy, Hysteresis, Strategy, TruncatePolicy};
-use contexture_core::registry::ModelInfo;
+use contexture_core::fit::FitPolicy;
 use contexture_core::thread::RunLimits;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -72,7 +70,7 @@ pub struct Assistant {
     pub tools: Vec<String>,
     /// How its requests are fitted to the model's window.
     #[serde(default)]
-    pub context: ContextPolicy,
+    pub context: FitPolicy,
     /// The most LLM calls one step may make (each reply with tool calls leads to one more);
     /// a step whose last allowed call still asks for tools fails. Default 10.
     #[serde(default = "default_max_iterations")]
@@ -88,156 +86,6 @@ pub struct Assistant {
 
 fn default_max_iterations() -> u32 {
     10
-}
-
-/// How an assistant's requests are fitted to its model's window (its `context:` key in YAML:
-/// the context window, not the context store).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ContextPolicy {
-    /// Which messages trimming keeps: `last`, `first`, `head-tail` (the run's input and the
-    /// newest turns) or `head-tail:N`.
-    pub strategy: Strategy,
-    /// Tokens reserved for the reply; default: the model's output limit, at most a quarter
-    /// of the window.
-    pub reserve: Option<u32>,
-    /// The share of the window a request may use, in (0, 1].
-    pub budget_ratio: f64,
-    /// The context window this assistant's requests are fitted to, in place of the model
-    /// registry's (a smaller one keeps requests cheap; default: the registry's).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub window: Option<u32>,
-    /// Old tool results replaced by placeholders once a request passes a number of tokens
-    /// (the step's own tool loop included); default: none.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub clear_tool_results: Option<ClearPolicy>,
-    /// Tool results past a number of tokens cut to their start and end; default: none.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub truncate_tool_results: Option<TruncatePolicy>,
-    /// Once a request passes `high` of its limit, it is cut down to `low`, and the next
-    /// calls of the step's loop keep that cut (a stable prefix) until `high` is passed
-    /// again; default: cut just enough on every call.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hysteresis: Option<Hysteresis>,
-}
-
-impl Default for ContextPolicy {
-    fn default() -> Self {
-        ContextPolicy {
-            strategy: Strategy::Last,
-            reserve: None,
-            budget_ratio: 1.0,
-            window: None,
-            clear_tool_results: None,
-            truncate_tool_results: None,
-            hysteresis: None,
-        }
-    }
-}
-
-impl ContextPolicy {
-    /// The budget policy of the requests.
-    pub fn budget(&self) -> BudgetPolicy {
-        BudgetPolicy {
-            budget_ratio: self.budget_ratio,
-            reserve_output: self.reserve,
-        }
-    }
-
-    /// `model` as this assistant's requests see it: with its window in place of the
-    /// registry's, when it sets one.
-    pub fn model(&self, model: ModelInfo) -> ModelInfo {
-        match self.window {
-            Some(window) => ModelInfo {
-                context_window: window,
-                ..model
-            },
-            None => model,
-        }
-    }
-
-    /// What is wrong with the policy, as `(field, problem)` pairs (the field's path under
-    /// `context.`).
-    pub fn problems(&self) -> Vec<(String, String)> {
-        let mut problems = Vec::new();
-        if !(self.budget_ratio > 0.0 && self.budget_ratio <= 1.0) {
-            problems.push((
-                "budget_ratio".into(),
-                format!(
-                    "budget_ratio must be greater than 0 and at most 1, not {}",
-                    self.budget_ratio
-                ),
-            ));
-        }
-        if self.window == Some(0) {
-            problems.push(("window".into(), "window must be at least 1 token".into()));
-        }
-        if let (Some(window), Some(reserve)) = (self.window, self.reserve)
-            && reserve >= window
-        {
-            problems.push((
-                "reserve".into(),
-                format!(
-                    "reserve ({reserve}) leaves nothing of the window ({window}) for the request"
-                ),
-            ));
-        }
-        if let Some(clear) = &self.clear_tool_results {
-            for (field, problem) in clear.problems() {
-                problems.push((format!("clear_tool_results.{field}"), problem));
-            }
-            if let Some(window) = self.window
-                && clear.trigger_tokens >= u64::from(window)
-            {
-                problems.push((
-                    "clear_tool_results.trigger_tokens".into(),
-                    format!(
-                        "trigger_tokens ({}) is not below the window ({window}): results would never be cleared",
-                        clear.trigger_tokens
-                    ),
-                ));
-            }
-        }
-        if let Some(truncate) = &self.truncate_tool_results {
-            for (field, problem) in truncate.problems() {
-                problems.push((format!("truncate_tool_results.{field}"), problem));
-            }
-            if let Some(window) = self.window
-                && truncate.max_tokens >= window
-            {
-                problems.push((
-                    "truncate_tool_results.max_tokens".into(),
-                    format!(
-                        "max_tokens ({}) is not below the window ({window}): one result could fill it",
-                        truncate.max_tokens
-                    ),
-                ));
-            }
-        }
-        if let (Some(window), Some(clear), Some(truncate)) = (
-            self.window,
-            &self.clear_tool_results,
-            &self.truncate_tool_results,
-        ) {
-            let kept = (clear.keep as u64).saturating_mul(u64::from(truncate.max_tokens));
-            let room = u64::from(window.saturating_sub(self.reserve.unwrap_or(0)));
-            if kept > room {
-                problems.push((
-                    "clear_tool_results.keep".into(),
-                    format!(
-                        "keep ({}) results of up to truncate_tool_results.max_tokens ({}) each take {kept} tokens, more than the {room} the window ({window}) leaves for a request",
-                        clear.keep, truncate.max_tokens
-                    ),
-                ));
-            }
-        }
-        if let Some(hysteresis) = &self.hysteresis {
-            for (field, problem) in hysteresis.problems() {
-                problems.push((format!("hysteresis.{field}"), problem));
-            }
-        }
-        problems
-    }
 }
 
 /// A tool: a name, a description, configured arguments (templates over the context), and

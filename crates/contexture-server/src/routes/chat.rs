@@ -50,9 +50,11 @@ pub async fn completions(
         }
         ChatRequest::Threaded(request) => request,
     };
-    let mut settings = fitting::settings(&state, &request.model, None, None, None)?;
+    let mut settings = fitting::settings(&state, &request.model, None, None, None, None)?;
     if let Some(tokens) = reply_budget(&request.body, &settings.model)? {
-        settings.budget.reserve_output = Some(tokens);
+        settings
+            .reserve_for_reply(tokens)
+            .map_err(|error| ApiError::invalid("max_tokens", error.to_string()))?;
     }
     let threads = state.tenant_store(&caller.tenant);
     threads.refuse_writes(&request.thread)?;
@@ -167,12 +169,8 @@ async fn run_turn(
         thread: &scoped,
         settings,
         tools,
-        compaction: state
-            .config
-            .context
-            .compaction
-            .as_ref()
-            .map(|policy| (policy, state.compactor.as_ref())),
+        compaction: state.config.compaction.as_ref(),
+        compactor: state.compactor.as_ref(),
         key: key.as_deref(),
         first_attempt,
         client_digest: digest,

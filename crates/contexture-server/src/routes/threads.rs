@@ -1,6 +1,6 @@
 //! `/v1/threads`: create, append (idempotent with `Idempotency-Key`), the projection fitted
 //! to a model with its budget, events paged by seq, fork, merge, compact, restore, delete,
-//! and the thread's retention of request records.
+//! the thread's own policy for its requests, and its retention of request records.
 
 use axum::Extension;
 use axum::Json;
@@ -9,7 +9,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use contexture_core::budget::BudgetBreakdown;
 use contexture_core::format::openai;
-use contexture_core::thread::{ConflictPolicy, FitRecord, MergePolicy, MergeSpec};
+use contexture_core::thread::{ConflictPolicy, FitRecord, MergePolicy, MergeSpec, ThreadPolicy};
 use contexture_core::tokens::Encoding;
 use contexture_engine::compaction::{CompactOptions, compact_stored};
 use contexture_engine::executor::ExecError;
@@ -58,6 +58,9 @@ pub struct CreateThread {
     metadata: Option<Value>,
     /// The thread's own retention policy for its request records.
     retention: Option<RequestRetention>,
+    /// The thread's own policy for its requests: how they are fitted (`context`) and when
+    /// the thread is compacted (`compaction`), in place of the server's.
+    policy: Option<ThreadPolicy>,
 }
 
 /// A retention policy from a body: 400 naming the field when it cannot be used.
@@ -87,6 +90,7 @@ pub async fn create(
         messages,
         metadata: body.metadata,
         retention: body.retention,
+        policy: body.policy,
     };
     let last_seq = state.tenant_store(&caller.tenant).create(&id, new).await?;
     Ok((
@@ -162,10 +166,13 @@ pub async fn show(
     let threads = state.tenant_store(tenant);
     let own = threads.retention(&id).await?;
     let retention = retention_answer(&state, &threads.stored_id(&id), &id, own);
+    let policy = policy_answer(&state, &id, thread.policy.clone());
     let mut value = json!({
         "id": id,
         "retention": retention["retention"],
         "applied_retention": retention["applied_retention"],
+        "policy": policy["policy"],
+        "applied_policy": policy["applied_policy"],
         "last_seq": thread.last_seq,
         "messages": projection.messages.len()
             + thread.unread
@@ -224,6 +231,54 @@ fn retention_answer(
 ) -> Value {
     let applied = own.or_else(|| state.retention.for_thread(stored_id).copied());
     json!({ "id": id, "retention": own, "applied_retention": applied })
+}
+
+/// `PUT /v1/threads/{id}/policy`: sets the thread's own policy for its requests (one
+/// `policy_set` event): `context`, how they are fitted (a window that may only lower the
+/// model's, the strategy, the reply reserve, tool results cleared and truncated,
+/// hysteresis), and `compaction`; what it leaves out is the server's. Every server honours
+/// it from the next request on. Answers with the policy and the one that applies.
+pub async fn set_policy(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<ThreadPolicy>,
+) -> ApiResult<Json<Value>> {
+    let threads = state.tenant_store(&caller.tenant);
+    threads.refuse_writes(&id)?;
+    threads.set_policy(&id, Some(body.clone())).await?;
+    Ok(Json(policy_answer(&state, &id, Some(body))))
+}
+
+/// `DELETE /v1/threads/{id}/policy`: removes the thread's own policy (the server's applies
+/// again). Answers as `PUT` does.
+pub async fn clear_policy(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let threads = state.tenant_store(&caller.tenant);
+    threads.refuse_writes(&id)?;
+    threads.set_policy(&id, None).await?;
+    Ok(Json(policy_answer(&state, &id, None)))
+}
+
+/// A thread's policy as the API shows it: its own, and the one its requests get (each part
+/// its own, else the server's).
+fn policy_answer(state: &AppState, id: &str, own: Option<ThreadPolicy>) -> Value {
+    let context = own
+        .as_ref()
+        .and_then(|policy| policy.context.clone())
+        .unwrap_or_else(|| state.config.context.clone());
+    let compaction = own
+        .as_ref()
+        .and_then(|policy| policy.compaction.clone())
+        .or_else(|| state.config.compaction.clone());
+    let applied = ThreadPolicy {
+        context: Some(context),
+        compaction,
+    };
+    json!({ "id": id, "policy": own, "applied_policy": applied })
 }
 
 /// `POST /v1/threads/{id}/messages` body.
@@ -285,18 +340,14 @@ pub async fn context(
     QueryParams(query): QueryParams<ContextQuery>,
 ) -> ApiResult<Response> {
     let threads = state.tenant_store(&caller.tenant);
-    let mut settings = fitting::settings(
+    let settings = fitting::settings(
         &state,
         &query.model,
         query.strategy.as_deref(),
         query.budget_ratio,
         query.reserve_output,
+        query.max_tokens,
     )?;
-    if let Some(max) = query.max_tokens {
-        settings
-            .cap_tokens(max)
-            .map_err(|error| ApiError::invalid("budget_ratio", error.to_string()))?;
-    }
     let fitted = match fit_thread(threads.store(), &threads.stored_id(&id), &settings).await {
         Ok(fitted) => {
             fitting::metered(&state, &fitted);
@@ -492,7 +543,7 @@ pub async fn compact(
         measure_model: body.tokens_model,
         ..CompactOptions::default()
     };
-    let policy = state.config.context.compaction.clone().unwrap_or_default();
+    let policy = state.config.compaction.clone().unwrap_or_default();
     let request = options
         .request(policy, "api")
         .map_err(|invalid| ApiError::invalid(invalid.field, invalid.problem))?;

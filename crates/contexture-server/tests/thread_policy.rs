@@ -1,0 +1,286 @@
+//! A thread's own policy through the API: set at creation or later, shown with the policy its
+//! requests get, cleared; and honoured by another server on the same database, for a
+//! client-side agent loop sent through the OpenAI-compatible endpoint (the client sends the
+//! whole conversation each time, the upstream answers with tool calls): every request the
+//! upstream receives fits the thread's window, passes OpenAI's and Anthropic's rules, keeps
+//! the task and the newest results, clears and truncates the rest, while the thread keeps
+//! every result whole; with hysteresis, most requests repeat the previous one at their start.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TestServer, client, config};
+use contexture_core::fit::{Rules, is_cleared_placeholder, validate};
+use contexture_core::format::openai;
+use contexture_core::tokens::{Encoding, TokenCounter};
+use contexture_fake_upstream::{FakeUpstream, Reply};
+use contexture_store::testing::{TempDir, pg_store};
+use contexture_store::{AnyStore, PgStore, SqliteStore};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+/// `method path` with `body` as `key`: the status and the JSON answer.
+async fn call(
+    server: &TestServer,
+    key: &str,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    let mut request = client()
+        .request(method.parse().unwrap(), server.url(path))
+        .bearer_auth(key)
+        .timeout(Duration::from_secs(30));
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// The policy of the loop's thread: an 8,000-token window (gpt-4o-mini's is 128,000), old
+/// results cleared past 5,000 tokens but the newest 2, results cut to 1,500 tokens.
+fn loop_policy(hysteresis: bool) -> Value {
+    let mut context = json!({
+        "window": 8000,
+        "reserve": 1000,
+        "clear_tool_results": {"trigger_tokens": 5000, "keep": 2, "clear_at_least": 1000},
+        "truncate_tool_results": {"max_tokens": 1500},
+    });
+    if hysteresis {
+        context["hysteresis"] = json!({"high": 0.9, "low": 0.5});
+    }
+    json!({ "context": context })
+}
+
+/// A search result of about `tokens` tokens.
+fn result_text(call: usize, tokens: usize) -> String {
+    (0..tokens / 8)
+        .map(|line| format!("result {call} line {line} says ok\n"))
+        .collect()
+}
+
+const CALLS: usize = 24;
+
+/// Runs the loop on `thread` through `server` (whose upstream answers every call with a
+/// tool call); returns the share of requests that began with the whole previous request.
+async fn agent_loop(server: &TestServer, key: &str, thread: &str, upstream: &FakeUpstream) -> f64 {
+    let counter = TokenCounter::Exact {
+        encoding: Encoding::O200kBase,
+    };
+    let task = "Find every mention of the outage in the search index.";
+    let mut conversation = vec![json!({"role": "user", "content": task})];
+    let first_call = upstream.call_count();
+    let mut stable = 0;
+    let mut previous: Option<Vec<Value>> = None;
+    for round in 0..CALLS {
+        let response = client()
+            .post(server.url("/v1/chat/completions"))
+            .bearer_auth(key)
+            .header("X-Contexture-Thread", thread)
+            .json(&json!({"model": "gpt-4o-mini", "messages": conversation, "tools": [
+                {"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}
+            ]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "round {round}");
+        let answer: Value = response.json().await.unwrap();
+        let message = answer["choices"][0]["message"].clone();
+        let id = message["tool_calls"][0]["id"].as_str().unwrap().to_owned();
+        conversation.push(message);
+        // Every fifth result is too large and is cut to its start and end.
+        let tokens = if round % 5 == 4 { 2_600 } else { 1_100 };
+        conversation.push(
+            json!({"role": "tool", "tool_call_id": id, "content": result_text(round, tokens)}),
+        );
+
+        let sent = upstream.calls()[first_call + round].json["messages"]
+            .as_array()
+            .unwrap()
+            .clone();
+        let messages = openai::parse_messages(&Value::Array(sent.clone())).unwrap();
+        assert_eq!(validate(&messages, Rules::OpenAi), vec![], "round {round}");
+        assert_eq!(
+            validate(&messages, Rules::Anthropic),
+            vec![],
+            "round {round}"
+        );
+        let tools = [
+            json!({"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}),
+        ];
+        let tokens = counter.count_request(&messages, &tools).total;
+        assert!(tokens <= 7_000, "round {round}: {tokens} tokens");
+        assert!(
+            messages.iter().any(|message| message.text() == task),
+            "round {round}: the task is kept"
+        );
+        // The newest two results the request holds are whole (or cut, never cleared).
+        let results: Vec<_> = messages
+            .iter()
+            .filter(|message| message.tool_call_id.is_some())
+            .collect();
+        for result in results.iter().rev().take(2) {
+            assert!(!is_cleared_placeholder(&result.text()), "round {round}");
+        }
+        if round >= 8 {
+            assert!(
+                results
+                    .iter()
+                    .any(|result| is_cleared_placeholder(&result.text())),
+                "round {round}: older results are cleared"
+            );
+        }
+        if let Some(previous) = &previous
+            && sent.starts_with(previous)
+        {
+            stable += 1;
+        }
+        previous = Some(sent);
+    }
+    // The thread keeps every result whole, whatever its requests were sent.
+    let (_, events) = call(
+        server,
+        key,
+        "GET",
+        &format!("/v1/threads/{thread}/events?limit=1000"),
+        None,
+    )
+    .await;
+    let stored_results: Vec<&str> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|event| event["type"] == "message_appended" && event["message"]["role"] == "tool")
+        .map(|event| event["message"]["content"].as_str().unwrap())
+        .collect();
+    // The last result was never sent (the loop stops before it).
+    assert_eq!(stored_results.len(), CALLS - 1);
+    for (round, text) in stored_results.iter().enumerate() {
+        let tokens = if round % 5 == 4 { 2_600 } else { 1_100 };
+        assert_eq!(
+            *text,
+            result_text(round, tokens),
+            "result {round} stored whole"
+        );
+    }
+    stable as f64 / (CALLS - 1) as f64
+}
+
+async fn a_threads_policy_is_honoured_by_every_server(first: AnyStore, second: AnyStore) {
+    let upstream = FakeUpstream::start().await;
+    upstream.otherwise(|number, _| {
+        Reply::tool_call(&format!("call_{number}"), "search", json!({"q": number}))
+    });
+    let base = upstream.base_url();
+    let one = TestServer::start(config(Some(&base)), first).await;
+    let two = TestServer::start(config(Some(&base)), second).await;
+    let key = one.key("acme").await;
+
+    // Set at creation on one server, shown by the other with what its requests get.
+    let (status, created) = call(
+        &one,
+        &key,
+        "POST",
+        "/v1/threads",
+        Some(json!({"id": "steady", "system": "You search.", "policy": loop_policy(true)})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let (status, shown) = call(&two, &key, "GET", "/v1/threads/steady", None).await;
+    assert_eq!(status, StatusCode::OK, "{shown}");
+    assert_eq!(shown["policy"]["context"]["window"], 8000, "{shown}");
+    assert_eq!(
+        shown["applied_policy"]["context"]["window"], 8000,
+        "{shown}"
+    );
+    assert_eq!(
+        shown["applied_policy"]["compaction"],
+        Value::Null,
+        "{shown}"
+    );
+    // Set later, on a thread that had none; the fitted view follows it.
+    call(
+        &one,
+        &key,
+        "POST",
+        "/v1/threads",
+        Some(json!({"id": "jumpy", "system": "You search."})),
+    )
+    .await;
+    let (status, set) = call(
+        &one,
+        &key,
+        "PUT",
+        "/v1/threads/jumpy/policy",
+        Some(loop_policy(false)),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{set}");
+    assert_eq!(set["policy"]["context"]["hysteresis"], Value::Null, "{set}");
+
+    let steady = agent_loop(&two, &key, "steady", &upstream).await;
+    let jumpy = agent_loop(&two, &key, "jumpy", &upstream).await;
+    eprintln!(
+        "requests repeating the previous one at their start: {:.0}% with hysteresis, {:.0}% without",
+        steady * 100.0,
+        jumpy * 100.0
+    );
+    assert!(
+        steady >= jumpy + 0.2,
+        "hysteresis keeps prefixes: {steady} against {jumpy}"
+    );
+
+    // The fitted view of the thread follows its policy too, then the defaults once cleared.
+    let (_, fitted) = call(
+        &two,
+        &key,
+        "GET",
+        "/v1/threads/jumpy/context?model=gpt-4o-mini",
+        None,
+    )
+    .await;
+    assert_eq!(fitted["budget"]["context_window"], 8000, "{fitted}");
+    let (status, cleared) = call(&two, &key, "DELETE", "/v1/threads/jumpy/policy", None).await;
+    assert_eq!(status, StatusCode::OK, "{cleared}");
+    assert_eq!(cleared["policy"], Value::Null);
+    assert_eq!(cleared["applied_policy"]["context"]["window"], Value::Null);
+    let (_, fitted) = call(
+        &one,
+        &key,
+        "GET",
+        "/v1/threads/jumpy/context?model=gpt-4o-mini",
+        None,
+    )
+    .await;
+    assert_eq!(fitted["budget"]["context_window"], 128000, "{fitted}");
+    one.shutdown().await;
+    two.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_threads_policy_is_honoured_by_every_server_on_sqlite() {
+    let dir = TempDir::new("contexture-thread-policy");
+    let path = dir.join("policy.db");
+    let first = SqliteStore::open(&path).await.unwrap();
+    let second = SqliteStore::open(&path).await.unwrap();
+    a_threads_policy_is_honoured_by_every_server(AnyStore::Sqlite(first), AnyStore::Sqlite(second))
+        .await;
+}
+
+#[tokio::test]
+async fn a_threads_policy_is_honoured_by_every_server_on_postgres() {
+    let Some((first, schema)) = pg_store("thread_policy").await else {
+        return;
+    };
+    let second = PgStore::open_in_schema(&contexture_store::testing::pg_url(), &schema)
+        .await
+        .unwrap();
+    a_threads_policy_is_honoured_by_every_server(
+        AnyStore::Postgres(first),
+        AnyStore::Postgres(second),
+    )
+    .await;
+}
