@@ -190,7 +190,7 @@ fn tool_results_are_cut_then_cleared_past_a_trigger_as_an_assistants_context_doe
     .run()
     .expect_failure();
     assert!(
-        error.contains("--truncate-tool-results: max_tokens must be at least 48"),
+        error.contains("--truncate-tool-results: must be at least 48"),
         "{error}"
     );
     let error = contexture([
@@ -209,6 +209,56 @@ fn tool_results_are_cut_then_cleared_past_a_trigger_as_an_assistants_context_doe
         error.contains("--clear-trigger-tokens: must be at least 1"),
         "{error}"
     );
+
+    // The same settings as a fit policy file (an assistant's `context:`) give the same
+    // request; its mistakes are named by file and field.
+    let policy = dir.join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "truncate_tool_results: {max_tokens: 300}\nclear_tool_results: {trigger_tokens: 400, keep: 1}\n",
+    )
+    .unwrap();
+    let policy = policy.display().to_string();
+    let from_file = contexture(["fit", "--model", "gpt-4o-mini", "--policy", &policy, &path])
+        .run()
+        .expect_json();
+    assert_eq!(from_file, fitted);
+    let bad = dir.join("bad.yaml");
+    std::fs::write(&bad, "hysteresis: {high: 0.5, low: 0.8}\n").unwrap();
+    let bad = bad.display().to_string();
+    let error = contexture(["fit", "--model", "gpt-4o-mini", "--policy", &bad, &path])
+        .run()
+        .expect_failure();
+    assert!(
+        error.contains("bad.yaml: hysteresis.low: low (0.8) must be below high (0.5)"),
+        "{error}"
+    );
+    std::fs::write(&bad, "windw: 100\n").unwrap();
+    let error = contexture(["fit", "--model", "gpt-4o-mini", "--policy", &bad, &path])
+        .run()
+        .expect_failure();
+    assert!(error.contains("unknown field `windw`"), "{error}");
+    assert!(error.contains("bad.yaml:1:1: "), "{error}");
+    // A policy's window and hysteresis: over the budget, the history is cut down to the low
+    // share of it.
+    std::fs::write(
+        &bad,
+        "window: 2000\nreserve: 1000\nhysteresis: {high: 0.9, low: 0.3}\n",
+    )
+    .unwrap();
+    let output = contexture([
+        "fit",
+        "--model",
+        "gpt-4o-mini",
+        "--policy",
+        &bad,
+        "--report",
+        &path,
+    ])
+    .run();
+    let report: Value = serde_json::from_str(&output.stderr).unwrap();
+    assert_eq!(report["max_tokens"], 1000, "{report}");
+    assert_eq!(report["low_water"], 300, "{report}");
 }
 
 #[test]

@@ -138,6 +138,64 @@ fn round_trip(db: &str) {
         "{sized}"
     );
 
+    // A thread's own policy: set from a file (here standard input), shown, followed by a read
+    // for a model, refused when it cannot work, cleared.
+    let capped = ok(
+        db,
+        &[
+            "messages",
+            "--thread",
+            "t1",
+            "--model",
+            "gpt-4o",
+            "--max-tokens",
+            "50",
+        ],
+        "",
+    );
+    let whole = ok(db, &["messages", "--thread", "t1", "--model", "gpt-4o"], "");
+    assert_ne!(capped, whole);
+    assert_eq!(ok(db, &["policy", "--thread", "t1"], ""), "null\n");
+    let set = ok(
+        db,
+        &["policy", "--thread", "t1", "--set", "-"],
+        "context: {window: 60, reserve: 10}\n",
+    );
+    assert!(set.contains("\"window\":60"), "{set}");
+    assert_eq!(
+        ok(db, &["messages", "--thread", "t1", "--model", "gpt-4o"], ""),
+        capped
+    );
+    let error = fail(
+        db,
+        &["policy", "--thread", "t1", "--set", "-"],
+        "context: {hysteresis: {high: 0.5, low: 0.9}}\n",
+    );
+    assert!(
+        error.contains("context.hysteresis.low: low (0.9) must be below high (0.5)"),
+        "{error}"
+    );
+    let error = fail(
+        db,
+        &["policy", "--thread", "t1", "--set", "-"],
+        "contxt: {}\n",
+    );
+    assert!(
+        error.contains("standard input:1:1: unknown field `contxt`"),
+        "{error}"
+    );
+    assert_eq!(ok(db, &["policy", "--thread", "t1"], ""), set);
+    assert_eq!(
+        ok(db, &["policy", "--thread", "t1", "--clear"], ""),
+        "null\n"
+    );
+    assert_eq!(
+        ok(db, &["messages", "--thread", "t1", "--model", "gpt-4o"], ""),
+        whole
+    );
+    let error = fail(db, &["policy", "--thread", "missing"], "");
+    assert!(error.contains("thread `missing` not found"), "{error}");
+
     let refused = fail(db, &["delete", "--thread", "t1"], "");
     assert!(
         refused.contains("thread `t1` has forks (t1-fork)"),

@@ -1,7 +1,9 @@
 //! `contexture fit`: fit a chat history (a JSON array of OpenAI-format messages) into a
-//! model's window, optionally cutting oversized tool results and clearing old ones first
-//! (the same policies as an assistant's `context.truncate_tool_results` and
-//! `context.clear_tool_results`), and print the fitted array.
+//! model's window, optionally cutting oversized tool results and clearing old ones first,
+//! and print the fitted array. Its settings are a fit policy, the one type an assistant's
+//! `context:` and a thread's policy are: `--policy FILE` gives one whole (JSON or YAML), and
+//! the flags set its fields over it (`--truncate-tool-results` is
+//! `truncate_tool_results.max_tokens`, `--clear-*` are `clear_tool_results`).
 //!
 //! The budget bounds the whole request as `contexture tokens count --messages` counts it
 //! (messages, reply priming, and tool schemas given with `--tools`). Without `--max-tokens`
@@ -18,10 +20,10 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
-use contexture_core::budget::BudgetPolicy;
 use contexture_core::fit::{
-    ClearOptions, ClearPolicy, ClearTrigger, ClearedResult, RepairChange, Rules, Strategy,
-    TrimOptions, TruncatePolicy, TruncatedResult, clear_tool_results, trim, truncate_tool_results,
+    ClearOptions, ClearPolicy, ClearTrigger, ClearedResult, FitPolicy, RepairChange, Rules,
+    Strategy, TrimOptions, TruncatePolicy, TruncatedResult, clear_tool_results, trim,
+    truncate_tool_results,
 };
 use contexture_core::format::openai;
 use contexture_core::{Message, Role};
@@ -41,17 +43,23 @@ pub struct FitArgs {
     /// reserve).
     #[arg(long)]
     max_tokens: Option<u32>,
-    /// Tokens kept free for the reply when --max-tokens is not given (default: the model's
-    /// max output, at most a quarter of the window).
+    /// Tokens kept free for the reply when --max-tokens is not given (default: the policy's,
+    /// else the model's max output, at most a quarter of the window).
     #[arg(long, conflicts_with = "max_tokens")]
     reserve: Option<u32>,
-    /// Hysteresis: when over the budget, cut down to this many tokens.
+    /// A fit policy (JSON or YAML, the shape of an assistant's `context:`): window, reserve,
+    /// budget_ratio, strategy, truncate_tool_results, clear_tool_results, hysteresis. The
+    /// other flags set its fields over it.
+    #[arg(long, value_name = "FILE")]
+    policy: Option<PathBuf>,
+    /// Hysteresis: when over the budget, cut down to this many tokens (default: the
+    /// policy's `hysteresis.low` share of the budget, when it has one).
     #[arg(long)]
     low_water: Option<u32>,
     /// Which part of the history to keep: last, first, head-tail (the opening turn and the
-    /// newest) or head-tail:N (N units at the start).
-    #[arg(long, default_value_t = Strategy::Last)]
-    strategy: Strategy,
+    /// newest) or head-tail:N (N units at the start); default: the policy's, else last.
+    #[arg(long)]
+    strategy: Option<Strategy>,
     /// Roles the kept history may start with (after the system prompt); repeatable.
     #[arg(long, value_enum)]
     start_on: Vec<RoleArg>,
@@ -177,53 +185,39 @@ pub fn run(args: FitArgs) -> Result<()> {
         None => Vec::new(),
     };
     let tools_tokens = counter.count_request(&[], &tools).tools;
-    let max_tokens = match args.max_tokens {
-        Some(max) => max,
-        None => {
-            let policy = BudgetPolicy {
-                reserve_output: args.reserve,
-                ..BudgetPolicy::default()
-            };
-            policy.limits(&model)?.limit
-        }
-    };
+    let policy = policy_of(&args)?;
+    let model = policy.model(model);
+    let limit = policy.budget().limits(&model)?.limit;
+    let max_tokens = args.max_tokens.unwrap_or(limit);
+    let low_water = args.low_water.or_else(|| {
+        policy
+            .hysteresis
+            .map(|hysteresis| (f64::from(max_tokens) * hysteresis.low).floor() as u32)
+    });
 
     let messages_in = messages.len();
     let mut truncated = Vec::new();
-    if let Some(max_tokens) = args.truncate_tool_results {
-        let policy = TruncatePolicy { max_tokens };
-        if let Some((field, problem)) = policy.problems().into_iter().next() {
-            bail!("--truncate-tool-results: {field} {problem}");
-        }
-        let cut = truncate_tool_results(&messages, &policy, &counter);
+    if let Some(truncate) = &policy.truncate_tool_results {
+        let cut = truncate_tool_results(&messages, truncate, &counter);
         messages = cut.messages;
         truncated = cut.truncated;
     }
-    let (cleared, tokens_cleared) = match args.clear_keep {
-        Some(keep) => {
-            let options = match args.clear_trigger_tokens {
-                Some(trigger_tokens) => {
-                    let policy = ClearPolicy {
-                        trigger_tokens,
-                        keep,
-                        clear_at_least: args.clear_at_least,
-                        exclude_tools: args.clear_exclude.clone(),
-                        clear_inputs: args.clear_arguments,
-                    };
-                    if let Some((field, problem)) = policy.problems().into_iter().next() {
-                        bail!("--clear-{}: {problem}", field.replace('_', "-"));
-                    }
-                    policy.options(tools_tokens)
-                }
-                None => ClearOptions {
-                    trigger: ClearTrigger::ToolUses(keep),
-                    keep_tool_uses: keep,
-                    clear_at_least: args.clear_at_least,
-                    exclude_tools: args.clear_exclude.clone(),
-                    clear_arguments: args.clear_arguments,
-                    tools_tokens,
-                },
-            };
+    // A number of recent tool uses to keep, with no trigger, clears every older result; a
+    // policy's clearing starts past its trigger.
+    let clear = match (&policy.clear_tool_results, args.clear_keep) {
+        (Some(clear), _) => Some(clear.options(tools_tokens)),
+        (None, Some(keep)) => Some(ClearOptions {
+            trigger: ClearTrigger::ToolUses(keep),
+            keep_tool_uses: keep,
+            clear_at_least: args.clear_at_least,
+            exclude_tools: args.clear_exclude.clone(),
+            clear_arguments: args.clear_arguments,
+            tools_tokens,
+        }),
+        (None, None) => None,
+    };
+    let (cleared, tokens_cleared) = match clear {
+        Some(options) => {
             let result = clear_tool_results(&messages, &options, &counter);
             messages = result.messages;
             (result.cleared, result.tokens_cleared)
@@ -233,9 +227,9 @@ pub fn run(args: FitArgs) -> Result<()> {
 
     let options = TrimOptions {
         max_tokens,
-        low_water: args.low_water,
+        low_water,
         tools_tokens,
-        strategy: args.strategy,
+        strategy: policy.strategy,
         keep_system: !args.drop_system,
         start_on: args.start_on.iter().copied().map(Role::from).collect(),
         end_on: args.end_on.iter().copied().map(Role::from).collect(),
@@ -258,7 +252,7 @@ pub fn run(args: FitArgs) -> Result<()> {
             model: &model.id,
             rules,
             max_tokens,
-            low_water: args.low_water,
+            low_water,
             messages_in,
             messages_out: trimmed.messages.len(),
             over_budget: trimmed.over_budget,
@@ -284,4 +278,58 @@ pub fn run(args: FitArgs) -> Result<()> {
         eprintln!("{}", serde_json::to_string_pretty(&report)?);
     }
     Ok(())
+}
+
+/// The fit policy of the command: `--policy`'s (default: none), with the flags' fields over
+/// it, checked as every fit policy is (a problem names its flag, or its field in the file).
+fn policy_of(args: &FitArgs) -> Result<FitPolicy> {
+    let mut policy = match &args.policy {
+        Some(path) => input::read_yaml::<FitPolicy>(Some(path))?,
+        None => FitPolicy::default(),
+    };
+    if let Some(strategy) = args.strategy {
+        policy.strategy = strategy;
+    }
+    if args.reserve.is_some() {
+        policy.reserve = args.reserve;
+    }
+    if let Some(max_tokens) = args.truncate_tool_results {
+        policy.truncate_tool_results = Some(TruncatePolicy { max_tokens });
+    }
+    if let (Some(keep), Some(trigger_tokens)) = (args.clear_keep, args.clear_trigger_tokens) {
+        policy.clear_tool_results = Some(ClearPolicy {
+            trigger_tokens,
+            keep,
+            clear_at_least: args.clear_at_least,
+            exclude_tools: args.clear_exclude.clone(),
+            clear_inputs: args.clear_arguments,
+        });
+    }
+    if let Some((field, problem)) = policy.problems().into_iter().next() {
+        let flag = match field.as_str() {
+            "truncate_tool_results.max_tokens" if args.truncate_tool_results.is_some() => {
+                "--truncate-tool-results".to_owned()
+            }
+            "reserve" if args.reserve.is_some() => "--reserve".to_owned(),
+            clear
+                if clear.starts_with("clear_tool_results.")
+                    && args.clear_trigger_tokens.is_some() =>
+            {
+                let name = clear.trim_start_matches("clear_tool_results.");
+                let name = match name {
+                    "trigger_tokens" => "trigger-tokens",
+                    "clear_at_least" => "at-least",
+                    "exclude_tools" => "exclude",
+                    other => other,
+                };
+                format!("--clear-{name}")
+            }
+            _ => match &args.policy {
+                Some(path) => format!("{}: {field}", path.display()),
+                None => field,
+            },
+        };
+        bail!("{flag}: {problem}");
+    }
+    Ok(policy)
 }

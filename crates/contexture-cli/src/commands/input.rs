@@ -9,8 +9,8 @@ use anyhow::{Context, Result, anyhow};
 /// Where an input came from, for error messages.
 pub fn describe(path: Option<&Path>) -> String {
     match path {
-        Some(path) => path.display().to_string(),
-        None => "standard input".to_owned(),
+        Some(path) if path != Path::new("-") => path.display().to_string(),
+        _ => "standard input".to_owned(),
     }
 }
 
@@ -60,6 +60,18 @@ pub fn read_json<T: serde::de::DeserializeOwned>(path: Option<&Path>) -> Result<
             error.column(),
             strip_position(&error.to_string())
         )
+    })
+}
+
+/// Reads `path` (or standard input) as YAML (JSON too: it is YAML) and deserializes it; a
+/// syntax or shape error is `FILE:LINE:COLUMN: what`.
+pub fn read_yaml<T: serde::de::DeserializeOwned>(path: Option<&Path>) -> Result<T> {
+    let text = read_text(path)?;
+    yaml_serde::from_str(&text).map_err(|error| {
+        let (line, column) = error
+            .location()
+            .map_or((1, 1), |location| (location.line(), location.column()));
+        anyhow!("{}:{line}:{column}: {error}", describe(path))
     })
 }
 

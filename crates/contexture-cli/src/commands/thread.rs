@@ -14,11 +14,12 @@ use clap::{Args, Subcommand};
 use contexture_core::compact::CompactionPolicy;
 use contexture_core::fit::{FitPolicy, Strategy};
 use contexture_core::format::openai;
-use contexture_core::thread::{ConflictPolicy, MergePolicy, MergeSpec};
+use contexture_core::thread::{ConflictPolicy, MergePolicy, MergeSpec, ThreadPolicy};
+use contexture_core::tokens::Encoding;
 use contexture_engine::compaction::{CompactOptions, CompactionOutcome, Compactor, compact_stored};
 use contexture_engine::fitting::{FitOverrides, FitSettings, MessageView, thread_messages};
 use contexture_engine::llm::LlmSpec;
-use contexture_engine::threads::{fork_thread, merge_thread, restore_thread};
+use contexture_engine::threads::{fork_thread, merge_thread, restore_thread, set_thread_policy};
 use contexture_store::{AnyStore, NewEvent, RequestRetention, RetentionRules, Store, StoreError};
 use serde_json::Value;
 
@@ -169,6 +170,21 @@ pub enum ThreadCommand {
         retention: RetentionArgs,
         /// Remove the thread's policy (the default policy applies again).
         #[arg(long, conflicts_with_all = ["keep_days", "keep_last"])]
+        clear: bool,
+    },
+    /// Print the thread's own policy for its requests (null: none); with --set FILE, set it
+    /// first (JSON or YAML: `context`, how requests are fitted, the shape of an assistant's
+    /// `context:`, and `compaction`), with --clear remove it. A server fits and compacts the
+    /// thread's requests by it in place of its `[context]` and `[compaction]`.
+    Policy {
+        /// The thread.
+        #[arg(long)]
+        thread: String,
+        /// The policy file (standard input with `-`).
+        #[arg(long, value_name = "FILE")]
+        set: Option<PathBuf>,
+        /// Remove the thread's policy (the defaults apply again).
+        #[arg(long, conflicts_with = "set")]
         clear: bool,
     },
     /// Summarize the older part of a thread into one message (a recorded replace: the
@@ -413,6 +429,24 @@ async fn execute(args: ThreadArgs) -> Result<()> {
                 Some(policy) => println!("{}", serde_json::to_string(&policy)?),
                 None => println!("null"),
             }
+        }
+        ThreadCommand::Policy { thread, set, clear } => {
+            let policy = match &set {
+                Some(path) => Some(input::read_yaml::<ThreadPolicy>(Some(path))?),
+                None => None,
+            };
+            if clear || policy.is_some() {
+                set_thread_policy(&store, &thread, policy)
+                    .await
+                    .with_context(|| format!("cannot set the policy of thread {thread}"))?;
+            }
+            let tail = store
+                .load_projection_tail(&thread, Encoding::O200kBase, 0)
+                .await?;
+            if tail.last_seq == 0 {
+                return Err(StoreError::NotFound { thread }.into());
+            }
+            println!("{}", serde_json::to_string(&tail.policy)?);
         }
     }
     Ok(())
