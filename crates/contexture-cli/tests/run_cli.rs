@@ -49,6 +49,39 @@ fn the_agent_loop_example_cuts_and_clears_its_tool_results_and_inspect_shows_eac
 }
 
 #[test]
+fn the_loop_compaction_example_summarizes_older_iterations_and_inspect_shows_each() {
+    let dir = TempDir::new("contexture-run-loop-compaction");
+    let output = contexture(
+        &dir,
+        &[
+            "run",
+            "examples/agent-loop-compaction/workflow.yaml",
+            "--llm",
+            "scripted:examples/agent-loop-compaction/replies.yaml",
+            "--execution-id",
+            "loop-compaction",
+            "--trace",
+        ],
+    )
+    .run();
+    assert!(
+        output
+            .stderr
+            .contains("--- step 1: loop compacted: its first"),
+        "{}",
+        output.stderr
+    );
+    assert_eq!(
+        output.expect_success(),
+        "Pages 1 to 6 each list 300 numbered lines.\n"
+    );
+    insta::assert_snapshot!(
+        "loop_compaction_inspect",
+        ok(&dir, &["inspect", "loop-compaction"])
+    );
+}
+
+#[test]
 fn the_examples_run_as_documented() {
     let dir = TempDir::new("contexture-run-cli");
     let multi = ok(

@@ -43,8 +43,8 @@ pub use event::{
     ReplaceReason, RequestEnd, RequestOutcome, RequestRecord, StoreChange, ThreadPolicy, Usage,
 };
 pub use execution::{
-    FitRecord, PrefixReuse, RunEnd, RunLimits, RunStart, RunStatus, StepEnd, StepFailure,
-    StepMessage, StepStart,
+    FitRecord, PrefixReuse, RunEnd, RunLimits, RunStart, RunStatus, StepCompaction, StepEnd,
+    StepFailure, StepMessage, StepStart,
 };
 pub use merge::{MergeError, MergeSpec};
 pub use projection::{ProjectedMessage, Projection};
@@ -383,6 +383,7 @@ impl Thread {
             EventKind::RunStarted(_)
             | EventKind::StepStarted(_)
             | EventKind::StepMessage(_)
+            | EventKind::StepCompacted(_)
             | EventKind::StepFinished(_)
             | EventKind::StepFailed(_)
             | EventKind::RunEnded(_)
@@ -503,6 +504,7 @@ pub fn projection_watermark<'a>(events: impl IntoIterator<Item = (u64, &'a Event
             | EventKind::RunStarted(_)
             | EventKind::StepStarted(_)
             | EventKind::StepMessage(_)
+            | EventKind::StepCompacted(_)
             | EventKind::StepFinished(_)
             | EventKind::StepFailed(_)
             | EventKind::RunEnded(_)

@@ -18,7 +18,7 @@ use contexture_core::compact::{
 use contexture_core::registry::{ModelInfo, Registry};
 use contexture_core::thread::{
     CompactionFailure, ContextReplace, Event, EventKind, ProjectedMessage, Provenance,
-    RecordedBudget, ReplaceReason, RequestRecord, Thread,
+    RecordedBudget, ReplaceReason, RequestRecord, StepCompaction, Thread,
 };
 use contexture_core::tokens::TokenCounter;
 use contexture_llm::ChatRequest;
@@ -180,6 +180,85 @@ pub struct CompactionReport {
     pub summary: Option<String>,
 }
 
+impl CompactionReport {
+    /// A report of a compaction that has not done anything yet, of a part of `tokens`.
+    fn new(tokens: u64, policy: &CompactionPolicy) -> CompactionReport {
+        CompactionReport {
+            outcome: CompactionOutcome::Skipped {
+                reason: String::new(),
+            },
+            covered: None,
+            covered_messages: 0,
+            tokens_before: tokens,
+            tokens_after: tokens,
+            summarizer: policy.summarizer_name().to_owned(),
+            calls: 0,
+            summary: None,
+        }
+    }
+}
+
+/// An assistant's own tool loop as its requests send it: its own messages (its task first,
+/// then its log: tool calls and results), the first `covered` of which an earlier compaction's
+/// replacement stands for.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LoopView {
+    own: Vec<Message>,
+    covered: usize,
+    replacement: Vec<Message>,
+    view: Vec<Message>,
+}
+
+impl LoopView {
+    /// A loop that starts with `messages` (its task, when it has one).
+    pub fn new(messages: Vec<Message>) -> LoopView {
+        LoopView {
+            view: messages.clone(),
+            own: messages,
+            covered: 0,
+            replacement: Vec::new(),
+        }
+    }
+
+    /// Adds the loop's next message.
+    pub fn push(&mut self, message: Message) {
+        self.own.push(message.clone());
+        self.view.push(message);
+    }
+
+    /// Every message of the loop, as its log holds them.
+    pub fn own(&self) -> &[Message] {
+        &self.own
+    }
+
+    /// What requests send of the loop: the replacement, then the messages it does not cover.
+    pub fn messages(&self) -> &[Message] {
+        &self.view
+    }
+
+    /// How many of the loop's own messages the replacement stands for.
+    pub fn covered(&self) -> usize {
+        self.covered
+    }
+
+    /// The tokens of what requests send of the loop.
+    pub fn tokens(&self, counter: &TokenCounter) -> u64 {
+        self.view
+            .iter()
+            .map(|message| u64::from(counter.count_message(message)))
+            .sum()
+    }
+
+    /// `replacement` stands for the first `end` messages of the view from now on.
+    fn cut(&mut self, end: usize, replacement: Vec<Message>) {
+        // The view's first messages are the earlier replacement, which stood for `covered`.
+        self.covered += end.saturating_sub(self.replacement.len());
+        self.replacement = replacement;
+        self.view = self.replacement.clone();
+        self.view.extend_from_slice(&self.own[self.covered..]);
+    }
+}
+
 /// A thread a compaction works on: it reads the thread and appends events to it.
 pub trait CompactionTarget: Send {
     /// The thread's id.
@@ -302,83 +381,24 @@ impl Compactor {
         let counter = self.registry.resolve(&request.measure_model).counter;
         let projected = target.thread().projected_messages();
         let tokens_before = projection_tokens(target.thread(), &counter);
-        let mut report = CompactionReport {
-            outcome: CompactionOutcome::Skipped {
-                reason: String::new(),
-            },
-            covered: None,
-            covered_messages: 0,
-            tokens_before,
-            tokens_after: tokens_before,
-            summarizer: policy.summarizer_name().to_owned(),
-            calls: 0,
-            summary: None,
-        };
-        let Some(plan) = plan(&projected, &policy.keep, &counter) else {
-            report.outcome = CompactionOutcome::Skipped {
-                reason: "nothing older than the kept tail to summarize".to_owned(),
-            };
-            return Ok(report);
-        };
-        report.covered = Some((plan.from_seq, plan.to_seq));
-        report.covered_messages = plan.covered.len();
-        let info = CompactionInfo {
+        let mut report = CompactionReport::new(tokens_before, policy);
+        let info = |plan: &Plan| CompactionInfo {
             thread_id: target.thread_id().to_owned(),
             reason: request.reason.clone(),
             from_seq: plan.from_seq,
             to_seq: plan.to_seq,
             covered_messages: plan.covered.len(),
         };
-        if let Some(hook) = self
-            .hooks
-            .iter()
-            .find(|hook| !hook.before_compaction(&info))
-        {
-            report.outcome = CompactionOutcome::Skipped {
-                reason: format!("hook `{}` declined it", hook.name()),
-            };
+        let Some(plan) = self.plan(&projected, request, &counter, &mut report) else {
             return Ok(report);
-        }
-
-        let summary = if !request.preserve_history {
-            None
-        } else {
-            match &policy.summarizer {
-                None => Some(self.extractive(&plan, &projected, request, &counter)),
-                Some(model) => {
-                    match self
-                        .summarize(target, model, &plan, &projected, request, &mut report)
-                        .await?
-                    {
-                        Ok(summary) => Some(summary),
-                        Err(failed) => {
-                            target
-                                .append(vec![EventKind::CompactionFailed(CompactionFailure {
-                                    from_seq: plan.from_seq,
-                                    to_seq: plan.to_seq,
-                                    summarizer: model.clone(),
-                                    error: failed.error.clone(),
-                                    attempts: failed.attempts,
-                                })])
-                                .await?;
-                            report.outcome = CompactionOutcome::Failed {
-                                error: failed.error,
-                            };
-                            for hook in &self.hooks {
-                                hook.after_compaction(&info, &report);
-                            }
-                            return Ok(report);
-                        }
-                    }
-                }
-            }
         };
-        let messages = replacement(
-            &plan,
-            &projected,
-            summary.as_deref(),
-            request.notes.as_deref(),
-        );
+        let info = info(&plan);
+        let Some(messages) = self
+            .write(target, &plan, &projected, request, &info, None, &mut report)
+            .await?
+        else {
+            return Ok(report);
+        };
         let template = policy.prompt.as_deref().unwrap_or(DEFAULT_PROMPT);
         let op = ContextReplace {
             op_id: format!(
@@ -402,11 +422,167 @@ impl Compactor {
             replace_seq: target.thread().last_seq(),
         };
         report.tokens_after = projection_tokens(target.thread(), &counter);
-        report.summary = summary;
         for hook in &self.hooks {
             hook.after_compaction(&info, &report);
         }
         Ok(report)
+    }
+
+    /// Compacts an assistant's own tool loop in step `request.step`: `view` is what its
+    /// requests send of it (its task, or an earlier compaction's replacement, then its newer
+    /// messages), planned as a thread's messages are (the task is the original request, kept
+    /// verbatim; the newest whole tool uses within the policy's `keep` stay; notes kept
+    /// verbatim), summarized the same way, and recorded as one `step_compacted` event; `view`
+    /// then sends the replacement in place of what it covers. The summarizer's calls are
+    /// recorded in the target's thread; a failure records a `compaction_failed` event for the
+    /// step and leaves `view` as it was.
+    pub async fn compact_loop(
+        &self,
+        target: &mut impl CompactionTarget,
+        view: &mut LoopView,
+        request: &CompactRequest,
+    ) -> Result<CompactionReport, ExecError> {
+        let counter = self.registry.resolve(&request.measure_model).counter;
+        // Each message of the loop stands for itself: positions from 1 take the place of seqs.
+        let projected: Vec<ProjectedMessage> = view
+            .messages()
+            .iter()
+            .enumerate()
+            .map(|(index, message)| ProjectedMessage {
+                from_seq: index as u64 + 1,
+                to_seq: index as u64 + 1,
+                message: message.clone(),
+            })
+            .collect();
+        let mut report = CompactionReport::new(view.tokens(&counter), &request.policy);
+        let Some(plan) = self.plan(&projected, request, &counter, &mut report) else {
+            return Ok(report);
+        };
+        let info = CompactionInfo {
+            thread_id: target.thread_id().to_owned(),
+            reason: request.reason.clone(),
+            from_seq: plan.from_seq,
+            to_seq: plan.to_seq,
+            covered_messages: plan.covered.len(),
+        };
+        let step = request.step.unwrap_or_default();
+        let Some(replacement) = self
+            .write(
+                target,
+                &plan,
+                &projected,
+                request,
+                &info,
+                Some(step),
+                &mut report,
+            )
+            .await?
+        else {
+            return Ok(report);
+        };
+        view.cut(plan.covered.end, replacement);
+        report.tokens_after = view.tokens(&counter);
+        target
+            .append(vec![EventKind::StepCompacted(StepCompaction {
+                step,
+                covered: view.covered,
+                replacement: view.replacement.clone(),
+                summarizer: request.policy.summarizer_name().to_owned(),
+                tokens_before: report.tokens_before,
+                tokens_after: report.tokens_after,
+            })])
+            .await?;
+        report.outcome = CompactionOutcome::Compacted {
+            replace_seq: target.thread().last_seq(),
+        };
+        for hook in &self.hooks {
+            hook.after_compaction(&info, &report);
+        }
+        Ok(report)
+    }
+
+    /// What `request` covers of `projected`; `None` (and the report says why) when nothing.
+    fn plan(
+        &self,
+        projected: &[ProjectedMessage],
+        request: &CompactRequest,
+        counter: &TokenCounter,
+        report: &mut CompactionReport,
+    ) -> Option<Plan> {
+        let Some(plan) = plan(projected, &request.policy.keep, counter) else {
+            report.outcome = CompactionOutcome::Skipped {
+                reason: "nothing older than the kept tail to summarize".to_owned(),
+            };
+            return None;
+        };
+        report.covered = Some((plan.from_seq, plan.to_seq));
+        report.covered_messages = plan.covered.len();
+        Some(plan)
+    }
+
+    /// The messages that stand for `plan`'s covered part: after the hooks agreed, the
+    /// summary written (or the notes alone), or `None` when a hook declined (the report says
+    /// so) or the summarizer failed (a `compaction_failed` event records why, and the report).
+    async fn write(
+        &self,
+        target: &mut impl CompactionTarget,
+        plan: &Plan,
+        projected: &[ProjectedMessage],
+        request: &CompactRequest,
+        info: &CompactionInfo,
+        loop_step: Option<u64>,
+        report: &mut CompactionReport,
+    ) -> Result<Option<Vec<Message>>, ExecError> {
+        let policy = &request.policy;
+        let counter = self.registry.resolve(&request.measure_model).counter;
+        if let Some(hook) = self.hooks.iter().find(|hook| !hook.before_compaction(info)) {
+            report.outcome = CompactionOutcome::Skipped {
+                reason: format!("hook `{}` declined it", hook.name()),
+            };
+            return Ok(None);
+        }
+        let summary = if !request.preserve_history {
+            None
+        } else {
+            match &policy.summarizer {
+                None => Some(self.extractive(plan, projected, request, &counter)),
+                Some(model) => {
+                    match self
+                        .summarize(target, model, plan, projected, request, report)
+                        .await?
+                    {
+                        Ok(summary) => Some(summary),
+                        Err(failed) => {
+                            target
+                                .append(vec![EventKind::CompactionFailed(CompactionFailure {
+                                    from_seq: plan.from_seq,
+                                    to_seq: plan.to_seq,
+                                    step: loop_step,
+                                    summarizer: model.clone(),
+                                    error: failed.error.clone(),
+                                    attempts: failed.attempts,
+                                })])
+                                .await?;
+                            report.outcome = CompactionOutcome::Failed {
+                                error: failed.error,
+                            };
+                            for hook in &self.hooks {
+                                hook.after_compaction(info, report);
+                            }
+                            return Ok(None);
+                        }
+                    }
+                }
+            }
+        };
+        let messages = replacement(
+            plan,
+            projected,
+            summary.as_deref(),
+            request.notes.as_deref(),
+        );
+        report.summary = summary;
+        Ok(Some(messages))
     }
 
     /// The offline summary: an earlier summary carried over (within half the budget), then

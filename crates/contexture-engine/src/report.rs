@@ -3,7 +3,7 @@
 //! the server's execution log.
 
 use contexture_core::thread::{
-    Event, EventKind, RequestEnd, RequestRecord, RunStatus, StepStart, Usage,
+    Event, EventKind, RequestEnd, RequestRecord, RunStatus, StepCompaction, StepStart, Usage,
 };
 use contexture_store::{Store, StoreError};
 use serde::Serialize;
@@ -51,6 +51,9 @@ pub struct CallReport {
     /// How it ended; `None` while in flight (or when the process stopped during it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub end: Option<RequestEnd>,
+    /// The compactions of its step's own tool loop made just before it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub loop_compactions: Vec<StepCompaction>,
 }
 
 /// An execution's log, summarized.
@@ -104,9 +107,12 @@ pub fn report(execution_id: &str, events: &[Event]) -> Option<ExecutionReport> {
         children: Vec::new(),
         cancel_requested: false,
     };
+    // Loop compactions wait for their step's next call.
+    let mut compactions: Vec<StepCompaction> = Vec::new();
     for event in events {
         match &event.kind {
             EventKind::CancelRequested(_) => report.cancel_requested = true,
+            EventKind::StepCompacted(compaction) => compactions.push(compaction.clone()),
             EventKind::StepStarted(start) => {
                 if let Some(child) = &start.child_execution_id
                     && !report.children.contains(child)
@@ -142,10 +148,15 @@ pub fn report(execution_id: &str, events: &[Event]) -> Option<ExecutionReport> {
                         .find(|s| s.start.step == number)
                         .map(|s| s.start.state_id.clone())
                 });
+                let (before, later): (Vec<_>, Vec<_>) = compactions
+                    .drain(..)
+                    .partition(|c| request.purpose.is_none() && Some(c.step) == request.step);
+                compactions = later;
                 report.calls.push(CallReport {
                     state_id,
                     request: request.clone(),
                     end: None,
+                    loop_compactions: before,
                 });
             }
             EventKind::RequestEnded(end) => {

@@ -145,6 +145,190 @@ async fn with_truncation_and_clearing_every_call_fits_and_keeps_its_task_and_rec
     }
 }
 
+/// The step's tool results as its log holds them.
+fn logged_results(log: &[contexture_core::thread::Event]) -> Vec<String> {
+    log.iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::StepMessage(step) if step.message.role == Role::Tool => {
+                Some(step.message.text())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_compaction_trigger_compacts_the_loops_own_older_iterations() {
+    // An OpenAI model's requests may hold the task, the notes and the summary as consecutive
+    // user turns; an Anthropic model's have them merged.
+    for (model, rules) in [
+        ("gpt-4o-mini", Rules::OpenAi),
+        ("claude-3-5-haiku", Rules::Anthropic),
+    ] {
+        loop_compaction(model, rules).await;
+    }
+}
+
+async fn loop_compaction(model: &str, rules: Rules) {
+    let (_dir, store) = sqlite().await;
+    let provider = script(&calls());
+    let exec = executor(store.clone(), provider.clone());
+    // No shared history (one step): only the loop itself can be compacted.
+    let workflow = WORKFLOW
+        .replace("POLICY", "")
+        .replace("model: gpt-4o-mini", &format!("model: {model}"))
+        .replace(
+        "    context:\n",
+        "    compaction: {trigger: {window_share: 0.7}, keep: {tokens: 1500}, summary_tokens: 300}\n    context:\n",
+    );
+    let out = start(&exec, &workflow, "").await.unwrap();
+    assert_eq!(out.output, "the sum of ten pages");
+    let log = events(&store, "run-1").await;
+    let compactions: Vec<_> = log
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::StepCompacted(compaction) => Some(compaction.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(!compactions.is_empty(), "the trigger fired in the loop");
+    let mut covered = 0;
+    for compaction in &compactions {
+        assert_eq!(compaction.step, 1);
+        assert!(
+            compaction.covered > covered,
+            "each covers more: {compaction:?}"
+        );
+        covered = compaction.covered;
+        assert!(compaction.tokens_after < compaction.tokens_before);
+        // The task first, verbatim; then the summary.
+        assert_eq!(
+            compaction.replacement[0].text(),
+            "Read ten pages and sum them up."
+        );
+        assert!(
+            compaction
+                .replacement
+                .last()
+                .unwrap()
+                .text()
+                .starts_with("Summary of the earlier conversation:"),
+            "{compaction:?}"
+        );
+    }
+    let records = requests(&log);
+    assert_eq!(records.len(), 11);
+    for (n, record) in records.iter().enumerate() {
+        let fit = record.fit.as_ref().expect("a fit record");
+        assert!(
+            fit.tokens_after <= u64::from(fit.limit),
+            "call {n}: {fit:?}"
+        );
+        assert_eq!(
+            validate(&record.messages, rules),
+            vec![],
+            "{model} call {n}"
+        );
+        assert!(
+            record
+                .messages
+                .iter()
+                .any(|m| m.text().contains("Read ten pages and sum them up.")),
+            "call {n} lost its task"
+        );
+        // The newest tool use is always there whole.
+        if n > 0 {
+            let last = record.messages.last().unwrap();
+            assert_eq!(last.role, Role::Tool, "call {n}");
+            assert!(last.text().contains("line 299 of page"), "call {n}");
+        }
+    }
+    assert!(
+        records
+            .last()
+            .unwrap()
+            .messages
+            .iter()
+            .any(|m| m.text().contains("Summary of the earlier conversation:")),
+        "the last call sends the loop's summary"
+    );
+    // The step's log holds every result whole.
+    let whole = logged_results(&log);
+    assert_eq!(whole.len(), 10);
+    for (page, text) in whole.iter().enumerate() {
+        assert!(
+            text.contains(&format!("line 299 of page {page}")),
+            "page {page}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_context_manager_tool_compacts_the_loop_and_keeps_its_notes() {
+    let (_dir, store) = sqlite().await;
+    let mut replies = String::new();
+    for page in 0..3 {
+        replies.push_str(&format!(
+            "- tool_calls: [{{id: call-{page}, name: fetch, arguments: {{page: {page}}}}}]\n"
+        ));
+    }
+    replies.push_str("- tool_calls: [{id: call-cm, name: context_manager, arguments: {notes: 'pages 0-2 hold 900 lines', keep_tokens: 100}}]\n");
+    replies.push_str("- tool_calls: [{id: call-3, name: fetch, arguments: {page: 3}}]\n");
+    replies.push_str("- content: done\n");
+    let provider = script(&replies);
+    let exec = executor(store.clone(), provider.clone());
+    let workflow = WORKFLOW
+        .replace("POLICY", "")
+        .replace("    tools: [fetch]", "    tools: [fetch, context_manager]")
+        .replace("      window: 4000", "      window: 16000")
+        .replace(
+            "tools:\n  - id: fetch",
+            "tools:\n  - {id: context_manager, tool: context_manager}\n  - id: fetch",
+        );
+    let out = start(&exec, &workflow, "").await.unwrap();
+    assert_eq!(out.output, "done");
+    let log = events(&store, "run-1").await;
+    let answer = log
+        .iter()
+        .find_map(|event| match &event.kind {
+            EventKind::StepMessage(step)
+                if step.message.tool_call_id.as_deref() == Some("call-cm") =>
+            {
+                Some(step.message.text())
+            }
+            _ => None,
+        })
+        .unwrap();
+    assert!(
+        answer.contains("This step's earlier tool calls and results"),
+        "{answer}"
+    );
+    // The next call: the task, the notes verbatim, the summary, the context manager's own
+    // call and result; no page before it.
+    let sent = provider.requests();
+    let next = &sent[4].messages;
+    let texts: Vec<String> = next.iter().map(|m| m.text()).collect();
+    assert!(
+        texts
+            .iter()
+            .any(|t| t.contains("Read ten pages and sum them up.")),
+        "{texts:?}"
+    );
+    assert!(
+        texts
+            .iter()
+            .any(|t| t.contains("Notes (kept verbatim):\npages 0-2 hold 900 lines")),
+        "{texts:?}"
+    );
+    assert!(
+        !texts.iter().any(|t| t.contains("line 299 of page 0")),
+        "{texts:?}"
+    );
+    assert_eq!(validate(next, Rules::OpenAi), vec![]);
+    // The log still holds the pages whole.
+    assert_eq!(logged_results(&log).len(), 5);
+}
+
 #[tokio::test]
 async fn bad_loop_policies_are_refused_naming_the_key() {
     let (_dir, store) = sqlite().await;

@@ -8,11 +8,12 @@ use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime};
 
 use common::Harness;
+use contexture_core::fit::FitPolicy;
 use contexture_core::thread::{
     CompactionFailure, ConflictPolicy, ContextReplace, Event, EventKind, MergePolicy, MergeSpec,
-    ReplaceReason, RequestEnd, RequestOutcome, RequestRecord, RunEnd, RunLimits, RunStart,
-    RunStatus, StepEnd, StepFailure, StepMessage, StepStart, StoreChange, Thread, ThreadError,
-    Usage,
+    PolicyChange, ReplaceReason, RequestEnd, RequestOutcome, RequestRecord, RunEnd, RunLimits,
+    RunStart, RunStatus, StepCompaction, StepEnd, StepFailure, StepMessage, StepStart, StoreChange,
+    Thread, ThreadError, ThreadPolicy, Usage,
 };
 use contexture_core::tokens::{Encoding, message_tokens};
 use contexture_core::{Message, Role, ToolCall};
@@ -302,10 +303,29 @@ async fn execution_log_events_round_trip_with_token_counts(h: &impl Harness) {
         EventKind::CompactionFailed(CompactionFailure {
             from_seq: 1,
             to_seq: 4,
+            step: None,
             summarizer: "gpt-4o-mini".into(),
             error: "HTTP 500 (after 3 attempts)".into(),
             attempts: 3,
         }),
+        EventKind::StepCompacted(StepCompaction {
+            step: 2,
+            covered: 5,
+            replacement: vec![Message::user("task"), Message::user("Summary: ...")],
+            summarizer: "extractive".into(),
+            tokens_before: 900,
+            tokens_after: 40,
+        }),
+        EventKind::PolicySet(PolicyChange {
+            policy: Some(ThreadPolicy {
+                context: Some(FitPolicy {
+                    window: Some(8_000),
+                    ..FitPolicy::default()
+                }),
+                compaction: None,
+            }),
+        }),
+        EventKind::PolicySet(PolicyChange { policy: None }),
     ];
     let seqs = s
         .append("x", kinds.iter().cloned().map(NewEvent::new).collect())
@@ -327,6 +347,46 @@ async fn execution_log_events_round_trip_with_token_counts(h: &impl Harness) {
     let thread = s.load("x").await.unwrap();
     assert!(thread.projection().messages.is_empty());
     assert_eq!(thread.usage(), Usage::new(20, 5));
+    assert_eq!(thread.policy(), None, "the last policy_set cleared it");
+}
+
+async fn a_threads_policy_is_read_with_its_tail_and_inherited_by_forks(h: &impl Harness) {
+    let s = h.store();
+    let policy = ThreadPolicy {
+        context: Some(FitPolicy {
+            window: Some(4_000),
+            ..FitPolicy::default()
+        }),
+        compaction: None,
+    };
+    let set =
+        |policy: Option<ThreadPolicy>| NewEvent::new(EventKind::PolicySet(PolicyChange { policy }));
+    s.append("p", vec![user("one"), set(Some(policy.clone()))])
+        .await
+        .unwrap();
+    s.append("p", (0..40).map(|i| user(&format!("turn {i}"))).collect())
+        .await
+        .unwrap();
+    // A tail of one message still carries the policy set before it.
+    let tail = s
+        .load_projection_tail("p", Encoding::O200kBase, 1)
+        .await
+        .unwrap();
+    assert_eq!(tail.policy.as_ref(), Some(&policy));
+    s.fork("p", 42, "p-fork").await.unwrap();
+    s.append("p", vec![set(None)]).await.unwrap();
+    let fork = s
+        .load_projection_tail("p-fork", Encoding::O200kBase, 1)
+        .await
+        .unwrap();
+    assert_eq!(fork.policy.as_ref(), Some(&policy), "the fork inherits it");
+    let parent = s
+        .load_projection_tail("p", Encoding::O200kBase, 1)
+        .await
+        .unwrap();
+    assert_eq!(parent.policy, None, "cleared in the parent only");
+    // The seq of the last request record comes with the tail.
+    assert_eq!(parent.last_request, None);
 }
 
 async fn events_after_a_seq_are_the_rest_of_the_log(h: &impl Harness) {
@@ -1832,6 +1892,7 @@ conformance!(
     every_event_kind_round_trips_and_replays,
     execution_log_events_round_trip_with_token_counts,
     events_after_a_seq_are_the_rest_of_the_log,
+    a_threads_policy_is_read_with_its_tail_and_inherited_by_forks,
     forks_read_the_parent_prefix_without_copying,
     merges_are_events_on_the_parent,
     list_describes_threads_and_forks,

@@ -172,6 +172,9 @@ fn render(report: &ExecutionReport, width: usize) -> String {
             request.model.as_deref().unwrap_or("?"),
             request.messages.len(),
         );
+        for compaction in &call.loop_compactions {
+            out += &format!("   before it, {}\n", compaction.describe());
+        }
         if let Some(budget) = &request.breakdown {
             out += &format!("   [{}]\n", bar(budget, width));
             let (system, tools, history, reserve, free) = parts(budget);

@@ -306,6 +306,9 @@ impl Observer for Progress {
                     failure.error
                 );
             }
+            EventKind::StepCompacted(compaction) if self.trace => {
+                eprintln!("--- step {}: {}", compaction.step, compaction.describe());
+            }
             EventKind::RequestStarted(request) if self.trace => {
                 eprintln!("--- request {}", request.request_id);
                 if let Some(budget) = &request.breakdown {

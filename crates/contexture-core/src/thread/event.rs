@@ -12,7 +12,7 @@ use crate::compact::CompactionPolicy;
 use crate::fit::FitPolicy;
 use crate::message::Message;
 use crate::thread::execution::{
-    FitRecord, RunEnd, RunStart, StepEnd, StepFailure, StepMessage, StepStart,
+    FitRecord, RunEnd, RunStart, StepCompaction, StepEnd, StepFailure, StepMessage, StepStart,
 };
 
 /// The name of the context a thread starts with.
@@ -83,6 +83,9 @@ pub enum EventKind {
     StepStarted(StepStart),
     /// A message of a step's own log (tool calls and their results).
     StepMessage(StepMessage),
+    /// A step's own tool loop was compacted: its oldest messages are stood for by a
+    /// replacement in its next requests (its log keeps them).
+    StepCompacted(StepCompaction),
     /// A workflow step ended with an output.
     StepFinished(StepEnd),
     /// A workflow step failed.
@@ -115,6 +118,7 @@ impl EventKind {
             EventKind::RunStarted(_) => "run_started",
             EventKind::StepStarted(_) => "step_started",
             EventKind::StepMessage(_) => "step_message",
+            EventKind::StepCompacted(_) => "step_compacted",
             EventKind::StepFinished(_) => "step_finished",
             EventKind::StepFailed(_) => "step_failed",
             EventKind::RunEnded(_) => "run_ended",
@@ -133,6 +137,7 @@ impl EventKind {
             EventKind::Merged(merge) => merge.messages.iter().collect(),
             EventKind::RequestStarted(record) => record.messages.iter().collect(),
             EventKind::StepMessage(step) => vec![&step.message],
+            EventKind::StepCompacted(compaction) => compaction.replacement.iter().collect(),
             EventKind::RequestEnded(end) => end.reply.iter().collect(),
             EventKind::ContextSwitched { .. }
             | EventKind::StoreChanged(_)
@@ -426,10 +431,14 @@ pub struct CancelRequest {
 /// A compaction that replaced nothing.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CompactionFailure {
-    /// The first seq it would have covered.
+    /// The first seq it would have covered (for a step's own loop: the position of its
+    /// first message there, from 1).
     pub from_seq: u64,
-    /// The last seq it would have covered.
+    /// The last seq it would have covered (for a step's loop: its last message's position).
     pub to_seq: u64,
+    /// The step whose own loop it would have compacted, when it was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u64>,
     /// The summarizer it used.
     pub summarizer: String,
     /// What went wrong, after every retry.

@@ -125,6 +125,39 @@ pub struct StepMessage {
     pub message: Message,
 }
 
+/// A step's own tool loop compacted: its oldest messages (the task first, then the step's
+/// log in order) stood for, in the requests that follow, by a replacement (the task kept
+/// verbatim, notes, a summary). The step's log keeps every message whole.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepCompaction {
+    /// The step it belongs to.
+    pub step: u64,
+    /// How many of the step's own messages, from its task on, the replacement stands for.
+    pub covered: usize,
+    /// What the requests send in their place.
+    pub replacement: Vec<Message>,
+    /// Who wrote the summary: a model, or `extractive`.
+    pub summarizer: String,
+    /// The loop's tokens (its task and messages, as requests sent them) before and after.
+    pub tokens_before: u64,
+    /// See `tokens_before`.
+    pub tokens_after: u64,
+}
+
+impl StepCompaction {
+    /// What it did, in one line.
+    pub fn describe(&self) -> String {
+        format!(
+            "loop compacted: its first {} messages (task, tool calls and results) sent as {} ({}): {} -> {} tokens",
+            self.covered,
+            self.replacement.len(),
+            self.summarizer,
+            self.tokens_before,
+            self.tokens_after
+        )
+    }
+}
+
 /// A step ended with an output.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StepEnd {

@@ -20,6 +20,7 @@ use super::request::check_view;
 use super::step::{Abort, StepContext};
 use super::{Executor, Run, cancel_text, cancelled_results};
 use crate::calls::request_end;
+use crate::compaction::LoopView;
 use crate::fitting::{FitTarget, FittedRequest, fit_request_in_loop};
 use crate::hooks::{BeforeCall, CallInfo, HistoryChange};
 use crate::llm::Route;
@@ -109,13 +110,16 @@ impl<S: Store> Executor<S> {
             }
             .into());
         }
-        let mut own: Vec<Message> = task
+        let task: Vec<Message> = task
             .map(|task| {
                 let mut message = Message::user(task);
                 message.metadata.origin_step = Some(info.state_id.clone());
                 vec![message]
             })
             .unwrap_or_default();
+        // The step's own messages (its task, then its tool loop) as its requests send them:
+        // a compaction of the loop stands for its oldest ones; the log keeps them all.
+        let mut own = LoopView::new(task);
         // What the loop's calls cut, cut again by the next (their prefix then stays the same),
         // and what the previous call sent.
         let mut memory = CutMemory::default();
@@ -123,7 +127,7 @@ impl<S: Store> Executor<S> {
         for round in 0..assistant.max_iterations {
             self.refresh(run).await?;
             if let Some(request) = run.log.cancel_requested().cloned() {
-                return Err(self.cancel_step(run, info.step, &own, request).await);
+                return Err(self.cancel_step(run, info.step, own.own(), request).await);
             }
             let call = CallInfo {
                 step: info.clone(),
@@ -131,13 +135,13 @@ impl<S: Store> Executor<S> {
                 model: setup.route.model.clone(),
                 round,
             };
-            self.compact_if_triggered(run, &setup, &own).await?;
+            self.compact_if_triggered(run, &setup, &mut own).await?;
             let mut outgoing = self
                 .outgoing(
                     run,
                     &call,
                     setup.system.as_ref(),
-                    &own,
+                    own.messages(),
                     &target,
                     &mut memory,
                 )
@@ -177,9 +181,9 @@ impl<S: Store> Executor<S> {
                 let (id, seq) = (run.id.clone(), run.log.thread().last_seq());
                 let text = tokio::select! {
                     biased;
-                    text = self.run_tool_call(run, &setup, tool_call) => text,
+                    text = self.run_tool_call(run, &setup, tool_call, &mut own) => text,
                     request = self.cancellation(&id, seq) => {
-                        return Err(self.cancel_step(run, info.step, &own, request).await);
+                        return Err(self.cancel_step(run, info.step, own.own(), request).await);
                     }
                 };
                 let result = Message::tool_result(tool_call.id.clone(), text);
@@ -452,6 +456,7 @@ impl<S: Store> Executor<S> {
         run: &mut Run,
         setup: &AssistantSetup<'_>,
         call: &contexture_core::ToolCall,
+        own: &mut LoopView,
     ) -> String {
         let assistant = setup.assistant;
         let StepContext {
@@ -491,6 +496,7 @@ impl<S: Store> Executor<S> {
                     &arguments,
                     &model,
                     info.step,
+                    Some(own),
                 )
                 .await
                 .unwrap_or_else(|error| format!("error: {error}"));

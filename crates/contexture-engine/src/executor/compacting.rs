@@ -1,7 +1,6 @@
 //! Compaction inside a run: the execution's thread as a compaction target, automatic
 //! compaction when an assistant's trigger fires, and the `context_manager` tool.
 
-use contexture_core::Message;
 use contexture_core::compact::CompactionPolicy;
 use contexture_core::thread::{EventKind, Thread};
 use contexture_store::Store;
@@ -11,7 +10,7 @@ use super::assistant::AssistantSetup;
 use super::error::ExecError;
 use super::{Executor, Run};
 use crate::compaction::{
-    CompactRequest, CompactionOutcome, CompactionReport, CompactionTarget, Compactor,
+    CompactRequest, CompactionOutcome, CompactionReport, CompactionTarget, Compactor, LoopView,
 };
 
 /// A run's thread, compacted through the executor so its fold stays in step.
@@ -53,37 +52,71 @@ impl<S: Store> Executor<S> {
         compactor.compact(&mut target, &request).await
     }
 
-    /// Compacts the shared history when the assistant's compaction trigger fires for its
-    /// next request: its system prompt, the history, the step's `own` messages and its tools.
+    /// Compacts when the assistant's compaction trigger fires for its next request (its
+    /// system prompt, the shared history, the step's `own` loop as requests send it, and its
+    /// tools): the shared history first; then, while the trigger still fires, the loop's
+    /// older iterations (its task and newest tool uses kept verbatim).
     pub(crate) async fn compact_if_triggered(
         &self,
         run: &mut Run,
         setup: &AssistantSetup<'_>,
-        own: &[Message],
-    ) -> Result<Option<CompactionReport>, ExecError> {
+        own: &mut LoopView,
+    ) -> Result<(), ExecError> {
         let Some(policy) = &setup.assistant.compaction else {
-            return Ok(None);
+            return Ok(());
         };
         if policy.trigger.is_empty() {
-            return Ok(None);
+            return Ok(());
         }
-        let projection = run.log.thread().projection();
-        let system = setup.system.as_ref().or(projection.system.as_ref());
-        let Some(reason) = policy.trigger.fires_for(
-            &setup.model,
-            system.into_iter().chain(&projection.messages).chain(own),
-            projection.messages.len(),
-            &setup.tools,
-        ) else {
-            return Ok(None);
+        let fires = |run: &Run, own: &LoopView| {
+            let projection = run.log.thread().projection();
+            let system = setup.system.as_ref().or(projection.system.as_ref());
+            policy.trigger.fires_for(
+                &setup.model,
+                system
+                    .into_iter()
+                    .chain(&projection.messages)
+                    .chain(own.messages()),
+                projection.messages.len(),
+                &setup.tools,
+            )
         };
-        let mut request = CompactRequest::new(policy.clone(), reason);
-        request.measure_model = setup.model.id.clone();
-        request.step = Some(setup.step.info.step);
-        self.compact_run(run, request).await.map(Some)
+        let request = |reason: String| {
+            let mut request = CompactRequest::new(policy.clone(), reason);
+            request.measure_model = setup.model.id.clone();
+            request.step = Some(setup.step.info.step);
+            request
+        };
+        let Some(reason) = fires(run, own) else {
+            return Ok(());
+        };
+        self.compact_run(run, request(reason)).await?;
+        let Some(reason) = fires(run, own) else {
+            return Ok(());
+        };
+        self.compact_loop(run, own, request(reason)).await?;
+        Ok(())
+    }
+
+    /// Compacts the older iterations of an assistant's tool loop.
+    pub(crate) async fn compact_loop(
+        &self,
+        run: &mut Run,
+        own: &mut LoopView,
+        request: CompactRequest,
+    ) -> Result<CompactionReport, ExecError> {
+        let compactor = self.compactor();
+        let mut target = RunTarget {
+            executor: self,
+            run,
+        };
+        compactor.compact_loop(&mut target, own, &request).await
     }
 
     /// Runs the `context_manager` tool with `arguments`; the result text says what happened.
+    /// It compacts the shared history, and called from an assistant's tool loop (`own`), that
+    /// loop's older iterations too (the notes are kept verbatim in whichever it compacts
+    /// first).
     pub(crate) async fn context_manager(
         &self,
         run: &mut Run,
@@ -91,6 +124,7 @@ impl<S: Store> Executor<S> {
         arguments: &Map<String, Value>,
         measure_model: &str,
         step: u64,
+        own: Option<&mut LoopView>,
     ) -> Result<String, String> {
         let notes = match arguments.get("notes") {
             None | Some(Value::Null) => None,
@@ -154,10 +188,43 @@ impl<S: Store> Executor<S> {
         request.measure_model = measure_model.to_owned();
         request.step = Some(step);
         let report = self
-            .compact_run(run, request)
+            .compact_run(run, request.clone())
             .await
             .map_err(|error| error.to_string())?;
-        Ok(describe(&report))
+        let Some(own) = own else {
+            return Ok(describe(&report));
+        };
+        // The notes are kept once: in the history when it was compacted, else in the loop.
+        if matches!(report.outcome, CompactionOutcome::Compacted { .. }) {
+            request.notes = None;
+        }
+        let in_loop = self
+            .compact_loop(run, own, request)
+            .await
+            .map_err(|error| error.to_string())?;
+        Ok(match (&report.outcome, &in_loop.outcome) {
+            (_, CompactionOutcome::Skipped { .. }) => describe(&report),
+            (CompactionOutcome::Skipped { .. }, _) => describe_loop(&in_loop),
+            _ => format!("{} {}", describe(&report), describe_loop(&in_loop)),
+        })
+    }
+}
+
+/// What a compaction of a tool loop did, in one line for a model or a log.
+pub(crate) fn describe_loop(report: &CompactionReport) -> String {
+    match &report.outcome {
+        CompactionOutcome::Compacted { .. } => format!(
+            "This step's earlier tool calls and results ({} messages) were replaced by {}; the step's messages went from {} to {} tokens.",
+            report.covered_messages,
+            if report.summary.is_some() {
+                "a summary"
+            } else {
+                "the notes"
+            },
+            report.tokens_before,
+            report.tokens_after
+        ),
+        _ => describe(report),
     }
 }
 

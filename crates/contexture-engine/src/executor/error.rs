@@ -26,7 +26,7 @@ pub enum StepError {
     Budget(#[from] BudgetError),
     /// The request cannot fit the model's window even with all history left out.
     #[error(
-        "the request cannot fit the model's window: {0} (the step's task and its tool loop are kept whole; an assistant's `context.truncate_tool_results` and `context.clear_tool_results` make them smaller)"
+        "the request cannot fit the model's window: {0} (the step's task and its tool loop are kept whole; an assistant's `context.truncate_tool_results` and `context.clear_tool_results` make them smaller, and its `compaction` summarizes the loop's older iterations)"
     )]
     Fit(TrimError),
     /// A message list breaks the provider's rules.

@@ -460,6 +460,7 @@ impl<S: Store> Executor<S> {
                     &arguments.unwrap_or_default(),
                     DEFAULT_MEASURE_MODEL,
                     info.step,
+                    None,
                 )
                 .await
                 .map_err(|message| {
