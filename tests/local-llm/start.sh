@@ -11,9 +11,15 @@ port="${PORT:-8013}"
 url="http://127.0.0.1:$port/v1"
 mkdir -p "$dir"
 
+# A server already running this version of server.mjs is reused; one running an older copy
+# is stopped and started again.
 if curl -sf -m 2 "$url/models" >/dev/null 2>&1; then
-  echo "$url"
-  exit 0
+  if cmp -s "$here/server.mjs" "$dir/server.mjs"; then
+    echo "$url"
+    exit 0
+  fi
+  if [ -f "$dir/server.pid" ]; then kill "$(cat "$dir/server.pid")" 2>/dev/null || true; fi
+  for _ in $(seq 1 20); do curl -sf -m 1 "$url/models" >/dev/null 2>&1 || break; sleep 0.5; done
 fi
 model_path() {
   python3 - <<'PY'
@@ -37,6 +43,7 @@ cd "$dir"
 # Every standard stream of the background server is redirected, so nothing it holds keeps
 # open the pipe of a caller that reads this script's output with $(...).
 MODEL="$model" PORT="$port" nohup node server.mjs </dev/null >"$dir/server.log" 2>&1 &
+echo $! >"$dir/server.pid"
 for _ in $(seq 1 120); do
   if curl -sf -m 2 "$url/models" >/dev/null 2>&1; then
     echo "$url"

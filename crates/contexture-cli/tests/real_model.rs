@@ -172,3 +172,103 @@ states:
         other => panic!("unexpected outcome {other}: {report}"),
     }
 }
+
+/// A small looping agent against the real model: the local server offers tools through a
+/// JSON grammar, and the 135M model keeps calling its search tool, so the loop runs until
+/// `max_iterations` (or the model answers). Its results (about 700 tokens each) are cut to
+/// 400 and the older ones cleared past 1,200 tokens, on a 2,048-token window: every call must
+/// fit the window as counted and as the model's own tokenizer reported, and keep the task.
+#[test]
+fn a_looping_agent_against_a_real_model_is_fitted_on_every_call() {
+    let Some(base) = base_url() else { return };
+    let dir = TempDir::new("contexture-real-model-loop");
+    std::fs::write(dir.join("models.toml"), MODELS).unwrap();
+    let workflow = dir.join("agent.yaml");
+    std::fs::write(
+        &workflow,
+        r#"
+assistants:
+  - id: researcher
+    model: smollm2
+    system_prompt: You answer questions. Use the search tool to look things up.
+    tools: [search]
+    max_iterations: 5
+    context:
+      window: 2048
+      reserve: 96
+      truncate_tool_results: {max_tokens: 400}
+      clear_tool_results: {trigger_tokens: 1200, keep: 1, clear_at_least: 200}
+tools:
+  - id: search
+    description: Search the web.
+    parameters: {type: object, properties: {q: {type: string}}, required: [q]}
+    response: '{% for i in range(100) %}row {{ i }} about {{ arguments.q }}
+      {% endfor %}'
+states:
+  - {id: ask, assistant_id: researcher, task: 'What is the population of Paris? Search first.', next: {end: true}}
+"#,
+    )
+    .unwrap();
+    let run = common::contexture(["run", workflow.to_str().unwrap()])
+        .args([
+            "--execution-id",
+            "loop",
+            "--db",
+            &sqlite_url(&dir, "runs.db"),
+        ])
+        .args(["--models", dir.join("models.toml").to_str().unwrap()])
+        .args(["--llm", "openai:smollm2", "--openai-base-url", &base])
+        .args(["--llm-timeout", "120"])
+        .env("OPENAI_API_KEY", "unused-by-the-local-server")
+        .run();
+    let report: Value =
+        serde_json::from_slice(&contexture(&dir, None, &["inspect", "loop", "--json"]).stdout)
+            .unwrap();
+    // The model either answered or called its tool on every allowed call.
+    let status = report["status"].as_str().unwrap();
+    if status == "failed" {
+        let error = report["error"].as_str().unwrap_or_default();
+        assert!(error.contains("max_iterations"), "{error}\n{}", run.stderr);
+    } else {
+        assert_eq!(status, "completed", "{}", run.stderr);
+    }
+    let calls = report["calls"].as_array().unwrap();
+    let (mut cleared, mut cut, mut largest) = (0, 0, 0);
+    for (n, call) in calls.iter().enumerate() {
+        let request = &call["request"];
+        let fit = &request["fit"];
+        let limit = fit["limit"].as_u64().unwrap();
+        assert!(
+            fit["tokens_after"].as_u64().unwrap() <= limit,
+            "call {n}: {fit}"
+        );
+        assert_eq!(request["breakdown"]["context_window"], 2048, "call {n}");
+        let texts: Vec<&str> = request["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|m| m["content"].as_str())
+            .collect();
+        assert!(
+            texts.iter().any(|t| t.contains("population of Paris")),
+            "call {n} kept its task"
+        );
+        let end = &call["end"];
+        assert_eq!(end["outcome"], "completed", "call {n}: {end}");
+        let reported = end["usage"]["input_tokens"].as_u64().unwrap();
+        assert!(
+            reported <= 2048,
+            "call {n}: the model read {reported} tokens"
+        );
+        largest = largest.max(reported);
+        cleared += fit["cleared"].as_array().map_or(0, Vec::len);
+        cut += fit["truncated"].as_array().map_or(0, Vec::len);
+    }
+    eprintln!(
+        "real-model loop: {} calls ({status}), {cut} results cut, {cleared} cleared, the largest request {largest} tokens as the model counted it",
+        calls.len()
+    );
+    if calls.len() >= 4 {
+        assert!(cut > 0 && cleared > 0, "cut {cut}, cleared {cleared}");
+    }
+}

@@ -133,8 +133,10 @@ impl Default for Keep {
 #[serde(default, deny_unknown_fields)]
 pub struct CompactionPolicy {
     /// When it fires (for automatic compaction before a request).
+    #[serde(deserialize_with = "crate::map_only::required")]
     pub trigger: Trigger,
     /// What stays verbatim.
+    #[serde(deserialize_with = "crate::map_only::required")]
     pub keep: Keep,
     /// The summarizer model; `None` uses the offline extractive summarizer.
     pub summarizer: Option<String>,

@@ -11,6 +11,7 @@ pub mod compact;
 pub mod context;
 pub mod fit;
 pub mod format;
+pub mod map_only;
 pub mod message;
 pub mod registry;
 pub mod thread;

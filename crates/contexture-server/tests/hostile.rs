@@ -363,6 +363,39 @@ async fn bad_thread_policies_are_refused_naming_the_field_and_change_nothing() {
         ),
         (put(json!("last")), "", "the body must be a JSON object"),
         (
+            put(json!({"context": ["last", 100]})),
+            "context",
+            "expected a map",
+        ),
+        (
+            put(json!({"context": {"hysteresis": [0.9, 0.6]}})),
+            "context.hysteresis",
+            "expected a map",
+        ),
+        (
+            put(json!({"compaction": {"keep": [100]}})),
+            "compaction.keep",
+            "expected a map",
+        ),
+        (
+            (
+                "POST",
+                "/v1/threads",
+                body(json!({"id": "v", "policy": [null, null]})),
+            ),
+            "policy",
+            "expected a map",
+        ),
+        (
+            (
+                "POST",
+                "/v1/threads",
+                body(json!({"id": "v", "retention": [5, 10]})),
+            ),
+            "retention",
+            "expected a map",
+        ),
+        (
             ("PUT", path, b"{\"context\": {}, \"context\": {}}".to_vec()),
             "context",
             "the key appears twice",

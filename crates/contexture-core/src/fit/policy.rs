@@ -33,15 +33,24 @@ pub struct FitPolicy {
     pub window: Option<u32>,
     /// Old tool results replaced by placeholders once a request passes a number of tokens
     /// (a step's own tool loop, or a client's, included); default: none.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::map_only::optional"
+    )]
     pub clear_tool_results: Option<ClearPolicy>,
     /// Tool results past a number of tokens cut to their start and end; default: none.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::map_only::optional"
+    )]
     pub truncate_tool_results: Option<TruncatePolicy>,
     /// Once a request passes `high` of its limit, it is cut down to `low`, and the next
     /// calls of the loop keep that cut (a stable prefix) until `high` is passed again;
     /// default: cut just enough on every call.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::map_only::optional"
+    )]
     pub hysteresis: Option<Hysteresis>,
 }
 

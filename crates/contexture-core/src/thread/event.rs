@@ -169,10 +169,18 @@ impl EventKind {
 pub struct ThreadPolicy {
     /// How requests are fitted to the model's window (a window here may only lower the
     /// model's).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::map_only::optional"
+    )]
     pub context: Option<FitPolicy>,
     /// When and how the thread is compacted before a request.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::map_only::optional"
+    )]
     pub compaction: Option<CompactionPolicy>,
 }
 

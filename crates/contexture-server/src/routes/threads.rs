@@ -57,9 +57,11 @@ pub struct CreateThread {
     /// Free JSON kept in the thread's store under `metadata`.
     metadata: Option<Value>,
     /// The thread's own retention policy for its request records.
+    #[serde(default, deserialize_with = "contexture_core::map_only::optional")]
     retention: Option<RequestRetention>,
     /// The thread's own policy for its requests: how they are fitted (`context`) and when
     /// the thread is compacted (`compaction`), in place of the server's.
+    #[serde(default, deserialize_with = "contexture_core::map_only::optional")]
     policy: Option<ThreadPolicy>,
 }
 
