@@ -388,13 +388,14 @@ impl Compactor {
             from_seq: plan.from_seq,
             to_seq: plan.to_seq,
             covered_messages: plan.covered.len(),
+            loop_step: None,
         };
         let Some(plan) = self.plan(&projected, request, &counter, &mut report) else {
             return Ok(report);
         };
         let info = info(&plan);
         let Some(messages) = self
-            .write(target, &plan, &projected, request, &info, None, &mut report)
+            .write(target, &plan, &projected, request, &info, &mut report)
             .await?
         else {
             return Ok(report);
@@ -458,24 +459,17 @@ impl Compactor {
         let Some(plan) = self.plan(&projected, request, &counter, &mut report) else {
             return Ok(report);
         };
+        let step = request.step.unwrap_or_default();
         let info = CompactionInfo {
             thread_id: target.thread_id().to_owned(),
             reason: request.reason.clone(),
             from_seq: plan.from_seq,
             to_seq: plan.to_seq,
             covered_messages: plan.covered.len(),
+            loop_step: Some(step),
         };
-        let step = request.step.unwrap_or_default();
         let Some(replacement) = self
-            .write(
-                target,
-                &plan,
-                &projected,
-                request,
-                &info,
-                Some(step),
-                &mut report,
-            )
+            .write(target, &plan, &projected, request, &info, &mut report)
             .await?
         else {
             return Ok(report);
@@ -530,7 +524,6 @@ impl Compactor {
         projected: &[ProjectedMessage],
         request: &CompactRequest,
         info: &CompactionInfo,
-        loop_step: Option<u64>,
         report: &mut CompactionReport,
     ) -> Result<Option<Vec<Message>>, ExecError> {
         let policy = &request.policy;
@@ -557,7 +550,7 @@ impl Compactor {
                                 .append(vec![EventKind::CompactionFailed(CompactionFailure {
                                     from_seq: plan.from_seq,
                                     to_seq: plan.to_seq,
-                                    step: loop_step,
+                                    step: info.loop_step,
                                     summarizer: model.clone(),
                                     error: failed.error.clone(),
                                     attempts: failed.attempts,

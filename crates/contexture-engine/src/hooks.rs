@@ -82,6 +82,9 @@ pub struct CompactionInfo {
     pub to_seq: u64,
     /// How many messages it covers.
     pub covered_messages: usize,
+    /// The step whose own tool loop it compacts (then `from_seq` and `to_seq` are positions
+    /// in the loop's messages, from 1); `None` for a thread's history.
+    pub loop_step: Option<u64>,
 }
 
 /// Code that runs at the hook points. Every method has a default that changes nothing.
