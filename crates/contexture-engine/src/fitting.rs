@@ -20,9 +20,6 @@ use contexture_core::thread::{FitRecord, Projection};
 use contexture_store::{ProjectionTail, Store, StoreError};
 use serde_json::Value;
 
-/// Marks the request's own messages while they go through trimming, which keeps them whole.
-const OWN_TAG: &str = "contexture:step-own";
-
 /// Why a request cannot be fitted.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum FitError {
@@ -143,24 +140,38 @@ pub fn fit_request_in_loop(
             result
         })
         .collect();
-    let mut all = shrunk.messages;
     // The request's own messages (a step's task and tool loop, a chat turn's new messages)
-    // are kept whole from here: only the history is trimmed.
-    for message in &mut all[shrunk.own_from..] {
-        message.metadata.pinned = true;
-        message.metadata.tags.push(OWN_TAG.to_owned());
-    }
+    // are kept whole: the system prompt and the history are trimmed to what they leave.
+    let mut head = shrunk.messages;
+    let own_part = head.split_off(shrunk.own_from);
+    let own_tokens: u64 = own_part
+        .iter()
+        .map(|message| u64::from(counter.count_message(message)))
+        .sum();
     let options = TrimOptions {
         tools_tokens,
         strategy: target.strategy,
         rules: target.rules,
-        ..TrimOptions::new(limits.limit)
+        ..TrimOptions::new(
+            u32::try_from(u64::from(limits.limit).saturating_sub(own_tokens)).unwrap_or(0),
+        )
     };
-    // Consecutive turns of one role (the run's input, then a step's task) are merged first
-    // where the provider requires alternation: trimming expects a valid history.
-    let (all, repairs) = repair(all, target.rules);
-    let trimmed = trim(&all, &options, counter).map_err(FitError::Trim)?;
-    let messages: Vec<Message> = trimmed.messages.into_iter().map(unmark).collect();
+    // Consecutive turns of one role (the run's input, then an earlier step's task) are merged
+    // first where the provider requires alternation: trimming expects a valid history.
+    let (head, repairs) = repair(head, target.rules);
+    let trimmed = trim(&head, &options, counter).map_err(|error| {
+        FitError::Trim(match error {
+            TrimError::FixedTooLarge { required, .. } => TrimError::FixedTooLarge {
+                required: required + own_tokens,
+                max_tokens: limits.limit,
+            },
+            other => other,
+        })
+    })?;
+    let mut messages = trimmed.messages;
+    messages.extend(own_part);
+    // The kept history's last turn and the request's first may be of one role.
+    let (messages, joined) = repair(messages, target.rules);
     let violations = validate(&messages, target.rules);
     if !violations.is_empty() {
         return Err(FitError::Invalid { violations });
@@ -224,7 +235,7 @@ pub fn fit_request_in_loop(
             if cleared.len() == 1 { "" } else { "s" },
         ));
     }
-    let changes = repairs.len() + trimmed.repairs.len();
+    let changes = repairs.len() + trimmed.repairs.len() + joined.len();
     if changes > 0 {
         reasons.push(format!(
             "{changes} change{} for {} rules (merged turns, answered or dropped tool messages)",
@@ -234,8 +245,8 @@ pub fn fit_request_in_loop(
     }
     let fit = FitRecord {
         limit: limits.limit,
-        tokens_before: trimmed.tokens_before,
-        tokens_after: trimmed.tokens_after,
+        tokens_before: trimmed.tokens_before.map(|tokens| tokens + own_tokens),
+        tokens_after: trimmed.tokens_after + own_tokens,
         dropped,
         reason: (!reasons.is_empty()).then(|| reasons.join("; ")),
         cleared,
@@ -627,12 +638,4 @@ pub fn count_unread(fit: &mut FitRecord, unread: usize, has_system: bool) {
         Some(reason) => format!("{note}; {reason}"),
         None => note,
     });
-}
-
-fn unmark(mut message: Message) -> Message {
-    if let Some(index) = message.metadata.tags.iter().position(|tag| tag == OWN_TAG) {
-        message.metadata.tags.remove(index);
-        message.metadata.pinned = false;
-    }
-    message
 }
