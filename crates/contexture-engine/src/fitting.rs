@@ -170,12 +170,18 @@ pub fn fit_request_in_loop(
     })?;
     let mut messages = trimmed.messages;
     messages.extend(own_part);
-    // The kept history's last turn and the request's first may be of one role.
-    let (messages, joined) = repair(messages, target.rules);
-    let violations = validate(&messages, target.rules);
-    if !violations.is_empty() {
-        return Err(FitError::Invalid { violations });
-    }
+    // The kept history's last turn and the request's first may be of one role: mended when
+    // the request breaks the rules (it seldom does, and a long loop is not copied for it).
+    let (messages, joined) = if validate(&messages, target.rules).is_empty() {
+        (messages, Vec::new())
+    } else {
+        let (messages, joined) = repair(messages, target.rules);
+        let violations = validate(&messages, target.rules);
+        if !violations.is_empty() {
+            return Err(FitError::Invalid { violations });
+        }
+        (messages, joined)
+    };
     let breakdown = BudgetBreakdown::compute(target.model, target.policy, &messages, target.tools)?;
     let mut dropped: Vec<[usize; 2]> = Vec::new();
     if history_dropped > 0 {

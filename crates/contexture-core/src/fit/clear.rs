@@ -2,7 +2,7 @@
 //! by a short placeholder naming the tool, the call and the tokens it held, keeping the conversation's shape (every call
 //! keeps a result, so the output is as valid as the input) while freeing their tokens.
 
-use std::collections::{BTreeSet, HashMap};
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -194,7 +194,7 @@ pub fn clear_tool_results(
     clear_tool_results_with(
         messages.to_vec(),
         options,
-        &BTreeSet::new(),
+        &FxHashSet::default(),
         (fire, stop_below),
         &mut Replacements::default(),
         counter,
@@ -216,11 +216,11 @@ pub(crate) fn request_tokens(
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Replacements {
     /// A cleared result's placeholder and the tokens it saved, by call id.
-    results: HashMap<String, (Message, u64)>,
+    results: FxHashMap<String, (Message, u64)>,
     /// An assistant turn with a call's arguments cleared, and the tokens that saved, by the
     /// call's id, for each set of the turn's calls whose arguments were cleared before (a
     /// bit per call).
-    turns: HashMap<String, Vec<(u64, Message, u64)>>,
+    turns: FxHashMap<String, Vec<(u64, Message, u64)>>,
 }
 
 /// Clears, first, the results of the calls in `carried` (what earlier calls of a loop
@@ -233,7 +233,7 @@ pub struct Replacements {
 pub fn clear_tool_results_with(
     messages: Vec<Message>,
     options: &ClearOptions,
-    carried: &BTreeSet<String>,
+    carried: &FxHashSet<String>,
     (fire, stop_below): (bool, Option<u64>),
     replacements: &mut Replacements,
     counter: &TokenCounter,
@@ -260,15 +260,15 @@ pub fn clear_tool_results_with(
         let Some(result_index) = tool_use.result else {
             continue;
         };
-        let (tool, id) = (call.name.clone(), call.id.clone());
         let result = &out[result_index];
-        if options.exclude_tools.contains(&tool)
+        if options.exclude_tools.contains(&call.name)
             || result.is_pinned()
             || out[tool_use.assistant].is_pinned()
             || holds_placeholder(result)
         {
             continue;
         }
+        let (tool, id) = (call.name.clone(), call.id.clone());
         let (replacement, mut saved) = match replacements.results.get(&id) {
             Some(made) => made.clone(),
             None => {
@@ -334,6 +334,92 @@ pub fn clear_tool_results_with(
         cleared,
         tokens_cleared,
     }
+}
+
+/// Copies `messages` into a request with the results of the `carried` calls (what earlier
+/// calls of a loop cleared) replaced by the placeholders `replacements` holds for them, and,
+/// with `clear_arguments`, their single-call turns by the turns with the arguments cleared:
+/// each message is copied once, a result that is cleared again is never copied. What it
+/// leaves (a result with no placeholder made yet, a turn of several calls) is for
+/// [`clear_tool_results_with`] to clear. Returns the messages and the results it cleared
+/// (with the tokens each saved, its turn's arguments included).
+pub fn carry_cleared<'a>(
+    messages: impl IntoIterator<Item = &'a Message>,
+    carried: &FxHashSet<String>,
+    replacements: &Replacements,
+    clear_arguments: bool,
+) -> (Vec<Message>, Vec<ClearedResult>) {
+    let messages = messages.into_iter();
+    let mut out: Vec<Message> = Vec::with_capacity(messages.size_hint().0);
+    let mut cleared = Vec::new();
+    // The tool names of the calls of the latest assistant turn, and whether it is one that
+    // carried clearing may change (one call, not pinned).
+    let mut turn: Vec<(&'a str, &'a str)> = Vec::new();
+    let mut turn_saved = 0u64;
+    let mut turn_clearable = false;
+    for message in messages {
+        match message.role {
+            Role::Assistant => {
+                turn = message
+                    .tool_calls
+                    .iter()
+                    .map(|call| (call.id.as_str(), call.name.as_str()))
+                    .collect();
+                turn_clearable = message.tool_calls.len() == 1 && !message.is_pinned();
+                turn_saved = 0;
+                let made = match turn.first() {
+                    Some((id, _))
+                        if clear_arguments
+                            && turn_clearable
+                            && carried.contains(*id)
+                            && message.tool_calls[0].arguments != "{}" =>
+                    {
+                        replacements
+                            .turns
+                            .get(*id)
+                            .and_then(|made| made.iter().find(|(mask, ..)| *mask == 0))
+                    }
+                    _ => None,
+                };
+                match made {
+                    Some((_, replacement, saved)) => {
+                        turn_saved = *saved;
+                        out.push(replacement.clone());
+                    }
+                    None => out.push(message.clone()),
+                }
+            }
+            Role::Tool if turn_clearable => {
+                let id = message.tool_call_id.as_deref().unwrap_or_default();
+                let made = turn
+                    .iter()
+                    .find(|(call, _)| *call == id)
+                    .filter(|_| carried.contains(id) && !message.is_pinned())
+                    .filter(|_| !holds_placeholder(message))
+                    .and_then(|(_, tool)| Some((tool, replacements.results.get(id)?)));
+                match made {
+                    Some((tool, (replacement, saved))) if *saved > 0 => {
+                        cleared.push(ClearedResult {
+                            index: out.len(),
+                            tool_call_id: id.to_owned(),
+                            tool: (*tool).to_owned(),
+                            tokens: saved + turn_saved,
+                        });
+                        out.push(replacement.clone());
+                    }
+                    _ => out.push(message.clone()),
+                }
+            }
+            _ => {
+                if message.role != Role::Tool {
+                    turn.clear();
+                    turn_clearable = false;
+                }
+                out.push(message.clone());
+            }
+        }
+    }
+    (out, cleared)
 }
 
 /// Every tool call in order, with the index of its result in the tool results right after

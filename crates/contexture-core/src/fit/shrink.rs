@@ -4,12 +4,13 @@
 //! passes a high one, what was cut remembered ([`CutMemory`]) so that the following calls of
 //! the same loop send the same prefix until the high mark is passed again.
 
-use std::collections::BTreeSet;
+use rustc_hash::FxHashSet;
 
 use serde::{Deserialize, Serialize};
 
 use crate::fit::clear::{
-    ClearPolicy, ClearedResult, Replacements, clear_tool_results_with, request_tokens,
+    ClearPolicy, ClearedResult, Replacements, carry_cleared, clear_tool_results_with,
+    request_tokens,
 };
 use crate::fit::truncate::{TruncatePolicy, TruncatedResult, truncate_tool_results};
 use crate::fit::units::units;
@@ -60,7 +61,7 @@ impl Hysteresis {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CutMemory {
     /// The calls whose results were cleared.
-    pub cleared: BTreeSet<String>,
+    pub cleared: FxHashSet<String>,
     /// The placeholders and cleared calls made, counted once.
     pub replacements: Replacements,
     /// The history's first messages left out (whole units): a history that changed since
@@ -169,7 +170,17 @@ pub fn shrink(
     };
     let system_len = usize::from(system.is_some());
     let cut_before = !memory.cleared.is_empty() || memory.history_dropped.is_some();
-    let mut all = assemble(dropped);
+    // What earlier calls cleared is put in while the request is copied: a result cleared
+    // again is never copied (nor cut below).
+    let (mut all, mut cleared) = match policy.clear {
+        Some(clear) if !memory.cleared.is_empty() => carry_cleared(
+            system.into_iter().chain(&history[dropped..]).chain(own),
+            &memory.cleared,
+            &memory.replacements,
+            clear.clear_inputs,
+        ),
+        _ => (assemble(dropped), Vec::new()),
+    };
     let mut truncated = Vec::new();
     if let Some(truncate) = policy.truncate {
         let cut = truncate_tool_results(&all, truncate, counter);
@@ -177,7 +188,6 @@ pub fn shrink(
         truncated = cut.truncated;
     }
     let tokens = |messages: &[Message]| request_tokens(messages, tools_tokens, counter);
-    let mut cleared = Vec::new();
     if let Some(clear) = policy.clear {
         let options = clear.options(tools_tokens);
         // What earlier calls cleared first; then whether this request still passes a mark.
@@ -190,7 +200,8 @@ pub fn shrink(
             counter,
         );
         all = carried.messages;
-        cleared = carried.cleared;
+        cleared.extend(carried.cleared);
+        cleared.sort_by_key(|result| result.index);
         let total = tokens(&all);
         // The first cut of a loop comes past the trigger; under hysteresis, the next ones
         // only past the high mark, so that the calls between share their prefix.
@@ -209,7 +220,7 @@ pub fn shrink(
             let more = clear_tool_results_with(
                 all,
                 &options,
-                &BTreeSet::new(),
+                &FxHashSet::default(),
                 (true, stop_below),
                 &mut memory.replacements,
                 counter,
