@@ -229,9 +229,11 @@ pub fn shrink(
             cleared.extend(more.cleared);
             cleared.sort_by_key(|result| result.index);
         }
-        memory
-            .cleared
-            .extend(cleared.iter().map(|result| result.tool_call_id.clone()));
+        for result in &cleared {
+            if !memory.cleared.contains(&result.tool_call_id) {
+                memory.cleared.insert(result.tool_call_id.clone());
+            }
+        }
     }
     // Still past the high mark: the oldest history goes, whole units, down to the low mark.
     if let (Some(high), Some(low)) = (high, low)
