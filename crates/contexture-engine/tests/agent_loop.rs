@@ -384,6 +384,19 @@ async fn bad_loop_policies_are_refused_naming_the_key() {
         assert!(text.contains(expected), "{policy}: {text}");
         assert!(text.contains("workflow.yaml:"), "{policy}: {text}");
     }
+    // A window the system prompt and a task (plain text, so measured before the run) cannot
+    // fit in is named too; a templated task is measured when it is rendered.
+    let small = WORKFLOW
+        .replace("POLICY", "")
+        .replace("window: 4000", "window: 510");
+    let text = start(&exec, &small, "").await.unwrap_err().to_string();
+    assert!(
+        text.contains("assistants[0].context.window: window (510) leaves 10 tokens for a request, but the system prompt and the task of state `s` alone take"),
+        "{text}"
+    );
+    let templated = small.replace("task: Read ten pages", "task: Read {{ count }} pages");
+    let text = start(&exec, &templated, "").await.unwrap_err().to_string();
+    assert!(!text.contains("context.window"), "{text}");
 }
 
 /// The forty-call loop under `context` (see [`common::forty_call_workflow`]), and its

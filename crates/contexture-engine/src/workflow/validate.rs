@@ -3,10 +3,12 @@
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 
+use contexture_core::Message;
 use contexture_core::context::template::check_syntax;
+use contexture_core::registry::Registry;
 use serde_json::Value;
 
-use super::{END, Workflow};
+use super::{Assistant, END, Workflow};
 
 type Problems = Vec<(String, String)>;
 
@@ -122,7 +124,58 @@ fn assistants(workflow: &Workflow, problems: &mut Problems) {
         for (field, problem) in assistant.context.problems() {
             problems.push((format!("{base}.context.{field}"), problem));
         }
+        if let Some(problem) = window_too_small(workflow, assistant) {
+            problems.push((format!("{base}.context.window"), problem));
+        }
     }
+}
+
+/// Why an assistant's own `context.window` cannot hold what every request of a state of it
+/// keeps whole (its system prompt and the state's task), when both are plain text (templates
+/// are measured when they are rendered, and a step whose request cannot fit fails saying so).
+/// Counted with the built-in registry's tokenizer for the model.
+fn window_too_small(workflow: &Workflow, assistant: &Assistant) -> Option<String> {
+    let window = assistant.context.window?;
+    let plain = |text: &str| !["{{", "{%", "{#"].iter().any(|tag| text.contains(tag));
+    let system = match &assistant.system_prompt {
+        Some(prompt) if !plain(prompt) => return None,
+        Some(prompt) => Some(Message::system(prompt.clone())),
+        None => None,
+    };
+    let model = assistant
+        .context
+        .model(Registry::builtin().resolve(&assistant.model));
+    let limit = assistant.context.budget().limits(&model).ok()?.limit;
+    let counter = &model.counter;
+    let default = workflow.default_assistant().map(|a| a.id.as_str());
+    workflow
+        .states
+        .iter()
+        .filter(|state| {
+            state.assistant_id.as_deref().or(if state.tool_id.is_none()
+                && state.transform.is_none()
+                && state.workflow.is_none()
+            {
+                default
+            } else {
+                None
+            }) == Some(assistant.id.as_str())
+        })
+        .find_map(|state| {
+            let task = state.task.as_deref()?;
+            if state.resolve_dynamic_values_in_prompt && !plain(task) {
+                return None;
+            }
+            let mut kept: Vec<Message> = system.iter().cloned().collect();
+            kept.push(Message::user(task));
+            let tokens = counter.count_request(&kept, &[]).total;
+            (tokens > limit).then(|| {
+                format!(
+                    "window ({window}) leaves {limit} tokens for a request, but the system prompt and the task of state `{}` alone take {tokens}",
+                    state.id
+                )
+            })
+        })
 }
 
 fn settings(workflow: &Workflow, problems: &mut Problems) {
