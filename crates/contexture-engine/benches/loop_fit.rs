@@ -11,6 +11,8 @@
 //! - `loop_fit/call_500_messages`: `fit_request_in_loop`, the whole fitting of the call:
 //!   earlier cuts applied again, the marks checked, the own messages kept, trimming,
 //!   validation for the model's rules, the budget breakdown.
+//! - `loop_fit/copy_501_messages`: copying and dropping the 501 messages the call sends, the
+//!   floor of any fit that returns its request as owned messages.
 
 use std::hint::black_box;
 
@@ -103,6 +105,12 @@ fn loop_fit(c: &mut Criterion) {
             BatchSize::SmallInput,
         )
     });
+    // The floor of a fit that returns the request as owned messages: copying (and dropping)
+    // the 501 messages it sends, nothing else.
+    let sent: Vec<Message> = std::iter::once(system.clone())
+        .chain(messages.iter().cloned())
+        .collect();
+    group.bench_function("copy_501_messages", |b| b.iter(|| black_box(sent.clone())));
     group.finish();
 }
 
