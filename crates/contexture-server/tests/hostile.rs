@@ -147,6 +147,26 @@ async fn malformed_bodies_are_refused_with_what_and_where() {
     server.shutdown().await;
 }
 
+/// Sends `(method, path, body)` as JSON and checks that it is a 400 naming `param` (unless it
+/// is empty) with `words` in its message, and that the server is still healthy.
+async fn refused(
+    server: &TestServer,
+    key: &str,
+    (method, path, sent): (&str, &str, Vec<u8>),
+    param: &str,
+    words: &str,
+) {
+    let shown = String::from_utf8_lossy(&sent).into_owned();
+    let (status, error) = send(server, key, method, path, Some("application/json"), sent).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{shown}: {error}");
+    if !param.is_empty() {
+        assert_eq!(error["error"]["param"], param, "{shown}: {error}");
+    }
+    let message = error["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains(words), "{shown}: {message}");
+    healthy(server).await;
+}
+
 #[tokio::test]
 async fn bad_retention_policies_are_refused_naming_the_field_and_change_nothing() {
     let dir = TempDir::new("contexture-hostile-retention");
@@ -237,15 +257,7 @@ async fn bad_retention_policies_are_refused_naming_the_field_and_change_nothing(
         ),
     ];
     for (method, path, sent, param, words) in table {
-        let shown = String::from_utf8_lossy(&sent).into_owned();
-        let (status, error) = send(&server, &key, method, path, json, sent).await;
-        assert_eq!(status, StatusCode::BAD_REQUEST, "{shown}: {error}");
-        if !param.is_empty() {
-            assert_eq!(error["error"]["param"], param, "{shown}: {error}");
-        }
-        let message = error["error"]["message"].as_str().unwrap_or_default();
-        assert!(message.contains(words), "{shown}: {message}");
-        healthy(&server).await;
+        refused(&server, &key, (method, path, sent), param, words).await;
     }
     // The thread's policy is as it was; the refused thread was not created.
     let (_, thread) = send(&server, &key, "GET", "/v1/threads/t", None, vec![]).await;
@@ -410,16 +422,8 @@ async fn bad_thread_policies_are_refused_naming_the_field_and_change_nothing() {
             "at least 1 token",
         ),
     ];
-    for ((method, path, sent), param, words) in table {
-        let shown = String::from_utf8_lossy(&sent).into_owned();
-        let (status, error) = send(&server, &key, method, path, json, sent).await;
-        assert_eq!(status, StatusCode::BAD_REQUEST, "{shown}: {error}");
-        if !param.is_empty() {
-            assert_eq!(error["error"]["param"], param, "{shown}: {error}");
-        }
-        let message = error["error"]["message"].as_str().unwrap_or_default();
-        assert!(message.contains(words), "{shown}: {message}");
-        healthy(&server).await;
+    for (request, param, words) in table {
+        refused(&server, &key, request, param, words).await;
     }
     // The thread's policy is as it was, and no event was added; the refused thread was not
     // created; a thread that does not exist has no policy to set.

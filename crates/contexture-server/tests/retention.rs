@@ -15,26 +15,6 @@ use contexture_store::{AnyStore, RequestRetention, SqliteStore};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-/// `method path` with `body` as `key`: the status and the JSON answer.
-async fn call(
-    server: &TestServer,
-    key: &str,
-    method: &str,
-    path: &str,
-    body: Option<Value>,
-) -> (StatusCode, Value) {
-    let mut request = client()
-        .request(method.parse().unwrap(), server.url(path))
-        .bearer_auth(key)
-        .timeout(Duration::from_secs(10));
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    let response = request.send().await.unwrap();
-    let status = response.status();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
-
 #[tokio::test]
 async fn a_threads_retention_is_set_at_creation_shown_changed_and_cleared() {
     let dir = TempDir::new("contexture-retention-api");
@@ -49,16 +29,16 @@ async fn a_threads_retention_is_set_at_creation_shown_changed_and_cleared() {
     let acme = server.key("acme").await;
     let globex = server.key("globex").await;
 
-    let (status, created) = call(
-        &server,
-        &acme,
-        "POST",
-        "/v1/threads",
-        Some(json!({"id": "t", "retention": {"keep_last": 5}})),
-    )
-    .await;
+    let (status, created) = server
+        .call(
+            &acme,
+            "POST",
+            "/v1/threads",
+            Some(json!({"id": "t", "retention": {"keep_last": 5}})),
+        )
+        .await;
     assert_eq!(status, StatusCode::CREATED, "{created}");
-    let (_, shown) = call(&server, &acme, "GET", "/v1/threads/t", None).await;
+    let (_, shown) = server.call(&acme, "GET", "/v1/threads/t", None).await;
     assert_eq!(shown["retention"], json!({"keep_last": 5}), "{shown}");
     assert_eq!(
         shown["applied_retention"],
@@ -66,21 +46,21 @@ async fn a_threads_retention_is_set_at_creation_shown_changed_and_cleared() {
         "{shown}"
     );
 
-    let (status, set) = call(
-        &server,
-        &acme,
-        "PUT",
-        "/v1/threads/t/retention",
-        Some(json!({"keep_days": 7, "keep_last": 20})),
-    )
-    .await;
+    let (status, set) = server
+        .call(
+            &acme,
+            "PUT",
+            "/v1/threads/t/retention",
+            Some(json!({"keep_days": 7, "keep_last": 20})),
+        )
+        .await;
     assert_eq!(status, StatusCode::OK, "{set}");
     assert_eq!(
         set,
         json!({"id": "t", "retention": {"keep_days": 7, "keep_last": 20},
                "applied_retention": {"keep_days": 7, "keep_last": 20}})
     );
-    let (_, listed) = call(&server, &acme, "GET", "/v1/threads", None).await;
+    let (_, listed) = server.call(&acme, "GET", "/v1/threads", None).await;
     assert_eq!(listed["threads"][0]["id"], "t", "{listed}");
     assert_eq!(
         listed["threads"][0]["retention"],
@@ -89,21 +69,18 @@ async fn a_threads_retention_is_set_at_creation_shown_changed_and_cleared() {
     );
 
     // Cleared, the tenant's policy applies; another tenant's thread gets the server's.
-    let (status, cleared) = call(&server, &acme, "DELETE", "/v1/threads/t/retention", None).await;
+    let (status, cleared) = server
+        .call(&acme, "DELETE", "/v1/threads/t/retention", None)
+        .await;
     assert_eq!(status, StatusCode::OK, "{cleared}");
     assert_eq!(
         cleared,
         json!({"id": "t", "retention": null, "applied_retention": {"keep_last": 50}})
     );
-    call(
-        &server,
-        &globex,
-        "POST",
-        "/v1/threads",
-        Some(json!({"id": "t"})),
-    )
-    .await;
-    let (_, theirs) = call(&server, &globex, "GET", "/v1/threads/t", None).await;
+    server
+        .call(&globex, "POST", "/v1/threads", Some(json!({"id": "t"})))
+        .await;
+    let (_, theirs) = server.call(&globex, "GET", "/v1/threads/t", None).await;
     assert_eq!(theirs["retention"], Value::Null, "{theirs}");
     assert_eq!(
         theirs["applied_retention"],
@@ -116,14 +93,14 @@ async fn a_threads_retention_is_set_at_creation_shown_changed_and_cleared() {
 /// The `request_started` events of `thread`: how many there are, and how many are pruned
 /// (their messages gone, their count kept).
 async fn records(server: &TestServer, key: &str, thread: &str) -> (usize, usize) {
-    let (status, page) = call(
-        server,
-        key,
-        "GET",
-        &format!("/v1/threads/{thread}/events?limit=1000"),
-        None,
-    )
-    .await;
+    let (status, page) = server
+        .call(
+            key,
+            "GET",
+            &format!("/v1/threads/{thread}/events?limit=1000"),
+            None,
+        )
+        .await;
     assert_eq!(status, StatusCode::OK, "{page}");
     let started: Vec<&Value> = page["events"]
         .as_array()
@@ -158,14 +135,14 @@ async fn the_server_prunes_each_thread_by_its_policy_in_the_background(store: An
     let server = TestServer::start(config, store).await;
     let acme = server.key("acme").await;
     let globex = server.key("globex").await;
-    call(
-        &server,
-        &acme,
-        "POST",
-        "/v1/threads",
-        Some(json!({"id": "own", "retention": {"keep_last": 3}})),
-    )
-    .await;
+    server
+        .call(
+            &acme,
+            "POST",
+            "/v1/threads",
+            Some(json!({"id": "own", "retention": {"keep_last": 3}})),
+        )
+        .await;
     let mut conversations: BTreeMap<(&str, &str), Vec<Value>> = BTreeMap::new();
     let chat = |key: String, thread: &'static str, turn: usize, history: Vec<Value>| {
         let upstream = &upstream;
@@ -174,17 +151,17 @@ async fn the_server_prunes_each_thread_by_its_policy_in_the_background(store: An
             upstream.push(Reply::text(format!("answer {turn} on {thread}")));
             let mut messages = history;
             messages.push(json!({"role": "user", "content": format!("question {turn}")}));
-            let (status, answer) = call(
-                server,
-                &key,
-                "POST",
-                "/v1/chat/completions",
-                Some(
-                    json!({"model": "gpt-4o-mini", "messages": [messages.last().unwrap()],
+            let (status, answer) = server
+                .call(
+                    &key,
+                    "POST",
+                    "/v1/chat/completions",
+                    Some(
+                        json!({"model": "gpt-4o-mini", "messages": [messages.last().unwrap()],
                             "metadata": {"contexture_thread": thread}}),
-                ),
-            )
-            .await;
+                    ),
+                )
+                .await;
             assert_eq!(status, StatusCode::OK, "{answer}");
             let reply = answer["choices"][0]["message"]["content"].clone();
             assert_eq!(reply, json!(format!("answer {turn} on {thread}")));
@@ -237,14 +214,14 @@ async fn the_server_prunes_each_thread_by_its_policy_in_the_background(store: An
     let history = conversations.remove(&("globex", "talk")).unwrap();
     let history = chat(globex.clone(), "talk", 4, history).await;
     assert_eq!(history.len(), 10);
-    let (_, page) = call(
-        &server,
-        &globex,
-        "GET",
-        "/v1/threads/talk/context?model=gpt-4o-mini",
-        None,
-    )
-    .await;
+    let (_, page) = server
+        .call(
+            &globex,
+            "GET",
+            "/v1/threads/talk/context?model=gpt-4o-mini",
+            None,
+        )
+        .await;
     assert_eq!(page["messages"].as_array().unwrap().len(), 10, "{page}");
     server.shutdown().await;
 }

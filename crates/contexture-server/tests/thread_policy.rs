@@ -8,8 +8,6 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::{TestServer, client, config};
 use contexture_core::fit::{Rules, is_cleared_placeholder, validate};
 use contexture_core::format::openai;
@@ -19,26 +17,6 @@ use contexture_store::testing::{TempDir, pg_store};
 use contexture_store::{AnyStore, PgStore, SqliteStore};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-
-/// `method path` with `body` as `key`: the status and the JSON answer.
-async fn call(
-    server: &TestServer,
-    key: &str,
-    method: &str,
-    path: &str,
-    body: Option<Value>,
-) -> (StatusCode, Value) {
-    let mut request = client()
-        .request(method.parse().unwrap(), server.url(path))
-        .bearer_auth(key)
-        .timeout(Duration::from_secs(30));
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    let response = request.send().await.unwrap();
-    let status = response.status();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
 
 /// The policy of the loop's thread: an 8,000-token window (gpt-4o-mini's is 128,000), old
 /// results cleared past 5,000 tokens but the newest 2, results cut to 1,500 tokens.
@@ -141,14 +119,14 @@ async fn agent_loop(server: &TestServer, key: &str, thread: &str, upstream: &Fak
         previous = Some(sent);
     }
     // The thread keeps every result whole, whatever its requests were sent.
-    let (_, events) = call(
-        server,
-        key,
-        "GET",
-        &format!("/v1/threads/{thread}/events?limit=1000"),
-        None,
-    )
-    .await;
+    let (_, events) = server
+        .call(
+            key,
+            "GET",
+            &format!("/v1/threads/{thread}/events?limit=1000"),
+            None,
+        )
+        .await;
     let stored_results: Vec<&str> = events["events"]
         .as_array()
         .unwrap()
@@ -180,16 +158,16 @@ async fn a_threads_policy_is_honoured_by_every_server(first: AnyStore, second: A
     let key = one.key("acme").await;
 
     // Set at creation on one server, shown by the other with what its requests get.
-    let (status, created) = call(
-        &one,
-        &key,
-        "POST",
-        "/v1/threads",
-        Some(json!({"id": "steady", "system": "You search.", "policy": loop_policy(true)})),
-    )
-    .await;
+    let (status, created) = one
+        .call(
+            &key,
+            "POST",
+            "/v1/threads",
+            Some(json!({"id": "steady", "system": "You search.", "policy": loop_policy(true)})),
+        )
+        .await;
     assert_eq!(status, StatusCode::CREATED, "{created}");
-    let (status, shown) = call(&two, &key, "GET", "/v1/threads/steady", None).await;
+    let (status, shown) = two.call(&key, "GET", "/v1/threads/steady", None).await;
     assert_eq!(status, StatusCode::OK, "{shown}");
     assert_eq!(shown["policy"]["context"]["window"], 8000, "{shown}");
     assert_eq!(
@@ -202,22 +180,21 @@ async fn a_threads_policy_is_honoured_by_every_server(first: AnyStore, second: A
         "{shown}"
     );
     // Set later, on a thread that had none; the fitted view follows it.
-    call(
-        &one,
+    one.call(
         &key,
         "POST",
         "/v1/threads",
         Some(json!({"id": "jumpy", "system": "You search."})),
     )
     .await;
-    let (status, set) = call(
-        &one,
-        &key,
-        "PUT",
-        "/v1/threads/jumpy/policy",
-        Some(loop_policy(false)),
-    )
-    .await;
+    let (status, set) = one
+        .call(
+            &key,
+            "PUT",
+            "/v1/threads/jumpy/policy",
+            Some(loop_policy(false)),
+        )
+        .await;
     assert_eq!(status, StatusCode::OK, "{set}");
     assert_eq!(set["policy"]["context"]["hysteresis"], Value::Null, "{set}");
 
@@ -234,27 +211,29 @@ async fn a_threads_policy_is_honoured_by_every_server(first: AnyStore, second: A
     );
 
     // The fitted view of the thread follows its policy too, then the defaults once cleared.
-    let (_, fitted) = call(
-        &two,
-        &key,
-        "GET",
-        "/v1/threads/jumpy/context?model=gpt-4o-mini",
-        None,
-    )
-    .await;
+    let (_, fitted) = two
+        .call(
+            &key,
+            "GET",
+            "/v1/threads/jumpy/context?model=gpt-4o-mini",
+            None,
+        )
+        .await;
     assert_eq!(fitted["budget"]["context_window"], 8000, "{fitted}");
-    let (status, cleared) = call(&two, &key, "DELETE", "/v1/threads/jumpy/policy", None).await;
+    let (status, cleared) = two
+        .call(&key, "DELETE", "/v1/threads/jumpy/policy", None)
+        .await;
     assert_eq!(status, StatusCode::OK, "{cleared}");
     assert_eq!(cleared["policy"], Value::Null);
     assert_eq!(cleared["applied_policy"]["context"]["window"], Value::Null);
-    let (_, fitted) = call(
-        &one,
-        &key,
-        "GET",
-        "/v1/threads/jumpy/context?model=gpt-4o-mini",
-        None,
-    )
-    .await;
+    let (_, fitted) = one
+        .call(
+            &key,
+            "GET",
+            "/v1/threads/jumpy/context?model=gpt-4o-mini",
+            None,
+        )
+        .await;
     assert_eq!(fitted["budget"]["context_window"], 128000, "{fitted}");
     one.shutdown().await;
     two.shutdown().await;

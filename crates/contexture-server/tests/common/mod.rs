@@ -51,6 +51,30 @@ impl TestServer {
         format!("{}{path}", self.base)
     }
 
+    /// `method path` with the JSON `body` (if any) as `key`: the status and the JSON answer
+    /// (null when it is not JSON).
+    pub async fn call(
+        &self,
+        key: &str,
+        method: &str,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> (reqwest::StatusCode, serde_json::Value) {
+        let mut request = client()
+            .request(method.parse().unwrap(), self.url(path))
+            .bearer_auth(key)
+            .timeout(Duration::from_secs(30));
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status();
+        (
+            status,
+            response.json().await.unwrap_or(serde_json::Value::Null),
+        )
+    }
+
     /// Stops accepting, waits for requests in flight, and returns.
     pub async fn shutdown(mut self) {
         if let Some(stop) = self.stop.take() {
