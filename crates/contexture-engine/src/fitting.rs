@@ -8,7 +8,6 @@
 //! model, its budget policy, the strategy; the rules follow from the model), and reads a
 //! stored thread for it: only its tail when the strategy keeps the newest history.
 
-use contexture_core::Message;
 use contexture_core::TokenCounter;
 use contexture_core::budget::{BudgetBreakdown, BudgetError, BudgetPolicy, Limits};
 use contexture_core::fit::{
@@ -17,6 +16,7 @@ use contexture_core::fit::{
 };
 use contexture_core::registry::ModelInfo;
 use contexture_core::thread::{FitRecord, Projection};
+use contexture_core::{Message, Role};
 use contexture_store::{ProjectionTail, Store, StoreError};
 use serde_json::Value;
 
@@ -143,7 +143,26 @@ pub fn fit_request_in_loop(
     // The request's own messages (a step's task and tool loop, a chat turn's new messages)
     // are kept whole: the system prompt and the history are trimmed to what they leave.
     let mut head = shrunk.messages;
-    let own_part = head.split_off(shrunk.own_from);
+    let mut own_part = head.split_off(shrunk.own_from);
+    // A unit is never split: results among the request's own messages (a chat turn's, which
+    // answer the history's last calls) keep the turn that called them, and its other results.
+    let mut from = head.len();
+    if own_part
+        .first()
+        .is_some_and(|message| message.role == Role::Tool)
+    {
+        while from > system_len && head[from - 1].role == Role::Tool {
+            from -= 1;
+        }
+        if from > system_len && head[from - 1].role == Role::Assistant {
+            from -= 1;
+        }
+    }
+    if from < head.len() {
+        let mut unit = head.split_off(from);
+        unit.append(&mut own_part);
+        own_part = unit;
+    }
     let own_tokens: u64 = own_part
         .iter()
         .map(|message| u64::from(counter.count_message(message)))
@@ -644,4 +663,45 @@ pub fn count_unread(fit: &mut FitRecord, unread: usize, has_system: bool) {
         Some(reason) => format!("{note}; {reason}"),
         None => note,
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use contexture_core::ToolCall;
+    use contexture_core::registry::Registry;
+
+    /// A chat turn's new messages may be the results of the history's last calls: the turn
+    /// that called them is kept whole with them, as sent, under every provider's rules.
+    #[test]
+    fn results_among_the_own_messages_keep_the_turn_that_called_them() {
+        let model = Registry::builtin().resolve("gpt-4o-mini");
+        let budget = BudgetPolicy::default();
+        let history = vec![
+            Message::user("Look up two cities."),
+            Message::assistant_tool_calls(vec![
+                ToolCall::new("a", "lookup", "{\"q\":\"Paris\"}"),
+                ToolCall::new("b", "lookup", "{\"q\":\"Rome\"}"),
+            ]),
+            Message::tool_result("a", "Paris: 2.1 million"),
+        ];
+        let own = [Message::tool_result("b", "Rome: 2.8 million")];
+        for rules in [fit::Rules::OpenAi, fit::Rules::Anthropic] {
+            let target = FitTarget {
+                model: &model,
+                policy: &budget,
+                strategy: Strategy::Last,
+                rules,
+                tools: &[],
+                clear: None,
+                truncate: None,
+                hysteresis: None,
+            };
+            let fitted = fit_request(None, history.clone(), &own, &target).unwrap();
+            let mut expected = history.clone();
+            expected.extend(own.iter().cloned());
+            assert_eq!(fitted.messages, expected, "{rules}");
+            assert_eq!(fitted.fit.reason, None, "{rules}: nothing changed");
+        }
+    }
 }
