@@ -116,6 +116,30 @@ fn template_render_prints_exactly_the_text() {
     let run = contexture(["template", "render", "--context", &context, "--now", "0"])
         .run_with_input(b"{{ current_date }} {{ current_weekday }}");
     assert_eq!(run.stdout, b"1970-01-01 Thursday");
+    // AWorld's names: the month's name, the year (a number), the date and time with a space,
+    // a random UUID, the platform as Python names it, and the user (from the system account
+    // when no variable names it).
+    let run = contexture(["template", "render", "--context", &context, "--now", "1709251199"])
+        .env_remove("USER")
+        .env_remove("USERNAME")
+        .env_remove("LOGNAME")
+        .run_with_input(
+            b"{{ current_month }} {{ current_year + 1 }} {{ current_datetime_plain }} {{ random_uuid | length }} {{ system_platform }} {{ username | length > 0 }}",
+        );
+    let expected = format!(
+        "February 2025 2024-02-29 23:59:59 36 {} true",
+        if cfg!(target_os = "linux") {
+            "Linux"
+        } else {
+            std::env::consts::OS
+        }
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&run.stdout),
+        expected,
+        "{}",
+        run.stderr
+    );
 }
 
 #[test]

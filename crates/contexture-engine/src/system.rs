@@ -65,10 +65,16 @@ pub fn new_id(ids: &dyn IdSource) -> String {
     format_uuid(ids.next_id())
 }
 
-/// The system variables a render may use: `hostname`, `username`, `os`,
+/// The system variables a render may use: `hostname`, `username`, `os`, `system_platform`,
 /// `working_directory` (each only when it can be found).
 pub fn system_variables() -> Vec<(&'static str, String)> {
-    let mut variables = vec![("os", std::env::consts::OS.to_owned())];
+    let mut variables = vec![
+        ("os", std::env::consts::OS.to_owned()),
+        (
+            "system_platform",
+            system_platform(std::env::consts::OS).to_owned(),
+        ),
+    ];
     let hostname = std::env::var("HOSTNAME").ok().or_else(|| {
         std::fs::read_to_string("/etc/hostname")
             .ok()
@@ -77,16 +83,56 @@ pub fn system_variables() -> Vec<(&'static str, String)> {
     if let Some(hostname) = hostname.filter(|h| !h.is_empty()) {
         variables.push(("hostname", hostname));
     }
-    if let Some(user) = std::env::var("USER")
-        .ok()
-        .or_else(|| std::env::var("USERNAME").ok())
-    {
+    let user = ["USER", "USERNAME", "LOGNAME"]
+        .into_iter()
+        .find_map(|name| std::env::var(name).ok().filter(|user| !user.is_empty()))
+        .or_else(account_name);
+    if let Some(user) = user {
         variables.push(("username", user));
     }
     if let Ok(dir) = std::env::current_dir() {
         variables.push(("working_directory", dir.display().to_string()));
     }
     variables
+}
+
+/// The name Python's `platform.system()` gives a system (`Linux`, `Darwin`, `Windows`), which
+/// is what AWorld's `system_platform` holds; other systems keep Rust's name.
+pub fn system_platform(os: &str) -> &str {
+    match os {
+        "linux" => "Linux",
+        "macos" => "Darwin",
+        "windows" => "Windows",
+        "freebsd" => "FreeBSD",
+        "netbsd" => "NetBSD",
+        "openbsd" => "OpenBSD",
+        other => other,
+    }
+}
+
+/// The account this process runs as, when no variable names it (a service started without
+/// `USER`): the owner of `/proc/self` looked up in `/etc/passwd`.
+#[cfg(unix)]
+fn account_name() -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let uid = std::fs::metadata("/proc/self").ok()?.uid();
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    account_in_passwd(&passwd, uid)
+}
+
+#[cfg(not(unix))]
+fn account_name() -> Option<String> {
+    None
+}
+
+/// The name of the account `uid` in a `passwd` file's text (`name:x:uid:gid:...` lines).
+pub fn account_in_passwd(passwd: &str, uid: u32) -> Option<String> {
+    passwd.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        let name = fields.next()?;
+        let id = fields.nth(1)?.parse::<u32>().ok()?;
+        (id == uid && !name.is_empty() && !name.starts_with('#')).then(|| name.to_owned())
+    })
 }
 
 /// The system variables that describe this host: its name, the user the process runs as,
@@ -116,4 +162,39 @@ pub fn render_options(now: Option<i64>) -> RenderOptions {
         options = options.with_variable(name, Value::String(value));
     }
     options
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn platforms_are_named_as_python_names_them() {
+        for (os, name) in [
+            ("linux", "Linux"),
+            ("macos", "Darwin"),
+            ("windows", "Windows"),
+            ("solaris", "solaris"),
+        ] {
+            assert_eq!(system_platform(os), name);
+        }
+        let variables = system_variables();
+        assert!(variables.iter().any(|(name, _)| *name == "system_platform"));
+    }
+
+    #[test]
+    fn an_account_is_found_by_its_uid() {
+        let passwd = "# comment:x:0:0\nroot:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534::/:/usr/sbin/nologin\nbroken line\nada:x:1000:1000:Ada:/home/ada:/bin/sh\n";
+        assert_eq!(account_in_passwd(passwd, 0).as_deref(), Some("root"));
+        assert_eq!(account_in_passwd(passwd, 1000).as_deref(), Some("ada"));
+        assert_eq!(account_in_passwd(passwd, 42), None);
+        assert_eq!(account_in_passwd("", 0), None);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn this_process_has_an_account() {
+        // The account comes from the system, whatever the environment says.
+        assert!(account_name().is_some_and(|name| !name.is_empty()));
+    }
 }

@@ -90,13 +90,17 @@ pub fn format_uuid(mut bytes: [u8; 16]) -> String {
 }
 
 /// The names of the dynamic variables, in documentation order.
-pub const DYNAMIC_VARIABLES: [&str; 7] = [
+pub const DYNAMIC_VARIABLES: [&str; 11] = [
     "current_date",
     "current_time",
     "current_datetime",
+    "current_datetime_plain",
     "current_timestamp",
     "current_weekday",
+    "current_month",
+    "current_year",
     "uuid",
+    "random_uuid",
     "short_uuid",
 ];
 
@@ -104,9 +108,12 @@ pub const DYNAMIC_VARIABLES: [&str; 7] = [
 /// `None` when `name` is not a dynamic variable.
 ///
 /// `current_date` is `YYYY-MM-DD`, `current_time` `HH:MM:SS`, `current_datetime` ISO 8601 with
-/// the offset (`2024-05-01T09:30:00+00:00`), `current_timestamp` the Unix seconds (a number),
-/// `current_weekday` the English day name, `uuid` a v4 UUID and `short_uuid` its first eight
-/// hex digits. All in the clock's local offset.
+/// the offset (`2024-05-01T09:30:00+00:00`), `current_datetime_plain` the date and time with a
+/// space and no offset (`2024-05-01 09:30:00`, the layout AWorld's `current_datetime` has),
+/// `current_timestamp` the Unix seconds (a number), `current_weekday` the English day name,
+/// `current_month` the English month name, `current_year` the year (a number), `uuid` and
+/// `random_uuid` (AWorld's name for it) a v4 UUID and `short_uuid` its first eight hex
+/// digits. All in the clock's local offset.
 pub fn dynamic_value(name: &str, now: Timestamp, ids: &dyn IdSource) -> Option<Value> {
     let local = now.unix_seconds + i64::from(now.utc_offset_minutes) * 60;
     let days = local.div_euclid(86_400);
@@ -128,7 +135,26 @@ pub fn dynamic_value(name: &str, now: Timestamp, ids: &dyn IdSource) -> Option<V
                 offset % 60
             ))
         }
+        "current_datetime_plain" => Value::String(format!("{date} {time}")),
         "current_timestamp" => Value::from(now.unix_seconds),
+        "current_month" => {
+            const NAMES: [&str; 12] = [
+                "January",
+                "February",
+                "March",
+                "April",
+                "May",
+                "June",
+                "July",
+                "August",
+                "September",
+                "October",
+                "November",
+                "December",
+            ];
+            Value::String(NAMES[month as usize - 1].to_owned())
+        }
+        "current_year" => Value::from(year),
         "current_weekday" => {
             const NAMES: [&str; 7] = [
                 "Thursday",
@@ -141,7 +167,7 @@ pub fn dynamic_value(name: &str, now: Timestamp, ids: &dyn IdSource) -> Option<V
             ];
             Value::String(NAMES[days.rem_euclid(7) as usize].to_owned())
         }
-        "uuid" => Value::String(format_uuid(ids.next_id())),
+        "uuid" | "random_uuid" => Value::String(format_uuid(ids.next_id())),
         "short_uuid" => Value::String(format_uuid(ids.next_id())[..8].to_owned()),
         _ => return None,
     })
@@ -184,6 +210,23 @@ mod tests {
         );
         assert_eq!(v("current_date", at(0, -60)), "1969-12-31");
         assert_eq!(v("current_timestamp", at(42, 0)), 42);
+        // AWorld's names and layout.
+        assert_eq!(
+            v("current_datetime_plain", at(1_709_251_199, 90)),
+            "2024-03-01 01:29:59"
+        );
+        assert_eq!(v("current_month", at(1_709_251_199, 0)), "February");
+        assert_eq!(v("current_month", at(1_709_251_199, 90)), "March");
+        assert_eq!(v("current_month", at(0, -60)), "December");
+        assert_eq!(v("current_year", at(1_709_251_199, 0)), 2024);
+        assert_eq!(v("current_year", at(0, -60)), 1969);
+        let uuid = v("random_uuid", at(0, 0));
+        assert_eq!(uuid.as_str().unwrap().len(), 36);
+        // Every name has a value.
+        for name in DYNAMIC_VARIABLES {
+            assert!(dynamic_value(name, at(0, 0), &ids).is_some(), "{name}");
+        }
+        assert_eq!(dynamic_value("current_century", at(0, 0), &ids), None);
     }
 
     #[test]
