@@ -56,7 +56,7 @@ async fn include_in_llm_history_false_hides_the_exchange_but_stores_it() {
 }
 
 #[tokio::test]
-async fn clear_prior_messages_leaves_only_the_step_exchange() {
+async fn clear_prior_messages_gives_the_next_state_a_clean_slate() {
     let (_dir, store) = sqlite().await;
     let workflow = r#"
 assistants: [{id: a, model: gpt-4o-mini}]
@@ -75,8 +75,26 @@ states:
     );
     assert_eq!(
         texts(&sent[2].messages),
-        ["Task two", "out two", "Task three"],
-        "everything before step two's exchange is gone"
+        ["Task three"],
+        "nothing before state three, the clearing step's exchange included"
+    );
+
+    // The page's pattern 5: the clearing step's output reaches the next state through the
+    // store, and only there.
+    let (_dir, store) = sqlite().await;
+    let workflow = r#"
+assistants: [{id: a, model: gpt-4o-mini, system_prompt: You write.}]
+states:
+  - {id: research, assistant_id: a, task: Research, next: {state_id: write, output_key: summary, clear_context_store: keep_current, clear_prior_messages: true}}
+  - {id: write, assistant_id: a, task: 'Write from {{ summary }}', next: {state_id: end}}
+"#;
+    let provider = script("[{content: the findings}, {content: the article}]");
+    let exec = executor(store, provider.clone());
+    start(&exec, workflow, "a topic").await.unwrap();
+    let sent = provider.requests();
+    assert_eq!(
+        texts(&sent[1].messages),
+        ["You write.", "Write from the findings"]
     );
 }
 

@@ -75,7 +75,7 @@ states:
 }
 
 #[tokio::test]
-async fn clear_prior_messages_empties_the_history_of_later_requests() {
+async fn clear_prior_messages_gives_later_requests_a_clean_slate() {
     let upstream = FakeUpstream::scripted([
         Reply::text("phase one notes"),
         Reply::text("phase one summary"),
@@ -104,15 +104,8 @@ states:
             "Summarize"
         ]
     );
-    assert_eq!(
-        sent_texts(&received[2]),
-        [
-            "You work in phases.",
-            "Summarize",
-            "phase one summary",
-            "Go on"
-        ]
-    );
+    // A clean slate: the system prompt and the next state's own task only.
+    assert_eq!(sent_texts(&received[2]), ["You work in phases.", "Go on"]);
 }
 
 #[tokio::test]

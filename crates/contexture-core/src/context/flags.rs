@@ -20,7 +20,8 @@
 //! 7. `reset_keys_in_context_store` removes the listed keys after the merge, including keys
 //!    this step just wrote; keys that are absent are ignored.
 //! 8. `include_in_llm_history` and `clear_prior_messages` act on the messages only and never
-//!    on the store.
+//!    on the store; `clear_prior_messages` wins: the history is emptied, this step's exchange
+//!    included (a clean slate).
 //! 9. No value is special: a string such as `"__DELETE_KEY__"` is stored like any other.
 
 use serde::de::{self, Deserializer};
@@ -79,7 +80,8 @@ pub struct TransitionFlags {
     /// Show the output to later LLM calls (default true).
     #[serde(default = "yes")]
     pub include_in_llm_history: bool,
-    /// Remove all earlier messages from the history (default false).
+    /// Remove all earlier messages from the history, this step's exchange included: the next
+    /// state starts with a clean slate (default false).
     pub clear_prior_messages: bool,
     /// Clear the store (default false).
     pub clear_context_store: ClearContextStore,
@@ -102,6 +104,15 @@ impl Default for TransitionFlags {
             output_key: None,
             append_to_context: false,
         }
+    }
+}
+
+impl TransitionFlags {
+    /// Whether the step's exchange (its task and output) joins the history later LLM calls
+    /// see: `include_in_llm_history`, unless `clear_prior_messages` gives the next state a
+    /// clean slate (what it needs of this step then reaches it through the store).
+    pub fn output_in_history(&self) -> bool {
+        self.include_in_llm_history && !self.clear_prior_messages
     }
 }
 
@@ -190,7 +201,7 @@ pub fn apply_transition(
     TransitionOutcome {
         changes: diff(store, &next),
         store: next,
-        output_in_history: flags.include_in_llm_history,
+        output_in_history: flags.output_in_history(),
         clear_prior_messages: flags.clear_prior_messages,
     }
 }

@@ -81,7 +81,7 @@ pub(crate) fn finish(
             at.history,
         )));
     }
-    if flags.include_in_llm_history {
+    if flags.output_in_history() {
         for exchange in exchanges {
             match &at.state.workflow {
                 // A sub-workflow's result joins the history only as one summary message,
