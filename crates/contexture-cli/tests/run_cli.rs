@@ -81,6 +81,54 @@ fn the_loop_compaction_example_summarizes_older_iterations_and_inspect_shows_eac
     );
 }
 
+/// A call to a model with no known price makes the run's cost unknown, never a total that
+/// leaves it out: `inspect` shows it, and its JSON has `null`.
+#[test]
+fn a_model_without_a_price_makes_the_cost_unknown() {
+    let dir = TempDir::new("contexture-run-unknown-cost");
+    std::fs::write(
+        dir.join("models.toml"),
+        "[models.house-model]\ncontext_window = 8192\nmax_output_tokens = 512\nencoding = \"o200k_base\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("wf.yaml"),
+        "assistants:\n  - {id: a, model: house-model}\n  - {id: b, model: gpt-4o-mini}\nstates:\n  - {id: priced, assistant_id: b, task: First, next: {state_id: unpriced}}\n  - {id: unpriced, assistant_id: a, task: Second, next: {end: true}}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("replies.yaml"),
+        "replies:\n  - content: one\n  - content: two\n",
+    )
+    .unwrap();
+    let models = dir.join("models.toml").display().to_string();
+    let run = contexture(
+        &dir,
+        &[
+            "run",
+            dir.join("wf.yaml").to_str().unwrap(),
+            "--models",
+            &models,
+            "--llm",
+            &format!("scripted:{}", dir.join("replies.yaml").display()),
+            "--execution-id",
+            "mixed",
+        ],
+    )
+    .run();
+    assert_eq!(run.expect_success(), "two\n");
+    let shown = ok(&dir, &["inspect", "mixed"]);
+    assert!(
+        shown.contains("tokens (") && shown.contains("cost unknown (a model without a price)"),
+        "{shown}"
+    );
+    let report: Value = serde_json::from_str(&ok(&dir, &["inspect", "mixed", "--json"])).unwrap();
+    assert_eq!(report["cost_usd"], Value::Null, "{report}");
+    // The priced call alone has a cost.
+    assert!(report["calls"][0]["end"]["cost_usd"].as_f64().unwrap() > 0.0);
+    assert_eq!(report["calls"][1]["end"]["cost_usd"], Value::Null);
+}
+
 #[test]
 fn the_examples_run_as_documented() {
     let dir = TempDir::new("contexture-run-cli");

@@ -80,8 +80,9 @@ pub struct ExecutionReport {
     pub calls: Vec<CallReport>,
     /// Tokens spent by this execution's own calls, as providers reported them.
     pub usage: Usage,
-    /// Dollars spent on this execution's own calls whose price is known.
-    pub cost_usd: f64,
+    /// Dollars spent on this execution's own calls; `None` (unknown) when a call spent tokens
+    /// on a model with no known price: never a total that leaves it out.
+    pub cost_usd: Option<f64>,
     /// The child executions it started (sub-workflows), in order.
     pub children: Vec<String>,
     /// Whether a cancellation was asked for.
@@ -103,7 +104,7 @@ pub fn report(execution_id: &str, events: &[Event]) -> Option<ExecutionReport> {
         steps: Vec::new(),
         calls: Vec::new(),
         usage: Usage::default(),
-        cost_usd: 0.0,
+        cost_usd: Some(0.0),
         children: Vec::new(),
         cancel_requested: false,
     };
@@ -161,7 +162,10 @@ pub fn report(execution_id: &str, events: &[Event]) -> Option<ExecutionReport> {
             }
             EventKind::RequestEnded(end) => {
                 report.usage = report.usage.plus(end.usage);
-                report.cost_usd += end.cost_usd.unwrap_or(0.0);
+                report.cost_usd = report
+                    .cost_usd
+                    .zip(end.known_cost_usd())
+                    .map(|(sum, cost)| sum + cost);
                 if let Some(call) = report
                     .calls
                     .iter_mut()
@@ -205,12 +209,12 @@ pub struct UsageTree {
     pub status: ExecutionStatus,
     /// Its own calls' tokens.
     pub own: Usage,
-    /// Its own calls' dollars.
-    pub own_cost_usd: f64,
+    /// Its own calls' dollars (`None`: unknown, a call had no price).
+    pub own_cost_usd: Option<f64>,
     /// Its subtree's tokens: its own and every descendant's.
     pub total: Usage,
-    /// Its subtree's dollars.
-    pub total_cost_usd: f64,
+    /// Its subtree's dollars (`None`: unknown somewhere in it).
+    pub total_cost_usd: Option<f64>,
     /// Its children's trees, in the order they started.
     pub children: Vec<UsageTree>,
 }
@@ -228,7 +232,9 @@ pub async fn usage_tree<S: Store>(store: &S, execution_id: &str) -> Result<Usage
     let total = children
         .iter()
         .fold(report.usage, |sum, child: &UsageTree| sum.plus(child.total));
-    let total_cost_usd = report.cost_usd + children.iter().map(|c| c.total_cost_usd).sum::<f64>();
+    let total_cost_usd = children.iter().fold(report.cost_usd, |sum, child| {
+        sum.zip(child.total_cost_usd).map(|(sum, cost)| sum + cost)
+    });
     Ok(UsageTree {
         execution_id: execution_id.to_owned(),
         workflow_file: report.workflow_file,

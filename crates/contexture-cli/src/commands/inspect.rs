@@ -62,20 +62,28 @@ async fn execute(args: InspectArgs) -> Result<()> {
     Ok(())
 }
 
+/// Dollars as printed: six decimals, or `cost unknown` when a call had no known price.
+pub(crate) fn dollars(cost: Option<f64>) -> String {
+    match cost {
+        Some(cost) => format!("${cost:.6}"),
+        None => "cost unknown (a model without a price)".to_owned(),
+    }
+}
+
 fn print_tree(tree: &UsageTree, depth: usize) {
     let status = serde_json::to_value(tree.status)
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))
         .unwrap_or_default();
     println!(
-        "{}{} ({}, {status}): {} / {} tokens, ${:.6} / ${:.6}",
+        "{}{} ({}, {status}): {} / {} tokens, {} / {}",
         "  ".repeat(depth + 1),
         tree.execution_id,
         tree.workflow_file,
         tree.own.input_tokens + tree.own.output_tokens,
         tree.total.input_tokens + tree.total.output_tokens,
-        tree.own_cost_usd,
-        tree.total_cost_usd
+        dollars(tree.own_cost_usd),
+        dollars(tree.total_cost_usd)
     );
     for child in &tree.children {
         print_tree(child, depth + 1);
@@ -105,13 +113,13 @@ fn render(report: &ExecutionReport, width: usize) -> String {
         out += "cancel requested\n";
     }
     out += &format!(
-        "{} steps, {} LLM calls, {} tokens ({} in, {} out), ${:.6}\n",
+        "{} steps, {} LLM calls, {} tokens ({} in, {} out), {}\n",
         report.steps.len(),
         report.calls.len(),
         report.usage.input_tokens + report.usage.output_tokens,
         report.usage.input_tokens,
         report.usage.output_tokens,
-        report.cost_usd
+        dollars(report.cost_usd)
     );
     out += "\nsteps:\n";
     for step in &report.steps {

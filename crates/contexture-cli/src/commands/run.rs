@@ -190,10 +190,10 @@ async fn execute(args: RunArgs) -> Result<()> {
             outcome.usage.input_tokens + outcome.usage.output_tokens,
             outcome.usage.input_tokens,
             outcome.usage.output_tokens,
-            if outcome.cost_usd > 0.0 {
-                format!(", ${:.6}", outcome.cost_usd)
-            } else {
-                String::new()
+            match outcome.cost_usd {
+                Some(cost) if cost > 0.0 => format!(", {}", super::inspect::dollars(Some(cost))),
+                Some(_) => String::new(),
+                None => format!(", {}", super::inspect::dollars(None)),
             }
         );
     }

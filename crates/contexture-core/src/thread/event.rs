@@ -497,6 +497,17 @@ pub struct RequestEnd {
 }
 
 impl RequestEnd {
+    /// The call's cost when it is known: its `cost_usd`, or nothing spent when no token was
+    /// (a call that failed before any); `None` when it spent tokens at no known price, which
+    /// makes any total it is part of unknown.
+    pub fn known_cost_usd(&self) -> Option<f64> {
+        match self.cost_usd {
+            Some(cost) => Some(cost),
+            None if self.usage.input_tokens + self.usage.output_tokens == 0 => Some(0.0),
+            None => None,
+        }
+    }
+
     /// The end of `request_id` with `outcome` and `usage`, and nothing else recorded.
     pub fn new(request_id: impl Into<String>, outcome: RequestOutcome, usage: Usage) -> RequestEnd {
         RequestEnd {

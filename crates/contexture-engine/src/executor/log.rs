@@ -66,6 +66,8 @@ pub struct ExecutionLog {
     failure: Option<StepFailure>,
     end: Option<RunEnd>,
     cost_usd: f64,
+    /// A call spent tokens at no known price.
+    cost_unknown: bool,
     cancel: Option<CancelRequest>,
     /// How many times each state has finished (an iteration counts once).
     visits: HashMap<String, u64>,
@@ -114,6 +116,7 @@ impl ExecutionLog {
             failure: None,
             end: None,
             cost_usd: 0.0,
+            cost_unknown: false,
             cancel: None,
             visits: HashMap::new(),
             outputs: HashMap::new(),
@@ -216,6 +219,7 @@ impl ExecutionLog {
             EventKind::RequestStarted(_) => self.requests_started += 1,
             EventKind::RequestEnded(end) => {
                 self.cost_usd += end.cost_usd.unwrap_or(0.0);
+                self.cost_unknown |= end.known_cost_usd().is_none();
                 if end
                     .error
                     .as_deref()
@@ -337,6 +341,12 @@ impl ExecutionLog {
     /// Dollars spent by the execution's calls whose price is known.
     pub fn cost_usd(&self) -> f64 {
         self.cost_usd
+    }
+
+    /// Dollars spent on the run's calls, `None` when one of them spent tokens at no known
+    /// price (the total is then unknown, not the known part).
+    pub fn total_cost_usd(&self) -> Option<f64> {
+        (!self.cost_unknown).then_some(self.cost_usd)
     }
 }
 

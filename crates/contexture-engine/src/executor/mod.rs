@@ -116,8 +116,8 @@ pub struct RunOutcome {
     pub context: ContextStore,
     /// Tokens spent, as providers reported them.
     pub usage: Usage,
-    /// Dollars spent on calls whose price is known.
-    pub cost_usd: f64,
+    /// Dollars spent; `None` when a call spent tokens at no known price.
+    pub cost_usd: Option<f64>,
     /// Steps run (a step re-run after a failure counts again).
     pub steps: u64,
 }
@@ -750,7 +750,7 @@ fn outcome(execution_id: &str, log: &ExecutionLog) -> RunOutcome {
         output: log.last_output().unwrap_or_default().to_owned(),
         context: log.store(),
         usage: log.usage(),
-        cost_usd: log.cost_usd(),
+        cost_usd: log.total_cost_usd(),
         steps: log.steps_started(),
     }
 }
