@@ -236,11 +236,6 @@ impl LoopView {
         &self.view
     }
 
-    /// How many of the loop's own messages the replacement stands for.
-    pub fn covered(&self) -> usize {
-        self.covered
-    }
-
     /// The tokens of what requests send of the loop.
     pub fn tokens(&self, counter: &TokenCounter) -> u64 {
         self.view
@@ -382,18 +377,17 @@ impl Compactor {
         let projected = target.thread().projected_messages();
         let tokens_before = projection_tokens(target.thread(), &counter);
         let mut report = CompactionReport::new(tokens_before, policy);
-        let info = |plan: &Plan| CompactionInfo {
-            thread_id: target.thread_id().to_owned(),
-            reason: request.reason.clone(),
-            from_seq: plan.from_seq,
-            to_seq: plan.to_seq,
-            covered_messages: plan.covered.len(),
-            loop_step: None,
-        };
-        let Some(plan) = self.plan(&projected, request, &counter, &mut report) else {
+        let planned = self.plan(
+            target.thread_id(),
+            None,
+            &projected,
+            request,
+            &counter,
+            &mut report,
+        );
+        let Some((plan, info)) = planned else {
             return Ok(report);
         };
-        let info = info(&plan);
         let Some(messages) = self
             .write(target, &plan, &projected, request, &info, &mut report)
             .await?
@@ -456,17 +450,17 @@ impl Compactor {
             })
             .collect();
         let mut report = CompactionReport::new(view.tokens(&counter), &request.policy);
-        let Some(plan) = self.plan(&projected, request, &counter, &mut report) else {
-            return Ok(report);
-        };
         let step = request.step.unwrap_or_default();
-        let info = CompactionInfo {
-            thread_id: target.thread_id().to_owned(),
-            reason: request.reason.clone(),
-            from_seq: plan.from_seq,
-            to_seq: plan.to_seq,
-            covered_messages: plan.covered.len(),
-            loop_step: Some(step),
+        let planned = self.plan(
+            target.thread_id(),
+            Some(step),
+            &projected,
+            request,
+            &counter,
+            &mut report,
+        );
+        let Some((plan, info)) = planned else {
+            return Ok(report);
         };
         let Some(replacement) = self
             .write(target, &plan, &projected, request, &info, &mut report)
@@ -495,14 +489,18 @@ impl Compactor {
         Ok(report)
     }
 
-    /// What `request` covers of `projected`; `None` (and the report says why) when nothing.
+    /// What `request` covers of `projected` (the thread `thread_id`'s messages, or with
+    /// `loop_step` that step's own loop), and what hooks are told of it; `None` (and the
+    /// report says why) when nothing.
     fn plan(
         &self,
+        thread_id: &str,
+        loop_step: Option<u64>,
         projected: &[ProjectedMessage],
         request: &CompactRequest,
         counter: &TokenCounter,
         report: &mut CompactionReport,
-    ) -> Option<Plan> {
+    ) -> Option<(Plan, CompactionInfo)> {
         let Some(plan) = plan(projected, &request.policy.keep, counter) else {
             report.outcome = CompactionOutcome::Skipped {
                 reason: "nothing older than the kept tail to summarize".to_owned(),
@@ -511,7 +509,15 @@ impl Compactor {
         };
         report.covered = Some((plan.from_seq, plan.to_seq));
         report.covered_messages = plan.covered.len();
-        Some(plan)
+        let info = CompactionInfo {
+            thread_id: thread_id.to_owned(),
+            reason: request.reason.clone(),
+            from_seq: plan.from_seq,
+            to_seq: plan.to_seq,
+            covered_messages: plan.covered.len(),
+            loop_step,
+        };
+        Some((plan, info))
     }
 
     /// The messages that stand for `plan`'s covered part: after the hooks agreed, the

@@ -333,22 +333,6 @@ impl FitSettings {
         })
     }
 
-    /// Settings for `model` under `budget`, keeping history by `strategy`, with nothing made
-    /// smaller before trimming.
-    pub fn plain(
-        model: ModelInfo,
-        budget: BudgetPolicy,
-        strategy: Strategy,
-    ) -> Result<FitSettings, BudgetError> {
-        let policy = FitPolicy {
-            strategy,
-            reserve: budget.reserve_output,
-            budget_ratio: budget.budget_ratio,
-            ..FitPolicy::default()
-        };
-        FitSettings::new(model, policy, FitOverrides::default())
-    }
-
     /// The same model and overrides under `policy` (a thread's own, in place of the
     /// server's default).
     pub fn adopt(&mut self, policy: &FitPolicy) -> Result<(), BudgetError> {
@@ -372,11 +356,6 @@ impl FitSettings {
     /// The budget policy in effect.
     pub fn budget(&self) -> BudgetPolicy {
         self.policy.budget()
-    }
-
-    /// Which history survives.
-    pub fn strategy(&self) -> Strategy {
-        self.policy.strategy
     }
 
     /// What fitting needs of the stored thread `thread`: its projection, or with a strategy

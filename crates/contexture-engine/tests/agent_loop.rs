@@ -7,8 +7,8 @@ mod common;
 
 use common::{events, executor, forty_call_workflow, requests, script, sqlite, start};
 use contexture_core::fit::{Rules, is_cleared_placeholder, validate};
-use contexture_core::thread::EventKind;
-use contexture_core::{Encoding, Role, TokenCounter};
+use contexture_core::thread::{EventKind, FitRecord, RequestRecord};
+use contexture_core::{Encoding, Message, Role, TokenCounter};
 
 /// A tool whose every result is about 1,200 tokens of numbered lines.
 const WORKFLOW: &str = r#"
@@ -78,21 +78,9 @@ async fn with_truncation_and_clearing_every_call_fits_and_keeps_its_task_and_rec
     for (n, (record, sent)) in records.iter().zip(&sent).enumerate() {
         // Recorded exactly as sent, within the limit, valid for both providers' rules.
         assert_eq!(record.messages, sent.messages, "call {n}");
-        let fit = record.fit.as_ref().expect("a fit record");
-        assert!(
-            fit.tokens_after <= u64::from(fit.limit),
-            "call {n}: {fit:?}"
-        );
-        for rules in [Rules::OpenAi, Rules::Anthropic] {
-            assert_eq!(validate(&record.messages, rules), vec![], "call {n}");
-        }
-        assert!(
-            record
-                .messages
-                .iter()
-                .any(|m| m.role == Role::User && m.text() == "Read ten pages and sum them up."),
-            "call {n} lost its task"
-        );
+        let fit = fits_and_keeps_task(n, record, &[Rules::OpenAi, Rules::Anthropic], |m| {
+            m.role == Role::User && m.text() == "Read ten pages and sum them up."
+        });
         let results: Vec<_> = record
             .messages
             .iter()
@@ -135,15 +123,7 @@ async fn with_truncation_and_clearing_every_call_fits_and_keeps_its_task_and_rec
     }
     assert!(cleared_any, "the loop passed the trigger");
     // The step's log holds every result whole.
-    let whole: Vec<String> = log
-        .iter()
-        .filter_map(|event| match &event.kind {
-            EventKind::StepMessage(step) if step.message.role == Role::Tool => {
-                Some(step.message.text())
-            }
-            _ => None,
-        })
-        .collect();
+    let whole = logged_results(&log);
     assert_eq!(whole.len(), 10);
     for (page, text) in whole.iter().enumerate() {
         assert!(counter.count_text(text) > 1_000, "page {page}");
@@ -152,6 +132,33 @@ async fn with_truncation_and_clearing_every_call_fits_and_keeps_its_task_and_rec
             "page {page}"
         );
     }
+}
+
+/// Checks that call `n`'s `record` fits its limit, is valid under each of `rules` and holds a
+/// message that `is_task`; returns its fit record.
+fn fits_and_keeps_task<'r>(
+    n: usize,
+    record: &'r RequestRecord,
+    rules: &[Rules],
+    is_task: impl Fn(&Message) -> bool,
+) -> &'r FitRecord {
+    let fit = record.fit.as_ref().expect("a fit record");
+    assert!(
+        fit.tokens_after <= u64::from(fit.limit),
+        "call {n}: {fit:?}"
+    );
+    for &rules in rules {
+        assert_eq!(
+            validate(&record.messages, rules),
+            vec![],
+            "{rules} call {n}"
+        );
+    }
+    assert!(
+        record.messages.iter().any(is_task),
+        "call {n} lost its task"
+    );
+    fit
 }
 
 /// The step's tool results as its log holds them.
@@ -228,23 +235,9 @@ async fn loop_compaction(model: &str, rules: Rules) {
     let records = requests(&log);
     assert_eq!(records.len(), 11);
     for (n, record) in records.iter().enumerate() {
-        let fit = record.fit.as_ref().expect("a fit record");
-        assert!(
-            fit.tokens_after <= u64::from(fit.limit),
-            "call {n}: {fit:?}"
-        );
-        assert_eq!(
-            validate(&record.messages, rules),
-            vec![],
-            "{model} call {n}"
-        );
-        assert!(
-            record
-                .messages
-                .iter()
-                .any(|m| m.text().contains("Read ten pages and sum them up.")),
-            "call {n} lost its task"
-        );
+        fits_and_keeps_task(n, record, &[rules], |m| {
+            m.text().contains("Read ten pages and sum them up.")
+        });
         // The newest tool use is always there whole.
         if n > 0 {
             let last = record.messages.last().unwrap();
@@ -427,21 +420,9 @@ async fn forty_call_loop(context: &str) -> f64 {
     assert_eq!(records.len(), 41);
     let mut stable = 0;
     for (n, record) in records.iter().enumerate() {
-        let fit = record.fit.as_ref().unwrap();
-        assert!(
-            fit.tokens_after <= u64::from(fit.limit),
-            "call {n}: {fit:?}"
-        );
-        for rules in [Rules::OpenAi, Rules::Anthropic] {
-            assert_eq!(validate(&record.messages, rules), vec![], "call {n}");
-        }
-        assert!(
-            record
-                .messages
-                .iter()
-                .any(|m| m.text() == "Search forty times and report."),
-            "call {n} lost its task"
-        );
+        let fit = fits_and_keeps_task(n, record, &[Rules::OpenAi, Rules::Anthropic], |m| {
+            m.text() == "Search forty times and report."
+        });
         let results: Vec<_> = record
             .messages
             .iter()

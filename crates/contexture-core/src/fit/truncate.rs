@@ -147,13 +147,17 @@ pub fn keep_head_and_tail(
     Some(format!("{head}{}{tail}", marker(cut)))
 }
 
-/// The longest prefix of `text` (on a character boundary) of at most `limit` tokens.
-fn longest_prefix<'t>(text: &'t str, limit: u32, counter: &TokenCounter) -> &'t str {
-    let bounds: Vec<usize> = text
-        .char_indices()
+/// Every character boundary of `text`, its end included.
+fn char_bounds(text: &str) -> Vec<usize> {
+    text.char_indices()
         .map(|(i, _)| i)
         .chain([text.len()])
-        .collect();
+        .collect()
+}
+
+/// The longest prefix of `text` (on a character boundary) of at most `limit` tokens.
+fn longest_prefix<'t>(text: &'t str, limit: u32, counter: &TokenCounter) -> &'t str {
+    let bounds = char_bounds(text);
     let (mut low, mut high) = (0, bounds.len() - 1);
     while low < high {
         let mid = (low + high).div_ceil(2);
@@ -168,11 +172,7 @@ fn longest_prefix<'t>(text: &'t str, limit: u32, counter: &TokenCounter) -> &'t 
 
 /// The longest suffix of `text` (on a character boundary) of at most `limit` tokens.
 fn longest_suffix<'t>(text: &'t str, limit: u32, counter: &TokenCounter) -> &'t str {
-    let bounds: Vec<usize> = text
-        .char_indices()
-        .map(|(i, _)| i)
-        .chain([text.len()])
-        .collect();
+    let bounds = char_bounds(text);
     let (mut low, mut high) = (0, bounds.len() - 1);
     while low < high {
         let mid = (low + high) / 2;

@@ -216,11 +216,7 @@ pub(crate) fn describe_loop(report: &CompactionReport) -> String {
         CompactionOutcome::Compacted { .. } => format!(
             "This step's earlier tool calls and results ({} messages) were replaced by {}; the step's messages went from {} to {} tokens.",
             report.covered_messages,
-            if report.summary.is_some() {
-                "a summary"
-            } else {
-                "the notes"
-            },
+            replaced_by(report),
             report.tokens_before,
             report.tokens_after
         ),
@@ -236,11 +232,7 @@ pub(crate) fn describe(report: &CompactionReport) -> String {
             format!(
                 "Context compacted: {} earlier messages (seqs {from}-{to}) were replaced by {}; the history went from {} to {} tokens.",
                 report.covered_messages,
-                if report.summary.is_some() {
-                    "a summary"
-                } else {
-                    "the notes"
-                },
+                replaced_by(report),
                 report.tokens_before,
                 report.tokens_after
             )
@@ -249,5 +241,14 @@ pub(crate) fn describe(report: &CompactionReport) -> String {
         CompactionOutcome::Failed { error } => {
             format!("Compaction failed and nothing was replaced: {error}")
         }
+    }
+}
+
+/// What a compaction put in place of what it covered.
+fn replaced_by(report: &CompactionReport) -> &'static str {
+    if report.summary.is_some() {
+        "a summary"
+    } else {
+        "the notes"
     }
 }
