@@ -142,28 +142,26 @@ pub fn fit_request_in_loop(
         .collect();
     // The request's own messages (a step's task and tool loop, a chat turn's new messages)
     // are kept whole: the system prompt and the history are trimmed to what they leave.
-    let mut head = shrunk.messages;
-    let mut own_part = head.split_off(shrunk.own_from);
+    let mut messages = shrunk.messages;
     // A unit is never split: results among the request's own messages (a chat turn's, which
     // answer the history's last calls) keep the turn that called them, and its other results.
-    let mut from = head.len();
-    if own_part
-        .first()
+    let mut from = shrunk.own_from;
+    if messages
+        .get(from)
         .is_some_and(|message| message.role == Role::Tool)
     {
-        while from > system_len && head[from - 1].role == Role::Tool {
+        while from > system_len && messages[from - 1].role == Role::Tool {
             from -= 1;
         }
-        if from > system_len && head[from - 1].role == Role::Assistant {
+        if from > system_len && messages[from - 1].role == Role::Assistant {
             from -= 1;
         }
     }
-    if from < head.len() {
-        let mut unit = head.split_off(from);
-        unit.append(&mut own_part);
-        own_part = unit;
-    }
-    let own_tokens: u64 = own_part
+    // The head is moved out and the trimmed head put back in front: the own part (a long
+    // loop's hundreds of messages) stays in the one list the request is sent from, never
+    // copied into another.
+    let head: Vec<Message> = messages.drain(..from).collect();
+    let own_tokens: u64 = messages
         .iter()
         .map(|message| u64::from(counter.count_message(message)))
         .sum();
@@ -187,8 +185,7 @@ pub fn fit_request_in_loop(
             other => other,
         })
     })?;
-    let mut messages = trimmed.messages;
-    messages.extend(own_part);
+    messages.splice(0..0, trimmed.messages);
     // The kept history's last turn and the request's first may be of one role: mended when
     // the request breaks the rules (it seldom does, and a long loop is not copied for it).
     let (messages, joined) = if validate(&messages, target.rules).is_empty() {

@@ -360,11 +360,13 @@ pub fn carry_cleared<'a>(
     for message in messages {
         match message.role {
             Role::Assistant => {
-                turn = message
-                    .tool_calls
-                    .iter()
-                    .map(|call| (call.id.as_str(), call.name.as_str()))
-                    .collect();
+                turn.clear();
+                turn.extend(
+                    message
+                        .tool_calls
+                        .iter()
+                        .map(|call| (call.id.as_str(), call.name.as_str())),
+                );
                 turn_clearable = message.tool_calls.len() == 1 && !message.is_pinned();
                 turn_saved = 0;
                 let made = match turn.first() {
