@@ -479,3 +479,69 @@ states:
     let stderr = failure(&dir, &["cancel", "nobody"]);
     assert!(stderr.contains("nobody"), "{stderr}");
 }
+
+/// `--user-context`: every request of the run and of its sub-workflow reads it; a value that
+/// is not a JSON object is refused with what was wrong and where, before anything runs.
+#[test]
+fn the_user_context_reaches_the_sub_workflow_and_bad_ones_are_refused() {
+    let dir = TempDir::new("contexture-run-user-context");
+    std::fs::write(
+        dir.join("workflow.yaml"),
+        "assistants: [{id: a, model: gpt-4o-mini, system_prompt: 'You write for {{ user_context.user.name }}.'}]\n\
+         states:\n  - {id: plan, assistant_id: a, task: 'Plan the {{ user_context.plan }} report', next: {state_id: child}}\n  \
+         - {id: child, workflow: child.yaml, next: {end: true}}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("child.yaml"),
+        "assistants: [{id: c, model: gpt-4o-mini}]\n\
+         states: [{id: write, assistant_id: c, task: 'Write it for {{ user_context.user.name }}', next: {end: true}}]\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("replies.yaml"),
+        "- content: a plan\n- content: the report\n",
+    )
+    .unwrap();
+    let workflow = dir.join("workflow.yaml").display().to_string();
+    let llm = format!("scripted:{}", dir.join("replies.yaml").display());
+    let run = |user_context: &str| {
+        contexture(
+            &dir,
+            &[
+                "run",
+                &workflow,
+                "--llm",
+                &llm,
+                "--trace",
+                "--user-context",
+                user_context,
+            ],
+        )
+        .run()
+    };
+    let outcome = run(r#"{"user": {"name": "Ada"}, "plan": "quarterly"}"#);
+    assert_eq!(outcome.expect_success(), "the report\n");
+    let trace = outcome.stderr;
+    assert!(trace.contains("You write for Ada."), "{trace}");
+    assert!(trace.contains("Plan the quarterly report"), "{trace}");
+    let child = trace
+        .split("--- request ")
+        .find(|request| request.contains("/child.1/"))
+        .expect("the child's request is traced");
+    assert!(child.contains("Write it for Ada"), "{child}");
+
+    for (bad, words) in [
+        (
+            r#"["Ada"]"#,
+            "--user-context: the user context must be a JSON object (its keys are read as user_context.KEY), not an array",
+        ),
+        (
+            "{\"user\": }",
+            "--user-context: the user context is not valid JSON: expected value at line 1, column 10",
+        ),
+    ] {
+        let error = run(bad).expect_failure();
+        assert!(error.contains(words), "{bad}: {error}");
+    }
+}

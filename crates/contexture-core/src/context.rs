@@ -46,4 +46,4 @@ pub use iter::{IterError, IterationItem, MergePolicy, select_items};
 pub use parse::{OutputFormat, ParsedOutput, parse_output, parse_output_bytes};
 pub use path::Path;
 pub use store::ContextStore;
-pub use template::{MissingPolicy, RenderOptions, Rendered, TemplateError, render};
+pub use template::{MissingPolicy, RenderOptions, Rendered, TemplateError, USER_CONTEXT, render};

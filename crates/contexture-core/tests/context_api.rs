@@ -4,8 +4,9 @@
 use contexture_core::context::args::{resolve_arg_list, resolve_args};
 use contexture_core::context::iter::{merge_results, plan_items};
 use contexture_core::context::{
-    Branch, ClearContextStore, Condition, ContextStore, ExprError, MergePolicy, RenderOptions,
-    Scope, Switch, TransitionFlags, apply_transition, parse_output, render, select_items,
+    Branch, ClearContextStore, Condition, ContextStore, ExprError, MergePolicy, MissingPolicy,
+    RenderOptions, Scope, Switch, TemplateError, TransitionFlags, apply_transition, parse_output,
+    render, select_items,
 };
 use serde_json::{Value, json};
 
@@ -192,4 +193,78 @@ fn template_locals_and_globals_are_not_missing_context_keys() {
     // A recursive value is rendered before its attributes are looked at.
     assert_eq!(render("{{ user }}"), "Ann");
     assert_eq!(render("{{ user.missing }}"), "{{ user.missing }}");
+}
+
+#[test]
+fn the_user_context_is_read_before_context_keys_and_caller_variables() {
+    let user_context = json!({"user": {"name": "Ada", "roles": ["admin", "dev"]}, "plan": "pro"});
+    let options = RenderOptions::fixed(0)
+        .with_variable("user_context", json!({"plan": "from a caller variable"}))
+        .with_user_context(user_context.as_object().cloned());
+    // A step wrote a key of the same name: it does not shadow the run's user context.
+    let ctx = store(
+        json!({"user_context": {"plan": "free"}, "greeting": "Hi {{ user_context.user.name }}"}),
+    );
+    let cases = [
+        ("{{ user_context.plan }}", "pro"),
+        ("{{ user_context.user.name }}", "Ada"),
+        ("{{ user_context.user.roles[1] }}", "dev"),
+        ("{{ user_context.user.roles | join(',') }}", "admin,dev"),
+        (
+            "{% if user_context.plan == 'pro' %}priority{% endif %}",
+            "priority",
+        ),
+        // A context value's template reads it too.
+        ("{{ greeting }}", "Hi Ada"),
+        // A path below it that does not resolve follows the missing-variable policy.
+        ("{{ user_context.locale }}", "{{ user_context.locale }}"),
+    ];
+    for (template, expected) in cases {
+        assert_eq!(
+            render(template, &ctx, &options).unwrap().text,
+            expected,
+            "{template}"
+        );
+    }
+    let strict = options.clone().with_missing(MissingPolicy::Error);
+    let error = render(
+        "{{ user_context.locale }} {{ user_context.plan }}",
+        &ctx,
+        &strict,
+    )
+    .unwrap_err();
+    assert_eq!(
+        error,
+        TemplateError::Missing {
+            names: vec!["user_context.locale".into()]
+        }
+    );
+    // Without one, `user_context` is an ordinary name: the context key answers.
+    let plain = RenderOptions::fixed(0);
+    assert_eq!(
+        render("{{ user_context.plan }}", &ctx, &plain)
+            .unwrap()
+            .text,
+        "free"
+    );
+}
+
+#[test]
+fn an_isolated_render_carries_the_user_context() {
+    use contexture_core::context::isolation::RenderSettings;
+    let options =
+        RenderOptions::fixed(0).with_user_context(json!({"plan": "pro"}).as_object().cloned());
+    let settings = RenderSettings::of(&options);
+    let wire = serde_json::to_string(&settings).unwrap();
+    let back: RenderSettings = serde_json::from_str(&wire).unwrap();
+    let options = back.into_options(std::sync::Arc::new(
+        contexture_core::context::FixedIds::default(),
+    ));
+    let text = render("{{ user_context.plan }}", &ContextStore::new(), &options)
+        .unwrap()
+        .text;
+    assert_eq!(text, "pro");
+    // Without a user context the wire form has no such field (older workers read it).
+    let plain = serde_json::to_value(RenderSettings::of(&RenderOptions::fixed(0))).unwrap();
+    assert!(plain.get("user_context").is_none());
 }

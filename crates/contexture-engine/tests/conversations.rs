@@ -30,6 +30,7 @@ async fn say(exec: &Executor<SqliteStore>, workflow: &str, user: &str, input: &s
     exec.start(RunRequest {
         conversation: Some(key(user)),
         provenance: Default::default(),
+        user_context: None,
         ..RunRequest::new("support.yaml", workflow, input)
     })
     .await

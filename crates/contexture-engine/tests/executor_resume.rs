@@ -185,6 +185,7 @@ async fn run_example<S: Store>(store: S, id: &str) -> contexture_engine::executo
         llm: None,
         conversation: None,
         provenance: Default::default(),
+        user_context: None,
     })
     .await
     .unwrap()

@@ -35,6 +35,7 @@ fn client(text: &str) -> RunRequest {
     RunRequest {
         execution_id: Some("run-1".into()),
         provenance: Provenance::Client,
+        user_context: None,
         ..RunRequest::new("request.yaml", text, "x")
     }
 }
@@ -163,6 +164,7 @@ async fn a_resumed_client_run_stays_a_client_run() {
                 limits: RunLimits::default(),
                 conversation: None,
                 from_client: true,
+                user_context: None,
             }))],
         )
         .await

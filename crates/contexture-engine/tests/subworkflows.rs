@@ -450,3 +450,87 @@ states:
         ]
     );
 }
+
+const USER_PARENT: &str = r#"
+assistants:
+  - {id: a, model: gpt-4o-mini, system_prompt: 'You help {{ user_context.user.name }} ({{ user_context.plan }} plan).'}
+states:
+  - id: first
+    assistant_id: a
+    task: 'Plan for {{ user_context.user.name }}'
+    next: {state_id: child, output_key: user_context}
+  - id: child
+    workflow: middle.yaml
+    next: {end: true}
+"#;
+
+const USER_MIDDLE: &str = r#"
+assistants: [{id: m, model: gpt-4o-mini}]
+states:
+  - id: work
+    assistant_id: m
+    task: 'Middle for {{ user_context.user.name }}'
+    next: {state_id: deeper}
+  - id: deeper
+    workflow: leaf.yaml
+    next: {end: true}
+"#;
+
+const USER_LEAF: &str = r#"
+assistants: [{id: l, model: gpt-4o-mini}]
+states:
+  - {id: leaf, assistant_id: l, task: 'Leaf for {{ user_context.user.name }} on {{ user_context.plan }}', next: {end: true}}
+"#;
+
+/// A run's user context reaches every template of the run and of its sub-workflows (two
+/// levels down) without any mapping, no step can shadow it (the first step's output is
+/// stored under `user_context`), and each child's log records it, so a resume keeps it.
+#[tokio::test]
+async fn the_user_context_reaches_every_descendant_read_only() {
+    let (_dir, store) = sqlite().await;
+    let provider = script(
+        r#"
+- content: '{"user": {"name": "Mallory"}, "plan": "free"}'
+- content: middle done
+- content: leaf done
+"#,
+    );
+    let exec = executor(store.clone(), provider.clone()).with_workflow_source(library(&[
+        ("middle.yaml", USER_MIDDLE),
+        ("leaf.yaml", USER_LEAF),
+    ]));
+    let user_context = serde_json::json!({"user": {"name": "Ada"}, "plan": "pro"});
+    let outcome = exec
+        .start(RunRequest {
+            execution_id: Some("run-1".into()),
+            user_context: user_context.as_object().cloned(),
+            ..RunRequest::new("workflow.yaml", USER_PARENT, "go")
+        })
+        .await
+        .unwrap();
+    assert_eq!(outcome.output, "leaf done");
+    let sent = provider.requests();
+    assert_eq!(
+        texts(&sent[0].messages),
+        ["You help Ada (pro plan).", "go", "Plan for Ada"]
+    );
+    assert_eq!(texts(&sent[1].messages).last().unwrap(), "Middle for Ada");
+    assert_eq!(
+        texts(&sent[2].messages).last().unwrap(),
+        "Leaf for Ada on pro"
+    );
+    // The parent's store holds the step's output under that name; templates never read it.
+    let parent = exec.load("run-1").await.unwrap();
+    assert_eq!(
+        parent.store().get("user_context").unwrap()["user"]["name"],
+        "Mallory"
+    );
+    for id in ["run-1", "run-1/child.1", "run-1/child.1/deeper.1"] {
+        let log = exec.load(id).await.unwrap();
+        assert_eq!(
+            log.start().unwrap().user_context.as_ref(),
+            user_context.as_object(),
+            "{id}"
+        );
+    }
+}

@@ -230,3 +230,91 @@ async fn two_servers_share_one_postgres_database() {
     b.shutdown().await;
     store_a.drop_schema().await.unwrap();
 }
+
+const USER_PARENT: &str = r#"
+assistants: [{id: a, model: gpt-4o-mini}]
+states:
+  - {id: plan, assistant_id: a, task: 'Plan for {{ user_context.user }} on {{ user_context.plan }}', next: {state_id: leaf}}
+  - {id: leaf, workflow: leaf.yaml, next: {end: true}}
+"#;
+
+const USER_LEAF: &str = r#"
+assistants: [{id: l, model: gpt-4o-mini}]
+states:
+  - {id: answer, assistant_id: l, task: 'Leaf for {{ user_context.user }}', next: {end: true}}
+"#;
+
+/// Two tenants start the same client workflow, each with its own user context, over real
+/// HTTP to a fake provider: every request of each run, its sub-workflow's included, reads
+/// its own user context and never the other's; a user context that is not a JSON object of
+/// bounded size is a 400 naming `user_context`, and no execution is written.
+#[tokio::test]
+async fn each_run_and_its_children_read_their_own_user_context() {
+    let dir = TempDir::new("contexture-user-context");
+    std::fs::write(dir.join("leaf.yaml"), USER_LEAF).unwrap();
+    let upstream = FakeUpstream::start().await;
+    upstream.extend((0..4).map(|n| Reply::text(format!("reply {n}"))));
+    let mut config = config(Some(&upstream.base_url()));
+    config.llm = "openai:gpt-4o-mini".into();
+    config.workflows_dir = Some(dir.path().to_owned());
+    let store = SqliteStore::open(dir.join("exec.db")).await.unwrap();
+    let server = TestServer::start(config, AnyStore::Sqlite(store)).await;
+    let runs = [("acme", "Ada", "pro"), ("globex", "Grace", "free")];
+    let mut keys = Vec::new();
+    for (tenant, user, plan) in runs {
+        let key = server.key(tenant).await;
+        let (status, body) = post(
+            &server,
+            &key,
+            "/v1/executions",
+            json!({"workflow_yaml": USER_PARENT, "input": "go", "id": "job",
+                   "user_context": {"user": user, "plan": plan}}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+        keys.push(key);
+    }
+    for key in &keys {
+        let status = wait_for_status(&server, key, "job", "completed").await;
+        let output = status["output"].as_str().unwrap();
+        assert!(output.starts_with("reply "), "{status}");
+    }
+    let bodies: Vec<String> = upstream.bodies().iter().map(Value::to_string).collect();
+    assert_eq!(bodies.len(), 4);
+    for (_, user, plan) in runs {
+        let other = if user == "Ada" { "Grace" } else { "Ada" };
+        let plan_request = format!("Plan for {user} on {plan}");
+        let leaf_request = format!("Leaf for {user}");
+        let own: Vec<&String> = bodies.iter().filter(|b| b.contains(user)).collect();
+        assert_eq!(own.len(), 2, "{user}: {bodies:?}");
+        assert!(own.iter().any(|b| b.contains(&plan_request)), "{bodies:?}");
+        assert!(own.iter().any(|b| b.contains(&leaf_request)), "{bodies:?}");
+        assert!(own.iter().all(|b| !b.contains(other)), "{bodies:?}");
+    }
+
+    // Hostile user contexts: refused before anything is written.
+    let key = &keys[0];
+    let big = "x".repeat(70 * 1024);
+    let table = [
+        (json!(["Ada"]), "not an array"),
+        (json!("Ada"), "not a string"),
+        (json!(42), "not a number"),
+        (json!({"notes": big}), "at most 65536 are accepted"),
+    ];
+    for (user_context, words) in table {
+        let (status, error) = post(
+            &server,
+            key,
+            "/v1/executions",
+            json!({"workflow_yaml": USER_PARENT, "id": "refused", "user_context": user_context}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+        assert_eq!(error["error"]["param"], "user_context", "{error}");
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(message.contains(words), "{message}");
+        let (status, _) = get(&server, key, "/v1/executions/refused").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+    }
+    server.shutdown().await;
+}

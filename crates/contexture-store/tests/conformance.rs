@@ -256,6 +256,9 @@ async fn execution_log_events_round_trip_with_token_counts(h: &impl Harness) {
             },
             conversation: Some("conversation:t:u:w".into()),
             from_client: true,
+            user_context: serde_json::json!({"plan": "pro", "user": {"name": "Ada"}})
+                .as_object()
+                .cloned(),
         }),
         EventKind::StepStarted(StepStart {
             step: 1,

@@ -15,7 +15,9 @@ use clap::Args;
 use contexture_core::format::openai;
 use contexture_core::thread::{Event, EventKind, RequestOutcome, RunLimits};
 use contexture_engine::conversation::ConversationKey;
-use contexture_engine::executor::{ExecError, Executor, Observer, RunOutcome, RunRequest};
+use contexture_engine::executor::{
+    ExecError, Executor, Observer, RunOutcome, RunRequest, parse_user_context,
+};
 use contexture_engine::llm::LlmSpec;
 use contexture_engine::sources::FileSource;
 use contexture_engine::workflow::Workflow;
@@ -52,6 +54,11 @@ pub struct RunArgs {
     /// The tenant of --conversation.
     #[arg(long, default_value = "default", requires = "conversation")]
     tenant: String,
+    /// The run's user context, a JSON object that every template of the run and of its
+    /// sub-workflows reads, read-only, as `user_context.KEY` (a resumed run keeps the one
+    /// it started with).
+    #[arg(long, value_name = "JSON", conflicts_with = "resume")]
+    user_context: Option<String>,
     /// The new execution's id (default: a fresh UUID).
     #[arg(long)]
     execution_id: Option<String>,
@@ -152,6 +159,12 @@ async fn execute(args: RunArgs) -> Result<()> {
             Some((file, text, input, conversation))
         }
     };
+    let user_context = args
+        .user_context
+        .as_deref()
+        .map(parse_user_context)
+        .transpose()
+        .map_err(|error| anyhow!("--user-context: {error}"))?;
     let spec: LlmSpec = spec_text.parse()?;
     let router = spec.router(&settings, registry.clone(), skip)?;
     let executor = Executor::new(store, router)
@@ -173,6 +186,7 @@ async fn execute(args: RunArgs) -> Result<()> {
                     llm: Some(spec.to_string()),
                     conversation: conversation.clone(),
                     provenance: Default::default(),
+                    user_context: user_context.clone(),
                 })
                 .await
         }

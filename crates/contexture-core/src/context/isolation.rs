@@ -51,6 +51,9 @@ pub struct RenderSettings {
     pub now: Timestamp,
     /// The caller's extra variables.
     pub variables: Map<String, Value>,
+    /// The run's user context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_context: Option<Map<String, Value>>,
 }
 
 impl RenderSettings {
@@ -62,6 +65,11 @@ impl RenderSettings {
             max_output_bytes: options.max_output_bytes,
             now: options.clock.now(),
             variables: options.variables.clone(),
+            user_context: options
+                .user_context
+                .as_deref()
+                .and_then(Value::as_object)
+                .cloned(),
         }
     }
 
@@ -72,7 +80,7 @@ impl RenderSettings {
             .with_fuel(self.fuel)
             .with_max_output_bytes(self.max_output_bytes);
         options.variables = self.variables;
-        options
+        options.with_user_context(self.user_context)
     }
 }
 

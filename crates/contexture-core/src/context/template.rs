@@ -28,6 +28,9 @@
 //! from [`RenderOptions::variables`]; a context key of the same name takes precedence. Within one
 //! render each dynamic variable has one value (`{{uuid}}` twice prints the same id).
 //!
+//! **The user context** ([`RenderOptions::user_context`]), a run's read-only object, is
+//! `user_context`: it comes before everything, context keys included.
+//!
 //! The parts: `scan` finds the expression tags of a template source, `roots` answers which
 //! names a template may read (context keys, with the templates inside their values rendered,
 //! then the caller's and the dynamic variables), and `rendering` rewrites the tags by the
@@ -93,6 +96,9 @@ pub const DEFAULT_FUEL: u64 = 1_000_000;
 /// windows; a template that would write more stops there instead of growing without bound.
 pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 16 * 1024 * 1024;
 
+/// The name templates read the run's user context by ([`RenderOptions::user_context`]).
+pub const USER_CONTEXT: &str = "user_context";
+
 /// Deepest chain of context values that render other context values (`a` uses `b` uses ...).
 pub const MAX_VALUE_NESTING: usize = 32;
 
@@ -114,6 +120,12 @@ pub struct RenderOptions {
     /// `username`, `os` and `working_directory` (the CLI fills these; the core reads nothing
     /// from the machine). A context key of the same name takes precedence.
     pub variables: Map<String, Value>,
+    /// The run's user context (who asked, their plan, their locale...), read as
+    /// `user_context.*`: set once for a run and seen by every sub-workflow below it. Unlike
+    /// the caller's variables it takes precedence over a context key of the same name, so
+    /// no step can shadow or change it.
+    /// Always an object (see [`RenderOptions::with_user_context`]).
+    pub user_context: Option<Arc<Value>>,
     /// Where renders run when not in this process: set for templates nobody vouches for
     /// (a workflow a client sent), so that their memory and time are bounded.
     pub isolation: Option<Arc<dyn RenderIsolation>>,
@@ -140,6 +152,7 @@ impl RenderOptions {
             clock,
             ids,
             variables: Map::new(),
+            user_context: None,
             isolation: None,
         }
     }
@@ -162,6 +175,12 @@ impl RenderOptions {
     /// The same options with one more caller-supplied variable.
     pub fn with_variable(mut self, name: impl Into<String>, value: Value) -> RenderOptions {
         self.variables.insert(name.into(), value);
+        self
+    }
+
+    /// The same options with the run's user context (see [`RenderOptions::user_context`]).
+    pub fn with_user_context(mut self, user_context: Option<Map<String, Value>>) -> RenderOptions {
+        self.user_context = user_context.map(|map| Arc::new(Value::Object(map)));
         self
     }
 

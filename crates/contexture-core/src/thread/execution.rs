@@ -38,6 +38,11 @@ pub struct RunStart {
     /// its sub-workflows nor a resume of it ever start a program on the host.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub from_client: bool,
+    /// The run's user context: an object every template of the run and of its
+    /// sub-workflows reads, read-only, as `user_context.*`. A sub-workflow's run carries its
+    /// parent's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_context: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// What one execution may spend before it is stopped.

@@ -53,6 +53,7 @@ impl<S: Store> Executor<S> {
                 request.llm = run.log.start().and_then(|s| s.llm.clone());
                 if let Some(start) = run.log.start() {
                     request.provenance = super::provenance_of(start);
+                    request.user_context = start.user_context.clone();
                 }
                 self.begin_boxed(request, run.id.clone()).await
             }

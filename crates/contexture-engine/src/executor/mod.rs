@@ -24,6 +24,7 @@ mod log;
 mod request;
 mod step;
 mod transition;
+mod user_context;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,6 +39,7 @@ use contexture_core::thread::{
 };
 use contexture_llm::StreamDelta;
 use contexture_store::{NewEvent, Store};
+use serde_json::{Map, Value};
 
 use crate::compaction::{CompactRequest, CompactionTarget, Compactor, StoredThread};
 use crate::conversation::{self, ConversationKey};
@@ -49,6 +51,9 @@ use crate::tools::Toolbox;
 use crate::workflow::{Programs, Provenance, Workflow};
 pub use error::{ExecError, StepError};
 pub use log::{ExecutionLog, ItemResult, Iteration, LogError, Position};
+pub use user_context::{
+    MAX_USER_CONTEXT_BYTES, UserContextError, parse_user_context, user_context_from_value,
+};
 
 /// Sees a run as it happens: every event as it is recorded, and streamed reply pieces.
 /// Used for progress displays and live feeds; it cannot change anything.
@@ -83,6 +88,9 @@ pub struct RunRequest {
     /// Who wrote the workflow: a client's never starts a program (nor do its sub-workflows
     /// or a resume of it), whatever the executor allows.
     pub provenance: Provenance,
+    /// The run's user context (who asked, for what): every template of the run and of its
+    /// sub-workflows reads it, read-only, as `user_context.*`.
+    pub user_context: Option<Map<String, Value>>,
 }
 
 impl RunRequest {
@@ -101,6 +109,7 @@ impl RunRequest {
             llm: None,
             conversation: None,
             provenance: Provenance::Operator,
+            user_context: None,
         }
     }
 }
@@ -317,6 +326,7 @@ impl<S: Store> Executor<S> {
             limits,
             conversation,
             from_client: request.provenance == Provenance::Client,
+            user_context: request.user_context,
         })];
         events.extend(
             history

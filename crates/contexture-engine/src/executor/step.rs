@@ -225,7 +225,11 @@ impl<S: Store> Executor<S> {
             item: work.item_index(),
         };
         let store = run.log.store();
-        let mut options = self.render.clone().with_missing(workflow.missing_variables);
+        let mut options = self
+            .render
+            .clone()
+            .with_missing(workflow.missing_variables)
+            .with_user_context(run.log.start().and_then(|start| start.user_context.clone()));
         if run.log.start().map(provenance_of) == Some(Provenance::Client) {
             options = crate::system::for_client(options);
             if let Some(isolation) = &self.client_isolation {

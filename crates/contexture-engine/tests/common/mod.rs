@@ -51,6 +51,7 @@ pub async fn start<S: Store>(
             llm: None,
             conversation: None,
             provenance: Default::default(),
+            user_context: None,
         })
         .await
 }

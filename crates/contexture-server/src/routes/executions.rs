@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use contexture_core::thread::{Event, EventKind};
 use contexture_engine::conversation::ConversationKey;
-use contexture_engine::executor::{ExecError, RunRequest};
+use contexture_engine::executor::{ExecError, RunRequest, user_context_from_value};
 use contexture_engine::report::{report, usage_tree};
 use contexture_engine::workflow::{Provenance, Workflow};
 use futures_util::stream::{self, Stream};
@@ -46,6 +46,10 @@ pub struct StartExecution {
     id: Option<String>,
     /// Continue a conversation of this user (and chat).
     conversation: Option<ConversationBody>,
+    /// The run's user context: a JSON object every template of the run and of its
+    /// sub-workflows reads, read-only, as `user_context.KEY`.
+    #[serde(default)]
+    user_context: Option<Value>,
 }
 
 /// A conversation named by a request; the tenant is the caller's.
@@ -137,6 +141,13 @@ pub async fn start(
     JsonBody(mut body): JsonBody<StartExecution>,
 ) -> ApiResult<Response> {
     let tenant = caller.tenant.clone();
+    // Checked before the workflow is read: a bad body is refused whatever it names.
+    let user_context = body
+        .user_context
+        .take()
+        .map(user_context_from_value)
+        .transpose()
+        .map_err(|error| ApiError::invalid("user_context", error.to_string()))?;
     let (mut request, workflow) = {
         let state = state.clone();
         let (name, yaml) = (body.workflow.clone(), body.workflow_yaml.take());
@@ -190,6 +201,7 @@ pub async fn start(
     request.execution_id = Some(scoped.clone());
     request.llm = Some(state.config.llm.clone());
     request.conversation = conversation;
+    request.user_context = user_context;
     let executor = state.executor.clone();
     let run = tokio::spawn(async move {
         let _slot = slot;

@@ -3,7 +3,8 @@
 //! A render's root object answers a variable from the context store first (recording the key
 //! as used and rendering, once per render, any template inside its value, with cycles and
 //! deep chains reported), then from the caller's variables, then from the dynamic variables
-//! (one value per render). The same order decides whether a path resolves, which is what the
+//! (one value per render). The run's user context comes before all of them: no context key
+//! shadows it. The same order decides whether a path resolves, which is what the
 //! missing-variable policy asks.
 
 use std::fmt;
@@ -15,7 +16,7 @@ use serde_json::Value;
 
 use super::rendering::Shared;
 use super::scan::{has_template, value_has_template};
-use super::{MAX_VALUE_NESTING, TemplateError};
+use super::{MAX_VALUE_NESTING, TemplateError, USER_CONTEXT};
 use crate::context::dynamic::{DYNAMIC_VARIABLES, dynamic_value};
 use crate::context::path::Path;
 
@@ -28,6 +29,9 @@ impl Shared {
     /// True if `path` resolves: in the context store, among the caller's variables, or (a
     /// bare name) among the dynamic variables.
     pub(super) fn path_exists(&self, path: &Path) -> bool {
+        if let Some(user_context) = self.user_context_named(&path.root) {
+            return path.lookup_below(user_context).is_some();
+        }
         match self
             .values
             .get(&path.root)
@@ -40,6 +44,9 @@ impl Shared {
 
     /// The value of a root variable, as a template sees it.
     fn lookup_root(self: &Arc<Self>, name: &str) -> Option<JValue> {
+        if let Some(user_context) = self.user_context_named(name) {
+            return Some(JValue::from(minijinja::value::Serde(user_context)));
+        }
         if self.values.contains_key(name) {
             self.state().used.insert(name.to_owned());
             return self.resolve(name);
@@ -58,6 +65,13 @@ impl Shared {
         )?));
         state.dynamic.insert(name.to_owned(), value.clone());
         Some(value)
+    }
+
+    /// The run's user context, when `name` names it and the run has one.
+    fn user_context_named(&self, name: &str) -> Option<&Value> {
+        (name == USER_CONTEXT)
+            .then_some(self.options.user_context.as_deref())
+            .flatten()
     }
 
     /// The value of context key `name` with any templates inside it rendered.
