@@ -545,3 +545,46 @@ fn the_user_context_reaches_the_sub_workflow_and_bad_ones_are_refused() {
         assert!(error.contains(words), "{bad}: {error}");
     }
 }
+
+/// `--max-tokens` bounds the run with its sub-workflow: the sub-workflow example spends 284
+/// tokens in all (its child 104). With 250, its last call's reply is capped to the one token
+/// left (the scripted provider stops there, as a real one does) and the tree ends at exactly
+/// 250; with 200, the last call (145 tokens after the child's 104) is never sent.
+#[test]
+fn a_token_budget_bounds_the_run_and_its_sub_workflow() {
+    let dir = TempDir::new("contexture-run-tree-budget");
+    let run = |budget: &str, id: &str| {
+        contexture(
+            &dir,
+            &[
+                "run",
+                "examples/sub-workflow/workflow.yaml",
+                "--input",
+                SUB_WORKFLOW_INPUT,
+                "--llm",
+                "scripted:examples/sub-workflow/replies.yaml",
+                "--max-tokens",
+                budget,
+                "--execution-id",
+                id,
+            ],
+        )
+        .run()
+    };
+    let spent = |id: &str| {
+        let report: Value = serde_json::from_str(&ok(&dir, &["inspect", id, "--json"])).unwrap();
+        let total = &report["usage_tree"]["total"];
+        total["input_tokens"].as_u64().unwrap() + total["output_tokens"].as_u64().unwrap()
+    };
+    let capped = run("250", "capped");
+    assert_eq!(capped.expect_success(), "Ac\n");
+    assert_eq!(spent("capped"), 250);
+    let refused = run("200", "refused").expect_failure();
+    assert!(
+        refused.contains(
+            "token budget exceeded: 104 tokens spent and this request needs 145 more against a budget of 200"
+        ),
+        "{refused}"
+    );
+    assert_eq!(spent("refused"), 104);
+}

@@ -227,7 +227,13 @@ pub async fn usage_tree<S: Store>(store: &S, execution_id: &str) -> Result<Usage
     })?;
     let mut children = Vec::new();
     for child in &report.children {
-        children.push(Box::pin(usage_tree(store, child)).await?);
+        match Box::pin(usage_tree(store, child)).await {
+            Ok(tree) => children.push(tree),
+            // A step that named its child but stopped before the child started (a budget
+            // already spent, a sub-workflow that could not be read): nothing was spent.
+            Err(StoreError::NotFound { .. }) => {}
+            Err(other) => return Err(other),
+        }
     }
     let total = children
         .iter()

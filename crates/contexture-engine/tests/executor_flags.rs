@@ -458,3 +458,96 @@ states:
         }
     }
 }
+
+/// `include_in_iterator_context` lists the only context keys each item's run sees (with the
+/// item's own keys and `item`/`item_index`): a key not listed renders as missing in the
+/// item's task, and the items' writes still come back; the list is recorded with the step, so
+/// a resumed iteration filters the same way. Without it, every key is seen.
+#[tokio::test]
+async fn include_in_iterator_context_says_which_keys_each_item_sees() {
+    let workflow = |include: &str| {
+        format!(
+            r#"
+assistants: [{{id: a, model: gpt-4o-mini}}]
+states:
+  - id: plan
+    assistant_id: a
+    task: Plan
+    next: {{state_id: each, iter_key: /files{include}}}
+  - id: each
+    assistant_id: a
+    task: 'Review {{{{name}}}} for {{{{ audience }}}} ({{{{ secret }}}})'
+    next: {{state_id: end, output_key: review}}
+"#
+        )
+    };
+    let replies = r#"
+- content: '{"files": [{"name": "a.rs"}, {"name": "b.rs"}], "audience": "reviewers", "secret": "s3cr3t"}'
+- content: first
+- content: second
+"#;
+    for (include, tasks) in [
+        (
+            ", include_in_iterator_context: [audience]",
+            [
+                "Review a.rs for reviewers ({{ secret }})",
+                "Review b.rs for reviewers ({{ secret }})",
+            ],
+        ),
+        (
+            "",
+            [
+                "Review a.rs for reviewers (s3cr3t)",
+                "Review b.rs for reviewers (s3cr3t)",
+            ],
+        ),
+    ] {
+        let (_dir, store) = sqlite().await;
+        let provider = script(replies);
+        let exec = executor(store.clone(), provider.clone());
+        let out = start(&exec, &workflow(include), "").await.unwrap();
+        let sent = provider.requests();
+        for (n, task) in tasks.iter().enumerate() {
+            assert_eq!(
+                sent[1 + n].messages.last().unwrap().text(),
+                *task,
+                "{include}"
+            );
+        }
+        // What the items wrote came back to the shared store, and nothing was lost from it.
+        assert_eq!(
+            out.context.get("review"),
+            Some(&json!("second")),
+            "{include}"
+        );
+        assert_eq!(
+            out.context.get("secret"),
+            Some(&json!("s3cr3t")),
+            "{include}"
+        );
+    }
+    // Validation: the list needs an iteration, and names keys.
+    let bad = r#"
+assistants: [{id: a, model: gpt-4o-mini}]
+states:
+  - id: plan
+    assistant_id: a
+    task: Plan
+    next: {state_id: each, include_in_iterator_context: [audience, ' ']}
+  - {id: each, assistant_id: a, task: Go, next: {state_id: end}}
+"#;
+    let (_dir, store) = sqlite().await;
+    let exec = executor(store, script("[]"));
+    let error = start(&exec, bad, "").await.unwrap_err().to_string();
+    assert!(
+        error.contains(
+            "states[0].next.include_in_iterator_context: include_in_iterator_context needs iter_key"
+        ),
+        "{error}"
+    );
+    assert!(
+        error
+            .contains("states[0].next.include_in_iterator_context[1]: a context key name is empty"),
+        "{error}"
+    );
+}

@@ -534,3 +534,160 @@ async fn the_user_context_reaches_every_descendant_read_only() {
         );
     }
 }
+
+const BUDGET_PARENT: &str = r#"
+assistants: [{id: a, model: gpt-4o-mini}]
+states:
+  - {id: first, assistant_id: a, task: Start, next: {state_id: child}}
+  - {id: child, workflow: spend.yaml, next: {state_id: last}}
+  - {id: last, assistant_id: a, task: Finish, next: {end: true}}
+"#;
+
+const BUDGET_CHILD: &str = r#"
+assistants: [{id: c, model: gpt-4o-mini}]
+states:
+  - {id: one, assistant_id: c, task: One, next: {state_id: two}}
+  - {id: two, assistant_id: c, task: Two, next: {end: true}}
+"#;
+
+/// Replies with the usage providers report: the parent's first call 50 tokens, each of the
+/// child's two calls 40, the parent's last call 25.
+const BUDGET_REPLIES: &str = r#"
+- {content: started, usage: {prompt_tokens: 40, completion_tokens: 10}}
+- {content: one, usage: {prompt_tokens: 30, completion_tokens: 10}}
+- {content: two, usage: {prompt_tokens: 30, completion_tokens: 10}}
+- {content: finished, usage: {prompt_tokens: 20, completion_tokens: 5}}
+"#;
+
+/// A parent's `max_tokens`, `max_cost_usd` and `max_steps` bound its whole tree: the child
+/// starts with what the parent left as its ceiling, the parent's later calls count what the
+/// child spent, and each reply is capped to what the budget leaves, so the tree never ends
+/// past a limit.
+#[tokio::test]
+async fn a_parents_limits_bound_its_whole_tree() {
+    use contexture_core::thread::RunLimits;
+    struct Case {
+        limits: RunLimits,
+        /// The run's error, or `None` when it completes.
+        error: Option<&'static str>,
+        /// The child's recorded limits, when it starts.
+        child: Option<RunLimits>,
+        /// The tree's tokens and steps at the end.
+        tokens: u64,
+        steps: u64,
+    }
+    let tokens = |max| RunLimits {
+        max_tokens: Some(max),
+        ..RunLimits::default()
+    };
+    let cases = [
+        // Enough for everything: the child's ceiling is what the first call left.
+        Case {
+            limits: tokens(200),
+            error: None,
+            child: Some(tokens(150)),
+            tokens: 155,
+            steps: 5,
+        },
+        // The child's ceiling (50) stops its second call: it has spent 40 of it.
+        Case {
+            limits: tokens(100),
+            error: Some(
+                "(execution `run-1/child.1`): execution `run-1/child.1`, step 2 (`two`): token budget exceeded: 40 tokens spent and this request needs",
+            ),
+            child: Some(tokens(50)),
+            tokens: 90,
+            steps: 4,
+        },
+        // The first call spent the whole budget: the child never starts.
+        Case {
+            limits: tokens(50),
+            error: Some(
+                "step 2 (`child`): token budget exceeded: 50 tokens spent against a budget of 50",
+            ),
+            child: None,
+            tokens: 50,
+            steps: 2,
+        },
+        // Steps over the tree: the parent's two leave the child one.
+        Case {
+            limits: RunLimits {
+                max_steps: Some(3),
+                ..RunLimits::default()
+            },
+            error: Some("step 2 (`two`): step limit reached: 1 steps"),
+            child: Some(RunLimits {
+                max_steps: Some(1),
+                ..RunLimits::default()
+            }),
+            tokens: 90,
+            steps: 3,
+        },
+        // Dollars: the first call's $0.000012 (gpt-4o-mini's prices) comes off the child's.
+        Case {
+            limits: RunLimits {
+                max_cost_usd: Some(0.001),
+                ..RunLimits::default()
+            },
+            error: None,
+            child: Some(RunLimits {
+                max_cost_usd: Some(0.001 - 0.000_012),
+                ..RunLimits::default()
+            }),
+            tokens: 155,
+            steps: 5,
+        },
+    ];
+    for (number, case) in cases.iter().enumerate() {
+        let (_dir, store) = sqlite().await;
+        let provider = script(BUDGET_REPLIES);
+        let exec = executor(store.clone(), provider.clone())
+            .with_workflow_source(library(&[("spend.yaml", BUDGET_CHILD)]))
+            .with_limits(case.limits);
+        let outcome = start(&exec, BUDGET_PARENT, "go").await;
+        match (&outcome, case.error) {
+            (Ok(_), None) => {}
+            (Err(error), Some(words)) => {
+                assert!(error.to_string().contains(words), "case {number}: {error}")
+            }
+            (other, _) => panic!("case {number}: {other:?}"),
+        }
+        let tree = usage_tree(&store, "run-1").await.unwrap();
+        let spent = tree.total.input_tokens + tree.total.output_tokens;
+        assert_eq!(spent, case.tokens, "case {number}");
+        if let Some(limit) = case.limits.max_tokens {
+            assert!(spent <= limit, "case {number}: {spent} > {limit}");
+        }
+        let parent = exec.load("run-1").await.unwrap();
+        let child = exec.load("run-1/child.1").await.ok();
+        let steps =
+            parent.steps_started() + child.as_ref().map_or(0, |child| child.steps_started());
+        assert_eq!(steps, case.steps, "case {number}");
+        let child_limits = child.map(|child| child.start().unwrap().limits);
+        match (child_limits, case.child) {
+            (Some(got), Some(want)) => {
+                assert_eq!(got.max_tokens, want.max_tokens, "case {number}");
+                assert_eq!(got.max_steps, want.max_steps, "case {number}");
+                let close = |a: Option<f64>, b: Option<f64>| match (a, b) {
+                    (Some(a), Some(b)) => (a - b).abs() < 1e-12,
+                    (a, b) => a == b,
+                };
+                assert!(
+                    close(got.max_cost_usd, want.max_cost_usd),
+                    "case {number}: {got:?}"
+                );
+            }
+            (None, None) => {}
+            (got, want) => panic!("case {number}: child limits {got:?}, expected {want:?}"),
+        }
+        // Every reply was capped to what the budget left of the tree.
+        if let Some(limit) = case.limits.max_tokens {
+            let requests = provider.requests();
+            let last_parent = requests.len() == 4;
+            if last_parent {
+                let cap = requests[3].max_tokens.unwrap();
+                assert!(u64::from(cap) < limit - 130, "case {number}: {cap}");
+            }
+        }
+    }
+}

@@ -12,7 +12,8 @@
 //! ```
 //!
 //! A bare list of replies is accepted too. Every request received is kept, so a test can
-//! check exactly what the model was sent.
+//! check exactly what the model was sent. Like a provider, a text reply longer than the
+//! request's `max_tokens` is cut there (finish reason `length`), unless its `usage` is given.
 
 use std::sync::Mutex;
 
@@ -213,6 +214,31 @@ impl ScriptedProvider {
             message.set_text("");
         }
         let counter = TokenCounter::exact(Encoding::O200kBase);
+        // A provider stops at the request's `max_tokens`: a scripted text reply longer than
+        // that is cut to the tokens allowed and ends with `length` (a script that gives its
+        // own usage says what happened, and is left as written).
+        let cap = request.max_tokens.map(u64::from);
+        if let (Some(cap), None, false) = (cap, &reply.usage, has_calls)
+            && u64::from(counter.count_message(&message)) > cap
+        {
+            let text = message.text();
+            let kept = longest_prefix_within(&text, cap, &counter);
+            message.set_text(kept);
+            return Ok(ChatResponse {
+                finish_reason: Some("length".to_owned()),
+                message,
+                usage: Some(Usage {
+                    input_tokens: u64::from(
+                        counter
+                            .count_request(&request.messages, &request.tools)
+                            .total,
+                    ),
+                    output_tokens: cap,
+                }),
+                model: Some(request.model.clone()),
+                attempts: 1,
+            });
+        }
         let usage = reply.usage.unwrap_or_else(|| Usage {
             input_tokens: u64::from(
                 counter
@@ -234,6 +260,26 @@ impl ScriptedProvider {
             attempts: 1,
         })
     }
+}
+
+/// The longest start of `text` (cut at a character boundary) of at most `tokens` tokens.
+fn longest_prefix_within(text: &str, tokens: u64, counter: &TokenCounter) -> String {
+    let boundaries: Vec<usize> = text
+        .char_indices()
+        .map(|(at, _)| at)
+        .chain(std::iter::once(text.len()))
+        .collect();
+    // Binary search over the boundaries: a longer start never has fewer tokens.
+    let (mut low, mut high) = (0, boundaries.len() - 1);
+    while low < high {
+        let middle = (low + high).div_ceil(2);
+        if u64::from(counter.count_text(&text[..boundaries[middle]])) <= tokens {
+            low = middle;
+        } else {
+            high = middle - 1;
+        }
+    }
+    text[..boundaries[low]].to_owned()
 }
 
 impl Provider for ScriptedProvider {
@@ -293,6 +339,24 @@ replies:
             .build()
             .unwrap()
             .block_on(future)
+    }
+
+    #[test]
+    fn a_reply_past_the_requests_max_tokens_is_cut_there() {
+        let script =
+            "- content: one two three four five six seven eight nine ten\n- content: short\n";
+        let provider = ScriptedProvider::from_yaml(script, "script.yaml").unwrap();
+        let mut request = ChatRequest::new("m", vec![Message::user("count")]);
+        request.max_tokens = Some(3);
+        let cut = block_on(provider.complete(&request)).unwrap();
+        assert_eq!(cut.message.text(), "one two three");
+        assert_eq!(cut.finish_reason.as_deref(), Some("length"));
+        assert_eq!(cut.usage.unwrap().output_tokens, 3);
+        // A reply within the cap is sent whole.
+        request.max_tokens = Some(100);
+        let whole = block_on(provider.complete(&request)).unwrap();
+        assert_eq!(whole.message.text(), "short");
+        assert_eq!(whole.finish_reason.as_deref(), Some("stop"));
     }
 
     #[test]

@@ -292,6 +292,7 @@ async fn execution_log_events_round_trip_with_token_counts(h: &impl Harness) {
             next: Some("b".into()),
             items: Some(vec![json!(1), json!({"x": 2})]),
             merge: Some(contexture_core::context::MergePolicy::Append),
+            item_keys: Some(vec!["topic".into()]),
         }),
         EventKind::StepFailed(StepFailure {
             step: 2,

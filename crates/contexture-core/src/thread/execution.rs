@@ -186,6 +186,10 @@ pub struct StepEnd {
     /// When the transition iterates: how the items' outputs come together in the store.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub merge: Option<MergePolicy>,
+    /// When the transition iterates and says so: the only context keys each item's run
+    /// sees (with the item's own keys); `None` for all of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub item_keys: Option<Vec<String>>,
 }
 
 /// A step failed; the run stops and may be resumed from this step.

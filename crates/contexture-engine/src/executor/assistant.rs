@@ -51,6 +51,9 @@ struct Outgoing {
     messages: Vec<Message>,
     breakdown: BudgetBreakdown,
     prepared: FittedRequest,
+    /// The most tokens the reply may take: the reserve, or less when the run's token or
+    /// cost budget leaves less.
+    reply_tokens: u32,
 }
 
 impl<S: Store> Executor<S> {
@@ -150,7 +153,8 @@ impl<S: Store> Executor<S> {
                 .as_deref()
                 .map(|previous| PrefixReuse::between(previous, &outgoing.messages));
             previous = Some(outgoing.messages.clone());
-            self.check_budget_before(run, &setup.model, &outgoing.breakdown)?;
+            let budget_left = self.check_budget_before(run, &setup.model, &outgoing.breakdown)?;
+            outgoing.reply_tokens = outgoing.reply_tokens.min(budget_left);
             let (end, reply) = self.call(run, &setup, &call, &outgoing).await?;
             let reply = self
                 .hooks
@@ -253,6 +257,7 @@ impl<S: Store> Executor<S> {
         Ok(Outgoing {
             messages,
             breakdown,
+            reply_tokens: prepared.limits.reserve_output,
             prepared,
         })
     }
@@ -283,7 +288,7 @@ impl<S: Store> Executor<S> {
                 messages: outgoing.messages.clone(),
                 budget: Some(RecordedBudget {
                     context_window: limits.context_window,
-                    max_output_tokens: limits.reserve_output,
+                    max_output_tokens: outgoing.reply_tokens,
                     input_tokens: outgoing.breakdown.used,
                 }),
                 step: Some(call.step.step),
@@ -298,7 +303,7 @@ impl<S: Store> Executor<S> {
         .await?;
         let mut request = ChatRequest::new(route.model.clone(), outgoing.messages.clone());
         request.tools = tools.to_vec();
-        request.max_tokens = Some(limits.reserve_output);
+        request.max_tokens = Some(outgoing.reply_tokens);
         request.temperature = assistant.temperature;
         let (id, seq) = (run.id.clone(), run.log.thread().last_seq());
         let response = tokio::select! {
@@ -344,40 +349,53 @@ impl<S: Store> Executor<S> {
         route.provider.stream(request, &mut on_delta).await
     }
 
-    /// Refuses a request that would take the execution over its token or cost budget.
+    /// Refuses a request that would take the execution (and its tree: the run's limits bound
+    /// its sub-workflows too) to its token or cost budget, and otherwise returns the most
+    /// tokens its reply may take without passing either (`u32::MAX` without budgets): the
+    /// request's reply is capped to it, so the budget holds the reply too.
     fn check_budget_before(
         &self,
         run: &Run,
         model: &ModelInfo,
         breakdown: &BudgetBreakdown,
-    ) -> Result<(), StepError> {
+    ) -> Result<u32, StepError> {
         let usage = run.log.usage();
-        let spent = usage.input_tokens + usage.output_tokens;
+        let spent = usage.input_tokens + usage.output_tokens + run.descendants.tokens;
         let request = u64::from(breakdown.used);
-        if let Some(limit) = run.limits.max_tokens
-            && spent + request > limit
-        {
-            return Err(StepError::TokenBudget {
-                spent,
-                request: Some(request),
-                limit,
-            });
+        let mut reply = u64::from(u32::MAX);
+        if let Some(limit) = run.limits.max_tokens {
+            // A request that leaves no token for its reply cannot complete within it.
+            if spent + request >= limit {
+                return Err(StepError::TokenBudget {
+                    spent,
+                    request: Some(request),
+                    limit,
+                });
+            }
+            reply = reply.min(limit - spent - request);
         }
         if let Some(limit) = run.limits.max_cost_usd {
             let pricing = model.pricing.ok_or_else(|| StepError::NoPrice {
                 model: model.id.clone(),
             })?;
             let request = pricing.cost(request, 0);
-            let spent = run.log.cost_usd();
-            if spent + request > limit {
+            let spent = run.log.cost_usd() + run.descendants.cost_usd;
+            let left = limit - spent - request;
+            let affordable = if pricing.output_per_mtok > 0.0 {
+                (left.max(0.0) * 1_000_000.0 / pricing.output_per_mtok).floor() as u64
+            } else {
+                u64::MAX
+            };
+            if left <= 0.0 || affordable == 0 {
                 return Err(StepError::CostBudget {
                     spent,
                     request: Some(request),
                     limit,
                 });
             }
+            reply = reply.min(affordable);
         }
-        Ok(())
+        Ok(u32::try_from(reply).unwrap_or(u32::MAX))
     }
 
     /// Stops the run once a call took the execution over a budget: what the log records,
@@ -387,7 +405,7 @@ impl<S: Store> Executor<S> {
             .log
             .usage()
             .plus(pending.map(|end| end.usage).unwrap_or_default());
-        let spent = usage.input_tokens + usage.output_tokens;
+        let spent = usage.input_tokens + usage.output_tokens + run.descendants.tokens;
         if let Some(limit) = run.limits.max_tokens
             && spent > limit
         {
@@ -397,7 +415,9 @@ impl<S: Store> Executor<S> {
                 limit,
             });
         }
-        let cost = run.log.cost_usd() + pending.and_then(|end| end.cost_usd).unwrap_or(0.0);
+        let cost = run.log.cost_usd()
+            + run.descendants.cost_usd
+            + pending.and_then(|end| end.cost_usd).unwrap_or(0.0);
         if let Some(limit) = run.limits.max_cost_usd
             && cost > limit
         {

@@ -6,11 +6,13 @@
 use std::future::Future;
 use std::pin::Pin;
 
+use contexture_core::thread::RunLimits;
 use contexture_store::Store;
 use serde_json::Value;
 
 use super::error::{ExecError, StepError};
 use super::step::{Abort, ChildPlan};
+use super::tree_budget::{Spent, exhausted, left};
 use super::{Executor, Run, RunOutcome, RunRequest};
 use crate::workflow::{State, SubResult};
 
@@ -43,10 +45,15 @@ impl<S: Store> Executor<S> {
             Err(ExecError::NotFound { .. }) => None,
             Err(other) => return Err(other.into()),
         };
+        // The parent's limits bound its whole tree: the child may spend what the parent
+        // and its other children left.
+        let spent =
+            Spent::own(&run.log).plus(self.descendants_spent(&run.log, Some(&child.id)).await?);
+        let within = left(run.limits, spent);
         // A child this step started before (the parent was resumed) goes on where it
         // stopped; a completed one gives its outcome without running again.
         let outcome = match existing {
-            Some(_) => self.resume_boxed(&child.id).await,
+            Some(_) => self.resume_boxed(&child.id, within).await,
             None => {
                 let mut request = RunRequest::new(file, text, child.input_text());
                 request.execution_id = Some(child.id.clone());
@@ -55,9 +62,15 @@ impl<S: Store> Executor<S> {
                     request.provenance = super::provenance_of(start);
                     request.user_context = start.user_context.clone();
                 }
-                self.begin_boxed(request, run.id.clone()).await
+                if let Some(error) = exhausted(run.limits, spent) {
+                    return Err(error.into());
+                }
+                self.begin_boxed(request, run.id.clone(), within).await
             }
         };
+        // Whatever its end, what the child spent counts against the parent's limits.
+        self.refresh(run).await?;
+        run.descendants = self.descendants_spent(&run.log, None).await?;
         let outcome = match outcome {
             Ok(outcome) => outcome,
             Err(error) => {
@@ -78,11 +91,11 @@ impl<S: Store> Executor<S> {
         })
     }
 
-    fn begin_boxed(&self, request: RunRequest, parent: String) -> ChildRun<'_> {
-        Box::pin(self.begin(request, Some(parent)))
+    fn begin_boxed(&self, request: RunRequest, parent: String, within: RunLimits) -> ChildRun<'_> {
+        Box::pin(self.begin(request, Some(parent), within))
     }
 
-    fn resume_boxed<'a>(&'a self, id: &'a str) -> ChildRun<'a> {
-        Box::pin(self.resume(id))
+    fn resume_boxed<'a>(&'a self, id: &'a str, within: RunLimits) -> ChildRun<'a> {
+        Box::pin(self.resume_within(id, within))
     }
 }

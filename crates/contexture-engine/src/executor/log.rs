@@ -37,6 +37,8 @@ pub struct Iteration {
     pub done: Vec<ItemResult>,
     /// How the items' outputs come together.
     pub merge: MergePolicy,
+    /// The only context keys each item's run sees (with the item's own); `None` for all.
+    pub keys: Option<Vec<String>>,
 }
 
 /// What runs next.
@@ -203,6 +205,7 @@ impl ExecutionLog {
                             items: items.clone(),
                             done: Vec::new(),
                             merge: step.merge.unwrap_or_default(),
+                            keys: step.item_keys.clone(),
                         }),
                         None => Position::State(next),
                     };

@@ -24,6 +24,7 @@ mod log;
 mod request;
 mod step;
 mod transition;
+mod tree_budget;
 mod user_context;
 
 use std::sync::Arc;
@@ -155,6 +156,8 @@ pub(crate) struct Run {
     pub workflow: Arc<Workflow>,
     pub log: ExecutionLog,
     pub limits: RunLimits,
+    /// What the run's sub-workflows (and theirs) spent: its limits bound them too.
+    pub descendants: tree_budget::Spent,
 }
 
 impl<S: Store> Executor<S> {
@@ -284,14 +287,16 @@ impl<S: Store> Executor<S> {
 
     /// Starts a run and drives it to its end.
     pub async fn start(&self, request: RunRequest) -> Result<RunOutcome, ExecError> {
-        self.begin(request, None).await
+        self.begin(request, None, RunLimits::default()).await
     }
 
-    /// Starts a run, as a child of `parent` when given.
+    /// Starts a run, as a child of `parent` when given, its limits held under `within`
+    /// (what the parent has left).
     pub(crate) async fn begin(
         &self,
         request: RunRequest,
         parent: Option<String>,
+        within: RunLimits,
     ) -> Result<RunOutcome, ExecError> {
         let workflow = self.validate(&request)?;
         let id = request
@@ -301,7 +306,8 @@ impl<S: Store> Executor<S> {
         let limits = workflow
             .limits
             .overridden_by(self.limits)
-            .capped_by(self.caps);
+            .capped_by(self.caps)
+            .capped_by(within);
         match self.store.events(&id).await {
             Ok(existing) if !existing.is_empty() => {
                 return Err(ExecError::AlreadyExists { execution_id: id });
@@ -358,6 +364,7 @@ impl<S: Store> Executor<S> {
             workflow: Arc::new(workflow),
             log: ExecutionLog::new(id.clone()),
             limits,
+            descendants: tree_budget::Spent::default(),
         };
         self.absorb(&mut run, &seqs, events).await?;
         self.drive_within_time(&mut run).await
@@ -367,6 +374,16 @@ impl<S: Store> Executor<S> {
     /// running (or failed) runs anew. A completed run is returned as it is; a cancelled one
     /// (or one whose cancellation was asked for) is not run again.
     pub async fn resume(&self, execution_id: &str) -> Result<RunOutcome, ExecError> {
+        self.resume_within(execution_id, RunLimits::default()).await
+    }
+
+    /// [`Executor::resume`] with the run's limits held under `within` (what its parent has
+    /// left, for a sub-workflow).
+    pub(crate) async fn resume_within(
+        &self,
+        execution_id: &str,
+        within: RunLimits,
+    ) -> Result<RunOutcome, ExecError> {
         let log = self.load(execution_id).await?;
         let start = log.start().cloned().ok_or_else(|| ExecError::NotFound {
             execution_id: execution_id.to_owned(),
@@ -390,7 +407,12 @@ impl<S: Store> Executor<S> {
         let mut run = Run {
             id: execution_id.to_owned(),
             workflow: Arc::new(workflow),
-            limits: start.limits.overridden_by(self.limits).capped_by(self.caps),
+            limits: start
+                .limits
+                .overridden_by(self.limits)
+                .capped_by(self.caps)
+                .capped_by(within),
+            descendants: self.descendants_spent(&log, None).await?,
             log,
         };
         if let Some(request_id) = run.log.thread().in_flight().map(str::to_owned) {
@@ -439,7 +461,12 @@ impl<S: Store> Executor<S> {
         let mut marked = Vec::new();
         let mut queue = vec![execution_id.to_owned()];
         while let Some(id) = queue.pop() {
-            let log = self.load(&id).await?;
+            let log = match self.load(&id).await {
+                Ok(log) => log,
+                // A child its parent named but never started: nothing to cancel.
+                Err(ExecError::NotFound { .. }) if id != execution_id => continue,
+                Err(other) => return Err(other),
+            };
             queue.extend(log.children().iter().rev().cloned());
             if log.is_over() || log.cancel_requested().is_some() {
                 continue;

@@ -40,6 +40,8 @@ pub(crate) enum Work {
         done: Vec<ItemResult>,
         /// How the items' outputs come together.
         merge: MergePolicy,
+        /// The only context keys the item's run sees (with its own); `None` for all.
+        keys: Option<Vec<String>>,
     },
     /// An iteration over an empty list: the state runs no item and its transition is taken
     /// at once.
@@ -57,6 +59,7 @@ impl Work {
                 total: iteration.items.len(),
                 done: iteration.done,
                 merge: iteration.merge,
+                keys: iteration.keys,
             },
             None => Work::NoItems,
         }
@@ -198,8 +201,9 @@ impl<S: Store> Executor<S> {
                 state_id: state_id.clone(),
             })?;
         let step = run.log.steps_started() + 1;
+        // Sub-workflows' steps count against the run's limit too.
         if let Some(max) = run.limits.max_steps
-            && step > max
+            && step + run.descendants.steps > max
         {
             let error = StepError::StepLimit { max };
             self.append(
@@ -237,11 +241,13 @@ impl<S: Store> Executor<S> {
             }
         }
         let context = match &work {
-            Work::Item { index, value, .. } => {
+            Work::Item {
+                index, value, keys, ..
+            } => {
                 options = options
                     .with_variable("item", value.clone())
                     .with_variable("item_index", Value::from(*index));
-                plan_items(vec![value.clone()], &store, None)
+                plan_items(vec![value.clone()], &store, keys.as_deref())
                     .pop()
                     .map_or_else(|| store.clone(), |item| item.context)
             }
@@ -340,6 +346,7 @@ impl<S: Store> Executor<S> {
                     next: None,
                     items: None,
                     merge: None,
+                    item_keys: None,
                 })])
             }
             Work::Item {

@@ -119,6 +119,12 @@ pub(crate) fn finish(
         merge: items
             .as_ref()
             .and(at.state.next.as_ref().and_then(|next| next.iter_merge)),
+        item_keys: items.as_ref().and(
+            at.state
+                .next
+                .as_ref()
+                .and_then(|next| next.include_in_iterator_context.clone()),
+        ),
         next: Some(target),
         items,
     }));

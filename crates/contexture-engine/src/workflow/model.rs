@@ -293,6 +293,11 @@ pub struct Next {
     /// values fail the step).
     #[serde(default)]
     pub iter_merge: Option<MergePolicy>,
+    /// With `iter_key`: the only context keys each item's run sees (an object item's own
+    /// keys are added, and `item`/`item_index` are always there); default all of them. What
+    /// an item writes comes back by `iter_merge` whatever it saw.
+    #[serde(default)]
+    pub include_in_iterator_context: Option<Vec<String>>,
     /// See [`TransitionFlags::store_in_context`].
     #[serde(default = "default_true")]
     pub store_in_context: bool,

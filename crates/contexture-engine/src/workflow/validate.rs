@@ -427,6 +427,22 @@ fn states(workflow: &Workflow, problems: &mut Problems) {
                 "iter_merge needs iter_key: it says how an iteration's items come together".into(),
             ));
         }
+        if let Some(keys) = &next.include_in_iterator_context {
+            if next.iter_key.is_none() {
+                problems.push((
+                    format!("{base}.next.include_in_iterator_context"),
+                    "include_in_iterator_context needs iter_key: it says which context keys each item's run sees".into(),
+                ));
+            }
+            for (at, key) in keys.iter().enumerate() {
+                if key.trim().is_empty() {
+                    problems.push((
+                        format!("{base}.next.include_in_iterator_context[{at}]"),
+                        "a context key name is empty".into(),
+                    ));
+                }
+            }
+        }
         if let Some(key) = &next.output_key
             && key.trim().is_empty()
         {
