@@ -305,3 +305,54 @@ fn the_template_worker_needs_its_setup_first() {
     );
     assert!(run.stdout.is_empty());
 }
+
+#[test]
+fn template_render_reads_the_simple_syntax_with_format_fstring() {
+    let dir = TempDir::new("contexture-ctx-cli-fstring");
+    let context = write_file(&dir, "ctx.json", br#"{"user": {"name": "Alice"}, "n": 2}"#);
+    let run = contexture([
+        "template",
+        "render",
+        "--context",
+        &context,
+        "--format",
+        "fstring",
+        "--now",
+        "0",
+    ])
+    .run_with_input(
+        b"{user.name} has {n} files {{as JSON: {{\"n\": {n}}}}} on {current_date}, {missing}",
+    );
+    assert!(run.ok, "{}", run.stderr);
+    assert_eq!(
+        String::from_utf8(run.stdout).unwrap(),
+        "Alice has 2 files {as JSON: {\"n\": 2}} on 1970-01-01, {missing}"
+    );
+    // A mistake says where, and how to write it instead.
+    let run = contexture([
+        "template",
+        "render",
+        "--context",
+        &context,
+        "--format",
+        "fstring",
+    ])
+    .run_with_input(b"ok\nthen } here");
+    assert!(!run.ok);
+    assert!(
+        run.stderr.contains("template syntax error at line 2, column 6: a single `}` outside a variable (write `}}` for a literal brace)"),
+        "{}",
+        run.stderr
+    );
+    let run = contexture([
+        "template",
+        "render",
+        "--context",
+        &context,
+        "--format",
+        "mustache",
+    ])
+    .run_with_input(b"x");
+    assert!(!run.ok);
+    assert!(run.stderr.contains("mustache"), "{}", run.stderr);
+}

@@ -31,6 +31,7 @@ pub mod isolation;
 pub mod iter;
 pub mod parse;
 pub mod path;
+pub mod prompt;
 pub mod pylit;
 pub mod store;
 pub mod template;
@@ -45,5 +46,9 @@ pub use isolation::{IsolationFailure, JobOutcome, RenderIsolation, RenderJob};
 pub use iter::{IterError, IterationItem, MergePolicy, select_items};
 pub use parse::{OutputFormat, ParsedOutput, parse_output, parse_output_bytes};
 pub use path::Path;
+pub use prompt::PromptTemplate;
 pub use store::ContextStore;
-pub use template::{MissingPolicy, RenderOptions, Rendered, TemplateError, USER_CONTEXT, render};
+pub use template::{
+    MissingPolicy, RenderOptions, Rendered, TemplateError, TemplateFormat, USER_CONTEXT, render,
+    render_fstring,
+};

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, anyhow};
 use clap::{Args, Subcommand};
-use contexture_core::context::{ContextStore, MissingPolicy, render};
+use contexture_core::context::{
+    ContextStore, MissingPolicy, TemplateFormat, render, render_fstring,
+};
 use serde_json::Value;
 
 use contexture_core::format::json_type;
@@ -16,8 +18,8 @@ use super::input;
 /// Template commands.
 #[derive(Debug, Subcommand)]
 pub enum TemplateCommand {
-    /// Render a template (Jinja syntax, sandboxed) against a JSON context and print the text
-    /// exactly, with no newline added.
+    /// Render a template (Jinja syntax, or the simple `{name}` one with --format fstring;
+    /// sandboxed) against a JSON context and print the text exactly, with no newline added.
     Render(RenderArgs),
 }
 
@@ -30,6 +32,10 @@ pub struct RenderArgs {
     /// What a `{{ path }}` that does not resolve renders as: kept literally, empty, or an error.
     #[arg(long, default_value = "keep", value_parser = ["keep", "empty", "error"])]
     missing: String,
+    /// The template's syntax: jinja (`{{ name }}`, filters, tags) or fstring (`{name}`, with
+    /// `{{` and `}}` for literal braces).
+    #[arg(long, default_value = "jinja", value_parser = ["jinja", "fstring"])]
+    format: String,
     /// Fix the clock at these Unix seconds (UTC) for current_date and friends; default: now.
     #[arg(long)]
     now: Option<i64>,
@@ -65,7 +71,12 @@ fn render_command(args: RenderArgs) -> Result<()> {
     let template = input::read_text(args.template.as_deref())?;
     let missing: MissingPolicy = args.missing.parse().map_err(|e: String| anyhow!(e))?;
     let options = contexture_engine::system::render_options(args.now).with_missing(missing);
-    let rendered = render(&template, &store, &options).with_context(|| {
+    let format: TemplateFormat = args.format.parse().map_err(|e: String| anyhow!(e))?;
+    let rendered = match format {
+        TemplateFormat::Jinja => render(&template, &store, &options),
+        TemplateFormat::Fstring => render_fstring(&template, &store, &options),
+    }
+    .with_context(|| {
         format!(
             "cannot render {}",
             input::describe(args.template.as_deref())

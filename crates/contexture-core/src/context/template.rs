@@ -37,6 +37,7 @@
 //! missing-variable policy and runs the sandbox. This module holds what they share: the
 //! policy, the limits, the options, the result and the error.
 
+pub(crate) mod fstring;
 mod rendering;
 mod roots;
 mod scan;
@@ -50,9 +51,44 @@ use serde_json::{Map, Value};
 use super::dynamic::{Clock, FixedClock, FixedIds, IdSource};
 use super::isolation::{JobOutcome, RenderIsolation, RenderJob};
 
+pub(crate) use rendering::jinja_variables;
 pub(crate) use rendering::sandbox;
-pub use rendering::{check_syntax, render, render_value};
+pub use rendering::{check_syntax, render, render_fstring, render_value};
 pub use scan::has_template;
+
+/// Which syntax a template is written in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TemplateFormat {
+    /// Jinja: `{{ name }}`, filters, `{% if %}`, loops (the default).
+    #[default]
+    Jinja,
+    /// The simple syntax: `{name}` is a variable, `{{` and `}}` are literal braces.
+    Fstring,
+}
+
+impl std::str::FromStr for TemplateFormat {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<TemplateFormat, String> {
+        match text {
+            "jinja" => Ok(TemplateFormat::Jinja),
+            "fstring" => Ok(TemplateFormat::Fstring),
+            other => Err(format!(
+                "unknown template format {other:?} (jinja or fstring)"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for TemplateFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TemplateFormat::Jinja => "jinja",
+            TemplateFormat::Fstring => "fstring",
+        })
+    }
+}
 
 /// What a `{{ path }}` whose path does not resolve renders as.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -239,6 +275,22 @@ pub enum TemplateError {
         line: usize,
         /// What the parser found wrong.
         message: String,
+    },
+    /// The template is not valid in the simple `{name}` syntax ([`TemplateFormat::Fstring`]).
+    #[error("template syntax error at line {line}, column {column}: {message}")]
+    FstringSyntax {
+        /// 1-based line in the template.
+        line: usize,
+        /// 1-based column (in characters).
+        column: usize,
+        /// What is wrong, and how to write it instead.
+        message: String,
+    },
+    /// Two prompt templates joined by `+` give one partial variable different values.
+    #[error("both templates give partial variable `{name}` a value, and the values differ")]
+    PartialConflict {
+        /// The partial.
+        name: String,
     },
     /// Variables were missing under [`MissingPolicy::Error`].
     #[error("missing variable{}: {}", if names.len() == 1 { "" } else { "s" }, names.join(", "))]

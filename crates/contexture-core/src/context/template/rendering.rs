@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use minijinja::{Environment, ErrorKind, UndefinedBehavior, Value as JValue};
 use serde_json::{Map, Value};
 
+use super::fstring::{self, Piece};
 use super::scan::{scan_tags, single_expression_tag, single_path_tag};
 use super::{DEFAULT_FUEL, MissingPolicy, RenderOptions, Rendered, TemplateError};
 use crate::context::dynamic::Timestamp;
@@ -22,6 +23,16 @@ pub fn check_syntax(template: &str) -> Result<(), TemplateError> {
     env.template_from_str(template)
         .map(|_| ())
         .map_err(|error| convert(&error, DEFAULT_FUEL))
+}
+
+/// The root names a Jinja template reads from outside itself (not its loop variables or
+/// `set`s), sorted.
+pub(crate) fn jinja_variables(template: &str) -> Result<BTreeSet<String>, TemplateError> {
+    let env = sandbox(UndefinedBehavior::Chainable, DEFAULT_FUEL);
+    let compiled = env
+        .template_from_str(template)
+        .map_err(|error| convert(&error, DEFAULT_FUEL))?;
+    Ok(compiled.undeclared_variables(false).into_iter().collect())
 }
 
 /// Renders `template` against `store`.
@@ -46,6 +57,44 @@ pub fn render(
     let shared = Arc::new(Shared::new(store, options));
     let text = shared.render_source(template)?;
     Ok(shared.finish(text))
+}
+
+/// Renders `template`, written in the simple syntax (`{name}` a variable, `{{` and `}}`
+/// literal braces), against `store`: the same variables and missing-variable policy as
+/// [`render`], a missing variable kept as the `{name}` it was written as.
+pub fn render_fstring(
+    template: &str,
+    store: &ContextStore,
+    options: &RenderOptions,
+) -> Result<Rendered, TemplateError> {
+    let pieces = fstring::parse(template)?;
+    let shared = Shared::new(store, options);
+    let mut source = String::with_capacity(template.len());
+    let mut missing = Vec::new();
+    for piece in pieces {
+        match piece {
+            Piece::Text(text) => source.push_str(&fstring::jinja_text(&text)),
+            Piece::Field { path, .. } if shared.path_exists(&path) => {
+                source.push_str(&format!("{{{{ {} }}}}", path.to_jinja()));
+            }
+            Piece::Field { written, path } => {
+                missing.push(path.to_string());
+                if options.missing == MissingPolicy::Keep {
+                    source.push_str(&fstring::jinja_text(&format!("{{{written}}}")));
+                }
+            }
+        }
+    }
+    missing.sort();
+    missing.dedup();
+    if options.missing == MissingPolicy::Error && !missing.is_empty() {
+        return Err(TemplateError::Missing { names: missing });
+    }
+    let mut rendered = render(&source, store, options)?;
+    rendered.missing.extend(missing);
+    rendered.missing.sort();
+    rendered.missing.dedup();
+    Ok(rendered)
 }
 
 /// Renders `template` to a JSON value: when the template is exactly one `{{ ... }}` tag (with
