@@ -551,3 +551,50 @@ states:
         "{error}"
     );
 }
+
+/// A system prompt and a task written as prompt templates in the simple syntax: literal
+/// braces stay, partials fill in (a dynamic one rendered at the step), context keys win.
+#[tokio::test]
+async fn prompt_templates_in_the_simple_syntax_render_with_their_partials() {
+    let workflow = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/workflows/ok_prompt_templates.yaml"
+    ))
+    .unwrap();
+    let (_dir, store) = sqlite().await;
+    let provider = script("- content: '{\"poem\": \"waves\"}'\n- content: signed\n");
+    let exec = executor(store, provider.clone());
+    let out = start(&exec, &workflow, r#"{"topic": "the sea"}"#)
+        .await
+        .unwrap();
+    assert_eq!(out.output, "signed");
+    let sent = provider.requests();
+    assert_eq!(
+        texts(&sent[0].messages),
+        [
+            r#"You write haikus. Answer as JSON: {"poem": "..."}"#,
+            r#"{"topic": "the sea"}"#,
+            "A poem about the sea, dated 2026-01-01"
+        ]
+    );
+    assert_eq!(
+        sent[1].messages.last().unwrap().text(),
+        "Sign it for the sea"
+    );
+    // A context key of the partial's name wins over it.
+    let (_dir, store) = sqlite().await;
+    let provider = script("- content: a\n- content: b\n");
+    let exec = executor(store, provider.clone());
+    start(
+        &exec,
+        &workflow,
+        r#"{"topic": "rain", "style": "limerick"}"#,
+    )
+    .await
+    .unwrap();
+    assert!(
+        provider.requests()[0].messages[0]
+            .text()
+            .starts_with("You write limericks.")
+    );
+}

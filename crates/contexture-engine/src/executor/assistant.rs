@@ -3,7 +3,6 @@
 //! results are `step_message` events of its own log; only its final answer is returned to
 //! enter the shared history.
 
-use contexture_core::context::render;
 use contexture_core::fit::CutMemory;
 use contexture_core::registry::ModelInfo;
 use contexture_core::thread::{
@@ -77,7 +76,8 @@ impl<S: Store> Executor<S> {
             .collect();
         let system = match &assistant.system_prompt {
             Some(prompt) => Some(Message::system(
-                render(prompt, &step.context, &step.options)
+                prompt
+                    .render(&step.context, &step.options)
                     .map_err(|error| StepError::Template {
                         place: format!("the system prompt of assistant `{}`", assistant.id),
                         error,

@@ -6,7 +6,7 @@ use contexture_core::Message;
 use contexture_core::context::Path;
 use contexture_core::context::args::resolve_args;
 use contexture_core::context::iter::plan_items;
-use contexture_core::context::{ContextStore, MergePolicy, RenderOptions, render};
+use contexture_core::context::{ContextStore, MergePolicy, RenderOptions};
 use contexture_core::thread::{EventKind, RunEnd, RunStatus, StepEnd, StepFailure, StepStart};
 use serde_json::{Map, Value};
 
@@ -393,14 +393,14 @@ impl<S: Store> Executor<S> {
         }
         let task = match (&state.task, work) {
             (Some(task), _) if state.resolve_dynamic_values_in_prompt => Some(
-                render(task, context, options)
+                task.render(context, options)
                     .map_err(|error| StepError::Template {
                         place: "the task".into(),
                         error,
                     })?
                     .text,
             ),
-            (Some(task), _) => Some(task.clone()),
+            (Some(task), _) => Some(task.template.clone()),
             // An item with no task is handed over as the step's user turn.
             (None, Work::Item { value, .. }) => Some(match value {
                 Value::String(text) => text.clone(),

@@ -37,6 +37,7 @@
 mod host;
 mod load;
 mod model;
+mod prompt_text;
 mod spans;
 mod validate;
 
@@ -46,4 +47,5 @@ pub use model::{
     Assistant, ConversationPolicy, END, McpServer, McpServerConfig, Next, State, StepKind,
     SubInput, SubResult, Tool, Workflow, WorkflowRef,
 };
+pub use prompt_text::PromptText;
 pub use spans::Position;

@@ -10,6 +10,8 @@ use contexture_core::context::{
 use contexture_core::fit::FitPolicy;
 use contexture_core::thread::RunLimits;
 use serde::{Deserialize, Serialize};
+
+use super::prompt_text::PromptText;
 use serde_json::{Map, Value};
 
 /// The target name that ends a workflow.
@@ -64,7 +66,7 @@ pub struct Assistant {
     pub model: String,
     /// The system prompt (a template over the context store).
     #[serde(default)]
-    pub system_prompt: Option<String>,
+    pub system_prompt: Option<PromptText>,
     /// Ids of the tools it may call.
     #[serde(default)]
     pub tools: Vec<String>,
@@ -193,7 +195,7 @@ pub struct State {
     pub history_summary: bool,
     /// The task: a template over the context store.
     #[serde(default)]
-    pub task: Option<String>,
+    pub task: Option<PromptText>,
     /// Resolve templates in the prompt (default true).
     #[serde(default = "default_true")]
     pub resolve_dynamic_values_in_prompt: bool,

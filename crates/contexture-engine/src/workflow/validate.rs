@@ -4,11 +4,12 @@
 use std::collections::{BTreeSet, HashMap, VecDeque};
 
 use contexture_core::Message;
+use contexture_core::context::TemplateFormat;
 use contexture_core::context::template::check_syntax;
 use contexture_core::registry::Registry;
 use serde_json::Value;
 
-use super::{Assistant, END, Workflow};
+use super::{Assistant, END, PromptText, Workflow};
 
 type Problems = Vec<(String, String)>;
 
@@ -100,7 +101,7 @@ fn assistants(workflow: &Workflow, problems: &mut Problems) {
             }
         }
         if let Some(prompt) = &assistant.system_prompt {
-            template(prompt, format!("{base}.system_prompt"), problems);
+            prompt_text(prompt, format!("{base}.system_prompt"), problems);
         }
         if assistant.max_iterations == 0 {
             problems.push((
@@ -136,10 +137,8 @@ fn assistants(workflow: &Workflow, problems: &mut Problems) {
 /// Counted with the built-in registry's tokenizer for the model.
 fn window_too_small(workflow: &Workflow, assistant: &Assistant) -> Option<String> {
     let window = assistant.context.window?;
-    let plain = |text: &str| !["{{", "{%", "{#"].iter().any(|tag| text.contains(tag));
     let system = match &assistant.system_prompt {
-        Some(prompt) if !plain(prompt) => return None,
-        Some(prompt) => Some(Message::system(prompt.clone())),
+        Some(prompt) => Some(Message::system(prompt.plain()?)),
         None => None,
     };
     let model = assistant
@@ -162,10 +161,12 @@ fn window_too_small(workflow: &Workflow, assistant: &Assistant) -> Option<String
             }) == Some(assistant.id.as_str())
         })
         .find_map(|state| {
-            let task = state.task.as_deref()?;
-            if state.resolve_dynamic_values_in_prompt && !plain(task) {
-                return None;
-            }
+            let task = state.task.as_ref()?;
+            let task = if state.resolve_dynamic_values_in_prompt {
+                task.plain()?
+            } else {
+                task.template.clone()
+            };
             let mut kept: Vec<Message> = system.iter().cloned().collect();
             kept.push(Message::user(task));
             let tokens = counter.count_request(&kept, &[]).total;
@@ -301,6 +302,18 @@ fn templates_in(value: &Value, path: String, problems: &mut Problems) {
 
 /// Reports a template that does not parse. It is only compiled, never run: validating a
 /// workflow computes nothing its templates ask for.
+/// A system prompt's or a task's syntax, in its own format.
+fn prompt_text(text: &PromptText, path: String, problems: &mut Problems) {
+    if let Err(error) = text.prompt() {
+        let path = if text.partials.is_empty() && text.format == TemplateFormat::Jinja {
+            path
+        } else {
+            format!("{path}.template")
+        };
+        problems.push((path, error.to_string()));
+    }
+}
+
 fn template(text: &str, path: String, problems: &mut Problems) {
     if let Err(error) = check_syntax(text) {
         problems.push((path, error.to_string()));
@@ -374,7 +387,7 @@ fn states(workflow: &Workflow, problems: &mut Problems) {
             ));
         }
         if let Some(task) = &state.task {
-            template(task, format!("{base}.task"), problems);
+            prompt_text(task, format!("{base}.task"), problems);
         }
         for (key, value) in state.transform.iter().flatten() {
             templates_in(value, format!("{base}.transform.{key}"), problems);
