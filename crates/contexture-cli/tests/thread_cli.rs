@@ -64,6 +64,17 @@ fn round_trip(db: &str) {
         "thread_messages_limit_2",
         ok(db, &["messages", "--thread", "t1", "--limit", "2"], "")
     );
+    // A limit counts whole units: the third unit from the end is the turn that called
+    // `lookup` with its result, never the result alone.
+    let limited: serde_json::Value =
+        serde_json::from_str(&ok(db, &["messages", "--thread", "t1", "--limit", "3"], "")).unwrap();
+    let roles: Vec<&str> = limited
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|message| message["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["system", "assistant", "tool", "assistant", "user"]);
     insta::assert_snapshot!("thread_events", ok(db, &["events", "--thread", "t1"], ""));
 
     // Fitted: a tight budget keeps the system prompt and the most recent turns.

@@ -1,11 +1,13 @@
 //! The projection is a pure function of the events: random logs are replayed through
 //! [`Thread`] and checked against a naive reference written straight from the rules.
 
+use contexture_core::fit::units::units;
+use contexture_core::fit::{Rules, validate};
 use contexture_core::thread::{
     ContextReplace, Event, EventKind, ReplaceReason, RequestEnd, RequestOutcome, RequestRecord,
     StoreChange, Thread, Usage, projection_watermark,
 };
-use contexture_core::{Message, Role};
+use contexture_core::{Message, Role, ToolCall};
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
@@ -70,7 +72,18 @@ fn build(steps: &[Step]) -> Vec<Event> {
         let seq = events.len() as u64 + 1;
         let kind = match step {
             Step::Say { role, text, pinned } => {
-                let mut message = Message::new(*role, format!("m{seq}-{text}"));
+                let mut message = match role {
+                    // Some assistant turns call tools, and tool results follow them.
+                    Role::Assistant if text % 3 == 0 => Message::assistant_tool_calls(
+                        (0..1 + text % 2)
+                            .map(|call| ToolCall::new(format!("c{seq}-{call}"), "look", "{}"))
+                            .collect(),
+                    ),
+                    Role::Tool => {
+                        Message::tool_result(format!("c{}-0", seq - 1), format!("r{seq}"))
+                    }
+                    _ => Message::new(*role, format!("m{seq}-{text}")),
+                };
                 message.metadata.pinned = *pinned;
                 EventKind::MessageAppended { message }
             }
@@ -225,10 +238,32 @@ fn naive(
         }
     }
     if let Some(limit) = limit {
-        let drop = messages.len().saturating_sub(limit);
-        messages.drain(..drop);
+        // A limit counts units: a tool result right after a turn with calls (or after
+        // another such result) belongs to that turn's unit; every other message starts one.
+        let mut starts = Vec::new();
+        let mut open = false;
+        for (index, message) in messages.iter().enumerate() {
+            let continues = message.role == Role::Tool && open;
+            if !continues {
+                starts.push(index);
+            }
+            open = continues || (message.role == Role::Assistant && !message.tool_calls.is_empty());
+        }
+        let keep_from = match limit {
+            0 => messages.len(),
+            limit => starts
+                .len()
+                .checked_sub(limit)
+                .map_or(0, |first| starts[first]),
+        };
+        messages.drain(..keep_from);
     }
     (system, messages, active, store)
+}
+
+/// The whole projection of `context`, for comparing a limited one with it.
+fn messages_of(thread: &Thread, context: &str) -> Vec<Message> {
+    thread.projection_of(context, None).messages
 }
 
 proptest! {
@@ -244,6 +279,11 @@ proptest! {
             prop_assert_eq!(&view.system, &system);
             prop_assert_eq!(&view.messages, &messages);
             prop_assert!(view.messages.iter().all(|m| !m.role.is_system_like()));
+            // A limited view starts where a unit of the whole one starts.
+            let whole = messages_of(&thread, context);
+            let start = whole.len() - view.messages.len();
+            let at_a_unit = start == whole.len() || units(&whole).iter().any(|unit| unit.start == start);
+            prop_assert!(at_a_unit, "view starts at {}", start);
             prop_assert_eq!(thread.active_context(), active.as_str());
             prop_assert_eq!(thread.store(), &store);
         }
@@ -338,4 +378,88 @@ fn the_watermark_is_the_active_anchor() {
     ));
     queued.push(replace(7, "c3", "main", 5));
     assert_eq!(others(&queued), 3);
+}
+
+/// A valid conversation: user turns, assistant turns that call one to three tools followed by
+/// every result, and plain answers.
+fn conversation() -> impl Strategy<Value = Vec<Message>> {
+    prop::collection::vec((0u8..3, 1usize..4), 0..12).prop_map(|turns| {
+        let mut messages = Vec::new();
+        for (n, (kind, calls)) in turns.into_iter().enumerate() {
+            match kind {
+                0 => messages.push(Message::user(format!("question {n}"))),
+                1 => {
+                    let ids: Vec<String> = (0..calls).map(|c| format!("call-{n}-{c}")).collect();
+                    messages.push(Message::assistant_tool_calls(
+                        ids.iter()
+                            .map(|id| ToolCall::new(id.clone(), "look", "{}"))
+                            .collect(),
+                    ));
+                    messages.extend(
+                        ids.iter()
+                            .map(|id| Message::tool_result(id.clone(), "found")),
+                    );
+                }
+                _ => messages.push(Message::assistant(format!("answer {n}"))),
+            }
+        }
+        messages
+    })
+}
+
+proptest! {
+    /// Every limit of a valid conversation is valid: no view holds a tool result without the
+    /// turn that called it, or a turn without its results.
+    #[test]
+    fn every_limit_of_a_valid_conversation_is_valid(messages in conversation()) {
+        let mut events = vec![Event::new(1, EventKind::MessageAppended { message: Message::system("Be brief.") })];
+        for message in &messages {
+            let seq = events.len() as u64 + 1;
+            events.push(Event::new(seq, EventKind::MessageAppended { message: message.clone() }));
+        }
+        let thread = Thread::replay("t", events).expect("a valid log");
+        prop_assert!(validate(&thread.projection().into_messages(), Rules::OpenAi).is_empty());
+        for limit in 0..=messages.len() + 1 {
+            let view = thread.projection_of("main", Some(limit)).into_messages();
+            let violations = validate(&view, Rules::OpenAi);
+            prop_assert!(violations.is_empty(), "limit {}: {:?}", limit, violations);
+        }
+    }
+}
+
+/// The example from the bug report: the last unit of `[system, user, assistant(calls), tool]`
+/// is the turn with its result, not the result alone.
+#[test]
+fn a_limit_of_one_keeps_the_turn_with_its_result() {
+    let call = ToolCall::new("c1", "look", "{}");
+    let messages = [
+        Message::system("Be brief."),
+        Message::user("Look it up."),
+        Message::assistant_tool_calls(vec![call]),
+        Message::tool_result("c1", "found"),
+    ];
+    let events: Vec<Event> = messages
+        .iter()
+        .enumerate()
+        .map(|(i, message)| {
+            Event::new(
+                i as u64 + 1,
+                EventKind::MessageAppended {
+                    message: message.clone(),
+                },
+            )
+        })
+        .collect();
+    let thread = Thread::replay("t", events).unwrap();
+    let view = thread.projection_of("main", Some(1)).into_messages();
+    assert_eq!(
+        view,
+        messages[..1]
+            .iter()
+            .chain(&messages[2..])
+            .cloned()
+            .collect::<Vec<_>>()
+    );
+    let two = thread.projection_of("main", Some(2)).into_messages();
+    assert_eq!(two, messages);
 }

@@ -10,6 +10,7 @@
 
 use contexture_core::TokenCounter;
 use contexture_core::budget::{BudgetBreakdown, BudgetError, BudgetPolicy, Limits};
+use contexture_core::fit::units::last_units_start;
 use contexture_core::fit::{
     self, ClearPolicy, CutMemory, FitPolicy, Hysteresis, RequestParts, ShrinkPolicy, Strategy,
     TrimError, TrimOptions, TruncatePolicy, Violation, repair, shrink, trim, validate,
@@ -559,7 +560,9 @@ pub async fn fit_thread<S: Store>(
 pub struct MessageView {
     /// A named context instead of the active one.
     pub context: Option<String>,
-    /// Only the last this many conversation messages (the system prompt is not counted).
+    /// Only the last this many units of the conversation: a message, or an assistant turn
+    /// with its tool results counted as one, so a view never holds a result without its call
+    /// (the system prompt is not counted).
     pub limit: Option<usize>,
     /// Fitted for a model, as a request to it would be sent.
     pub fit: Option<FitSettings>,
@@ -596,8 +599,8 @@ pub async fn thread_messages<S: Store>(
     };
     let mut projection = projection;
     if let (None, Some(limit)) = (&view.context, view.limit) {
-        let excess = projection.messages.len().saturating_sub(limit);
-        projection.messages.drain(..excess);
+        let start = last_units_start(&projection.messages, limit);
+        projection.messages.drain(..start);
     }
     Ok(match &view.fit {
         Some(settings) => {

@@ -82,7 +82,8 @@ pub enum ThreadCommand {
         /// output limit, at most a quarter of the window).
         #[arg(long)]
         reserve_output: Option<u32>,
-        /// Keep only the last N conversation messages (the system prompt is not counted).
+        /// Keep only the last N units of the conversation: a message, or an assistant turn
+        /// with its tool results counted as one (the system prompt is not counted).
         #[arg(long)]
         limit: Option<usize>,
         /// Project this named context instead of the active one.

@@ -101,6 +101,21 @@ pub fn units(messages: &[Message]) -> Vec<Unit> {
     segmenter.units
 }
 
+/// Where the last `limit` units of `messages` start: the index of the first message a view
+/// limited to them keeps (0 when there are no more units than that, `messages.len()` for a
+/// limit of 0). A limit counts whole units, so a view never starts with tool results cut from
+/// the turn that called them.
+pub fn last_units_start(messages: &[Message], limit: usize) -> usize {
+    if limit == 0 {
+        return messages.len();
+    }
+    let units = units(messages);
+    units
+        .len()
+        .checked_sub(limit)
+        .map_or(0, |first| units[first].start)
+}
+
 /// A history indexed for fitting: its messages, their units, each unit's token cost and the
 /// prefix sums of those costs, the pinned units and the leading system units.
 ///

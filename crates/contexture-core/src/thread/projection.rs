@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 
+use crate::fit::units::last_units_start;
 use crate::message::Message;
 use crate::thread::Thread;
 
@@ -83,8 +84,9 @@ impl Thread {
         messages
     }
 
-    /// The projection of the named context `context`, keeping only the last `limit`
-    /// conversation messages when a limit is given (the system prompt is not counted).
+    /// The projection of the named context `context`, keeping only the last `limit` units of
+    /// the conversation when a limit is given (a message, or an assistant turn with its tool
+    /// results counted as one; the system prompt is not counted).
     /// A context never replaced shows the whole conversation.
     pub fn projection_of(&self, context: &str, limit: Option<usize>) -> Projection {
         let state = self.contexts.get(context);
@@ -93,12 +95,13 @@ impl Thread {
             None => (0, &[]),
         };
         let after = self.messages_after(base);
-        let total = replacement.len() + after.len();
-        let skip = limit.map_or(0, |limit| total.saturating_sub(limit));
-        let mut messages = Vec::with_capacity(total - skip);
-        messages.extend(replacement.iter().skip(skip).cloned());
-        let skip_after = skip.saturating_sub(replacement.len());
-        messages.extend(after[skip_after..].iter().map(|e| e.message.clone()));
+        let mut messages = Vec::with_capacity(replacement.len() + after.len());
+        messages.extend(replacement.iter().cloned());
+        messages.extend(after.iter().map(|e| e.message.clone()));
+        if let Some(limit) = limit {
+            // Whole units: an assistant turn keeps its tool results, and they it.
+            messages.drain(..last_units_start(&messages, limit));
+        }
         let own_system = state.and_then(|s| s.system.as_ref());
         let system = match (&self.system, own_system) {
             (Some(shared), Some(own)) => Some(if own.0 > shared.0 { own } else { shared }),
