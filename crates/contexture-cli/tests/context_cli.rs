@@ -310,17 +310,21 @@ fn the_template_worker_needs_its_setup_first() {
 fn template_render_reads_the_simple_syntax_with_format_fstring() {
     let dir = TempDir::new("contexture-ctx-cli-fstring");
     let context = write_file(&dir, "ctx.json", br#"{"user": {"name": "Alice"}, "n": 2}"#);
-    let run = contexture([
-        "template",
-        "render",
-        "--context",
-        &context,
-        "--format",
+    let render = |format: &str, template: &[u8]| {
+        contexture([
+            "template",
+            "render",
+            "--context",
+            &context,
+            "--format",
+            format,
+            "--now",
+            "0",
+        ])
+        .run_with_input(template)
+    };
+    let run = render(
         "fstring",
-        "--now",
-        "0",
-    ])
-    .run_with_input(
         b"{user.name} has {n} files {{as JSON: {{\"n\": {n}}}}} on {current_date}, {missing}",
     );
     assert!(run.ok, "{}", run.stderr);
@@ -329,30 +333,14 @@ fn template_render_reads_the_simple_syntax_with_format_fstring() {
         "Alice has 2 files {as JSON: {\"n\": 2}} on 1970-01-01, {missing}"
     );
     // A mistake says where, and how to write it instead.
-    let run = contexture([
-        "template",
-        "render",
-        "--context",
-        &context,
-        "--format",
-        "fstring",
-    ])
-    .run_with_input(b"ok\nthen } here");
+    let run = render("fstring", b"ok\nthen } here");
     assert!(!run.ok);
     assert!(
         run.stderr.contains("template syntax error at line 2, column 6: a single `}` outside a variable (write `}}` for a literal brace)"),
         "{}",
         run.stderr
     );
-    let run = contexture([
-        "template",
-        "render",
-        "--context",
-        &context,
-        "--format",
-        "mustache",
-    ])
-    .run_with_input(b"x");
+    let run = render("mustache", b"x");
     assert!(!run.ok);
     assert!(run.stderr.contains("mustache"), "{}", run.stderr);
 }

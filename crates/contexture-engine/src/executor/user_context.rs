@@ -3,6 +3,7 @@
 //! `user_context.*`. It is checked here once, whoever received it (the command line's
 //! `--user-context`, the executions API's `user_context`).
 
+use contexture_core::format::json_type;
 use serde_json::{Map, Value};
 
 /// The largest user context accepted, in bytes of compact JSON: it is recorded with the run
@@ -61,7 +62,7 @@ pub fn user_context_from_value(value: Value) -> Result<Map<String, Value>, UserC
         Value::Object(map) => map,
         other => {
             return Err(UserContextError::NotAnObject {
-                found: kind(&other),
+                found: json_type(&other),
             });
         }
     };
@@ -73,17 +74,6 @@ pub fn user_context_from_value(value: Value) -> Result<Map<String, Value>, UserC
         });
     }
     Ok(map)
-}
-
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 #[cfg(test)]
