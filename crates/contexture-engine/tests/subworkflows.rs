@@ -691,3 +691,45 @@ async fn a_parents_limits_bound_its_whole_tree() {
         }
     }
 }
+
+/// A tree stopped by its budget resumes with a larger one: the resumed child's ceiling is
+/// what the parent left with the child's earlier spending counted once, and the parent's last
+/// call counts the whole child.
+#[tokio::test]
+async fn a_tree_stopped_by_its_budget_resumes_under_a_larger_one() {
+    use contexture_core::thread::RunLimits;
+    let tokens = |max| RunLimits {
+        max_tokens: Some(max),
+        ..RunLimits::default()
+    };
+    let (_dir, store) = sqlite().await;
+    let library = library(&[("spend.yaml", BUDGET_CHILD)]);
+    let first = executor(store.clone(), script(BUDGET_REPLIES))
+        .with_workflow_source(library.clone())
+        .with_limits(tokens(100));
+    let error = start(&first, BUDGET_PARENT, "go").await.unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("token budget exceeded: 40 tokens spent"),
+        "{error}"
+    );
+    let rest = script(
+        r#"
+- {content: two, usage: {prompt_tokens: 30, completion_tokens: 10}}
+- {content: finished, usage: {prompt_tokens: 20, completion_tokens: 5}}
+"#,
+    );
+    let second = executor(store.clone(), rest.clone())
+        .with_workflow_source(library)
+        .with_limits(tokens(200));
+    let outcome = second.resume("run-1").await.unwrap();
+    assert_eq!(outcome.output, "finished");
+    // The parent's last reply was capped to what the tree left: 200 - 130 - its request.
+    let requests = rest.requests();
+    assert_eq!(requests.len(), 2);
+    let tree = usage_tree(&store, "run-1").await.unwrap();
+    assert_eq!(tree.total.input_tokens + tree.total.output_tokens, 155);
+    let cap = u64::from(requests[1].max_tokens.unwrap());
+    assert!(cap < 70, "{cap}");
+}

@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use super::error::{ExecError, StepError};
 use super::step::{Abort, ChildPlan};
-use super::tree_budget::{Spent, exhausted, left};
+use super::tree_budget::{Spent, bounds_tree, exhausted, left};
 use super::{Executor, Run, RunOutcome, RunRequest};
 use crate::workflow::{State, SubResult};
 
@@ -46,9 +46,16 @@ impl<S: Store> Executor<S> {
             Err(other) => return Err(other.into()),
         };
         // The parent's limits bound its whole tree: the child may spend what the parent
-        // and its other children left.
-        let spent =
-            Spent::own(&run.log).plus(self.descendants_spent(&run.log, Some(&child.id)).await?);
+        // and its other children left. `run.descendants` holds what every child spent so
+        // far (this one's earlier part too, when it resumes), kept up to date one child at a
+        // time, so a long iteration of sub-workflows reads each child's log once or twice.
+        let bounded = bounds_tree(run.limits);
+        let before = match &existing {
+            Some(_) if bounded => self.subtree_spent(&child.id).await?,
+            _ => Spent::default(),
+        };
+        let others = run.descendants.minus(before);
+        let spent = Spent::own(&run.log).plus(others);
         let within = left(run.limits, spent);
         // A child this step started before (the parent was resumed) goes on where it
         // stopped; a completed one gives its outcome without running again.
@@ -70,7 +77,9 @@ impl<S: Store> Executor<S> {
         };
         // Whatever its end, what the child spent counts against the parent's limits.
         self.refresh(run).await?;
-        run.descendants = self.descendants_spent(&run.log, None).await?;
+        if bounded {
+            run.descendants = others.plus(self.subtree_spent(&child.id).await?);
+        }
         let outcome = match outcome {
             Ok(outcome) => outcome,
             Err(error) => {

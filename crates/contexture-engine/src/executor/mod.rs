@@ -404,15 +404,20 @@ impl<S: Store> Executor<S> {
         let workflow = Workflow::load(&start.workflow_text, &start.workflow_file)?;
         let programs = Programs::for_run(&self.programs, provenance_of(&start));
         self.check_runnable(&workflow, &start.workflow_file, &programs)?;
+        let limits = start
+            .limits
+            .overridden_by(self.limits)
+            .capped_by(self.caps)
+            .capped_by(within);
         let mut run = Run {
             id: execution_id.to_owned(),
             workflow: Arc::new(workflow),
-            limits: start
-                .limits
-                .overridden_by(self.limits)
-                .capped_by(self.caps)
-                .capped_by(within),
-            descendants: self.descendants_spent(&log, None).await?,
+            limits,
+            descendants: if tree_budget::bounds_tree(limits) {
+                self.descendants_spent(&log).await?
+            } else {
+                tree_budget::Spent::default()
+            },
             log,
         };
         if let Some(request_id) = run.log.thread().in_flight().map(str::to_owned) {

@@ -37,6 +37,15 @@ impl Spent {
         }
     }
 
+    /// What is left of this once `other` (a part of it) is taken away.
+    pub fn minus(self, other: Spent) -> Spent {
+        Spent {
+            tokens: self.tokens.saturating_sub(other.tokens),
+            cost_usd: (self.cost_usd - other.cost_usd).max(0.0),
+            steps: self.steps.saturating_sub(other.steps),
+        }
+    }
+
     /// Both together.
     pub fn plus(self, other: Spent) -> Spent {
         Spent {
@@ -45,6 +54,12 @@ impl Spent {
             steps: self.steps + other.steps,
         }
     }
+}
+
+/// True when `limits` bound what a tree spends (tokens, dollars or steps): only then is what
+/// children spent read from their logs.
+pub(crate) fn bounds_tree(limits: RunLimits) -> bool {
+    limits.max_tokens.is_some() || limits.max_cost_usd.is_some() || limits.max_steps.is_some()
 }
 
 /// What `limits` leave once `spent` is spent: the ceiling of a child's own limits. The
@@ -96,24 +111,17 @@ pub(crate) fn exhausted(limits: RunLimits, spent: Spent) -> Option<StepError> {
 type SpentRead<'a> = Pin<Box<dyn Future<Output = Result<Spent, ExecError>> + Send + 'a>>;
 
 impl<S: Store> Executor<S> {
-    /// What the children of `log` and their descendants spent, leaving out the child
-    /// `except` (the one about to run, whose own spending its ceiling is measured against).
-    pub(crate) async fn descendants_spent(
-        &self,
-        log: &ExecutionLog,
-        except: Option<&str>,
-    ) -> Result<Spent, ExecError> {
+    /// What the children of `log` and their descendants spent.
+    pub(crate) async fn descendants_spent(&self, log: &ExecutionLog) -> Result<Spent, ExecError> {
         let mut spent = Spent::default();
         for child in log.children() {
-            if Some(child.as_str()) != except {
-                spent = spent.plus(self.subtree_spent(child).await?);
-            }
+            spent = spent.plus(self.subtree_spent(child).await?);
         }
         Ok(spent)
     }
 
     /// What the execution `id` and its descendants spent, read from their logs.
-    fn subtree_spent<'a>(&'a self, id: &'a str) -> SpentRead<'a> {
+    pub(crate) fn subtree_spent<'a>(&'a self, id: &'a str) -> SpentRead<'a> {
         Box::pin(async move {
             let log = match self.load(id).await {
                 Ok(log) => log,
@@ -121,7 +129,7 @@ impl<S: Store> Executor<S> {
                 Err(ExecError::NotFound { .. }) => return Ok(Spent::default()),
                 Err(other) => return Err(other),
             };
-            Ok(Spent::own(&log).plus(self.descendants_spent(&log, None).await?))
+            Ok(Spent::own(&log).plus(self.descendants_spent(&log).await?))
         })
     }
 }
