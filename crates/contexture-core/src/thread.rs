@@ -46,7 +46,7 @@ pub use execution::{
     FitRecord, PrefixReuse, RunEnd, RunLimits, RunStart, RunStatus, StepCompaction, StepEnd,
     StepFailure, StepMessage, StepStart,
 };
-pub use merge::{MergeError, MergeSpec};
+pub use merge::{MergeError, MergeKeys, MergeSpec};
 pub use projection::{ProjectedMessage, Projection};
 
 /// An event that cannot follow the thread's current state.

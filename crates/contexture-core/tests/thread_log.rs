@@ -2,9 +2,9 @@
 //! fork and merge.
 
 use contexture_core::thread::{
-    ConflictPolicy, ContextReplace, Event, EventKind, MergeError, MergePolicy, MergeSpec,
-    Provenance, ReplaceReason, RequestEnd, RequestOutcome, RequestRecord, StoreChange, Thread,
-    ThreadError, Usage,
+    ConflictPolicy, ContextReplace, Event, EventKind, MergeError, MergeKeys, MergePolicy,
+    MergeSpec, Provenance, ReplaceReason, RequestEnd, RequestOutcome, RequestRecord, StoreChange,
+    Thread, ThreadError, Usage,
 };
 use contexture_core::{Message, Role};
 use serde_json::json;
@@ -413,7 +413,7 @@ fn spec(policy: MergePolicy, conflict: ConflictPolicy, keys: &[&str]) -> MergeSp
     MergeSpec {
         policy,
         conflict,
-        keys: keys.iter().map(|k| k.to_string()).collect(),
+        keys: MergeKeys::Listed(keys.iter().map(|k| k.to_string()).collect()),
     }
 }
 
@@ -473,6 +473,7 @@ fn key_conflicts_resolve_by_policy() {
     parent.set("same", json!(1));
     let child = forked(&parent, 2, |log| {
         log.set("k", json!("c"));
+        log.set("only_child", json!("new"));
     });
     parent.set("k", json!("p2"));
     let p = parent.thread("p");
@@ -482,27 +483,44 @@ fn key_conflicts_resolve_by_policy() {
         (ConflictPolicy::Append, Some(json!(["p2", "c"]))),
         (ConflictPolicy::Error, None),
     ];
+    // The listed keys, then every key of the fork (`keys: all`), under each policy.
     for (conflict, expected) in table {
-        let result = p.plan_merge(
-            &child,
-            &spec(MergePolicy::OutputKeys, conflict, &["k", "same"]),
-        );
-        match expected {
-            Some(value) => {
-                let mut merged = parent.events.clone();
-                merged.push(Event::new(4, result.unwrap()));
-                let thread = Thread::replay("p", merged).unwrap();
-                assert_eq!(thread.store().get("k"), Some(&value), "{conflict:?}");
-                assert_eq!(thread.store().get("same"), Some(&json!(1)));
-            }
-            None => assert_eq!(
-                result.unwrap_err(),
-                MergeError::KeyConflict {
-                    key: "k".into(),
-                    parent_value: "\"p2\"".into(),
-                    child_value: "\"c\"".into()
+        for keys in [
+            MergeKeys::Listed(vec!["k".into(), "same".into()]),
+            MergeKeys::All,
+        ] {
+            let all = keys == MergeKeys::All;
+            let result = p.plan_merge(
+                &child,
+                &MergeSpec {
+                    policy: MergePolicy::OutputKeys,
+                    conflict,
+                    keys,
+                },
+            );
+            match &expected {
+                Some(value) => {
+                    let mut merged = parent.events.clone();
+                    merged.push(Event::new(4, result.unwrap()));
+                    let thread = Thread::replay("p", merged).unwrap();
+                    assert_eq!(thread.store().get("k"), Some(value), "{conflict:?}");
+                    assert_eq!(thread.store().get("same"), Some(&json!(1)));
+                    // Only the fork held `only_child`: all keys bring it, whatever the policy.
+                    assert_eq!(
+                        thread.store().get("only_child"),
+                        all.then_some(&json!("new")),
+                        "{conflict:?}"
+                    );
                 }
-            ),
+                None => assert_eq!(
+                    result.unwrap_err(),
+                    MergeError::KeyConflict {
+                        key: "k".into(),
+                        parent_value: "\"p2\"".into(),
+                        child_value: "\"c\"".into()
+                    }
+                ),
+            }
         }
     }
 }

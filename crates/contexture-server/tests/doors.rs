@@ -352,8 +352,17 @@ async fn a_fork_made_through_either_door_reads_the_same_events() {
 #[tokio::test]
 async fn a_merge_made_through_either_door_records_the_same_event() {
     let doors = Doors::open("merge").await;
-    for policy in ["append-messages", "summary-only"] {
-        let (cli_parent, api_parent) = (format!("cli-{policy}"), format!("api-{policy}"));
+    // `keys: all` (`--all-keys`) brings every key of the fork's store (none here: the
+    // threads' stores are a workflow's), and both doors record the same merge for it.
+    for (policy, all_keys) in [
+        ("append-messages", false),
+        ("summary-only", false),
+        ("append-messages", true),
+    ] {
+        let (cli_parent, api_parent) = (
+            format!("cli-{policy}-{all_keys}"),
+            format!("api-{policy}-{all_keys}"),
+        );
         for parent in [&cli_parent, &api_parent] {
             doors.post_conversation(parent).await;
             doors
@@ -374,25 +383,21 @@ async fn a_merge_made_through_either_door_records_the_same_event() {
                 )
                 .await;
         }
-        let cli_seq: u64 = doors
-            .cli(
-                "merge",
-                &[
-                    "--thread",
-                    &format!("acme/{cli_parent}"),
-                    "--from",
-                    &format!("acme/{cli_parent}-fork"),
-                    "--policy",
-                    policy,
-                ],
-            )
-            .trim()
-            .parse()
-            .unwrap();
+        let (thread, from) = (
+            format!("acme/{cli_parent}"),
+            format!("acme/{cli_parent}-fork"),
+        );
+        let mut args = vec!["--thread", &thread, "--from", &from, "--policy", policy];
+        let mut body = json!({"from": format!("{api_parent}-fork"), "policy": policy});
+        if all_keys {
+            args.push("--all-keys");
+            body["keys"] = json!("all");
+        }
+        let cli_seq: u64 = doors.cli("merge", &args).trim().parse().unwrap();
         let merged = doors
             .post_json(
                 &format!("/v1/threads/{api_parent}/merge"),
-                &json!({"from": format!("{api_parent}-fork"), "policy": policy}),
+                &body,
                 StatusCode::OK,
             )
             .await;

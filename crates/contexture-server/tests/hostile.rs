@@ -955,3 +955,55 @@ async fn the_thread_list_comes_a_page_at_a_time_and_only_the_callers() {
     }
     server.shutdown().await;
 }
+
+/// A merge's `keys` is a list of names or the word `"all"`: anything else is a 400 naming
+/// `keys`, and nothing is merged.
+#[tokio::test]
+async fn bad_merge_keys_are_refused_naming_the_field() {
+    let dir = TempDir::new("contexture-hostile-merge-keys");
+    let (server, key) = hostile_server(&dir).await;
+    let json = Some("application/json");
+    let body = |value: Value| serde_json::to_vec(&value).unwrap();
+    let (status, _) = send(
+        &server,
+        &key,
+        "POST",
+        "/v1/threads/t/messages",
+        json,
+        body(json!({"messages": [{"role": "user", "content": "hi"}]})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, forked) = send(
+        &server,
+        &key,
+        "POST",
+        "/v1/threads/t/fork",
+        json,
+        body(json!({"id": "f"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{forked}");
+    let path = "/v1/threads/t/merge";
+    let expected = "expected a list of key names, or \"all\"";
+    for (keys, param, words) in [
+        (json!("some"), "keys", expected),
+        (json!(7), "keys", expected),
+        (json!([1, 2]), "keys[0]", "expected a string"),
+        (json!({"all": true}), "keys", expected),
+    ] {
+        let sent = body(json!({"from": "f", "keys": keys}));
+        refused(&server, &key, ("POST", path, sent), param, words).await;
+    }
+    let (status, events) = send(&server, &key, "GET", "/v1/threads/t/events", None, vec![]).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        events["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|event| event["type"] != "merged"),
+        "{events}"
+    );
+    server.shutdown().await;
+}

@@ -499,7 +499,7 @@ async fn merges_are_events_on_the_parent(h: &impl Harness) {
     let spec = MergeSpec {
         policy: MergePolicy::SummaryOnly,
         conflict: ConflictPolicy::Error,
-        keys: vec!["out".into()],
+        keys: vec!["out".into()].into(),
     };
     let merge = parent.plan_merge(&child, &spec).unwrap();
     assert_eq!(

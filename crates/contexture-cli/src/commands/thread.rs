@@ -14,7 +14,7 @@ use clap::{Args, Subcommand};
 use contexture_core::compact::CompactionPolicy;
 use contexture_core::fit::{FitPolicy, Strategy};
 use contexture_core::format::openai;
-use contexture_core::thread::{ConflictPolicy, MergePolicy, MergeSpec, ThreadPolicy};
+use contexture_core::thread::{ConflictPolicy, MergeKeys, MergePolicy, MergeSpec, ThreadPolicy};
 use contexture_core::tokens::Encoding;
 use contexture_engine::compaction::{CompactOptions, CompactionOutcome, Compactor, compact_stored};
 use contexture_engine::fitting::{FitOverrides, FitSettings, MessageView, thread_messages};
@@ -127,8 +127,12 @@ pub enum ThreadCommand {
         #[arg(long, default_value = "child-wins", value_parser = kebab_name::<ConflictPolicy>)]
         conflict: ConflictPolicy,
         /// The fork's store keys to bring back (repeat the flag or separate with commas).
-        #[arg(long, value_delimiter = ',')]
+        #[arg(long, value_delimiter = ',', conflicts_with = "all_keys")]
         keys: Vec<String>,
+        /// Bring back every key of the fork's store (by --conflict where the thread holds
+        /// another value).
+        #[arg(long)]
+        all_keys: bool,
     },
     /// List threads: id, last seq, and the fork point of forks.
     List {
@@ -339,11 +343,16 @@ async fn execute(args: ThreadArgs) -> Result<()> {
             policy,
             conflict,
             keys,
+            all_keys,
         } => {
             let spec = MergeSpec {
                 policy,
                 conflict,
-                keys,
+                keys: if all_keys {
+                    MergeKeys::All
+                } else {
+                    MergeKeys::Listed(keys)
+                },
             };
             let seq = merge_thread(&store, &thread, &from, &spec)
                 .await

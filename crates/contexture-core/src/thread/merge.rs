@@ -5,6 +5,10 @@
 //! events after the fork point (or after its previous merge), so neither messages nor usage
 //! are ever brought back twice.
 
+use std::fmt;
+
+use serde::de::{self, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
 use crate::message::Role;
@@ -17,10 +21,60 @@ pub struct MergeSpec {
     pub policy: MergePolicy,
     /// How conflicting keys resolve.
     pub conflict: ConflictPolicy,
-    /// The fork's store keys to bring back (its declared outputs). Required, and the only
-    /// thing brought back, with [`MergePolicy::OutputKeys`]; with the other policies they are
-    /// brought back beside the messages.
-    pub keys: Vec<String>,
+    /// The fork's store keys to bring back (its declared outputs, or all of them). Required,
+    /// and the only thing brought back, with [`MergePolicy::OutputKeys`]; with the other
+    /// policies they are brought back beside the messages.
+    pub keys: MergeKeys,
+}
+
+/// Which of a fork's store keys a merge brings back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MergeKeys {
+    /// These keys; each must be in the fork's store.
+    Listed(Vec<String>),
+    /// Every key the fork's store holds (a value equal to the parent's changes nothing).
+    All,
+}
+
+impl Default for MergeKeys {
+    fn default() -> MergeKeys {
+        MergeKeys::Listed(Vec::new())
+    }
+}
+
+impl From<Vec<String>> for MergeKeys {
+    fn from(keys: Vec<String>) -> MergeKeys {
+        MergeKeys::Listed(keys)
+    }
+}
+
+/// Read as a list of key names, or the word `"all"`.
+impl<'de> Deserialize<'de> for MergeKeys {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<MergeKeys, D::Error> {
+        struct KeysVisitor;
+
+        impl<'de> Visitor<'de> for KeysVisitor {
+            type Value = MergeKeys;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list of key names, or \"all\"")
+            }
+
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<MergeKeys, E> {
+                match text {
+                    "all" => Ok(MergeKeys::All),
+                    other => Err(E::invalid_value(de::Unexpected::Str(other), &self)),
+                }
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<MergeKeys, A::Error> {
+                Vec::<String>::deserialize(de::value::SeqAccessDeserializer::new(seq))
+                    .map(MergeKeys::Listed)
+            }
+        }
+
+        deserializer.deserialize_any(KeysVisitor)
+    }
 }
 
 /// Why a fork cannot be merged.
@@ -107,14 +161,18 @@ impl Thread {
                 vec![summary.message.clone()]
             }
             MergePolicy::OutputKeys => {
-                if spec.keys.is_empty() {
+                if spec.keys == MergeKeys::Listed(Vec::new()) {
                     return Err(MergeError::NoKeys);
                 }
                 Vec::new()
             }
         };
-        let mut store_changes = Vec::with_capacity(spec.keys.len());
-        for key in &spec.keys {
+        let keys: Vec<String> = match &spec.keys {
+            MergeKeys::Listed(keys) => keys.clone(),
+            MergeKeys::All => child.store().keys().cloned().collect(),
+        };
+        let mut store_changes = Vec::with_capacity(keys.len());
+        for key in &keys {
             let value = child
                 .store()
                 .get(key)

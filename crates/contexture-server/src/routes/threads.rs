@@ -9,7 +9,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use contexture_core::budget::BudgetBreakdown;
 use contexture_core::format::openai;
-use contexture_core::thread::{ConflictPolicy, FitRecord, MergePolicy, MergeSpec, ThreadPolicy};
+use contexture_core::thread::{
+    ConflictPolicy, FitRecord, MergeKeys, MergePolicy, MergeSpec, ThreadPolicy,
+};
 use contexture_core::tokens::Encoding;
 use contexture_engine::compaction::{CompactOptions, compact_stored};
 use contexture_engine::executor::ExecError;
@@ -460,9 +462,9 @@ pub struct MergeThread {
     /// `child-wins` (default), `parent-wins`, `error` or `append`.
     #[serde(default)]
     conflict: ConflictPolicy,
-    /// The fork's store keys to bring back.
+    /// The fork's store keys to bring back: a list of names, or `"all"`.
     #[serde(default)]
-    keys: Vec<String>,
+    keys: MergeKeys,
 }
 
 /// `POST /v1/threads/{id}/merge`: merges a fork back; returns the merge event's seq.
