@@ -147,6 +147,22 @@ async fn malformed_bodies_are_refused_with_what_and_where() {
     server.shutdown().await;
 }
 
+/// Appends one user message `text` to `thread`.
+async fn append_one(server: &TestServer, key: &str, thread: &str, text: &str) {
+    let body = serde_json::to_vec(&json!({"messages": [{"role": "user", "content": text}]}));
+    let path = format!("/v1/threads/{thread}/messages");
+    let (status, answer) = send(
+        server,
+        key,
+        "POST",
+        &path,
+        Some("application/json"),
+        body.unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+}
+
 /// Sends `(method, path, body)` as JSON and checks that it is a 400 naming `param` (unless it
 /// is empty) with `words` in its message, and that the server is still healthy.
 async fn refused(
@@ -453,18 +469,8 @@ async fn bad_thread_policies_are_refused_naming_the_field_and_change_nothing() {
 async fn a_restore_names_a_replace_event_of_the_thread_or_changes_nothing() {
     let dir = TempDir::new("contexture-hostile");
     let (server, key) = hostile_server(&dir).await;
-    let json = Some("application/json");
     let body = |value: Value| serde_json::to_vec(&value).unwrap();
-    let (status, _) = send(
-        &server,
-        &key,
-        "POST",
-        "/v1/threads/t/messages",
-        json,
-        body(json!({"messages": [{"role": "user", "content": "one"}]})),
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK);
+    append_one(&server, &key, "t", "one").await;
     let restore = "/v1/threads/t/restore";
     let table: Vec<(Vec<u8>, StatusCode, &str, &str)> = vec![
         (
@@ -506,7 +512,15 @@ async fn a_restore_names_a_replace_event_of_the_thread_or_changes_nothing() {
     ];
     for (request, status, param, words) in table {
         let shown = String::from_utf8_lossy(&request).into_owned();
-        let (got, error) = send(&server, &key, "POST", restore, json, request).await;
+        let (got, error) = send(
+            &server,
+            &key,
+            "POST",
+            restore,
+            Some("application/json"),
+            request,
+        )
+        .await;
         assert_eq!(got, status, "{shown}: {error}");
         assert_eq!(error["error"]["param"], param, "{shown}: {error}");
         let message = error["error"]["message"].as_str().unwrap();
@@ -964,16 +978,7 @@ async fn bad_merge_keys_are_refused_naming_the_field() {
     let (server, key) = hostile_server(&dir).await;
     let json = Some("application/json");
     let body = |value: Value| serde_json::to_vec(&value).unwrap();
-    let (status, _) = send(
-        &server,
-        &key,
-        "POST",
-        "/v1/threads/t/messages",
-        json,
-        body(json!({"messages": [{"role": "user", "content": "hi"}]})),
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK);
+    append_one(&server, &key, "t", "hi").await;
     let (status, forked) = send(
         &server,
         &key,
