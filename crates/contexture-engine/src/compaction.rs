@@ -377,19 +377,8 @@ impl Compactor {
         let projected = target.thread().projected_messages();
         let tokens_before = projection_tokens(target.thread(), &counter);
         let mut report = CompactionReport::new(tokens_before, policy);
-        let planned = self.plan(
-            target.thread_id(),
-            None,
-            &projected,
-            request,
-            &counter,
-            &mut report,
-        );
-        let Some((plan, info)) = planned else {
-            return Ok(report);
-        };
-        let Some(messages) = self
-            .write(target, &plan, &projected, request, &info, &mut report)
+        let Some((plan, info, messages)) = self
+            .plan_and_write(target, None, &projected, request, &counter, &mut report)
             .await?
         else {
             return Ok(report);
@@ -451,19 +440,15 @@ impl Compactor {
             .collect();
         let mut report = CompactionReport::new(view.tokens(&counter), &request.policy);
         let step = request.step.unwrap_or_default();
-        let planned = self.plan(
-            target.thread_id(),
-            Some(step),
-            &projected,
-            request,
-            &counter,
-            &mut report,
-        );
-        let Some((plan, info)) = planned else {
-            return Ok(report);
-        };
-        let Some(replacement) = self
-            .write(target, &plan, &projected, request, &info, &mut report)
+        let Some((plan, info, replacement)) = self
+            .plan_and_write(
+                target,
+                Some(step),
+                &projected,
+                request,
+                &counter,
+                &mut report,
+            )
             .await?
         else {
             return Ok(report);
@@ -489,35 +474,39 @@ impl Compactor {
         Ok(report)
     }
 
-    /// What `request` covers of `projected` (the thread `thread_id`'s messages, or with
-    /// `loop_step` that step's own loop), and what hooks are told of it; `None` (and the
-    /// report says why) when nothing.
-    fn plan(
+    /// What `request` covers of `projected` (the target's messages, or with `loop_step`
+    /// that step's own loop), what hooks are told of it, and the messages that stand for it
+    /// ([`Compactor::write`]); `None` (and the report says why) when nothing is covered, a
+    /// hook declined or the summarizer failed. The one step both compactions share.
+    async fn plan_and_write(
         &self,
-        thread_id: &str,
+        target: &mut impl CompactionTarget,
         loop_step: Option<u64>,
         projected: &[ProjectedMessage],
         request: &CompactRequest,
         counter: &TokenCounter,
         report: &mut CompactionReport,
-    ) -> Option<(Plan, CompactionInfo)> {
+    ) -> Result<Option<(Plan, CompactionInfo, Vec<Message>)>, ExecError> {
         let Some(plan) = plan(projected, &request.policy.keep, counter) else {
             report.outcome = CompactionOutcome::Skipped {
                 reason: "nothing older than the kept tail to summarize".to_owned(),
             };
-            return None;
+            return Ok(None);
         };
         report.covered = Some((plan.from_seq, plan.to_seq));
         report.covered_messages = plan.covered.len();
         let info = CompactionInfo {
-            thread_id: thread_id.to_owned(),
+            thread_id: target.thread_id().to_owned(),
             reason: request.reason.clone(),
             from_seq: plan.from_seq,
             to_seq: plan.to_seq,
             covered_messages: plan.covered.len(),
             loop_step,
         };
-        Some((plan, info))
+        let written = self
+            .write(target, &plan, projected, request, &info, report)
+            .await?;
+        Ok(written.map(|messages| (plan, info, messages)))
     }
 
     /// The messages that stand for `plan`'s covered part: after the hooks agreed, the
