@@ -359,8 +359,8 @@ impl<S: Store> Executor<S> {
         model: &ModelInfo,
         breakdown: &BudgetBreakdown,
     ) -> Result<u32, StepError> {
-        let usage = run.log.usage();
-        let spent = usage.input_tokens + usage.output_tokens + run.descendants.tokens;
+        let tree = run.tree_spent();
+        let spent = tree.tokens;
         let request = u64::from(breakdown.used);
         let mut reply = u64::from(u32::MAX);
         if let Some(limit) = run.limits.max_tokens {
@@ -379,7 +379,7 @@ impl<S: Store> Executor<S> {
                 model: model.id.clone(),
             })?;
             let request = pricing.cost(request, 0);
-            let spent = run.log.cost_usd() + run.descendants.cost_usd;
+            let spent = tree.cost_usd;
             let left = limit - spent - request;
             let affordable = if pricing.output_per_mtok > 0.0 {
                 (left.max(0.0) * 1_000_000.0 / pricing.output_per_mtok).floor() as u64
@@ -401,11 +401,9 @@ impl<S: Store> Executor<S> {
     /// Stops the run once a call took the execution over a budget: what the log records,
     /// with the end of a call not yet recorded (`pending`) counted in.
     fn check_budget_after(&self, run: &Run, pending: Option<&RequestEnd>) -> Result<(), StepError> {
-        let usage = run
-            .log
-            .usage()
-            .plus(pending.map(|end| end.usage).unwrap_or_default());
-        let spent = usage.input_tokens + usage.output_tokens + run.descendants.tokens;
+        let tree = run.tree_spent();
+        let pending_usage = pending.map(|end| end.usage).unwrap_or_default();
+        let spent = tree.tokens + pending_usage.input_tokens + pending_usage.output_tokens;
         if let Some(limit) = run.limits.max_tokens
             && spent > limit
         {
@@ -415,9 +413,7 @@ impl<S: Store> Executor<S> {
                 limit,
             });
         }
-        let cost = run.log.cost_usd()
-            + run.descendants.cost_usd
-            + pending.and_then(|end| end.cost_usd).unwrap_or(0.0);
+        let cost = tree.cost_usd + pending.and_then(|end| end.cost_usd).unwrap_or(0.0);
         if let Some(limit) = run.limits.max_cost_usd
             && cost > limit
         {

@@ -55,7 +55,7 @@ impl<S: Store> Executor<S> {
             _ => Spent::default(),
         };
         let others = run.descendants.minus(before);
-        let spent = Spent::own(&run.log).plus(others);
+        let spent = run.tree_spent().minus(before);
         let within = left(run.limits, spent);
         // A child this step started before (the parent was resumed) goes on where it
         // stopped; a completed one gives its outcome without running again.

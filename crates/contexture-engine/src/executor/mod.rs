@@ -160,6 +160,13 @@ pub(crate) struct Run {
     pub descendants: tree_budget::Spent,
 }
 
+impl Run {
+    /// What the run and its sub-workflows spent so far: what its limits are held against.
+    pub fn tree_spent(&self) -> tree_budget::Spent {
+        tree_budget::Spent::own(&self.log).plus(self.descendants)
+    }
+}
+
 impl<S: Store> Executor<S> {
     /// An executor over `store` whose LLM calls go where `router` says; the built-in model
     /// registry and tools, no hooks, the system clock and random ids for templates.

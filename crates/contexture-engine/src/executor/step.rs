@@ -203,7 +203,7 @@ impl<S: Store> Executor<S> {
         let step = run.log.steps_started() + 1;
         // Sub-workflows' steps count against the run's limit too.
         if let Some(max) = run.limits.max_steps
-            && step + run.descendants.steps > max
+            && run.tree_spent().steps + 1 > max
         {
             let error = StepError::StepLimit { max };
             self.append(
