@@ -127,6 +127,17 @@ impl BudgetBreakdown {
         messages: &[Message],
         tools: &[Value],
     ) -> Result<BudgetBreakdown, BudgetError> {
+        Self::compute_with_tools_tokens(model, policy, messages, model.counter.count_tools(tools))
+    }
+
+    /// [`BudgetBreakdown::compute`] with the tools already counted (`tools`, in tokens):
+    /// fitting counts them once for the whole call.
+    pub fn compute_with_tools_tokens(
+        model: &ModelInfo,
+        policy: &BudgetPolicy,
+        messages: &[Message],
+        tools: u32,
+    ) -> Result<BudgetBreakdown, BudgetError> {
         let limits = policy.limits(model)?;
         let counter = model.counter;
         let (mut system, mut pinned, mut summary, mut rest) = (0u32, 0u32, 0u32, 0u32);
@@ -143,7 +154,6 @@ impl BudgetBreakdown {
             };
             *slot = slot.saturating_add(tokens);
         }
-        let tools = counter.count_tools(tools);
         let used = [system, tools, pinned, summary, rest, REPLY_PRIMING]
             .into_iter()
             .fold(0u32, u32::saturating_add);

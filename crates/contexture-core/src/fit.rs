@@ -25,8 +25,9 @@ pub mod units;
 pub mod validate;
 
 pub use clear::{
-    ClearOptions, ClearPolicy, ClearTrigger, Cleared, ClearedResult, Replacements, carry_cleared,
-    clear_tool_results, clear_tool_results_with, cleared_placeholder, is_cleared_placeholder,
+    Carried, ClearOptions, ClearPolicy, ClearTrigger, Cleared, ClearedResult, Replacements,
+    carry_cleared, clear_tool_results, clear_tool_results_with, cleared_placeholder,
+    is_cleared_placeholder,
 };
 pub use policy::FitPolicy;
 pub use repair::{RepairChange, cancelled_result_text, repair};

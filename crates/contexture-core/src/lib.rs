@@ -17,5 +17,5 @@ pub mod registry;
 pub mod thread;
 pub mod tokens;
 
-pub use message::{Content, Message, Metadata, Part, Role, ToolCall};
+pub use message::{Content, Message, MessageFields, Metadata, Part, Role, ToolCall};
 pub use tokens::{Encoding, TokenCounter};

@@ -181,15 +181,18 @@ impl Content {
 }
 
 /// A tool call made by an assistant turn.
+///
+/// Its strings are shared, like message text: a long tool loop's request is copied on every
+/// call, and a copied call then costs no copy of its id, name or arguments.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolCall {
     /// The call's id; the tool result names it in `tool_call_id`.
-    pub id: String,
+    pub id: Arc<str>,
     /// The tool's name.
-    pub name: String,
+    pub name: Arc<str>,
     /// The arguments as JSON text, exactly as the model produced them (which may be invalid
     /// JSON: it is kept, not repaired).
-    pub arguments: String,
+    pub arguments: Arc<str>,
     /// Wire fields the model has no place for.
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub extra: Map<String, Value>,
@@ -198,9 +201,9 @@ pub struct ToolCall {
 impl ToolCall {
     /// A tool call with the given id, tool name and JSON arguments text.
     pub fn new(
-        id: impl Into<String>,
-        name: impl Into<String>,
-        arguments: impl Into<String>,
+        id: impl Into<Arc<str>>,
+        name: impl Into<Arc<str>>,
+        arguments: impl Into<Arc<str>>,
     ) -> Self {
         ToolCall {
             id: id.into(),
@@ -234,10 +237,21 @@ impl Metadata {
 
 /// One chat message in Contexture's neutral model.
 ///
+/// Its fields ([`MessageFields`]) are read and written through the message as if they were
+/// its own (`message.role`, `message.content = ...`). They are shared by the message's
+/// copies: histories are copied on every projection and fit, and a long tool loop's request
+/// on every call, so a copy costs one reference count; writing to a copy's fields gives it
+/// fields of its own first (copy on write), and the others keep theirs.
+///
 /// Serialized with serde this is Contexture's own storage form; use [`crate::format`] for
 /// provider wire formats.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Message(Arc<MessageFields>);
+
+/// The fields of a [`Message`], shared by its copies.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Message {
+pub struct MessageFields {
     /// Who speaks.
     pub role: Role,
     /// The body. `None` when the wire message had no content (an assistant turn that only
@@ -254,9 +268,9 @@ pub struct Message {
     /// Tool calls made by an assistant turn, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
-    /// For a tool result: the id of the call it answers.
+    /// For a tool result: the id of the call it answers (shared, as the call's id is).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_call_id: Option<String>,
+    pub tool_call_id: Option<Arc<str>>,
     /// Contexture's annotations (pinned, origin step, tags).
     #[serde(default, skip_serializing_if = "Metadata::is_empty")]
     pub metadata: Metadata,
@@ -267,10 +281,44 @@ pub struct Message {
     tokens: TokenCache,
 }
 
+impl std::ops::Deref for Message {
+    type Target = MessageFields;
+
+    fn deref(&self) -> &MessageFields {
+        &self.0
+    }
+}
+
+/// Writing a field of a message whose fields other copies share gives it its own first.
+impl std::ops::DerefMut for Message {
+    fn deref_mut(&mut self) -> &mut MessageFields {
+        Arc::make_mut(&mut self.0)
+    }
+}
+
+impl From<MessageFields> for Message {
+    fn from(fields: MessageFields) -> Message {
+        Message(Arc::new(fields))
+    }
+}
+
+/// Two messages are equal when their fields are (copies of one message are, at once).
+impl PartialEq for Message {
+    fn eq(&self, other: &Message) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
+    }
+}
+
+impl std::fmt::Debug for Message {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 impl Message {
     /// A message with the given role and text body.
     pub fn new(role: Role, text: impl Into<String>) -> Message {
-        Message {
+        Message::from(MessageFields {
             role,
             content: Some(Content::Text(text.into().into())),
             content_omitted: false,
@@ -280,7 +328,12 @@ impl Message {
             metadata: Metadata::default(),
             extra: Map::new(),
             tokens: TokenCache::default(),
-        }
+        })
+    }
+
+    /// The message's fields, as its own: taken without a copy when no other copy shares them.
+    pub fn into_fields(self) -> MessageFields {
+        Arc::unwrap_or_clone(self.0)
     }
 
     /// A system message.
@@ -300,19 +353,17 @@ impl Message {
 
     /// An assistant turn that calls tools, with no text body.
     pub fn assistant_tool_calls(calls: Vec<ToolCall>) -> Message {
-        Message {
-            content: None,
-            tool_calls: calls,
-            ..Message::new(Role::Assistant, "")
-        }
+        let mut message = Message::new(Role::Assistant, "");
+        message.content = None;
+        message.tool_calls = calls;
+        message
     }
 
     /// A tool result answering the call `tool_call_id`.
-    pub fn tool_result(tool_call_id: impl Into<String>, text: impl Into<String>) -> Message {
-        Message {
-            tool_call_id: Some(tool_call_id.into()),
-            ..Message::new(Role::Tool, text)
-        }
+    pub fn tool_result(tool_call_id: impl Into<Arc<str>>, text: impl Into<String>) -> Message {
+        let mut message = Message::new(Role::Tool, text);
+        message.tool_call_id = Some(tool_call_id.into());
+        message
     }
 
     /// Builder: marks the message pinned.
@@ -446,6 +497,27 @@ mod tests {
         let back: Message = serde_json::from_str(&json).unwrap();
         assert_eq!(back, message);
         assert_eq!(back.cached_tokens(Encoding::Cl100kBase), None);
+    }
+
+    #[test]
+    fn writing_a_copy_leaves_the_other_copies_as_they_were() {
+        let original = Message::assistant_tool_calls(vec![ToolCall::new("c1", "search", "{}")]);
+        original.set_cached_tokens(Encoding::O200kBase, 12);
+        let mut copy = original.clone();
+        assert!(
+            Arc::ptr_eq(&original.0, &copy.0),
+            "a copy shares the fields"
+        );
+        copy.tool_calls[0].arguments = r#"{"q":"x"}"#.into();
+        copy.touch();
+        copy.metadata.pinned = true;
+        assert_eq!(&*original.tool_calls[0].arguments, "{}");
+        assert!(!original.is_pinned());
+        assert_eq!(original.cached_tokens(Encoding::O200kBase), Some(12));
+        assert_eq!(copy.cached_tokens(Encoding::O200kBase), None);
+        assert_ne!(original, copy);
+        let fields = copy.clone().into_fields();
+        assert_eq!(Message::from(fields), copy);
     }
 
     #[test]

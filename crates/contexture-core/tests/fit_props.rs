@@ -414,12 +414,12 @@ proptest! {
                 out[result.index].text(),
                 cleared_placeholder(&result.tool, &result.tool_call_id, held)
             );
-            prop_assert!(!(exclude_search && result.tool == "search"));
+            prop_assert!(!(exclude_search && *result.tool == *"search"));
         }
         // The `keep` most recent calls keep their results.
-        let recent: Vec<&str> = input.iter().rev().flat_map(|m| m.tool_calls.iter().rev()).take(keep).map(|c| c.id.as_str()).collect();
+        let recent: Vec<&str> = input.iter().rev().flat_map(|m| m.tool_calls.iter().rev()).take(keep).map(|c| &*c.id).collect();
         for result in &cleared.cleared {
-            prop_assert!(!recent.contains(&result.tool_call_id.as_str()));
+            prop_assert!(!recent.contains(&&*result.tool_call_id));
         }
         // Oldest first, stopping once enough was cleared.
         if let Some(enough) = at_least {

@@ -103,9 +103,9 @@ fn tool_call() -> impl Strategy<Value = ToolCall> {
                 extra.insert("function".into(), Value::Object(function_extra));
             }
             ToolCall {
-                id,
-                name,
-                arguments,
+                id: id.into(),
+                name: name.into(),
+                arguments: arguments.into(),
                 extra,
             }
         })
@@ -138,7 +138,7 @@ prop_compose! {
         message.content = content;
         message.name = name;
         message.tool_calls = tool_calls;
-        message.tool_call_id = tool_call_id;
+        message.tool_call_id = tool_call_id.map(Into::into);
         message.extra = extra;
         message
     }

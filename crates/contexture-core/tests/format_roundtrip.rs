@@ -142,9 +142,9 @@ fn anthropic_agent_loop_maps_to_calls_and_results() {
     );
     let calls = &messages[2].tool_calls;
     assert_eq!(calls.len(), 2);
-    assert_eq!(calls[0].id, "toolu_01A09q90qw90lq917835lq9");
+    assert_eq!(&*calls[0].id, "toolu_01A09q90qw90lq917835lq9");
     assert_eq!(
-        calls[0].arguments,
+        &*calls[0].arguments,
         r#"{"service":"checkout-api","query":"level:error","since_minutes":60}"#
     );
     let Some(Content::Parts(parts)) = &messages[2].content else {
@@ -211,7 +211,7 @@ fn openai_vendor_sample_keeps_unknown_fields() {
     assert_eq!(messages[3].name.as_deref(), Some("is_prime"));
     // The second call's arguments are not valid JSON: kept verbatim, not repaired.
     assert_eq!(
-        messages[4].tool_calls[0].arguments,
+        &*messages[4].tool_calls[0].arguments,
         r#"{"n":"2305843009213693953""#
     );
 }

@@ -138,8 +138,8 @@ proptest! {
                     prop_assert!(!cleared, "call {}: result {} is among the last {}", calls, n, keep);
                 }
                 let tool = own.iter().flat_map(|m| &m.tool_calls)
-                    .find(|c| Some(c.id.as_str()) == original.tool_call_id.as_deref())
-                    .map(|c| c.name.as_str());
+                    .find(|c| Some(&*c.id) == original.tool_call_id.as_deref())
+                    .map(|c| &*c.name);
                 if exclude.is_some_and(|t| Some(TOOLS[t]) == tool) {
                     prop_assert!(!cleared, "an excluded tool's result was cleared");
                 }

@@ -547,9 +547,9 @@ impl<S: Store> TurnRecorder<S> {
 pub fn check_tool_results(stored: &Projection, new: &[Message]) -> Result<(), ChatError> {
     let mut open: Vec<&str> = Vec::new();
     for message in &stored.messages {
-        open.extend(message.tool_calls.iter().map(|call| call.id.as_str()));
+        open.extend(message.tool_calls.iter().map(|call| &*call.id));
         if let Some(id) = &message.tool_call_id {
-            open.retain(|open| open != id);
+            open.retain(|open| *open != &**id);
         }
     }
     let invalid = |message: String| ChatError::Invalid {
@@ -557,7 +557,7 @@ pub fn check_tool_results(stored: &Projection, new: &[Message]) -> Result<(), Ch
         message,
     };
     for message in new {
-        open.extend(message.tool_calls.iter().map(|call| call.id.as_str()));
+        open.extend(message.tool_calls.iter().map(|call| &*call.id));
         if message.role != Role::Tool {
             continue;
         }

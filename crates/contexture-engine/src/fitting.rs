@@ -199,7 +199,12 @@ pub fn fit_request_in_loop(
         }
         (messages, joined)
     };
-    let breakdown = BudgetBreakdown::compute(target.model, target.policy, &messages, target.tools)?;
+    let breakdown = BudgetBreakdown::compute_with_tools_tokens(
+        target.model,
+        target.policy,
+        &messages,
+        tools_tokens,
+    )?;
     let mut dropped: Vec<[usize; 2]> = Vec::new();
     if history_dropped > 0 {
         dropped.push([system_len, system_len + history_dropped]);

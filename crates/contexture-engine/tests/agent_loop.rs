@@ -108,8 +108,8 @@ async fn with_truncation_and_clearing_every_call_fits_and_keeps_its_task_and_rec
             // as its placeholder, never cut again.
             for result in &results {
                 let id = result.tool_call_id.as_deref().unwrap();
-                let cut = fit.truncated.iter().any(|t| t.tool_call_id == id);
-                let carried = fit.cleared.iter().any(|c| c.tool_call_id == id);
+                let cut = fit.truncated.iter().any(|t| *t.tool_call_id == *id);
+                let carried = fit.cleared.iter().any(|c| *c.tool_call_id == *id);
                 assert!(
                     cut || (carried && is_cleared_placeholder(&result.text())),
                     "call {n}: {id} neither cut nor cleared"

@@ -16,7 +16,7 @@ fn outcome(path: &Path) -> String {
             workflow
                 .states
                 .iter()
-                .map(|s| s.id.as_str())
+                .map(|s| &*s.id)
                 .collect::<Vec<_>>()
                 .join(" ")
         ),

@@ -309,9 +309,9 @@ impl Provider for ScriptedProvider {
             for (index, call) in response.message.tool_calls.iter().enumerate() {
                 on_delta(StreamDelta::ToolCall {
                     index,
-                    id: Some(call.id.clone()),
-                    name: Some(call.name.clone()),
-                    arguments: call.arguments.clone(),
+                    id: Some(call.id.to_string()),
+                    name: Some(call.name.to_string()),
+                    arguments: call.arguments.to_string(),
                 });
             }
             Ok(response)

@@ -523,7 +523,7 @@ async fn list_describes_threads_and_forks(h: &impl Harness) {
     let list = s.list().await.unwrap();
     let summary: Vec<_> = list
         .iter()
-        .map(|t| (t.id.as_str(), t.parent.as_deref(), t.fork_seq, t.last_seq))
+        .map(|t| (&*t.id, t.parent.as_deref(), t.fork_seq, t.last_seq))
         .collect();
     assert_eq!(
         summary,
@@ -834,7 +834,7 @@ async fn repeated_projection_loads_follow_every_change(h: &impl Harness) {
 
 /// The ids of `keys`, in order.
 fn ids(keys: &[ApiKeyRecord]) -> Vec<&str> {
-    keys.iter().map(|k| k.id.as_str()).collect()
+    keys.iter().map(|k| &*k.id).collect()
 }
 
 /// Asserts that `result` is [`StoreError::KeyExists`] naming `id`.
@@ -853,9 +853,9 @@ async fn api_keys_are_found_by_hash(h: &impl Harness) {
         .unwrap();
     assert_eq!(
         (
-            created.id.as_str(),
+            &*created.id,
             created.tenant.as_str(),
-            created.name.as_str(),
+            &*created.name,
             created.revoked_at_ms
         ),
         ("ck_1", "acme", "ci", None)
@@ -879,7 +879,7 @@ async fn api_keys_are_found_by_hash(h: &impl Harness) {
     ];
     for (hash, expected) in table {
         let found = s.api_key_by_hash(hash).await.unwrap();
-        assert_eq!(found.as_ref().map(|k| k.id.as_str()), expected, "{hash}");
+        assert_eq!(found.as_ref().map(|k| &*k.id), expected, "{hash}");
     }
     assert_eq!(s.api_key_by_hash("hash-1").await.unwrap(), Some(created));
 }
@@ -1604,7 +1604,7 @@ async fn retention_policies_are_stored_with_the_thread(h: &impl Harness) {
     let policy = RequestRetention::new(Some(30), Some(100)).unwrap();
     s.set_retention("kept", Some(policy)).await.unwrap();
     let info = s.thread_info("kept").await.unwrap().expect("the thread");
-    assert_eq!((info.id.as_str(), info.retention), ("kept", Some(policy)));
+    assert_eq!((&*info.id, info.retention), ("kept", Some(policy)));
     let listed = s.list().await.unwrap();
     assert_eq!(listed.iter().find(|t| t.id == "kept"), Some(&info));
     assert_eq!(

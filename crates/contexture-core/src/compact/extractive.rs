@@ -28,7 +28,7 @@ pub fn extractive_summary(messages: &[&Message], budget: u32, counter: &TokenCou
             }
         }
         for call in &message.tool_calls {
-            for id in std::iter::once(call.name.clone()).chain(identifiers(&call.arguments)) {
+            for id in std::iter::once(call.name.to_string()).chain(identifiers(&call.arguments)) {
                 if seen.insert(id.clone()) {
                     facts.push(id);
                 }
@@ -44,7 +44,7 @@ pub fn extractive_summary(messages: &[&Message], budget: u32, counter: &TokenCou
                 .rev()
                 .find(|l| !l.trim().is_empty())
                 .map(|l| clip(l.trim(), LINE_CHARS));
-            let calls: Vec<&str> = m.tool_calls.iter().map(|c| c.name.as_str()).collect();
+            let calls: Vec<&str> = m.tool_calls.iter().map(|c| &*c.name).collect();
             match (last, calls.is_empty()) {
                 (Some(line), true) => Some(format!("- {}: {line}", m.role.as_str())),
                 (Some(line), false) => Some(format!(

@@ -126,7 +126,7 @@ fn open_call(unit: &[Message]) -> bool {
     first.tool_calls.iter().any(|call| {
         !unit[1..]
             .iter()
-            .any(|m| m.tool_call_id.as_deref() == Some(call.id.as_str()))
+            .any(|m| m.tool_call_id.as_deref() == Some(&*call.id))
     })
 }
 

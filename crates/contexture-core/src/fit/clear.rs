@@ -4,6 +4,8 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::message::{Content, Message, Role};
@@ -127,9 +129,9 @@ pub struct ClearedResult {
     /// The tool result's index.
     pub index: usize,
     /// The call it answers.
-    pub tool_call_id: String,
+    pub tool_call_id: Arc<str>,
     /// The tool's name.
-    pub tool: String,
+    pub tool: Arc<str>,
     /// Tokens saved (the result's, and the arguments' when those were cleared too).
     pub tokens: u64,
 }
@@ -216,11 +218,11 @@ pub(crate) fn request_tokens(
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Replacements {
     /// A cleared result's placeholder and the tokens it saved, by call id.
-    results: FxHashMap<String, (Message, u64)>,
+    results: FxHashMap<Arc<str>, (Message, u64)>,
     /// An assistant turn with a call's arguments cleared, and the tokens that saved, by the
     /// call's id, for each set of the turn's calls whose arguments were cleared before (a
     /// bit per call).
-    turns: FxHashMap<String, Vec<(u64, Message, u64)>>,
+    turns: FxHashMap<Arc<str>, Vec<(u64, Message, u64)>>,
 }
 
 /// Clears, first, the results of the calls in `carried` (what earlier calls of a loop
@@ -233,7 +235,7 @@ pub struct Replacements {
 pub fn clear_tool_results_with(
     messages: Vec<Message>,
     options: &ClearOptions,
-    carried: &FxHashSet<String>,
+    carried: &FxHashSet<Arc<str>>,
     (fire, stop_below): (bool, Option<u64>),
     replacements: &mut Replacements,
     counter: &TokenCounter,
@@ -261,7 +263,7 @@ pub fn clear_tool_results_with(
             continue;
         };
         let result = &out[result_index];
-        if options.exclude_tools.contains(&call.name)
+        if options.exclude_tools.iter().any(|tool| *tool == *call.name)
             || result.is_pinned()
             || out[tool_use.assistant].is_pinned()
             || holds_placeholder(result)
@@ -286,7 +288,7 @@ pub fn clear_tool_results_with(
         }
         out[result_index] = replacement;
         if options.clear_arguments
-            && out[tool_use.assistant].tool_calls[tool_use.call].arguments != "{}"
+            && *out[tool_use.assistant].tool_calls[tool_use.call].arguments != *"{}"
         {
             let assistant = &out[tool_use.assistant];
             let mask = assistant
@@ -294,7 +296,7 @@ pub fn clear_tool_results_with(
                 .iter()
                 .take(64)
                 .enumerate()
-                .filter(|(_, call)| call.arguments == "{}")
+                .filter(|(_, call)| *call.arguments == *"{}")
                 .fold(0u64, |mask, (bit, _)| mask | 1 << bit);
             let made = replacements
                 .turns
@@ -305,7 +307,7 @@ pub fn clear_tool_results_with(
                 None => {
                     let before = u64::from(counter.count_message(assistant));
                     let mut turn = assistant.clone();
-                    turn.tool_calls[tool_use.call].arguments = "{}".to_owned();
+                    turn.tool_calls[tool_use.call].arguments = "{}".into();
                     turn.touch();
                     let saved = before.saturating_sub(u64::from(counter.count_message(&turn)));
                     replacements.turns.entry(id.clone()).or_default().push((
@@ -341,44 +343,39 @@ pub fn clear_tool_results_with(
 /// with `clear_arguments`, their single-call turns by the turns with the arguments cleared:
 /// each message is copied once, a result that is cleared again is never copied. What it
 /// leaves (a result with no placeholder made yet, a turn of several calls) is for
-/// [`clear_tool_results_with`] to clear. Returns the messages and the results it cleared
-/// (with the tokens each saved, its turn's arguments included).
+/// [`clear_tool_results_with`] to clear.
 pub fn carry_cleared<'a>(
     messages: impl IntoIterator<Item = &'a Message>,
-    carried: &FxHashSet<String>,
+    carried: &FxHashSet<Arc<str>>,
     replacements: &Replacements,
     clear_arguments: bool,
-) -> (Vec<Message>, Vec<ClearedResult>) {
+) -> Carried {
     let messages = messages.into_iter();
     let mut out: Vec<Message> = Vec::with_capacity(messages.size_hint().0);
     let mut cleared = Vec::new();
     // The tool names of the calls of the latest assistant turn, and whether it is one that
     // carried clearing may change (one call, not pinned).
-    let mut turn: Vec<(&'a str, &'a str)> = Vec::new();
+    let mut turn: Vec<(&'a Arc<str>, &'a Arc<str>)> = Vec::new();
     let mut turn_saved = 0u64;
     let mut turn_clearable = false;
+    let mut left = false;
     for message in messages {
         match message.role {
             Role::Assistant => {
                 turn.clear();
-                turn.extend(
-                    message
-                        .tool_calls
-                        .iter()
-                        .map(|call| (call.id.as_str(), call.name.as_str())),
-                );
+                turn.extend(message.tool_calls.iter().map(|call| (&call.id, &call.name)));
                 turn_clearable = message.tool_calls.len() == 1 && !message.is_pinned();
                 turn_saved = 0;
                 let made = match turn.first() {
                     Some((id, _))
                         if clear_arguments
                             && turn_clearable
-                            && carried.contains(*id)
-                            && message.tool_calls[0].arguments != "{}" =>
+                            && carried.contains(&***id)
+                            && *message.tool_calls[0].arguments != *"{}" =>
                     {
                         replacements
                             .turns
-                            .get(*id)
+                            .get(&***id)
                             .and_then(|made| made.iter().find(|(mask, ..)| *mask == 0))
                     }
                     _ => None,
@@ -395,33 +392,60 @@ pub fn carry_cleared<'a>(
                 let id = message.tool_call_id.as_deref().unwrap_or_default();
                 let made = turn
                     .iter()
-                    .find(|(call, _)| *call == id)
+                    .find(|(call, _)| ***call == *id)
                     .filter(|_| carried.contains(id) && !message.is_pinned())
                     .filter(|_| !holds_placeholder(message))
-                    .and_then(|(_, tool)| Some((tool, replacements.results.get(id)?)));
+                    .and_then(|(call, tool)| Some((call, tool, replacements.results.get(id)?)));
                 match made {
-                    Some((tool, (replacement, saved))) if *saved > 0 => {
+                    Some((call, tool, (replacement, saved))) if *saved > 0 => {
                         cleared.push(ClearedResult {
                             index: out.len(),
-                            tool_call_id: id.to_owned(),
-                            tool: (*tool).to_owned(),
+                            tool_call_id: Arc::clone(call),
+                            tool: Arc::clone(tool),
                             tokens: saved + turn_saved,
                         });
                         out.push(replacement.clone());
                     }
-                    _ => out.push(message.clone()),
+                    _ => {
+                        left |= carried.contains(id);
+                        out.push(message.clone());
+                    }
                 }
             }
+            Role::Tool => {
+                left |= message
+                    .tool_call_id
+                    .as_deref()
+                    .is_some_and(|id| carried.contains(id));
+                out.push(message.clone());
+            }
             _ => {
-                if message.role != Role::Tool {
-                    turn.clear();
-                    turn_clearable = false;
-                }
+                turn.clear();
+                turn_clearable = false;
                 out.push(message.clone());
             }
         }
     }
-    (out, cleared)
+    Carried {
+        messages: out,
+        cleared,
+        left,
+    }
+}
+
+/// A request copied with what earlier calls of a loop cleared put in again
+/// ([`carry_cleared`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Carried {
+    /// The request's messages.
+    pub messages: Vec<Message>,
+    /// The results put in as their placeholders, with the tokens each saved (its turn's
+    /// arguments included).
+    pub cleared: Vec<ClearedResult>,
+    /// True when a result of a carried call was left as it was (no placeholder made for it
+    /// yet, a turn of several calls, or one kept for a reason clearing checks): it is for
+    /// [`clear_tool_results_with`] to clear. False, nothing carried is left to clear.
+    pub left: bool,
 }
 
 /// Every tool call in order, with the index of its result in the tool results right after
@@ -438,7 +462,7 @@ fn tool_uses(messages: &[Message]) -> Vec<ToolUse> {
             .count();
         for (call, tool_call) in message.tool_calls.iter().enumerate() {
             let result = (index + 1..index + 1 + results)
-                .find(|&r| messages[r].tool_call_id.as_deref() == Some(tool_call.id.as_str()));
+                .find(|&r| messages[r].tool_call_id.as_deref() == Some(&*tool_call.id));
             uses.push(ToolUse {
                 assistant: index,
                 call,

@@ -15,6 +15,8 @@
 //! Every change is reported. What cannot be fixed this way (a pinned leading assistant turn)
 //! is reported as [`RepairChange::Unrepaired`]; such a list still fails [`validate`].
 
+use std::sync::Arc;
+
 use serde::Serialize;
 use serde_json::Map;
 
@@ -153,11 +155,11 @@ fn pair_tool_results(
         if message.role == Role::Tool {
             changes.push(RepairChange::DroppedOrphanToolResult {
                 index,
-                tool_call_id: message.tool_call_id.clone(),
+                tool_call_id: message.tool_call_id.as_deref().map(str::to_owned),
             });
             continue;
         }
-        let mut open: Vec<(String, String)> = message
+        let mut open: Vec<(Arc<str>, Arc<str>)> = message
             .tool_calls
             .iter()
             .map(|call| (call.id.clone(), call.name.clone()))
@@ -172,7 +174,7 @@ fn pair_tool_results(
             let position = result
                 .tool_call_id
                 .as_deref()
-                .and_then(|id| open.iter().position(|(open_id, _)| open_id == id));
+                .and_then(|id| open.iter().position(|(open_id, _)| **open_id == *id));
             match position {
                 Some(position) => {
                     open.remove(position);
@@ -180,7 +182,7 @@ fn pair_tool_results(
                 }
                 None => changes.push(RepairChange::DroppedOrphanToolResult {
                     index: result_index,
-                    tool_call_id: result.tool_call_id.clone(),
+                    tool_call_id: result.tool_call_id.as_deref().map(str::to_owned),
                 }),
             }
         }
@@ -189,8 +191,8 @@ fn pair_tool_results(
             result.metadata.pinned = pinned;
             changes.push(RepairChange::AnsweredCancelledCall {
                 index,
-                tool_call_id: id,
-                tool,
+                tool_call_id: id.to_string(),
+                tool: tool.to_string(),
             });
             out.push((index, result));
         }
@@ -262,6 +264,7 @@ fn merge_turns(
 /// Appends `next` to `into`: the bodies become one list of parts (so nothing is re-joined
 /// or re-worded), tool calls are concatenated, and the merged turn is pinned if either was.
 pub(crate) fn merge_into(into: &mut Message, next: Message) {
+    let next = next.into_fields();
     into.content = match (into.content.take(), next.content) {
         (None, other) | (other, None) => other,
         (Some(first), Some(second)) => {

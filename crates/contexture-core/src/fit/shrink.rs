@@ -4,12 +4,13 @@
 //! passes a high one, what was cut remembered ([`CutMemory`]) so that the following calls of
 //! the same loop send the same prefix until the high mark is passed again.
 
-use rustc_hash::FxHashSet;
+use std::sync::Arc;
 
+use rustc_hash::FxHashSet;
 use serde::{Deserialize, Serialize};
 
 use crate::fit::clear::{
-    ClearPolicy, ClearedResult, Replacements, carry_cleared, clear_tool_results_with,
+    Carried, ClearPolicy, ClearedResult, Replacements, carry_cleared, clear_tool_results_with,
     request_tokens,
 };
 use crate::fit::truncate::{TruncatePolicy, TruncatedResult, truncate_tool_results};
@@ -61,7 +62,7 @@ impl Hysteresis {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CutMemory {
     /// The calls whose results were cleared.
-    pub cleared: FxHashSet<String>,
+    pub cleared: FxHashSet<Arc<str>>,
     /// The placeholders and cleared calls made, counted once.
     pub replacements: Replacements,
     /// The history's first messages left out (whole units): a history that changed since
@@ -172,14 +173,22 @@ pub fn shrink(
     let cut_before = !memory.cleared.is_empty() || memory.history_dropped.is_some();
     // What earlier calls cleared is put in while the request is copied: a result cleared
     // again is never copied (nor cut below).
-    let (mut all, mut cleared) = match policy.clear {
+    let Carried {
+        messages: mut all,
+        mut cleared,
+        left,
+    } = match policy.clear {
         Some(clear) if !memory.cleared.is_empty() => carry_cleared(
             system.into_iter().chain(&history[dropped..]).chain(own),
             &memory.cleared,
             &memory.replacements,
             clear.clear_inputs,
         ),
-        _ => (assemble(dropped), Vec::new()),
+        _ => Carried {
+            messages: assemble(dropped),
+            cleared: Vec::new(),
+            left: false,
+        },
     };
     let mut truncated = Vec::new();
     if let Some(truncate) = policy.truncate {
@@ -190,18 +199,21 @@ pub fn shrink(
     let tokens = |messages: &[Message]| request_tokens(messages, tools_tokens, counter);
     if let Some(clear) = policy.clear {
         let options = clear.options(tools_tokens);
-        // What earlier calls cleared first; then whether this request still passes a mark.
-        let carried = clear_tool_results_with(
-            all,
-            &options,
-            &memory.cleared,
-            (false, None),
-            &mut memory.replacements,
-            counter,
-        );
-        all = carried.messages;
-        cleared.extend(carried.cleared);
-        cleared.sort_by_key(|result| result.index);
+        // What earlier calls cleared and copying could not put in; then whether this
+        // request still passes a mark.
+        if left {
+            let carried = clear_tool_results_with(
+                all,
+                &options,
+                &memory.cleared,
+                (false, None),
+                &mut memory.replacements,
+                counter,
+            );
+            all = carried.messages;
+            cleared.extend(carried.cleared);
+            cleared.sort_by_key(|result| result.index);
+        }
         let total = tokens(&all);
         // The first cut of a loop comes past the trigger; under hysteresis, the next ones
         // only past the high mark, so that the calls between share their prefix.
@@ -225,14 +237,15 @@ pub fn shrink(
                 &mut memory.replacements,
                 counter,
             );
+            // Only calls cleared now are new to the memory: the others were carried.
+            memory.cleared.extend(
+                more.cleared
+                    .iter()
+                    .map(|result| Arc::clone(&result.tool_call_id)),
+            );
             all = more.messages;
             cleared.extend(more.cleared);
             cleared.sort_by_key(|result| result.index);
-        }
-        for result in &cleared {
-            if !memory.cleared.contains(&result.tool_call_id) {
-                memory.cleared.insert(result.tool_call_id.clone());
-            }
         }
     }
     // Still past the high mark: the oldest history goes, whole units, down to the low mark.

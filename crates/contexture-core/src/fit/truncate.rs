@@ -2,6 +2,8 @@
 //! its end, around a marker saying how many tokens were cut from the middle. The result
 //! still answers its call, so the output is as valid as the input.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::message::{Content, Message, Role};
@@ -40,10 +42,10 @@ impl TruncatePolicy {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TruncatedResult {
     /// The call it answers.
-    pub tool_call_id: String,
+    pub tool_call_id: Arc<str>,
     /// The tool's name, when the call that asked for it is in the messages.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool: Option<String>,
+    pub tool: Option<Arc<str>>,
     /// The result's tokens before.
     pub tokens_before: u64,
     /// Its tokens after.
@@ -116,12 +118,12 @@ fn is_plain_text(content: Option<&Content>) -> bool {
 }
 
 /// The name of the tool the call `id` asked for, from the newest assistant turn holding it.
-fn tool_of(before: &[Message], id: &str) -> Option<String> {
+fn tool_of(before: &[Message], id: &str) -> Option<Arc<str>> {
     before.iter().rev().find_map(|message| {
         message
             .tool_calls
             .iter()
-            .find(|call| call.id == id)
+            .find(|call| *call.id == *id)
             .map(|call| call.name.clone())
     })
 }
@@ -222,7 +224,7 @@ mod tests {
         let [result] = out.truncated.as_slice() else {
             panic!("{:?}", out.truncated)
         };
-        assert_eq!(result.tool_call_id, "c1");
+        assert_eq!(&*result.tool_call_id, "c1");
         assert_eq!(result.tool.as_deref(), Some("search"));
         assert!(
             result.tokens_before > 8_000 && result.tokens_after <= 310,

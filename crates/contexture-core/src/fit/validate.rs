@@ -219,7 +219,7 @@ pub(crate) fn validate_refs<'a>(
                 violations.push(Violation {
                     index,
                     kind: ViolationKind::OrphanToolResult {
-                        tool_call_id: message.tool_call_id.clone(),
+                        tool_call_id: message.tool_call_id.as_deref().map(str::to_owned),
                     },
                 });
             }
@@ -236,7 +236,7 @@ pub(crate) fn validate_refs<'a>(
                 continue;
             }
             if role == Role::Assistant && !message.tool_calls.is_empty() {
-                open.extend(message.tool_calls.iter().map(|call| call.id.as_str()));
+                open.extend(message.tool_calls.iter().map(|call| &*call.id));
                 open_turn = index;
                 in_tool_block = true;
             }

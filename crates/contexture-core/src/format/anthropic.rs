@@ -341,7 +341,7 @@ fn image_url(source: &Map<String, Value>, path: &str) -> Result<Option<String>, 
 
 fn parse_tool_result(object: &Map<String, Value>, path: &str) -> Result<Message, FormatError> {
     let mut message = Message::new(Role::Tool, "");
-    message.tool_call_id = Some(required_str(object, "tool_use_id", path)?.to_owned());
+    message.tool_call_id = Some(required_str(object, "tool_use_id", path)?.into());
     message.extra = extra_fields(object, &["type", "tool_use_id", "content"]);
     match object.get("content") {
         None => {
@@ -501,8 +501,8 @@ fn tool_use_to_block(call: &ToolCall, path: &str) -> Result<Value, FormatError> 
     };
     let mut object = Map::new();
     object.insert("type".into(), Value::from("tool_use"));
-    object.insert("id".into(), Value::from(call.id.as_str()));
-    object.insert("name".into(), Value::from(call.name.as_str()));
+    object.insert("id".into(), Value::from(&*call.id));
+    object.insert("name".into(), Value::from(&*call.name));
     object.insert("input".into(), input);
     append_extra(&mut object, &call.extra);
     Ok(Value::Object(object))

@@ -32,6 +32,8 @@
 //! This is the order of OpenAI's own examples, cookbook and responses, so messages in that
 //! order come back byte for byte; other orders come back as equal JSON values.
 
+use std::sync::Arc;
+
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Value, json};
 
@@ -199,7 +201,8 @@ fn parse_message_at(value: &Value, path: &str) -> Result<Message, FormatError> {
         }
     }
     message.name = nullable_str(object, "name", path, &mut message.extra)?;
-    message.tool_call_id = nullable_str(object, "tool_call_id", path, &mut message.extra)?;
+    message.tool_call_id =
+        nullable_str(object, "tool_call_id", path, &mut message.extra)?.map(Arc::from);
     match object.get("tool_calls") {
         None => {}
         Some(Value::Array(calls)) if !calls.is_empty() => {
@@ -345,13 +348,13 @@ fn part_to_value(part: &Part) -> Value {
 
 fn tool_call_to_value(call: &ToolCall) -> Value {
     let mut function = Map::new();
-    function.insert("name".into(), Value::from(call.name.as_str()));
-    function.insert("arguments".into(), Value::from(call.arguments.as_str()));
+    function.insert("name".into(), Value::from(&*call.name));
+    function.insert("arguments".into(), Value::from(&*call.arguments));
     if let Some(Value::Object(function_extra)) = call.extra.get("function") {
         append_extra(&mut function, function_extra);
     }
     let mut object = Map::new();
-    object.insert("id".into(), Value::from(call.id.as_str()));
+    object.insert("id".into(), Value::from(&*call.id));
     object.insert("type".into(), Value::from("function"));
     object.insert("function".into(), Value::Object(function));
     append_extra(&mut object, &call.extra);

@@ -484,7 +484,8 @@ impl<S: Store> Executor<S> {
         } = setup.step;
         let tool = assistant
             .tools
-            .contains(&call.name)
+            .iter()
+            .any(|tool| *tool == *call.name)
             .then(|| workflow.tool(&call.name))
             .flatten();
         let Some(tool) = tool else {

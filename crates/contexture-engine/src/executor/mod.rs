@@ -548,7 +548,7 @@ impl<S: Store> Executor<S> {
                 workflow
                     .mcp_servers
                     .iter()
-                    .map(|m| m.name.as_str())
+                    .map(|m| &*m.name)
                     .collect::<Vec<_>>()
                     .join(", ")
             ));
@@ -787,7 +787,7 @@ pub(crate) fn cancelled_results(messages: &[Message]) -> Vec<Message> {
     messages[last_turn]
         .tool_calls
         .iter()
-        .filter(|call| !answered.contains(&call.id.as_str()))
+        .filter(|call| !answered.contains(&&*call.id))
         .map(|call| Message::tool_result(call.id.clone(), cancelled_result_text(&call.name)))
         .collect()
 }

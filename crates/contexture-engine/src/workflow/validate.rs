@@ -25,22 +25,22 @@ pub(super) fn problems(workflow: &Workflow) -> Problems {
     }
     unique_ids(
         "assistants",
-        workflow.assistants.iter().map(|a| a.id.as_str()),
+        workflow.assistants.iter().map(|a| &*a.id),
         &mut problems,
     );
     unique_ids(
         "tools",
-        workflow.tools.iter().map(|t| t.id.as_str()),
+        workflow.tools.iter().map(|t| &*t.id),
         &mut problems,
     );
     unique_ids(
         "states",
-        workflow.states.iter().map(|s| s.id.as_str()),
+        workflow.states.iter().map(|s| &*s.id),
         &mut problems,
     );
     unique_ids(
         "mcp_servers",
-        workflow.mcp_servers.iter().map(|m| m.name.as_str()),
+        workflow.mcp_servers.iter().map(|m| &*m.name),
         &mut problems,
     );
     settings(workflow, &mut problems);
@@ -146,7 +146,7 @@ fn window_too_small(workflow: &Workflow, assistant: &Assistant) -> Option<String
         .model(Registry::builtin().resolve(&assistant.model));
     let limit = assistant.context.budget().limits(&model).ok()?.limit;
     let counter = &model.counter;
-    let default = workflow.default_assistant().map(|a| a.id.as_str());
+    let default = workflow.default_assistant().map(|a| &*a.id);
     workflow
         .states
         .iter()
@@ -158,7 +158,7 @@ fn window_too_small(workflow: &Workflow, assistant: &Assistant) -> Option<String
                 default
             } else {
                 None
-            }) == Some(assistant.id.as_str())
+            }) == Some(&*assistant.id)
         })
         .find_map(|state| {
             let task = state.task.as_ref()?;
@@ -536,7 +536,7 @@ fn sub_workflow(workflow: &Workflow, state: &super::State, base: &str, problems:
 /// States no path from the first state reaches.
 fn reachability(workflow: &Workflow, problems: &mut Problems) {
     let mut reached: BTreeSet<&str> = BTreeSet::new();
-    let mut queue: VecDeque<&str> = VecDeque::from([workflow.states[0].id.as_str()]);
+    let mut queue: VecDeque<&str> = VecDeque::from([&*workflow.states[0].id]);
     while let Some(id) = queue.pop_front() {
         if !reached.insert(id) {
             continue;
@@ -546,7 +546,7 @@ fn reachability(workflow: &Workflow, problems: &mut Problems) {
         }
     }
     for (index, state) in workflow.states.iter().enumerate() {
-        if !reached.contains(state.id.as_str()) {
+        if !reached.contains(&*state.id) {
             problems.push((
                 format!("states[{index}].id"),
                 format!(
