@@ -134,6 +134,10 @@ proptest! {
                 .collect();
             for (n, (kept, original)) in results.iter().enumerate() {
                 let cleared = is_cleared_placeholder(&kept.text());
+                // What an earlier call cleared stays cleared: the prefix does not change back.
+                if original.tool_call_id.as_deref().is_some_and(|id| before.cleared.contains(id)) {
+                    prop_assert!(cleared, "call {}: result {} was cleared before, not now", calls, n);
+                }
                 if n + keep >= results.len() {
                     prop_assert!(!cleared, "call {}: result {} is among the last {}", calls, n, keep);
                 }
