@@ -59,14 +59,19 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    // Output piped into a command that stops reading (`contexture models list | head`) ends
-    // the program quietly, as for any Unix tool, instead of a panic on the broken pipe.
-    #[cfg(unix)]
-    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
     let cli = Cli::parse();
+    // Output piped into a command that stops reading (`contexture models list | head`) ends
+    // the program quietly, as for any Unix tool, instead of a panic on the broken pipe. Not
+    // for the commands that start programs (tools, hook programs): the signal would take
+    // the whole process down when one of them exits without reading all its input; those
+    // handle a closed standard output themselves.
+    #[cfg(unix)]
+    if !matches!(cli.command, Command::Run(_) | Command::Serve(_)) {
+        // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let result = match cli.command {
         Command::Tokens(command) => commands::tokens::run(command),
         Command::Models(command) => commands::models::run(command),

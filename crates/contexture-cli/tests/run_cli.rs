@@ -588,3 +588,80 @@ fn a_token_budget_bounds_the_run_and_its_sub_workflow() {
     );
     assert_eq!(spent("refused"), 104);
 }
+
+/// `--hook PROGRAM`: the program is called at every point with the point and its payload on
+/// standard input; here it rewrites the task and the step's output. A program that fails
+/// fails the run with the hook, the point and its standard error named.
+#[test]
+fn a_hook_program_given_on_the_command_line_sees_and_changes_the_run() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new("contexture-run-hook");
+    std::fs::write(
+        dir.join("workflow.yaml"),
+        "assistants: [{id: a, model: gpt-4o-mini}]\n\
+         states: [{id: write, assistant_id: a, task: 'Write a haiku', next: {end: true}}]\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("replies.yaml"), "- content: an old pond\n").unwrap();
+    let hook = dir.join("shout.py");
+    std::fs::write(
+        &hook,
+        "#!/usr/bin/env python3\n\
+         import json, sys\n\
+         payload = json.load(sys.stdin)\n\
+         point = payload['point']\n\
+         if point == 'on_step_enter':\n    print(json.dumps({'task': payload['task'] + ' about frogs'}))\n\
+         elif point == 'on_step_exit':\n    print(json.dumps({'output': payload['output'].upper()}))\n",
+    )
+    .unwrap();
+    let broken = dir.join("broken.sh");
+    std::fs::write(&broken, "#!/bin/sh\necho 'no database here' >&2\nexit 4\n").unwrap();
+    for program in [&hook, &broken] {
+        std::fs::set_permissions(program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let workflow = dir.join("workflow.yaml").display().to_string();
+    let llm = format!("scripted:{}", dir.join("replies.yaml").display());
+    let run = |hook: &std::path::Path| {
+        contexture(
+            &dir,
+            &[
+                "run",
+                &workflow,
+                "--llm",
+                &llm,
+                "--trace",
+                "--hook",
+                &hook.display().to_string(),
+            ],
+        )
+        .run()
+    };
+    let outcome = run(&hook);
+    assert_eq!(outcome.expect_success(), "AN OLD POND\n");
+    assert!(
+        outcome.stderr.contains("Write a haiku about frogs"),
+        "{}",
+        outcome.stderr
+    );
+    // The broken program exits without reading its input: with a task larger than a pipe
+    // holds, writing it always finds the pipe closed, which must fail the step, not end the
+    // process on a signal.
+    std::fs::write(
+        dir.join("workflow.yaml"),
+        format!(
+            "assistants: [{{id: a, model: gpt-4o-mini}}]\n\
+             states: [{{id: write, assistant_id: a, task: '{}', next: {{end: true}}}}]\n",
+            "frog ".repeat(60_000)
+        ),
+    )
+    .unwrap();
+    let error = run(&broken).expect_failure();
+    assert!(
+        error.contains("broken.sh` failed at on_step_enter"),
+        "{error}"
+    );
+    assert!(
+        error.contains("exited with exit status: 4: no database here"),
+        "{error}"
+    );
+}

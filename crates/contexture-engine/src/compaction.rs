@@ -27,7 +27,7 @@ use serde::Serialize;
 
 use crate::calls::request_end;
 use crate::executor::ExecError;
-use crate::hooks::{CompactionInfo, Hook};
+use crate::hooks::{CompactionInfo, Hook, HookFailed, HookPoint};
 use crate::llm::Router;
 
 /// One compaction to run.
@@ -351,6 +351,19 @@ struct SummaryFailed {
 }
 
 impl Compactor {
+    /// Tells every hook that a compaction ran; the first that fails stops the chain.
+    fn after_compaction(
+        &self,
+        info: &CompactionInfo,
+        report: &CompactionReport,
+    ) -> Result<(), HookFailed> {
+        for hook in &self.hooks {
+            hook.after_compaction(info, report)
+                .map_err(|error| HookFailed::new(&**hook, HookPoint::AfterCompaction, error))?;
+        }
+        Ok(())
+    }
+
     /// A compactor whose summarizer calls go through `router`, with models from `registry`.
     pub fn new(router: Arc<dyn Router>, registry: Arc<Registry>) -> Compactor {
         Compactor {
@@ -406,9 +419,7 @@ impl Compactor {
             replace_seq: target.thread().last_seq(),
         };
         report.tokens_after = projection_tokens(target.thread(), &counter);
-        for hook in &self.hooks {
-            hook.after_compaction(&info, &report);
-        }
+        self.after_compaction(&info, &report)?;
         Ok(report)
     }
 
@@ -468,9 +479,7 @@ impl Compactor {
         report.outcome = CompactionOutcome::Compacted {
             replace_seq: target.thread().last_seq(),
         };
-        for hook in &self.hooks {
-            hook.after_compaction(&info, &report);
-        }
+        self.after_compaction(&info, &report)?;
         Ok(report)
     }
 
@@ -523,11 +532,16 @@ impl Compactor {
     ) -> Result<Option<Vec<Message>>, ExecError> {
         let policy = &request.policy;
         let counter = self.registry.resolve(&request.measure_model).counter;
-        if let Some(hook) = self.hooks.iter().find(|hook| !hook.before_compaction(info)) {
-            report.outcome = CompactionOutcome::Skipped {
-                reason: format!("hook `{}` declined it", hook.name()),
-            };
-            return Ok(None);
+        for hook in &self.hooks {
+            let goes_on = hook
+                .before_compaction(info)
+                .map_err(|error| HookFailed::new(&**hook, HookPoint::BeforeCompaction, error))?;
+            if !goes_on {
+                report.outcome = CompactionOutcome::Skipped {
+                    reason: format!("hook `{}` declined it", hook.name()),
+                };
+                return Ok(None);
+            }
         }
         let summary = if !request.preserve_history {
             None
@@ -554,9 +568,7 @@ impl Compactor {
                             report.outcome = CompactionOutcome::Failed {
                                 error: failed.error,
                             };
-                            for hook in &self.hooks {
-                                hook.after_compaction(info, report);
-                            }
+                            self.after_compaction(info, report)?;
                             return Ok(None);
                         }
                     }

@@ -19,7 +19,7 @@ use contexture_core::{Message, ToolCall};
 use contexture_engine::compaction::{
     CompactRequest, CompactionOutcome, CompactionReport, Compactor, compact_stored,
 };
-use contexture_engine::hooks::{CompactionInfo, Hook};
+use contexture_engine::hooks::{CompactionInfo, Hook, HookError};
 use contexture_engine::llm::{FixedRouter, Router};
 use contexture_fake_upstream::{FakeUpstream, Reply};
 use contexture_llm::{OpenAiProvider, Provider, RetryPolicy, ScriptedProvider};
@@ -562,18 +562,23 @@ struct Gate {
 }
 
 impl Hook for Gate {
-    fn before_compaction(&self, compaction: &CompactionInfo) -> bool {
+    fn before_compaction(&self, compaction: &CompactionInfo) -> Result<bool, HookError> {
         self.seen
             .lock()
             .unwrap()
             .push(format!("before {}", compaction.reason));
-        self.allow
+        Ok(self.allow)
     }
-    fn after_compaction(&self, _: &CompactionInfo, report: &CompactionReport) {
+    fn after_compaction(
+        &self,
+        _: &CompactionInfo,
+        report: &CompactionReport,
+    ) -> Result<(), HookError> {
         self.seen
             .lock()
             .unwrap()
             .push(format!("after {:?}", report.covered));
+        Ok(())
     }
 }
 

@@ -9,7 +9,7 @@ use common::{events, executor, script, sqlite, start, texts};
 use contexture_core::Message;
 use contexture_core::registry::Registry;
 use contexture_core::thread::EventKind;
-use contexture_engine::hooks::{BeforeCall, CallInfo, HistoryChange, Hook, StepInfo};
+use contexture_engine::hooks::{BeforeCall, CallInfo, HistoryChange, Hook, HookError, StepInfo};
 use contexture_store::Store;
 
 /// What a probe's `before_llm_call` decides.
@@ -45,15 +45,23 @@ impl Hook for Probe {
         self.name
     }
 
-    fn on_step_enter(&self, step: &StepInfo, task: Option<String>) -> Option<String> {
+    fn on_step_enter(
+        &self,
+        step: &StepInfo,
+        task: Option<String>,
+    ) -> Result<Option<String>, HookError> {
         self.note(format!("{}:enter:{}", self.name, step.step));
-        match task {
+        Ok(match task {
             Some(task) if self.tag_task => Some(format!("{task} +{}", self.name)),
             other => other,
-        }
+        })
     }
 
-    fn before_llm_call(&self, call: &CallInfo, messages: &[Message]) -> BeforeCall {
+    fn before_llm_call(
+        &self,
+        call: &CallInfo,
+        messages: &[Message],
+    ) -> Result<BeforeCall, HookError> {
         self.note(format!(
             "{}:before:{}:{}:{}",
             self.name,
@@ -61,10 +69,10 @@ impl Hook for Probe {
             call.round,
             messages.len()
         ));
-        (self.before)(call, messages)
+        Ok((self.before)(call, messages))
     }
 
-    fn after_llm_call(&self, call: &CallInfo, mut reply: Message) -> Message {
+    fn after_llm_call(&self, call: &CallInfo, mut reply: Message) -> Result<Message, HookError> {
         self.note(format!(
             "{}:after:{}:{}:{}",
             self.name,
@@ -76,16 +84,16 @@ impl Hook for Probe {
             let text = format!("{}>{}", reply.text(), self.name);
             reply.set_text(text);
         }
-        reply
+        Ok(reply)
     }
 
-    fn on_step_exit(&self, step: &StepInfo, output: String) -> String {
+    fn on_step_exit(&self, step: &StepInfo, output: String) -> Result<String, HookError> {
         self.note(format!("{}:exit:{}", self.name, step.step));
-        if self.wrap_output {
+        Ok(if self.wrap_output {
             format!("[{output}]")
         } else {
             output
-        }
+        })
     }
 }
 

@@ -14,7 +14,7 @@ use contexture_core::format::openai;
 use contexture_core::registry::Registry;
 use contexture_core::thread::{Event, EventKind, RequestOutcome};
 use contexture_engine::executor::{ExecError, Executor, Observer};
-use contexture_engine::hooks::{BeforeCall, CallInfo, Hook};
+use contexture_engine::hooks::{BeforeCall, CallInfo, Hook, HookError};
 use contexture_engine::llm::FixedRouter;
 use contexture_fake_upstream::{FakeUpstream, Reply};
 use contexture_llm::{OpenAiProvider, RetryPolicy, StreamDelta};
@@ -185,17 +185,21 @@ async fn every_request_fits_the_model_window_and_validates() {
 struct Count(Mutex<(u32, u32)>);
 
 impl Hook for Count {
-    fn before_llm_call(&self, _: &CallInfo, _: &[contexture_core::Message]) -> BeforeCall {
+    fn before_llm_call(
+        &self,
+        _: &CallInfo,
+        _: &[contexture_core::Message],
+    ) -> Result<BeforeCall, HookError> {
         self.0.lock().unwrap().0 += 1;
-        BeforeCall::Continue
+        Ok(BeforeCall::Continue)
     }
     fn after_llm_call(
         &self,
         _: &CallInfo,
         reply: contexture_core::Message,
-    ) -> contexture_core::Message {
+    ) -> Result<contexture_core::Message, HookError> {
         self.0.lock().unwrap().1 += 1;
-        reply
+        Ok(reply)
     }
 }
 

@@ -15,7 +15,7 @@ use contexture_core::Message;
 use contexture_core::fit::{Rules, validate};
 use contexture_core::registry::Registry;
 use contexture_core::thread::EventKind;
-use contexture_engine::hooks::{BeforeCall, CallInfo, Hook};
+use contexture_engine::hooks::{BeforeCall, CallInfo, Hook, HookError};
 use contexture_store::{Store, testing};
 use proptest::prelude::*;
 
@@ -28,9 +28,13 @@ impl Hook for CutResults {
         "cut-results"
     }
 
-    fn before_llm_call(&self, call: &CallInfo, messages: &[Message]) -> BeforeCall {
+    fn before_llm_call(
+        &self,
+        call: &CallInfo,
+        messages: &[Message],
+    ) -> Result<BeforeCall, HookError> {
         if call.round.is_multiple_of(2) || !messages.iter().any(|m| m.tool_call_id.is_some()) {
-            return BeforeCall::Continue;
+            return Ok(BeforeCall::Continue);
         }
         let view = messages
             .iter()
@@ -43,7 +47,7 @@ impl Hook for CutResults {
                 message
             })
             .collect();
-        BeforeCall::View(view)
+        Ok(BeforeCall::View(view))
     }
 }
 

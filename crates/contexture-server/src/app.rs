@@ -269,6 +269,12 @@ impl AppState {
             .with_workflow_source(Arc::new(ConfinedFiles {
                 root: workflows_dir.clone(),
             }));
+        for hook in config
+            .hook_programs()
+            .map_err(|error| StartError::Config(error.to_string()))?
+        {
+            executor = executor.with_hook(Arc::new(hook));
+        }
         match config.executions.render_workers() {
             Some(workers) => {
                 // A worker that cannot start would fail every client workflow: say so now.

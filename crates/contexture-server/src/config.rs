@@ -10,6 +10,7 @@ use std::time::Duration;
 use contexture_core::compact::CompactionPolicy;
 use contexture_core::fit::FitPolicy;
 use contexture_core::thread::RunLimits;
+use contexture_engine::hooks::{HookProgramSpec, ProgramHook};
 use contexture_engine::render_workers::{RenderWorkers, WorkerCommand, WorkerLimits};
 use contexture_engine::tools::{BUILT_IN_TOOLS, ProgramTool, Toolbox};
 use contexture_store::{RequestRetention, RetentionRules};
@@ -57,6 +58,11 @@ pub struct ServerConfig {
     /// a client's included, may use one by declaring a tool with `tool: NAME`. These are the
     /// only programs a client's workflow can reach.
     pub tools: BTreeMap<String, RegisteredTool>,
+    /// Hook programs called at the hook points of every execution's steps (`[[hooks]]`:
+    /// `command`, `points`, `timeout_seconds`, `environment`), after the workflow's own
+    /// hooks. Operator configuration only: nothing a request sends names a hook program.
+    /// Each sees only its `environment` and `PATH`, never the server's variables.
+    pub hooks: Vec<HookProgramSpec>,
 }
 
 impl Default for ServerConfig {
@@ -76,6 +82,7 @@ impl Default for ServerConfig {
             retention: RetentionConfig::default(),
             shutdown_grace_secs: 30,
             tools: BTreeMap::new(),
+            hooks: Vec::new(),
         }
     }
 }
@@ -419,6 +426,14 @@ pub enum ConfigError {
         /// What was wrong.
         problem: String,
     },
+    /// A hook program cannot be used.
+    #[error("hooks[{index}].{problem}")]
+    Hook {
+        /// Its position in `hooks`.
+        index: usize,
+        /// What was wrong, starting with the setting.
+        problem: String,
+    },
     /// A value is out of range.
     #[error("{field}: {problem}")]
     Invalid {
@@ -571,6 +586,19 @@ impl ServerConfig {
         Ok(toolbox)
     }
 
+    /// The operator's hook programs, each seeing only its own environment (and `PATH`).
+    pub fn hook_programs(&self) -> Result<Vec<ProgramHook>, ConfigError> {
+        self.hooks
+            .iter()
+            .enumerate()
+            .map(|(index, spec)| {
+                let mut spec = spec.clone();
+                spec.environment.get_or_insert_with(BTreeMap::new);
+                ProgramHook::new(spec).map_err(|problem| ConfigError::Hook { index, problem })
+            })
+            .collect()
+    }
+
     fn check(&self) -> Result<(), ConfigError> {
         let invalid = |field, problem: String| Err(ConfigError::Invalid { field, problem });
         if self.limits.max_body_bytes == 0 {
@@ -688,6 +716,7 @@ impl ServerConfig {
             );
         }
         self.toolbox()?;
+        self.hook_programs()?;
         if let Some((field, problem)) = self.context.problems().into_iter().next() {
             return invalid("context", format!("{field}: {problem}"));
         }

@@ -493,3 +493,80 @@ async fn a_requests_workflow_cannot_name_an_address_for_the_server_to_connect_to
     assert_eq!(status, StatusCode::NOT_FOUND);
     server.shutdown().await;
 }
+
+/// The operator's hook programs (`[[hooks]]`) run at every execution's hook points, seeing
+/// only their own environment; a request's workflow cannot name one (it would start a
+/// program), and a bad declaration stops the configuration.
+#[tokio::test]
+async fn hook_programs_come_from_the_operator_only() {
+    let dir = TempDir::new("contexture-trust");
+    let marker = dir.join("client-hook-ran.txt");
+    let mut config = config(None);
+    config.hooks = vec![contexture_engine::hooks::HookProgramSpec {
+        command: vec![
+            "python3".into(),
+            "-c".into(),
+            "import json, os, sys\n\
+             p = json.load(sys.stdin)\n\
+             seen = os.environ.get('REGION', '') + '|' + os.environ.get('CARGO_MANIFEST_DIR', '')\n\
+             print(json.dumps({'output': p['output'] + '|' + seen}))"
+                .into(),
+        ],
+        points: vec![contexture_engine::hooks::HookPoint::OnStepExit],
+        timeout_seconds: Some(20.0),
+        environment: Some([("REGION".to_owned(), "eu-west".to_owned())].into()),
+    }];
+    let (server, key) = serve_in(&dir, config).await;
+    let workflow = "tools:\n  - {id: t, response: result}\nstates:\n  - {id: s, tool_id: t, next: {state_id: end}}\n";
+    let (status, body) = start(
+        &server,
+        &key,
+        json!({"workflow_yaml": workflow, "input": "x", "id": "run-1"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let end = wait_for_end(&server, &key, "run-1").await;
+    assert_eq!(end["status"], "completed", "{end}");
+    // The operator's variable, none of the server process's.
+    assert_eq!(end["output"], "result|eu-west|", "{end}");
+
+    let hooked = format!(
+        "{workflow}hooks:\n  - command: [sh, -c, 'touch {}']\n",
+        marker.display()
+    );
+    let (status, error) = start(
+        &server,
+        &key,
+        json!({"workflow_yaml": hooked, "id": "run-2"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("hooks[0].command: hook `sh -c touch")
+            && message.contains("a workflow sent in a request never starts a program"),
+        "{message}"
+    );
+    assert!(!marker.exists(), "the client's hook ran");
+    server.shutdown().await;
+
+    let problem = |toml: &str| {
+        ServerConfig::parse(toml, std::path::Path::new("contexture.toml"))
+            .and_then(|config| config.hook_programs().map(|_| ()))
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        problem("[[hooks]]\ncommand = []\n"),
+        "hooks[0].command is empty: name a program"
+    );
+    assert_eq!(
+        problem("[[hooks]]\ncommand = [\"x\"]\ntimeout_seconds = -1\n"),
+        "hooks[0].timeout_seconds is -1: give a number of seconds above 0, at most 86400"
+    );
+    assert!(
+        problem("[[hooks]]\ncommand = [\"x\"]\npoints = [\"on_start\"]\n")
+            .contains("unknown variant `on_start`"),
+        "an unknown point is named"
+    );
+}

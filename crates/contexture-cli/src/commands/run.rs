@@ -5,7 +5,7 @@
 //! terminal, each request's budget and messages with `--trace`, and errors with the command
 //! that resumes the run.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -18,6 +18,7 @@ use contexture_engine::conversation::ConversationKey;
 use contexture_engine::executor::{
     ExecError, Executor, Observer, RunOutcome, RunRequest, parse_user_context,
 };
+use contexture_engine::hooks::{HookProgramSpec, ProgramHook};
 use contexture_engine::llm::LlmSpec;
 use contexture_engine::sources::FileSource;
 use contexture_engine::workflow::Workflow;
@@ -86,6 +87,12 @@ pub struct RunArgs {
     /// Render templates at this Unix time instead of now (reproducible runs).
     #[arg(long, value_name = "UNIX_SECONDS")]
     now: Option<i64>,
+    /// Call PROGRAM at every hook point of the run: it reads the point and its payload as
+    /// JSON on standard input and answers with a JSON decision (nothing, or `{}`, changes
+    /// nothing). Repeat to chain programs, in the order given; they run after the
+    /// workflow's own hooks. See docs/workflows.md, "Hook programs".
+    #[arg(long = "hook", value_name = "PROGRAM")]
+    hooks: Vec<String>,
     #[command(flatten)]
     llm: LlmArgs,
     #[command(flatten)]
@@ -167,12 +174,17 @@ async fn execute(args: RunArgs) -> Result<()> {
         .map_err(|error| anyhow!("--user-context: {error}"))?;
     let spec: LlmSpec = spec_text.parse()?;
     let router = spec.router(&settings, registry.clone(), skip)?;
-    let executor = Executor::new(store, router)
+    let mut executor = Executor::new(store, router)
         .with_registry(registry)
         .with_render_options(contexture_engine::system::render_options(args.now))
         .with_limits(limits)
         .with_streaming(args.stream)
         .with_observer(progress.clone());
+    for program in &args.hooks {
+        let hook = ProgramHook::new(HookProgramSpec::program(program))
+            .map_err(|error| anyhow!("--hook {program:?}: {error}"))?;
+        executor = executor.with_hook(Arc::new(hook));
+    }
 
     let outcome = match (&args.resume, new_run) {
         (Some(id), _) => executor.resume(id).await,
@@ -212,14 +224,29 @@ async fn execute(args: RunArgs) -> Result<()> {
         );
     }
     // The output as the last step gave it, ending with exactly one newline.
-    println!(
-        "{}",
+    let mut printed = format!(
+        "{}\n",
         outcome.output.strip_suffix('\n').unwrap_or(&outcome.output)
     );
     if args.print_context {
-        println!("{}", serde_json::to_string_pretty(&outcome.context)?);
+        printed.push_str(&serde_json::to_string_pretty(&outcome.context)?);
+        printed.push('\n');
     }
-    Ok(())
+    print_output(&printed)
+}
+
+/// Writes `text` to standard output; a reader that stopped reading (`| head`) is not an
+/// error. (`run` keeps SIGPIPE ignored, so that a tool or hook program that exits early does
+/// not end it, and a closed pipe shows up here instead.)
+fn print_output(text: &str) -> Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
+    }
 }
 
 /// An execution error with how to go on.

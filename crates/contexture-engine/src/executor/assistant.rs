@@ -21,7 +21,7 @@ use super::{Executor, Run, cancel_text, cancelled_results};
 use crate::calls::request_end;
 use crate::compaction::LoopView;
 use crate::fitting::{FitTarget, FittedRequest, fit_request_in_loop};
-use crate::hooks::{BeforeCall, CallInfo, HistoryChange};
+use crate::hooks::{BeforeCall, CallInfo, HistoryChange, HookFailed, HookPoint};
 use crate::llm::Route;
 use crate::tools::{
     configured_arguments, is_context_manager, merge_arguments, parse_model_arguments, schema,
@@ -156,10 +156,16 @@ impl<S: Store> Executor<S> {
             let budget_left = self.check_budget_before(run, &setup.model, &outgoing.breakdown)?;
             outgoing.reply_tokens = outgoing.reply_tokens.min(budget_left);
             let (end, reply) = self.call(run, &setup, &call, &outgoing).await?;
-            let reply = self
-                .hooks
-                .iter()
-                .fold(reply, |reply, hook| hook.after_llm_call(&call, reply));
+            let reply = run.hooks.iter().try_fold(reply, |reply, hook| {
+                hook.after_llm_call(&call, reply)
+                    .map_err(|error| HookFailed::new(&**hook, HookPoint::AfterLlmCall, error))
+            });
+            let reply = match reply {
+                Ok(reply) => reply,
+                Err(failed) => {
+                    return Err(Abort::Step(StepError::Hook(failed)));
+                }
+            };
             // A reply that goes on into tool calls enters the step's log in the same append
             // as its request's end, which then stores it once (by reference); unless what the
             // call spent stops the step, whose log then ends before the reply.
@@ -222,8 +228,13 @@ impl<S: Store> Executor<S> {
         let mut prepared = build(run, memory)?;
         let mut messages = prepared.messages.clone();
         let mut breakdown = prepared.breakdown.clone();
-        for (index, hook) in self.hooks.iter().enumerate() {
-            match hook.before_llm_call(call, &messages) {
+        // The run is appended to below: the chain is held apart from it (one `Arc` count each).
+        let hooks = run.hooks.clone();
+        for (index, hook) in hooks.iter().enumerate() {
+            let decision = hook
+                .before_llm_call(call, &messages)
+                .map_err(|error| HookFailed::new(&**hook, HookPoint::BeforeLlmCall, error))?;
+            match decision {
                 BeforeCall::Continue => {}
                 BeforeCall::View(view) => {
                     let limit = prepared.limits.limit;

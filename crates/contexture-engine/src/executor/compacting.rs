@@ -34,8 +34,8 @@ impl<S: Store> CompactionTarget for RunTarget<'_, S> {
 }
 
 impl<S: Store> Executor<S> {
-    fn compactor(&self) -> Compactor {
-        Compactor::new(self.router.clone(), self.registry.clone()).with_hooks(self.hooks.clone())
+    fn compactor(&self, run: &Run) -> Compactor {
+        Compactor::new(self.router.clone(), self.registry.clone()).with_hooks(run.hooks.clone())
     }
 
     /// Compacts the run's shared history.
@@ -44,7 +44,7 @@ impl<S: Store> Executor<S> {
         run: &mut Run,
         request: CompactRequest,
     ) -> Result<CompactionReport, ExecError> {
-        let compactor = self.compactor();
+        let compactor = self.compactor(run);
         let mut target = RunTarget {
             executor: self,
             run,
@@ -105,7 +105,7 @@ impl<S: Store> Executor<S> {
         own: &mut LoopView,
         request: CompactRequest,
     ) -> Result<CompactionReport, ExecError> {
-        let compactor = self.compactor();
+        let compactor = self.compactor(run);
         let mut target = RunTarget {
             executor: self,
             run,

@@ -7,6 +7,7 @@ use contexture_llm::LlmError;
 use contexture_store::StoreError;
 
 use super::log::LogError;
+use crate::hooks::HookFailed;
 use crate::tools::ToolError;
 use crate::workflow::WorkflowError;
 
@@ -37,6 +38,10 @@ pub enum StepError {
         /// What is wrong.
         violations: Vec<Violation>,
     },
+    /// A hook failed (a hook program that could not start, exited non-zero, or answered
+    /// what the point does not take).
+    #[error(transparent)]
+    Hook(#[from] HookFailed),
     /// A hook's view is over the request's budget.
     #[error("hook `{hook}` gave messages of {tokens} tokens, over the request's limit of {limit}")]
     ViewOverBudget {
@@ -149,6 +154,9 @@ impl From<crate::fitting::FitError> for StepError {
 /// Why a run could not start, go on, or finish.
 #[derive(Debug, thiserror::Error)]
 pub enum ExecError {
+    /// A hook failed at a compaction; within a step, the step fails with it.
+    #[error(transparent)]
+    Hook(#[from] HookFailed),
     /// The workflow is invalid.
     #[error(transparent)]
     Workflow(#[from] WorkflowError),

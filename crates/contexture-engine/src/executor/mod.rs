@@ -44,7 +44,7 @@ use serde_json::{Map, Value};
 
 use crate::compaction::{CompactRequest, CompactionTarget, Compactor, StoredThread};
 use crate::conversation::{self, ConversationKey};
-use crate::hooks::Hook;
+use crate::hooks::{Hook, ProgramHook};
 use crate::llm::Router;
 use crate::sources::{FileSource, WorkflowSource};
 use crate::system::new_id;
@@ -158,6 +158,8 @@ pub(crate) struct Run {
     pub limits: RunLimits,
     /// What the run's sub-workflows (and theirs) spent: its limits bound them too.
     pub descendants: tree_budget::Spent,
+    /// The hooks of its steps: the workflow's hook programs, then the executor's hooks.
+    pub hooks: Vec<Arc<dyn Hook>>,
 }
 
 impl Run {
@@ -306,6 +308,7 @@ impl<S: Store> Executor<S> {
         within: RunLimits,
     ) -> Result<RunOutcome, ExecError> {
         let workflow = self.validate(&request)?;
+        let hooks = self.hooks_of(&workflow, &request.workflow_file)?;
         let id = request
             .execution_id
             .clone()
@@ -327,7 +330,7 @@ impl<S: Store> Executor<S> {
             .as_ref()
             .map(ConversationKey::thread_id);
         let history = match &conversation {
-            Some(thread) => self.conversation_history(&workflow, thread).await?,
+            Some(thread) => self.conversation_history(&workflow, thread, &hooks).await?,
             None => Vec::new(),
         };
         let mut events = vec![EventKind::RunStarted(RunStart {
@@ -368,6 +371,7 @@ impl<S: Store> Executor<S> {
         }
         let mut run = Run {
             id: id.clone(),
+            hooks,
             workflow: Arc::new(workflow),
             log: ExecutionLog::new(id.clone()),
             limits,
@@ -418,6 +422,7 @@ impl<S: Store> Executor<S> {
             .capped_by(within);
         let mut run = Run {
             id: execution_id.to_owned(),
+            hooks: self.hooks_of(&workflow, &start.workflow_file)?,
             workflow: Arc::new(workflow),
             limits,
             descendants: if tree_budget::bounds_tree(limits) {
@@ -526,6 +531,22 @@ impl<S: Store> Executor<S> {
     }
 
     /// Problems that would stop the workflow before or during its run, found up front.
+    /// The hooks of a run of `workflow` (from `file`): its hook programs, then the
+    /// executor's.
+    fn hooks_of(&self, workflow: &Workflow, file: &str) -> Result<Vec<Arc<dyn Hook>>, ExecError> {
+        let mut hooks: Vec<Arc<dyn Hook>> = Vec::with_capacity(workflow.hooks.len());
+        for (index, spec) in workflow.hooks.iter().enumerate() {
+            let hook =
+                ProgramHook::new(spec.clone()).map_err(|problem| ExecError::NotRunnable {
+                    file: file.to_owned(),
+                    problems: vec![format!("hooks[{index}]: {problem}")],
+                })?;
+            hooks.push(Arc::new(hook));
+        }
+        hooks.extend(self.hooks.iter().cloned());
+        Ok(hooks)
+    }
+
     fn check_runnable(
         &self,
         workflow: &Workflow,
@@ -716,6 +737,7 @@ impl<S: Store> Executor<S> {
         &self,
         workflow: &Workflow,
         thread: &str,
+        hooks: &[Arc<dyn Hook>],
     ) -> Result<Vec<Message>, ExecError> {
         let policy = &workflow.conversation;
         let model = workflow.assistants.first().map_or_else(
@@ -745,7 +767,7 @@ impl<S: Store> Executor<S> {
                 let mut request = CompactRequest::new(compaction.clone(), reason);
                 request.measure_model = model.id.clone();
                 Compactor::new(self.router.clone(), self.registry.clone())
-                    .with_hooks(self.hooks.clone())
+                    .with_hooks(hooks.to_vec())
                     .compact(&mut target, &request)
                     .await?;
             }

@@ -2,6 +2,8 @@
 //! transform), and recording its end. A failure is recorded (`step_failed`, `run_ended`)
 //! before it is returned.
 
+use std::sync::Arc;
+
 use contexture_core::Message;
 use contexture_core::context::Path;
 use contexture_core::context::args::resolve_args;
@@ -14,7 +16,7 @@ use super::error::{ExecError, StepError};
 use super::log::{ExecutionLog, ItemResult, Iteration};
 use super::transition::{Finishing, finish};
 use super::{Executor, Run, cancelled_results, provenance_of};
-use crate::hooks::StepInfo;
+use crate::hooks::{Hook, HookFailed, HookPoint, StepInfo};
 use crate::tools::{ToolError, configured_arguments, is_context_manager};
 use crate::workflow::{Provenance, State, StepKind, Workflow};
 use contexture_store::Store;
@@ -179,9 +181,20 @@ impl From<StepError> for Abort {
     }
 }
 
+impl From<HookFailed> for Abort {
+    fn from(failed: HookFailed) -> Abort {
+        Abort::Step(StepError::Hook(failed))
+    }
+}
+
 impl From<ExecError> for Abort {
     fn from(error: ExecError) -> Abort {
-        Abort::Exec(error)
+        match error {
+            // A hook that fails at a compaction within a step fails the step, as at its
+            // other points.
+            ExecError::Hook(failed) => Abort::Step(StepError::Hook(failed)),
+            error => Abort::Exec(error),
+        }
     }
 }
 
@@ -272,7 +285,7 @@ impl<S: Store> Executor<S> {
             context,
             options,
         };
-        let prepared = self.prepare_step(&current, &work, &run.log);
+        let prepared = self.prepare_step(&current, &work, &run.log, &run.hooks);
         let (task, arguments, child) = match &prepared {
             Ok(input) => (
                 input.task.clone(),
@@ -310,11 +323,18 @@ impl<S: Store> Executor<S> {
             Err(Abort::Exec(error)) => return Err(error),
             Err(Abort::Step(error)) => return Err(self.fail(run, &current.info, error).await),
         };
-        let output = output.map(|output| {
-            self.hooks.iter().fold(output, |output, hook| {
+        let output = match output.map(|output| {
+            run.hooks.iter().try_fold(output, |output, hook| {
                 hook.on_step_exit(&current.info, output)
+                    .map_err(|error| HookFailed::new(&**hook, HookPoint::OnStepExit, error))
             })
-        });
+        }) {
+            None => None,
+            Some(Ok(output)) => Some(output),
+            Some(Err(failed)) => {
+                return Err(self.fail(run, &current.info, StepError::Hook(failed)).await);
+            }
+        };
 
         let history = run.log.thread().projection().messages;
         let own = output.clone().unwrap_or_else(|| "[]".to_owned());
@@ -370,6 +390,7 @@ impl<S: Store> Executor<S> {
         step: &StepContext<'_>,
         work: &Work,
         log: &ExecutionLog,
+        hooks: &[Arc<dyn Hook>],
     ) -> Result<StepInput, StepError> {
         let StepContext {
             info,
@@ -408,10 +429,10 @@ impl<S: Store> Executor<S> {
             }),
             (None, _) => None,
         };
-        let task = self
-            .hooks
-            .iter()
-            .fold(task, |task, hook| hook.on_step_enter(info, task));
+        let task = hooks.iter().try_fold(task, |task, hook| {
+            hook.on_step_enter(info, task)
+                .map_err(|error| HookFailed::new(&**hook, HookPoint::OnStepEnter, error))
+        })?;
         let arguments = match step.kind {
             StepKind::Tool(tool) => Some(
                 configured_arguments(tool, state.tool_args.as_ref(), context, options).map_err(

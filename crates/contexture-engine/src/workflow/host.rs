@@ -1,7 +1,7 @@
 //! What a workflow may do on the host that runs it.
 //!
 //! A workflow can declare things that reach outside the engine: `command` tools start a
-//! program, and MCP servers with a `command` start one too. Whoever wrote the workflow
+//! program, MCP servers with a `command` start one too, and so do hook programs (`hooks`). Whoever wrote the workflow
 //! decides whether that is acceptable: the operator's own files may (when the operator
 //! allows it), a workflow a client sent over the network never may. [`Programs`] carries that
 //! decision into validation, so a refused workflow is refused before anything runs, with a
@@ -71,7 +71,16 @@ pub fn program_declarations(workflow: &Workflow) -> Vec<(String, String)> {
                 ),
             )
         });
-    tools.chain(servers).collect()
+    let hooks = workflow.hooks.iter().enumerate().map(|(n, hook)| {
+        (
+            format!("hooks[{n}].command"),
+            format!(
+                "hook `{}` runs a program (`command`)",
+                hook.command.join(" ")
+            ),
+        )
+    });
+    tools.chain(servers).chain(hooks).collect()
 }
 
 /// Every program `workflow` declares, as `(path, problem)`, when `programs` refuses them;

@@ -54,6 +54,11 @@ pub struct Workflow {
     /// How runs that continue a conversation load its history.
     #[serde(default)]
     pub conversation: ConversationPolicy,
+    /// Programs called at the hook points of the workflow's steps, in order, before the
+    /// hooks of whoever runs it (the CLI's `--hook`, the server's configuration). They start
+    /// programs on the host: a workflow a client sent is refused when it declares any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hooks: Vec<crate::hooks::HookProgramSpec>,
 }
 
 /// An LLM configuration.

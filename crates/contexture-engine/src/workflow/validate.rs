@@ -47,6 +47,7 @@ pub(super) fn problems(workflow: &Workflow) -> Problems {
     assistants(workflow, &mut problems);
     tools(workflow, &mut problems);
     mcp_servers(workflow, &mut problems);
+    hooks(workflow, &mut problems);
     states(workflow, &mut problems);
     reachability(workflow, &mut problems);
     problems
@@ -279,6 +280,14 @@ fn mcp_servers(workflow: &Workflow, problems: &mut Problems) {
                     problems,
                 );
             }
+        }
+    }
+}
+
+fn hooks(workflow: &Workflow, problems: &mut Problems) {
+    for (index, hook) in workflow.hooks.iter().enumerate() {
+        for (key, problem) in hook.problems() {
+            problems.push((format!("hooks[{index}].{key}"), format!("{key} {problem}")));
         }
     }
 }
