@@ -19,6 +19,7 @@ pub mod clear;
 pub mod policy;
 pub mod repair;
 pub mod shrink;
+pub mod system_role;
 pub mod trim;
 pub mod truncate;
 pub mod units;
@@ -32,6 +33,7 @@ pub use clear::{
 pub use policy::FitPolicy;
 pub use repair::{RepairChange, cancelled_result_text, repair};
 pub use shrink::{CutMemory, HistoryCut, Hysteresis, RequestParts, ShrinkPolicy, Shrunk, shrink};
+pub use system_role::{SystemRole, UnknownSystemRole, place_system_prompt};
 pub use trim::{
     MARKER_TAG, Strategy, TrimError, TrimOptions, Trimmed, UnknownStrategy, marker_message, trim,
 };

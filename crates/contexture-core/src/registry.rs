@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::fit::Rules;
+use crate::fit::{Rules, SystemRole};
 use crate::tokens::{Encoding, TokenCounter};
 
 const BUILTIN_TOML: &str = include_str!("../data/models.toml");
@@ -84,6 +84,8 @@ pub struct ModelInfo {
     pub counter: TokenCounter,
     /// The provider's list prices, when known.
     pub pricing: Option<Pricing>,
+    /// Where the model reads its system prompt (`native` unless its entry says otherwise).
+    pub system_role: SystemRole,
 }
 
 /// A model's list prices in US dollars per million tokens.
@@ -160,6 +162,7 @@ struct EntrySpec {
     provider: Option<String>,
     input_cost_per_mtok: Option<f64>,
     output_cost_per_mtok: Option<f64>,
+    system_role: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -179,6 +182,7 @@ struct Entry {
     estimate_ratio: Option<f64>,
     provider: Option<String>,
     pricing: Option<Pricing>,
+    system_role: SystemRole,
 }
 
 impl Entry {
@@ -191,6 +195,7 @@ impl Entry {
             max_output_tokens: self.max_output_tokens,
             counter: counter_for(self.encoding, self.estimate_ratio),
             pricing: self.pricing,
+            system_role: self.system_role,
         }
     }
 }
@@ -227,6 +232,7 @@ impl Registry {
                 estimate_ratio: None,
                 provider: None,
                 pricing: None,
+                system_role: SystemRole::Native,
             },
             entries: BTreeMap::new(),
         };
@@ -370,6 +376,12 @@ fn merge(
     {
         return Err(invalid("prices must be non-negative numbers".to_owned()));
     }
+    let system_role = match &spec.system_role {
+        Some(name) => name
+            .parse::<SystemRole>()
+            .map_err(|error| invalid(error.to_string()))?,
+        None => base.map_or(SystemRole::Native, |b| b.system_role),
+    };
     Ok(Entry {
         pricing,
         context_window,
@@ -380,6 +392,7 @@ fn merge(
             .provider
             .clone()
             .or_else(|| base.and_then(|b| b.provider.clone())),
+        system_role,
     })
 }
 

@@ -13,7 +13,8 @@ use contexture_core::budget::{BudgetBreakdown, BudgetError, BudgetPolicy, Limits
 use contexture_core::fit::units::last_units_start;
 use contexture_core::fit::{
     self, ClearPolicy, CutMemory, FitPolicy, Hysteresis, RequestParts, ShrinkPolicy, Strategy,
-    TrimError, TrimOptions, TruncatePolicy, Violation, repair, shrink, trim, validate,
+    SystemRole, TrimError, TrimOptions, TruncatePolicy, Violation, place_system_prompt, repair,
+    shrink, trim, validate,
 };
 use contexture_core::registry::ModelInfo;
 use contexture_core::thread::{FitRecord, Projection};
@@ -103,6 +104,14 @@ pub fn fit_request_in_loop(
     let limits = target.policy.limits(target.model)?;
     let counter = &target.model.counter;
     let tools_tokens = counter.count_tools(target.tools);
+    let system_role = target.model.system_role;
+    // A model that reads its system prompt in both places gets it twice: the second copy
+    // is set aside before anything is fitted.
+    let doubled = match (system_role, system) {
+        (SystemRole::Both, Some(system)) => counter.count_message(system),
+        _ => 0,
+    };
+    let limit = limits.limit.saturating_sub(doubled);
     let policy = ShrinkPolicy {
         truncate: target.truncate,
         clear: target.clear,
@@ -118,7 +127,7 @@ pub fn fit_request_in_loop(
         system,
         history: &history,
         own,
-        limit: limits.limit,
+        limit,
         tools_tokens,
     };
     let shrunk = shrink(&request, &policy, memory, counter);
@@ -170,9 +179,7 @@ pub fn fit_request_in_loop(
         tools_tokens,
         strategy: target.strategy,
         rules: target.rules,
-        ..TrimOptions::new(
-            u32::try_from(u64::from(limits.limit).saturating_sub(own_tokens)).unwrap_or(0),
-        )
+        ..TrimOptions::new(u32::try_from(u64::from(limit).saturating_sub(own_tokens)).unwrap_or(0))
     };
     // Consecutive turns of one role (the run's input, then an earlier step's task) are merged
     // first where the provider requires alternation: trimming expects a valid history.
@@ -180,13 +187,15 @@ pub fn fit_request_in_loop(
     let trimmed = trim(&head, &options, counter).map_err(|error| {
         FitError::Trim(match error {
             TrimError::FixedTooLarge { required, .. } => TrimError::FixedTooLarge {
-                required: required + own_tokens,
+                required: required + own_tokens + u64::from(doubled),
                 max_tokens: limits.limit,
             },
             other => other,
         })
     })?;
     messages.splice(0..0, trimmed.messages);
+    // Placed after fitting, so that trimming keeps the prompt first whatever its role.
+    let messages = place_system_prompt(messages, system_role);
     // The kept history's last turn and the request's first may be of one role: mended when
     // the request breaks the rules (it seldom does, and a long loop is not copied for it).
     let (messages, joined) = if validate(&messages, target.rules).is_empty() {
@@ -273,8 +282,10 @@ pub fn fit_request_in_loop(
     }
     let fit = FitRecord {
         limit: limits.limit,
-        tokens_before: trimmed.tokens_before.map(|tokens| tokens + own_tokens),
-        tokens_after: trimmed.tokens_after + own_tokens,
+        tokens_before: trimmed
+            .tokens_before
+            .map(|tokens| tokens + own_tokens + u64::from(doubled)),
+        tokens_after: trimmed.tokens_after + own_tokens + u64::from(doubled),
         dropped,
         reason: (!reasons.is_empty()).then(|| reasons.join("; ")),
         cleared,

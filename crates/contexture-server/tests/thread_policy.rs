@@ -263,3 +263,72 @@ async fn a_threads_policy_is_honoured_by_every_server_on_postgres() {
     )
     .await;
 }
+
+/// A thread whose upstream ignores the system role: its policy's `system_role: user` sends
+/// the thread's system prompt as the first user message on every turn (never stored, so
+/// never twice); an unknown value is a 400 naming the field, and nothing is stored.
+#[tokio::test]
+async fn a_threads_policy_may_send_its_system_prompt_as_a_user_message() {
+    let upstream = FakeUpstream::start().await;
+    upstream.otherwise(|_, request| {
+        if request.json["messages"]
+            .as_array()
+            .is_some_and(|messages| messages.iter().any(|m| m["role"] == "system"))
+        {
+            Reply::error(400, "the system role is not supported")
+        } else {
+            Reply::text("fine")
+        }
+    });
+    let dir = TempDir::new("contexture-system-role");
+    let store = AnyStore::Sqlite(SqliteStore::open(dir.join("t.db")).await.unwrap());
+    let server = TestServer::start(config(Some(&upstream.base_url())), store).await;
+    let key = server.key("acme").await;
+    let (status, created) = server
+        .call(
+            &key,
+            "POST",
+            "/v1/threads",
+            Some(json!({"id": "t", "system": "Be brief.", "policy": {"context": {"system_role": "user"}}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let mut conversation = Vec::new();
+    for turn in ["Hi", "And again"] {
+        conversation.push(json!({"role": "user", "content": turn}));
+        let response = client()
+            .post(server.url("/v1/chat/completions"))
+            .bearer_auth(&key)
+            .header("X-Contexture-Thread", "t")
+            .json(&json!({"model": "gpt-4o-mini", "messages": conversation}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{turn}");
+        let answer: Value = response.json().await.unwrap();
+        conversation.push(answer["choices"][0]["message"].clone());
+    }
+    for call in upstream.calls() {
+        let messages = call.json["messages"].as_array().unwrap().clone();
+        assert_eq!(messages[0], json!({"role": "user", "content": "Be brief."}));
+        let prompts = messages
+            .iter()
+            .filter(|m| m["content"] == "Be brief.")
+            .count();
+        assert_eq!(prompts, 1, "{messages:?}");
+    }
+    let (status, error) = server
+        .call(
+            &key,
+            "PUT",
+            "/v1/threads/t/policy",
+            Some(json!({"context": {"system_role": "human"}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(message.contains("unknown variant `human`"), "{message}");
+    let (_, shown) = server.call(&key, "GET", "/v1/threads/t", None).await;
+    assert_eq!(shown["policy"]["context"]["system_role"], "user", "{shown}");
+    server.shutdown().await;
+}

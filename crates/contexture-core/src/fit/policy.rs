@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::budget::BudgetPolicy;
 use crate::fit::clear::ClearPolicy;
 use crate::fit::shrink::Hysteresis;
+use crate::fit::system_role::SystemRole;
 use crate::fit::trim::Strategy;
 use crate::fit::truncate::TruncatePolicy;
 use crate::registry::ModelInfo;
@@ -52,6 +53,11 @@ pub struct FitPolicy {
         deserialize_with = "crate::map_only::optional"
     )]
     pub hysteresis: Option<Hysteresis>,
+    /// Where the model reads its system prompt, in place of the registry's: `native`, `user`
+    /// (sent as the first user message, for providers that ignore the system role) or
+    /// `both`; default: the registry's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub system_role: Option<SystemRole>,
 }
 
 impl Default for FitPolicy {
@@ -64,6 +70,7 @@ impl Default for FitPolicy {
             clear_tool_results: None,
             truncate_tool_results: None,
             hysteresis: None,
+            system_role: None,
         }
     }
 }
@@ -80,6 +87,10 @@ impl FitPolicy {
     /// `model` as requests under this policy see it: with the policy's window in place of
     /// the registry's, when it sets one.
     pub fn model(&self, model: ModelInfo) -> ModelInfo {
+        let model = ModelInfo {
+            system_role: self.system_role.unwrap_or(model.system_role),
+            ..model
+        };
         match self.window {
             Some(window) => ModelInfo {
                 context_window: window,
@@ -92,6 +103,10 @@ impl FitPolicy {
     /// `model` under a policy that may only lower its window (a chat thread's own, which a
     /// client sets): the policy's window when it is smaller than the registry's.
     pub fn model_at_most(&self, model: ModelInfo) -> ModelInfo {
+        let model = ModelInfo {
+            system_role: self.system_role.unwrap_or(model.system_role),
+            ..model
+        };
         match self.window {
             Some(window) if window < model.context_window => ModelInfo {
                 context_window: window,
