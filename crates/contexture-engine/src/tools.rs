@@ -289,11 +289,7 @@ async fn run_program(
         .stderr(Stdio::piped())
         .kill_on_drop(true);
     if let Some(environment) = environment {
-        command.env_clear();
-        if let Some(path) = std::env::var_os("PATH") {
-            command.env("PATH", path);
-        }
-        command.envs(environment);
+        confine_environment(command.as_std_mut(), environment);
     }
     let mut child = command
         .spawn()
@@ -330,6 +326,19 @@ async fn run_program(
         ));
     }
     Ok(stdout.trim_end_matches('\n').to_owned())
+}
+
+/// Gives `command` only `environment` and this process's `PATH`: none of the variables of
+/// the process that starts it (where API keys live).
+pub(crate) fn confine_environment(
+    command: &mut std::process::Command,
+    environment: &BTreeMap<String, String>,
+) {
+    command.env_clear();
+    if let Some(path) = std::env::var_os("PATH") {
+        command.env("PATH", path);
+    }
+    command.envs(environment);
 }
 
 /// A program registered as a named tool by whoever runs the engine (the server's operator):

@@ -189,11 +189,7 @@ impl ProgramHook {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         if let Some(environment) = &self.environment {
-            command.env_clear();
-            if let Some(path) = std::env::var_os("PATH") {
-                command.env("PATH", path);
-            }
-            command.envs(environment);
+            crate::tools::confine_environment(&mut command, environment);
         }
         let mut child = command
             .spawn()
