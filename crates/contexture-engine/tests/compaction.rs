@@ -614,6 +614,63 @@ async fn hooks_see_compactions_and_may_skip_them() {
     }
 }
 
+/// A hook program decides too: `{"skip": true}` skips the compaction, an empty answer lets
+/// it run, and one that fails stops it with the program named (nothing is replaced).
+#[tokio::test]
+async fn a_hook_program_may_skip_a_compaction_and_its_failure_stops_it() {
+    use contexture_engine::hooks::{HookPoint, HookProgramSpec, ProgramHook};
+    let program = |script: &str| {
+        Arc::new(
+            ProgramHook::new(HookProgramSpec {
+                command: vec!["sh".into(), "-c".into(), script.into()],
+                points: vec![HookPoint::BeforeCompaction],
+                timeout_seconds: Some(10.0),
+                environment: None,
+            })
+            .unwrap(),
+        ) as Arc<dyn Hook>
+    };
+    for (shell, outcome) in [
+        (r#"cat > /dev/null; echo '{"skip": true}'"#, "skipped"),
+        ("cat > /dev/null", "compacted"),
+        ("cat > /dev/null; echo 'locked' >&2; exit 2", "failed"),
+    ] {
+        let (_dir, store) = sqlite().await;
+        conversation(&store, "t", 4).await;
+        let before = store.events("t").await.unwrap().len();
+        let compactor = compactor(script("[]")).with_hooks(vec![program(shell)]);
+        let result = compact_stored(
+            &compactor,
+            &store,
+            "t",
+            &CompactRequest::new(policy(None, 2), "manual"),
+        )
+        .await;
+        match (outcome, result) {
+            ("skipped", Ok(report)) => {
+                assert!(matches!(report.outcome, CompactionOutcome::Skipped { .. }));
+                assert_eq!(store.events("t").await.unwrap().len(), before);
+            }
+            ("compacted", Ok(report)) => {
+                assert!(matches!(
+                    report.outcome,
+                    CompactionOutcome::Compacted { .. }
+                ));
+            }
+            ("failed", Err(error)) => {
+                let text = error.to_string();
+                assert!(
+                    text.contains("failed at before_compaction")
+                        && text.contains("exited with exit status: 2: locked"),
+                    "{text}"
+                );
+                assert_eq!(store.events("t").await.unwrap().len(), before);
+            }
+            (outcome, other) => panic!("{outcome}: {other:?}"),
+        }
+    }
+}
+
 const LONG_RUN: &str = r#"
 assistants:
   - id: a
