@@ -75,6 +75,16 @@ fn round_trip(db: &str) {
         .map(|message| message["role"].as_str().unwrap())
         .collect();
     assert_eq!(roles, ["system", "assistant", "tool", "assistant", "user"]);
+    // A context the thread does not have is named, with those it has.
+    let error = fail(
+        db,
+        &["messages", "--thread", "t1", "--context", "drafts"],
+        "",
+    );
+    assert!(
+        error.contains("thread `t1` has no context `drafts` (its contexts: main)"),
+        "{error}"
+    );
     insta::assert_snapshot!("thread_events", ok(db, &["events", "--thread", "t1"], ""));
 
     // Fitted: a tight budget keeps the system prompt and the most recent turns.

@@ -548,6 +548,36 @@ pub enum ThreadFitError {
     Fit(#[from] FitError),
 }
 
+/// Why [`thread_messages`] could not read a thread.
+#[derive(Debug, thiserror::Error)]
+pub enum ThreadReadError {
+    /// The store failed (or has no such thread), or the view cannot be fitted.
+    #[error(transparent)]
+    Thread(#[from] ThreadFitError),
+    /// The view names a context the thread does not have.
+    #[error("thread `{thread}` has no context `{context}` (its contexts: {})", known.join(", "))]
+    UnknownContext {
+        /// The thread.
+        thread: String,
+        /// The context asked for.
+        context: String,
+        /// The contexts it has.
+        known: Vec<String>,
+    },
+}
+
+impl From<StoreError> for ThreadReadError {
+    fn from(error: StoreError) -> ThreadReadError {
+        ThreadReadError::Thread(error.into())
+    }
+}
+
+impl From<FitError> for ThreadReadError {
+    fn from(error: FitError) -> ThreadReadError {
+        ThreadReadError::Thread(error.into())
+    }
+}
+
 /// The active projection of the stored thread `thread` fitted for `settings` (under the
 /// thread's own fit policy when it has one): what a request to that model would be sent of
 /// it. A thread that does not exist is
@@ -592,7 +622,7 @@ pub async fn thread_messages<S: Store>(
     store: &S,
     thread: &str,
     view: &MessageView,
-) -> Result<Vec<Message>, ThreadFitError> {
+) -> Result<Vec<Message>, ThreadReadError> {
     if let (None, None, Some(settings)) = (&view.context, view.limit, &view.fit) {
         return Ok(fit_thread(store, thread, settings).await?.messages);
     }
@@ -607,6 +637,14 @@ pub async fn thread_messages<S: Store>(
         }
         (Some(context), _) => {
             let folded = store.load(thread).await?;
+            let known = folded.contexts();
+            if !known.contains(context.as_str()) {
+                return Err(ThreadReadError::UnknownContext {
+                    thread: thread.to_owned(),
+                    context: context.clone(),
+                    known: known.into_iter().map(str::to_owned).collect(),
+                });
+            }
             (
                 folded.projection_of(context, view.limit),
                 folded.policy().cloned(),

@@ -406,7 +406,10 @@ fn api_routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
             "/v1/threads/{id}",
             get(threads::show).delete(threads::delete),
         ),
-        ("/v1/threads/{id}/messages", post(threads::append)),
+        (
+            "/v1/threads/{id}/messages",
+            post(threads::append).get(threads::messages),
+        ),
         ("/v1/threads/{id}/context", get(threads::context)),
         ("/v1/threads/{id}/events", get(threads::events)),
         ("/v1/threads/{id}/fork", post(threads::fork)),

@@ -629,3 +629,102 @@ async fn a_shutdown_finishes_the_appends_in_flight_and_loses_no_acknowledged_one
         );
     }
 }
+
+/// `GET /v1/threads/{id}/messages`: the projection, its last units only with `limit` (a tool
+/// result always comes with its call), a named context with `context`; an unknown context
+/// or a limit out of range is a 400 naming the parameter.
+#[tokio::test]
+async fn a_threads_messages_are_read_by_whole_units() {
+    use reqwest::Method as M;
+    let (_dir, store) = sqlite().await;
+    let server = TestServer::start(config(None), store).await;
+    let key = server.key("acme").await;
+    let (status, body) = call(
+        M::POST,
+        server.url("/v1/threads"),
+        &key,
+        Some(json!({"id": "t", "system": "You search.", "messages": [
+            {"role": "user", "content": "Find it"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "search", "arguments": "{}"}},
+                {"id": "c2", "type": "function", "function": {"name": "search", "arguments": "{}"}}
+            ]},
+            {"role": "tool", "tool_call_id": "c1", "content": "one"},
+            {"role": "tool", "tool_call_id": "c2", "content": "two"}
+        ]})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let roles = |body: &Value| -> Vec<String> {
+        body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["role"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let (status, all) = call(M::GET, server.url("/v1/threads/t/messages"), &key, None).await;
+    assert_eq!(status, StatusCode::OK, "{all}");
+    assert_eq!(roles(&all), ["system", "user", "assistant", "tool", "tool"]);
+    // One unit: the assistant turn with both its results, never a result alone.
+    let (status, last) = call(
+        M::GET,
+        server.url("/v1/threads/t/messages?limit=1"),
+        &key,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{last}");
+    assert_eq!(roles(&last), ["system", "assistant", "tool", "tool"]);
+    let (status, named) = call(
+        M::GET,
+        server.url("/v1/threads/t/messages?context=main&limit=2"),
+        &key,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{named}");
+    assert_eq!(named["context"], "main");
+    assert_eq!(
+        roles(&named),
+        ["system", "user", "assistant", "tool", "tool"]
+    );
+
+    for (query, param, words) in [
+        ("limit=0", "limit", "limit must be 1 to 100000"),
+        ("limit=100001", "limit", "limit must be 1 to 100000"),
+        ("context=%01x", "context", "control characters"),
+        ("lmit=2", "", "lmit"),
+    ] {
+        let (status, error) = call(
+            M::GET,
+            server.url(&format!("/v1/threads/t/messages?{query}")),
+            &key,
+            None,
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {error}");
+        let message = error["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(words), "{query}: {error}");
+        if !param.is_empty() {
+            assert_eq!(error["error"]["param"], param, "{query}: {error}");
+        }
+    }
+    // A context the thread does not have is not found, like a thread.
+    let (status, error) = call(
+        M::GET,
+        server.url("/v1/threads/t/messages?context=nowhere"),
+        &key,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{error}");
+    assert_eq!(
+        error["error"]["message"],
+        "thread `t` has no context `nowhere` (its contexts: main)"
+    );
+    assert_eq!(error["error"]["param"], "context");
+    let (status, _) = call(M::GET, server.url("/v1/threads/none/messages"), &key, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    server.shutdown().await;
+}

@@ -116,6 +116,13 @@ async fn every_route_keeps_tenants_apart(store: AnyStore) {
     let not_found: Vec<(M, &str, Option<Value>, Option<&str>)> = vec![
         (M::GET, "/v1/threads/secret", None, None),
         (M::GET, "/v1/threads/secret/events", None, None),
+        (M::GET, "/v1/threads/secret/messages?limit=1", None, None),
+        (
+            M::GET,
+            "/v1/threads/secret/messages?context=main",
+            None,
+            None,
+        ),
         (
             M::GET,
             "/v1/threads/secret/context?model=gpt-4o",

@@ -27,7 +27,9 @@ use crate::error::{ApiError, ApiResult};
 use crate::fitting;
 use crate::routes::fresh_id;
 use crate::tenancy::check_id;
-use contexture_engine::fitting::{ThreadFitError, fit_thread};
+use contexture_engine::fitting::{
+    MessageView, ThreadFitError, ThreadReadError, fit_thread, thread_messages,
+};
 
 /// Parses OpenAI-format messages at `param`.
 pub(crate) fn parse_messages(
@@ -378,6 +380,79 @@ struct ContextAnswer<'a> {
     messages: openai::WireMessages<'a>,
     budget: &'a BudgetBreakdown,
     fit: &'a FitRecord,
+}
+
+/// `GET /v1/threads/{id}/messages` query.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MessagesQuery {
+    /// A named context instead of the active one.
+    context: Option<String>,
+    /// Only the last this many units (a message, or an assistant turn with its tool
+    /// results), 1 to 100,000.
+    limit: Option<usize>,
+}
+
+/// `GET /v1/threads/{id}/messages`: the projection of the active context (or `context`),
+/// its last `limit` units only when given: a tool result always comes with its call.
+pub async fn messages(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    QueryParams(query): QueryParams<MessagesQuery>,
+) -> ApiResult<Response> {
+    let threads = state.tenant_store(&caller.tenant);
+    id_param("a thread id", &id)?;
+    if let Some(limit) = query.limit
+        && !(1..=100_000).contains(&limit)
+    {
+        return Err(ApiError::invalid("limit", "limit must be 1 to 100000"));
+    }
+    if let Some(context) = &query.context {
+        check_id("a context name", context)
+            .map_err(|problem| ApiError::invalid("context", problem))?;
+    }
+    let view = MessageView {
+        context: query.context.clone(),
+        limit: query.limit,
+        fit: None,
+    };
+    let messages = match thread_messages(threads.store(), &threads.stored_id(&id), &view).await {
+        Ok(messages) => messages,
+        Err(ThreadReadError::Thread(ThreadFitError::Store(error))) => {
+            return Err(threads.error(error));
+        }
+        Err(ThreadReadError::Thread(ThreadFitError::Fit(error))) => {
+            return Err(fitting::fit_error(error));
+        }
+        // A 404, as for a thread that does not exist: the request is well formed, the
+        // context it names is not there.
+        Err(ThreadReadError::UnknownContext { context, known, .. }) => {
+            return Err(ApiError {
+                param: Some("context".into()),
+                message: format!(
+                    "thread `{id}` has no context `{context}` (its contexts: {})",
+                    known.join(", ")
+                ),
+                ..ApiError::not_found("context", &context)
+            });
+        }
+    };
+    Ok(Json(MessagesAnswer {
+        thread: &id,
+        context: query.context.as_deref(),
+        messages: openai::WireMessages(&messages),
+    })
+    .into_response())
+}
+
+/// The answer of `GET /v1/threads/{id}/messages`.
+#[derive(Serialize)]
+struct MessagesAnswer<'a> {
+    thread: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    context: Option<&'a str>,
+    messages: openai::WireMessages<'a>,
 }
 
 /// `GET /v1/threads/{id}/events` query.
