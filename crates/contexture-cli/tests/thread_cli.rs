@@ -229,6 +229,60 @@ fn round_trip(db: &str) {
     assert_eq!(ok(db, &["list"], ""), "");
 }
 
+/// `thread switch`: to a context the thread lacks only with --create; a retry with the same
+/// op id has no second effect; the projection follows the active context.
+#[test]
+fn switching_the_active_context() {
+    let dir = TempDir::new("contexture-cli-switch");
+    let db = &sqlite_url(&dir, "threads.db");
+    ok(db, &["append", "--thread", "t1"], HISTORY);
+    let error = fail(db, &["switch", "--thread", "t1", "--context", "drafts"], "");
+    assert!(
+        error.contains("thread `t1` has no context `drafts` (its contexts: main; create it"),
+        "{error}"
+    );
+    let error = fail(db, &["switch", "--thread", "t1", "--context", " "], "");
+    assert!(
+        error.contains("invalid context name \" \": it is empty"),
+        "{error}"
+    );
+    let error = fail(
+        db,
+        &["switch", "--thread", "nowhere", "--context", "main"],
+        "",
+    );
+    assert!(error.contains("nowhere"), "{error}");
+    let switch = |context: &str, op: &str, create: bool| {
+        let mut args = vec![
+            "switch",
+            "--thread",
+            "t1",
+            "--context",
+            context,
+            "--op-id",
+            op,
+        ];
+        if create {
+            args.push("--create");
+        }
+        ok(db, &args, "")
+    };
+    switch("drafts", "op-1", true);
+    assert!(
+        ok(
+            db,
+            &["messages", "--thread", "t1", "--context", "drafts"],
+            ""
+        )
+        .contains("Paris"),
+        "a new context shows the whole history"
+    );
+    switch("main", "op-2", false);
+    switch("drafts", "op-1", false);
+    let events = ok(db, &["events", "--thread", "t1"], "");
+    assert_eq!(events.matches("context_switched").count(), 3, "{events}");
+}
+
 #[test]
 fn thread_commands_on_sqlite() {
     let dir = TempDir::new("contexture-cli-round-trip");

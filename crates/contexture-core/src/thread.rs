@@ -13,9 +13,10 @@
 //!
 //! Rules the fold enforces:
 //! - seqs start at 1 and have no gaps;
-//! - a context operation ([`EventKind::ContextReplaced`]) applies at once when no request is
-//!   in flight, otherwise it is queued and applies, in order, when the request ends (whatever
-//!   the outcome); an operation whose op id was seen before has no effect;
+//! - a context operation ([`EventKind::ContextReplaced`], [`EventKind::ContextSwitched`])
+//!   applies at once when no request is in flight, otherwise it is queued and applies, in
+//!   order, when the request ends (whatever the outcome); an operation whose op id was seen
+//!   before has no effect;
 //! - a replace based on seq `S` keeps every message appended after `S`;
 //! - system-like messages (system, developer) never enter the message list: the latest one in
 //!   effect is the context's system prompt, so restoring a snapshot that starts with a system
@@ -180,6 +181,13 @@ struct ContextState {
     system: Option<(u64, Message)>,
 }
 
+/// A context operation waiting for the request in flight to end.
+#[derive(Debug, Clone)]
+enum QueuedOp {
+    Replace(ContextReplace),
+    Switch(String),
+}
+
 /// A thread: the fold of its events. See the module documentation for the rules.
 #[derive(Debug, Clone)]
 pub struct Thread {
@@ -191,9 +199,11 @@ pub struct Thread {
     system: Option<(u64, Message)>,
     contexts: BTreeMap<String, ContextState>,
     active: String,
+    /// Every context a switch made active.
+    switched_to: BTreeSet<String>,
     store: Map<String, Value>,
     in_flight: Option<String>,
-    queue: VecDeque<ContextReplace>,
+    queue: VecDeque<QueuedOp>,
     seen_ops: HashSet<String>,
     /// Usage per event (request ends and merges), by seq.
     usage_log: Vec<(u64, Usage)>,
@@ -217,6 +227,7 @@ impl Thread {
             system: None,
             contexts: BTreeMap::new(),
             active: DEFAULT_CONTEXT.to_string(),
+            switched_to: BTreeSet::new(),
             store: Map::new(),
             in_flight: None,
             queue: VecDeque::new(),
@@ -261,9 +272,21 @@ impl Thread {
         self.in_flight.as_deref()
     }
 
-    /// Context operations waiting for the request in flight to end, in order.
+    /// Context replaces waiting for the request in flight to end, in order.
     pub fn queued_ops(&self) -> impl Iterator<Item = &ContextReplace> {
-        self.queue.iter()
+        self.queue.iter().filter_map(|op| match op {
+            QueuedOp::Replace(op) => Some(op),
+            QueuedOp::Switch(_) => None,
+        })
+    }
+
+    /// The context that will be active once the request in flight ends, when a switch is
+    /// waiting for it.
+    pub fn queued_switch(&self) -> Option<&str> {
+        self.queue.iter().rev().find_map(|op| match op {
+            QueuedOp::Switch(context) => Some(context.as_str()),
+            QueuedOp::Replace(_) => None,
+        })
     }
 
     /// The active named context.
@@ -275,7 +298,7 @@ impl Thread {
     pub fn contexts(&self) -> BTreeSet<&str> {
         let mut names: BTreeSet<&str> = self.contexts.keys().map(String::as_str).collect();
         names.insert(DEFAULT_CONTEXT);
-        names.insert(&self.active);
+        names.extend(self.switched_to.iter().map(String::as_str));
         names
     }
 
@@ -334,13 +357,22 @@ impl Thread {
             EventKind::ContextReplaced(op) => {
                 if self.seen_ops.insert(op.op_id.clone()) {
                     if self.in_flight.is_some() {
-                        self.queue.push_back(op);
+                        self.queue.push_back(QueuedOp::Replace(op));
                     } else {
                         self.apply_replace(op);
                     }
                 }
             }
-            EventKind::ContextSwitched { context } => self.active = context,
+            EventKind::ContextSwitched { context, op_id } => {
+                let fresh = op_id.is_none_or(|op_id| self.seen_ops.insert(op_id));
+                if fresh {
+                    if self.in_flight.is_some() {
+                        self.queue.push_back(QueuedOp::Switch(context));
+                    } else {
+                        self.switch_to(context);
+                    }
+                }
+            }
             EventKind::StoreChanged(change) => self.change_store(change),
             EventKind::Forked { parent, at_seq } => {
                 self.fork = Some(ForkPoint { parent, at_seq });
@@ -440,9 +472,17 @@ impl Thread {
         });
     }
 
+    fn switch_to(&mut self, context: String) {
+        self.switched_to.insert(context.clone());
+        self.active = context;
+    }
+
     fn drain_queue(&mut self) {
         while let Some(op) = self.queue.pop_front() {
-            self.apply_replace(op);
+            match op {
+                QueuedOp::Replace(op) => self.apply_replace(op),
+                QueuedOp::Switch(context) => self.switch_to(context),
+            }
         }
     }
 
@@ -476,26 +516,40 @@ pub fn projection_watermark<'a>(events: impl IntoIterator<Item = (u64, &'a Event
     let mut active = DEFAULT_CONTEXT.to_string();
     let mut bases: BTreeMap<&str, u64> = BTreeMap::new();
     let mut seen: HashSet<&str> = HashSet::new();
-    let mut queue: Vec<&ContextReplace> = Vec::new();
+    let mut queue: Vec<Result<&ContextReplace, &str>> = Vec::new();
     let mut busy = false;
-    // Mirrors the fold's rules for when a replace takes effect (see `Thread::apply`).
+    // Mirrors the fold's rules for when a replace or a switch takes effect (see
+    // `Thread::apply`); a queued switch is `Err(context)`.
     for (_, kind) in events {
         match kind {
             EventKind::ContextReplaced(op) => {
                 if seen.insert(op.op_id.as_str()) {
                     if busy {
-                        queue.push(op);
+                        queue.push(Ok(op));
                     } else {
                         bases.insert(op.context.as_str(), op.to_seq);
                     }
                 }
             }
-            EventKind::ContextSwitched { context } => active = context.clone(),
+            EventKind::ContextSwitched { context, op_id } => {
+                if op_id.as_deref().is_none_or(|op_id| seen.insert(op_id)) {
+                    if busy {
+                        queue.push(Err(context.as_str()));
+                    } else {
+                        active = context.clone();
+                    }
+                }
+            }
             EventKind::RequestStarted(_) => busy = true,
             EventKind::RequestEnded(_) | EventKind::Forked { .. } => {
                 busy = false;
                 for op in queue.drain(..) {
-                    bases.insert(op.context.as_str(), op.to_seq);
+                    match op {
+                        Ok(op) => {
+                            bases.insert(op.context.as_str(), op.to_seq);
+                        }
+                        Err(context) => active = context.to_owned(),
+                    }
                 }
             }
             EventKind::MessageAppended { .. }

@@ -331,6 +331,7 @@ fn named_contexts_have_their_own_anchors_and_a_switch_changes_the_active_one() {
 
     log.push(EventKind::ContextSwitched {
         context: "brief".into(),
+        op_id: None,
     });
     let thread = log.thread("t");
     assert_eq!(thread.active_context(), "brief");
@@ -339,6 +340,49 @@ fn named_contexts_have_their_own_anchors_and_a_switch_changes_the_active_one() {
         thread.contexts().into_iter().collect::<Vec<_>>(),
         ["brief", "main"]
     );
+}
+
+/// A switch is a context operation like a replace: recorded while a request is in flight,
+/// it waits for the request to end (the request was built from the context it started
+/// with); recorded again with the same op id (a retry), it has no second effect.
+#[test]
+fn a_switch_waits_for_the_request_in_flight_and_applies_once_per_op_id() {
+    let switch = |context: &str, op: &str| EventKind::ContextSwitched {
+        context: context.into(),
+        op_id: Some(op.into()),
+    };
+    // Where the active context's projection starts, as a store reads it from the events.
+    let watermark = |log: &Log| {
+        contexture_core::thread::projection_watermark(
+            log.events
+                .iter()
+                .filter(|event| !matches!(event.kind, EventKind::MessageAppended { .. }))
+                .map(|event| (event.seq, &event.kind)),
+        )
+    };
+    let mut log = Log::default();
+    let s = log.say(Message::user("u1"));
+    log.replace(
+        ContextReplace::new("d", ReplaceReason::Manual, s, vec![Message::user("draft")])
+            .in_context("drafts"),
+    );
+    log.start("req");
+    log.push(switch("drafts", "op-1"));
+    let thread = log.thread("t");
+    assert_eq!(thread.active_context(), "main", "deferred while in flight");
+    assert_eq!(thread.queued_switch(), Some("drafts"));
+    assert_eq!(watermark(&log), 0);
+    log.end("req", RequestOutcome::Completed, Usage::new(1, 1));
+    let thread = log.thread("t");
+    assert_eq!(thread.active_context(), "drafts");
+    assert_eq!(thread.queued_switch(), None);
+    assert_eq!(texts(&thread.projection().messages), ["draft"]);
+    assert_eq!(watermark(&log), s);
+    // Back to main, then a retry of the first switch: it was applied once already.
+    log.push(switch("main", "op-2"));
+    log.push(switch("drafts", "op-1"));
+    assert_eq!(log.thread("t").active_context(), "main");
+    assert_eq!(watermark(&log), 0);
 }
 
 #[test]
@@ -666,6 +710,7 @@ fn the_storage_form_of_events_is_stable() {
     log.set("k", json!({"v": true}));
     log.push(EventKind::ContextSwitched {
         context: "alt".into(),
+        op_id: None,
     });
     let lines: Vec<String> = log
         .events

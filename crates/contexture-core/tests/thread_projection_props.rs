@@ -28,6 +28,8 @@ enum Step {
     },
     Switch {
         alt: bool,
+        /// An op id from a small set, so that retries (a repeated id) happen.
+        op: Option<u8>,
     },
     Request,
     Set {
@@ -52,7 +54,7 @@ fn step() -> impl Strategy<Value = Step> {
         6 => (role, any::<u8>(), any::<bool>()).prop_map(|(role, text, pinned)| Step::Say { role, text, pinned }),
         3 => (0u8..6, any::<bool>(), any::<u8>(), any::<bool>(), 0u8..4)
             .prop_map(|(op, alt, back, lead_system, len)| Step::Replace { op, alt, back, lead_system, len }),
-        1 => any::<bool>().prop_map(|alt| Step::Switch { alt }),
+        1 => (any::<bool>(), prop::option::of(0u8..4)).prop_map(|(alt, op)| Step::Switch { alt, op }),
         2 => Just(Step::Request),
         1 => (0u8..3, any::<u8>()).prop_map(|(key, value)| Step::Set { key, value }),
         1 => (0u8..3).prop_map(|key| Step::Unset { key }),
@@ -113,8 +115,9 @@ fn build(steps: &[Step]) -> Vec<Event> {
                         .in_context(context(*alt)),
                 )
             }
-            Step::Switch { alt } => EventKind::ContextSwitched {
+            Step::Switch { alt, op } => EventKind::ContextSwitched {
                 context: context(*alt),
+                op_id: op.map(|op| format!("switch{op}")),
             },
             Step::Request => match busy.take() {
                 Some(request_id) => EventKind::RequestEnded(RequestEnd::new(
@@ -179,7 +182,7 @@ fn naive(
             EventKind::ContextReplaced(op) if !seen.contains(&op.op_id) => {
                 seen.push(op.op_id.clone());
                 if busy {
-                    pending.push(op)
+                    pending.push(Ok(op))
                 } else {
                     effects.push(Effect::Replace(op))
                 }
@@ -187,9 +190,29 @@ fn naive(
             EventKind::RequestStarted(_) => busy = true,
             EventKind::RequestEnded(_) => {
                 busy = false;
-                effects.extend(pending.drain(..).map(Effect::Replace));
+                for op in pending.drain(..) {
+                    match op {
+                        Ok(op) => effects.push(Effect::Replace(op)),
+                        Err(context) => active = context,
+                    }
+                }
             }
-            EventKind::ContextSwitched { context } => active = context.clone(),
+            // A switch is a context operation: once per op id, queued behind a request.
+            EventKind::ContextSwitched { context, op_id } => {
+                let fresh = match op_id {
+                    Some(op_id) if seen.contains(op_id) => false,
+                    Some(op_id) => {
+                        seen.push(op_id.clone());
+                        true
+                    }
+                    None => true,
+                };
+                if fresh && busy {
+                    pending.push(Err(context.clone()));
+                } else if fresh {
+                    active = context.clone();
+                }
+            }
             EventKind::StoreChanged(StoreChange::Set { key, value }) => {
                 store.insert(key.clone(), value.clone());
             }
@@ -361,6 +384,7 @@ fn the_watermark_is_the_active_anchor() {
         7,
         EventKind::ContextSwitched {
             context: "alt".into(),
+            op_id: None,
         },
     ));
     assert_eq!(others(&switched), 5);

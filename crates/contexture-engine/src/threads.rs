@@ -42,6 +42,24 @@ pub enum ThreadOpError {
         #[source]
         source: RetentionError,
     },
+    /// A switch names a context the thread does not have (and does not ask to create it).
+    #[error("thread `{thread}` has no context `{context}` (its contexts: {}; create it to switch to a new one)", known.join(", "))]
+    UnknownContext {
+        /// The thread.
+        thread: String,
+        /// The context named.
+        context: String,
+        /// The contexts it has.
+        known: Vec<String>,
+    },
+    /// A context name that cannot be used.
+    #[error("invalid context name {context:?}: {problem}")]
+    ContextName {
+        /// The name given.
+        context: String,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
     /// The thread policy given cannot be used.
     #[error("invalid thread policy: {field}: {problem}")]
     Policy {
@@ -137,6 +155,49 @@ pub async fn set_thread_policy<S: Store>(
         return Err(StoreError::NotFound { thread: id.into() }.into());
     }
     let event = NewEvent::new(EventKind::PolicySet(PolicyChange { policy }));
+    Ok(store.append_one(id, event).await?)
+}
+
+/// Switches the thread `id`'s active context to `context` as one `context_switched` event,
+/// and returns its seq. Like the other context operations it waits for a request in flight
+/// to end, and recorded again with the same `op_id` (a retry) it has no second effect. The
+/// context must be one the thread has (`main`, or one a replace or a switch named) unless
+/// `create` says to start a new one (which shows the whole history until it is replaced).
+pub async fn switch_context<S: Store>(
+    store: &S,
+    id: &str,
+    context: &str,
+    op_id: Option<String>,
+    create: bool,
+) -> Result<u64, ThreadOpError> {
+    let problem = if context.trim().is_empty() {
+        Some("it is empty")
+    } else if context.chars().count() > 200 {
+        Some("it has more than 200 characters")
+    } else if context.chars().any(char::is_control) {
+        Some("it contains control characters")
+    } else {
+        None
+    };
+    if let Some(problem) = problem {
+        return Err(ThreadOpError::ContextName {
+            context: context.to_owned(),
+            problem,
+        });
+    }
+    let thread = store.load(id).await?;
+    let known = thread.contexts();
+    if !create && !known.contains(context) {
+        return Err(ThreadOpError::UnknownContext {
+            thread: id.to_owned(),
+            context: context.to_owned(),
+            known: known.into_iter().map(str::to_owned).collect(),
+        });
+    }
+    let event = NewEvent::new(EventKind::ContextSwitched {
+        context: context.to_owned(),
+        op_id,
+    });
     Ok(store.append_one(id, event).await?)
 }
 

@@ -208,6 +208,7 @@ async fn every_event_kind_round_trips_and_replays(h: &impl Harness) {
         EventKind::StoreChanged(StoreChange::Unset { key: "gone".into() }),
         EventKind::ContextSwitched {
             context: "main".into(),
+            op_id: Some("switch-1".into()),
         },
     ];
     let seqs = s

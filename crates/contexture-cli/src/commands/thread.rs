@@ -19,7 +19,9 @@ use contexture_core::tokens::Encoding;
 use contexture_engine::compaction::{CompactOptions, CompactionOutcome, Compactor, compact_stored};
 use contexture_engine::fitting::{FitOverrides, FitSettings, MessageView, thread_messages};
 use contexture_engine::llm::LlmSpec;
-use contexture_engine::threads::{fork_thread, merge_thread, restore_thread, set_thread_policy};
+use contexture_engine::threads::{
+    fork_thread, merge_thread, restore_thread, set_thread_policy, switch_context,
+};
 use contexture_store::{AnyStore, NewEvent, RequestRetention, RetentionRules, Store, StoreError};
 use serde_json::Value;
 
@@ -191,6 +193,24 @@ pub enum ThreadCommand {
         /// Remove the thread's policy (the defaults apply again).
         #[arg(long, conflicts_with = "set")]
         clear: bool,
+    },
+    /// Make another named context the thread's active one (the one requests and `messages`
+    /// read); print the switch's seq. While a request is in flight the switch waits for it
+    /// to end; recorded again with the same --op-id it has no second effect.
+    Switch {
+        /// The thread.
+        #[arg(long)]
+        thread: String,
+        /// The context to make active: one the thread has (`main`, or one a replace or a
+        /// switch named), or a new one with --create.
+        #[arg(long)]
+        context: String,
+        /// The operation's id, so that a retry is applied once.
+        #[arg(long, value_name = "ID")]
+        op_id: Option<String>,
+        /// Start a new context of this name (it shows the whole history until replaced).
+        #[arg(long)]
+        create: bool,
     },
     /// Summarize the older part of a thread into one message (a recorded replace: the
     /// original events stay); print what was covered and the tokens before and after.
@@ -439,6 +459,17 @@ async fn execute(args: ThreadArgs) -> Result<()> {
                 Some(policy) => println!("{}", serde_json::to_string(&policy)?),
                 None => println!("null"),
             }
+        }
+        ThreadCommand::Switch {
+            thread,
+            context,
+            op_id,
+            create,
+        } => {
+            let seq = switch_context(&store, &thread, &context, op_id, create)
+                .await
+                .with_context(|| format!("cannot switch thread {thread} to context {context}"))?;
+            println!("{seq}");
         }
         ThreadCommand::Policy { thread, set, clear } => {
             let policy = match &set {

@@ -56,10 +56,16 @@ pub enum EventKind {
     /// effect at once when no request is in flight, otherwise when the request ends, in the
     /// order the operations were recorded.
     ContextReplaced(ContextReplace),
-    /// The active named context changed: the next call sees `context`.
+    /// The active named context changes: the next call sees `context`. Like the other
+    /// context operations, it takes effect at once when no request is in flight, otherwise
+    /// when the request ends, in the order the operations were recorded.
     ContextSwitched {
         /// The context that becomes active.
         context: String,
+        /// The operation's id: a switch recorded again with the same id (a retry) is
+        /// applied once. Ids are unique among a thread's context operations.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        op_id: Option<String>,
     },
     /// The thread's key-value store changed.
     StoreChanged(StoreChange),
