@@ -27,6 +27,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::fitting;
 use crate::routes::fresh_id;
 use crate::tenancy::check_id;
+use crate::tenant_store::TenantStore;
 use contexture_engine::fitting::{
     MessageView, ThreadFitError, ThreadReadError, fit_thread, thread_messages,
 };
@@ -359,8 +360,7 @@ pub async fn context(
             fitting::metered(&state, &fitted);
             fitted
         }
-        Err(ThreadFitError::Store(error)) => return Err(threads.error(error)),
-        Err(ThreadFitError::Fit(error)) => return Err(fitting::fit_error(error)),
+        Err(error) => return Err(thread_fit_error(&threads, error)),
     };
     Ok(Json(ContextAnswer {
         thread: &id,
@@ -380,6 +380,15 @@ struct ContextAnswer<'a> {
     messages: openai::WireMessages<'a>,
     budget: &'a BudgetBreakdown,
     fit: &'a FitRecord,
+}
+
+/// The answer to a thread that could not be read (a store error, told as the tenant sees
+/// it) or fitted.
+fn thread_fit_error(threads: &TenantStore<'_>, error: ThreadFitError) -> ApiError {
+    match error {
+        ThreadFitError::Store(error) => threads.error(error),
+        ThreadFitError::Fit(error) => fitting::fit_error(error),
+    }
 }
 
 /// `GET /v1/threads/{id}/messages` query.
@@ -419,12 +428,7 @@ pub async fn messages(
     };
     let messages = match thread_messages(threads.store(), &threads.stored_id(&id), &view).await {
         Ok(messages) => messages,
-        Err(ThreadReadError::Thread(ThreadFitError::Store(error))) => {
-            return Err(threads.error(error));
-        }
-        Err(ThreadReadError::Thread(ThreadFitError::Fit(error))) => {
-            return Err(fitting::fit_error(error));
-        }
+        Err(ThreadReadError::Thread(error)) => return Err(thread_fit_error(&threads, error)),
         // A 404, as for a thread that does not exist: the request is well formed, the
         // context it names is not there.
         Err(ThreadReadError::UnknownContext { context, known, .. }) => {
