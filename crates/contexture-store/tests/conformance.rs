@@ -294,6 +294,7 @@ async fn execution_log_events_round_trip_with_token_counts(h: &impl Harness) {
             items: Some(vec![json!(1), json!({"x": 2})]),
             merge: Some(contexture_core::context::MergePolicy::Append),
             item_keys: Some(vec!["topic".into()]),
+            item_concurrency: Some(3),
         }),
         EventKind::StepFailed(StepFailure {
             step: 2,

@@ -6,9 +6,9 @@
 //! (`/items`). Each item runs with its own copy of the context (optionally only the listed
 //! keys); an item that is an object also contributes its root keys to its copy, the way user
 //! input does. When the items are done, [`merge_results`] merges what each item wrote back
-//! into the parent store by a [`MergePolicy`], in item order. The executor runs the items,
-//! one after another in item order; this module only decides what they see and what comes
-//! back.
+//! into the parent store by a [`MergePolicy`], in item order. The executor runs the items
+//! (one after another, or several at once when the iteration allows it, recording them in
+//! item order either way); this module only decides what they see and what comes back.
 
 use std::collections::BTreeMap;
 

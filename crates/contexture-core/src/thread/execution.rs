@@ -190,6 +190,10 @@ pub struct StepEnd {
     /// sees (with the item's own keys); `None` for all of them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub item_keys: Option<Vec<String>>,
+    /// When the transition iterates and lets items run at once: how many may (`None`: one
+    /// at a time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub item_concurrency: Option<u32>,
 }
 
 /// A step failed; the run stops and may be resumed from this step.

@@ -21,7 +21,7 @@ use super::{Executor, Run, cancel_text, cancelled_results};
 use crate::calls::request_end;
 use crate::compaction::LoopView;
 use crate::fitting::{FitTarget, FittedRequest, fit_request_in_loop};
-use crate::hooks::{BeforeCall, CallInfo, HistoryChange, HookFailed, HookPoint};
+use crate::hooks::{BeforeCall, CallInfo, HistoryChange, HookError, HookFailed, HookPoint};
 use crate::llm::Route;
 use crate::tools::{
     configured_arguments, is_context_manager, merge_arguments, parse_model_arguments, schema,
@@ -188,7 +188,7 @@ impl<S: Store> Executor<S> {
             }
             own.push(reply.clone());
             for tool_call in &reply.tool_calls {
-                let (id, seq) = (run.id.clone(), run.log.thread().last_seq());
+                let (id, seq) = (run.id.clone(), run.store_seq());
                 let text = tokio::select! {
                     biased;
                     text = self.run_tool_call(run, &setup, tool_call, &mut own) => text,
@@ -239,6 +239,18 @@ impl<S: Store> Executor<S> {
                 BeforeCall::View(view) => {
                     let limit = prepared.limits.limit;
                     (messages, breakdown) = check_view(hook.name(), view, target, limit)?;
+                }
+                BeforeCall::Record(_) if run.staging.is_some() => {
+                    // Items running at once share one history; a change one of them made
+                    // would have been made without the others' knowledge.
+                    return Err(HookFailed::new(
+                        &**hook,
+                        HookPoint::BeforeLlmCall,
+                        HookError::new(
+                            "it changed the shared history in an item of an iteration whose items run at once; such a hook needs max_concurrency: 1",
+                        ),
+                    )
+                    .into());
                 }
                 BeforeCall::Record(change) => {
                     let events = match change {
@@ -316,7 +328,7 @@ impl<S: Store> Executor<S> {
         request.tools = tools.to_vec();
         request.max_tokens = Some(outgoing.reply_tokens);
         request.temperature = assistant.temperature;
-        let (id, seq) = (run.id.clone(), run.log.thread().last_seq());
+        let (id, seq) = (run.id.clone(), run.store_seq());
         let response = tokio::select! {
             biased;
             response = self.send(run, call, route, &request) => response,

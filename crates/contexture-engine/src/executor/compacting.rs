@@ -90,7 +90,11 @@ impl<S: Store> Executor<S> {
         let Some(reason) = fires(run, own) else {
             return Ok(());
         };
-        self.compact_run(run, request(reason)).await?;
+        // Items of an iteration that run at once share the history as it stood when they
+        // started: each compacts only its own loop.
+        if run.staging.is_none() {
+            self.compact_run(run, request(reason)).await?;
+        }
         let Some(reason) = fires(run, own) else {
             return Ok(());
         };
@@ -187,6 +191,18 @@ impl<S: Store> Executor<S> {
         request.extra_history = extra_history;
         request.measure_model = measure_model.to_owned();
         request.step = Some(step);
+        if run.staging.is_some() {
+            // The shared history is the other items' too: an item running alongside them
+            // compacts its own loop only.
+            let Some(own) = own else {
+                return Err(SHARED_HISTORY_IN_ITEM.to_owned());
+            };
+            let in_loop = self
+                .compact_loop(run, own, request)
+                .await
+                .map_err(|error| error.to_string())?;
+            return Ok(describe_loop(&in_loop));
+        }
         let report = self
             .compact_run(run, request.clone())
             .await
@@ -209,6 +225,9 @@ impl<S: Store> Executor<S> {
         })
     }
 }
+
+/// Why an item of an iteration whose items run at once does not compact the shared history.
+const SHARED_HISTORY_IN_ITEM: &str = "the shared history is not compacted from an item of an iteration whose items run at once (max_concurrency above 1); compact it before the iteration";
 
 /// What a compaction of a tool loop did, in one line for a model or a log.
 pub(crate) fn describe_loop(report: &CompactionReport) -> String {

@@ -39,6 +39,8 @@ pub struct Iteration {
     pub merge: MergePolicy,
     /// The only context keys each item's run sees (with the item's own); `None` for all.
     pub keys: Option<Vec<String>>,
+    /// How many items may run at once (1: one after another).
+    pub concurrency: u32,
 }
 
 /// What runs next.
@@ -206,6 +208,7 @@ impl ExecutionLog {
                             done: Vec::new(),
                             merge: step.merge.unwrap_or_default(),
                             keys: step.item_keys.clone(),
+                            concurrency: step.item_concurrency.unwrap_or(1).max(1),
                         }),
                         None => Position::State(next),
                     };

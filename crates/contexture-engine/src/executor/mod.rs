@@ -20,6 +20,7 @@ mod assistant;
 mod child;
 mod compacting;
 mod error;
+mod items;
 mod log;
 mod request;
 mod step;
@@ -160,12 +161,65 @@ pub(crate) struct Run {
     pub descendants: tree_budget::Spent,
     /// The hooks of its steps: the workflow's hook programs, then the executor's hooks.
     pub hooks: Vec<Arc<dyn Hook>>,
+    /// Set on the copy of the run one item of a concurrent iteration runs in.
+    pub staging: Option<Staging>,
+}
+
+/// One item of an iteration whose items run at once, as it runs in its own copy of the run:
+/// what it records is held here (and folded into the copy) until the items before it are
+/// recorded, then recorded in item order, so the log reads as if the items had run one after
+/// another.
+pub(crate) struct Staging {
+    /// The events held, in order.
+    pub events: Vec<EventKind>,
+    /// The store's last seq this copy has seen: a cancellation is looked for after it.
+    pub store_seq: u64,
+    /// Earlier items of the iteration not recorded when the copy was taken: their steps
+    /// come first.
+    pub earlier_items: u64,
 }
 
 impl Run {
     /// What the run and its sub-workflows spent so far: what its limits are held against.
     pub fn tree_spent(&self) -> tree_budget::Spent {
-        tree_budget::Spent::own(&self.log).plus(self.descendants)
+        let mut spent = tree_budget::Spent::own(&self.log).plus(self.descendants);
+        spent.steps += self.earlier_items();
+        spent
+    }
+
+    /// The number the next step of this run gets.
+    pub fn next_step(&self) -> u64 {
+        self.log.steps_started() + 1 + self.earlier_items()
+    }
+
+    /// The store's last seq this run has seen: a cancellation recorded after it is new.
+    pub fn store_seq(&self) -> u64 {
+        match &self.staging {
+            Some(staging) => staging.store_seq,
+            None => self.log.thread().last_seq(),
+        }
+    }
+
+    fn earlier_items(&self) -> u64 {
+        self.staging.as_ref().map_or(0, |s| s.earlier_items)
+    }
+
+    /// A copy of the run for one item of a concurrent iteration, `earlier_items` items
+    /// after the last one recorded.
+    pub fn staged_item(&self, earlier_items: u64) -> Run {
+        Run {
+            id: self.id.clone(),
+            workflow: self.workflow.clone(),
+            log: self.log.clone(),
+            limits: self.limits,
+            descendants: self.descendants,
+            hooks: self.hooks.clone(),
+            staging: Some(Staging {
+                events: Vec::new(),
+                store_seq: self.log.thread().last_seq(),
+                earlier_items,
+            }),
+        }
     }
 }
 
@@ -376,6 +430,7 @@ impl<S: Store> Executor<S> {
             log: ExecutionLog::new(id.clone()),
             limits,
             descendants: tree_budget::Spent::default(),
+            staging: None,
         };
         self.absorb(&mut run, &seqs, events).await?;
         self.drive_within_time(&mut run).await
@@ -431,6 +486,7 @@ impl<S: Store> Executor<S> {
                 tree_budget::Spent::default()
             },
             log,
+            staging: None,
         };
         if let Some(request_id) = run.log.thread().in_flight().map(str::to_owned) {
             let mut end = RequestEnd::new(request_id, RequestOutcome::Failed, Usage::default());
@@ -599,8 +655,18 @@ impl<S: Store> Executor<S> {
                 Position::State(id) => self.run_state(run, id, step::Work::Plain).await?,
                 Position::Iteration(iteration) => {
                     let state = iteration.state_id.clone();
-                    self.run_state(run, state, step::Work::item(iteration))
-                        .await?;
+                    let workflow = run.workflow.clone();
+                    let at_once = iteration.concurrency > 1
+                        && iteration.items.len() > iteration.done.len() + 1
+                        && workflow
+                            .state(&state)
+                            .is_some_and(|s| !items::one_at_a_time(run, &workflow, s));
+                    if at_once {
+                        self.run_items_at_once(run, iteration).await?;
+                    } else {
+                        self.run_state(run, state, step::Work::item(iteration))
+                            .await?;
+                    }
                 }
                 Position::End => {
                     let output = run.log.last_output().unwrap_or_default().to_owned();
@@ -631,6 +697,19 @@ impl<S: Store> Executor<S> {
         run: &mut Run,
         events: Vec<EventKind>,
     ) -> Result<(), ExecError> {
+        if let Some(staging) = &mut run.staging {
+            for kind in events {
+                let seq = run.log.thread().last_seq() + 1;
+                run.log
+                    .apply(Event::new(seq, kind.clone()))
+                    .map_err(|source| ExecError::Log {
+                        execution_id: run.id.clone(),
+                        source,
+                    })?;
+                staging.events.push(kind);
+            }
+            return Ok(());
+        }
         let seqs = self
             .store
             .append(&run.id, events.iter().cloned().map(NewEvent::new).collect())
@@ -679,6 +758,23 @@ impl<S: Store> Executor<S> {
 impl<S: Store> Executor<S> {
     /// Folds in what other writers appended to the run's log (a cancellation, say).
     pub(crate) async fn refresh(&self, run: &mut Run) -> Result<(), ExecError> {
+        if let Some(staging) = &mut run.staging {
+            // An item's copy holds events the store has not seen, so it takes in only what
+            // concerns it from other writers: a cancellation.
+            for event in self.store.events_after(&run.id, staging.store_seq).await? {
+                staging.store_seq = event.seq;
+                if let EventKind::CancelRequested(_) = event.kind {
+                    let seq = run.log.thread().last_seq() + 1;
+                    run.log
+                        .apply(Event::new(seq, event.kind))
+                        .map_err(|source| ExecError::Log {
+                            execution_id: run.id.clone(),
+                            source,
+                        })?;
+                }
+            }
+            return Ok(());
+        }
         let last = run.log.thread().last_seq();
         for event in self.store.events_after(&run.id, last).await? {
             if let Some(observer) = &self.observer {

@@ -8,7 +8,7 @@ use contexture_core::Message;
 use contexture_core::context::Path;
 use contexture_core::context::args::resolve_args;
 use contexture_core::context::iter::plan_items;
-use contexture_core::context::{ContextStore, MergePolicy, RenderOptions};
+use contexture_core::context::{ContextStore, MergePolicy, RenderIsolation, RenderOptions};
 use contexture_core::thread::{EventKind, RunEnd, RunStatus, StepEnd, StepFailure, StepStart};
 use serde_json::{Map, Value};
 
@@ -62,6 +62,23 @@ impl Work {
                 done: iteration.done,
                 merge: iteration.merge,
                 keys: iteration.keys,
+            },
+            None => Work::NoItems,
+        }
+    }
+
+    /// The work of item `index` of an iteration whose items run at once: it runs before
+    /// the items ahead of it are recorded, so it carries none of their results (the last
+    /// item's end is recorded with them, through [`Work::item`]).
+    pub(crate) fn item_at(iteration: &Iteration, index: usize) -> Work {
+        match iteration.items.get(index) {
+            Some(value) => Work::Item {
+                index,
+                value: value.clone(),
+                total: iteration.items.len(),
+                done: Vec::new(),
+                merge: iteration.merge,
+                keys: iteration.keys.clone(),
             },
             None => Work::NoItems,
         }
@@ -168,6 +185,18 @@ fn child_input(
     ))
 }
 
+/// A step run to its output, its end not yet recorded.
+pub(crate) struct Ran {
+    /// The step.
+    pub info: StepInfo,
+    /// Its task, output and child, as the shared history and the iteration take them.
+    pub exchange: ItemResult,
+    /// The context store when it started: its transition writes to it.
+    pub store: ContextStore,
+    /// Where its templates render, for the transition's.
+    pub isolation: Option<Arc<dyn RenderIsolation>>,
+}
+
 /// Why a step stopped: a step error is recorded in the log; an execution error (the store
 /// failed) is returned as it is.
 pub(crate) enum Abort {
@@ -206,6 +235,19 @@ impl<S: Store> Executor<S> {
         state_id: String,
         work: Work,
     ) -> Result<(), ExecError> {
+        let ran = self.run_step(run, &state_id, &work).await?;
+        self.finish_step(run, ran, work).await
+    }
+
+    /// Starts a step of `state_id` as `work` and runs it to its output, its exit hooks
+    /// passed; its end is left to [`Executor::finish_step`]. A failure is recorded.
+    pub(crate) async fn run_step(
+        &self,
+        run: &mut Run,
+        state_id: &str,
+        work: &Work,
+    ) -> Result<Ran, ExecError> {
+        let state_id = state_id.to_owned();
         let workflow = run.workflow.clone();
         let state = workflow
             .state(&state_id)
@@ -213,7 +255,7 @@ impl<S: Store> Executor<S> {
                 execution_id: run.id.clone(),
                 state_id: state_id.clone(),
             })?;
-        let step = run.log.steps_started() + 1;
+        let step = run.next_step();
         // Sub-workflows' steps count against the run's limit too.
         if let Some(max) = run.limits.max_steps
             && run.tree_spent().steps + 1 > max
@@ -253,7 +295,7 @@ impl<S: Store> Executor<S> {
                 options = options.with_isolation(isolation.clone());
             }
         }
-        let context = match &work {
+        let context = match work {
             Work::Item {
                 index, value, keys, ..
             } => {
@@ -285,7 +327,7 @@ impl<S: Store> Executor<S> {
             context,
             options,
         };
-        let prepared = self.prepare_step(&current, &work, &run.log, &run.hooks);
+        let prepared = self.prepare_step(&current, work, &run.log, &run.hooks);
         let (task, arguments, child) = match &prepared {
             Ok(input) => (
                 input.task.clone(),
@@ -336,49 +378,73 @@ impl<S: Store> Executor<S> {
             }
         };
 
+        let own = output.unwrap_or_else(|| "[]".to_owned());
+        Ok(Ran {
+            exchange: ItemResult {
+                task,
+                output: own,
+                child_execution_id: child.map(|c| c.id),
+            },
+            store,
+            isolation: current.options.isolation.clone(),
+            info: current.info,
+        })
+    }
+
+    /// Records the end of a step [`Executor::run_step`] ran: its transition (for the last
+    /// item of an iteration, the iteration's, with every item's result), or its failure.
+    pub(crate) async fn finish_step(
+        &self,
+        run: &mut Run,
+        ran: Ran,
+        work: Work,
+    ) -> Result<(), ExecError> {
+        let workflow = run.workflow.clone();
+        let state = workflow
+            .state(&ran.info.state_id)
+            .ok_or_else(|| ExecError::UnknownState {
+                execution_id: run.id.clone(),
+                state_id: ran.info.state_id.clone(),
+            })?;
         let history = run.log.thread().projection().messages;
-        let own = output.clone().unwrap_or_else(|| "[]".to_owned());
+        let step = ran.info.step;
         let at = Finishing {
             execution_id: &run.id,
             step,
             state,
-            item: current.info.item,
-            output: &own,
-            store: &store,
+            item: ran.info.item,
+            output: &ran.exchange.output,
+            store: &ran.store,
             history: &history,
             last_seq: run.log.thread().last_seq(),
-            isolation: current.options.isolation.as_deref(),
-        };
-        let exchange = ItemResult {
-            task,
-            output: own.clone(),
-            child_execution_id: child.map(|c| c.id),
+            isolation: ran.isolation.as_deref(),
         };
         let events = match work {
-            Work::Plain => finish(&at, &[exchange], None),
+            Work::Plain => finish(&at, std::slice::from_ref(&ran.exchange), None),
             Work::NoItems => finish(&at, &[], Some(MergePolicy::LastWins)),
             Work::Item { index, total, .. } if index + 1 < total => {
                 Ok(vec![EventKind::StepFinished(StepEnd {
                     step,
-                    state_id: state_id.clone(),
+                    state_id: state.id.clone(),
                     item: Some(index),
-                    output: own.clone(),
+                    output: ran.exchange.output.clone(),
                     next: None,
                     items: None,
                     merge: None,
                     item_keys: None,
+                    item_concurrency: None,
                 })])
             }
             Work::Item {
                 mut done, merge, ..
             } => {
-                done.push(exchange);
+                done.push(ran.exchange.clone());
                 finish(&at, &done, Some(merge))
             }
         };
         match events {
             Ok(events) => self.append(run, events).await,
-            Err(error) => Err(self.fail(run, &current.info, error).await),
+            Err(error) => Err(self.fail(run, &ran.info, error).await),
         }
     }
 
@@ -502,7 +568,7 @@ impl<S: Store> Executor<S> {
                     })
                 })?),
             StepKind::Tool(tool) => {
-                let (id, seq) = (run.id.clone(), run.log.thread().last_seq());
+                let (id, seq) = (run.id.clone(), run.store_seq());
                 tokio::select! {
                     biased;
                     result = self.tools.run(tool, arguments.unwrap_or_default(), context, options) => {

@@ -125,6 +125,13 @@ pub(crate) fn finish(
                 .as_ref()
                 .and_then(|next| next.include_in_iterator_context.clone()),
         ),
+        item_concurrency: items.as_ref().and(
+            at.state
+                .next
+                .as_ref()
+                .and_then(|next| next.max_concurrency)
+                .filter(|concurrency| *concurrency > 1),
+        ),
         next: Some(target),
         items,
     }));

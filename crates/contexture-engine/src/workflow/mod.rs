@@ -45,7 +45,7 @@ pub use host::{Programs, Provenance, program_declarations, program_refusals};
 pub use load::{Diagnostic, WorkflowError};
 pub use model::{
     Assistant, ConversationPolicy, END, McpServer, McpServerConfig, Next, State, StepKind,
-    SubInput, SubResult, Tool, Workflow, WorkflowRef,
+    SubInput, SubResult, Tool, Workflow, WorkflowRef, MAX_ITEM_CONCURRENCY,
 };
 pub use prompt_text::PromptText;
 pub use spans::Position;

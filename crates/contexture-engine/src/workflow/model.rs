@@ -14,6 +14,10 @@ use serde::{Deserialize, Serialize};
 use super::prompt_text::PromptText;
 use serde_json::{Map, Value};
 
+/// The most items of an iteration that may run at once (`max_concurrency`): enough to
+/// overlap slow calls, few enough that one workflow cannot open hundreds of connections.
+pub const MAX_ITEM_CONCURRENCY: u32 = 64;
+
 /// The target name that ends a workflow.
 pub const END: &str = "end";
 
@@ -305,6 +309,13 @@ pub struct Next {
     /// an item writes comes back by `iter_merge` whatever it saw.
     #[serde(default)]
     pub include_in_iterator_context: Option<Vec<String>>,
+    /// With `iter_key`: how many items run at once, from 1 (the default: one after another,
+    /// in item order) to [`MAX_ITEM_CONCURRENCY`]. Whatever order they finish in, their
+    /// results are recorded and come together in item order. Items still run one at a time
+    /// where running them at once could break a guarantee (a token, cost or step budget
+    /// shared with sub-workflows, a state that compacts the shared history).
+    #[serde(default)]
+    pub max_concurrency: Option<u32>,
     /// See [`TransitionFlags::store_in_context`].
     #[serde(default = "default_true")]
     pub store_in_context: bool,

@@ -9,7 +9,7 @@ use contexture_core::context::template::check_syntax;
 use contexture_core::registry::Registry;
 use serde_json::Value;
 
-use super::{Assistant, END, PromptText, Workflow};
+use super::{Assistant, END, MAX_ITEM_CONCURRENCY, PromptText, Workflow};
 
 type Problems = Vec<(String, String)>;
 
@@ -463,6 +463,22 @@ fn states(workflow: &Workflow, problems: &mut Problems) {
                         "a context key name is empty".into(),
                     ));
                 }
+            }
+        }
+        if let Some(concurrency) = next.max_concurrency {
+            if next.iter_key.is_none() {
+                problems.push((
+                    format!("{base}.next.max_concurrency"),
+                    "max_concurrency needs iter_key: it says how many of an iteration's items run at once".into(),
+                ));
+            }
+            if concurrency == 0 || concurrency > MAX_ITEM_CONCURRENCY {
+                problems.push((
+                    format!("{base}.next.max_concurrency"),
+                    format!(
+                        "max_concurrency is {concurrency}: give a number of items from 1 (one after another) to {MAX_ITEM_CONCURRENCY}"
+                    ),
+                ));
             }
         }
         if let Some(key) = &next.output_key

@@ -1,0 +1,287 @@
+//! Iterations whose items run at once (`max_concurrency`), over real HTTP: up to that many
+//! items are in flight together, never more; whatever order they finish in, the log, the
+//! step numbers, the output and the merged store read in item order; a failed item stops
+//! the iteration with the items before it recorded, and a resume runs only what is left;
+//! budgets that concurrency could pass keep the items one at a time; bad values are named.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{events, sqlite, start};
+use contexture_core::context::RenderOptions;
+use contexture_core::thread::{EventKind, RunLimits};
+use contexture_engine::executor::{ExecError, Executor};
+use contexture_engine::llm::FixedRouter;
+use contexture_fake_upstream::{FakeUpstream, Reply};
+use contexture_llm::{OpenAiProvider, RetryPolicy};
+use contexture_store::Store;
+use serde_json::{Value, json};
+
+fn executor<S: Store>(store: S, base: &str) -> Executor<S> {
+    let provider = OpenAiProvider::new(base, Some("sk-test".into()))
+        .with_timeout(Duration::from_secs(20))
+        .with_retry(RetryPolicy {
+            max_retries: 0,
+            initial_delay: Duration::from_millis(10),
+            max_delay: Duration::from_millis(10),
+        });
+    Executor::new(store, Arc::new(FixedRouter::new(Arc::new(provider))))
+        .with_render_options(RenderOptions::fixed(0))
+}
+
+/// A workflow that reviews each of the input's `files`, `CONCURRENCY` at a time, collecting
+/// the reviews under `reviews`.
+fn workflow(concurrency: &str) -> String {
+    format!(
+        r#"
+assistants: [{{id: a, model: gpt-4o-mini}}]
+states:
+  - id: plan
+    transform: {{planned: true}}
+    next: {{state_id: each, iter_key: files, iter_merge: append{concurrency}}}
+  - id: each
+    assistant_id: a
+    task: 'Review {{{{ item }}}}'
+    next: {{state_id: end, output_key: reviews}}
+"#
+    )
+}
+
+const INPUT: &str = r#"{"files": ["a", "b", "c", "d"]}"#;
+
+/// When each call arrived and when its reply was sent.
+type Spans = Arc<Mutex<Vec<(String, Instant, Instant)>>>;
+
+/// A provider that answers `Review X` with `review of X` after a delay that shrinks with
+/// the item (the first item is the slowest, so items finish in reverse order when they run
+/// at once); `failing` items get a 400.
+fn reviewer(upstream: &FakeUpstream, failing: &'static [&'static str]) -> Spans {
+    let spans: Spans = Arc::default();
+    let seen = spans.clone();
+    upstream.otherwise(move |_, request| {
+        let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
+        let task = body["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .and_then(|m| m["content"].as_str())
+            .unwrap_or_default()
+            .to_owned();
+        let item = task.trim_start_matches("Review ").to_owned();
+        let delay = match item.as_str() {
+            "a" => 900,
+            "b" => 600,
+            "c" => 300,
+            _ => 50,
+        };
+        let now = Instant::now();
+        seen.lock()
+            .unwrap()
+            .push((item.clone(), now, now + Duration::from_millis(delay)));
+        if failing.contains(&item.as_str()) {
+            Reply::error(400, "this item is refused").after(Duration::from_millis(delay))
+        } else {
+            Reply::text(format!("review of {item}")).after(Duration::from_millis(delay))
+        }
+    });
+    spans
+}
+
+/// The most calls that were in flight at one moment.
+fn most_at_once(spans: &Spans) -> usize {
+    let spans = spans.lock().unwrap();
+    spans
+        .iter()
+        .map(|(_, arrived, _)| {
+            spans
+                .iter()
+                .filter(|(_, from, to)| from <= arrived && arrived < to)
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// The items of the recorded step ends, with their step numbers, in log order.
+async fn item_ends<S: Store>(store: &S, id: &str) -> Vec<(u64, Option<usize>, String)> {
+    events(store, id)
+        .await
+        .into_iter()
+        .filter_map(|event| match event.kind {
+            EventKind::StepFinished(end) => Some((end.step, end.item, end.output)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn items_run_up_to_max_concurrency_at_once_and_come_together_in_item_order() {
+    for (concurrency, most) in [("", 1), (", max_concurrency: 2", 2), (", max_concurrency: 4", 4)] {
+        let upstream = FakeUpstream::start().await;
+        let spans = reviewer(&upstream, &[]);
+        let (_dir, store) = sqlite().await;
+        let exec = executor(store.clone(), &upstream.base_url());
+        let out = start(&exec, &workflow(concurrency), INPUT)
+            .await
+            .expect("every item is answered");
+        assert_eq!(
+            most_at_once(&spans),
+            most,
+            "{concurrency:?}: calls in flight together"
+        );
+        let reviews = json!(["review of a", "review of b", "review of c", "review of d"]);
+        assert_eq!(out.output, reviews.to_string(), "{concurrency:?}");
+        assert_eq!(out.context.get("reviews"), Some(&reviews), "{concurrency:?}");
+        assert_eq!(
+            item_ends(&store, "run-1").await,
+            [
+                (1, None, r#"{"planned":true}"#.to_owned()),
+                (2, Some(0), "review of a".to_owned()),
+                (3, Some(1), "review of b".to_owned()),
+                (4, Some(2), "review of c".to_owned()),
+                (5, Some(3), "review of d".to_owned()),
+            ],
+            "{concurrency:?}: the log reads as if the items had run one after another"
+        );
+        // Each item's call is recorded inside its own step, in item order.
+        let log = events(&store, "run-1").await;
+        let calls: Vec<u64> = log
+            .iter()
+            .filter_map(|event| match &event.kind {
+                EventKind::RequestStarted(record) => record.step,
+                _ => None,
+            })
+            .collect();
+        assert_eq!(calls, [2, 3, 4, 5], "{concurrency:?}");
+        let started: Vec<u64> = log
+            .iter()
+            .filter_map(|event| match &event.kind {
+                EventKind::StepStarted(start) => Some(start.step),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(started, [1, 2, 3, 4, 5], "{concurrency:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_failed_item_stops_the_iteration_after_the_items_before_it_and_a_resume_runs_the_rest()
+{
+    let upstream = FakeUpstream::start().await;
+    let spans = reviewer(&upstream, &["c"]);
+    let (_dir, store) = sqlite().await;
+    let exec = executor(store.clone(), &upstream.base_url());
+    let error = start(&exec, &workflow(", max_concurrency: 4"), INPUT)
+        .await
+        .expect_err("item c is refused");
+    match &error {
+        ExecError::StepFailed { step, .. } => assert_eq!(*step, 4, "item c's step"),
+        other => panic!("{other:?}"),
+    }
+    // The items before the failed one are recorded; the one after it, although it finished
+    // first, is not: a resume runs it again.
+    assert_eq!(
+        item_ends(&store, "run-1")
+            .await
+            .into_iter()
+            .map(|(step, item, _)| (step, item))
+            .collect::<Vec<_>>(),
+        [(1, None), (2, Some(0)), (3, Some(1))]
+    );
+    let log = events(&store, "run-1").await;
+    let failed: Vec<u64> = log
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::StepFailed(failure) => Some(failure.step),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(failed, [4]);
+    assert!(matches!(
+        log.last().map(|e| &e.kind),
+        Some(EventKind::RunEnded(_))
+    ));
+
+    // Resumed against a provider that answers every item: only c and d are asked again.
+    let healed = FakeUpstream::start().await;
+    let again = reviewer(&healed, &[]);
+    let exec = executor(store.clone(), &healed.base_url());
+    let out = exec.resume("run-1").await.expect("the rest of the items run");
+    assert_eq!(
+        out.output,
+        json!(["review of a", "review of b", "review of c", "review of d"]).to_string()
+    );
+    let mut asked: Vec<String> = again.lock().unwrap().iter().map(|s| s.0.clone()).collect();
+    asked.sort();
+    assert_eq!(asked, ["c", "d"]);
+    drop(spans);
+}
+
+#[tokio::test]
+async fn a_token_budget_keeps_the_items_one_at_a_time_and_a_step_budget_holds_exactly() {
+    // A token budget: calls in flight together could pass it, so the items run one at a
+    // time whatever max_concurrency says.
+    let upstream = FakeUpstream::start().await;
+    let spans = reviewer(&upstream, &[]);
+    let (_dir, store) = sqlite().await;
+    let exec = executor(store.clone(), &upstream.base_url()).with_limits(RunLimits {
+        max_tokens: Some(1_000_000),
+        ..RunLimits::default()
+    });
+    start(&exec, &workflow(", max_concurrency: 4"), INPUT)
+        .await
+        .expect("the budget is large enough");
+    assert_eq!(most_at_once(&spans), 1);
+
+    // A step budget with assistant items: they still run at once, and the budget stops the
+    // run at the same step as one at a time would: plan, a and b fit in 3 steps, c does not.
+    let upstream = FakeUpstream::start().await;
+    let spans = reviewer(&upstream, &[]);
+    let (_dir, store) = sqlite().await;
+    let exec = executor(store.clone(), &upstream.base_url()).with_limits(RunLimits {
+        max_steps: Some(3),
+        ..RunLimits::default()
+    });
+    let error = start(&exec, &workflow(", max_concurrency: 4"), INPUT)
+        .await
+        .expect_err("the fourth step passes the step budget");
+    assert!(error.to_string().contains("3"), "{error}");
+    assert_eq!(
+        item_ends(&store, "run-1")
+            .await
+            .into_iter()
+            .map(|(step, item, _)| (step, item))
+            .collect::<Vec<_>>(),
+        [(1, None), (2, Some(0)), (3, Some(1))]
+    );
+    let mut asked: Vec<String> = spans.lock().unwrap().iter().map(|s| s.0.clone()).collect();
+    asked.sort();
+    assert_eq!(asked, ["a", "b"], "no call is made past the step budget");
+}
+
+#[tokio::test]
+async fn max_concurrency_must_be_a_sensible_number_of_items_on_an_iteration() {
+    let (_dir, store) = sqlite().await;
+    let exec = executor(store, "http://127.0.0.1:9");
+    for (concurrency, expected) in [
+        (", max_concurrency: 0", "max_concurrency is 0: give a number of items from 1"),
+        (", max_concurrency: 65", "max_concurrency is 65"),
+    ] {
+        let error = start(&exec, &workflow(concurrency), INPUT)
+            .await
+            .expect_err("refused before any step");
+        let text = error.to_string();
+        assert!(text.contains("states[0].next.max_concurrency"), "{text}");
+        assert!(text.contains(expected), "{text}");
+        assert!(text.contains("workflow.yaml:"), "names the file and line: {text}");
+    }
+    let no_iteration = "states:\n  - {id: s, transform: {a: 1}, next: {state_id: end, max_concurrency: 2}}\n";
+    let error = start(&exec, no_iteration, "").await.expect_err("refused");
+    assert!(
+        error
+            .to_string()
+            .contains("max_concurrency needs iter_key"),
+        "{error}"
+    );
+}
