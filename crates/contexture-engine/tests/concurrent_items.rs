@@ -285,3 +285,48 @@ async fn max_concurrency_must_be_a_sensible_number_of_items_on_an_iteration() {
         "{error}"
     );
 }
+
+#[tokio::test]
+async fn a_cancellation_reaches_every_item_in_flight_and_ends_the_run_once() {
+    let upstream = FakeUpstream::start().await;
+    upstream.otherwise(|_, _| Reply::hang());
+    let (_dir, store) = sqlite().await;
+    let exec = Arc::new(
+        executor(store.clone(), &upstream.base_url()).with_cancel_poll(Duration::from_millis(20)),
+    );
+    let running = {
+        let exec = exec.clone();
+        tokio::spawn(async move { start(&exec, &workflow(", max_concurrency: 3"), INPUT).await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while upstream.call_count() < 3 {
+        assert!(Instant::now() < deadline, "three items should be in flight");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    exec.cancel("run-1", Some("enough".into())).await.unwrap();
+    let error = tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("the items stop")
+        .unwrap()
+        .expect_err("cancelled");
+    assert!(error.to_string().contains("enough"), "{error}");
+    assert_eq!(upstream.call_count(), 3, "no item starts after the cancellation");
+    let log = events(&store, "run-1").await;
+    let ended: Vec<_> = log
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::RunEnded(end) => Some(end.status),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ended, [contexture_core::thread::RunStatus::Cancelled]);
+    // The first item's cancelled call and failure are recorded; the items after it are not.
+    let failed: Vec<u64> = log
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::StepFailed(failure) => Some(failure.step),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(failed, [2]);
+}
