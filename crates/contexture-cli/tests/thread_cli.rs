@@ -238,7 +238,9 @@ fn switching_the_active_context() {
     ok(db, &["append", "--thread", "t1"], HISTORY);
     let error = fail(db, &["switch", "--thread", "t1", "--context", "drafts"], "");
     assert!(
-        error.contains("thread `t1` has no context `drafts` (its contexts: main; create it"),
+        error.contains(
+            "thread `t1` has no context `drafts` (its contexts: main); a switch with `create` starts a new one"
+        ),
         "{error}"
     );
     let error = fail(db, &["switch", "--thread", "t1", "--context", " "], "");
@@ -281,6 +283,64 @@ fn switching_the_active_context() {
     switch("drafts", "op-1", false);
     let events = ok(db, &["events", "--thread", "t1"], "");
     assert_eq!(events.matches("context_switched").count(), 3, "{events}");
+
+    // An append in a context switches to it first (main is active after op-2), once.
+    let note = r#"{"role": "user", "content": "a draft note"}"#;
+    let seqs = ok(
+        db,
+        &[
+            "append",
+            "--thread",
+            "t1",
+            "--context",
+            "drafts",
+            "--key",
+            "k1",
+        ],
+        note,
+    );
+    let again = ok(
+        db,
+        &[
+            "append",
+            "--thread",
+            "t1",
+            "--context",
+            "drafts",
+            "--key",
+            "k1",
+        ],
+        note,
+    );
+    assert_eq!(seqs, again, "a retry with the same key stores nothing");
+    let events = ok(db, &["events", "--thread", "t1"], "");
+    assert_eq!(events.matches("context_switched").count(), 4, "{events}");
+    ok(
+        db,
+        &["append", "--thread", "t1", "--context", "drafts"],
+        note,
+    );
+    let events = ok(db, &["events", "--thread", "t1"], "");
+    assert_eq!(
+        events.matches("context_switched").count(),
+        4,
+        "no switch to the active context"
+    );
+    let error = fail(
+        db,
+        &["append", "--thread", "t1", "--context", "nowhere"],
+        note,
+    );
+    assert!(
+        error.contains("cannot append to thread t1 in context nowhere")
+            && error.contains("has no context `nowhere`"),
+        "{error}"
+    );
+    assert_eq!(
+        ok(db, &["events", "--thread", "t1"], ""),
+        events,
+        "nothing written"
+    );
 }
 
 #[test]

@@ -48,6 +48,32 @@ pub use execution::{
     StepFailure, StepMessage, StepStart,
 };
 pub use merge::{MergeError, MergeKeys, MergeSpec};
+
+/// A context a thread does not have, named where one it has is needed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("thread `{thread}` has no context `{context}` (its contexts: {})", known.join(", "))]
+pub struct UnknownContext {
+    /// The thread.
+    pub thread: String,
+    /// The context named.
+    pub context: String,
+    /// The contexts it has.
+    pub known: Vec<String>,
+}
+
+/// What makes `context` unusable as a context name (empty, over 200 characters, control
+/// characters), if anything.
+pub fn context_name_problem(context: &str) -> Option<&'static str> {
+    if context.trim().is_empty() {
+        Some("it is empty")
+    } else if context.chars().count() > 200 {
+        Some("it has more than 200 characters")
+    } else if context.chars().any(char::is_control) {
+        Some("it contains control characters")
+    } else {
+        None
+    }
+}
 pub use projection::{ProjectedMessage, Projection};
 
 /// An event that cannot follow the thread's current state.
@@ -300,6 +326,19 @@ impl Thread {
         names.insert(DEFAULT_CONTEXT);
         names.extend(self.switched_to.iter().map(String::as_str));
         names
+    }
+
+    /// Fails unless `context` is one of the thread's [`Thread::contexts`].
+    pub fn check_context(&self, context: &str) -> Result<(), UnknownContext> {
+        let known = self.contexts();
+        if known.contains(context) {
+            return Ok(());
+        }
+        Err(UnknownContext {
+            thread: self.id().to_owned(),
+            context: context.to_owned(),
+            known: known.into_iter().map(str::to_owned).collect(),
+        })
     }
 
     /// The thread's key-value store.

@@ -17,7 +17,7 @@ use contexture_core::fit::{
     shrink, trim, validate,
 };
 use contexture_core::registry::ModelInfo;
-use contexture_core::thread::{FitRecord, Projection};
+use contexture_core::thread::{FitRecord, Projection, UnknownContext};
 use contexture_core::{Message, Role};
 use contexture_store::{ProjectionTail, Store, StoreError};
 use serde_json::Value;
@@ -555,15 +555,8 @@ pub enum ThreadReadError {
     #[error(transparent)]
     Thread(#[from] ThreadFitError),
     /// The view names a context the thread does not have.
-    #[error("thread `{thread}` has no context `{context}` (its contexts: {})", known.join(", "))]
-    UnknownContext {
-        /// The thread.
-        thread: String,
-        /// The context asked for.
-        context: String,
-        /// The contexts it has.
-        known: Vec<String>,
-    },
+    #[error(transparent)]
+    UnknownContext(#[from] UnknownContext),
 }
 
 impl From<StoreError> for ThreadReadError {
@@ -637,14 +630,7 @@ pub async fn thread_messages<S: Store>(
         }
         (Some(context), _) => {
             let folded = store.load(thread).await?;
-            let known = folded.contexts();
-            if !known.contains(context.as_str()) {
-                return Err(ThreadReadError::UnknownContext {
-                    thread: thread.to_owned(),
-                    context: context.clone(),
-                    known: known.into_iter().map(str::to_owned).collect(),
-                });
-            }
+            folded.check_context(context)?;
             (
                 folded.projection_of(context, view.limit),
                 folded.policy().cloned(),

@@ -5,7 +5,8 @@
 use contexture_core::Message;
 use contexture_core::compact::{RestoreError, restore_before};
 use contexture_core::thread::{
-    EventKind, MergeError, MergeSpec, PolicyChange, StoreChange, ThreadPolicy,
+    EventKind, MergeError, MergeSpec, PolicyChange, StoreChange, Thread, ThreadPolicy,
+    UnknownContext, context_name_problem,
 };
 use contexture_core::tokens::Encoding;
 use contexture_store::{NewEvent, RequestRetention, RetentionError, Store, StoreError};
@@ -42,16 +43,9 @@ pub enum ThreadOpError {
         #[source]
         source: RetentionError,
     },
-    /// A switch names a context the thread does not have (and does not ask to create it).
-    #[error("thread `{thread}` has no context `{context}` (its contexts: {}; create it to switch to a new one)", known.join(", "))]
-    UnknownContext {
-        /// The thread.
-        thread: String,
-        /// The context named.
-        context: String,
-        /// The contexts it has.
-        known: Vec<String>,
-    },
+    /// An operation names a context the thread does not have.
+    #[error("{0}; a switch with `create` starts a new one")]
+    UnknownContext(#[from] UnknownContext),
     /// A context name that cannot be used.
     #[error("invalid context name {context:?}: {problem}")]
     ContextName {
@@ -158,8 +152,72 @@ pub async fn set_thread_policy<S: Store>(
     Ok(store.append_one(id, event).await?)
 }
 
+/// Messages appended to a thread by [`append_messages`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Appended {
+    /// Each message's seq, in order.
+    pub seqs: Vec<u64>,
+    /// The seq of the switch to the context named, when one was recorded with them.
+    pub switch_seq: Option<u64>,
+}
+
+/// Appends `messages` to the thread `id` (created when missing) in one transaction, message
+/// i keyed `KEY:i` when `key` is given (a retry stores nothing and gets the first seqs).
+/// With `context`, the messages go to that context: unless it is already the active one,
+/// a `context_switched` event to it comes first in the same transaction (keyed
+/// `KEY:context`, its op id the same, so a retry switches once; while a request is in
+/// flight the switch waits for it, like every context operation). The context must be one
+/// the thread has: a new one is started by [`switch_context`] with `create`.
+pub async fn append_messages<S: Store>(
+    store: &S,
+    id: &str,
+    messages: Vec<Message>,
+    key: Option<&str>,
+    context: Option<&str>,
+) -> Result<Appended, ThreadOpError> {
+    let mut events = Vec::with_capacity(messages.len() + 1);
+    if let Some(context) = context {
+        if let Some(problem) = context_name_problem(context) {
+            return Err(ThreadOpError::ContextName {
+                context: context.to_owned(),
+                problem,
+            });
+        }
+        let thread = match store.load(id).await {
+            Ok(thread) => thread,
+            Err(StoreError::NotFound { .. }) => Thread::new(id),
+            Err(other) => return Err(other.into()),
+        };
+        thread.check_context(context)?;
+        let settled = thread.active_context() == context && thread.queued_switch().is_none();
+        if !settled {
+            let op_id = key.map(|key| format!("{key}:context"));
+            let mut event = NewEvent::new(EventKind::ContextSwitched {
+                context: context.to_owned(),
+                op_id: op_id.clone(),
+            });
+            event.idempotency_key = op_id;
+            events.push(event);
+        }
+    }
+    let switched = !events.is_empty();
+    events.extend(NewEvent::messages(messages, key));
+    let mut seqs = store.append(id, events).await?;
+    let switch_seq = switched.then(|| seqs.remove(0));
+    Ok(Appended { seqs, switch_seq })
+}
+
+/// A switch [`switch_context`] recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Switched {
+    /// The `context_switched` event's seq.
+    pub seq: u64,
+    /// A request was in flight: the switch applies when it ends.
+    pub queued: bool,
+}
+
 /// Switches the thread `id`'s active context to `context` as one `context_switched` event,
-/// and returns its seq. Like the other context operations it waits for a request in flight
+/// and says where it was recorded. Like the other context operations it waits for a request in flight
 /// to end, and recorded again with the same `op_id` (a retry) it has no second effect. The
 /// context must be one the thread has (`main`, or one a replace or a switch named) unless
 /// `create` says to start a new one (which shows the whole history until it is replaced).
@@ -169,36 +227,24 @@ pub async fn switch_context<S: Store>(
     context: &str,
     op_id: Option<String>,
     create: bool,
-) -> Result<u64, ThreadOpError> {
-    let problem = if context.trim().is_empty() {
-        Some("it is empty")
-    } else if context.chars().count() > 200 {
-        Some("it has more than 200 characters")
-    } else if context.chars().any(char::is_control) {
-        Some("it contains control characters")
-    } else {
-        None
-    };
-    if let Some(problem) = problem {
+) -> Result<Switched, ThreadOpError> {
+    if let Some(problem) = context_name_problem(context) {
         return Err(ThreadOpError::ContextName {
             context: context.to_owned(),
             problem,
         });
     }
     let thread = store.load(id).await?;
-    let known = thread.contexts();
-    if !create && !known.contains(context) {
-        return Err(ThreadOpError::UnknownContext {
-            thread: id.to_owned(),
-            context: context.to_owned(),
-            known: known.into_iter().map(str::to_owned).collect(),
-        });
+    if !create {
+        thread.check_context(context)?;
     }
+    let queued = thread.in_flight().is_some();
     let event = NewEvent::new(EventKind::ContextSwitched {
         context: context.to_owned(),
         op_id,
     });
-    Ok(store.append_one(id, event).await?)
+    let seq = store.append_one(id, event).await?;
+    Ok(Switched { seq, queued })
 }
 
 /// Where a fork was made.

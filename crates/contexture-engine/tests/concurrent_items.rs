@@ -117,7 +117,11 @@ async fn item_ends<S: Store>(store: &S, id: &str) -> Vec<(u64, Option<usize>, St
 
 #[tokio::test]
 async fn items_run_up_to_max_concurrency_at_once_and_come_together_in_item_order() {
-    for (concurrency, most) in [("", 1), (", max_concurrency: 2", 2), (", max_concurrency: 4", 4)] {
+    for (concurrency, most) in [
+        ("", 1),
+        (", max_concurrency: 2", 2),
+        (", max_concurrency: 4", 4),
+    ] {
         let upstream = FakeUpstream::start().await;
         let spans = reviewer(&upstream, &[]);
         let (_dir, store) = sqlite().await;
@@ -132,7 +136,11 @@ async fn items_run_up_to_max_concurrency_at_once_and_come_together_in_item_order
         );
         let reviews = json!(["review of a", "review of b", "review of c", "review of d"]);
         assert_eq!(out.output, reviews.to_string(), "{concurrency:?}");
-        assert_eq!(out.context.get("reviews"), Some(&reviews), "{concurrency:?}");
+        assert_eq!(
+            out.context.get("reviews"),
+            Some(&reviews),
+            "{concurrency:?}"
+        );
         assert_eq!(
             item_ends(&store, "run-1").await,
             [
@@ -166,8 +174,7 @@ async fn items_run_up_to_max_concurrency_at_once_and_come_together_in_item_order
 }
 
 #[tokio::test]
-async fn a_failed_item_stops_the_iteration_after_the_items_before_it_and_a_resume_runs_the_rest()
-{
+async fn a_failed_item_stops_the_iteration_after_the_items_before_it_and_a_resume_runs_the_rest() {
     let upstream = FakeUpstream::start().await;
     let spans = reviewer(&upstream, &["c"]);
     let (_dir, store) = sqlite().await;
@@ -207,7 +214,10 @@ async fn a_failed_item_stops_the_iteration_after_the_items_before_it_and_a_resum
     let healed = FakeUpstream::start().await;
     let again = reviewer(&healed, &[]);
     let exec = executor(store.clone(), &healed.base_url());
-    let out = exec.resume("run-1").await.expect("the rest of the items run");
+    let out = exec
+        .resume("run-1")
+        .await
+        .expect("the rest of the items run");
     assert_eq!(
         out.output,
         json!(["review of a", "review of b", "review of c", "review of d"]).to_string()
@@ -265,7 +275,10 @@ async fn max_concurrency_must_be_a_sensible_number_of_items_on_an_iteration() {
     let (_dir, store) = sqlite().await;
     let exec = executor(store, "http://127.0.0.1:9");
     for (concurrency, expected) in [
-        (", max_concurrency: 0", "max_concurrency is 0: give a number of items from 1"),
+        (
+            ", max_concurrency: 0",
+            "max_concurrency is 0: give a number of items from 1",
+        ),
         (", max_concurrency: 65", "max_concurrency is 65"),
     ] {
         let error = start(&exec, &workflow(concurrency), INPUT)
@@ -274,14 +287,16 @@ async fn max_concurrency_must_be_a_sensible_number_of_items_on_an_iteration() {
         let text = error.to_string();
         assert!(text.contains("states[0].next.max_concurrency"), "{text}");
         assert!(text.contains(expected), "{text}");
-        assert!(text.contains("workflow.yaml:"), "names the file and line: {text}");
+        assert!(
+            text.contains("workflow.yaml:"),
+            "names the file and line: {text}"
+        );
     }
-    let no_iteration = "states:\n  - {id: s, transform: {a: 1}, next: {state_id: end, max_concurrency: 2}}\n";
+    let no_iteration =
+        "states:\n  - {id: s, transform: {a: 1}, next: {state_id: end, max_concurrency: 2}}\n";
     let error = start(&exec, no_iteration, "").await.expect_err("refused");
     assert!(
-        error
-            .to_string()
-            .contains("max_concurrency needs iter_key"),
+        error.to_string().contains("max_concurrency needs iter_key"),
         "{error}"
     );
 }
@@ -310,7 +325,11 @@ async fn a_cancellation_reaches_every_item_in_flight_and_ends_the_run_once() {
         .unwrap()
         .expect_err("cancelled");
     assert!(error.to_string().contains("enough"), "{error}");
-    assert_eq!(upstream.call_count(), 3, "no item starts after the cancellation");
+    assert_eq!(
+        upstream.call_count(),
+        3,
+        "no item starts after the cancellation"
+    );
     let log = events(&store, "run-1").await;
     let ended: Vec<_> = log
         .iter()

@@ -598,3 +598,73 @@ async fn prompt_templates_in_the_simple_syntax_render_with_their_partials() {
             .starts_with("You write limericks.")
     );
 }
+
+/// `thread_context` runs a state in a named context of the execution's thread: a clear made
+/// there empties that context only, so a later state in `main` still sees the whole history
+/// while a later state in the named context starts from the clear; each switch is recorded
+/// once, with the step's start. A name that cannot be one is refused with its key.
+#[tokio::test]
+async fn a_state_runs_in_its_named_context_and_a_clear_there_leaves_main_whole() {
+    let (_dir, store) = sqlite().await;
+    let workflow = r#"
+assistants: [{id: a, model: gpt-4o-mini}]
+states:
+  - {id: one, assistant_id: a, task: Task one, next: {state_id: two}}
+  - {id: two, assistant_id: a, task: Task two, thread_context: scratch, next: {state_id: three, clear_prior_messages: true}}
+  - {id: three, assistant_id: a, task: Task three, next: {state_id: four}}
+  - {id: four, assistant_id: a, task: Task four, thread_context: scratch, next: {state_id: end}}
+"#;
+    let provider = script(
+        "[{content: out one}, {content: out two}, {content: out three}, {content: out four}]",
+    );
+    let exec = executor(store.clone(), provider.clone());
+    start(&exec, workflow, "hello").await.unwrap();
+    let sent = provider.requests();
+    assert_eq!(
+        texts(&sent[1].messages),
+        ["hello", "Task one", "out one", "Task two"],
+        "a new context shows the whole history"
+    );
+    assert_eq!(
+        texts(&sent[2].messages),
+        ["hello", "Task one", "out one", "Task three"],
+        "main was not cleared (a clearing step's own exchange never joins the history)"
+    );
+    assert_eq!(
+        texts(&sent[3].messages),
+        ["Task three", "out three", "Task four"],
+        "scratch starts from its clear: what was added since is seen"
+    );
+    let log = events(&store, "run-1").await;
+    let switches: Vec<(String, Option<String>)> = log
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::ContextSwitched { context, op_id } => Some((context.clone(), op_id.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        switches,
+        [
+            (
+                "scratch".to_owned(),
+                Some("run-1/step-2/context".to_owned())
+            ),
+            ("main".to_owned(), Some("run-1/step-3/context".to_owned())),
+            (
+                "scratch".to_owned(),
+                Some("run-1/step-4/context".to_owned())
+            ),
+        ]
+    );
+
+    let bad =
+        "states:\n  - {id: s, transform: {a: 1}, thread_context: '', next: {state_id: end}}\n";
+    let error = start(&exec, bad, "").await.expect_err("refused");
+    assert!(
+        error.to_string().contains(
+            "states[0].thread_context: thread_context \"\" cannot name a context: it is empty"
+        ),
+        "{error}"
+    );
+}

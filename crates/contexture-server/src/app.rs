@@ -414,6 +414,7 @@ fn api_routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
         ("/v1/threads/{id}/events", get(threads::events)),
         ("/v1/threads/{id}/fork", post(threads::fork)),
         ("/v1/threads/{id}/merge", post(threads::merge)),
+        ("/v1/threads/{id}/switch", post(threads::switch)),
         ("/v1/threads/{id}/compact", post(threads::compact)),
         ("/v1/threads/{id}/restore", post(threads::restore)),
         (

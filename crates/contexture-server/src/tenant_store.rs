@@ -5,15 +5,14 @@
 //! each handler remembering to scope.
 
 use axum::http::StatusCode;
+use contexture_core::Message;
 use contexture_core::thread::{Event, MergeSpec, ThreadPolicy};
 use contexture_core::tokens::Encoding;
 use contexture_engine::threads::{
-    Forked, NewThread, ThreadOpError, create_thread, fork_thread, merge_thread, restore_thread,
-    set_thread_policy,
+    Appended, Forked, NewThread, Switched, ThreadOpError, append_messages, create_thread,
+    fork_thread, merge_thread, restore_thread, set_thread_policy, switch_context,
 };
-use contexture_store::{
-    AnyStore, NewEvent, ProjectionTail, RequestRetention, Store, StoreError, ThreadInfo,
-};
+use contexture_store::{AnyStore, ProjectionTail, RequestRetention, Store, StoreError, ThreadInfo};
 
 use crate::active_runs::ActiveRuns;
 use crate::app::AppState;
@@ -128,6 +127,21 @@ impl<'a> TenantStore<'a> {
                 message: format!("before: {}", self.tenant.unscope_text(&error.to_string())),
                 param: Some("before".into()),
             },
+            // A 404 as for a thread that does not exist: the request is well formed, the
+            // context it names is not there.
+            ThreadOpError::UnknownContext(unknown) => ApiError {
+                param: Some("context".into()),
+                message: format!(
+                    "thread `{}` has no context `{}` (its contexts: {}); a switch with `create` starts a new one",
+                    self.unscoped(&unknown.thread),
+                    unknown.context,
+                    unknown.known.join(", ")
+                ),
+                ..ApiError::not_found("context", &unknown.context)
+            },
+            error @ ThreadOpError::ContextName { .. } => {
+                ApiError::invalid("context", format!("context: {error}"))
+            }
             other => ApiError::conflict(self.tenant.unscope_text(&other.to_string())),
         }
     }
@@ -157,14 +171,6 @@ impl<'a> TenantStore<'a> {
         } else {
             Err(ApiError::not_found("thread", id))
         }
-    }
-
-    /// Appends to the tenant's thread `id` (created when missing); the seq of each event.
-    pub(crate) async fn append(&self, id: &str, events: Vec<NewEvent>) -> ApiResult<Vec<u64>> {
-        self.store
-            .append(&self.stored_id(id), events)
-            .await
-            .map_err(|error| self.error(error))
     }
 
     /// Every event of the tenant's thread `id`.
@@ -287,6 +293,33 @@ impl<'a> TenantStore<'a> {
         )
         .await
         .map_err(|error| self.op_error(error))
+    }
+
+    /// Appends `messages` to the tenant's thread `id` (created when missing), in the named
+    /// `context` when one is given (see [`append_messages`]).
+    pub(crate) async fn append_messages(
+        &self,
+        id: &str,
+        messages: Vec<Message>,
+        key: Option<&str>,
+        context: Option<&str>,
+    ) -> ApiResult<Appended> {
+        append_messages(self.store, &self.stored_id(id), messages, key, context)
+            .await
+            .map_err(|error| self.op_error(error))
+    }
+
+    /// Switches the tenant's thread `id` to its context `context` (see [`switch_context`]).
+    pub(crate) async fn switch_context(
+        &self,
+        id: &str,
+        context: &str,
+        op_id: Option<String>,
+        create: bool,
+    ) -> ApiResult<Switched> {
+        switch_context(self.store, &self.stored_id(id), context, op_id, create)
+            .await
+            .map_err(|error| self.op_error(error))
     }
 
     /// Puts back what the replace event `before` of the tenant's thread `id` covered; the

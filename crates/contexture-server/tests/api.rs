@@ -728,3 +728,144 @@ async fn a_threads_messages_are_read_by_whole_units() {
     assert_eq!(status, StatusCode::NOT_FOUND);
     server.shutdown().await;
 }
+
+/// Named contexts through the API: `POST /v1/threads/{id}/switch` makes one active (an
+/// unknown one is a 404 naming `context` unless `create`; a repeated `op_id` has no second
+/// effect), and `?context=` on an append switches to it in the same transaction (a retry with
+/// the same `Idempotency-Key` stores nothing). Bad bodies are 400s naming the field, and
+/// nothing is written by a refused request.
+#[tokio::test]
+async fn named_contexts_are_switched_to_and_appended_in_through_the_api() {
+    use reqwest::Method as M;
+    let (_dir, store) = sqlite().await;
+    let server = TestServer::start(config(None), store).await;
+    let key = server.key("acme").await;
+    let (status, body) = call(
+        M::POST,
+        server.url("/v1/threads"),
+        &key,
+        Some(json!({"id": "t", "messages": [{"role": "user", "content": "hello"}]})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let last_seq = |server: &TestServer, key: &str| {
+        let url = server.url("/v1/threads/t");
+        let key = key.to_owned();
+        async move {
+            let (_, thread) = call(M::GET, url, &key, None).await;
+            (
+                thread["last_seq"].as_u64().unwrap(),
+                thread["context"].clone(),
+            )
+        }
+    };
+    let (base, _) = last_seq(&server, &key).await;
+    let switch = |body: Value| {
+        call(
+            M::POST,
+            server.url("/v1/threads/t/switch"),
+            &key,
+            Some(body),
+        )
+    };
+
+    let (status, error) = switch(json!({"context": "research"})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{error}");
+    assert_eq!(error["error"]["param"], "context");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("thread `t` has no context `research` (its contexts: main)"),
+        "{error}"
+    );
+    assert_eq!(last_seq(&server, &key).await, (base, json!("main")));
+
+    let (status, switched) =
+        switch(json!({"context": "research", "create": true, "op_id": "op-1"})).await;
+    assert_eq!(status, StatusCode::OK, "{switched}");
+    assert_eq!(
+        switched,
+        json!({"seq": base + 1, "context": "research", "queued": false})
+    );
+    assert_eq!(last_seq(&server, &key).await, (base + 1, json!("research")));
+    let (status, _) = switch(json!({"context": "main", "op_id": "op-2"})).await;
+    assert_eq!(status, StatusCode::OK);
+    // The first switch sent again: recorded, but it has no second effect.
+    let (status, _) = switch(json!({"context": "research", "op_id": "op-1"})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(last_seq(&server, &key).await, (base + 3, json!("main")));
+
+    // An append in a context switches to it first, in the same transaction.
+    let append = |query: &str, idempotency: Option<&str>, content: &str| {
+        let mut request = client()
+            .post(server.url(&format!("/v1/threads/t/messages{query}")))
+            .bearer_auth(&key)
+            .json(&json!({"messages": [{"role": "user", "content": content}]}));
+        if let Some(idempotency) = idempotency {
+            request = request.header("Idempotency-Key", idempotency);
+        }
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status();
+            (status, response.json::<Value>().await.unwrap())
+        }
+    };
+    let (status, appended) = append("?context=research", Some("k1"), "a finding").await;
+    assert_eq!(status, StatusCode::OK, "{appended}");
+    assert_eq!(
+        appended,
+        json!({"seqs": [base + 5], "switch_seq": base + 4})
+    );
+    let (status, again) = append("?context=research", Some("k1"), "a finding").await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again["seqs"], json!([base + 5]), "a retry stores nothing");
+    assert_eq!(last_seq(&server, &key).await, (base + 5, json!("research")));
+    // Already active: no switch is recorded.
+    let (_, appended) = append("?context=research", None, "another").await;
+    assert_eq!(appended, json!({"seqs": [base + 6]}));
+
+    // Refused: an unknown context, bad names and bodies; nothing is written.
+    let (status, error) = append("?context=nowhere", None, "lost?").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{error}");
+    assert_eq!(error["error"]["param"], "context");
+    for (body, param, words) in [
+        (json!({"context": ""}), "context", "1 to 200 characters"),
+        (
+            json!({"context": "a\u{1}b"}),
+            "context",
+            "control characters",
+        ),
+        (json!({"context": "a\u{200b}b"}), "context", "invisible"),
+        (json!({"context": 7}), "", "context"),
+        (
+            json!({"context": "main", "op_id": ""}),
+            "op_id",
+            "1 to 200 characters",
+        ),
+        (json!({"context": "main", "create": "yes"}), "", "create"),
+        (json!({"context": "main", "swtich": 1}), "", "swtich"),
+        (json!({}), "", "context"),
+    ] {
+        let (status, error) = switch(body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {error}");
+        let message = error["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(words), "{body}: {error}");
+        if !param.is_empty() {
+            assert_eq!(error["error"]["param"], param, "{body}: {error}");
+        }
+    }
+    let (status, error) = append("?context=%01", None, "lost?").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+    assert_eq!(error["error"]["param"], "context");
+    let (status, _) = call(
+        M::POST,
+        server.url("/v1/threads/none/switch"),
+        &key,
+        Some(json!({"context": "main"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(last_seq(&server, &key).await, (base + 6, json!("research")));
+    server.shutdown().await;
+}

@@ -149,6 +149,12 @@ async fn every_route_keeps_tenants_apart(store: AnyStore) {
             None,
         ),
         (
+            M::POST,
+            "/v1/threads/secret/switch",
+            Some(json!({"context": "main", "create": true})),
+            None,
+        ),
+        (
             M::PUT,
             "/v1/threads/secret/retention",
             Some(json!({"keep_last": 0})),

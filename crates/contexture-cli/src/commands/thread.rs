@@ -20,9 +20,9 @@ use contexture_engine::compaction::{CompactOptions, CompactionOutcome, Compactor
 use contexture_engine::fitting::{FitOverrides, FitSettings, MessageView, thread_messages};
 use contexture_engine::llm::LlmSpec;
 use contexture_engine::threads::{
-    fork_thread, merge_thread, restore_thread, set_thread_policy, switch_context,
+    append_messages, fork_thread, merge_thread, restore_thread, set_thread_policy, switch_context,
 };
-use contexture_store::{AnyStore, NewEvent, RequestRetention, RetentionRules, Store, StoreError};
+use contexture_store::{AnyStore, RequestRetention, RetentionRules, Store, StoreError};
 use serde_json::Value;
 
 use super::input;
@@ -54,6 +54,10 @@ pub enum ThreadCommand {
         /// messages, so a retry through either stores nothing twice).
         #[arg(long)]
         key: Option<String>,
+        /// Append in this named context: it becomes the active one first, in the same
+        /// transaction (it must be one the thread has; `thread switch --create` starts one).
+        #[arg(long)]
+        context: Option<String>,
         /// The JSON file; standard input when absent or `-`.
         file: Option<PathBuf>,
     },
@@ -283,7 +287,12 @@ pub fn run(args: ThreadArgs) -> Result<()> {
 async fn execute(args: ThreadArgs) -> Result<()> {
     let store = args.store.open().await?;
     match args.command {
-        ThreadCommand::Append { thread, key, file } => {
+        ThreadCommand::Append {
+            thread,
+            key,
+            context,
+            file,
+        } => {
             let source = input::describe(file.as_deref());
             let value: Value = input::read_json(file.as_deref())?;
             let messages = match &value {
@@ -295,8 +304,21 @@ async fn execute(args: ThreadArgs) -> Result<()> {
             if messages.is_empty() {
                 bail!("{source}: the array holds no message");
             }
-            let events = NewEvent::messages(messages, key.as_deref());
-            for seq in store.append(&thread, events).await? {
+            let appended = append_messages(
+                &store,
+                &thread,
+                messages,
+                key.as_deref(),
+                context.as_deref(),
+            )
+            .await
+            .with_context(|| match &context {
+                Some(context) => {
+                    format!("cannot append to thread {thread} in context {context}")
+                }
+                None => format!("cannot append to thread {thread}"),
+            })?;
+            for seq in appended.seqs {
                 println!("{seq}");
             }
         }
@@ -466,10 +488,15 @@ async fn execute(args: ThreadArgs) -> Result<()> {
             op_id,
             create,
         } => {
-            let seq = switch_context(&store, &thread, &context, op_id, create)
+            let switched = switch_context(&store, &thread, &context, op_id, create)
                 .await
                 .with_context(|| format!("cannot switch thread {thread} to context {context}"))?;
-            println!("{seq}");
+            if switched.queued {
+                eprintln!(
+                    "a request is in flight on thread {thread}: the switch to {context} applies when it ends"
+                );
+            }
+            println!("{}", switched.seq);
         }
         ThreadCommand::Policy { thread, set, clear } => {
             let policy = match &set {

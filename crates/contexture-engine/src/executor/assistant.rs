@@ -259,15 +259,18 @@ impl<S: Store> Executor<S> {
                             .map(|message| EventKind::MessageAppended { message })
                             .collect(),
                         HistoryChange::Replace(replacement) => {
-                            vec![EventKind::ContextReplaced(ContextReplace::new(
-                                format!(
-                                    "{}/step-{}/call-{}/hook-{index}",
-                                    run.id, call.step.step, call.round
-                                ),
-                                ReplaceReason::Manual,
-                                run.log.thread().last_seq(),
-                                replacement,
-                            ))]
+                            vec![EventKind::ContextReplaced(
+                                ContextReplace::new(
+                                    format!(
+                                        "{}/step-{}/call-{}/hook-{index}",
+                                        run.id, call.step.step, call.round
+                                    ),
+                                    ReplaceReason::Manual,
+                                    run.log.thread().last_seq(),
+                                    replacement,
+                                )
+                                .in_context(run.log.thread().active_context()),
+                            )]
                         }
                     };
                     self.append(run, events).await?;

@@ -9,7 +9,9 @@ use contexture_core::context::Path;
 use contexture_core::context::args::resolve_args;
 use contexture_core::context::iter::plan_items;
 use contexture_core::context::{ContextStore, MergePolicy, RenderIsolation, RenderOptions};
-use contexture_core::thread::{EventKind, RunEnd, RunStatus, StepEnd, StepFailure, StepStart};
+use contexture_core::thread::{
+    DEFAULT_CONTEXT, EventKind, RunEnd, RunStatus, StepEnd, StepFailure, StepStart,
+};
 use serde_json::{Map, Value};
 
 use super::error::{ExecError, StepError};
@@ -336,21 +338,28 @@ impl<S: Store> Executor<S> {
             ),
             Err(_) => (None, None, None),
         };
-        self.append(
-            run,
-            vec![EventKind::StepStarted(StepStart {
-                step,
-                state_id: state_id.clone(),
-                item: current.info.item,
-                task: task.clone(),
-                arguments: match &child {
-                    Some(child) => Some(child.input_value.clone()),
-                    None => arguments.clone().map(Value::Object),
-                },
-                child_execution_id: child.as_ref().map(|c| c.id.clone()),
-            })],
-        )
-        .await?;
+        // The state's named context becomes the active one with the step's start (no
+        // request is in flight between steps, so it applies at once).
+        let context = state.thread_context.as_deref().unwrap_or(DEFAULT_CONTEXT);
+        let mut started = Vec::with_capacity(2);
+        if run.log.thread().active_context() != context {
+            started.push(EventKind::ContextSwitched {
+                context: context.to_owned(),
+                op_id: Some(format!("{}/step-{step}/context", run.id)),
+            });
+        }
+        started.push(EventKind::StepStarted(StepStart {
+            step,
+            state_id: state_id.clone(),
+            item: current.info.item,
+            task: task.clone(),
+            arguments: match &child {
+                Some(child) => Some(child.input_value.clone()),
+                None => arguments.clone().map(Value::Object),
+            },
+            child_execution_id: child.as_ref().map(|c| c.id.clone()),
+        }));
+        self.append(run, started).await?;
 
         let result = match prepared {
             Err(error) => Err(Abort::Step(error)),
@@ -407,6 +416,7 @@ impl<S: Store> Executor<S> {
                 state_id: ran.info.state_id.clone(),
             })?;
         let history = run.log.thread().projection().messages;
+        let context = run.log.thread().active_context().to_owned();
         let step = ran.info.step;
         let at = Finishing {
             execution_id: &run.id,
@@ -417,6 +427,7 @@ impl<S: Store> Executor<S> {
             store: &ran.store,
             history: &history,
             last_seq: run.log.thread().last_seq(),
+            context: &context,
             isolation: ran.isolation.as_deref(),
         };
         let events = match work {

@@ -36,6 +36,8 @@ pub(crate) struct Finishing<'a> {
     pub history: &'a [Message],
     /// The log's last seq before the step's events.
     pub last_seq: u64,
+    /// The named context the step ran in: a clear applies to it.
+    pub context: &'a str,
     /// Where the transition's expressions run, for a workflow a client sent.
     pub isolation: Option<&'a dyn RenderIsolation>,
 }
@@ -75,11 +77,14 @@ pub(crate) fn finish(
 
     let mut events = Vec::new();
     if flags.clear_prior_messages {
-        events.push(EventKind::ContextReplaced(ContextReplace::clear(
-            format!("{}/step-{}/clear", at.execution_id, at.step),
-            at.last_seq,
-            at.history,
-        )));
+        events.push(EventKind::ContextReplaced(
+            ContextReplace::clear(
+                format!("{}/step-{}/clear", at.execution_id, at.step),
+                at.last_seq,
+                at.history,
+            )
+            .in_context(at.context),
+        ));
     }
     if flags.output_in_history() {
         for exchange in exchanges {

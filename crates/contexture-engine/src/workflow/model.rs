@@ -202,6 +202,12 @@ pub struct State {
     /// workflow's history (default false: the result is only stored).
     #[serde(default)]
     pub history_summary: bool,
+    /// The named context of the execution's thread the state runs in (default `main`):
+    /// its requests see that context's history, a clear or compaction it makes applies to
+    /// that context only, and what it adds to the history is seen by every context. The
+    /// switch is recorded with the step's start whenever the active context is another.
+    #[serde(default)]
+    pub thread_context: Option<String>,
     /// The task: a template over the context store.
     #[serde(default)]
     pub task: Option<PromptText>,

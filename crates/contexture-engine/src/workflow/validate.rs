@@ -7,6 +7,7 @@ use contexture_core::Message;
 use contexture_core::context::TemplateFormat;
 use contexture_core::context::template::check_syntax;
 use contexture_core::registry::Registry;
+use contexture_core::thread::context_name_problem;
 use serde_json::Value;
 
 use super::{Assistant, END, MAX_ITEM_CONCURRENCY, PromptText, Workflow};
@@ -336,6 +337,14 @@ fn states(workflow: &Workflow, problems: &mut Problems) {
             problems.push((
                 format!("{base}.id"),
                 format!("`{END}` is reserved: it ends the workflow"),
+            ));
+        }
+        if let Some(context) = &state.thread_context
+            && let Some(problem) = context_name_problem(context)
+        {
+            problems.push((
+                format!("{base}.thread_context"),
+                format!("thread_context {context:?} cannot name a context: {problem}"),
             ));
         }
         let kinds = [

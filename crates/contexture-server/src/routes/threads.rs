@@ -10,13 +10,13 @@ use axum::response::{IntoResponse, Response};
 use contexture_core::budget::BudgetBreakdown;
 use contexture_core::format::openai;
 use contexture_core::thread::{
-    ConflictPolicy, FitRecord, MergeKeys, MergePolicy, MergeSpec, ThreadPolicy,
+    ConflictPolicy, FitRecord, MergeKeys, MergePolicy, MergeSpec, ThreadPolicy, UnknownContext,
 };
 use contexture_core::tokens::Encoding;
 use contexture_engine::compaction::{CompactOptions, compact_stored};
 use contexture_engine::executor::ExecError;
 use contexture_engine::threads::NewThread;
-use contexture_store::{NewEvent, RequestRetention};
+use contexture_store::RequestRetention;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -43,6 +43,20 @@ pub(crate) fn parse_messages(
         let text = text.replacen("messages", param, 1);
         ApiError::invalid(param, text)
     })
+}
+
+/// A 404 naming `context`, as for a thread that does not exist: the request is well formed,
+/// the context it names is not there.
+fn unknown_context(id: &str, unknown: &UnknownContext) -> ApiError {
+    ApiError {
+        param: Some("context".into()),
+        message: format!(
+            "thread `{id}` has no context `{}` (its contexts: {})",
+            unknown.context,
+            unknown.known.join(", ")
+        ),
+        ..ApiError::not_found("context", &unknown.context)
+    }
 }
 
 fn id_param(what: &str, id: &str) -> ApiResult<()> {
@@ -181,6 +195,7 @@ pub async fn show(
         "policy": policy["policy"],
         "applied_policy": policy["applied_policy"],
         "last_seq": thread.last_seq,
+        "context": projection.context,
         "messages": projection.messages.len()
             + thread.unread
             + usize::from(projection.system.is_some()),
@@ -296,14 +311,26 @@ pub struct AppendMessages {
     messages: Value,
 }
 
+/// `POST /v1/threads/{id}/messages` query.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppendQuery {
+    /// Append in this named context: it becomes the active one first, in the same
+    /// transaction.
+    context: Option<String>,
+}
+
 /// `POST /v1/threads/{id}/messages`: appends in one transaction and returns each seq. With
 /// `Idempotency-Key: K`, message i carries key `K:i`, so a retried request stores nothing
-/// and returns the seqs of the first. Creates the thread when it does not exist.
+/// and returns the seqs of the first. Creates the thread when it does not exist. With
+/// `?context=NAME`, the messages go to that context (one the thread has): a switch to it,
+/// unless it is active already, is recorded first in the same transaction.
 pub async fn append(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     headers: HeaderMap,
+    QueryParams(query): QueryParams<AppendQuery>,
     JsonBody(body): JsonBody<AppendMessages>,
 ) -> ApiResult<Json<Value>> {
     let threads = state.tenant_store(&caller.tenant);
@@ -316,10 +343,64 @@ pub async fn append(
             "messages: the array is empty",
         ));
     }
+    if let Some(context) = &query.context {
+        check_context_param(context)?;
+    }
     let key = crate::body::idempotency_key(&headers)?;
-    let events = NewEvent::messages(messages, key.as_deref());
-    let seqs = threads.append(&id, events).await?;
-    Ok(Json(json!({ "seqs": seqs })))
+    let appended = threads
+        .append_messages(&id, messages, key.as_deref(), query.context.as_deref())
+        .await?;
+    let mut answer = json!({ "seqs": appended.seqs });
+    if let Some(seq) = appended.switch_seq {
+        answer["switch_seq"] = json!(seq);
+    }
+    Ok(Json(answer))
+}
+
+/// `POST /v1/threads/{id}/switch` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchContext {
+    /// The context to make active.
+    context: String,
+    /// An id for this operation: recorded again with the same id (a retry), it has no
+    /// second effect.
+    op_id: Option<String>,
+    /// Start the context when the thread does not have it (default false: an unknown
+    /// context is refused).
+    #[serde(default)]
+    create: bool,
+}
+
+/// `POST /v1/threads/{id}/switch`: makes a named context the active one, as one
+/// `context_switched` event (queued while a request is in flight, applied when it ends);
+/// returns its seq and whether it waits.
+pub async fn switch(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<SwitchContext>,
+) -> ApiResult<Json<Value>> {
+    let threads = state.tenant_store(&caller.tenant);
+    id_param("a thread id", &id)?;
+    check_context_param(&body.context)?;
+    if let Some(op_id) = &body.op_id {
+        check_id("an op_id", op_id).map_err(|problem| ApiError::invalid("op_id", problem))?;
+    }
+    threads.refuse_writes(&id)?;
+    let switched = threads
+        .switch_context(&id, &body.context, body.op_id, body.create)
+        .await?;
+    Ok(Json(json!({
+        "seq": switched.seq,
+        "context": body.context,
+        "queued": switched.queued,
+    })))
+}
+
+/// A context name from a request: 400 naming `context` when it cannot be one.
+fn check_context_param(context: &str) -> ApiResult<()> {
+    check_id("a context name", context).map_err(|problem| ApiError::invalid("context", problem))
 }
 
 /// `GET /v1/threads/{id}/context` query.
@@ -418,8 +499,7 @@ pub async fn messages(
         return Err(ApiError::invalid("limit", "limit must be 1 to 100000"));
     }
     if let Some(context) = &query.context {
-        check_id("a context name", context)
-            .map_err(|problem| ApiError::invalid("context", problem))?;
+        check_context_param(context)?;
     }
     let view = MessageView {
         context: query.context.clone(),
@@ -431,15 +511,8 @@ pub async fn messages(
         Err(ThreadReadError::Thread(error)) => return Err(thread_fit_error(&threads, error)),
         // A 404, as for a thread that does not exist: the request is well formed, the
         // context it names is not there.
-        Err(ThreadReadError::UnknownContext { context, known, .. }) => {
-            return Err(ApiError {
-                param: Some("context".into()),
-                message: format!(
-                    "thread `{id}` has no context `{context}` (its contexts: {})",
-                    known.join(", ")
-                ),
-                ..ApiError::not_found("context", &context)
-            });
+        Err(ThreadReadError::UnknownContext(unknown)) => {
+            return Err(unknown_context(&id, &unknown));
         }
     };
     Ok(Json(MessagesAnswer {
