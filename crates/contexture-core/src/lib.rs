@@ -7,6 +7,7 @@
 //! by the caller, so every function here is deterministic and testable without mocks.
 
 pub mod budget;
+pub mod calibration;
 pub mod compact;
 pub mod context;
 pub mod fit;

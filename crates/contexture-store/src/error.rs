@@ -83,6 +83,14 @@ pub enum StoreError {
         /// What is wrong.
         detail: String,
     },
+    /// A stored calibration of token estimates cannot be read back.
+    #[error("the calibration of model `{model}` is unreadable: {detail}")]
+    CorruptCalibration {
+        /// The model family.
+        model: String,
+        /// What is wrong.
+        detail: String,
+    },
     /// The stored events do not replay into a thread.
     #[error("thread `{thread}` does not replay: {source}")]
     Replay {

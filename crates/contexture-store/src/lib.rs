@@ -28,6 +28,7 @@
 #![cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 
 mod api_keys;
+mod calibration;
 mod error;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -45,6 +46,7 @@ mod url;
 use std::future::Future;
 use std::time::SystemTime;
 
+use contexture_core::calibration::{Calibration, Observation};
 use contexture_core::thread::{Event, EventKind, Projection, Thread};
 use contexture_core::tokens::Encoding;
 
@@ -304,6 +306,21 @@ pub trait Store: Send + Sync {
             }
         }
     }
+
+    /// The calibration of token estimates for the model family `model` (the registry entry
+    /// an estimated model matched), if any call to it was observed.
+    fn calibration(
+        &self,
+        model: &str,
+    ) -> impl Future<Output = Result<Option<Calibration>, StoreError>> + Send;
+
+    /// Takes one call's observation into `model`'s calibration, in one transaction
+    /// (concurrent writers each add theirs), and returns the calibration as it now is.
+    fn observe_calibration(
+        &self,
+        model: &str,
+        observation: Observation,
+    ) -> impl Future<Output = Result<Calibration, StoreError>> + Send;
 
     /// A cheap health check: one `SELECT 1` round trip through the store's connections (for
     /// a readiness probe). It waits as long as getting a connection does: callers that must

@@ -14,11 +14,13 @@ mod retention;
 
 use std::time::SystemTime;
 
+use contexture_core::calibration::{Calibration, Observation};
 use contexture_core::thread::{Event, EventKind, Projection};
 use contexture_core::tokens::Encoding;
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::{IsolationLevel, NoTls};
 
+use crate::calibration;
 use crate::error::Action;
 use crate::record::{self, Row, ThreadLimits, db_bytes, db_seq, seq_of};
 use crate::request_refs::REQUEST_STARTED;
@@ -50,6 +52,10 @@ const MIGRATIONS: &[(u32, &str)] = &[
     ),
     (7, include_str!("../migrations/postgres/0007_key_index.sql")),
     (8, include_str!("../migrations/postgres/0008_retention.sql")),
+    (
+        9,
+        include_str!("../migrations/postgres/0009_calibrations.sql"),
+    ),
 ];
 
 /// Connections in the pool.
@@ -947,6 +953,62 @@ impl Store for PgStore {
             .collect();
         tx.commit().await.doing("commit pruning")?;
         Ok(report)
+    }
+
+    async fn calibration(&self, model: &str) -> Result<Option<Calibration>, StoreError> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_opt(
+                "SELECT calibration FROM model_calibrations WHERE model = $1",
+                &[&model],
+            )
+            .await
+            .doing("read a calibration")?;
+        row.map(|row| calibration::from_stored(model, row.get(0)))
+            .transpose()
+    }
+
+    async fn observe_calibration(
+        &self,
+        model: &str,
+        observation: Observation,
+    ) -> Result<Calibration, StoreError> {
+        let now = epoch_ms(SystemTime::now());
+        let mut client = self.pool.get().await?;
+        let tx = client
+            .transaction()
+            .await
+            .doing("begin a calibration update")?;
+        // The row exists (empty) before it is locked, so two first observations of a model
+        // serialize on it like any later ones.
+        tx.execute(
+            "INSERT INTO model_calibrations (model, calibration, updated_at)
+             VALUES ($1, $2, $3) ON CONFLICT (model) DO NOTHING",
+            &[
+                &model,
+                &calibration::to_stored(&Calibration::default()),
+                &now,
+            ],
+        )
+        .await
+        .doing("create a calibration")?;
+        let row = tx
+            .query_one(
+                "SELECT calibration FROM model_calibrations WHERE model = $1 FOR UPDATE",
+                &[&model],
+            )
+            .await
+            .doing("lock a calibration")?;
+        let mut current = calibration::from_stored(model, row.get(0))?;
+        current.observe(observation);
+        tx.execute(
+            "UPDATE model_calibrations SET calibration = $2, updated_at = $3 WHERE model = $1",
+            &[&model, &calibration::to_stored(&current), &now],
+        )
+        .await
+        .doing("store a calibration")?;
+        tx.commit().await.doing("commit a calibration")?;
+        Ok(current)
     }
 
     async fn set_retention(

@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
+use contexture_core::calibration::{Calibration, Observation};
 use contexture_core::thread::{Event, Projection};
 use contexture_core::tokens::Encoding;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
@@ -26,6 +27,7 @@ use self::checkpointer::Checkpointer;
 use self::projection_cache::ProjectionCache;
 use self::writer::Writer;
 
+use crate::calibration;
 use crate::error::Action;
 use crate::record::{self, Row, ThreadLimits, db_bytes, db_seq, seq_of};
 use crate::request_refs::REQUEST_STARTED;
@@ -61,6 +63,10 @@ const MIGRATIONS: &[(u32, &str)] = &[
         include_str!("../migrations/sqlite/0008_events_by_rowid.sql"),
     ),
     (9, include_str!("../migrations/sqlite/0009_retention.sql")),
+    (
+        10,
+        include_str!("../migrations/sqlite/0010_calibrations.sql"),
+    ),
 ];
 
 /// `PRAGMA auto_vacuum`'s value for incremental vacuum.
@@ -1068,6 +1074,56 @@ impl Store for SqliteStore {
         let report = self.write(move |conn| prune_idle(conn, cutoff)).await?;
         self.reclaim().await?;
         Ok(report)
+    }
+
+    async fn calibration(&self, model: &str) -> Result<Option<Calibration>, StoreError> {
+        let model = model.to_string();
+        self.read(move |conn| {
+            let text: Option<String> = conn
+                .prepare_cached("SELECT calibration FROM model_calibrations WHERE model = ?1")
+                .doing("prepare the calibration query")?
+                .query_row(params![model], |row| row.get(0))
+                .optional()
+                .doing("read a calibration")?;
+            text.map(|text| calibration::from_stored(&model, &text))
+                .transpose()
+        })
+        .await
+    }
+
+    async fn observe_calibration(
+        &self,
+        model: &str,
+        observation: Observation,
+    ) -> Result<Calibration, StoreError> {
+        let model = model.to_string();
+        let now = epoch_ms(SystemTime::now());
+        // The writer runs one transaction at a time: the read, the fold and the write below
+        // see no other writer in between.
+        self.write(move |tx| {
+            let text: Option<String> = tx
+                .prepare_cached("SELECT calibration FROM model_calibrations WHERE model = ?1")
+                .doing("prepare the calibration query")?
+                .query_row(params![model], |row| row.get(0))
+                .optional()
+                .doing("read a calibration")?;
+            let mut current = match text {
+                Some(text) => calibration::from_stored(&model, &text)?,
+                None => Calibration::default(),
+            };
+            current.observe(observation);
+            tx.prepare_cached(
+                "INSERT INTO model_calibrations (model, calibration, updated_at)
+                 VALUES (?1, ?2, ?3)
+                 ON CONFLICT (model) DO UPDATE
+                 SET calibration = excluded.calibration, updated_at = excluded.updated_at",
+            )
+            .doing("prepare the calibration write")?
+            .execute(params![model, calibration::to_stored(&current), now])
+            .doing("store a calibration")?;
+            Ok(current)
+        })
+        .await
     }
 
     async fn set_retention(

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::SystemTime;
 
+use contexture_core::calibration::{Calibration, Observation};
 use contexture_core::thread::{Event, Projection};
 use contexture_core::tokens::Encoding;
 
@@ -188,6 +189,18 @@ impl Store for AnyStore {
         now: SystemTime,
     ) -> Result<RequestsPruned, StoreError> {
         on_backend!(self, store => store.prune_thread_requests(thread, retention, now).await)
+    }
+
+    async fn calibration(&self, model: &str) -> Result<Option<Calibration>, StoreError> {
+        on_backend!(self, store => store.calibration(model).await)
+    }
+
+    async fn observe_calibration(
+        &self,
+        model: &str,
+        observation: Observation,
+    ) -> Result<Calibration, StoreError> {
+        on_backend!(self, store => store.observe_calibration(model, observation).await)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime};
 
 use common::Harness;
+use contexture_core::calibration::Observation;
 use contexture_core::fit::FitPolicy;
 use contexture_core::thread::{
     CompactionFailure, ConflictPolicy, ContextReplace, Event, EventKind, MergePolicy, MergeSpec,
@@ -1164,6 +1165,65 @@ async fn any_store_delegates_api_keys_and_ping(h: &impl Harness) {
     assert_eq!(any.api_key_by_hash("hash-1").await.unwrap(), None);
 }
 
+/// A model family's calibration: absent until observed; each observation taken in once,
+/// whoever writes concurrently; bounded by the window; kept across a reopen; the same
+/// through `AnyStore`.
+async fn calibrations_take_every_observation_once_and_stay_bounded(h: &impl Harness) {
+    let s = h.store();
+    assert_eq!(s.calibration("claude-").await.unwrap(), None);
+    let seen = |estimated: u64, reported: u64| Observation {
+        estimated,
+        reported,
+    };
+    s.observe_calibration("claude-", seen(1000, 1100))
+        .await
+        .unwrap();
+    s.observe_calibration("claude-", seen(1000, 1200))
+        .await
+        .unwrap();
+    let now = s
+        .observe_calibration("claude-", seen(2000, 2100))
+        .await
+        .unwrap();
+    assert_eq!(now.factor(), Some(1.2));
+    assert_eq!(s.calibration("claude-").await.unwrap(), Some(now.clone()));
+    // Ignored and refused ones change what the row counts, never what it keeps.
+    let after = s
+        .observe_calibration("claude-", seen(1000, 9000))
+        .await
+        .unwrap();
+    assert_eq!(after.observations, now.observations);
+    assert_eq!(after.outliers, 1);
+    assert_eq!(h.any().calibration("claude-").await.unwrap(), Some(after));
+    assert_eq!(s.calibration("gemini-").await.unwrap(), None, "per family");
+
+    const WRITERS: u64 = 8;
+    const EACH: u64 = 20;
+    let mut tasks = Vec::new();
+    for writer in 0..WRITERS {
+        let store = h.store().clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..EACH {
+                store
+                    .observe_calibration("gemini-", seen(1000, 1000 + writer * 10 + i))
+                    .await
+                    .expect("observe");
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("writer task");
+    }
+    let gemini = s.calibration("gemini-").await.unwrap().unwrap();
+    assert_eq!(gemini.kept, WRITERS * EACH, "no observation is lost");
+    assert_eq!(
+        gemini.observations.len(),
+        contexture_core::calibration::WINDOW
+    );
+    let again = h.reopen().await;
+    assert_eq!(again.calibration("gemini-").await.unwrap(), Some(gemini));
+}
+
 /// Event bodies as an older build stored them.
 const OLD_ONE: &str = r#"{"role":"user","content":"1"}"#;
 const OLD_TWO: &str = r#"{"role":"user","content":"2"}"#;
@@ -1926,6 +1986,7 @@ conformance!(
     pruning_follows_each_threads_policy_then_the_rules,
     pruning_keeps_what_a_fork_still_sends,
     pruning_while_requests_are_appended_leaves_every_record_readable,
+    calibrations_take_every_observation_once_and_stay_bounded,
     ],
     before_api_keys: [api_key_migration_applies_to_an_older_database],
 );
