@@ -177,3 +177,74 @@ fn bad_input_fails_with_a_located_message() {
         assert!(error.contains(expected), "{args:?}: {error}");
     }
 }
+
+/// `models show` of a model whose tokens are estimated shows what its family's calibration
+/// learnt from reported usage, read from `--db` (the counter shown is the calibrated one);
+/// without a store it shows that nothing was read. A store that cannot be opened is named.
+#[test]
+fn models_show_gives_the_calibration_of_an_estimated_model() {
+    use contexture_core::calibration::Observation;
+    use contexture_store::Store;
+    let dir = TempDir::new("contexture-models-calibration");
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let store = contexture_store::SqliteStore::open(dir.join("runs.db"))
+            .await
+            .expect("open the store");
+        for reported in [1100, 1200, 1150] {
+            store
+                .observe_calibration(
+                    "claude-sonnet-4-5",
+                    Observation {
+                        estimated: 1000,
+                        reported,
+                    },
+                )
+                .await
+                .expect("observe");
+        }
+    });
+    let db = format!("sqlite:{}", dir.join("runs.db").display());
+    let shown: serde_json::Value = serde_json::from_str(
+        &contexture(["models", "show", "claude-sonnet-4-5", "--db", &db])
+            .run()
+            .expect_success(),
+    )
+    .unwrap();
+    assert_eq!(shown["counter"]["ratio"], 1.2);
+    assert_eq!(shown["counter"]["calibration"], 1.2);
+    assert_eq!(shown["estimate_calibration"]["factor"], 1.2);
+    assert_eq!(shown["estimate_calibration"]["kept"], 3);
+    assert_eq!(shown["estimate_calibration"]["family"], "claude-sonnet-4-5");
+
+    let unread: serde_json::Value = serde_json::from_str(
+        &contexture(["models", "show", "claude-sonnet-4-5"])
+            .current_dir(dir.join("."))
+            .run()
+            .expect_success(),
+    )
+    .unwrap();
+    assert_eq!(
+        unread["estimate_calibration"]["factor"],
+        serde_json::Value::Null
+    );
+    assert_eq!(
+        unread["estimate_calibration"]["store"],
+        serde_json::Value::Null
+    );
+    assert!(unread["counter"].get("calibration").is_none());
+
+    let error = contexture([
+        "models",
+        "show",
+        "claude-sonnet-4-5",
+        "--db",
+        "postgres://nobody@127.0.0.1:1/none",
+    ])
+    .run()
+    .expect_failure();
+    assert!(
+        error.contains("cannot open the store postgres://"),
+        "{error}"
+    );
+}

@@ -125,13 +125,21 @@ impl Calibration {
         Some(largest.clamp(FACTOR_BOUNDS.0, FACTOR_BOUNDS.1))
     }
 
-    /// `counter` corrected by the factor: an estimate's ratio scaled, an exact count as it
-    /// is (there is nothing to learn).
+    /// `counter` corrected by the factor (in place of any earlier correction): an
+    /// estimate's rounded count is scaled by it and rounded up again, so a request measured
+    /// with it is at least the factor times its uncalibrated estimate; an exact count is left
+    /// as it is (there is nothing to learn).
     pub fn apply(&self, counter: TokenCounter) -> TokenCounter {
         match (counter, self.factor()) {
-            (TokenCounter::Estimate { encoding, ratio }, Some(factor)) => TokenCounter::Estimate {
+            (
+                TokenCounter::Estimate {
+                    encoding, ratio, ..
+                },
+                Some(factor),
+            ) => TokenCounter::Estimate {
                 encoding,
-                ratio: ratio * factor,
+                ratio,
+                calibration: Some(factor),
             },
             _ => counter,
         }
@@ -162,12 +170,14 @@ mod tests {
         let counter = TokenCounter::Estimate {
             encoding: Encoding::Cl100kBase,
             ratio: 1.25,
+            calibration: None,
         };
         assert_eq!(
             calibration.apply(counter),
             TokenCounter::Estimate {
                 encoding: Encoding::Cl100kBase,
-                ratio: 1.25 * 1.2
+                ratio: 1.25,
+                calibration: Some(1.2),
             }
         );
         let exact = TokenCounter::exact(Encoding::O200kBase);

@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::calibration::Calibration;
 use crate::fit::{Rules, SystemRole};
 use crate::tokens::{Encoding, TokenCounter};
 
@@ -131,6 +132,24 @@ impl ModelInfo {
         }
     }
 
+    /// The key this model's estimates are calibrated under: the registry entry it matched
+    /// (`default` for the default entry), as the estimate ratio belongs to the entry; `None`
+    /// when its tokens are counted exactly.
+    pub fn calibration_key(&self) -> Option<&str> {
+        if self.counter.is_exact() {
+            return None;
+        }
+        Some(self.matched.as_deref().unwrap_or("default"))
+    }
+
+    /// This model with `calibration` applied to its estimate (see
+    /// [`crate::calibration`]); as it is when counted exactly or when the calibration has no
+    /// factor yet.
+    pub fn calibrated(mut self, calibration: &Calibration) -> ModelInfo {
+        self.counter = calibration.apply(self.counter);
+        self
+    }
+
     /// This model with `changes` applied.
     pub fn with_override(mut self, changes: &ModelOverride) -> ModelInfo {
         if let Some(window) = changes.context_window {
@@ -202,7 +221,11 @@ impl Entry {
 
 fn counter_for(encoding: Encoding, ratio: Option<f64>) -> TokenCounter {
     match ratio {
-        Some(ratio) if ratio != 1.0 => TokenCounter::Estimate { encoding, ratio },
+        Some(ratio) if ratio != 1.0 => TokenCounter::Estimate {
+            encoding,
+            ratio,
+            calibration: None,
+        },
         _ => TokenCounter::Exact { encoding },
     }
 }
@@ -534,7 +557,8 @@ mod tests {
             info.counter,
             TokenCounter::Estimate {
                 encoding: Encoding::O200kBase,
-                ratio: 1.5
+                ratio: 1.5,
+                calibration: None,
             }
         );
     }

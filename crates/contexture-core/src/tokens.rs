@@ -178,13 +178,19 @@ pub enum TokenCounter {
         encoding: Encoding,
     },
     /// An estimate for a model whose tokenizer is not shipped: the exact count under
-    /// `encoding`, multiplied by `ratio` and rounded up.
+    /// `encoding`, multiplied by `ratio` and rounded up; then, once its family has been
+    /// calibrated from reported usage, multiplied by `calibration` and rounded up again (so a
+    /// calibrated count is never below the calibration times the uncalibrated one).
     Estimate {
         /// The encoding whose counts are scaled.
         encoding: Encoding,
         /// The scale factor (for example 1.15 when the model's tokenizer produces about 15%
         /// more tokens than `encoding` on typical text).
         ratio: f64,
+        /// The correction learnt from what providers reported (see
+        /// [`crate::calibration`]); `None` until there is one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        calibration: Option<f64>,
     },
 }
 
@@ -207,11 +213,45 @@ impl TokenCounter {
         matches!(self, TokenCounter::Exact { .. })
     }
 
+    /// How many of this counter's tokens one token of its encoding comes to, on average:
+    /// 1 when exact, else the ratio times the calibration.
+    pub fn effective_ratio(&self) -> f64 {
+        match *self {
+            TokenCounter::Exact { .. } => 1.0,
+            TokenCounter::Estimate {
+                ratio, calibration, ..
+            } => ratio * calibration.unwrap_or(1.0),
+        }
+    }
+
+    /// This counter without the calibration learnt from reported usage: what an observation
+    /// is measured against.
+    pub fn uncalibrated(self) -> TokenCounter {
+        match self {
+            TokenCounter::Estimate {
+                encoding, ratio, ..
+            } => TokenCounter::Estimate {
+                encoding,
+                ratio,
+                calibration: None,
+            },
+            exact => exact,
+        }
+    }
+
     /// Converts an exact count under [`TokenCounter::encoding`] into this counter's count.
     pub fn scale(&self, base: u32) -> u32 {
         match *self {
             TokenCounter::Exact { .. } => base,
-            TokenCounter::Estimate { ratio, .. } => (f64::from(base) * ratio).ceil() as u32,
+            TokenCounter::Estimate {
+                ratio, calibration, ..
+            } => {
+                let estimate = (f64::from(base) * ratio).ceil();
+                match calibration {
+                    Some(factor) => (estimate * factor).ceil() as u32,
+                    None => estimate as u32,
+                }
+            }
         }
     }
 
@@ -502,8 +542,18 @@ mod tests {
         let counter = TokenCounter::Estimate {
             encoding: Encoding::Cl100kBase,
             ratio: 1.5,
+            calibration: None,
         };
         assert_eq!(counter.count_text("hello world"), 3);
+        // A calibration scales the rounded estimate and rounds up again.
+        let calibrated = TokenCounter::Estimate {
+            encoding: Encoding::Cl100kBase,
+            ratio: 1.5,
+            calibration: Some(1.1),
+        };
+        assert_eq!(calibrated.count_text("hello world"), 4);
+        assert_eq!(calibrated.uncalibrated(), counter);
+        assert!((calibrated.effective_ratio() - 1.65).abs() < 1e-12);
     }
 
     #[test]

@@ -395,6 +395,11 @@ impl<S: Store> ChatTurn<'_, S> {
             answer_key: self.key.map(answer_key),
             model: self.settings.model.clone(),
             input_tokens: prepared.fitted.breakdown.used,
+            estimated: crate::estimates::uncalibrated_estimate(
+                &self.settings.model,
+                &prepared.fitted.messages,
+                &self.tools,
+            ),
         }
     }
 }
@@ -424,6 +429,8 @@ pub struct TurnRecorder<S> {
     answer_key: Option<String>,
     model: ModelInfo,
     input_tokens: u32,
+    /// The request under the model's uncalibrated estimate, for its calibration.
+    estimated: u64,
 }
 
 impl<S: Store> TurnRecorder<S> {
@@ -432,6 +439,7 @@ impl<S: Store> TurnRecorder<S> {
     /// transaction.
     pub async fn answered(&self, answer: Answer) -> Result<(), StoreError> {
         let usage = answer.usage;
+        crate::estimates::observe(&self.store, &self.model, self.estimated, usage).await?;
         let mut end = answered_end(
             &self.request_id,
             &answer.message,

@@ -8,7 +8,6 @@
 //! model, its budget policy, the strategy; the rules follow from the model), and reads a
 //! stored thread for it: only its tail when the strategy keeps the newest history.
 
-use contexture_core::TokenCounter;
 use contexture_core::budget::{BudgetBreakdown, BudgetError, BudgetPolicy, Limits};
 use contexture_core::fit::units::last_units_start;
 use contexture_core::fit::{
@@ -436,11 +435,11 @@ impl FitSettings {
             .limits(&self.model)
             .map_or(window, |limits| u64::from(limits.limit));
         let needed = window.max(limit);
-        match self.model.counter {
-            TokenCounter::Estimate { ratio, .. } if ratio < 1.0 && ratio > 0.0 => {
-                (needed as f64 / ratio).ceil() as u64
-            }
-            _ => needed,
+        let ratio = self.model.counter.effective_ratio();
+        if ratio < 1.0 && ratio > 0.0 {
+            (needed as f64 / ratio).ceil() as u64
+        } else {
+            needed
         }
     }
 

@@ -22,6 +22,7 @@ mod calls;
 pub mod chat;
 pub mod compaction;
 pub mod conversation;
+pub mod estimates;
 pub mod executor;
 pub mod fitting;
 pub mod hooks;

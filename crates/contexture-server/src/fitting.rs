@@ -2,16 +2,18 @@
 //! overrides, turned into the engine's [`FitSettings`]; fitting itself is the engine's.
 
 use contexture_core::fit::Strategy;
+use contexture_engine::estimates::calibrated;
 use contexture_engine::fitting::{FitError, FitOverrides, FitSettings, FittedRequest};
 
 use crate::app::AppState;
 use crate::error::ApiError;
 
-/// The settings for `model` (as the request's `model` field names it) under the server's
-/// default policy, with the request's overrides of the strategy, the window share, the reply
-/// reserve and the request's size; each mistake is a 400 naming its field. A thread's own
-/// policy takes the default's place when the thread is read ([`FitSettings::adopt`]).
-pub fn settings(
+/// The settings for `model` (as the request's `model` field names it, its estimate
+/// calibrated by what its family's providers reported) under the server's default policy,
+/// with the request's overrides of the strategy, the window share, the reply reserve and the
+/// request's size; each mistake is a 400 naming its field. A thread's own policy takes the
+/// default's place when the thread is read ([`FitSettings::adopt`]).
+pub async fn settings(
     state: &AppState,
     model: &str,
     strategy: Option<&str>,
@@ -23,6 +25,9 @@ pub fn settings(
         .registry
         .get(model)
         .map_err(|error| ApiError::invalid("model", error.to_string()))?;
+    let model = calibrated(&state.store, model)
+        .await
+        .map_err(|error| ApiError::store(&error))?;
     let strategy = strategy
         .map(|text| {
             text.parse::<Strategy>()

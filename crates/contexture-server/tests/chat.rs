@@ -1210,3 +1210,60 @@ async fn a_turn_is_counted_and_priced_as_every_call_is_when_the_upstream_reports
         assert!(end.get("reply").is_none_or(Value::is_null), "{end}");
     }
 }
+
+/// A chat turn to a model whose tokens are estimated feeds its family's calibration with the
+/// usage the upstream reported; once learnt, the next turn is measured with it (its record's
+/// input tokens at least what was reported for the same request). A model counted exactly
+/// learns nothing.
+#[tokio::test]
+async fn chat_turns_calibrate_the_estimates_of_their_model() {
+    use contexture_store::Store;
+    let upstream = FakeUpstream::start().await;
+    let (dir, server, key) = server(&upstream.base_url(), |_| {}).await;
+    let question = "Summarize the quarterly report: revenue of 4.2 million, up 12 percent, the northern region led by Ana Ruiz growing fastest, the southern region under Tom Becker flat.";
+    let turn = |thread: &'static str, model: &'static str| {
+        chat(
+            &server,
+            &key,
+            Some(thread),
+            json!({"model": model, "messages": [{"role": "user", "content": question}]}),
+        )
+    };
+    // The first turn's record says what the request was estimated at.
+    upstream.push(Reply::text("ok").usage(10, 2));
+    assert_eq!(
+        turn("t0", "claude-sonnet-4-5").await.status(),
+        StatusCode::OK
+    );
+    let started = events_of_type(&server, &key, "t0", "request_started").await;
+    let estimate = started[0]["budget"]["input_tokens"].as_u64().unwrap();
+    // The upstream counts half as much again (beyond the 3 tokens of reply priming).
+    let reported = (estimate - 3) * 3 / 2 + 3;
+    for thread in ["t1", "t2", "t3"] {
+        upstream.push(Reply::text("ok").usage(reported, 2));
+        assert_eq!(
+            turn(thread, "claude-sonnet-4-5").await.status(),
+            StatusCode::OK
+        );
+    }
+    let store = SqliteStore::open(dir.join("chat.db")).await.unwrap();
+    let calibration = store
+        .calibration("claude-sonnet-4-5")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((calibration.kept, calibration.outliers), (3, 1));
+    upstream.push(Reply::text("ok").usage(reported, 2));
+    assert_eq!(
+        turn("t4", "claude-sonnet-4-5").await.status(),
+        StatusCode::OK
+    );
+    let started = events_of_type(&server, &key, "t4", "request_started").await;
+    let measured = started[0]["budget"]["input_tokens"].as_u64().unwrap();
+    assert!(measured >= reported, "{measured} < {reported}");
+
+    upstream.push(Reply::text("ok").usage(reported * 2, 2));
+    assert_eq!(turn("t5", "gpt-4o-mini").await.status(), StatusCode::OK);
+    assert_eq!(store.calibration("gpt-4o-mini").await.unwrap(), None);
+    server.shutdown().await;
+}

@@ -17,6 +17,7 @@ use contexture_core::format::openai;
 use contexture_core::thread::{ConflictPolicy, MergeKeys, MergePolicy, MergeSpec, ThreadPolicy};
 use contexture_core::tokens::Encoding;
 use contexture_engine::compaction::{CompactOptions, CompactionOutcome, Compactor, compact_stored};
+use contexture_engine::estimates::calibrated;
 use contexture_engine::fitting::{FitOverrides, FitSettings, MessageView, thread_messages};
 use contexture_engine::llm::LlmSpec;
 use contexture_engine::threads::{
@@ -339,6 +340,10 @@ async fn execute(args: ThreadArgs) -> Result<()> {
                     Some(id) => registry.get(id)?,
                     None => registry.default_model(),
                 };
+                // Measured as requests to it are: with what its family's calls taught.
+                let model = calibrated(&store, model)
+                    .await
+                    .context("cannot read the model's calibration")?;
                 let overrides = FitOverrides {
                     strategy,
                     budget_ratio,

@@ -14,7 +14,7 @@ use contexture_llm::{ChatRequest, ChatResponse, LlmError};
 use contexture_store::Store;
 use serde_json::Value;
 
-use super::error::StepError;
+use super::error::{ExecError, StepError};
 use super::request::check_view;
 use super::step::{Abort, StepContext};
 use super::{Executor, Run, cancel_text, cancelled_results};
@@ -66,7 +66,12 @@ impl<S: Store> Executor<S> {
     ) -> Result<String, Abort> {
         let info = &step.info;
         let route = self.router.route(&assistant.model);
-        let model = assistant.context.model(self.registry.resolve(&route.model));
+        let model = crate::estimates::calibrated(
+            &self.store,
+            assistant.context.model(self.registry.resolve(&route.model)),
+        )
+        .await
+        .map_err(ExecError::from)?;
         let policy = assistant.context.budget();
         let tools: Vec<Value> = assistant
             .tools
@@ -345,7 +350,14 @@ impl<S: Store> Executor<S> {
         };
         let end = request_end(&request_id, &response, model, outgoing.breakdown.used);
         match response {
-            Ok(response) => Ok((end, response.message)),
+            Ok(response) => {
+                let estimated =
+                    crate::estimates::uncalibrated_estimate(model, &outgoing.messages, tools);
+                crate::estimates::observe(&self.store, model, estimated, response.usage)
+                    .await
+                    .map_err(ExecError::from)?;
+                Ok((end, response.message))
+            }
             Err(error) => {
                 self.append(run, vec![EventKind::RequestEnded(end)]).await?;
                 Err(StepError::Llm(error).into())

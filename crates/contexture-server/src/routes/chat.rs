@@ -50,7 +50,7 @@ pub async fn completions(
         }
         ChatRequest::Threaded(request) => request,
     };
-    let mut settings = fitting::settings(&state, &request.model, None, None, None, None)?;
+    let mut settings = fitting::settings(&state, &request.model, None, None, None, None).await?;
     if let Some(tokens) = reply_budget(&request.body, &settings.model)? {
         settings
             .reserve_for_reply(tokens)

@@ -435,7 +435,8 @@ pub async fn context(
         query.budget_ratio,
         query.reserve_output,
         query.max_tokens,
-    )?;
+    )
+    .await?;
     let fitted = match fit_thread(threads.store(), &threads.stored_id(&id), &settings).await {
         Ok(fitted) => {
             fitting::metered(&state, &fitted);
