@@ -195,6 +195,8 @@ async fn run(
                     messages,
                     store_changes: Vec::new(),
                     usage: Usage::default(),
+                    cost_usd: None,
+                    cost_unknown: false,
                 })));
             }
             Op::Request {

@@ -381,6 +381,14 @@ pub struct Merge {
     /// merge); the parent's prefix is never counted twice.
     #[serde(default)]
     pub usage: Usage,
+    /// Dollars the fork's calls cost at known prices, when the merge knows (a workflow
+    /// step run on a fork); counted once, in the parent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
+    /// One of the fork's calls spent tokens at no known price: the parent's total is then
+    /// unknown.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cost_unknown: bool,
 }
 
 /// Exactly what one model call was sent.

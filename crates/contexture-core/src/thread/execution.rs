@@ -118,6 +118,10 @@ pub struct StepStart {
     /// For a sub-workflow step, the child execution it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub child_execution_id: Option<String>,
+    /// For a step run on a fork of the execution's thread, the fork: its calls and end are
+    /// recorded there, and a `merged` event brings back what the state's fork settings say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork_thread: Option<String>,
 }
 
 /// A message that stays in a step's own log: an assistant turn that called tools, or

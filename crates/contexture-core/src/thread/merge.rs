@@ -8,7 +8,7 @@
 use std::fmt;
 
 use serde::de::{self, SeqAccess, Visitor};
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
 use crate::message::Role;
@@ -45,6 +45,16 @@ impl Default for MergeKeys {
 impl From<Vec<String>> for MergeKeys {
     fn from(keys: Vec<String>) -> MergeKeys {
         MergeKeys::Listed(keys)
+    }
+}
+
+/// Written as a list of key names, or the word `"all"`.
+impl Serialize for MergeKeys {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            MergeKeys::Listed(keys) => keys.serialize(serializer),
+            MergeKeys::All => serializer.serialize_str("all"),
+        }
     }
 }
 
@@ -195,6 +205,8 @@ impl Thread {
             messages,
             store_changes,
             usage: child.usage_since(since),
+            cost_usd: None,
+            cost_unknown: false,
         }))
     }
 }

@@ -193,7 +193,7 @@ impl<S: Store> Executor<S> {
             }
             own.push(reply.clone());
             for tool_call in &reply.tool_calls {
-                let (id, seq) = (run.id.clone(), run.store_seq());
+                let (id, seq) = run.cancel_source();
                 let text = tokio::select! {
                     biased;
                     text = self.run_tool_call(run, &setup, tool_call, &mut own) => text,
@@ -336,7 +336,7 @@ impl<S: Store> Executor<S> {
         request.tools = tools.to_vec();
         request.max_tokens = Some(outgoing.reply_tokens);
         request.temperature = assistant.temperature;
-        let (id, seq) = (run.id.clone(), run.store_seq());
+        let (id, seq) = run.cancel_source();
         let response = tokio::select! {
             biased;
             response = self.send(run, call, route, &request) => response,

@@ -3,6 +3,7 @@
 use contexture_core::budget::BudgetError;
 use contexture_core::context::{ExprError, IterError, TemplateError};
 use contexture_core::fit::{TrimError, Violation};
+use contexture_core::thread::MergeError;
 use contexture_llm::LlmError;
 use contexture_store::StoreError;
 
@@ -130,6 +131,10 @@ pub enum StepError {
         /// What went wrong.
         error: String,
     },
+    /// The fork the step ran on could not be merged back (a key it should bring back is
+    /// missing, a conflict under `error`, no answer to summarize).
+    #[error("the fork could not be merged back: {0}")]
+    Fork(#[source] MergeError),
     /// The run took more steps than allowed.
     #[error("step limit reached: {max} steps (a loop between states?)")]
     StepLimit {

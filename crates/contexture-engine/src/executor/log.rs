@@ -223,6 +223,11 @@ impl ExecutionLog {
                 self.cancel = Some(request.clone());
             }
             EventKind::RequestStarted(_) => self.requests_started += 1,
+            // A step run on a fork: its calls were recorded there, and are paid for here.
+            EventKind::Merged(merge) => {
+                self.cost_usd += merge.cost_usd.unwrap_or(0.0);
+                self.cost_unknown |= merge.cost_unknown;
+            }
             EventKind::RequestEnded(end) => {
                 self.cost_usd += end.cost_usd.unwrap_or(0.0);
                 self.cost_unknown |= end.known_cost_usd().is_none();

@@ -20,6 +20,7 @@ mod assistant;
 mod child;
 mod compacting;
 mod error;
+mod forks;
 mod items;
 mod log;
 mod request;
@@ -163,6 +164,9 @@ pub(crate) struct Run {
     pub hooks: Vec<Arc<dyn Hook>>,
     /// Set on the copy of the run one item of a concurrent iteration runs in.
     pub staging: Option<Staging>,
+    /// For the fork a step runs on: the execution whose cancellation stops it, and the seq
+    /// after which one is new there.
+    pub watch: Option<(String, u64)>,
 }
 
 /// One item of an iteration whose items run at once, as it runs in its own copy of the run:
@@ -200,6 +204,15 @@ impl Run {
         }
     }
 
+    /// Where a cancellation of this run is recorded, and the seq after which one is new:
+    /// the execution itself, or for a fork, the execution it was forked from.
+    pub fn cancel_source(&self) -> (String, u64) {
+        match &self.watch {
+            Some((execution, seq)) => (execution.clone(), *seq),
+            None => (self.id.clone(), self.store_seq()),
+        }
+    }
+
     fn earlier_items(&self) -> u64 {
         self.staging.as_ref().map_or(0, |s| s.earlier_items)
     }
@@ -219,6 +232,7 @@ impl Run {
                 store_seq: self.log.thread().last_seq(),
                 earlier_items,
             }),
+            watch: self.watch.clone(),
         }
     }
 }
@@ -431,6 +445,7 @@ impl<S: Store> Executor<S> {
             limits,
             descendants: tree_budget::Spent::default(),
             staging: None,
+            watch: None,
         };
         self.absorb(&mut run, &seqs, events).await?;
         self.drive_within_time(&mut run).await
@@ -487,6 +502,7 @@ impl<S: Store> Executor<S> {
             },
             log,
             staging: None,
+            watch: None,
         };
         if let Some(request_id) = run.log.thread().in_flight().map(str::to_owned) {
             let mut end = RequestEnd::new(request_id, RequestOutcome::Failed, Usage::default());

@@ -197,6 +197,8 @@ pub(crate) struct Ran {
     pub store: ContextStore,
     /// Where its templates render, for the transition's.
     pub isolation: Option<Arc<dyn RenderIsolation>>,
+    /// The fork it ran on, for a state run on a fork: its end is recorded there, then merged.
+    pub fork: Option<Run>,
 }
 
 /// Why a step stopped: a step error is recorded in the log; an execution error (the store
@@ -338,6 +340,12 @@ impl<S: Store> Executor<S> {
             ),
             Err(_) => (None, None, None),
         };
+        // A state run on a fork works on a fork of the run's thread taken just after its
+        // start; the id names the step, so a re-run step gets a fork of its own.
+        let fork_id = state
+            .fork
+            .as_ref()
+            .map(|_| format!("{}/{state_id}.fork.{step}", run.id));
         // The state's named context becomes the active one with the step's start (no
         // request is in flight between steps, so it applies at once).
         let context = state.thread_context.as_deref().unwrap_or(DEFAULT_CONTEXT);
@@ -358,16 +366,26 @@ impl<S: Store> Executor<S> {
                 None => arguments.clone().map(Value::Object),
             },
             child_execution_id: child.as_ref().map(|c| c.id.clone()),
+            fork_thread: fork_id.clone(),
         }));
         self.append(run, started).await?;
 
+        let mut fork = match (&fork_id, &prepared) {
+            (Some(id), Ok(_)) => Some(self.fork_run(run, id).await?),
+            _ => None,
+        };
         let result = match prepared {
             Err(error) => Err(Abort::Step(error)),
             Ok(_) if matches!(work, Work::NoItems) => Ok(None),
-            Ok(_) => self
-                .execute(run, &current, task.as_deref(), arguments, child.as_ref())
-                .await
-                .map(Some),
+            Ok(_) => {
+                let on = match fork.as_mut() {
+                    Some(fork) => fork,
+                    None => &mut *run,
+                };
+                self.execute(on, &current, task.as_deref(), arguments, child.as_ref())
+                    .await
+                    .map(Some)
+            }
         };
         let output = match result {
             Ok(output) => output,
@@ -397,6 +415,7 @@ impl<S: Store> Executor<S> {
             store,
             isolation: current.options.isolation.clone(),
             info: current.info,
+            fork,
         })
     }
 
@@ -405,7 +424,7 @@ impl<S: Store> Executor<S> {
     pub(crate) async fn finish_step(
         &self,
         run: &mut Run,
-        ran: Ran,
+        mut ran: Ran,
         work: Work,
     ) -> Result<(), ExecError> {
         let workflow = run.workflow.clone();
@@ -415,18 +434,23 @@ impl<S: Store> Executor<S> {
                 execution_id: run.id.clone(),
                 state_id: ran.info.state_id.clone(),
             })?;
-        let history = run.log.thread().projection().messages;
-        let context = run.log.thread().active_context().to_owned();
+        // A step run on a fork ends there, then comes back by the merge.
+        let mut fork = ran.fork.take();
+        let on: &Run = fork.as_ref().unwrap_or(run);
+        let history = on.log.thread().projection().messages;
+        let context = on.log.thread().active_context().to_owned();
+        let last_seq = on.log.thread().last_seq();
+        let execution_id = on.id.clone();
         let step = ran.info.step;
         let at = Finishing {
-            execution_id: &run.id,
+            execution_id: &execution_id,
             step,
             state,
             item: ran.info.item,
             output: &ran.exchange.output,
             store: &ran.store,
             history: &history,
-            last_seq: run.log.thread().last_seq(),
+            last_seq,
             context: &context,
             isolation: ran.isolation.as_deref(),
         };
@@ -453,9 +477,28 @@ impl<S: Store> Executor<S> {
                 finish(&at, &done, Some(merge))
             }
         };
-        match events {
-            Ok(events) => self.append(run, events).await,
-            Err(error) => Err(self.fail(run, &ran.info, error).await),
+        let events = match events {
+            Ok(events) => events,
+            Err(error) => return Err(self.fail(run, &ran.info, error).await),
+        };
+        let (Some(fork), Some(settings)) = (fork.as_mut(), state.fork.as_ref()) else {
+            return self.append(run, events).await;
+        };
+        let end = events.iter().rev().find_map(|event| match event {
+            EventKind::StepFinished(end) => Some(end.clone()),
+            _ => None,
+        });
+        self.append(fork, events).await?;
+        let Some(end) = end else {
+            return Err(ExecError::UnknownState {
+                execution_id: run.id.clone(),
+                state_id: state.id.clone(),
+            });
+        };
+        match self.merge_fork(run, fork, settings, end).await {
+            Ok(()) => Ok(()),
+            Err(Abort::Exec(error)) => Err(error),
+            Err(Abort::Step(error)) => Err(self.fail(run, &ran.info, error).await),
         }
     }
 
@@ -579,7 +622,7 @@ impl<S: Store> Executor<S> {
                     })
                 })?),
             StepKind::Tool(tool) => {
-                let (id, seq) = (run.id.clone(), run.store_seq());
+                let (id, seq) = run.cancel_source();
                 tokio::select! {
                     biased;
                     result = self.tools.run(tool, arguments.unwrap_or_default(), context, options) => {

@@ -44,8 +44,8 @@ mod validate;
 pub use host::{Programs, Provenance, program_declarations, program_refusals};
 pub use load::{Diagnostic, WorkflowError};
 pub use model::{
-    Assistant, ConversationPolicy, END, MAX_ITEM_CONCURRENCY, McpServer, McpServerConfig, Next,
-    State, StepKind, SubInput, SubResult, Tool, Workflow, WorkflowRef,
+    Assistant, ConversationPolicy, END, ForkSettings, MAX_ITEM_CONCURRENCY, McpServer,
+    McpServerConfig, Next, State, StepKind, SubInput, SubResult, Tool, Workflow, WorkflowRef,
 };
 pub use prompt_text::PromptText;
 pub use spans::Position;

@@ -8,7 +8,9 @@ use contexture_core::context::{
     Branch, ClearContextStore, MergePolicy, MissingPolicy, Switch, TransitionFlags,
 };
 use contexture_core::fit::FitPolicy;
-use contexture_core::thread::RunLimits;
+use contexture_core::thread::{
+    ConflictPolicy, MergeKeys, MergePolicy as ThreadMergePolicy, MergeSpec, RunLimits,
+};
 use serde::{Deserialize, Serialize};
 
 use super::prompt_text::PromptText;
@@ -169,6 +171,41 @@ pub struct McpServerConfig {
     pub env: BTreeMap<String, String>,
 }
 
+/// How a state run on a fork comes back: what the merge brings (`append-messages`, the
+/// default: the fork's exchange; `summary-only`: its final answer; `output-keys`: the keys
+/// only), which of the fork's context keys come back (`keys`: a list, or `all`, the
+/// default: every key, as a deep copy merged back would), and how a key the execution holds
+/// with another value resolves (`conflict`: `child-wins`, the default, `parent-wins`,
+/// `error`, `append`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForkSettings {
+    /// What the merge brings back.
+    #[serde(default)]
+    pub merge: ThreadMergePolicy,
+    /// How a key held with another value resolves.
+    #[serde(default)]
+    pub conflict: ConflictPolicy,
+    /// The fork's context keys brought back.
+    #[serde(default = "all_keys")]
+    pub keys: MergeKeys,
+}
+
+fn all_keys() -> MergeKeys {
+    MergeKeys::All
+}
+
+impl ForkSettings {
+    /// The merge these settings describe.
+    pub fn spec(&self) -> MergeSpec {
+        MergeSpec {
+            policy: self.merge,
+            conflict: self.conflict,
+            keys: self.keys.clone(),
+        }
+    }
+}
+
 /// One step of a workflow.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -208,6 +245,11 @@ pub struct State {
     /// switch is recorded with the step's start whenever the active context is another.
     #[serde(default)]
     pub thread_context: Option<String>,
+    /// Run the state on a fork of the execution's thread (its calls, tool results and
+    /// exchange recorded there), then merge the fork back as these settings say: one
+    /// `merged` event in the execution's log, with the fork's usage and cost counted once.
+    #[serde(default)]
+    pub fork: Option<ForkSettings>,
     /// The task: a template over the context store.
     #[serde(default)]
     pub task: Option<PromptText>,

@@ -7,7 +7,7 @@ use contexture_core::Message;
 use contexture_core::context::TemplateFormat;
 use contexture_core::context::template::check_syntax;
 use contexture_core::registry::Registry;
-use contexture_core::thread::context_name_problem;
+use contexture_core::thread::{MergeKeys, MergePolicy as ThreadMergePolicy, context_name_problem};
 use serde_json::Value;
 
 use super::{Assistant, END, MAX_ITEM_CONCURRENCY, PromptText, Workflow};
@@ -339,6 +339,7 @@ fn states(workflow: &Workflow, problems: &mut Problems) {
                 format!("`{END}` is reserved: it ends the workflow"),
             ));
         }
+        fork(workflow, state, &base, problems);
         if let Some(context) = &state.thread_context
             && let Some(problem) = context_name_problem(context)
         {
@@ -497,6 +498,49 @@ fn states(workflow: &Workflow, problems: &mut Problems) {
                 format!("{base}.next.output_key"),
                 "output_key is empty".into(),
             ));
+        }
+    }
+}
+
+/// A state run on a fork: not a sub-workflow (a child runs in its own execution already),
+/// not an iteration's items (each item would need a fork of its own), and a merge that
+/// brings something back.
+fn fork(workflow: &Workflow, state: &super::State, base: &str, problems: &mut Problems) {
+    let Some(fork) = &state.fork else {
+        return;
+    };
+    if state.workflow.is_some() {
+        problems.push((
+            format!("{base}.fork"),
+            "a sub-workflow state cannot run on a fork: its child runs in an execution of its own; give the child's result back with `result`".into(),
+        ));
+    }
+    let iterated = workflow.states.iter().any(|other| {
+        other.next.as_ref().is_some_and(|next| {
+            next.iter_key.is_some() && next.state_id.as_deref() == Some(state.id.as_str())
+        })
+    });
+    if iterated {
+        problems.push((
+            format!("{base}.fork"),
+            "an iteration's items cannot run on a fork: give the fork to a state that runs once"
+                .into(),
+        ));
+    }
+    if fork.merge == ThreadMergePolicy::OutputKeys && fork.keys == MergeKeys::Listed(Vec::new()) {
+        problems.push((
+            format!("{base}.fork.keys"),
+            "merge: output-keys brings back only keys, and none is listed: list them, or say `all` (the default)".into(),
+        ));
+    }
+    if let MergeKeys::Listed(keys) = &fork.keys {
+        for (at, key) in keys.iter().enumerate() {
+            if key.trim().is_empty() {
+                problems.push((
+                    format!("{base}.fork.keys[{at}]"),
+                    "a context key name is empty".into(),
+                ));
+            }
         }
     }
 }

@@ -1,0 +1,63 @@
+//! Steps run on a fork of the execution's thread (a state's `fork`).
+//!
+//! The step's start is recorded in the execution's log, naming the fork; the fork is taken
+//! just after it (nothing is copied: it reads the execution's events up to there), and the
+//! step's calls, tool results, exchange, store changes and end are recorded in the fork. Then
+//! one transaction in the execution's log holds the `merged` event (what the state's fork
+//! settings bring back, the fork's usage and cost, each counted once) and the step's end, so
+//! the execution goes on from the same transition the fork took. A failure, the merge's
+//! included, is the execution's step failure; a fork a failed or interrupted step left is
+//! never merged (a re-run step gets a fork of its own).
+
+use contexture_core::thread::{EventKind, StepEnd};
+use contexture_store::Store;
+
+use super::error::{ExecError, StepError};
+use super::step::Abort;
+use super::{Executor, Run};
+use crate::workflow::ForkSettings;
+
+impl<S: Store> Executor<S> {
+    /// A fork of the run's thread at its last event, as `fork_id`, to run a step on: a run
+    /// of its own whose cancellation is the execution's.
+    pub(crate) async fn fork_run(&self, run: &Run, fork_id: &str) -> Result<Run, ExecError> {
+        let at = run.log.thread().last_seq();
+        self.store.fork(&run.id, at, fork_id).await?;
+        let log = self.load(fork_id).await?;
+        Ok(Run {
+            id: fork_id.to_owned(),
+            workflow: run.workflow.clone(),
+            log,
+            limits: run.limits,
+            descendants: run.descendants,
+            hooks: run.hooks.clone(),
+            staging: None,
+            watch: Some(run.cancel_source()),
+        })
+    }
+
+    /// Merges `fork` back into the run with the step's `end`, in one transaction.
+    pub(crate) async fn merge_fork(
+        &self,
+        run: &mut Run,
+        fork: &Run,
+        settings: &ForkSettings,
+        end: StepEnd,
+    ) -> Result<(), Abort> {
+        let mut merged = run
+            .log
+            .thread()
+            .plan_merge(fork.log.thread(), &settings.spec())
+            .map_err(StepError::Fork)?;
+        if let EventKind::Merged(merge) = &mut merged {
+            // The fork's log holds the execution's calls up to the fork point too: only what
+            // it spent since is the fork's own.
+            merge.cost_usd = Some((fork.log.cost_usd() - run.log.cost_usd()).max(0.0));
+            merge.cost_unknown =
+                fork.log.total_cost_usd().is_none() && run.log.total_cost_usd().is_some();
+        }
+        self.append(run, vec![merged, EventKind::StepFinished(end)])
+            .await?;
+        Ok(())
+    }
+}
