@@ -286,32 +286,17 @@ fn switching_the_active_context() {
 
     // An append in a context switches to it first (main is active after op-2), once.
     let note = r#"{"role": "user", "content": "a draft note"}"#;
-    let seqs = ok(
-        db,
-        &[
-            "append",
-            "--thread",
-            "t1",
-            "--context",
-            "drafts",
-            "--key",
-            "k1",
-        ],
-        note,
-    );
-    let again = ok(
-        db,
-        &[
-            "append",
-            "--thread",
-            "t1",
-            "--context",
-            "drafts",
-            "--key",
-            "k1",
-        ],
-        note,
-    );
+    let keyed = [
+        "append",
+        "--thread",
+        "t1",
+        "--context",
+        "drafts",
+        "--key",
+        "k1",
+    ];
+    let seqs = ok(db, &keyed, note);
+    let again = ok(db, &keyed, note);
     assert_eq!(seqs, again, "a retry with the same key stores nothing");
     let events = ok(db, &["events", "--thread", "t1"], "");
     assert_eq!(events.matches("context_switched").count(), 4, "{events}");

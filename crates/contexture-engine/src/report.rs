@@ -108,6 +108,49 @@ pub fn report(execution_id: &str, events: &[Event]) -> Option<ExecutionReport> {
         children: Vec::new(),
         cancel_requested: false,
     };
+    fold(&mut report, events);
+    Some(report)
+}
+
+/// Adds the calls of `report`'s steps that ran on a fork of the execution's thread, read
+/// from each fork's own events, in step order. Their usage and cost are already in the
+/// report: the `merged` event that ended (or accounted for) each such step carries them.
+pub async fn add_fork_calls<S: Store>(
+    store: &S,
+    report: &mut ExecutionReport,
+) -> Result<(), StoreError> {
+    let forks: Vec<String> = report
+        .steps
+        .iter()
+        .filter_map(|step| step.start.fork_thread.clone())
+        .collect();
+    if forks.is_empty() {
+        return Ok(());
+    }
+    for fork in forks {
+        let events = match store.events(&fork).await {
+            Ok(events) => events,
+            // A fork the step's process never took: it made no call.
+            Err(StoreError::NotFound { .. }) => continue,
+            Err(error) => return Err(error),
+        };
+        let own = events
+            .iter()
+            .position(|event| matches!(event.kind, EventKind::Forked { .. }))
+            .map_or(&events[..0], |at| &events[at + 1..]);
+        let mut scratch = ExecutionReport {
+            calls: Vec::new(),
+            ..report.clone()
+        };
+        fold(&mut scratch, own);
+        report.calls.extend(scratch.calls);
+    }
+    report.calls.sort_by_key(|call| call.request.step);
+    Ok(())
+}
+
+/// Folds `events` into `report`: its steps, calls, usage and end.
+fn fold(report: &mut ExecutionReport, events: &[Event]) {
     // Loop compactions wait for their step's next call.
     let mut compactions: Vec<StepCompaction> = Vec::new();
     for event in events {
@@ -175,6 +218,17 @@ pub fn report(execution_id: &str, events: &[Event]) -> Option<ExecutionReport> {
                     call.end = Some(end.clone());
                 }
             }
+            // A step run on a fork: its calls were recorded there, and are counted here.
+            EventKind::Merged(merge) => {
+                report.usage = report.usage.plus(merge.usage);
+                report.cost_usd = if merge.cost_unknown {
+                    None
+                } else {
+                    report
+                        .cost_usd
+                        .map(|sum| sum + merge.cost_usd.unwrap_or(0.0))
+                };
+            }
             EventKind::RunEnded(end) => {
                 report.status = match end.status {
                     RunStatus::Completed => ExecutionStatus::Completed,
@@ -187,7 +241,6 @@ pub fn report(execution_id: &str, events: &[Event]) -> Option<ExecutionReport> {
             _ => {}
         }
     }
-    Some(report)
 }
 
 fn step_mut(steps: &mut [StepReport], number: u64) -> Option<&mut StepReport> {

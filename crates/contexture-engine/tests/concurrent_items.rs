@@ -9,27 +9,12 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{events, sqlite, start};
-use contexture_core::context::RenderOptions;
+use common::{events, failed_steps, http_executor, sqlite, start};
 use contexture_core::thread::{EventKind, RunLimits};
-use contexture_engine::executor::{ExecError, Executor};
-use contexture_engine::llm::FixedRouter;
+use contexture_engine::executor::ExecError;
 use contexture_fake_upstream::{FakeUpstream, Reply};
-use contexture_llm::{OpenAiProvider, RetryPolicy};
 use contexture_store::Store;
 use serde_json::{Value, json};
-
-fn executor<S: Store>(store: S, base: &str) -> Executor<S> {
-    let provider = OpenAiProvider::new(base, Some("sk-test".into()))
-        .with_timeout(Duration::from_secs(20))
-        .with_retry(RetryPolicy {
-            max_retries: 0,
-            initial_delay: Duration::from_millis(10),
-            max_delay: Duration::from_millis(10),
-        });
-    Executor::new(store, Arc::new(FixedRouter::new(Arc::new(provider))))
-        .with_render_options(RenderOptions::fixed(0))
-}
 
 /// A workflow that reviews each of the input's `files`, `CONCURRENCY` at a time, collecting
 /// the reviews under `reviews`.
@@ -125,7 +110,7 @@ async fn items_run_up_to_max_concurrency_at_once_and_come_together_in_item_order
         let upstream = FakeUpstream::start().await;
         let spans = reviewer(&upstream, &[]);
         let (_dir, store) = sqlite().await;
-        let exec = executor(store.clone(), &upstream.base_url());
+        let exec = http_executor(store.clone(), &upstream.base_url());
         let out = start(&exec, &workflow(concurrency), INPUT)
             .await
             .expect("every item is answered");
@@ -178,7 +163,7 @@ async fn a_failed_item_stops_the_iteration_after_the_items_before_it_and_a_resum
     let upstream = FakeUpstream::start().await;
     let spans = reviewer(&upstream, &["c"]);
     let (_dir, store) = sqlite().await;
-    let exec = executor(store.clone(), &upstream.base_url());
+    let exec = http_executor(store.clone(), &upstream.base_url());
     let error = start(&exec, &workflow(", max_concurrency: 4"), INPUT)
         .await
         .expect_err("item c is refused");
@@ -197,14 +182,7 @@ async fn a_failed_item_stops_the_iteration_after_the_items_before_it_and_a_resum
         [(1, None), (2, Some(0)), (3, Some(1))]
     );
     let log = events(&store, "run-1").await;
-    let failed: Vec<u64> = log
-        .iter()
-        .filter_map(|event| match &event.kind {
-            EventKind::StepFailed(failure) => Some(failure.step),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(failed, [4]);
+    assert_eq!(failed_steps(&log), [4]);
     assert!(matches!(
         log.last().map(|e| &e.kind),
         Some(EventKind::RunEnded(_))
@@ -213,7 +191,7 @@ async fn a_failed_item_stops_the_iteration_after_the_items_before_it_and_a_resum
     // Resumed against a provider that answers every item: only c and d are asked again.
     let healed = FakeUpstream::start().await;
     let again = reviewer(&healed, &[]);
-    let exec = executor(store.clone(), &healed.base_url());
+    let exec = http_executor(store.clone(), &healed.base_url());
     let out = exec
         .resume("run-1")
         .await
@@ -235,7 +213,7 @@ async fn a_token_budget_keeps_the_items_one_at_a_time_and_a_step_budget_holds_ex
     let upstream = FakeUpstream::start().await;
     let spans = reviewer(&upstream, &[]);
     let (_dir, store) = sqlite().await;
-    let exec = executor(store.clone(), &upstream.base_url()).with_limits(RunLimits {
+    let exec = http_executor(store.clone(), &upstream.base_url()).with_limits(RunLimits {
         max_tokens: Some(1_000_000),
         ..RunLimits::default()
     });
@@ -249,7 +227,7 @@ async fn a_token_budget_keeps_the_items_one_at_a_time_and_a_step_budget_holds_ex
     let upstream = FakeUpstream::start().await;
     let spans = reviewer(&upstream, &[]);
     let (_dir, store) = sqlite().await;
-    let exec = executor(store.clone(), &upstream.base_url()).with_limits(RunLimits {
+    let exec = http_executor(store.clone(), &upstream.base_url()).with_limits(RunLimits {
         max_steps: Some(3),
         ..RunLimits::default()
     });
@@ -273,7 +251,7 @@ async fn a_token_budget_keeps_the_items_one_at_a_time_and_a_step_budget_holds_ex
 #[tokio::test]
 async fn max_concurrency_must_be_a_sensible_number_of_items_on_an_iteration() {
     let (_dir, store) = sqlite().await;
-    let exec = executor(store, "http://127.0.0.1:9");
+    let exec = http_executor(store, "http://127.0.0.1:9");
     for (concurrency, expected) in [
         (
             ", max_concurrency: 0",
@@ -307,7 +285,8 @@ async fn a_cancellation_reaches_every_item_in_flight_and_ends_the_run_once() {
     upstream.otherwise(|_, _| Reply::hang());
     let (_dir, store) = sqlite().await;
     let exec = Arc::new(
-        executor(store.clone(), &upstream.base_url()).with_cancel_poll(Duration::from_millis(20)),
+        http_executor(store.clone(), &upstream.base_url())
+            .with_cancel_poll(Duration::from_millis(20)),
     );
     let running = {
         let exec = exec.clone();
@@ -340,12 +319,5 @@ async fn a_cancellation_reaches_every_item_in_flight_and_ends_the_run_once() {
         .collect();
     assert_eq!(ended, [contexture_core::thread::RunStatus::Cancelled]);
     // The first item's cancelled call and failure are recorded; the items after it are not.
-    let failed: Vec<u64> = log
-        .iter()
-        .filter_map(|event| match &event.kind {
-            EventKind::StepFailed(failure) => Some(failure.step),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(failed, [2]);
+    assert_eq!(failed_steps(&log), [2]);
 }

@@ -5,28 +5,10 @@
 
 mod common;
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use common::{events, requests, sqlite};
-use contexture_core::context::RenderOptions;
+use common::{events, http_executor, requests, sqlite};
 use contexture_engine::executor::{Executor, RunRequest};
-use contexture_engine::llm::FixedRouter;
 use contexture_fake_upstream::{FakeUpstream, Reply};
-use contexture_llm::{OpenAiProvider, RetryPolicy};
 use contexture_store::Store;
-
-fn executor<S: Store>(store: S, base: &str) -> Executor<S> {
-    let provider = OpenAiProvider::new(base, Some("sk-test".into()))
-        .with_timeout(Duration::from_secs(10))
-        .with_retry(RetryPolicy {
-            max_retries: 0,
-            initial_delay: Duration::from_millis(10),
-            max_delay: Duration::from_millis(10),
-        });
-    Executor::new(store, Arc::new(FixedRouter::new(Arc::new(provider))))
-        .with_render_options(RenderOptions::fixed(0))
-}
 
 fn workflow(model: &str) -> String {
     format!(
@@ -52,7 +34,7 @@ async fn measured<S: Store + Clone>(exec: &Executor<S>, model: &str, id: &str) -
 async fn reported_usage_calibrates_later_estimates_never_below_what_was_reported() {
     let upstream = FakeUpstream::start().await;
     let (_dir, store) = sqlite().await;
-    let exec = executor(store.clone(), &upstream.base_url());
+    let exec = http_executor(store.clone(), &upstream.base_url());
     let family = "claude-sonnet-4-5";
 
     // A report that cannot be right (a tenth of the estimate) is refused: nothing learnt.

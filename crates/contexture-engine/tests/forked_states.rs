@@ -94,6 +94,20 @@ async fn a_forked_state_comes_back_as_its_merge_says() {
             .filter(|event| matches!(event.kind, EventKind::RequestStarted(_)))
             .count();
         assert_eq!(calls_here, 2, "{fork}");
+        // Reported as the execution's: its calls (the fork's among them, in step order)
+        // and its usage, each call counted once.
+        let mut report = contexture_engine::report::report("run-1", &log).unwrap();
+        contexture_engine::report::add_fork_calls(&store, &mut report)
+            .await
+            .unwrap();
+        let steps: Vec<Option<u64>> = report.calls.iter().map(|c| c.request.step).collect();
+        assert_eq!(steps, [Some(1), Some(2), Some(3)], "{fork}");
+        assert_eq!(report.calls[1].state_id.as_deref(), Some("explore"));
+        assert_eq!(
+            (report.usage.input_tokens, report.usage.output_tokens),
+            (60, 9),
+            "{fork}"
+        );
         let on_fork = events(&store, fork_id).await;
         assert!(
             on_fork.iter().any(|event| matches!(&event.kind,
@@ -131,10 +145,24 @@ async fn a_merge_that_cannot_be_made_fails_the_step() {
     assert_eq!(failed.len(), 1);
     assert_eq!(failed[0].step, 2);
     assert!(failed[0].error.contains("idea"), "{}", failed[0].error);
-    assert!(
-        !log.iter()
-            .any(|event| matches!(event.kind, EventKind::Merged(_))),
-        "nothing was merged"
+    // Nothing the fork made came back, but what it spent did, counted once.
+    let merges: Vec<_> = log
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::Merged(merge) => Some(merge),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(merges.len(), 1);
+    assert!(merges[0].messages.is_empty() && merges[0].store_changes.is_empty());
+    assert_eq!(
+        (merges[0].usage.input_tokens, merges[0].usage.output_tokens),
+        (20, 3)
+    );
+    let report = contexture_engine::report::report("run-1", &log).unwrap();
+    assert_eq!(
+        (report.usage.input_tokens, report.usage.output_tokens),
+        (30, 5)
     );
 }
 

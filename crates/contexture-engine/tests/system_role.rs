@@ -7,31 +7,18 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use common::{sqlite, start};
-use contexture_core::context::RenderOptions;
+use common::{http_executor, sqlite, start};
 use contexture_core::fit::{Rules, SystemRole, validate};
 use contexture_core::format::openai;
 use contexture_core::registry::Registry;
 use contexture_engine::executor::Executor;
-use contexture_engine::llm::FixedRouter;
 use contexture_fake_upstream::{FakeUpstream, Reply};
-use contexture_llm::{OpenAiProvider, RetryPolicy};
 use contexture_store::Store;
 use serde_json::Value;
 
 fn executor<S: Store>(store: S, base: &str, registry: Registry) -> Executor<S> {
-    let provider = OpenAiProvider::new(base, Some("sk-test".into()))
-        .with_timeout(Duration::from_secs(10))
-        .with_retry(RetryPolicy {
-            max_retries: 0,
-            initial_delay: Duration::from_millis(10),
-            max_delay: Duration::from_millis(10),
-        });
-    Executor::new(store, Arc::new(FixedRouter::new(Arc::new(provider))))
-        .with_registry(Arc::new(registry))
-        .with_render_options(RenderOptions::fixed(0))
+    http_executor(store, base).with_registry(Arc::new(registry))
 }
 
 /// A provider that refuses any request holding a `system` message, and otherwise answers

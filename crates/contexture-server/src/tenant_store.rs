@@ -6,7 +6,7 @@
 
 use axum::http::StatusCode;
 use contexture_core::Message;
-use contexture_core::thread::{Event, MergeSpec, ThreadPolicy};
+use contexture_core::thread::{Event, MergeError, MergeSpec, ThreadPolicy};
 use contexture_core::tokens::Encoding;
 use contexture_engine::threads::{
     Appended, Forked, NewThread, Switched, ThreadOpError, append_messages, create_thread,
@@ -127,6 +127,31 @@ impl<'a> TenantStore<'a> {
                 message: format!("before: {}", self.tenant.unscope_text(&error.to_string())),
                 param: Some("before".into()),
             },
+            // Each merge refusal names the body field at fault; nothing was written.
+            ThreadOpError::Merge(error) => {
+                let (status, code, param) = match &error {
+                    MergeError::NotAFork { .. } => {
+                        (StatusCode::UNPROCESSABLE_ENTITY, "unprocessable", "from")
+                    }
+                    MergeError::NothingToMerge { .. } => (StatusCode::CONFLICT, "conflict", "from"),
+                    MergeError::NoSummary { .. } => {
+                        (StatusCode::UNPROCESSABLE_ENTITY, "unprocessable", "policy")
+                    }
+                    MergeError::NoKeys => (StatusCode::BAD_REQUEST, "invalid_request", "keys"),
+                    MergeError::MissingKey { .. } => {
+                        (StatusCode::UNPROCESSABLE_ENTITY, "unprocessable", "keys")
+                    }
+                    MergeError::KeyConflict { .. } => {
+                        (StatusCode::CONFLICT, "conflict", "conflict")
+                    }
+                };
+                ApiError {
+                    status,
+                    code,
+                    message: format!("{param}: {}", self.tenant.unscope_text(&error.to_string())),
+                    param: Some(param.into()),
+                }
+            }
             // A 404 as for a thread that does not exist: the request is well formed, the
             // context it names is not there.
             ThreadOpError::UnknownContext(unknown) => ApiError {

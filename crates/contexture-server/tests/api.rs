@@ -179,6 +179,66 @@ async fn threads_end_to_end() {
     .await;
     assert_eq!(events["events"][0]["type"], "merged");
     assert_eq!(events["events"][0]["child"], "t1-try");
+    // Merges that cannot be made: each a 4xx naming the field at fault, nothing written.
+    let (_, before) = call(M::GET, server.url("/v1/threads/t1"), &key, None).await;
+    call(
+        M::POST,
+        server.url("/v1/threads/other/messages"),
+        &key,
+        Some(json!({"messages": [{"role": "user", "content": "unrelated"}]})),
+    )
+    .await;
+    for (body, status, param, words) in [
+        (
+            json!({"from": "other"}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "from",
+            "thread `other` is not a fork of `t1`",
+        ),
+        (
+            json!({"from": "t1-try"}),
+            StatusCode::CONFLICT,
+            "from",
+            "nothing new",
+        ),
+        (
+            json!({"from": "t1-try", "policy": "output-keys", "keys": []}),
+            StatusCode::BAD_REQUEST,
+            "keys",
+            "needs at least one key",
+        ),
+        (
+            json!({"from": "t1-try", "keys": ["nope"]}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "keys",
+            "has no output key `nope`",
+        ),
+    ] {
+        if param == "keys" && body["keys"] == json!([]) {
+            // The fork has something new again, so the merge gets as far as its keys.
+            call(
+                M::POST,
+                server.url("/v1/threads/t1-try/messages"),
+                &key,
+                Some(json!({"messages": [{"role": "user", "content": "And a voucher?"}]})),
+            )
+            .await;
+        }
+        let (got, error) = call(
+            M::POST,
+            server.url("/v1/threads/t1/merge"),
+            &key,
+            Some(body.clone()),
+        )
+        .await;
+        assert_eq!(got, status, "{body}: {error}");
+        assert_eq!(error["error"]["param"], param, "{body}: {error}");
+        let message = error["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(words), "{body}: {error}");
+        assert!(!message.contains("acme"), "{body}: {error}");
+    }
+    let (_, after) = call(M::GET, server.url("/v1/threads/t1"), &key, None).await;
+    assert_eq!(after["last_seq"], before["last_seq"], "nothing was written");
 
     // Compaction with the offline summarizer; the covered events stay in the log.
     let (status, report) = call(

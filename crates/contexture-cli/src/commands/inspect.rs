@@ -7,7 +7,7 @@ use anyhow::{Context, Result, anyhow};
 use clap::Args;
 use contexture_core::budget::BudgetBreakdown;
 use contexture_core::thread::RequestOutcome;
-use contexture_engine::report::{ExecutionReport, UsageTree, report, usage_tree};
+use contexture_engine::report::{ExecutionReport, UsageTree, add_fork_calls, report, usage_tree};
 use contexture_store::Store;
 
 use super::runtime;
@@ -39,12 +39,15 @@ async fn execute(args: InspectArgs) -> Result<()> {
         .events(&args.execution_id)
         .await
         .with_context(|| format!("cannot read execution {}", args.execution_id))?;
-    let report = report(&args.execution_id, &events).ok_or_else(|| {
+    let mut report = report(&args.execution_id, &events).ok_or_else(|| {
         anyhow!(
             "`{}` is a thread but not an execution (it has no run_started event)",
             args.execution_id
         )
     })?;
+    add_fork_calls(store.as_ref(), &mut report)
+        .await
+        .with_context(|| format!("cannot read the forks of {}", args.execution_id))?;
     let tree = usage_tree(store.as_ref(), &args.execution_id)
         .await
         .with_context(|| format!("cannot read the sub-executions of {}", args.execution_id))?;

@@ -9,7 +9,7 @@
 //! included, is the execution's step failure; a fork a failed or interrupted step left is
 //! never merged (a re-run step gets a fork of its own).
 
-use contexture_core::thread::{EventKind, StepEnd};
+use contexture_core::thread::{ConflictPolicy, EventKind, Merge, MergePolicy, StepEnd, Usage};
 use contexture_store::Store;
 
 use super::error::{ExecError, StepError};
@@ -36,6 +36,35 @@ impl<S: Store> Executor<S> {
         })
     }
 
+    /// Brings back only what a failed step's fork spent: a `merged` event with no message
+    /// and no key, so the fork's usage and cost are counted once, in the execution (its
+    /// report and its budgets), although nothing it made is kept.
+    pub(crate) async fn account_fork(&self, run: &mut Run, fork: &Run) -> Result<(), ExecError> {
+        let at = run.log.thread().last_seq();
+        let since = fork
+            .log
+            .thread()
+            .fork_point()
+            .map_or(at, |point| point.at_seq + 1);
+        let usage = fork.log.thread().usage_since(since);
+        let (cost, unknown) = spent_since_fork(run, fork);
+        if usage == Usage::default() && cost == 0.0 && !unknown {
+            return Ok(());
+        }
+        let merge = Merge {
+            child: fork.id.clone(),
+            child_seq: fork.log.thread().last_seq(),
+            policy: MergePolicy::OutputKeys,
+            conflict: ConflictPolicy::default(),
+            messages: Vec::new(),
+            store_changes: Vec::new(),
+            usage,
+            cost_usd: Some(cost),
+            cost_unknown: unknown,
+        };
+        self.append(run, vec![EventKind::Merged(merge)]).await
+    }
+
     /// Merges `fork` back into the run with the step's `end`, in one transaction.
     pub(crate) async fn merge_fork(
         &self,
@@ -50,14 +79,20 @@ impl<S: Store> Executor<S> {
             .plan_merge(fork.log.thread(), &settings.spec())
             .map_err(StepError::Fork)?;
         if let EventKind::Merged(merge) = &mut merged {
-            // The fork's log holds the execution's calls up to the fork point too: only what
-            // it spent since is the fork's own.
-            merge.cost_usd = Some((fork.log.cost_usd() - run.log.cost_usd()).max(0.0));
-            merge.cost_unknown =
-                fork.log.total_cost_usd().is_none() && run.log.total_cost_usd().is_some();
+            let (cost, unknown) = spent_since_fork(run, fork);
+            merge.cost_usd = Some(cost);
+            merge.cost_unknown = unknown;
         }
         self.append(run, vec![merged, EventKind::StepFinished(end)])
             .await?;
         Ok(())
     }
+}
+
+/// What `fork` spent in dollars since it was taken from `run` (its log holds the execution's
+/// calls up to the fork point too), and whether one of its own calls had no known price.
+fn spent_since_fork(run: &Run, fork: &Run) -> (f64, bool) {
+    let cost = (fork.log.cost_usd() - run.log.cost_usd()).max(0.0);
+    let unknown = fork.log.total_cost_usd().is_none() && run.log.total_cost_usd().is_some();
+    (cost, unknown)
 }

@@ -390,7 +390,12 @@ impl<S: Store> Executor<S> {
         let output = match result {
             Ok(output) => output,
             Err(Abort::Exec(error)) => return Err(error),
-            Err(Abort::Step(error)) => return Err(self.fail(run, &current.info, error).await),
+            Err(Abort::Step(error)) => {
+                if let Some(fork) = &fork {
+                    self.account_fork(run, fork).await?;
+                }
+                return Err(self.fail(run, &current.info, error).await);
+            }
         };
         let output = match output.map(|output| {
             run.hooks.iter().try_fold(output, |output, hook| {
@@ -479,7 +484,12 @@ impl<S: Store> Executor<S> {
         };
         let events = match events {
             Ok(events) => events,
-            Err(error) => return Err(self.fail(run, &ran.info, error).await),
+            Err(error) => {
+                if let Some(fork) = &fork {
+                    self.account_fork(run, fork).await?;
+                }
+                return Err(self.fail(run, &ran.info, error).await);
+            }
         };
         let (Some(fork), Some(settings)) = (fork.as_mut(), state.fork.as_ref()) else {
             return self.append(run, events).await;
@@ -498,7 +508,10 @@ impl<S: Store> Executor<S> {
         match self.merge_fork(run, fork, settings, end).await {
             Ok(()) => Ok(()),
             Err(Abort::Exec(error)) => Err(error),
-            Err(Abort::Step(error)) => Err(self.fail(run, &ran.info, error).await),
+            Err(Abort::Step(error)) => {
+                self.account_fork(run, fork).await?;
+                Err(self.fail(run, &ran.info, error).await)
+            }
         }
     }
 

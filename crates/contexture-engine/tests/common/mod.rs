@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use contexture_core::Message;
 use contexture_core::context::RenderOptions;
@@ -12,7 +13,7 @@ use contexture_core::thread::{Event, EventKind, RequestRecord};
 use contexture_engine::executor::{ExecError, Executor, RunOutcome, RunRequest};
 use contexture_engine::llm::FixedRouter;
 use contexture_engine::sources::WorkflowSource;
-use contexture_llm::{Provider, ScriptedProvider};
+use contexture_llm::{OpenAiProvider, Provider, RetryPolicy, ScriptedProvider};
 use contexture_store::testing::TempDir;
 use contexture_store::{SqliteStore, Store};
 
@@ -34,6 +35,31 @@ pub fn script(yaml: &str) -> Arc<ScriptedProvider> {
 pub fn executor<S: Store>(store: S, provider: Arc<dyn Provider>) -> Executor<S> {
     Executor::new(store, Arc::new(FixedRouter::new(provider)))
         .with_render_options(RenderOptions::fixed(1_767_225_600))
+}
+
+/// An executor over `store` whose every call goes over HTTP to the OpenAI-compatible server
+/// at `base` (a fake upstream), without retries, rendering at time 0.
+pub fn http_executor<S: Store>(store: S, base: &str) -> Executor<S> {
+    let provider = OpenAiProvider::new(base, Some("sk-test".into()))
+        .with_timeout(Duration::from_secs(20))
+        .with_retry(RetryPolicy {
+            max_retries: 0,
+            initial_delay: Duration::from_millis(10),
+            max_delay: Duration::from_millis(10),
+        });
+    Executor::new(store, Arc::new(FixedRouter::new(Arc::new(provider))))
+        .with_render_options(RenderOptions::fixed(0))
+}
+
+/// The steps that failed in a log, in order.
+pub fn failed_steps(events: &[Event]) -> Vec<u64> {
+    events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::StepFailed(failure) => Some(failure.step),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Starts `workflow` (YAML text) with `input`.

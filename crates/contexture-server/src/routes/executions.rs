@@ -14,7 +14,7 @@ use axum::{Extension, Json};
 use contexture_core::thread::{Event, EventKind};
 use contexture_engine::conversation::ConversationKey;
 use contexture_engine::executor::{ExecError, RunRequest, user_context_from_value};
-use contexture_engine::report::{report, usage_tree};
+use contexture_engine::report::{add_fork_calls, report, usage_tree};
 use contexture_engine::workflow::{Provenance, Workflow};
 use futures_util::stream::{self, Stream};
 use serde::Deserialize;
@@ -266,7 +266,11 @@ pub async fn status(
     let events = execution_events(&state, tenant, &id).await?;
     let threads = state.tenant_store(tenant);
     let scoped = threads.stored_id(&id);
-    let report = report(&scoped, &events).ok_or_else(|| ApiError::not_found("execution", &id))?;
+    let mut report =
+        report(&scoped, &events).ok_or_else(|| ApiError::not_found("execution", &id))?;
+    add_fork_calls(threads.store(), &mut report)
+        .await
+        .map_err(|error| threads.error(error))?;
     let tree = usage_tree(threads.store(), &scoped).await?;
     let mut value = json!({
         "id": id,
@@ -315,8 +319,13 @@ pub async fn requests(
 ) -> ApiResult<Json<Value>> {
     let tenant = &caller.tenant;
     let events = execution_events(&state, tenant, &id).await?;
-    let scoped = state.tenant_store(tenant).stored_id(&id);
-    let report = report(&scoped, &events).ok_or_else(|| ApiError::not_found("execution", &id))?;
+    let threads = state.tenant_store(tenant);
+    let scoped = threads.stored_id(&id);
+    let mut report =
+        report(&scoped, &events).ok_or_else(|| ApiError::not_found("execution", &id))?;
+    add_fork_calls(threads.store(), &mut report)
+        .await
+        .map_err(|error| threads.error(error))?;
     let mut value = json!({ "id": id, "requests": report.calls });
     tenant.unscope_json(&mut value);
     Ok(Json(value))
