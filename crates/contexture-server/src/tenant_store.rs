@@ -167,7 +167,6 @@ impl<'a> TenantStore<'a> {
             error @ ThreadOpError::ContextName { .. } => {
                 ApiError::invalid("context", format!("context: {error}"))
             }
-            other => ApiError::conflict(self.tenant.unscope_text(&other.to_string())),
         }
     }
 
