@@ -191,6 +191,17 @@ states:
             .contains("states[1].fork: an iteration's items cannot run on a fork"),
         "{error}"
     );
+    let clearing = workflow("{}").replace(
+        "next: {state_id: two, output_key: idea}",
+        "next: {state_id: two, output_key: idea, clear_prior_messages: true}",
+    );
+    let error = start(&exec, &clearing, "").await.expect_err("refused");
+    assert!(
+        error.to_string().contains(
+            "states[1].next.clear_prior_messages: clear_prior_messages on a state run on a fork would clear the fork only"
+        ),
+        "{error}"
+    );
     let bad_policy = workflow("{merge: everything}");
     let error = start(&exec, &bad_policy, "").await.expect_err("refused");
     assert!(error.to_string().contains("everything"), "{error}");

@@ -4,8 +4,8 @@
 use std::collections::{BTreeSet, HashMap, VecDeque};
 
 use contexture_core::Message;
-use contexture_core::context::TemplateFormat;
 use contexture_core::context::template::check_syntax;
+use contexture_core::context::{ClearContextStore, TemplateFormat};
 use contexture_core::registry::Registry;
 use contexture_core::thread::{MergeKeys, MergePolicy as ThreadMergePolicy, context_name_problem};
 use serde_json::Value;
@@ -526,6 +526,31 @@ fn fork(workflow: &Workflow, state: &super::State, base: &str, problems: &mut Pr
             "an iteration's items cannot run on a fork: give the fork to a state that runs once"
                 .into(),
         ));
+    }
+    // Clearing acts on the thread it runs in: on a fork, only the fork would be cleared,
+    // and the merge brings back messages and keys, never a removal.
+    if let Some(next) = &state.next {
+        let clears = [
+            ("clear_prior_messages", next.clear_prior_messages),
+            (
+                "clear_context_store",
+                next.clear_context_store != ClearContextStore::No,
+            ),
+            (
+                "reset_keys_in_context_store",
+                !next.reset_keys_in_context_store.is_empty(),
+            ),
+        ];
+        for (flag, set) in clears {
+            if set {
+                problems.push((
+                    format!("{base}.next.{flag}"),
+                    format!(
+                        "{flag} on a state run on a fork would clear the fork only (a merge brings back messages and keys, never a removal): clear in the state after it"
+                    ),
+                ));
+            }
+        }
     }
     if fork.merge == ThreadMergePolicy::OutputKeys && fork.keys == MergeKeys::Listed(Vec::new()) {
         problems.push((
