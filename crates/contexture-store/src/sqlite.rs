@@ -334,6 +334,18 @@ impl SqliteStore {
     }
 }
 
+/// The calibration stored for `model`, if any.
+fn stored_calibration(conn: &Connection, model: &str) -> Result<Option<Calibration>, StoreError> {
+    let text: Option<String> = conn
+        .prepare_cached("SELECT calibration FROM model_calibrations WHERE model = ?1")
+        .doing("prepare the calibration query")?
+        .query_row(params![model], |row| row.get(0))
+        .optional()
+        .doing("read a calibration")?;
+    text.map(|text| calibration::from_stored(model, &text))
+        .transpose()
+}
+
 impl Inner {
     fn with_reader<T>(
         &self,
@@ -1078,17 +1090,8 @@ impl Store for SqliteStore {
 
     async fn calibration(&self, model: &str) -> Result<Option<Calibration>, StoreError> {
         let model = model.to_string();
-        self.read(move |conn| {
-            let text: Option<String> = conn
-                .prepare_cached("SELECT calibration FROM model_calibrations WHERE model = ?1")
-                .doing("prepare the calibration query")?
-                .query_row(params![model], |row| row.get(0))
-                .optional()
-                .doing("read a calibration")?;
-            text.map(|text| calibration::from_stored(&model, &text))
-                .transpose()
-        })
-        .await
+        self.read(move |conn| stored_calibration(conn, &model))
+            .await
     }
 
     async fn observe_calibration(
@@ -1101,16 +1104,7 @@ impl Store for SqliteStore {
         // The writer runs one transaction at a time: the read, the fold and the write below
         // see no other writer in between.
         self.write(move |tx| {
-            let text: Option<String> = tx
-                .prepare_cached("SELECT calibration FROM model_calibrations WHERE model = ?1")
-                .doing("prepare the calibration query")?
-                .query_row(params![model], |row| row.get(0))
-                .optional()
-                .doing("read a calibration")?;
-            let mut current = match text {
-                Some(text) => calibration::from_stored(&model, &text)?,
-                None => Calibration::default(),
-            };
+            let mut current = stored_calibration(tx, &model)?.unwrap_or_default();
             current.observe(observation);
             tx.prepare_cached(
                 "INSERT INTO model_calibrations (model, calibration, updated_at)

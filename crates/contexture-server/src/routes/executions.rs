@@ -14,7 +14,7 @@ use axum::{Extension, Json};
 use contexture_core::thread::{Event, EventKind};
 use contexture_engine::conversation::ConversationKey;
 use contexture_engine::executor::{ExecError, RunRequest, user_context_from_value};
-use contexture_engine::report::{add_fork_calls, report, usage_tree};
+use contexture_engine::report::{ExecutionReport, add_fork_calls, report, usage_tree};
 use contexture_engine::workflow::{Provenance, Workflow};
 use futures_util::stream::{self, Stream};
 use serde::Deserialize;
@@ -255,6 +255,22 @@ async fn execution_events(state: &AppState, tenant: &Tenant, id: &str) -> ApiRes
     Ok(events)
 }
 
+/// The report of the tenant's execution `id` (the calls of its forked steps included).
+async fn execution_report(
+    state: &AppState,
+    tenant: &Tenant,
+    id: &str,
+) -> ApiResult<ExecutionReport> {
+    let events = execution_events(state, tenant, id).await?;
+    let threads = state.tenant_store(tenant);
+    let mut report = report(&threads.stored_id(id), &events)
+        .ok_or_else(|| ApiError::not_found("execution", id))?;
+    add_fork_calls(threads.store(), &mut report)
+        .await
+        .map_err(|error| threads.error(error))?;
+    Ok(report)
+}
+
 /// `GET /v1/executions/{id}`: status, steps, calls, usage, and the usage tree of the
 /// execution and its sub-executions.
 pub async fn status(
@@ -263,15 +279,9 @@ pub async fn status(
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let tenant = &caller.tenant;
-    let events = execution_events(&state, tenant, &id).await?;
+    let report = execution_report(&state, tenant, &id).await?;
     let threads = state.tenant_store(tenant);
-    let scoped = threads.stored_id(&id);
-    let mut report =
-        report(&scoped, &events).ok_or_else(|| ApiError::not_found("execution", &id))?;
-    add_fork_calls(threads.store(), &mut report)
-        .await
-        .map_err(|error| threads.error(error))?;
-    let tree = usage_tree(threads.store(), &scoped).await?;
+    let tree = usage_tree(threads.store(), &threads.stored_id(&id)).await?;
     let mut value = json!({
         "id": id,
         "status": report.status,
@@ -318,14 +328,7 @@ pub async fn requests(
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let tenant = &caller.tenant;
-    let events = execution_events(&state, tenant, &id).await?;
-    let threads = state.tenant_store(tenant);
-    let scoped = threads.stored_id(&id);
-    let mut report =
-        report(&scoped, &events).ok_or_else(|| ApiError::not_found("execution", &id))?;
-    add_fork_calls(threads.store(), &mut report)
-        .await
-        .map_err(|error| threads.error(error))?;
+    let report = execution_report(&state, tenant, &id).await?;
     let mut value = json!({ "id": id, "requests": report.calls });
     tenant.unscope_json(&mut value);
     Ok(Json(value))
