@@ -172,6 +172,39 @@ fn the_examples_run_as_documented() {
         ],
     );
     assert_eq!(branching, "Paged sre for T-1042 (outage, high urgency).\n");
+    // A state run on a fork: its call is listed with the run's, its tokens counted once.
+    let forked = ok(
+        &dir,
+        &[
+            "run",
+            "examples/fork/workflow.yaml",
+            "--input",
+            "Acme Sync 2.4",
+            "--llm",
+            "scripted:examples/fork/replies.yaml",
+            "--execution-id",
+            "fork",
+            "--print-context",
+        ],
+    );
+    assert!(forked.contains("announce on June 3"), "{forked}");
+    assert!(forked.contains(r#""choice": "June 3""#), "{forked}");
+    let inspected = ok(&dir, &["inspect", "fork"]);
+    assert!(
+        inspected.contains("[2] explore (on fork fork/explore.fork.2) -> plan"),
+        "{inspected}"
+    );
+    let report: Value = serde_json::from_str(&ok(&dir, &["inspect", "fork", "--json"])).unwrap();
+    let calls = report["calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 3);
+    let input: u64 = calls
+        .iter()
+        .map(|call| call["end"]["usage"]["input_tokens"].as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        report["usage"]["input_tokens"], input,
+        "each call counted once"
+    );
     // Every example validates.
     let validated = ok(
         &dir,
@@ -181,9 +214,10 @@ fn the_examples_run_as_documented() {
             "examples/iterate/workflow.yaml",
             "examples/branching/workflow.yaml",
             "examples/agent-loop/workflow.yaml",
+            "examples/fork/workflow.yaml",
         ],
     );
-    assert_eq!(validated.lines().count(), 4);
+    assert_eq!(validated.lines().count(), 5);
     // Inspect draws each call's budget.
     insta::assert_snapshot!("multi_phase_inspect", ok(&dir, &["inspect", "multi-phase"]));
     let report: Value =

@@ -143,8 +143,14 @@ fn render(report: &ExecutionReport, width: usize) -> String {
             .as_ref()
             .map(|c| format!(" (sub-execution {c})"))
             .unwrap_or_default();
+        let fork = step
+            .start
+            .fork_thread
+            .as_ref()
+            .map(|f| format!(" (on fork {f})"))
+            .unwrap_or_default();
         out += &format!(
-            "  [{}] {}{item}{child} {end}\n",
+            "  [{}] {}{item}{child}{fork} {end}\n",
             step.start.step, step.start.state_id
         );
     }
