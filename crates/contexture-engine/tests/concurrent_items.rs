@@ -158,6 +158,35 @@ async fn items_run_up_to_max_concurrency_at_once_and_come_together_in_item_order
     }
 }
 
+/// Items of a state that runs in a named context: the switch is recorded once, by the first
+/// item, whatever the timing, and every item's request sees that context.
+#[tokio::test]
+async fn items_in_a_named_context_record_one_switch() {
+    let upstream = FakeUpstream::start().await;
+    reviewer(&upstream, &[]);
+    let (_dir, store) = sqlite().await;
+    let exec = http_executor(store.clone(), &upstream.base_url());
+    let in_context = workflow(", max_concurrency: 4").replace(
+        "    assistant_id: a\n    task: 'Review",
+        "    assistant_id: a\n    thread_context: reviews\n    task: 'Review",
+    );
+    assert!(in_context.contains("thread_context"));
+    start(&exec, &in_context, INPUT)
+        .await
+        .expect("the items run");
+    let log = events(&store, "run-1").await;
+    let switches = log
+        .iter()
+        .filter(|event| matches!(&event.kind, EventKind::ContextSwitched { .. }))
+        .count();
+    assert_eq!(switches, 1);
+    assert_eq!(
+        item_ends(&store, "run-1").await.len(),
+        5,
+        "the plan and four items"
+    );
+}
+
 #[tokio::test]
 async fn a_failed_item_stops_the_iteration_after_the_items_before_it_and_a_resume_runs_the_rest() {
     let upstream = FakeUpstream::start().await;

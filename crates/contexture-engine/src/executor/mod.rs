@@ -213,6 +213,18 @@ impl Run {
         }
     }
 
+    /// Folds `kind` into this item's copy of the run without recording it: an event an
+    /// earlier item of the iteration records.
+    pub fn see(&mut self, kind: EventKind) -> Result<(), ExecError> {
+        let seq = self.log.thread().last_seq() + 1;
+        self.log
+            .apply(Event::new(seq, kind))
+            .map_err(|source| ExecError::Log {
+                execution_id: self.id.clone(),
+                source,
+            })
+    }
+
     fn earlier_items(&self) -> u64 {
         self.staging.as_ref().map_or(0, |s| s.earlier_items)
     }

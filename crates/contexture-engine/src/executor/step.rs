@@ -351,10 +351,17 @@ impl<S: Store> Executor<S> {
         let context = state.thread_context.as_deref().unwrap_or(DEFAULT_CONTEXT);
         let mut started = Vec::with_capacity(2);
         if run.log.thread().active_context() != context {
-            started.push(EventKind::ContextSwitched {
+            let switch = EventKind::ContextSwitched {
                 context: context.to_owned(),
                 op_id: Some(format!("{}/step-{step}/context", run.id)),
-            });
+            };
+            if run.staging.as_ref().is_some_and(|s| s.earlier_items > 0) {
+                // An item running alongside earlier ones: the earliest records the switch,
+                // so the log holds one whatever the timing; this one only sees it.
+                run.see(switch)?;
+            } else {
+                started.push(switch);
+            }
         }
         started.push(EventKind::StepStarted(StepStart {
             step,
