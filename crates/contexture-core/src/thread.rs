@@ -48,6 +48,7 @@ pub use execution::{
     StepFailure, StepMessage, StepStart,
 };
 pub use merge::{MergeError, MergeKeys, MergeSpec};
+pub use projection::{ProjectedMessage, Projection};
 
 /// A context a thread does not have, named where one it has is needed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -74,7 +75,6 @@ pub fn context_name_problem(context: &str) -> Option<&'static str> {
         None
     }
 }
-pub use projection::{ProjectedMessage, Projection};
 
 /// An event that cannot follow the thread's current state.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -177,12 +177,7 @@ pub async fn append_messages<S: Store>(
 ) -> Result<Appended, ThreadOpError> {
     let mut events = Vec::with_capacity(messages.len() + 1);
     if let Some(context) = context {
-        if let Some(problem) = context_name_problem(context) {
-            return Err(ThreadOpError::ContextName {
-                context: context.to_owned(),
-                problem,
-            });
-        }
+        check_context_name(context)?;
         let thread = match store.load(id).await {
             Ok(thread) => thread,
             Err(StoreError::NotFound { .. }) => Thread::new(id),
@@ -207,6 +202,17 @@ pub async fn append_messages<S: Store>(
     Ok(Appended { seqs, switch_seq })
 }
 
+/// Refuses a name that cannot be a context's.
+fn check_context_name(context: &str) -> Result<(), ThreadOpError> {
+    match context_name_problem(context) {
+        Some(problem) => Err(ThreadOpError::ContextName {
+            context: context.to_owned(),
+            problem,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// A switch [`switch_context`] recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Switched {
@@ -228,12 +234,7 @@ pub async fn switch_context<S: Store>(
     op_id: Option<String>,
     create: bool,
 ) -> Result<Switched, ThreadOpError> {
-    if let Some(problem) = context_name_problem(context) {
-        return Err(ThreadOpError::ContextName {
-            context: context.to_owned(),
-            problem,
-        });
-    }
+    check_context_name(context)?;
     let thread = store.load(id).await?;
     if !create {
         thread.check_context(context)?;

@@ -310,22 +310,32 @@ async fn run_program(
         )
     })?;
     if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let excerpt: String = stderr.trim().chars().take(2000).collect();
         return Err(ToolError::new(
             tool_id,
             format!(
                 "`{program}` exited with {}{}",
                 output.status,
-                if excerpt.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {excerpt}")
-                }
+                stderr_excerpt(&output.stderr)
+                    .map(|excerpt| format!(": {excerpt}"))
+                    .unwrap_or_default()
             ),
         ));
     }
     Ok(stdout.trim_end_matches('\n').to_owned())
+}
+
+/// The most characters of a failed program's standard error an error message quotes.
+const STDERR_EXCERPT_CHARS: usize = 2000;
+
+/// The start of what a failed program wrote on standard error, trimmed; `None` when it
+/// wrote nothing.
+pub(crate) fn stderr_excerpt(stderr: &[u8]) -> Option<String> {
+    let excerpt: String = String::from_utf8_lossy(stderr)
+        .trim()
+        .chars()
+        .take(STDERR_EXCERPT_CHARS)
+        .collect();
+    (!excerpt.is_empty()).then_some(excerpt)
 }
 
 /// Gives `command` only `environment` and this process's `PATH`: none of the variables of

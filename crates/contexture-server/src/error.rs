@@ -5,6 +5,7 @@
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use contexture_core::thread::UnknownContext;
 use contexture_store::StoreError;
 use serde_json::json;
 
@@ -29,6 +30,20 @@ impl ApiError {
             code: "invalid_request",
             message: message.into(),
             param: Some(param.into()),
+        }
+    }
+
+    /// 404 naming `context`, as for a thread that does not exist: the request is well
+    /// formed, the context it names is not there. `thread` is the client's id.
+    pub fn unknown_context(thread: &str, unknown: &UnknownContext) -> ApiError {
+        ApiError {
+            param: Some("context".into()),
+            message: format!(
+                "thread `{thread}` has no context `{}` (its contexts: {})",
+                unknown.context,
+                unknown.known.join(", ")
+            ),
+            ..ApiError::not_found("context", &unknown.context)
         }
     }
 

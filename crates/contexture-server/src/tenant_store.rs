@@ -152,18 +152,13 @@ impl<'a> TenantStore<'a> {
                     param: Some(param.into()),
                 }
             }
-            // A 404 as for a thread that does not exist: the request is well formed, the
-            // context it names is not there.
-            ThreadOpError::UnknownContext(unknown) => ApiError {
-                param: Some("context".into()),
-                message: format!(
-                    "thread `{}` has no context `{}` (its contexts: {}); a switch with `create` starts a new one",
-                    self.unscoped(&unknown.thread),
-                    unknown.context,
-                    unknown.known.join(", ")
-                ),
-                ..ApiError::not_found("context", &unknown.context)
-            },
+            ThreadOpError::UnknownContext(unknown) => {
+                let mut error = ApiError::unknown_context(self.unscoped(&unknown.thread), &unknown);
+                error
+                    .message
+                    .push_str("; a switch with `create` starts a new one");
+                error
+            }
             error @ ThreadOpError::ContextName { .. } => {
                 ApiError::invalid("context", format!("context: {error}"))
             }

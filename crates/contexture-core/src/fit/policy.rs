@@ -87,10 +87,7 @@ impl FitPolicy {
     /// `model` as requests under this policy see it: with the policy's window in place of
     /// the registry's, when it sets one.
     pub fn model(&self, model: ModelInfo) -> ModelInfo {
-        let model = ModelInfo {
-            system_role: self.system_role.unwrap_or(model.system_role),
-            ..model
-        };
+        let model = self.placing_system_prompt(model);
         match self.window {
             Some(window) => ModelInfo {
                 context_window: window,
@@ -100,13 +97,18 @@ impl FitPolicy {
         }
     }
 
+    /// `model` with the policy's system-prompt placement, when it sets one.
+    fn placing_system_prompt(&self, model: ModelInfo) -> ModelInfo {
+        ModelInfo {
+            system_role: self.system_role.unwrap_or(model.system_role),
+            ..model
+        }
+    }
+
     /// `model` under a policy that may only lower its window (a chat thread's own, which a
     /// client sets): the policy's window when it is smaller than the registry's.
     pub fn model_at_most(&self, model: ModelInfo) -> ModelInfo {
-        let model = ModelInfo {
-            system_role: self.system_role.unwrap_or(model.system_role),
-            ..model
-        };
+        let model = self.placing_system_prompt(model);
         match self.window {
             Some(window) if window < model.context_window => ModelInfo {
                 context_window: window,

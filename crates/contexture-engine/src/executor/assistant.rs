@@ -164,13 +164,7 @@ impl<S: Store> Executor<S> {
             let reply = run.hooks.iter().try_fold(reply, |reply, hook| {
                 hook.after_llm_call(&call, reply)
                     .map_err(|error| HookFailed::new(&**hook, HookPoint::AfterLlmCall, error))
-            });
-            let reply = match reply {
-                Ok(reply) => reply,
-                Err(failed) => {
-                    return Err(Abort::Step(StepError::Hook(failed)));
-                }
-            };
+            })?;
             // A reply that goes on into tool calls enters the step's log in the same append
             // as its request's end, which then stores it once (by reference); unless what the
             // call spent stops the step, whose log then ends before the reply.

@@ -68,7 +68,7 @@ impl<S: Store> Executor<S> {
             while failed_at.is_none() && next < total && running.len() < limit {
                 let index = next;
                 let mut item_run = run.staged_item((index - recorded) as u64);
-                let work = Work::item_at(&iteration, index);
+                let work = Work::item_at(&iteration, index, Vec::new());
                 let state_id = iteration.state_id.clone();
                 running.push(async move {
                     let result = self.run_step(&mut item_run, &state_id, &work).await;

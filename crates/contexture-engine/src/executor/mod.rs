@@ -213,8 +213,9 @@ impl Run {
         }
     }
 
-    /// Folds `kind` into this item's copy of the run without recording it: an event an
-    /// earlier item of the iteration records.
+    /// Folds `kind` into this item's copy of the run without recording it (at the copy's
+    /// next seq): what the item records is held apart, and what an earlier item records or
+    /// another writer appended is only seen.
     pub fn see(&mut self, kind: EventKind) -> Result<(), ExecError> {
         let seq = self.log.thread().last_seq() + 1;
         self.log
@@ -223,6 +224,16 @@ impl Run {
                 execution_id: self.id.clone(),
                 source,
             })
+    }
+
+    /// Records `kind` in this item's copy of the run: seen at once, held until the items
+    /// before it are recorded.
+    fn hold(&mut self, kind: EventKind) -> Result<(), ExecError> {
+        self.see(kind.clone())?;
+        if let Some(staging) = &mut self.staging {
+            staging.events.push(kind);
+        }
+        Ok(())
     }
 
     fn earlier_items(&self) -> u64 {
@@ -614,7 +625,6 @@ impl<S: Store> Executor<S> {
         })
     }
 
-    /// Problems that would stop the workflow before or during its run, found up front.
     /// The hooks of a run of `workflow` (from `file`): its hook programs, then the
     /// executor's.
     fn hooks_of(&self, workflow: &Workflow, file: &str) -> Result<Vec<Arc<dyn Hook>>, ExecError> {
@@ -631,6 +641,7 @@ impl<S: Store> Executor<S> {
         Ok(hooks)
     }
 
+    /// Problems that would stop the workflow before or during its run, found up front.
     fn check_runnable(
         &self,
         workflow: &Workflow,
@@ -725,18 +736,8 @@ impl<S: Store> Executor<S> {
         run: &mut Run,
         events: Vec<EventKind>,
     ) -> Result<(), ExecError> {
-        if let Some(staging) = &mut run.staging {
-            for kind in events {
-                let seq = run.log.thread().last_seq() + 1;
-                run.log
-                    .apply(Event::new(seq, kind.clone()))
-                    .map_err(|source| ExecError::Log {
-                        execution_id: run.id.clone(),
-                        source,
-                    })?;
-                staging.events.push(kind);
-            }
-            return Ok(());
+        if run.staging.is_some() {
+            return events.into_iter().try_for_each(|kind| run.hold(kind));
         }
         let seqs = self
             .store
@@ -786,19 +787,15 @@ impl<S: Store> Executor<S> {
 impl<S: Store> Executor<S> {
     /// Folds in what other writers appended to the run's log (a cancellation, say).
     pub(crate) async fn refresh(&self, run: &mut Run) -> Result<(), ExecError> {
-        if let Some(staging) = &mut run.staging {
+        if run.staging.is_some() {
             // An item's copy holds events the store has not seen, so it takes in only what
             // concerns it from other writers: a cancellation.
-            for event in self.store.events_after(&run.id, staging.store_seq).await? {
-                staging.store_seq = event.seq;
+            for event in self.store.events_after(&run.id, run.store_seq()).await? {
+                if let Some(staging) = &mut run.staging {
+                    staging.store_seq = event.seq;
+                }
                 if let EventKind::CancelRequested(_) = event.kind {
-                    let seq = run.log.thread().last_seq() + 1;
-                    run.log
-                        .apply(Event::new(seq, event.kind))
-                        .map_err(|source| ExecError::Log {
-                            execution_id: run.id.clone(),
-                            source,
-                        })?;
+                    run.see(event.kind)?;
                 }
             }
             return Ok(());

@@ -53,32 +53,23 @@ pub(crate) enum Work {
 }
 
 impl Work {
-    /// The work of an iteration's next item.
-    pub(crate) fn item(iteration: Iteration) -> Work {
+    /// The work of an iteration's next item, with the results of the items before it.
+    pub(crate) fn item(mut iteration: Iteration) -> Work {
         let index = iteration.done.len();
-        match iteration.items.get(index) {
-            Some(value) => Work::Item {
-                index,
-                value: value.clone(),
-                total: iteration.items.len(),
-                done: iteration.done,
-                merge: iteration.merge,
-                keys: iteration.keys,
-            },
-            None => Work::NoItems,
-        }
+        let done = std::mem::take(&mut iteration.done);
+        Work::item_at(&iteration, index, done)
     }
 
-    /// The work of item `index` of an iteration whose items run at once: it runs before
-    /// the items ahead of it are recorded, so it carries none of their results (the last
-    /// item's end is recorded with them, through [`Work::item`]).
-    pub(crate) fn item_at(iteration: &Iteration, index: usize) -> Work {
+    /// The work of item `index` of `iteration`, `done` the results it carries (an item run
+    /// alongside earlier ones carries none: its end is recorded once theirs are, through
+    /// [`Work::item`]).
+    pub(crate) fn item_at(iteration: &Iteration, index: usize, done: Vec<ItemResult>) -> Work {
         match iteration.items.get(index) {
             Some(value) => Work::Item {
                 index,
                 value: value.clone(),
                 total: iteration.items.len(),
-                done: Vec::new(),
+                done,
                 merge: iteration.merge,
                 keys: iteration.keys.clone(),
             },
@@ -398,10 +389,9 @@ impl<S: Store> Executor<S> {
             Ok(output) => output,
             Err(Abort::Exec(error)) => return Err(error),
             Err(Abort::Step(error)) => {
-                if let Some(fork) = &fork {
-                    self.account_fork(run, fork).await?;
-                }
-                return Err(self.fail(run, &current.info, error).await);
+                return Err(self
+                    .fail_forked(run, fork.as_ref(), &current.info, error)
+                    .await);
             }
         };
         let output = match output.map(|output| {
@@ -491,12 +481,7 @@ impl<S: Store> Executor<S> {
         };
         let events = match events {
             Ok(events) => events,
-            Err(error) => {
-                if let Some(fork) = &fork {
-                    self.account_fork(run, fork).await?;
-                }
-                return Err(self.fail(run, &ran.info, error).await);
-            }
+            Err(error) => return Err(self.fail_forked(run, fork.as_ref(), &ran.info, error).await),
         };
         let (Some(fork), Some(settings)) = (fork.as_mut(), state.fork.as_ref()) else {
             return self.append(run, events).await;
@@ -516,8 +501,7 @@ impl<S: Store> Executor<S> {
             Ok(()) => Ok(()),
             Err(Abort::Exec(error)) => Err(error),
             Err(Abort::Step(error)) => {
-                self.account_fork(run, fork).await?;
-                Err(self.fail(run, &ran.info, error).await)
+                Err(self.fail_forked(run, Some(fork), &ran.info, error).await)
             }
         }
     }
@@ -655,6 +639,23 @@ impl<S: Store> Executor<S> {
             }
             StepKind::Transform(values) => Ok(transform(values, context, options)?),
         }
+    }
+
+    /// Records a step's failure ([`Executor::fail`]), after what its `fork` spent, when it
+    /// ran on one ([`Executor::account_fork`]).
+    async fn fail_forked(
+        &self,
+        run: &mut Run,
+        fork: Option<&Run>,
+        info: &StepInfo,
+        error: StepError,
+    ) -> ExecError {
+        if let Some(fork) = fork
+            && let Err(error) = self.account_fork(run, fork).await
+        {
+            return error;
+        }
+        self.fail(run, info, error).await
     }
 
     /// Records a step's failure and the run's end (failed, or cancelled), and returns the

@@ -33,15 +33,13 @@ use super::{
     BeforeCall, CallInfo, CompactionInfo, HistoryChange, Hook, HookError, HookPoint, StepInfo,
 };
 use crate::compaction::CompactionReport;
+use crate::tools::{confine_environment, stderr_excerpt};
 
 /// How long a hook program may take to answer unless its declaration says otherwise.
 pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The most a hook program may write on standard output: a view holds a whole request.
 const MAX_ANSWER_BYTES: u64 = 64 * 1024 * 1024;
-
-/// How much of a failed program's standard error an error quotes.
-const STDERR_EXCERPT_CHARS: usize = 2000;
 
 /// A hook program as configuration declares it (a workflow's `hooks`, the server's
 /// `hooks`).
@@ -189,7 +187,7 @@ impl ProgramHook {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         if let Some(environment) = &self.environment {
-            crate::tools::confine_environment(&mut command, environment);
+            confine_environment(&mut command, environment);
         }
         let mut child = command
             .spawn()
@@ -249,15 +247,12 @@ impl ProgramHook {
             let stderr = stderr
                 .and_then(|reader| reader.join().ok())
                 .unwrap_or_default();
-            let stderr = String::from_utf8_lossy(&stderr);
-            let excerpt: String = stderr.trim().chars().take(STDERR_EXCERPT_CHARS).collect();
             return Err(HookError::new(format!(
                 "`{program}` exited with {status}{}",
-                if excerpt.is_empty() {
-                    " (it wrote nothing on standard error)".to_owned()
-                } else {
-                    format!(": {excerpt}")
-                }
+                stderr_excerpt(&stderr).map_or_else(
+                    || " (it wrote nothing on standard error)".to_owned(),
+                    |excerpt| format!(": {excerpt}")
+                )
             )));
         }
         if stdout.len() as u64 > MAX_ANSWER_BYTES {

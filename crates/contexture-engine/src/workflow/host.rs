@@ -1,8 +1,8 @@
 //! What a workflow may do on the host that runs it.
 //!
 //! A workflow can declare things that reach outside the engine: `command` tools start a
-//! program, MCP servers with a `command` start one too, and so do hook programs (`hooks`). Whoever wrote the workflow
-//! decides whether that is acceptable: the operator's own files may (when the operator
+//! program, MCP servers with a `command` start one too, and so do hook programs (`hooks`).
+//! Whoever wrote the workflow decides whether that is acceptable: the operator's own files may (when the operator
 //! allows it), a workflow a client sent over the network never may. [`Programs`] carries that
 //! decision into validation, so a refused workflow is refused before anything runs, with a
 //! diagnostic at the tool or server that would have started a program.

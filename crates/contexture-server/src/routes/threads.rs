@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use contexture_core::budget::BudgetBreakdown;
 use contexture_core::format::openai;
 use contexture_core::thread::{
-    ConflictPolicy, FitRecord, MergeKeys, MergePolicy, MergeSpec, ThreadPolicy, UnknownContext,
+    ConflictPolicy, FitRecord, MergeKeys, MergePolicy, MergeSpec, ThreadPolicy,
 };
 use contexture_core::tokens::Encoding;
 use contexture_engine::compaction::{CompactOptions, compact_stored};
@@ -43,20 +43,6 @@ pub(crate) fn parse_messages(
         let text = text.replacen("messages", param, 1);
         ApiError::invalid(param, text)
     })
-}
-
-/// A 404 naming `context`, as for a thread that does not exist: the request is well formed,
-/// the context it names is not there.
-fn unknown_context(id: &str, unknown: &UnknownContext) -> ApiError {
-    ApiError {
-        param: Some("context".into()),
-        message: format!(
-            "thread `{id}` has no context `{}` (its contexts: {})",
-            unknown.context,
-            unknown.known.join(", ")
-        ),
-        ..ApiError::not_found("context", &unknown.context)
-    }
 }
 
 fn id_param(what: &str, id: &str) -> ApiResult<()> {
@@ -510,10 +496,8 @@ pub async fn messages(
     let messages = match thread_messages(threads.store(), &threads.stored_id(&id), &view).await {
         Ok(messages) => messages,
         Err(ThreadReadError::Thread(error)) => return Err(thread_fit_error(&threads, error)),
-        // A 404, as for a thread that does not exist: the request is well formed, the
-        // context it names is not there.
         Err(ThreadReadError::UnknownContext(unknown)) => {
-            return Err(unknown_context(&id, &unknown));
+            return Err(ApiError::unknown_context(&id, &unknown));
         }
     };
     Ok(Json(MessagesAnswer {
