@@ -128,6 +128,11 @@ impl Default for Keep {
     }
 }
 
+/// The most retries a compaction policy may ask for: each one is another call to the
+/// summarizer, so a policy (which a client may set on its thread) bounds the calls one
+/// compaction makes.
+pub const MAX_RETRIES: u32 = 5;
+
 /// A compaction policy: for an assistant (in a workflow) or a thread.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -143,7 +148,8 @@ pub struct CompactionPolicy {
     /// The summarizer's prompt, overriding [`DEFAULT_PROMPT`]; it must contain
     /// `{transcript}` and may contain `{previous_summary}`.
     pub prompt: Option<String>,
-    /// Attempts after a failed or empty summary before the compaction gives up (default 2).
+    /// Attempts after a failed or empty summary before the compaction gives up (default 2,
+    /// at most [`MAX_RETRIES`]).
     pub max_retries: u32,
     /// The most tokens the summary may take (default 1,024): the summarizer's reply limit,
     /// and the extractive summary's budget.
@@ -185,6 +191,15 @@ impl CompactionPolicy {
             && let Err(error) = prompt::check_template(prompt)
         {
             problems.push(("prompt", error.to_string()));
+        }
+        if self.max_retries > MAX_RETRIES {
+            problems.push((
+                "max_retries",
+                format!(
+                    "max_retries must be at most {MAX_RETRIES} (each retry is another summarizer call), not {}",
+                    self.max_retries
+                ),
+            ));
         }
         if self.summary_tokens < 16 {
             problems.push((

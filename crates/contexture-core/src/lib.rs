@@ -14,6 +14,7 @@ pub mod fit;
 pub mod format;
 pub mod map_only;
 pub mod message;
+pub mod names;
 pub mod registry;
 pub mod thread;
 pub mod tokens;

@@ -15,8 +15,13 @@
 //! - seqs start at 1 and have no gaps;
 //! - a context operation ([`EventKind::ContextReplaced`], [`EventKind::ContextSwitched`])
 //!   applies at once when no request is in flight, otherwise it is queued and applies, in
-//!   order, when the request ends (whatever the outcome); an operation whose op id was seen
-//!   before has no effect;
+//!   order, when the last request in flight ends (whatever the outcome); an operation whose
+//!   op id was seen before has no effect;
+//! - requests may overlap: writers serialize a thread's turns, but a log written without
+//!   that (or by a server that stopped mid-request) still replays. A request that starts
+//!   while others are in flight joins them; an end names the request it ends, and an end of
+//!   a request not in flight only counts its usage. Every sequence of events a store accepts
+//!   replays, so a thread never becomes unreadable;
 //! - a replace based on seq `S` keeps every message appended after `S`;
 //! - system-like messages (system, developer) never enter the message list: the latest one in
 //!   effect is the context's system prompt, so restoring a snapshot that starts with a system
@@ -50,27 +55,68 @@ pub use execution::{
 pub use merge::{MergeError, MergeKeys, MergeSpec};
 pub use projection::{ProjectedMessage, Projection};
 
+/// The most contexts an [`UnknownContext`] names: a thread may have many, and an error
+/// stays short.
+pub const CONTEXTS_NAMED: usize = 20;
+
+/// The contexts a thread may have by default (`main` included); a switch that would start
+/// one more is refused ([`TooManyContexts`]).
+pub const DEFAULT_MAX_CONTEXTS: usize = 64;
+
 /// A context a thread does not have, named where one it has is needed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("thread `{thread}` has no context `{context}` (its contexts: {})", known.join(", "))]
+#[error("thread `{thread}` has no context `{context}` ({})", self.known_text())]
 pub struct UnknownContext {
     /// The thread.
     pub thread: String,
     /// The context named.
     pub context: String,
-    /// The contexts it has.
+    /// The first [`CONTEXTS_NAMED`] contexts it has, in name order.
     pub known: Vec<String>,
+    /// How many contexts it has.
+    pub count: usize,
 }
 
-/// What makes `context` unusable as a context name (empty, over 200 characters, control
-/// characters), if anything.
+impl UnknownContext {
+    /// The contexts the thread has, as the error names them: all of them, or the first
+    /// [`CONTEXTS_NAMED`] and how many there are.
+    pub fn known_text(&self) -> String {
+        if self.count > self.known.len() {
+            format!(
+                "it has {} contexts; the first {}: {}",
+                self.count,
+                self.known.len(),
+                self.known.join(", ")
+            )
+        } else {
+            format!("its contexts: {}", self.known.join(", "))
+        }
+    }
+}
+
+/// A context a thread cannot start: it has as many as it may.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "thread `{thread}` cannot start context `{context}`: it has {limit} contexts, the most it may; switch to one it has"
+)]
+pub struct TooManyContexts {
+    /// The thread.
+    pub thread: String,
+    /// The context named.
+    pub context: String,
+    /// The most contexts a thread may have.
+    pub limit: usize,
+}
+
+/// What makes `context` unusable as a context name (empty, over 200 characters, a
+/// character that does not show: see [`crate::names`]), if anything.
 pub fn context_name_problem(context: &str) -> Option<&'static str> {
     if context.trim().is_empty() {
         Some("it is empty")
     } else if context.chars().count() > 200 {
         Some("it has more than 200 characters")
-    } else if context.chars().any(char::is_control) {
-        Some("it contains control characters")
+    } else if crate::names::hidden_char(context).is_some() {
+        Some("it contains control or invisible characters")
     } else {
         None
     }
@@ -118,24 +164,6 @@ pub enum ThreadError {
         seq: u64,
         /// The fork point it names.
         at_seq: u64,
-    },
-    /// A request started while another one is in flight.
-    #[error("event {seq}: request `{started}` started while request `{in_flight}` is in flight")]
-    RequestInFlight {
-        /// The event's seq.
-        seq: u64,
-        /// The request in flight.
-        in_flight: String,
-        /// The request that tried to start.
-        started: String,
-    },
-    /// A request ended that is not in flight.
-    #[error("event {seq}: request `{request_id}` ended but is not in flight")]
-    RequestNotInFlight {
-        /// The event's seq.
-        seq: u64,
-        /// The request named.
-        request_id: String,
     },
 }
 
@@ -228,7 +256,8 @@ pub struct Thread {
     /// Every context a switch made active.
     switched_to: BTreeSet<String>,
     store: Map<String, Value>,
-    in_flight: Option<String>,
+    /// The requests in flight, oldest first.
+    in_flight: Vec<String>,
     queue: VecDeque<QueuedOp>,
     seen_ops: HashSet<String>,
     /// Usage per event (request ends and merges), by seq.
@@ -255,7 +284,7 @@ impl Thread {
             active: DEFAULT_CONTEXT.to_string(),
             switched_to: BTreeSet::new(),
             store: Map::new(),
-            in_flight: None,
+            in_flight: Vec::new(),
             queue: VecDeque::new(),
             seen_ops: HashSet::new(),
             usage_log: Vec::new(),
@@ -293,9 +322,15 @@ impl Thread {
         self.fork.as_ref()
     }
 
-    /// The request in flight, if any.
+    /// The oldest request in flight, if any.
     pub fn in_flight(&self) -> Option<&str> {
-        self.in_flight.as_deref()
+        self.in_flight.first().map(String::as_str)
+    }
+
+    /// Every request in flight, oldest first: more than one only in a log whose turns
+    /// overlapped.
+    pub fn requests_in_flight(&self) -> &[String] {
+        &self.in_flight
     }
 
     /// Context replaces waiting for the request in flight to end, in order.
@@ -337,7 +372,25 @@ impl Thread {
         Err(UnknownContext {
             thread: self.id().to_owned(),
             context: context.to_owned(),
-            known: known.into_iter().map(str::to_owned).collect(),
+            count: known.len(),
+            known: known
+                .into_iter()
+                .take(CONTEXTS_NAMED)
+                .map(str::to_owned)
+                .collect(),
+        })
+    }
+
+    /// Fails when `context` would be a new context of a thread that has `limit` already.
+    pub fn check_room_for(&self, context: &str, limit: usize) -> Result<(), TooManyContexts> {
+        let known = self.contexts();
+        if known.contains(context) || known.len() < limit {
+            return Ok(());
+        }
+        Err(TooManyContexts {
+            thread: self.id().to_owned(),
+            context: context.to_owned(),
+            limit,
         })
     }
 
@@ -395,7 +448,7 @@ impl Thread {
             EventKind::MessageAppended { message } => self.add_message(seq, message),
             EventKind::ContextReplaced(op) => {
                 if self.seen_ops.insert(op.op_id.clone()) {
-                    if self.in_flight.is_some() {
+                    if !self.in_flight.is_empty() {
                         self.queue.push_back(QueuedOp::Replace(op));
                     } else {
                         self.apply_replace(op);
@@ -405,7 +458,7 @@ impl Thread {
             EventKind::ContextSwitched { context, op_id } => {
                 let fresh = op_id.is_none_or(|op_id| self.seen_ops.insert(op_id));
                 if fresh {
-                    if self.in_flight.is_some() {
+                    if !self.in_flight.is_empty() {
                         self.queue.push_back(QueuedOp::Switch(context));
                     } else {
                         self.switch_to(context);
@@ -415,7 +468,7 @@ impl Thread {
             EventKind::StoreChanged(change) => self.change_store(change),
             EventKind::Forked { parent, at_seq } => {
                 self.fork = Some(ForkPoint { parent, at_seq });
-                self.in_flight = None;
+                self.in_flight.clear();
                 self.drain_queue();
             }
             EventKind::Merged(merge) => {
@@ -429,26 +482,19 @@ impl Thread {
                 self.merged.insert(merge.child, merge.child_seq);
             }
             EventKind::RequestStarted(record) => {
-                if let Some(in_flight) = &self.in_flight {
-                    return Err(ThreadError::RequestInFlight {
-                        seq,
-                        in_flight: in_flight.clone(),
-                        started: record.request_id,
-                    });
+                if !self.in_flight.contains(&record.request_id) {
+                    self.in_flight.push(record.request_id);
                 }
-                self.in_flight = Some(record.request_id);
                 self.last_request = Some(seq);
             }
             EventKind::RequestEnded(end) => {
-                if self.in_flight.as_deref() != Some(end.request_id.as_str()) {
-                    return Err(ThreadError::RequestNotInFlight {
-                        seq,
-                        request_id: end.request_id,
-                    });
-                }
-                self.in_flight = None;
                 self.usage_log.push((seq, end.usage));
-                self.drain_queue();
+                if let Some(at) = self.in_flight.iter().position(|id| *id == end.request_id) {
+                    self.in_flight.remove(at);
+                    if self.in_flight.is_empty() {
+                        self.drain_queue();
+                    }
+                }
             }
             // The execution log is read by the executor; it leaves the projection alone.
             EventKind::RunStarted(_)
@@ -556,14 +602,14 @@ pub fn projection_watermark<'a>(events: impl IntoIterator<Item = (u64, &'a Event
     let mut bases: BTreeMap<&str, u64> = BTreeMap::new();
     let mut seen: HashSet<&str> = HashSet::new();
     let mut queue: Vec<Result<&ContextReplace, &str>> = Vec::new();
-    let mut busy = false;
+    let mut in_flight: Vec<&str> = Vec::new();
     // Mirrors the fold's rules for when a replace or a switch takes effect (see
     // `Thread::apply`); a queued switch is `Err(context)`.
     for (_, kind) in events {
         match kind {
             EventKind::ContextReplaced(op) => {
                 if seen.insert(op.op_id.as_str()) {
-                    if busy {
+                    if !in_flight.is_empty() {
                         queue.push(Ok(op));
                     } else {
                         bases.insert(op.context.as_str(), op.to_seq);
@@ -572,24 +618,28 @@ pub fn projection_watermark<'a>(events: impl IntoIterator<Item = (u64, &'a Event
             }
             EventKind::ContextSwitched { context, op_id } => {
                 if op_id.as_deref().is_none_or(|op_id| seen.insert(op_id)) {
-                    if busy {
+                    if !in_flight.is_empty() {
                         queue.push(Err(context.as_str()));
                     } else {
                         active = context.clone();
                     }
                 }
             }
-            EventKind::RequestStarted(_) => busy = true,
-            EventKind::RequestEnded(_) | EventKind::Forked { .. } => {
-                busy = false;
-                for op in queue.drain(..) {
-                    match op {
-                        Ok(op) => {
-                            bases.insert(op.context.as_str(), op.to_seq);
-                        }
-                        Err(context) => active = context.to_owned(),
-                    }
+            EventKind::RequestStarted(record) => {
+                if !in_flight.contains(&record.request_id.as_str()) {
+                    in_flight.push(record.request_id.as_str());
                 }
+            }
+            EventKind::RequestEnded(end) => {
+                let before = in_flight.len();
+                in_flight.retain(|id| *id != end.request_id);
+                if before > 0 && in_flight.is_empty() {
+                    apply_queued(&mut queue, &mut bases, &mut active);
+                }
+            }
+            EventKind::Forked { .. } => {
+                in_flight.clear();
+                apply_queued(&mut queue, &mut bases, &mut active);
             }
             EventKind::MessageAppended { .. }
             | EventKind::StoreChanged(_)
@@ -607,4 +657,20 @@ pub fn projection_watermark<'a>(events: impl IntoIterator<Item = (u64, &'a Event
         }
     }
     bases.get(active.as_str()).copied().unwrap_or(0)
+}
+
+/// Applies the operations `projection_watermark` queued while requests were in flight.
+fn apply_queued<'a>(
+    queue: &mut Vec<Result<&'a ContextReplace, &'a str>>,
+    bases: &mut BTreeMap<&'a str, u64>,
+    active: &mut String,
+) {
+    for op in queue.drain(..) {
+        match op {
+            Ok(op) => {
+                bases.insert(op.context.as_str(), op.to_seq);
+            }
+            Err(context) => *active = context.to_owned(),
+        }
+    }
 }

@@ -273,37 +273,36 @@ fn operations_apply_at_once_when_idle_and_are_idempotent_by_op_id() {
 }
 
 #[test]
-fn request_pairing_is_enforced() {
+fn overlapping_requests_replay_and_operations_wait_for_the_last_one() {
+    // Turns that were not serialized: two requests in flight at once, an end of a request
+    // that is not in flight, and a replace that arrives while both are in flight.
     let mut log = Log::default();
+    let s = log.say(Message::user("u1"));
     log.start("a");
-    let mut thread = log.thread("t");
-    let second = Event::new(
-        2,
-        EventKind::RequestStarted(RequestRecord {
-            request_id: "b".into(),
-            model: None,
-            messages: vec![],
-            budget: None,
-            ..Default::default()
-        }),
-    );
-    assert!(matches!(
-        thread.apply(second),
-        Err(ThreadError::RequestInFlight { .. })
+    log.start("b");
+    log.replace(ContextReplace::new(
+        "op",
+        ReplaceReason::Manual,
+        s,
+        vec![Message::assistant("summary")],
     ));
-    let wrong_end = Event::new(
-        2,
-        EventKind::RequestEnded(RequestEnd::new(
-            "b",
-            RequestOutcome::Completed,
-            Usage::default(),
-        )),
+    log.end("stray", RequestOutcome::Failed, Usage::new(1, 0));
+    log.end("a", RequestOutcome::Completed, Usage::new(10, 2));
+    let busy = log.thread("t");
+    assert_eq!(busy.requests_in_flight(), ["b"]);
+    assert_eq!(busy.queued_ops().count(), 1, "b is still in flight");
+    log.say(Message::assistant("answer a"));
+    log.end("b", RequestOutcome::Completed, Usage::new(20, 3));
+    log.say(Message::assistant("answer b"));
+    let idle = log.thread("t");
+    assert_eq!(idle.in_flight(), None);
+    assert_eq!(idle.queued_ops().count(), 0);
+    assert_eq!(
+        texts(&idle.projection().messages),
+        ["summary", "answer a", "answer b"]
     );
-    assert!(matches!(
-        thread.apply(wrong_end),
-        Err(ThreadError::RequestNotInFlight { .. })
-    ));
-    assert_eq!(thread.last_seq(), 1);
+    // Every end counts its usage, the stray one too.
+    assert_eq!(idle.usage(), Usage::new(31, 5));
 }
 
 #[test]

@@ -31,7 +31,15 @@ enum Step {
         /// An op id from a small set, so that retries (a repeated id) happen.
         op: Option<u8>,
     },
-    Request,
+    /// Starts a request, which may overlap others (a log written by turns that were not
+    /// serialized).
+    Start,
+    /// Ends the request in flight picked by `pick`, or, when `stray` is set or none is in
+    /// flight, a request that is not in flight.
+    End {
+        pick: u8,
+        stray: bool,
+    },
     Set {
         key: u8,
         value: u8,
@@ -55,7 +63,8 @@ fn step() -> impl Strategy<Value = Step> {
         3 => (0u8..6, any::<bool>(), any::<u8>(), any::<bool>(), 0u8..4)
             .prop_map(|(op, alt, back, lead_system, len)| Step::Replace { op, alt, back, lead_system, len }),
         1 => (any::<bool>(), prop::option::of(0u8..4)).prop_map(|(alt, op)| Step::Switch { alt, op }),
-        2 => Just(Step::Request),
+        2 => Just(Step::Start),
+        2 => (any::<u8>(), prop::bool::weighted(0.1)).prop_map(|(pick, stray)| Step::End { pick, stray }),
         1 => (0u8..3, any::<u8>()).prop_map(|(key, value)| Step::Set { key, value }),
         1 => (0u8..3).prop_map(|key| Step::Unset { key }),
         1 => Just(Step::Clear),
@@ -66,10 +75,11 @@ fn context(alt: bool) -> String {
     if alt { "alt".into() } else { "main".into() }
 }
 
-/// Builds a valid log: requests alternate start and end (with varied outcomes).
+/// Builds a log a store may hold: requests start and end (with varied outcomes), mostly one
+/// at a time, sometimes overlapping, sometimes with an end of a request not in flight.
 fn build(steps: &[Step]) -> Vec<Event> {
     let mut events: Vec<Event> = Vec::new();
-    let mut busy: Option<String> = None;
+    let mut busy: Vec<String> = Vec::new();
     for (i, step) in steps.iter().enumerate() {
         let seq = events.len() as u64 + 1;
         let kind = match step {
@@ -119,8 +129,24 @@ fn build(steps: &[Step]) -> Vec<Event> {
                 context: context(*alt),
                 op_id: op.map(|op| format!("switch{op}")),
             },
-            Step::Request => match busy.take() {
-                Some(request_id) => EventKind::RequestEnded(RequestEnd::new(
+            Step::Start => {
+                let request_id = format!("req{seq}");
+                busy.push(request_id.clone());
+                EventKind::RequestStarted(RequestRecord {
+                    request_id,
+                    model: None,
+                    messages: vec![],
+                    budget: None,
+                    ..Default::default()
+                })
+            }
+            Step::End { pick, stray } => {
+                let request_id = if *stray || busy.is_empty() {
+                    format!("stray{seq}")
+                } else {
+                    busy.remove(usize::from(*pick) % busy.len())
+                };
+                EventKind::RequestEnded(RequestEnd::new(
                     request_id,
                     [
                         RequestOutcome::Completed,
@@ -128,19 +154,8 @@ fn build(steps: &[Step]) -> Vec<Event> {
                         RequestOutcome::Cancelled,
                     ][i % 3],
                     Usage::new(seq, 1),
-                )),
-                None => {
-                    let request_id = format!("req{seq}");
-                    busy = Some(request_id.clone());
-                    EventKind::RequestStarted(RequestRecord {
-                        request_id,
-                        model: None,
-                        messages: vec![],
-                        budget: None,
-                        ..Default::default()
-                    })
-                }
-            },
+                ))
+            }
             Step::Set { key, value } => EventKind::StoreChanged(StoreChange::Set {
                 key: format!("k{key}"),
                 value: json!(value),
@@ -171,7 +186,8 @@ fn naive(
     let mut effects = Vec::new();
     let mut pending = Vec::new();
     let mut seen = Vec::new();
-    let mut busy = false;
+    // The requests in flight: operations wait until none is.
+    let mut busy: Vec<&str> = Vec::new();
     let mut active = "main".to_string();
     let mut store = Map::new();
     for event in events {
@@ -181,15 +197,18 @@ fn naive(
             }
             EventKind::ContextReplaced(op) if !seen.contains(&op.op_id) => {
                 seen.push(op.op_id.clone());
-                if busy {
+                if !busy.is_empty() {
                     pending.push(Ok(op))
                 } else {
                     effects.push(Effect::Replace(op))
                 }
             }
-            EventKind::RequestStarted(_) => busy = true,
-            EventKind::RequestEnded(_) => {
-                busy = false;
+            EventKind::RequestStarted(record) => busy.push(&record.request_id),
+            EventKind::RequestEnded(end) if busy.contains(&end.request_id.as_str()) => {
+                busy.retain(|id| *id != end.request_id);
+                if !busy.is_empty() {
+                    continue;
+                }
                 for op in pending.drain(..) {
                     match op {
                         Ok(op) => effects.push(Effect::Replace(op)),
@@ -207,7 +226,7 @@ fn naive(
                     }
                     None => true,
                 };
-                if fresh && busy {
+                if fresh && !busy.is_empty() {
                     pending.push(Err(context.clone()));
                 } else if fresh {
                     active = context.clone();
