@@ -2,6 +2,10 @@
 //! completions (the server's OpenAI-compatible endpoint), and each turn goes through
 //! [`ChatTurn`]:
 //!
+//! 0. The turn waits for its thread ([`crate::turns`]): turns on one thread run one at a
+//!    time, in the order they arrived, so each is fitted with the answer of the one before.
+//!    A request the thread still shows in flight was left by a server that stopped (it
+//!    would hold the thread otherwise): its end is recorded as failed with the new turn.
 //! 1. The request's new messages ([`new_messages`]) are checked ([`check_tool_results`]) and
 //!    appended to the thread (each with the turn's idempotency key, when it has one) before
 //!    anything is sent, so a failed call loses nothing the client said. A turn that cannot
@@ -39,6 +43,7 @@ use crate::calls::answered_end;
 use crate::compaction::{CompactRequest, CompactionOutcome, Compactor, compact_stored};
 use crate::executor::ExecError;
 use crate::fitting::{FitError, FitSettings, FittedRequest, ThreadFitError};
+use crate::turns::{TurnLease, TurnWaitError};
 
 /// Why a chat turn cannot go ahead.
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +76,9 @@ pub enum ChatError {
         /// The key.
         key: String,
     },
+    /// The turns ahead of this one on its thread did not end in time; nothing was stored.
+    #[error(transparent)]
+    Busy(#[from] TurnWaitError),
     /// The turn's first attempt has not ended yet.
     #[error(
         "the request with Idempotency-Key `{key}` is still being answered; retry when it has ended"
@@ -199,9 +207,12 @@ pub struct ChatTurn<'a, S> {
     pub client_digest: Option<String>,
 }
 
-/// A turn ready to send: its fitted request, recorded.
+/// A turn ready to send: its fitted request, recorded, and its hold on the thread.
 #[derive(Debug)]
 pub struct PreparedTurn {
+    /// The turn's hold on its thread, passed on to its recorder: no other turn of the
+    /// thread starts until the call's end is recorded.
+    pub lease: std::sync::Arc<TurnLease>,
     /// The request's messages, fitted and validated.
     pub fitted: FittedRequest,
     /// The recorded request's id.
@@ -211,12 +222,14 @@ pub struct PreparedTurn {
 }
 
 impl<S: Store> ChatTurn<'_, S> {
-    /// Steps 1 to 3 of the turn for the request's messages `requested`: stores what is new,
-    /// compacts when the trigger fires, fits, and records the request as `request_id`.
+    /// Steps 1 to 3 of the turn for the request's messages `requested`, holding the thread
+    /// with `lease` (step 0, [`crate::turns::TurnQueue::wait_for_turn`]): stores what is
+    /// new, compacts when the trigger fires, fits, and records the request as `request_id`.
     pub async fn prepare(
         &self,
         requested: Vec<Message>,
         request_id: String,
+        lease: TurnLease,
     ) -> Result<PreparedTurn, ChatError> {
         let mut settings = self.settings.clone();
         // The new turns are among the request's messages, and are kept whole.
@@ -228,8 +241,8 @@ impl<S: Store> ChatTurn<'_, S> {
         let loaded = settings
             .load_adopting(self.store, self.thread, own_tokens)
             .await;
-        let (stored, policy) = match loaded {
-            Ok(tail) => (tail.projection, tail.policy),
+        let (stored, policy, abandoned) = match loaded {
+            Ok(tail) => (tail.projection, tail.policy, tail.in_flight),
             Err(ThreadFitError::Store(StoreError::NotFound { .. })) => (
                 Projection {
                     context: "main".into(),
@@ -237,6 +250,7 @@ impl<S: Store> ChatTurn<'_, S> {
                     messages: Vec::new(),
                 },
                 None,
+                Vec::new(),
             ),
             Err(ThreadFitError::Store(error)) => return Err(error.into()),
             Err(ThreadFitError::Fit(error)) => return Err(error.into()),
@@ -269,8 +283,9 @@ impl<S: Store> ChatTurn<'_, S> {
         let turns: Vec<Message> = new_turns.into_iter().cloned().collect();
         settings.fit(preview, &turns, &self.tools)?;
         let new_count = new.iter().filter(|m| !m.role.is_system_like()).count();
-        if !new.is_empty() {
-            let events = NewEvent::messages(new, self.key);
+        let mut events: Vec<NewEvent> = abandoned.into_iter().map(abandoned_end).collect();
+        events.extend(NewEvent::messages(new, self.key));
+        if !events.is_empty() {
             self.store.append(self.thread, events).await?;
         }
 
@@ -330,6 +345,7 @@ impl<S: Store> ChatTurn<'_, S> {
         };
         self.store.append_one(self.thread, started).await?;
         Ok(PreparedTurn {
+            lease: std::sync::Arc::new(lease),
             fitted,
             request_id,
             compaction: compacted,
@@ -389,6 +405,7 @@ impl<S: Store> ChatTurn<'_, S> {
         S: Clone,
     {
         TurnRecorder {
+            _lease: std::sync::Arc::clone(&prepared.lease),
             store: self.store.clone(),
             thread: self.thread.to_owned(),
             request_id: prepared.request_id.clone(),
@@ -423,6 +440,8 @@ pub const SHUT_DOWN: &str = "the server shut down before the answer ended";
 /// Records how a turn's call ended in its thread.
 #[derive(Debug, Clone)]
 pub struct TurnRecorder<S> {
+    /// Held until the last copy of the recorder is dropped, after the end is recorded.
+    _lease: std::sync::Arc<TurnLease>,
     store: S,
     thread: String,
     request_id: String,
@@ -479,74 +498,86 @@ impl<S: Store> TurnRecorder<S> {
 
     /// A streamed answer's end as the stream's recorder saw it; `stopping` when the server
     /// was shutting down. Whatever did not end whole appends nothing to the conversation
-    /// (the client never saw the whole answer), and is recorded with what had arrived.
+    /// (the client never saw the whole answer), and is recorded with what had arrived and
+    /// its usage: the request was sent, so its input tokens (as counted) and the tokens of
+    /// what arrived are spent, estimated.
     pub async fn stream_ended(
         &self,
         outcome: Result<Answer, PassthroughError>,
         stopping: bool,
     ) -> Result<(), StoreError> {
-        match outcome {
+        let (outcome, error, partial) = match outcome {
             // An answer that ended whole is kept, even as the server stopped.
-            Ok(answer) => self.answered(answer).await,
+            Ok(answer) => return self.answered(answer).await,
             Err(
                 PassthroughError::Interrupted { partial } | PassthroughError::Truncated { partial },
-            ) if stopping => {
-                self.cancelled(SHUT_DOWN, partial.map(|message| *message))
-                    .await
-            }
-            Err(_) if stopping => self.cancelled(SHUT_DOWN, None).await,
-            Err(PassthroughError::Interrupted { partial }) => {
-                self.cancelled(
-                    "the client went away before the streamed answer ended",
-                    partial.map(|message| *message),
-                )
-                .await
-            }
+            ) if stopping => (RequestOutcome::Cancelled, SHUT_DOWN.to_owned(), partial),
+            Err(_) if stopping => (RequestOutcome::Cancelled, SHUT_DOWN.to_owned(), None),
+            Err(PassthroughError::Interrupted { partial }) => (
+                RequestOutcome::Cancelled,
+                "the client went away before the streamed answer ended".to_owned(),
+                partial,
+            ),
             Err(error @ PassthroughError::Truncated { .. }) => {
                 let text = error.to_string();
                 let PassthroughError::Truncated { partial } = error else {
                     unreachable!("matched above")
                 };
-                self.ended(
-                    RequestOutcome::Failed,
-                    text,
-                    partial.map(|message| *message),
-                )
-                .await
+                (RequestOutcome::Failed, text, partial)
             }
-            Err(error) => self.failed(error.to_string()).await,
-        }
+            Err(error) => (RequestOutcome::Failed, error.to_string(), None),
+        };
+        let partial = partial.map(|message| *message);
+        let output = partial
+            .as_ref()
+            .map_or(0, |message| self.model.counter.count_message(message));
+        let usage = Usage::new(u64::from(self.input_tokens), u64::from(output));
+        let mut end = RequestEnd::new(&self.request_id, outcome, usage);
+        end.usage_estimated = true;
+        end.cost_usd = self
+            .model
+            .pricing
+            .map(|pricing| pricing.cost(usage.input_tokens, usage.output_tokens));
+        end.error = Some(error);
+        end.reply = partial;
+        self.record_end(end).await
     }
 
     /// A failed call: recorded, and nothing appended to the conversation.
     pub async fn failed(&self, error: String) -> Result<(), StoreError> {
-        self.ended(RequestOutcome::Failed, error, None).await
+        self.ended(RequestOutcome::Failed, error).await
     }
 
     /// A call the server's shutdown stopped before an answer began.
     pub async fn stopped(&self) -> Result<(), StoreError> {
-        self.cancelled(SHUT_DOWN, None).await
-    }
-
-    async fn cancelled(&self, why: &str, partial: Option<Message>) -> Result<(), StoreError> {
-        self.ended(RequestOutcome::Cancelled, why.to_owned(), partial)
+        self.ended(RequestOutcome::Cancelled, SHUT_DOWN.to_owned())
             .await
     }
 
-    async fn ended(
-        &self,
-        outcome: RequestOutcome,
-        error: String,
-        partial: Option<Message>,
-    ) -> Result<(), StoreError> {
+    /// A call that ended before an answer began: nothing is known to be spent.
+    async fn ended(&self, outcome: RequestOutcome, error: String) -> Result<(), StoreError> {
         let mut end = RequestEnd::new(&self.request_id, outcome, Usage::default());
         end.error = Some(error);
-        end.reply = partial;
+        self.record_end(end).await
+    }
+
+    async fn record_end(&self, end: RequestEnd) -> Result<(), StoreError> {
         self.store
             .append_one(&self.thread, NewEvent::new(EventKind::RequestEnded(end)))
             .await
             .map(|_| ())
     }
+}
+
+/// The end of a request found in flight by a turn that holds its thread: no server is
+/// answering it any more.
+fn abandoned_end(request_id: String) -> NewEvent {
+    let mut end = RequestEnd::new(request_id, RequestOutcome::Failed, Usage::default());
+    end.error = Some(
+        "abandoned: no end was recorded before the next turn on this thread began (the server answering it stopped)"
+            .into(),
+    );
+    NewEvent::new(EventKind::RequestEnded(end))
 }
 
 /// Every tool result among the new messages answers a tool call that is still open: one the

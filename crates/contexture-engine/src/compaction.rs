@@ -12,8 +12,8 @@ use std::sync::Arc;
 use contexture_core::Message;
 use contexture_core::budget::{BudgetBreakdown, BudgetPolicy};
 use contexture_core::compact::{
-    CompactionPolicy, DEFAULT_PROMPT, Plan, chunk_transcripts, extractive_summary, merge_prompt,
-    plan, prompt_hash, replacement, summary_prompt, summary_text, transcript,
+    CompactionPolicy, DEFAULT_PROMPT, MAX_RETRIES, Plan, chunk_transcripts, extractive_summary,
+    merge_prompt, plan, prompt_hash, replacement, summary_prompt, summary_text, transcript,
 };
 use contexture_core::registry::{ModelInfo, Registry};
 use contexture_core::thread::{
@@ -728,8 +728,12 @@ impl Compactor {
                 }
             })?;
         let mut last_error = String::new();
-        let attempts = request.policy.max_retries + 1;
-        for _ in 0..attempts {
+        // A policy stored before the bound was checked is held to it too.
+        let attempts = request.policy.max_retries.min(MAX_RETRIES) + 1;
+        for attempt in 0..attempts {
+            if attempt > 0 {
+                tokio::time::sleep(retry_backoff(attempt)).await;
+            }
             report.calls += 1;
             let request_id = format!(
                 "{}/compaction-{}/call-{}",
@@ -784,6 +788,12 @@ impl Compactor {
             attempts,
         }))
     }
+}
+
+/// The wait before the `attempt`-th summarizer call (1 for the first retry): doubling from a
+/// tenth of a second up to 1.6 s, so a failing summarizer is not called again at once.
+fn retry_backoff(attempt: u32) -> std::time::Duration {
+    std::time::Duration::from_millis(100u64 << attempt.saturating_sub(1).min(4))
 }
 
 /// The tokens of a thread's projection: its system prompt and messages.

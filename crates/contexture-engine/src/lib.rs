@@ -8,6 +8,7 @@
 //!   turn's, a thread read for a model);
 //! - [`chat`]: a stateful chat turn (new messages stored, compaction, fitting, the request
 //!   and its end recorded) and the retry of a keyed turn;
+//! - [`turns`]: turns on one thread one at a time, in arrival order, across servers;
 //! - [`compaction`]: summarizing the older part of a thread into one recorded replace;
 //! - [`conversation`]: history carried across runs that name one conversation;
 //! - [`threads`]: thread operations a caller asks for by name (create, fork, merge, restore);
@@ -33,4 +34,5 @@ pub mod sources;
 pub mod system;
 pub mod threads;
 pub mod tools;
+pub mod turns;
 pub mod workflow;

@@ -6,7 +6,7 @@ use contexture_core::Message;
 use contexture_core::compact::{RestoreError, restore_before};
 use contexture_core::thread::{
     EventKind, MergeError, MergeSpec, PolicyChange, StoreChange, Thread, ThreadPolicy,
-    UnknownContext, context_name_problem,
+    TooManyContexts, UnknownContext, context_name_problem,
 };
 use contexture_core::tokens::Encoding;
 use contexture_store::{NewEvent, RequestRetention, RetentionError, Store, StoreError};
@@ -46,6 +46,9 @@ pub enum ThreadOpError {
     /// An operation names a context the thread does not have.
     #[error("{0}; a switch with `create` starts a new one")]
     UnknownContext(#[from] UnknownContext),
+    /// A switch would start a context past the thread's limit.
+    #[error(transparent)]
+    TooManyContexts(#[from] TooManyContexts),
     /// A context name that cannot be used.
     #[error("invalid context name {context:?}: {problem}")]
     ContextName {
@@ -226,17 +229,21 @@ pub struct Switched {
 /// and says where it was recorded. Like the other context operations it waits for a request in flight
 /// to end, and recorded again with the same `op_id` (a retry) it has no second effect. The
 /// context must be one the thread has (`main`, or one a replace or a switch named) unless
-/// `create` says to start a new one (which shows the whole history until it is replaced).
+/// `create` says to start a new one (which shows the whole history until it is replaced),
+/// and a thread has at most `max_contexts` contexts.
 pub async fn switch_context<S: Store>(
     store: &S,
     id: &str,
     context: &str,
     op_id: Option<String>,
     create: bool,
+    max_contexts: usize,
 ) -> Result<Switched, ThreadOpError> {
     check_context_name(context)?;
     let thread = store.load(id).await?;
-    if !create {
+    if create {
+        thread.check_room_for(context, max_contexts)?;
+    } else {
         thread.check_context(context)?;
     }
     let queued = thread.in_flight().is_some();

@@ -112,8 +112,12 @@ pub struct Shared {
     pub active_runs: Arc<ActiveRuns>,
     /// Each tenant's open event streams.
     pub streams: Arc<TenantSlots>,
+    /// Each tenant's chat completions in flight (waiting for their thread or answering).
+    pub chat_turns: Arc<TenantSlots>,
     /// The keyed chat turns this server is answering.
     pub keyed_turns: Arc<KeyedTurns>,
+    /// The queues of chat turns on each thread: one turn of a thread at a time.
+    pub turns: Arc<contexture_engine::turns::TurnQueue>,
     /// The retention of request records for threads without a policy of their own.
     pub retention: RetentionRules,
 }
@@ -324,10 +328,16 @@ impl AppState {
             ),
             active_runs: Arc::new(ActiveRuns::default()),
             keyed_turns: Arc::new(KeyedTurns::default()),
+            turns: Arc::new(contexture_engine::turns::TurnQueue::default()),
             streams: TenantSlots::new(
                 config.limits.max_event_streams,
                 "open event streams",
                 "limits.max_event_streams",
+            ),
+            chat_turns: TenantSlots::new(
+                config.limits.max_chat_turns,
+                "chat completions in flight",
+                "limits.max_chat_turns",
             ),
             retention,
             config,

@@ -141,6 +141,16 @@ pub struct LimitsConfig {
     /// The most bytes of events one thread may hold, as stored (default 512 MiB). An append
     /// past it stores nothing and answers 413; an execution whose log fills up fails.
     pub max_thread_bytes: u64,
+    /// Seconds a chat turn waits for the turns before it on its thread to end (default 60):
+    /// turns on one thread run one at a time, in the order they arrived, across servers.
+    /// Past it, a 409 with nothing stored.
+    pub thread_turn_wait_secs: f64,
+    /// Chat completions one tenant may have in flight at once on this server, waiting for
+    /// their thread or answering (default 16); past it, a 429.
+    pub max_chat_turns: usize,
+    /// Named contexts one thread may have, `main` included (default 64); a switch that
+    /// would start one more answers 409.
+    pub max_contexts_per_thread: usize,
 }
 
 impl Default for LimitsConfig {
@@ -154,6 +164,9 @@ impl Default for LimitsConfig {
             max_event_streams: 16,
             max_thread_events: 100_000,
             max_thread_bytes: 512 * 1024 * 1024,
+            thread_turn_wait_secs: 60.0,
+            max_chat_turns: 16,
+            max_contexts_per_thread: contexture_core::thread::DEFAULT_MAX_CONTEXTS,
         }
     }
 }
@@ -666,6 +679,26 @@ impl ServerConfig {
         }
         if self.limits.max_thread_bytes == 0 {
             return invalid("limits.max_thread_bytes", "must be at least 1".into());
+        }
+        if !(self.limits.thread_turn_wait_secs.is_finite()
+            && (0.0..=3600.0).contains(&self.limits.thread_turn_wait_secs))
+        {
+            return invalid(
+                "limits.thread_turn_wait_secs",
+                format!(
+                    "must be 0 (never wait) to 3600 seconds, not {}",
+                    self.limits.thread_turn_wait_secs
+                ),
+            );
+        }
+        if self.limits.max_contexts_per_thread == 0 {
+            return invalid(
+                "limits.max_contexts_per_thread",
+                "must be at least 1".into(),
+            );
+        }
+        if self.limits.max_chat_turns == 0 {
+            return invalid("limits.max_chat_turns", "must be at least 1".into());
         }
         if self.limits.max_event_streams == 0 {
             return invalid("limits.max_event_streams", "must be at least 1".into());

@@ -39,9 +39,9 @@ impl ApiError {
         ApiError {
             param: Some("context".into()),
             message: format!(
-                "thread `{thread}` has no context `{}` (its contexts: {})",
+                "thread `{thread}` has no context `{}` ({})",
                 unknown.context,
-                unknown.known.join(", ")
+                unknown.known_text()
             ),
             ..ApiError::not_found("context", &unknown.context)
         }

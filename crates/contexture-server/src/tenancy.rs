@@ -28,38 +28,24 @@ pub fn check_tenant(name: &str) -> Result<(), String> {
     }
 }
 
-/// Checks an id a client chose for a thread or an execution: 1 to 200 characters, no
-/// control characters.
+/// Checks an id a client chose for a thread or an execution: 1 to 200 characters, none
+/// that does not show (see [`contexture_core::names`]).
 pub fn check_id(what: &str, id: &str) -> Result<(), String> {
     if id.is_empty() || id.chars().count() > 200 {
         return Err(format!("{what} has 1 to 200 characters"));
     }
-    if id.chars().any(char::is_control) {
-        return Err(format!("{what} may not contain control characters"));
-    }
-    if let Some(invisible) = id.chars().find(|c| is_invisible(*c)) {
+    if let Some(hidden) = contexture_core::names::hidden_char(id) {
+        let kind = if hidden.is_control() {
+            "control"
+        } else {
+            "invisible"
+        };
         return Err(format!(
-            "{what} may not contain invisible characters (U+{:04X})",
-            u32::from(invisible)
+            "{what} may not contain {kind} characters (U+{:04X})",
+            u32::from(hidden)
         ));
     }
     Ok(())
-}
-
-/// Characters that change how an id looks without showing (zero-width characters, bidi
-/// controls, the soft hyphen, the byte-order mark): two ids that look the same must be one.
-fn is_invisible(c: char) -> bool {
-    matches!(
-        c,
-        '\u{00AD}'
-            | '\u{061C}'
-            | '\u{180E}'
-            | '\u{200B}'..='\u{200F}'
-            | '\u{202A}'..='\u{202E}'
-            | '\u{2060}'..='\u{2064}'
-            | '\u{2066}'..='\u{2069}'
-            | '\u{FEFF}'
-    )
 }
 
 impl Tenant {
@@ -188,7 +174,20 @@ mod tests {
         }
         assert!(check_id("thread id", "a\nb").is_err());
         assert!(check_id("thread id", "chat/42 ü").is_ok());
-        for invisible in ["a\u{200B}b", "\u{202E}txt.exe", "a\u{FEFF}", "x\u{2066}y"] {
+        // Found by Unicode property: the tag block, line and paragraph separators,
+        // variation selectors and U+180E among them.
+        for invisible in [
+            "a\u{200B}b",
+            "\u{202E}txt.exe",
+            "a\u{FEFF}",
+            "x\u{2066}y",
+            "t\u{E0074}\u{E0061}g",
+            "a\u{2028}b",
+            "a\u{2029}b",
+            "a\u{FE0F}",
+            "a\u{E0100}",
+            "a\u{180E}b",
+        ] {
             let error = check_id("thread id", invisible).unwrap_err();
             assert!(
                 error.contains("invisible characters"),

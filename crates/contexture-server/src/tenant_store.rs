@@ -28,6 +28,8 @@ pub(crate) struct TenantStore<'a> {
     store: &'a AnyStore,
     active_runs: &'a ActiveRuns,
     tenant: &'a Tenant,
+    /// The most named contexts a thread may have.
+    max_contexts: usize,
 }
 
 impl AppState {
@@ -37,6 +39,7 @@ impl AppState {
             store: &self.store,
             active_runs: &self.active_runs,
             tenant,
+            max_contexts: self.config.limits.max_contexts_per_thread,
         }
     }
 }
@@ -159,6 +162,17 @@ impl<'a> TenantStore<'a> {
                     .push_str("; a switch with `create` starts a new one");
                 error
             }
+            ThreadOpError::TooManyContexts(error) => ApiError {
+                status: StatusCode::CONFLICT,
+                code: "too_many_contexts",
+                message: format!(
+                    "thread `{}` cannot start context `{}`: it has {} contexts, the most a thread may have (`limits.max_contexts_per_thread`); switch to one it has",
+                    self.unscoped(&error.thread),
+                    error.context,
+                    error.limit
+                ),
+                param: Some("context".into()),
+            },
             error @ ThreadOpError::ContextName { .. } => {
                 ApiError::invalid("context", format!("context: {error}"))
             }
@@ -336,9 +350,16 @@ impl<'a> TenantStore<'a> {
         op_id: Option<String>,
         create: bool,
     ) -> ApiResult<Switched> {
-        switch_context(self.store, &self.stored_id(id), context, op_id, create)
-            .await
-            .map_err(|error| self.op_error(error))
+        switch_context(
+            self.store,
+            &self.stored_id(id),
+            context,
+            op_id,
+            create,
+            self.max_contexts,
+        )
+        .await
+        .map_err(|error| self.op_error(error))
     }
 
     /// Puts back what the replace event `before` of the tenant's thread `id` covered; the

@@ -768,6 +768,12 @@ async fn a_client_that_goes_away_leaves_a_finished_record_and_loses_nothing() {
     let end = last_request_end(&server, &key, "streamed").await;
     assert_eq!(end["outcome"], "cancelled", "{end}");
     assert_eq!(end["reply"]["content"], "streamed ", "{end}");
+    // The prompt was sent: its tokens are spent, and so are those that arrived.
+    let started = events_of_type(&server, &key, "streamed", "request_started").await;
+    let sent = started[0]["budget"]["input_tokens"].as_u64().unwrap();
+    assert_eq!(end["usage"]["input_tokens"].as_u64(), Some(sent), "{end}");
+    assert!(end["usage"]["output_tokens"].as_u64().unwrap() > 0, "{end}");
+    assert_eq!(end["usage_estimated"], true, "{end}");
     assert_eq!(
         stored_messages(&server, &key, "streamed").await,
         pairs(&[("user", "Hi")])

@@ -385,6 +385,22 @@ async fn bad_thread_policies_are_refused_naming_the_field_and_change_nothing() {
             "at most 1, not 7",
         ),
         (
+            put(json!({"compaction": {"max_retries": 6}})),
+            "policy.compaction.max_retries",
+            "at most 5",
+        ),
+        (
+            // One below the type's end: once a count of attempts that overflowed to none.
+            put(json!({"compaction": {"max_retries": 4294967295u64}})),
+            "policy.compaction.max_retries",
+            "not 4294967295",
+        ),
+        (
+            put(json!({"compaction": {"max_retries": 4294967296u64}})),
+            "compaction.max_retries",
+            "invalid value",
+        ),
+        (
             put(json!({"command": "rm -rf /"})),
             "command",
             "unknown field",
@@ -809,6 +825,12 @@ async fn a_running_executions_log_is_read_only_through_the_thread_routes() {
         ),
         ("DELETE", "/v1/threads/run-1", vec![]),
         (
+            "PUT",
+            "/v1/threads/run-1/retention",
+            json_body(json!({"keep_days": 1})),
+        ),
+        ("DELETE", "/v1/threads/run-1/retention", vec![]),
+        (
             "POST",
             "/v1/chat/completions",
             json_body(
@@ -1010,5 +1032,83 @@ async fn bad_merge_keys_are_refused_naming_the_field() {
             .all(|event| event["type"] != "merged"),
         "{events}"
     );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_thread_has_at_most_its_share_of_named_contexts_and_errors_name_a_few() {
+    let dir = TempDir::new("contexture-hostile-contexts");
+    let mut config = config(None);
+    config.limits.max_contexts_per_thread = 25;
+    let store = SqliteStore::open(dir.join("hostile.db")).await.unwrap();
+    let server = TestServer::start(config, AnyStore::Sqlite(store)).await;
+    let key = server.key("acme").await;
+    let json = Some("application/json");
+    let body = |value: Value| serde_json::to_vec(&value).unwrap();
+    append_one(&server, &key, "t", "hello").await;
+    let switch = |context: String| body(json!({"context": context, "create": true}));
+    // `main` and 24 more: the most this server allows.
+    for i in 0..24 {
+        let (status, answer) = send(
+            &server,
+            &key,
+            "POST",
+            "/v1/threads/t/switch",
+            json,
+            switch(format!("ctx-{i:02}")),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+    }
+    let (_, before) = send(&server, &key, "GET", "/v1/threads/t", None, vec![]).await;
+    let (status, answer) = send(
+        &server,
+        &key,
+        "POST",
+        "/v1/threads/t/switch",
+        json,
+        switch("one-more".into()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{answer}");
+    assert_eq!(answer["error"]["param"], "context", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("limits.max_contexts_per_thread") && message.contains("25"),
+        "{message}"
+    );
+    assert!(!message.contains("acme/"), "{message}");
+    let (_, after) = send(&server, &key, "GET", "/v1/threads/t", None, vec![]).await;
+    assert_eq!(before["last_seq"], after["last_seq"], "nothing was stored");
+    // A context the thread has may still be switched to, `create` or not.
+    let (status, answer) = send(
+        &server,
+        &key,
+        "POST",
+        "/v1/threads/t/switch",
+        json,
+        switch("ctx-03".into()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    // An unknown context is named with at most 20 of the thread's and their count.
+    let (status, answer) = send(
+        &server,
+        &key,
+        "GET",
+        "/v1/threads/t/messages?context=nope",
+        None,
+        vec![],
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("it has 25 contexts; the first 20"),
+        "{message}"
+    );
+    assert!(!message.contains("ctx-23"), "{message}");
+    assert!(message.len() < 600, "{} bytes: {message}", message.len());
+    healthy(&server).await;
     server.shutdown().await;
 }

@@ -139,6 +139,15 @@ pub enum StoreError {
         #[source]
         source: DriverError,
     },
+    /// The database file could not be created.
+    #[error("cannot create the database file {}: {source}", path.display())]
+    CreateFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// A write panicked; its savepoint was rolled back, so nothing of it was stored.
     #[error("a database write panicked and was rolled back: {detail}")]
     WritePanicked {

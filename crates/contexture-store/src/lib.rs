@@ -22,7 +22,8 @@
 //!   parents and keeps a parent while any fork of it is kept.
 //!
 //! Both stores also keep the HTTP server's API keys ([`ApiKeyStore`], by the hash of the
-//! key) and answer a cheap health check ([`Store::ping`]).
+//! key), each thread's queue of chat turns ([`TurnQueueStore`], so that turns on one thread
+//! run one at a time across servers) and answer a cheap health check ([`Store::ping`]).
 
 // Without a backend, the helpers the backends share have no user.
 #![cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
@@ -40,6 +41,7 @@ mod sqlite;
 mod tail;
 #[cfg(all(feature = "testing", feature = "sqlite", feature = "postgres"))]
 pub mod testing;
+mod turn_queue;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod url;
 
@@ -60,6 +62,7 @@ pub use retention::{
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use tail::ProjectionTail;
+pub use turn_queue::{TurnQueueStore, TurnTicket};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use url::{AnyStore, StoreUrl};
 

@@ -11,6 +11,7 @@
 mod api_keys;
 mod references;
 mod retention;
+mod turn_queue;
 
 use std::time::SystemTime;
 
@@ -55,6 +56,10 @@ const MIGRATIONS: &[(u32, &str)] = &[
     (
         9,
         include_str!("../migrations/postgres/0009_calibrations.sql"),
+    ),
+    (
+        10,
+        include_str!("../migrations/postgres/0010_turn_queue.sql"),
     ),
 ];
 

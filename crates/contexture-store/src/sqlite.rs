@@ -12,6 +12,7 @@ mod checkpointer;
 mod projection_cache;
 mod references;
 mod retention;
+mod turn_queue;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -67,6 +68,7 @@ const MIGRATIONS: &[(u32, &str)] = &[
         10,
         include_str!("../migrations/sqlite/0010_calibrations.sql"),
     ),
+    (11, include_str!("../migrations/sqlite/0011_turn_queue.sql")),
 ];
 
 /// `PRAGMA auto_vacuum`'s value for incremental vacuum.
@@ -110,6 +112,24 @@ impl std::fmt::Debug for SqliteStore {
         f.debug_struct("SqliteStore")
             .field("path", &self.inner.path)
             .finish()
+    }
+}
+
+/// Creates the database file at `path`, when it does not exist, readable and writable by
+/// its owner only: it holds every tenant's conversations and the API keys' hashes. SQLite
+/// gives its write-ahead log and shared-memory files the database file's permissions.
+fn create_private(path: &Path) -> Result<(), StoreError> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    match options.open(path) {
+        Ok(_) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(source) => Err(StoreError::CreateFile {
+            path: path.to_owned(),
+            source,
+        }),
     }
 }
 
@@ -207,6 +227,7 @@ impl SqliteStore {
         migrations: &'static [(u32, &'static str)],
     ) -> Result<SqliteStore, StoreError> {
         let path = path.to_path_buf();
+        create_private(&path)?;
         let mut writer = connect(&path)?;
         migrate(&mut writer, migrations)?;
         // The checkpointer copies the log into the database; no commit waits for that.
@@ -1302,5 +1323,28 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(store.events("small").await.unwrap().len(), 2);
+    }
+
+    /// A new database file, and its write-ahead log, are its owner's alone; an existing
+    /// file keeps the permissions the operator gave it.
+    #[cfg(unix)]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_new_database_is_readable_by_its_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode =
+            |path: &std::path::Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        let dir = crate::testing::TempDir::new("contexture-private");
+        let path = dir.join("threads.db");
+        let store = SqliteStore::open(&path).await.unwrap();
+        big_and_small(&store, 1).await;
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(mode(&dir.join("threads.db-wal")), 0o600);
+        drop(store);
+        let shared = dir.join("shared.db");
+        std::fs::write(&shared, b"").unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let store = SqliteStore::open(&shared).await.unwrap();
+        big_and_small(&store, 1).await;
+        assert_eq!(mode(&shared), 0o640);
     }
 }

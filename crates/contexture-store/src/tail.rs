@@ -30,6 +30,8 @@ pub struct ProjectionTail {
     pub policy: Option<ThreadPolicy>,
     /// The seq of the thread's last request record, when it has one.
     pub last_request: Option<u64>,
+    /// The requests in flight, oldest first (see [`Thread::requests_in_flight`]).
+    pub in_flight: Vec<String>,
 }
 
 impl ProjectionTail {
@@ -57,6 +59,7 @@ impl ProjectionTail {
             fork: fold.fork_point().cloned(),
             policy: fold.policy().cloned(),
             last_request: fold.last_request(),
+            in_flight: fold.requests_in_flight().to_vec(),
         }
     }
 }

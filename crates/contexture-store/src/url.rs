@@ -208,6 +208,37 @@ impl Store for AnyStore {
     }
 }
 
+impl crate::TurnQueueStore for AnyStore {
+    async fn join_turn_queue(&self, thread: &str) -> Result<crate::TurnTicket, StoreError> {
+        on_backend!(self, store => store.join_turn_queue(thread).await)
+    }
+
+    async fn turns_ahead(
+        &self,
+        thread: &str,
+        ticket: crate::TurnTicket,
+    ) -> Result<Option<u64>, StoreError> {
+        on_backend!(self, store => store.turns_ahead(thread, ticket).await)
+    }
+
+    async fn renew_turn(
+        &self,
+        thread: &str,
+        ticket: crate::TurnTicket,
+        lease: std::time::Duration,
+    ) -> Result<bool, StoreError> {
+        on_backend!(self, store => store.renew_turn(thread, ticket, lease).await)
+    }
+
+    async fn leave_turn_queue(
+        &self,
+        thread: &str,
+        ticket: crate::TurnTicket,
+    ) -> Result<(), StoreError> {
+        on_backend!(self, store => store.leave_turn_queue(thread, ticket).await)
+    }
+}
+
 impl ApiKeyStore for AnyStore {
     async fn create_api_key(
         &self,

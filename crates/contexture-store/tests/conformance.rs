@@ -20,7 +20,7 @@ use contexture_core::tokens::{Encoding, message_tokens};
 use contexture_core::{Message, Role, ToolCall};
 use contexture_store::{
     ApiKeyRecord, ApiKeyStore, NewEvent, PruneReport, RequestRetention, RetentionRules, Store,
-    StoreError,
+    StoreError, TurnQueueStore,
 };
 use serde_json::json;
 
@@ -1907,6 +1907,58 @@ async fn pruning_while_requests_are_appended_leaves_every_record_readable(h: &im
     assert!(records.iter().all(|r| r.pruned.is_some()), "{report:?}");
 }
 
+async fn turns_hold_a_thread_one_at_a_time_in_the_order_they_joined(h: &impl Harness) {
+    let lease = Duration::from_secs(30);
+    let s = h.store();
+    // A second process sharing the database, as a second server would.
+    let other = h.reopen().await;
+    let a = s.join_turn_queue("t").await.unwrap();
+    let b = other.join_turn_queue("t").await.unwrap();
+    let c = s.join_turn_queue("t").await.unwrap();
+    let x = other.join_turn_queue("u").await.unwrap();
+    assert!(
+        a < b && b < c,
+        "tickets in the order turns joined: {a} {b} {c}"
+    );
+    assert_eq!(s.turns_ahead("t", a).await.unwrap(), Some(0));
+    assert_eq!(other.turns_ahead("t", b).await.unwrap(), Some(1));
+    assert_eq!(s.turns_ahead("t", c).await.unwrap(), Some(2));
+    assert_eq!(
+        s.turns_ahead("u", x).await.unwrap(),
+        Some(0),
+        "each thread has a queue of its own"
+    );
+    assert_eq!(
+        s.turns_ahead("u", a).await.unwrap(),
+        None,
+        "a ticket is its thread's"
+    );
+    // Renewals within the lease remove nobody.
+    assert!(other.renew_turn("t", b, lease).await.unwrap());
+    assert!(s.renew_turn("t", c, lease).await.unwrap());
+    assert_eq!(other.turns_ahead("t", b).await.unwrap(), Some(1));
+    s.leave_turn_queue("t", a).await.unwrap();
+    s.leave_turn_queue("t", a).await.unwrap();
+    assert_eq!(s.turns_ahead("t", a).await.unwrap(), None);
+    assert_eq!(other.turns_ahead("t", b).await.unwrap(), Some(0));
+    // A turn not renewed within the lease (its server stopped) is removed by the next
+    // renewal of another turn of its thread, and only of its thread.
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let short = Duration::from_millis(20);
+    assert!(s.renew_turn("t", c, short).await.unwrap());
+    assert_eq!(other.turns_ahead("t", b).await.unwrap(), None, "b lapsed");
+    assert!(!other.renew_turn("t", b, lease).await.unwrap());
+    assert_eq!(s.turns_ahead("t", c).await.unwrap(), Some(0));
+    assert_eq!(s.turns_ahead("u", x).await.unwrap(), Some(0));
+    // Through either backend of `AnyStore` alike.
+    let any = h.any();
+    let d = any.join_turn_queue("t").await.unwrap();
+    assert_eq!(any.turns_ahead("t", d).await.unwrap(), Some(1));
+    assert!(any.renew_turn("t", d, lease).await.unwrap());
+    any.leave_turn_queue("t", c).await.unwrap();
+    assert_eq!(any.turns_ahead("t", d).await.unwrap(), Some(0));
+}
+
 macro_rules! conformance {
     (
         fresh: [$($name:ident),* $(,)?],
@@ -1988,6 +2040,7 @@ conformance!(
     pruning_keeps_what_a_fork_still_sends,
     pruning_while_requests_are_appended_leaves_every_record_readable,
     calibrations_take_every_observation_once_and_stay_bounded,
+    turns_hold_a_thread_one_at_a_time_in_the_order_they_joined,
     ],
     before_api_keys: [api_key_migration_applies_to_an_older_database],
 );

@@ -493,9 +493,16 @@ async fn execute(args: ThreadArgs) -> Result<()> {
             op_id,
             create,
         } => {
-            let switched = switch_context(&store, &thread, &context, op_id, create)
-                .await
-                .with_context(|| format!("cannot switch thread {thread} to context {context}"))?;
+            let switched = switch_context(
+                &store,
+                &thread,
+                &context,
+                op_id,
+                create,
+                contexture_core::thread::DEFAULT_MAX_CONTEXTS,
+            )
+            .await
+            .with_context(|| format!("cannot switch thread {thread} to context {context}"))?;
             if switched.queued {
                 eprintln!(
                     "a request is in flight on thread {thread}: the switch to {context} applies when it ends"

@@ -16,6 +16,7 @@ use contexture_engine::chat::{
     Attempt, ChatError, ChatTurn, CompletionRecord, SHUT_DOWN, TurnRecorder, previous_attempt,
 };
 use contexture_engine::fitting::FitSettings;
+use contexture_engine::turns::{TurnLease, TurnWaitError};
 use contexture_llm::passthrough::{
     PassthroughError, UpstreamBody, UpstreamResponse, record_stream,
 };
@@ -29,6 +30,7 @@ use crate::body::JsonBody;
 use crate::error::{ApiError, ApiResult};
 use crate::fitting;
 use crate::keyed_turns::TurnClaim;
+use crate::quota::Slot;
 use crate::routes::chat_request::{ChatRequest, THREAD_HEADER, ThreadedRequest, reply_budget};
 use crate::routes::chat_retry;
 use crate::routes::fresh_id;
@@ -43,10 +45,15 @@ pub async fn completions(
     JsonBody(body): JsonBody<Value>,
 ) -> ApiResult<Response> {
     let key = crate::body::idempotency_key(&headers)?;
-    let request = match ChatRequest::parse(&headers, body)? {
+    let request = ChatRequest::parse(&headers, body)?;
+    // Held until the completion ends (its answer recorded, its stream passed through): a
+    // tenant's completions in flight are bounded, so one tenant cannot hold every upstream
+    // connection and every waiting place.
+    let slot = state.chat_turns.take(caller.tenant.name())?;
+    let request = match request {
         ChatRequest::Passthrough(body) => {
             let response = forward(&state, &body).await?;
-            return Ok(passthrough_response(response, None));
+            return Ok(passthrough_response(holding(response, slot), None));
         }
         ChatRequest::Threaded(request) => request,
     };
@@ -58,12 +65,30 @@ pub async fn completions(
     }
     let threads = state.tenant_store(&caller.tenant);
     threads.refuse_writes(&request.thread)?;
-    let keyed = match key {
-        Some(key) => match keyed_attempt(&state, threads, &request, key).await? {
-            KeyedAttempt::Answered(response) => return Ok(response),
-            KeyedAttempt::Claimed(claimed) => Some(claimed),
-        },
+    // A retry of a keyed turn this server is answering is refused at once, not queued
+    // behind itself.
+    let claim = match &key {
+        Some(key) => Some(claim_keyed(&state, threads, &request, key)?),
         None => None,
+    };
+    // Turns on one thread run one at a time, in the order they arrived; a turn that waits
+    // too long is refused with nothing stored. Waiting writes nothing to the thread, so a
+    // client that leaves meanwhile only gives up its place.
+    let scoped = threads.stored_id(&request.thread);
+    let wait = std::time::Duration::from_secs_f64(state.config.limits.thread_turn_wait_secs);
+    let lease = state
+        .turns
+        .wait_for_turn(threads.store(), &scoped, wait)
+        .await
+        .map_err(|error| chat_error(threads, ChatError::Busy(error)))?;
+    let keyed = match (key, claim) {
+        (Some(key), Some(claim)) => {
+            match keyed_attempt(&state, threads, &request, key, claim).await? {
+                KeyedAttempt::Answered(response) => return Ok(response),
+                KeyedAttempt::Claimed(claimed) => Some(claimed),
+            }
+        }
+        _ => None,
     };
     // The turn runs apart from the client's connection from here on: a client that goes
     // away does not cancel it halfway (its messages stored but never sent), nor the call and
@@ -72,7 +97,7 @@ pub async fn completions(
     let guard = state.in_flight.enter();
     let turn = tokio::spawn(async move {
         let _guard = guard;
-        run_turn(state, caller.tenant, request, settings, keyed).await
+        run_turn(state, caller.tenant, request, settings, keyed, lease, slot).await
     });
     turn.await
         .map_err(|error| ApiError::upstream(format!("the upstream call stopped: {error}")))?
@@ -94,19 +119,36 @@ struct KeyedClaim {
     claim: TurnClaim,
 }
 
+/// This server's claim on the keyed turn `key`: refused while this server answers it.
+fn claim_keyed(
+    state: &AppState,
+    threads: TenantStore<'_>,
+    request: &ThreadedRequest,
+    key: &str,
+) -> ApiResult<TurnClaim> {
+    let scoped = threads.stored_id(&request.thread);
+    state.keyed_turns.claim(&scoped, key).ok_or_else(|| {
+        chat_error(
+            threads,
+            ChatError::InFlight {
+                key: key.to_owned(),
+            },
+        )
+    })
+}
+
 /// A retry of a keyed turn is answered from the thread, before anything is compared with
-/// what the thread holds now (its first attempt is in there).
+/// what the thread holds now (its first attempt is in there). Called holding the thread,
+/// so an attempt answered by another server while this one waited is found answered.
 async fn keyed_attempt(
     state: &AppState,
     threads: TenantStore<'_>,
     request: &ThreadedRequest,
     key: String,
+    claim: TurnClaim,
 ) -> ApiResult<KeyedAttempt> {
     let scoped = threads.stored_id(&request.thread);
     let digest = chat_retry::chat_request_digest(&request.body);
-    let Some(claim) = state.keyed_turns.claim(&scoped, &key) else {
-        return Err(chat_error(threads, ChatError::InFlight { key }));
-    };
     let abandon_after = state.config.upstream.abandon_after_secs;
     let attempt = previous_attempt(
         threads.store(),
@@ -145,6 +187,8 @@ async fn run_turn(
     request: ThreadedRequest,
     settings: FitSettings,
     keyed: Option<KeyedClaim>,
+    lease: TurnLease,
+    slot: Slot,
 ) -> ApiResult<Response> {
     let threads = state.tenant_store(&tenant);
     let scoped = threads.stored_id(&request.thread);
@@ -176,10 +220,13 @@ async fn run_turn(
         client_digest: digest,
     };
     let request_id = format!("{scoped}/chat-{}", fresh_id());
-    let prepared = turn
-        .prepare(requested, request_id)
-        .await
-        .map_err(|error| chat_error(threads, error))?;
+    // A shutdown past its grace stops the turn here too (a compaction's calls included);
+    // what it left in flight is ended by the thread's next turn.
+    let prepared = tokio::select! {
+        prepared = turn.prepare(requested, request_id, lease) => prepared,
+        () = state.in_flight.stopped() => return Err(ApiError::unavailable(SHUT_DOWN)),
+    };
+    let prepared = prepared.map_err(|error| chat_error(threads, error))?;
     match &prepared.compaction {
         Some(Ok(outcome)) => state.metrics.compaction(outcome),
         Some(Err(error)) => {
@@ -197,6 +244,7 @@ async fn run_turn(
         turn: turn.recorder(&prepared),
         tenant: tenant.clone(),
         _claim: claim,
+        _slot: slot,
     };
     forward_and_record(state.clone(), body, recorder, thread).await
 }
@@ -213,9 +261,10 @@ fn chat_error(threads: TenantStore<'_>, error: ChatError) -> ApiError {
             message: error.to_string(),
             param: Some("Idempotency-Key".into()),
         },
-        error @ (ChatError::KeyTaken { .. } | ChatError::InFlight { .. }) => {
-            ApiError::conflict(error.to_string())
-        }
+        ChatError::Busy(TurnWaitError::Store(error)) => threads.error(error),
+        error @ (ChatError::KeyTaken { .. }
+        | ChatError::InFlight { .. }
+        | ChatError::Busy(TurnWaitError::TimedOut { .. })) => ApiError::conflict(error.to_string()),
     }
 }
 
@@ -323,11 +372,26 @@ async fn forward_and_record(
 }
 
 /// Records how a chat request ended in its thread, holding this server's claim on a keyed
-/// turn until its end is recorded.
+/// turn and the tenant's slot until its end is recorded.
 struct Recorder {
     turn: TurnRecorder<AnyStore>,
     tenant: Tenant,
     _claim: Option<TurnClaim>,
+    _slot: Slot,
+}
+
+/// `response` holding `slot` until its body has been sent (or dropped).
+fn holding(response: UpstreamResponse, slot: Slot) -> UpstreamResponse {
+    match response.body {
+        UpstreamBody::Stream(stream) => UpstreamResponse {
+            body: UpstreamBody::Stream(Box::pin(stream.map(move |chunk| {
+                let _held = &slot;
+                chunk
+            }))),
+            ..response
+        },
+        body @ UpstreamBody::Full(_) => UpstreamResponse { body, ..response },
+    }
 }
 
 impl Recorder {

@@ -204,6 +204,7 @@ pub async fn set_retention(
 ) -> ApiResult<Json<Value>> {
     check_retention("retention", &body)?;
     let threads = state.tenant_store(&caller.tenant);
+    threads.refuse_writes(&id)?;
     threads.set_retention(&id, Some(body)).await?;
     Ok(Json(retention_answer(
         &state,
@@ -221,6 +222,7 @@ pub async fn clear_retention(
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let threads = state.tenant_store(&caller.tenant);
+    threads.refuse_writes(&id)?;
     threads.set_retention(&id, None).await?;
     Ok(Json(retention_answer(
         &state,

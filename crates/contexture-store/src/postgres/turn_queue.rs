@@ -1,0 +1,91 @@
+//! The PostgreSQL store's queue of turns: [`TurnQueueStore`] over the `turn_queue` table, one
+//! or two statements per call on a pooled connection. Heartbeats are the database's clock,
+//! so the servers sharing it need not agree on the time.
+
+use std::time::Duration;
+
+use super::PgStore;
+use crate::error::Action;
+use crate::turn_queue::lease_ms;
+use crate::{StoreError, TurnQueueStore, TurnTicket};
+
+/// The database's clock in milliseconds since the Unix epoch.
+const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
+
+impl TurnQueueStore for PgStore {
+    async fn join_turn_queue(&self, thread: &str) -> Result<TurnTicket, StoreError> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_one(
+                &format!(
+                    "INSERT INTO turn_queue (thread_id, heartbeat_at) VALUES ($1, {NOW_MS}) \
+                     RETURNING ticket"
+                ),
+                &[&thread],
+            )
+            .await
+            .doing("join a thread's turn queue")?;
+        Ok(row.get(0))
+    }
+
+    async fn turns_ahead(
+        &self,
+        thread: &str,
+        ticket: TurnTicket,
+    ) -> Result<Option<u64>, StoreError> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM turn_queue WHERE ticket = $2 AND thread_id = $1), \
+                        (SELECT count(*) FROM turn_queue WHERE thread_id = $1 AND ticket < $2)",
+                &[&thread, &ticket],
+            )
+            .await
+            .doing("count the turns ahead")?;
+        let queued: bool = row.get(0);
+        let ahead: i64 = row.get(1);
+        Ok(queued.then(|| u64::try_from(ahead).unwrap_or(0)))
+    }
+
+    async fn renew_turn(
+        &self,
+        thread: &str,
+        ticket: TurnTicket,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let client = self.pool.get().await?;
+        let lease = lease_ms(lease);
+        client
+            .execute(
+                &format!(
+                    "DELETE FROM turn_queue WHERE thread_id = $1 AND ticket <> $2 \
+                     AND heartbeat_at < {NOW_MS} - $3"
+                ),
+                &[&thread, &ticket, &lease],
+            )
+            .await
+            .doing("remove lapsed turns")?;
+        let renewed = client
+            .execute(
+                &format!(
+                    "UPDATE turn_queue SET heartbeat_at = {NOW_MS} WHERE ticket = $2 AND thread_id = $1"
+                ),
+                &[&thread, &ticket],
+            )
+            .await
+            .doing("renew a turn")?;
+        Ok(renewed == 1)
+    }
+
+    async fn leave_turn_queue(&self, thread: &str, ticket: TurnTicket) -> Result<(), StoreError> {
+        let client = self.pool.get().await?;
+        client
+            .execute(
+                "DELETE FROM turn_queue WHERE ticket = $2 AND thread_id = $1",
+                &[&thread, &ticket],
+            )
+            .await
+            .doing("leave a thread's turn queue")?;
+        Ok(())
+    }
+}
