@@ -43,7 +43,7 @@ use crate::calls::answered_end;
 use crate::compaction::{CompactRequest, CompactionOutcome, Compactor, compact_stored};
 use crate::executor::ExecError;
 use crate::fitting::{FitError, FitSettings, FittedRequest, ThreadFitError};
-use crate::turns::{TurnLease, TurnWaitError};
+use crate::turns::TurnLease;
 
 /// Why a chat turn cannot go ahead.
 #[derive(Debug, thiserror::Error)]
@@ -76,9 +76,6 @@ pub enum ChatError {
         /// The key.
         key: String,
     },
-    /// The turns ahead of this one on its thread did not end in time; nothing was stored.
-    #[error(transparent)]
-    Busy(#[from] TurnWaitError),
     /// The turn's first attempt has not ended yet.
     #[error(
         "the request with Idempotency-Key `{key}` is still being answered; retry when it has ended"

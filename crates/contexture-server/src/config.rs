@@ -153,6 +153,13 @@ pub struct LimitsConfig {
     pub max_contexts_per_thread: usize,
 }
 
+impl LimitsConfig {
+    /// How long a chat turn waits for the turns before it on its thread.
+    pub fn thread_turn_wait(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.thread_turn_wait_secs)
+    }
+}
+
 impl Default for LimitsConfig {
     fn default() -> Self {
         LimitsConfig {

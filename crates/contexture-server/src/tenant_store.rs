@@ -14,6 +14,8 @@ use contexture_engine::threads::{
 };
 use contexture_store::{AnyStore, ProjectionTail, RequestRetention, Store, StoreError, ThreadInfo};
 
+use contexture_engine::turns::{TurnLease, TurnQueue, TurnWaitError};
+
 use crate::active_runs::ActiveRuns;
 use crate::app::AppState;
 use crate::error::{ApiError, ApiResult};
@@ -340,6 +342,23 @@ impl<'a> TenantStore<'a> {
         append_messages(self.store, &self.stored_id(id), messages, key, context)
             .await
             .map_err(|error| self.op_error(error))
+    }
+
+    /// Waits for the turns before this one on the tenant's thread `id` to end (see
+    /// [`TurnQueue::wait_for_turn`]), at most `wait`: past it, a 409 with nothing stored.
+    pub(crate) async fn wait_for_turn(
+        &self,
+        turns: &TurnQueue,
+        id: &str,
+        wait: std::time::Duration,
+    ) -> ApiResult<TurnLease> {
+        turns
+            .wait_for_turn(self.store, &self.stored_id(id), wait)
+            .await
+            .map_err(|error| match error {
+                TurnWaitError::Store(error) => self.error(error),
+                error @ TurnWaitError::TimedOut { .. } => ApiError::conflict(error.to_string()),
+            })
     }
 
     /// Switches the tenant's thread `id` to its context `context` (see [`switch_context`]).

@@ -16,7 +16,7 @@ use contexture_engine::chat::{
     Attempt, ChatError, ChatTurn, CompletionRecord, SHUT_DOWN, TurnRecorder, previous_attempt,
 };
 use contexture_engine::fitting::FitSettings;
-use contexture_engine::turns::{TurnLease, TurnWaitError};
+use contexture_engine::turns::TurnLease;
 use contexture_llm::passthrough::{
     PassthroughError, UpstreamBody, UpstreamResponse, record_stream,
 };
@@ -74,13 +74,13 @@ pub async fn completions(
     // Turns on one thread run one at a time, in the order they arrived; a turn that waits
     // too long is refused with nothing stored. Waiting writes nothing to the thread, so a
     // client that leaves meanwhile only gives up its place.
-    let scoped = threads.stored_id(&request.thread);
-    let wait = std::time::Duration::from_secs_f64(state.config.limits.thread_turn_wait_secs);
-    let lease = state
-        .turns
-        .wait_for_turn(threads.store(), &scoped, wait)
-        .await
-        .map_err(|error| chat_error(threads, ChatError::Busy(error)))?;
+    let lease = threads
+        .wait_for_turn(
+            &state.turns,
+            &request.thread,
+            state.config.limits.thread_turn_wait(),
+        )
+        .await?;
     let keyed = match (key, claim) {
         (Some(key), Some(claim)) => {
             match keyed_attempt(&state, threads, &request, key, claim).await? {
@@ -261,10 +261,9 @@ fn chat_error(threads: TenantStore<'_>, error: ChatError) -> ApiError {
             message: error.to_string(),
             param: Some("Idempotency-Key".into()),
         },
-        ChatError::Busy(TurnWaitError::Store(error)) => threads.error(error),
-        error @ (ChatError::KeyTaken { .. }
-        | ChatError::InFlight { .. }
-        | ChatError::Busy(TurnWaitError::TimedOut { .. })) => ApiError::conflict(error.to_string()),
+        error @ (ChatError::KeyTaken { .. } | ChatError::InFlight { .. }) => {
+            ApiError::conflict(error.to_string())
+        }
     }
 }
 
