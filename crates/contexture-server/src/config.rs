@@ -151,6 +151,10 @@ pub struct LimitsConfig {
     /// Named contexts one thread may have, `main` included (default 64); a switch that
     /// would start one more answers 409.
     pub max_contexts_per_thread: usize,
+    /// About the most bytes of JSON one page of a thread's events holds (default 8 MiB):
+    /// a page ends before the event that would pass it (its first event always goes in),
+    /// and `next_after` continues it.
+    pub max_page_bytes: usize,
 }
 
 impl LimitsConfig {
@@ -174,6 +178,7 @@ impl Default for LimitsConfig {
             thread_turn_wait_secs: 60.0,
             max_chat_turns: 16,
             max_contexts_per_thread: contexture_core::thread::DEFAULT_MAX_CONTEXTS,
+            max_page_bytes: 8 * 1024 * 1024,
         }
     }
 }
@@ -696,6 +701,12 @@ impl ServerConfig {
                     "must be 0 (never wait) to 3600 seconds, not {}",
                     self.limits.thread_turn_wait_secs
                 ),
+            );
+        }
+        if self.limits.max_page_bytes < 1024 {
+            return invalid(
+                "limits.max_page_bytes",
+                format!("must be at least 1024, not {}", self.limits.max_page_bytes),
             );
         }
         if self.limits.max_contexts_per_thread == 0 {

@@ -12,7 +12,9 @@ use contexture_engine::threads::{
     Appended, Forked, NewThread, Switched, ThreadOpError, append_messages, create_thread,
     fork_thread, merge_thread, restore_thread, set_thread_policy, switch_context,
 };
-use contexture_store::{AnyStore, ProjectionTail, RequestRetention, Store, StoreError, ThreadInfo};
+use contexture_store::{
+    AnyStore, EventPage, ProjectionTail, RequestRetention, Store, StoreError, ThreadInfo,
+};
 
 use contexture_engine::turns::{TurnLease, TurnQueue, TurnWaitError};
 
@@ -216,10 +218,17 @@ impl<'a> TenantStore<'a> {
             .map_err(|error| self.error(error))
     }
 
-    /// The events of the tenant's thread `id` after seq `after`.
-    pub(crate) async fn events_after(&self, id: &str, after: u64) -> ApiResult<Vec<Event>> {
+    /// A page of the events of the tenant's thread `id` after seq `after` (see
+    /// [`Store::events_page`]).
+    pub(crate) async fn events_page(
+        &self,
+        id: &str,
+        after: u64,
+        limit: usize,
+        max_bytes: usize,
+    ) -> ApiResult<EventPage> {
         self.store
-            .events_after(&self.stored_id(id), after)
+            .events_page(&self.stored_id(id), after, limit, max_bytes)
             .await
             .map_err(|error| self.error(error))
     }

@@ -128,6 +128,33 @@ pub struct KeyedEvent {
     pub appended_at_ms: i64,
 }
 
+/// A page of a thread's events ([`Store::events_page`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EventPage {
+    /// The events, oldest first.
+    pub events: Vec<Event>,
+    /// True when the thread has events after the page's last.
+    pub more: bool,
+}
+
+/// The bytes of `event` as JSON, counted without keeping them.
+fn json_size(event: &Event) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing to a counter cannot fail, and events always serialize.
+    let _ = serde_json::to_writer(&mut count, event);
+    count.0
+}
+
 /// A summary of one stored thread.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ThreadInfo {
@@ -201,6 +228,59 @@ pub trait Store: Send + Sync {
         thread: &str,
         after: u64,
     ) -> impl Future<Output = Result<Vec<Event>, StoreError>> + Send;
+
+    /// The events of `thread` with seq above `after` and at most `through`, oldest first, as
+    /// [`Store::events_after`] gives them.
+    fn events_through(
+        &self,
+        thread: &str,
+        after: u64,
+        through: u64,
+    ) -> impl Future<Output = Result<Vec<Event>, StoreError>> + Send;
+
+    /// A page of `thread`'s events with seq above `after`, oldest first: at most `limit`
+    /// events, and no more of them than fit `max_bytes` as JSON, the first always (an event
+    /// is as large as what it holds: a request record as the messages it sent). The
+    /// events are read a few at a time, so what a page costs is bounded by its bytes, not
+    /// by the thread.
+    fn events_page(
+        &self,
+        thread: &str,
+        after: u64,
+        limit: usize,
+        max_bytes: usize,
+    ) -> impl Future<Output = Result<EventPage, StoreError>> + Send {
+        async move {
+            const CHUNK: u64 = 16;
+            let mut page = EventPage::default();
+            let mut bytes = 0usize;
+            let mut cursor = after;
+            while page.events.len() < limit {
+                let want = CHUNK.min((limit - page.events.len()) as u64);
+                let chunk = self
+                    .events_through(thread, cursor, cursor.saturating_add(want))
+                    .await?;
+                if chunk.is_empty() {
+                    return Ok(page);
+                }
+                for event in chunk {
+                    let size = json_size(&event);
+                    if !page.events.is_empty() && bytes.saturating_add(size) > max_bytes {
+                        page.more = true;
+                        return Ok(page);
+                    }
+                    bytes = bytes.saturating_add(size);
+                    cursor = event.seq;
+                    page.events.push(event);
+                }
+            }
+            page.more = !self
+                .events_through(thread, cursor, cursor.saturating_add(1))
+                .await?
+                .is_empty();
+            Ok(page)
+        }
+    }
 
     /// The event of `thread` (its own, not a fork's parent's) that was appended with the
     /// idempotency key `key`, if one was, and when: what a retried request finds of its

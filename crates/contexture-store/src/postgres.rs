@@ -757,13 +757,22 @@ impl Store for PgStore {
     }
 
     async fn events_after(&self, thread: &str, after: u64) -> Result<Vec<Event>, StoreError> {
+        self.events_through(thread, after, u64::MAX).await
+    }
+
+    async fn events_through(
+        &self,
+        thread: &str,
+        after: u64,
+        through: u64,
+    ) -> Result<Vec<Event>, StoreError> {
         let mut client = self.pool.get().await?;
         let tx = snapshot(&mut client).await?;
         let segments = chain(&tx, thread).await?;
         let rows = decoded_in(
             &tx,
             thread,
-            &segments,
+            &record::segments_through(&segments, Some(through)),
             ALL_EVENTS,
             after,
             record::decode_row,

@@ -511,6 +511,26 @@ pub(crate) fn db_seq(seq: u64) -> i64 {
     i64::try_from(seq).unwrap_or(i64::MAX)
 }
 
+/// A fork chain's segments (as the stores read them, root first, each with the last seq to
+/// read from it) cut at `through`: what a read of the events up to `through` selects. The
+/// references of what it selects are resolved through the whole chain.
+pub(crate) fn segments_through(
+    segments: &[(String, Option<u64>)],
+    through: Option<u64>,
+) -> Vec<(String, Option<u64>)> {
+    segments
+        .iter()
+        .map(|(id, limit)| {
+            let limit = match (limit, through) {
+                (Some(limit), Some(through)) => Some((*limit).min(through)),
+                (None, through) => through,
+                (limit, None) => *limit,
+            };
+            (id.clone(), limit)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -491,13 +491,18 @@ fn chain(conn: &Connection, thread: &str) -> Result<Vec<(String, Option<u64>)>, 
 }
 
 /// The events of `thread` (its fork chain's shared prefix included) with seq above `after`.
-fn read_events(conn: &mut Connection, thread: &str, after: u64) -> Result<Vec<Event>, StoreError> {
+fn read_events(
+    conn: &mut Connection,
+    thread: &str,
+    after: u64,
+    through: Option<u64>,
+) -> Result<Vec<Event>, StoreError> {
     let tx = conn.transaction().doing("begin a read")?;
     let segments = chain(&tx, thread)?;
     let rows = decoded_in(
         &tx,
         thread,
-        &segments,
+        &record::segments_through(&segments, through),
         ALL_EVENTS,
         after,
         record::decode_row,
@@ -974,7 +979,18 @@ impl Store for SqliteStore {
 
     async fn events_after(&self, thread: &str, after: u64) -> Result<Vec<Event>, StoreError> {
         let thread = thread.to_string();
-        self.read(move |conn| read_events(conn, &thread, after))
+        self.read(move |conn| read_events(conn, &thread, after, None))
+            .await
+    }
+
+    async fn events_through(
+        &self,
+        thread: &str,
+        after: u64,
+        through: u64,
+    ) -> Result<Vec<Event>, StoreError> {
+        let thread = thread.to_string();
+        self.read(move |conn| read_events(conn, &thread, after, Some(through)))
             .await
     }
 

@@ -120,6 +120,15 @@ impl AnyStore {
 }
 
 impl Store for AnyStore {
+    async fn events_through(
+        &self,
+        thread: &str,
+        after: u64,
+        through: u64,
+    ) -> Result<Vec<Event>, StoreError> {
+        on_backend!(self, store => store.events_through(thread, after, through).await)
+    }
+
     async fn list_page(
         &self,
         prefix: &str,

@@ -1959,6 +1959,67 @@ async fn turns_hold_a_thread_one_at_a_time_in_the_order_they_joined(h: &impl Har
     assert_eq!(any.turns_ahead("t", d).await.unwrap(), Some(0));
 }
 
+/// Every page of `thread` after 0, with at most `limit` events and `max_bytes` bytes each.
+async fn pages_of(s: &impl Store, thread: &str, limit: usize, max_bytes: usize) -> Vec<Vec<Event>> {
+    let mut pages = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = s
+            .events_page(thread, after, limit, max_bytes)
+            .await
+            .unwrap();
+        assert!(page.events.len() <= limit);
+        assert!(
+            !page.events.is_empty() || !page.more,
+            "an empty page says there is more"
+        );
+        let bytes: usize = page
+            .events
+            .iter()
+            .map(|event| serde_json::to_vec(event).unwrap().len())
+            .sum();
+        if page.events.len() > 1 {
+            assert!(bytes <= max_bytes, "{bytes} bytes in a page of {max_bytes}");
+        }
+        let more = page.more;
+        if let Some(last) = page.events.last() {
+            after = last.seq;
+        }
+        pages.push(page.events);
+        if !more {
+            return pages;
+        }
+    }
+}
+
+async fn event_pages_hold_every_event_once_within_their_count_and_bytes(h: &impl Harness) {
+    let s = h.store();
+    // Request records resolved in full (each as large as the history it sent), their
+    // replies in the next event, at every position against the read's chunks.
+    conversation_with_requests(s, "paged", 20).await;
+    s.fork("paged", 30, "paged-fork").await.unwrap();
+    conversation_with_requests(s, "paged-fork", 5).await;
+    for thread in ["paged", "paged-fork"] {
+        let all = s.events(thread).await.unwrap();
+        for (limit, max_bytes) in [(1000, usize::MAX), (7, usize::MAX), (1000, 20_000), (5, 1)] {
+            let pages = pages_of(s, thread, limit, max_bytes).await;
+            let read: Vec<Event> = pages.iter().flatten().cloned().collect();
+            assert_eq!(read, all, "{thread}: limit {limit}, {max_bytes} bytes");
+            if max_bytes == 1 {
+                assert!(pages.iter().all(|page| page.len() == 1), "one event a page");
+            }
+        }
+        // A page after the end is empty; of a thread that does not exist, an error.
+        let last = all.last().unwrap().seq;
+        let page = s.events_page(thread, last, 10, usize::MAX).await.unwrap();
+        assert!(page.events.is_empty() && !page.more);
+    }
+    assert!(matches!(
+        s.events_page("nothing", 0, 10, usize::MAX).await,
+        Err(StoreError::NotFound { .. })
+    ));
+}
+
 macro_rules! conformance {
     (
         fresh: [$($name:ident),* $(,)?],
@@ -2041,6 +2102,7 @@ conformance!(
     pruning_while_requests_are_appended_leaves_every_record_readable,
     calibrations_take_every_observation_once_and_stay_bounded,
     turns_hold_a_thread_one_at_a_time_in_the_order_they_joined,
+    event_pages_hold_every_event_once_within_their_count_and_bytes,
     ],
     before_api_keys: [api_key_migration_applies_to_an_older_database],
 );

@@ -448,12 +448,13 @@ pub async fn events(
                 if cursor.ended {
                     return None;
                 }
-                match state
+                // A page at a time, so a stream of a long log holds a page, not the log.
+                let page = state
                     .tenant_store(&tenant)
-                    .events_after(&id, cursor.after)
-                    .await
-                {
-                    Ok(events) if !events.is_empty() => cursor.pending.extend(events),
+                    .events_page(&id, cursor.after, 100, state.config.limits.max_page_bytes)
+                    .await;
+                match page {
+                    Ok(page) if !page.events.is_empty() => cursor.pending.extend(page.events),
                     Ok(_) => tokio::time::sleep(POLL).await,
                     Err(error) => {
                         tracing::warn!(error = %error.message, "event stream stopped by a store error");

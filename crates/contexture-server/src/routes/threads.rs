@@ -530,29 +530,46 @@ pub struct EventsQuery {
     limit: Option<usize>,
 }
 
-/// `GET /v1/threads/{id}/events`: a page of events; `next_after` continues it.
+/// `GET /v1/threads/{id}/events`: a page of events, at most `limit` of them and about
+/// `limits.max_page_bytes` of JSON (a request record is as large as what it sent);
+/// `next_after` continues it.
 pub async fn events(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     QueryParams(query): QueryParams<EventsQuery>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Response> {
     let limit = page_limit(query.limit)?;
     let tenant = &caller.tenant;
-    let events = state
+    let page = state
         .tenant_store(tenant)
-        .events_after(&id, query.after)
+        .events_page(&id, query.after, limit, state.config.limits.max_page_bytes)
         .await?;
-    let more = events.len() > limit;
-    let page: Vec<_> = events.into_iter().take(limit).collect();
-    let next_after = if more {
-        page.last().map(|event| event.seq)
+    let next_after = if page.more {
+        page.events.last().map(|event| event.seq)
     } else {
         None
     };
-    let mut value = json!({ "events": page, "next_after": next_after });
-    tenant.unscope_json(&mut value);
-    Ok(Json(value))
+    // Each event becomes JSON on its own, so the page is never held twice over.
+    let mut body = Vec::new();
+    body.extend_from_slice(b"{\"events\":[");
+    for (i, event) in page.events.into_iter().enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        let mut value = serde_json::to_value(&event).unwrap_or_default();
+        tenant.unscope_json(&mut value);
+        // Writing a JSON value into memory cannot fail.
+        let _ = serde_json::to_writer(&mut body, &value);
+    }
+    body.extend_from_slice(b"],\"next_after\":");
+    let _ = serde_json::to_writer(&mut body, &next_after);
+    body.push(b'}');
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response())
 }
 
 /// `POST /v1/threads/{id}/fork` body.
