@@ -192,6 +192,9 @@ pub struct ChatTurn<'a, S> {
     pub settings: FitSettings,
     /// The tool schemas sent with the request.
     pub tools: Vec<Value>,
+    /// The structured-output schema sent with the request (`response_format`), counted
+    /// with the tools: the provider counts it in the request's tokens.
+    pub response_format: Option<Value>,
     /// The default compaction policy, when there is one (the thread's own takes its place).
     pub compaction: Option<&'a CompactionPolicy>,
     /// Who compacts.
@@ -202,6 +205,9 @@ pub struct ChatTurn<'a, S> {
     pub first_attempt: bool,
     /// The digest of the client's request, recorded for retries to compare.
     pub client_digest: Option<String>,
+    /// Whose calibration of token estimates the answer feeds (the settings' model was
+    /// calibrated with the same one).
+    pub learner: crate::estimates::Learner,
 }
 
 /// A turn ready to send: its fitted request, recorded, and its hold on the thread.
@@ -219,6 +225,14 @@ pub struct PreparedTurn {
 }
 
 impl<S: Store> ChatTurn<'_, S> {
+    /// What the request's tokens are counted with besides its messages: the tool schemas
+    /// and the structured-output schema.
+    fn counted_schemas(&self) -> Vec<Value> {
+        let mut schemas = self.tools.clone();
+        schemas.extend(self.response_format.iter().cloned());
+        schemas
+    }
+
     /// Steps 1 to 3 of the turn for the request's messages `requested`, holding the thread
     /// with `lease` (step 0, [`crate::turns::TurnQueue::wait_for_turn`]): stores what is
     /// new, compacts when the trigger fires, fits, and records the request as `request_id`.
@@ -229,6 +243,7 @@ impl<S: Store> ChatTurn<'_, S> {
         lease: TurnLease,
     ) -> Result<PreparedTurn, ChatError> {
         let mut settings = self.settings.clone();
+        let schemas = self.counted_schemas();
         // The new turns are among the request's messages, and are kept whole.
         let encoding = settings.model.counter.encoding();
         let own_tokens = requested
@@ -278,7 +293,7 @@ impl<S: Store> ChatTurn<'_, S> {
             messages: stored.messages,
         };
         let turns: Vec<Message> = new_turns.into_iter().cloned().collect();
-        settings.fit(preview, &turns, &self.tools)?;
+        settings.fit(preview, &turns, &schemas)?;
         let new_count = new.iter().filter(|m| !m.role.is_system_like()).count();
         let mut events: Vec<NewEvent> = abandoned.into_iter().map(abandoned_end).collect();
         events.extend(NewEvent::messages(new, self.key));
@@ -296,7 +311,7 @@ impl<S: Store> ChatTurn<'_, S> {
                     .iter()
                     .chain(&tail.projection.messages),
                 tail.projection.messages.len() + tail.unread,
-                &self.tools,
+                &schemas,
             )
         {
             let request = CompactRequest::new(policy.clone(), reason);
@@ -318,7 +333,7 @@ impl<S: Store> ChatTurn<'_, S> {
         } else {
             CutMemory::default()
         };
-        let fitted = settings.fit_tail_in_loop(tail, &own, &self.tools, &mut memory)?;
+        let fitted = settings.fit_tail_in_loop(tail, &own, &schemas, &mut memory)?;
         let record = RequestRecord {
             request_id: request_id.clone(),
             model: Some(settings.model.id.clone()),
@@ -403,6 +418,7 @@ impl<S: Store> ChatTurn<'_, S> {
     {
         TurnRecorder {
             _lease: std::sync::Arc::clone(&prepared.lease),
+            learner: self.learner.clone(),
             store: self.store.clone(),
             thread: self.thread.to_owned(),
             request_id: prepared.request_id.clone(),
@@ -412,7 +428,7 @@ impl<S: Store> ChatTurn<'_, S> {
             estimated: crate::estimates::uncalibrated_estimate(
                 &self.settings.model,
                 &prepared.fitted.messages,
-                &self.tools,
+                &self.counted_schemas(),
             ),
         }
     }
@@ -439,6 +455,7 @@ pub const SHUT_DOWN: &str = "the server shut down before the answer ended";
 pub struct TurnRecorder<S> {
     /// Held until the last copy of the recorder is dropped, after the end is recorded.
     _lease: std::sync::Arc<TurnLease>,
+    learner: crate::estimates::Learner,
     store: S,
     thread: String,
     request_id: String,
@@ -455,7 +472,14 @@ impl<S: Store> TurnRecorder<S> {
     /// transaction.
     pub async fn answered(&self, answer: Answer) -> Result<(), StoreError> {
         let usage = answer.usage;
-        crate::estimates::observe(&self.store, &self.model, self.estimated, usage).await?;
+        crate::estimates::observe(
+            &self.store,
+            &self.model,
+            &self.learner,
+            self.estimated,
+            usage,
+        )
+        .await?;
         let mut end = answered_end(
             &self.request_id,
             &answer.message,

@@ -270,6 +270,9 @@ impl AppState {
                     .map_err(|error| StartError::Config(error.to_string()))?,
             )
             .with_limit_caps(config.executions.limit_caps())
+            // A client shapes an execution's requests: they read the operator's
+            // calibration of estimates and feed none.
+            .with_estimate_learner(contexture_engine::estimates::Learner::ReadOnly)
             .with_workflow_source(Arc::new(ConfinedFiles {
                 root: workflows_dir.clone(),
             }));

@@ -2,19 +2,27 @@
 //! overrides, turned into the engine's [`FitSettings`]; fitting itself is the engine's.
 
 use contexture_core::fit::Strategy;
-use contexture_engine::estimates::calibrated;
+use contexture_engine::estimates::{Learner, calibrated};
 use contexture_engine::fitting::{FitError, FitOverrides, FitSettings, FittedRequest};
 
 use crate::app::AppState;
 use crate::error::ApiError;
+use crate::tenancy::Tenant;
+
+/// The calibration of token estimates a tenant's requests read and feed: its own.
+pub fn learner(tenant: &Tenant) -> Learner {
+    Learner::Tenant(tenant.name().to_owned())
+}
 
 /// The settings for `model` (as the request's `model` field names it, its estimate
-/// calibrated by what its family's providers reported) under the server's default policy,
+/// calibrated by what its family's providers reported to `tenant`'s requests, the
+/// operator's calibration until the tenant has its own) under the server's default policy,
 /// with the request's overrides of the strategy, the window share, the reply reserve and the
 /// request's size; each mistake is a 400 naming its field. A thread's own policy takes the
 /// default's place when the thread is read ([`FitSettings::adopt`]).
 pub async fn settings(
     state: &AppState,
+    tenant: &Tenant,
     model: &str,
     strategy: Option<&str>,
     budget_ratio: Option<f64>,
@@ -25,7 +33,7 @@ pub async fn settings(
         .registry
         .get(model)
         .map_err(|error| ApiError::invalid("model", error.to_string()))?;
-    let model = calibrated(&state.store, model)
+    let model = calibrated(&state.store, model, &learner(tenant))
         .await
         .map_err(|error| ApiError::store(&error))?;
     let strategy = strategy

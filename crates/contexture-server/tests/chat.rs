@@ -1253,11 +1253,13 @@ async fn chat_turns_calibrate_the_estimates_of_their_model() {
         );
     }
     let store = SqliteStore::open(dir.join("chat.db")).await.unwrap();
+    // Learnt for this tenant: its own calibration of the family.
     let calibration = store
-        .calibration("claude-sonnet-4-5")
+        .calibration("tenant:acme:claude-sonnet-4-5")
         .await
         .unwrap()
         .unwrap();
+    assert_eq!(store.calibration("claude-sonnet-4-5").await.unwrap(), None);
     assert_eq!((calibration.kept, calibration.outliers), (3, 1));
     upstream.push(Reply::text("ok").usage(reported, 2));
     assert_eq!(
@@ -1271,5 +1273,113 @@ async fn chat_turns_calibrate_the_estimates_of_their_model() {
     upstream.push(Reply::text("ok").usage(reported * 2, 2));
     assert_eq!(turn("t5", "gpt-4o-mini").await.status(), StatusCode::OK);
     assert_eq!(store.calibration("gpt-4o-mini").await.unwrap(), None);
+    assert_eq!(
+        store.calibration("tenant:acme:gpt-4o-mini").await.unwrap(),
+        None
+    );
+    server.shutdown().await;
+}
+
+/// The tokens `tenant`'s requests would be measured at for `thread` under `model`.
+async fn measured_context(server: &TestServer, key: &str, thread: &str, model: &str) -> u64 {
+    let context = get_json(
+        server,
+        key,
+        &format!("/v1/threads/{thread}/context?model={model}"),
+    )
+    .await;
+    context["budget"]["used"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no budget: {context}"))
+}
+
+/// A hostile tenant's campaign against the shared estimates (a run of `=` the provider
+/// counts far more of, a structured-output schema the estimate once left out, CJK text it
+/// counts fewer of), sent through the chat endpoint with the provider's reports, leaves
+/// another tenant's measured context where it was; that tenant's own honest traffic still
+/// calibrates it.
+#[tokio::test]
+async fn one_tenants_reports_never_move_another_tenants_estimates() {
+    const MODEL: &str = "claude-sonnet-4-5";
+    let upstream = FakeUpstream::start().await;
+    let (_dir, server, attacker) = server(&upstream.base_url(), |_| {}).await;
+    let victim = server.key("zeta").await;
+    let question = "Summarize the quarterly report: revenue of 4.2 million, up 12 percent, the northern region led by Ana Ruiz growing fastest, the southern region under Tom Becker flat.";
+    let turn = |key: String, thread: String, body: Value| {
+        let server = &server;
+        async move {
+            let response = chat(server, &key, Some(&thread), body).await;
+            assert_eq!(response.status(), StatusCode::OK);
+        }
+    };
+    let ask = |text: &str| json!({"model": MODEL, "messages": [{"role": "user", "content": text}]});
+    // The victim's estimate of its question, then three honest reports of 1.08 times it.
+    upstream.push(Reply::text("ok").usage(10, 2));
+    turn(victim.clone(), "v0".into(), ask(question)).await;
+    let started = events_of_type(&server, &victim, "v0", "request_started").await;
+    let estimate = started[0]["budget"]["input_tokens"].as_u64().unwrap();
+    let honest = |factor: f64| ((estimate - 3) as f64 * factor) as u64 + 3;
+    for n in 1..=3 {
+        upstream.push(Reply::text("ok").usage(honest(1.08), 2));
+        turn(victim.clone(), format!("v{n}"), ask(question)).await;
+    }
+    let history = json!({"messages": [
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": "Revenue grew 12 percent to 4.2 million."},
+        {"role": "user", "content": "Which region grew fastest, and who leads it?"},
+    ]});
+    let (status, _) = server
+        .call(&victim, "POST", "/v1/threads/kept/messages", Some(history))
+        .await;
+    assert!(status.is_success());
+    let before = measured_context(&server, &victim, "kept", MODEL).await;
+
+    // The campaign: each vector twenty times, each reported far from the estimate.
+    let equals = format!("{question} {}", "=".repeat(340));
+    let schema = json!({"type": "json_schema", "json_schema": {"name": "report", "schema": {
+        "type": "object",
+        "properties": (0..40).map(|i| (format!("field_{i}"), json!({"type": "string", "description": "a field of the report, as long as it needs to be"}))).collect::<serde_json::Map<String, Value>>(),
+    }}});
+    let cjk = "季度报告摘要：收入四百二十万，增长百分之十二，北方地区增长最快。".repeat(6);
+    for n in 0..20 {
+        upstream.push(Reply::text("ok").usage(honest(1.0) * 3, 2));
+        turn(attacker.clone(), format!("a-eq-{n}"), ask(&equals)).await;
+        upstream.push(Reply::text("ok").usage(honest(1.0) * 2, 2));
+        let mut structured = ask(question);
+        structured["response_format"] = schema.clone();
+        turn(attacker.clone(), format!("a-rf-{n}"), structured).await;
+        upstream.push(Reply::text("ok").usage(40, 2));
+        turn(attacker.clone(), format!("a-cjk-{n}"), ask(&cjk)).await;
+    }
+    let after = measured_context(&server, &victim, "kept", MODEL).await;
+    let moved = (after as f64 - before as f64).abs() / before as f64;
+    assert!(
+        moved <= 0.02,
+        "the victim's context went {before} -> {after}"
+    );
+    // The campaign had teeth: the attacker's own estimates moved.
+    let (status, _) = server
+        .call(
+            &attacker,
+            "POST",
+            "/v1/threads/kept/messages",
+            Some(json!({"messages": [{"role": "user", "content": question}]})),
+        )
+        .await;
+    assert!(status.is_success());
+    let attackers = measured_context(&server, &attacker, "kept", MODEL).await;
+    let victims_same = measured_context(&server, &victim, "kept", MODEL).await;
+    assert!(attackers > 0 && victims_same == after);
+
+    // The victim's own honest traffic still calibrates it.
+    for n in 4..=9 {
+        upstream.push(Reply::text("ok").usage(honest(1.3), 2));
+        turn(victim.clone(), format!("v{n}"), ask(question)).await;
+    }
+    let recalibrated = measured_context(&server, &victim, "kept", MODEL).await;
+    assert!(
+        recalibrated as f64 > after as f64 * 1.1,
+        "{after} -> {recalibrated}"
+    );
     server.shutdown().await;
 }

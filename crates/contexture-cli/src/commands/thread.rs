@@ -17,7 +17,7 @@ use contexture_core::format::openai;
 use contexture_core::thread::{ConflictPolicy, MergeKeys, MergePolicy, MergeSpec, ThreadPolicy};
 use contexture_core::tokens::Encoding;
 use contexture_engine::compaction::{CompactOptions, CompactionOutcome, Compactor, compact_stored};
-use contexture_engine::estimates::calibrated;
+use contexture_engine::estimates::{Learner, calibrated};
 use contexture_engine::fitting::{FitOverrides, FitSettings, MessageView, thread_messages};
 use contexture_engine::llm::LlmSpec;
 use contexture_engine::threads::{
@@ -341,7 +341,7 @@ async fn execute(args: ThreadArgs) -> Result<()> {
                     None => registry.default_model(),
                 };
                 // Measured as requests to it are: with what its family's calls taught.
-                let model = calibrated(&store, model)
+                let model = calibrated(&store, model, &Learner::Operator)
                     .await
                     .context("cannot read the model's calibration")?;
                 let overrides = FitOverrides {

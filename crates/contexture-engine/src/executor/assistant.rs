@@ -69,6 +69,7 @@ impl<S: Store> Executor<S> {
         let model = crate::estimates::calibrated(
             &self.store,
             assistant.context.model(self.registry.resolve(&route.model)),
+            &self.learner,
         )
         .await
         .map_err(ExecError::from)?;
@@ -347,9 +348,15 @@ impl<S: Store> Executor<S> {
             Ok(response) => {
                 let estimated =
                     crate::estimates::uncalibrated_estimate(model, &outgoing.messages, tools);
-                crate::estimates::observe(&self.store, model, estimated, response.usage)
-                    .await
-                    .map_err(ExecError::from)?;
+                crate::estimates::observe(
+                    &self.store,
+                    model,
+                    &self.learner,
+                    estimated,
+                    response.usage,
+                )
+                .await
+                .map_err(ExecError::from)?;
                 Ok((end, response.message))
             }
             Err(error) => {

@@ -150,6 +150,8 @@ pub struct Executor<S> {
     programs: Programs,
     caps: RunLimits,
     client_isolation: Option<Arc<dyn RenderIsolation>>,
+    /// Whose calibration of token estimates the runs read and feed.
+    learner: crate::estimates::Learner,
 }
 
 /// A run in progress: its workflow and the fold of its log, kept in step with the store.
@@ -279,6 +281,7 @@ impl<S: Store> Executor<S> {
             programs: Programs::Allowed,
             caps: RunLimits::default(),
             client_isolation: None,
+            learner: crate::estimates::Learner::Operator,
         }
     }
 
@@ -363,6 +366,14 @@ impl<S: Store> Executor<S> {
     /// may set lower ones, never higher, and a limit nobody sets is the ceiling.
     pub fn with_limit_caps(mut self, caps: RunLimits) -> Executor<S> {
         self.caps = caps;
+        self
+    }
+
+    /// Builder: whose calibration of token estimates the runs read and feed (default the
+    /// operator's; a server's executions read it and feed nothing, since a client shapes
+    /// their requests).
+    pub fn with_estimate_learner(mut self, learner: crate::estimates::Learner) -> Executor<S> {
+        self.learner = learner;
         self
     }
 

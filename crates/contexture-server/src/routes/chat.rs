@@ -57,7 +57,16 @@ pub async fn completions(
         }
         ChatRequest::Threaded(request) => request,
     };
-    let mut settings = fitting::settings(&state, &request.model, None, None, None, None).await?;
+    let mut settings = fitting::settings(
+        &state,
+        &caller.tenant,
+        &request.model,
+        None,
+        None,
+        None,
+        None,
+    )
+    .await?;
     if let Some(tokens) = reply_budget(&request.body, &settings.model)? {
         settings
             .reserve_for_reply(tokens)
@@ -196,6 +205,7 @@ async fn run_turn(
         thread,
         requested,
         tools,
+        response_format,
         mut body,
         ..
     } = request;
@@ -213,11 +223,13 @@ async fn run_turn(
         thread: &scoped,
         settings,
         tools,
+        response_format,
         compaction: state.config.compaction.as_ref(),
         compactor: state.compactor.as_ref(),
         key: key.as_deref(),
         first_attempt,
         client_digest: digest,
+        learner: fitting::learner(&tenant),
     };
     let request_id = format!("{scoped}/chat-{}", fresh_id());
     // A shutdown past its grace stops the turn here too (a compaction's calls included);

@@ -35,6 +35,9 @@ pub(crate) struct ThreadedRequest {
     pub requested: Vec<Message>,
     /// The tool schemas sent with the request.
     pub tools: Vec<Value>,
+    /// The structured-output schema sent with the request (`response_format`), which the
+    /// provider counts in the request's tokens.
+    pub response_format: Option<Value>,
     /// The body to forward (without the thread's name; its messages are replaced by the
     /// fitted request's).
     pub body: Map<String, Value>,
@@ -60,11 +63,16 @@ impl ChatRequest {
         check_id("the thread", &thread)
             .map_err(|problem| ApiError::invalid(THREAD_HEADER, problem))?;
         check_one_choice(&body)?;
+        let response_format = body
+            .get("response_format")
+            .filter(|v| !v.is_null())
+            .cloned();
         Ok(ChatRequest::Threaded(ThreadedRequest {
             thread,
             model,
             requested,
             tools,
+            response_format,
             body,
         }))
     }
@@ -94,6 +102,7 @@ fn parse_request(body: &Map<String, Value>) -> ApiResult<(String, Vec<Message>, 
             &Value::is_boolean as &dyn Fn(&Value) -> bool,
         ),
         ("metadata", "an object", &Value::is_object),
+        ("response_format", "an object", &Value::is_object),
         ("n", "a whole number above 0", &positive),
         ("max_tokens", "a whole number above 0", &positive),
         ("max_completion_tokens", "a whole number above 0", &positive),

@@ -418,6 +418,7 @@ pub async fn context(
     let threads = state.tenant_store(&caller.tenant);
     let settings = fitting::settings(
         &state,
+        &caller.tenant,
         &query.model,
         query.strategy.as_deref(),
         query.budget_ratio,
