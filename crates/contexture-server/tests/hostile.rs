@@ -1046,30 +1046,17 @@ async fn a_thread_has_at_most_its_share_of_named_contexts_and_errors_name_a_few(
     let json = Some("application/json");
     let body = |value: Value| serde_json::to_vec(&value).unwrap();
     append_one(&server, &key, "t", "hello").await;
-    let switch = |context: String| body(json!({"context": context, "create": true}));
+    let switch = |context: String| {
+        let body = body(json!({"context": context, "create": true}));
+        send(&server, &key, "POST", "/v1/threads/t/switch", json, body)
+    };
     // `main` and 24 more: the most this server allows.
     for i in 0..24 {
-        let (status, answer) = send(
-            &server,
-            &key,
-            "POST",
-            "/v1/threads/t/switch",
-            json,
-            switch(format!("ctx-{i:02}")),
-        )
-        .await;
+        let (status, answer) = switch(format!("ctx-{i:02}")).await;
         assert_eq!(status, StatusCode::OK, "{answer}");
     }
     let (_, before) = send(&server, &key, "GET", "/v1/threads/t", None, vec![]).await;
-    let (status, answer) = send(
-        &server,
-        &key,
-        "POST",
-        "/v1/threads/t/switch",
-        json,
-        switch("one-more".into()),
-    )
-    .await;
+    let (status, answer) = switch("one-more".into()).await;
     assert_eq!(status, StatusCode::CONFLICT, "{answer}");
     assert_eq!(answer["error"]["param"], "context", "{answer}");
     let message = answer["error"]["message"].as_str().unwrap();
@@ -1081,15 +1068,7 @@ async fn a_thread_has_at_most_its_share_of_named_contexts_and_errors_name_a_few(
     let (_, after) = send(&server, &key, "GET", "/v1/threads/t", None, vec![]).await;
     assert_eq!(before["last_seq"], after["last_seq"], "nothing was stored");
     // A context the thread has may still be switched to, `create` or not.
-    let (status, answer) = send(
-        &server,
-        &key,
-        "POST",
-        "/v1/threads/t/switch",
-        json,
-        switch("ctx-03".into()),
-    )
-    .await;
+    let (status, answer) = switch("ctx-03".into()).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
     // An unknown context is named with at most 20 of the thread's and their count.
     let (status, answer) = send(
