@@ -328,11 +328,18 @@ pub fn message_tokens(message: &Message, encoding: Encoding) -> u32 {
 }
 
 fn count_message_uncached(message: &Message, encoding: Encoding) -> u32 {
+    let content = message
+        .content
+        .as_ref()
+        .map_or(0, |content| content_tokens(content, encoding));
+    message_overhead_tokens(message, encoding).saturating_add(content)
+}
+
+/// The tokens of `message` under `encoding` besides its content (its role, name, call id and
+/// tool calls, and the per-message overhead): a message's count less this is its content's.
+pub fn message_overhead_tokens(message: &Message, encoding: Encoding) -> u32 {
     let count = |text: &str| saturating_u32(encoding.count(text));
     let mut tokens = TOKENS_PER_MESSAGE + count(message.role.as_str());
-    if let Some(content) = &message.content {
-        tokens = tokens.saturating_add(content_tokens(content, encoding));
-    }
     if let Some(name) = &message.name {
         tokens = tokens.saturating_add(count(name) + TOKENS_PER_NAME);
     }

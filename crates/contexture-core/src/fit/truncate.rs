@@ -86,8 +86,19 @@ pub fn truncate_tool_results(
         {
             continue;
         }
-        let text = message.text();
-        let Some(cut) = keep_head_and_tail(&text, policy.max_tokens, counter, marker) else {
+        // A plain text's count is its message's stored count less the rest of the message:
+        // a long result is never tokenized whole, only around its start and end.
+        let cut = match message.content.as_ref() {
+            Some(Content::Text(text)) => {
+                let encoding = counter.encoding();
+                let exact = crate::tokens::message_tokens(message, encoding).saturating_sub(
+                    crate::tokens::message_overhead_tokens(message, encoding),
+                );
+                cut_to_head_and_tail(text, counter.scale(exact), policy.max_tokens, counter, marker)
+            }
+            _ => keep_head_and_tail(&message.text(), policy.max_tokens, counter, marker),
+        };
+        let Some(cut) = cut else {
             continue;
         };
         let before = u64::from(counter.count_message(message));
@@ -136,7 +147,17 @@ pub fn keep_head_and_tail(
     counter: &TokenCounter,
     marker: impl Fn(u32) -> String,
 ) -> Option<String> {
-    let total = counter.count_text(text);
+    cut_to_head_and_tail(text, counter.count_text(text), limit, counter, marker)
+}
+
+/// [`keep_head_and_tail`] for a text of `total` tokens under `counter`, known already.
+fn cut_to_head_and_tail(
+    text: &str,
+    total: u32,
+    limit: u32,
+    counter: &TokenCounter,
+    marker: impl Fn(u32) -> String,
+) -> Option<String> {
     if total <= limit {
         return None;
     }
@@ -157,8 +178,53 @@ fn char_bounds(text: &str) -> Vec<usize> {
         .collect()
 }
 
+/// The bytes a search for at most `limit` tokens first looks within: a token is rarely
+/// longer than this many bytes on average, and the window doubles until it holds more than
+/// `limit` tokens (or the whole text), so the search stays exact.
+const BYTES_PER_TOKEN_GUESS: usize = 16;
+
+/// The start of `text` a search for a prefix of at most `limit` tokens need look at: the
+/// shortest window, doubling from a guess, that holds more than `limit` tokens, or all of
+/// it. Long texts are then never tokenized whole.
+fn prefix_window<'t>(text: &'t str, limit: u32, counter: &TokenCounter) -> &'t str {
+    let mut size = (limit as usize + 1).saturating_mul(BYTES_PER_TOKEN_GUESS);
+    loop {
+        if size >= text.len() {
+            return text;
+        }
+        let mut end = size;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        if counter.count_text(&text[..end]) > limit {
+            return &text[..end];
+        }
+        size = size.saturating_mul(2);
+    }
+}
+
+/// The end of `text` a search for a suffix of at most `limit` tokens need look at (see
+/// [`prefix_window`]).
+fn suffix_window<'t>(text: &'t str, limit: u32, counter: &TokenCounter) -> &'t str {
+    let mut size = (limit as usize + 1).saturating_mul(BYTES_PER_TOKEN_GUESS);
+    loop {
+        if size >= text.len() {
+            return text;
+        }
+        let mut start = text.len() - size;
+        while !text.is_char_boundary(start) {
+            start += 1;
+        }
+        if counter.count_text(&text[start..]) > limit {
+            return &text[start..];
+        }
+        size = size.saturating_mul(2);
+    }
+}
+
 /// The longest prefix of `text` (on a character boundary) of at most `limit` tokens.
 fn longest_prefix<'t>(text: &'t str, limit: u32, counter: &TokenCounter) -> &'t str {
+    let text = prefix_window(text, limit, counter);
     let bounds = char_bounds(text);
     let (mut low, mut high) = (0, bounds.len() - 1);
     while low < high {
@@ -174,6 +240,7 @@ fn longest_prefix<'t>(text: &'t str, limit: u32, counter: &TokenCounter) -> &'t 
 
 /// The longest suffix of `text` (on a character boundary) of at most `limit` tokens.
 fn longest_suffix<'t>(text: &'t str, limit: u32, counter: &TokenCounter) -> &'t str {
+    let text = suffix_window(text, limit, counter);
     let bounds = char_bounds(text);
     let (mut low, mut high) = (0, bounds.len() - 1);
     while low < high {
@@ -240,5 +307,34 @@ mod tests {
     fn a_policy_with_no_room_for_the_marker_is_refused() {
         assert_eq!(TruncatePolicy { max_tokens: 10 }.problems().len(), 1);
         assert!(TruncatePolicy { max_tokens: 48 }.problems().is_empty());
+    }
+
+    proptest::proptest! {
+        /// The start and end kept, found in a window of the text, are within their room,
+        /// and the whole text when it fits; a long text keeps close to its room (counts do
+        /// not always grow with the text, so the cut may differ from a search over the
+        /// whole text by a word).
+        #[test]
+        fn the_start_and_end_kept_fit_their_room(
+            words in proptest::collection::vec("[a-z]{1,8}", 0..600),
+            limit in 8u32..120,
+        ) {
+            let text = words.join(" ");
+            let counter = counter();
+            let fits = counter.count_text(&text) <= limit;
+            for kept in [
+                longest_prefix(&text, limit, &counter),
+                longest_suffix(&text, limit, &counter),
+            ] {
+                let tokens = counter.count_text(kept);
+                proptest::prop_assert!(tokens <= limit);
+                proptest::prop_assert!(text.contains(kept));
+                if fits {
+                    proptest::prop_assert_eq!(kept, text.as_str());
+                } else {
+                    proptest::prop_assert!(tokens + 8 >= limit, "{tokens} of {limit}");
+                }
+            }
+        }
     }
 }
