@@ -63,7 +63,13 @@ fn bench(c: &mut Criterion) {
     group.sample_size(10);
     group.measurement_time(Duration::from_secs(10));
     group.bench_function("cached_counts", |b| {
-        b.iter(|| black_box(truncate_tool_results(black_box(&messages), &policy, &COUNTER)))
+        b.iter(|| {
+            black_box(truncate_tool_results(
+                black_box(&messages),
+                &policy,
+                &COUNTER,
+            ))
+        })
     });
     group.bench_function("count_whole_texts", |b| {
         b.iter(|| {

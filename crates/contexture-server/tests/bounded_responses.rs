@@ -120,3 +120,159 @@ async fn a_page_of_large_records_is_bounded_by_bytes_and_slow_readers_hold_littl
     let healthz = client().get(server.url("/healthz")).send().await.unwrap();
     assert_eq!(healthz.status(), StatusCode::OK);
 }
+
+/// A thread of 20 tool results of 2.9 MB each (58 MB), whose own policy truncates each to 48
+/// tokens.
+async fn thread_with_huge_results(store: &AnyStore, thread: &str) {
+    use contexture_core::ToolCall;
+    use contexture_core::thread::{PolicyChange, ThreadPolicy};
+    let policy: contexture_core::fit::FitPolicy =
+        serde_json::from_value(serde_json::json!({"truncate_tool_results": {"max_tokens": 48}}))
+            .unwrap();
+    let set = PolicyChange {
+        policy: Some(ThreadPolicy {
+            context: Some(policy),
+            compaction: None,
+        }),
+    };
+    store
+        .append(thread, vec![NewEvent::new(EventKind::PolicySet(set))])
+        .await
+        .unwrap();
+    let say = |message: Message| NewEvent::new(EventKind::MessageAppended { message });
+    store
+        .append(thread, vec![say(Message::user("Find the slow requests."))])
+        .await
+        .unwrap();
+    for i in 0..20 {
+        let id = format!("call-{i}");
+        let mut log = String::with_capacity(2_900_100);
+        let mut line = 0usize;
+        while log.len() < 2_900_000 {
+            log.push_str(&format!(
+                "{line:08} INFO request {} served in {} ms\n",
+                (line * 31 + i) % 100_000,
+                (line * 7) % 900
+            ));
+            line += 1;
+        }
+        store
+            .append(
+                thread,
+                vec![
+                    say(Message::assistant_tool_calls(vec![ToolCall::new(
+                        id.clone(),
+                        "logs",
+                        "{}",
+                    )])),
+                    say(Message::tool_result(id, log)),
+                ],
+            )
+            .await
+            .unwrap();
+    }
+}
+
+/// The `q`-th quantile of `samples` (nearest rank).
+fn quantile(samples: &mut [Duration], q: f64) -> Duration {
+    samples.sort_unstable();
+    let rank = ((q * samples.len() as f64).ceil() as usize).clamp(1, samples.len());
+    samples[rank - 1]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenants_reads_of_a_huge_thread_leave_another_tenant_served() {
+    let dir = TempDir::new("contexture-bounded");
+    let store = SqliteStore::open(dir.join("bounded.db")).await.unwrap();
+    let mut config = config(None);
+    config.limits.max_thread_bytes = 1024 * 1024 * 1024;
+    let server = TestServer::start(config, AnyStore::Sqlite(store)).await;
+    let acme = server.key("acme").await;
+    let zeta = server.key("zeta").await;
+    thread_with_huge_results(&server.state.store, "acme/huge").await;
+    let (status, _) = server
+        .call(
+            &zeta,
+            "POST",
+            "/v1/threads/small/messages",
+            Some(serde_json::json!({"messages": [{"role": "user", "content": "hello"}]})),
+        )
+        .await;
+    assert!(status.is_success());
+    let context = "/v1/threads/huge/context?model=gpt-4o-mini";
+    // The first read loads the thread; a repeated one on the unchanged thread costs a small
+    // part of it.
+    let timed_read = || async {
+        let started = std::time::Instant::now();
+        let (status, body) = server.call(&acme, "GET", context, None).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(
+            body["fit"]["truncated"].as_array().map(Vec::len),
+            Some(20),
+            "{body}"
+        );
+        started.elapsed()
+    };
+    let first = timed_read().await;
+    let mut again: Vec<Duration> = Vec::new();
+    for _ in 0..5 {
+        again.push(timed_read().await);
+    }
+    let repeated = quantile(&mut again, 0.5);
+    eprintln!("GET /context: first {first:?}, repeated {repeated:?} (median of 5)");
+    assert!(
+        repeated < first / 10,
+        "first {first:?}, repeated {repeated:?}"
+    );
+
+    // Tenant A reads it four at a time, again and again; tenant B's health checks and reads
+    // go on.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut readers = Vec::new();
+    for _ in 0..4 {
+        let (base, key, stop) = (server.base.clone(), acme.clone(), stop.clone());
+        readers.push(tokio::spawn(async move {
+            let mut reads = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let response = client()
+                    .get(format!("{base}{context}"))
+                    .bearer_auth(&key)
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(response.status(), StatusCode::OK);
+                response.bytes().await.unwrap();
+                reads += 1;
+            }
+            reads
+        }));
+    }
+    let mut health = Vec::new();
+    let mut reads = Vec::new();
+    for _ in 0..40 {
+        let started = std::time::Instant::now();
+        let response = client().get(server.url("/healthz")).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        health.push(started.elapsed());
+        let started = std::time::Instant::now();
+        let (status, _) = server
+            .call(&zeta, "GET", "/v1/threads/small/messages", None)
+            .await;
+        assert_eq!(status, StatusCode::OK);
+        reads.push(started.elapsed());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut read_by_a = 0;
+    for reader in readers {
+        read_by_a += reader.await.unwrap();
+    }
+    let health_p99 = quantile(&mut health, 0.99);
+    let reads_p99 = quantile(&mut reads, 0.99);
+    eprintln!(
+        "tenant B while A read {read_by_a} times: /healthz p99 {health_p99:?}, reads p99 {reads_p99:?}"
+    );
+    assert!(read_by_a >= 4, "{read_by_a}");
+    assert!(health_p99 < Duration::from_millis(100), "{health_p99:?}");
+    assert!(reads_p99 < Duration::from_millis(200), "{reads_p99:?}");
+}

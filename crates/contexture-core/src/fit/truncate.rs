@@ -91,10 +91,15 @@ pub fn truncate_tool_results(
         let cut = match message.content.as_ref() {
             Some(Content::Text(text)) => {
                 let encoding = counter.encoding();
-                let exact = crate::tokens::message_tokens(message, encoding).saturating_sub(
-                    crate::tokens::message_overhead_tokens(message, encoding),
-                );
-                cut_to_head_and_tail(text, counter.scale(exact), policy.max_tokens, counter, marker)
+                let exact = crate::tokens::message_tokens(message, encoding)
+                    .saturating_sub(crate::tokens::message_overhead_tokens(message, encoding));
+                cut_to_head_and_tail(
+                    text,
+                    counter.scale(exact),
+                    policy.max_tokens,
+                    counter,
+                    marker,
+                )
             }
             _ => keep_head_and_tail(&message.text(), policy.max_tokens, counter, marker),
         };
