@@ -208,6 +208,9 @@ pub struct ChatTurn<'a, S> {
     /// Whose calibration of token estimates the answer feeds (the settings' model was
     /// calibrated with the same one).
     pub learner: crate::estimates::Learner,
+    /// Where the fit runs: on this pool under this key's share, or (`None`) on the
+    /// caller's task.
+    pub cpu: Option<(&'a crate::cpu::CpuPool, String)>,
 }
 
 /// A turn ready to send: its fitted request, recorded, and its hold on the thread.
@@ -333,7 +336,16 @@ impl<S: Store> ChatTurn<'_, S> {
         } else {
             CutMemory::default()
         };
-        let fitted = settings.fit_tail_in_loop(tail, &own, &schemas, &mut memory)?;
+        let fitted = match &self.cpu {
+            Some((pool, key)) => {
+                let settings = settings.clone();
+                pool.run(key, move || {
+                    settings.fit_tail_in_loop(tail, &own, &schemas, &mut memory)
+                })
+                .await?
+            }
+            None => settings.fit_tail_in_loop(tail, &own, &schemas, &mut memory)?,
+        };
         let record = RequestRecord {
             request_id: request_id.clone(),
             model: Some(settings.model.id.clone()),

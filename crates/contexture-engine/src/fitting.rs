@@ -579,6 +579,32 @@ pub async fn fit_thread<S: Store>(
     thread: &str,
     settings: &FitSettings,
 ) -> Result<FittedRequest, ThreadFitError> {
+    let (settings, tail) = load_for_fit(store, thread, settings).await?;
+    Ok(settings.fit_tail(tail, &[], &[])?)
+}
+
+/// [`fit_thread`] with the fit run on `pool` under `key`'s share (see [`crate::cpu`]): the
+/// read stays on the caller's task, the CPU work goes to a blocking thread.
+pub async fn fit_thread_on<S: Store>(
+    store: &S,
+    thread: &str,
+    settings: &FitSettings,
+    pool: &crate::cpu::CpuPool,
+    key: &str,
+) -> Result<FittedRequest, ThreadFitError> {
+    let (settings, tail) = load_for_fit(store, thread, settings).await?;
+    Ok(pool
+        .run(key, move || settings.fit_tail(tail, &[], &[]))
+        .await?)
+}
+
+/// What [`fit_thread`] fits: the settings under the thread's own policy, and the tail of
+/// its active projection they need.
+async fn load_for_fit<S: Store>(
+    store: &S,
+    thread: &str,
+    settings: &FitSettings,
+) -> Result<(FitSettings, ProjectionTail), ThreadFitError> {
     let mut settings = settings.clone();
     let tail = settings.load_adopting(store, thread, 0).await?;
     if tail.projection.system.is_none() && tail.projection.messages.is_empty() && tail.unread == 0 {
@@ -590,7 +616,7 @@ pub async fn fit_thread<S: Store>(
             .into());
         }
     }
-    Ok(settings.fit_tail(tail, &[], &[])?)
+    Ok((settings, tail))
 }
 
 /// Which messages of a stored thread to read: the view `contexture thread messages` prints.

@@ -10,6 +10,7 @@
 //!   and its end recorded) and the retry of a keyed turn;
 //! - [`turns`]: turns on one thread one at a time, in arrival order, across servers;
 //! - [`compaction`]: summarizing the older part of a thread into one recorded replace;
+//! - [`cpu`]: CPU work (fitting) on a bounded pool of blocking threads, a share per tenant;
 //! - [`conversation`]: history carried across runs that name one conversation;
 //! - [`threads`]: thread operations a caller asks for by name (create, fork, merge, restore);
 //! - [`sources`]: where sub-workflows are read from;
@@ -23,6 +24,7 @@ mod calls;
 pub mod chat;
 pub mod compaction;
 pub mod conversation;
+pub mod cpu;
 pub mod estimates;
 pub mod executor;
 pub mod fitting;

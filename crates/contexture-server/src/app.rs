@@ -118,6 +118,8 @@ pub struct Shared {
     pub keyed_turns: Arc<KeyedTurns>,
     /// The queues of chat turns on each thread: one turn of a thread at a time.
     pub turns: Arc<contexture_engine::turns::TurnQueue>,
+    /// Where fitting runs: blocking threads, a bounded number at once, a share per tenant.
+    pub cpu: Arc<contexture_engine::cpu::CpuPool>,
     /// The retention of request records for threads without a policy of their own.
     pub retention: RetentionRules,
 }
@@ -332,6 +334,7 @@ impl AppState {
             active_runs: Arc::new(ActiveRuns::default()),
             keyed_turns: Arc::new(KeyedTurns::default()),
             turns: Arc::new(contexture_engine::turns::TurnQueue::default()),
+            cpu: Arc::new(contexture_engine::cpu::CpuPool::for_this_machine()),
             streams: TenantSlots::new(
                 config.limits.max_event_streams,
                 "open event streams",

@@ -230,6 +230,7 @@ async fn run_turn(
         first_attempt,
         client_digest: digest,
         learner: fitting::learner(&tenant),
+        cpu: Some((state.cpu.as_ref(), tenant.name().to_owned())),
     };
     let request_id = format!("{scoped}/chat-{}", fresh_id());
     // A shutdown past its grace stops the turn here too (a compaction's calls included);

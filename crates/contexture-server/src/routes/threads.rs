@@ -29,7 +29,7 @@ use crate::routes::fresh_id;
 use crate::tenancy::check_id;
 use crate::tenant_store::TenantStore;
 use contexture_engine::fitting::{
-    MessageView, ThreadFitError, ThreadReadError, fit_thread, thread_messages,
+    MessageView, ThreadFitError, ThreadReadError, fit_thread_on, thread_messages,
 };
 
 /// Parses OpenAI-format messages at `param`.
@@ -426,7 +426,16 @@ pub async fn context(
         query.max_tokens,
     )
     .await?;
-    let fitted = match fit_thread(threads.store(), &threads.stored_id(&id), &settings).await {
+    let stored = threads.stored_id(&id);
+    let fitted = match fit_thread_on(
+        threads.store(),
+        &stored,
+        &settings,
+        &state.cpu,
+        caller.tenant.name(),
+    )
+    .await
+    {
         Ok(fitted) => {
             fitting::metered(&state, &fitted);
             fitted
