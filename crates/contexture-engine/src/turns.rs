@@ -99,7 +99,7 @@ impl TurnQueue {
         let started = Instant::now();
         let deadline = started + wait;
         let waker = self.waker(thread);
-        let mut ticket = store.join_turn_queue(thread).await?;
+        let mut ticket = join(store, thread).await?;
         // From here on the ticket leaves the queue however the wait ends (an error, a
         // timeout, the waiting task dropped).
         let mut lease = TurnLease::new(store, thread, ticket, &waker, self.lease);
@@ -114,7 +114,7 @@ impl TurnQueue {
                 Some(ahead) => ahead,
                 None => {
                     // The ticket lapsed (this process stalled for a whole lease): join again.
-                    ticket = store.join_turn_queue(thread).await?;
+                    ticket = join(store, thread).await?;
                     lease.rejoined(ticket);
                     renewed = Instant::now();
                     continue;
@@ -160,6 +160,30 @@ impl TurnQueue {
         let waker = Arc::new(Notify::new());
         wakers.insert(thread.to_owned(), Arc::downgrade(&waker));
         waker
+    }
+}
+
+/// Joins `thread`'s queue in a task of its own: a caller that stops waiting while the
+/// ticket is being taken (a client that left) does not leave a ticket behind to hold the
+/// thread until it lapses; the task gives it back.
+async fn join<S>(store: &S, thread: &str) -> Result<TurnTicket, StoreError>
+where
+    S: TurnQueueStore + Clone + 'static,
+{
+    let (joined, ticket) = tokio::sync::oneshot::channel();
+    let (store, thread) = (store.clone(), thread.to_owned());
+    tokio::spawn(async move {
+        let result = store.join_turn_queue(&thread).await;
+        if let Err(Ok(ticket)) = joined.send(result) {
+            let _ = store.leave_turn_queue(&thread, ticket).await;
+        }
+    });
+    match ticket.await {
+        Ok(result) => result,
+        // The task ended without an answer: it panicked, so nothing was joined.
+        Err(_) => Err(StoreError::WritePanicked {
+            detail: "joining a thread's queue of turns stopped".into(),
+        }),
     }
 }
 

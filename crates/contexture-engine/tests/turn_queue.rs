@@ -152,3 +152,73 @@ async fn a_ticket_no_server_renews_lapses_after_the_lease() {
         "a renewed holder is never removed"
     );
 }
+
+/// A store whose tickets take a while to come back once taken: a caller that stops waiting
+/// meanwhile has joined without knowing its ticket.
+#[derive(Clone)]
+struct SlowToAnswer(SqliteStore);
+
+impl TurnQueueStore for SlowToAnswer {
+    async fn join_turn_queue(&self, thread: &str) -> Result<i64, contexture_store::StoreError> {
+        let ticket = self.0.join_turn_queue(thread).await?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        Ok(ticket)
+    }
+    async fn turns_ahead(
+        &self,
+        thread: &str,
+        ticket: i64,
+    ) -> Result<Option<u64>, contexture_store::StoreError> {
+        self.0.turns_ahead(thread, ticket).await
+    }
+    async fn renew_turn(
+        &self,
+        thread: &str,
+        ticket: i64,
+        lease: Duration,
+    ) -> Result<bool, contexture_store::StoreError> {
+        self.0.renew_turn(thread, ticket, lease).await
+    }
+    async fn leave_turn_queue(
+        &self,
+        thread: &str,
+        ticket: i64,
+    ) -> Result<(), contexture_store::StoreError> {
+        self.0.leave_turn_queue(thread, ticket).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_that_stops_waiting_gives_its_place_back_at_once() {
+    let dir = TempDir::new("contexture-turn-queue");
+    let store = SlowToAnswer(store(&dir).await);
+    let queue = Arc::new(TurnQueue::with_timing(
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+    ));
+    let holder = queue
+        .wait_for_turn(&store, "t", Duration::from_secs(1))
+        .await
+        .unwrap();
+    // Waiters whose clients leave, while their ticket is being taken and after.
+    for delay in [30u64, 150] {
+        let waiting = tokio::spawn({
+            let (store, queue) = (store.clone(), Arc::clone(&queue));
+            async move {
+                let _ = queue
+                    .wait_for_turn(&store, "t", Duration::from_secs(10))
+                    .await;
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        waiting.abort();
+        let _ = waiting.await;
+    }
+    drop(holder);
+    // No ticket is left behind to hold the thread until it lapses.
+    let next = queue
+        .wait_for_turn(&store, "t", Duration::from_secs(2))
+        .await
+        .expect("the thread is free within moments, not after the lease");
+    drop(next);
+}
