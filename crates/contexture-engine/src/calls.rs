@@ -24,11 +24,7 @@ pub(crate) fn request_end(
             end.attempts = (response.attempts > 1).then_some(response.attempts);
             end
         }
-        Err(error) => {
-            let mut end = RequestEnd::new(request_id, RequestOutcome::Failed, Usage::default());
-            end.error = Some(error.to_string());
-            end
-        }
+        Err(error) => RequestEnd::failed(request_id, error.to_string()),
     }
 }
 
@@ -53,7 +49,25 @@ pub(crate) fn answered_end(
             true,
         ),
     };
-    let mut end = RequestEnd::new(request_id, RequestOutcome::Completed, usage);
+    priced_end(
+        request_id,
+        RequestOutcome::Completed,
+        usage,
+        estimated,
+        model,
+    )
+}
+
+/// The record of a call's end with `outcome` and `usage` (`estimated` when counted here, not
+/// reported), and the cost of that usage at the model's list price, when it has one.
+pub(crate) fn priced_end(
+    request_id: &str,
+    outcome: RequestOutcome,
+    usage: Usage,
+    estimated: bool,
+    model: &ModelInfo,
+) -> RequestEnd {
+    let mut end = RequestEnd::new(request_id, outcome, usage);
     end.usage_estimated = estimated;
     end.cost_usd = model
         .pricing

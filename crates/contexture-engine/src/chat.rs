@@ -39,7 +39,7 @@ use contexture_llm::passthrough::{Answer, PassthroughError};
 use contexture_store::{KeyedEvent, NewEvent, Store, StoreError};
 use serde_json::Value;
 
-use crate::calls::answered_end;
+use crate::calls::{answered_end, priced_end};
 use crate::compaction::{CompactRequest, CompactionOutcome, Compactor, compact_stored};
 use crate::executor::ExecError;
 use crate::fitting::{FitError, FitSettings, FittedRequest, ThreadFitError};
@@ -169,11 +169,12 @@ pub async fn previous_attempt<S: Store>(
             if age_secs < abandon_after_secs {
                 return Err(ChatError::InFlight { key: key.into() });
             }
-            let mut end =
-                RequestEnd::new(&record.request_id, RequestOutcome::Failed, Usage::default());
-            end.error = Some(format!(
-                "abandoned: no end was recorded within {abandon_after_secs} s of its start (the server answering it stopped); a retry with its Idempotency-Key called again"
-            ));
+            let end = RequestEnd::failed(
+                &record.request_id,
+                format!(
+                    "abandoned: no end was recorded within {abandon_after_secs} s of its start (the server answering it stopped); a retry with its Idempotency-Key called again"
+                ),
+            );
             store
                 .append_one(thread, NewEvent::new(EventKind::RequestEnded(end)))
                 .await?;
@@ -565,12 +566,7 @@ impl<S: Store> TurnRecorder<S> {
             .as_ref()
             .map_or(0, |message| self.model.counter.count_message(message));
         let usage = Usage::new(u64::from(self.input_tokens), u64::from(output));
-        let mut end = RequestEnd::new(&self.request_id, outcome, usage);
-        end.usage_estimated = true;
-        end.cost_usd = self
-            .model
-            .pricing
-            .map(|pricing| pricing.cost(usage.input_tokens, usage.output_tokens));
+        let mut end = priced_end(&self.request_id, outcome, usage, true, &self.model);
         end.error = Some(error);
         end.reply = partial;
         self.record_end(end).await
@@ -605,10 +601,9 @@ impl<S: Store> TurnRecorder<S> {
 /// The end of a request found in flight by a turn that holds its thread: no server is
 /// answering it any more.
 fn abandoned_end(request_id: String) -> NewEvent {
-    let mut end = RequestEnd::new(request_id, RequestOutcome::Failed, Usage::default());
-    end.error = Some(
-        "abandoned: no end was recorded before the next turn on this thread began (the server answering it stopped)"
-            .into(),
+    let end = RequestEnd::failed(
+        request_id,
+        "abandoned: no end was recorded before the next turn on this thread began (the server answering it stopped)",
     );
     NewEvent::new(EventKind::RequestEnded(end))
 }

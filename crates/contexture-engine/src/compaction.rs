@@ -21,7 +21,7 @@ use contexture_core::thread::{
     RecordedBudget, ReplaceReason, RequestRecord, StepCompaction, Thread,
 };
 use contexture_core::tokens::TokenCounter;
-use contexture_llm::ChatRequest;
+use contexture_llm::{ChatRequest, RetryPolicy};
 use contexture_store::{NewEvent, Store};
 use serde::Serialize;
 
@@ -732,7 +732,7 @@ impl Compactor {
         let attempts = request.policy.max_retries.min(MAX_RETRIES) + 1;
         for attempt in 0..attempts {
             if attempt > 0 {
-                tokio::time::sleep(retry_backoff(attempt)).await;
+                tokio::time::sleep(SUMMARY_RETRIES.backoff(attempt - 1)).await;
             }
             report.calls += 1;
             let request_id = format!(
@@ -790,11 +790,13 @@ impl Compactor {
     }
 }
 
-/// The wait before the `attempt`-th summarizer call (1 for the first retry): doubling from a
-/// tenth of a second up to 1.6 s, so a failing summarizer is not called again at once.
-fn retry_backoff(attempt: u32) -> std::time::Duration {
-    std::time::Duration::from_millis(100u64 << attempt.saturating_sub(1).min(4))
-}
+/// The waits between a summarizer's attempts: doubling from a tenth of a second up to 1.6 s,
+/// so a failing summarizer is not called again at once (how many there are is the policy's).
+const SUMMARY_RETRIES: RetryPolicy = RetryPolicy {
+    max_retries: MAX_RETRIES,
+    initial_delay: std::time::Duration::from_millis(100),
+    max_delay: std::time::Duration::from_millis(1600),
+};
 
 /// The tokens of a thread's projection: its system prompt and messages.
 fn projection_tokens(thread: &Thread, counter: &TokenCounter) -> u64 {

@@ -4,10 +4,11 @@
 //! tenant's heavy reads then wait for each other, not for the runtime, and never take every
 //! place from the others.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 
 use tokio::sync::Semaphore;
+
+use crate::per_key::SharedPerKey;
 
 /// A bounded pool of places for CPU work, with a share per key.
 #[derive(Debug)]
@@ -15,7 +16,7 @@ pub struct CpuPool {
     places: Arc<Semaphore>,
     share: usize,
     /// Each key's share, while any of its work waits or runs.
-    shares: Mutex<HashMap<String, Weak<Semaphore>>>,
+    shares: SharedPerKey<Semaphore>,
 }
 
 impl CpuPool {
@@ -26,7 +27,7 @@ impl CpuPool {
         CpuPool {
             places: Arc::new(Semaphore::new(places)),
             share: share.clamp(1, places),
-            shares: Mutex::new(HashMap::new()),
+            shares: SharedPerKey::default(),
         }
     }
 
@@ -43,7 +44,7 @@ impl CpuPool {
         F: FnOnce() -> R + Send + 'static,
         R: Send + 'static,
     {
-        let share = self.share_of(key);
+        let share = self.shares.get(key, || Semaphore::new(self.share));
         // Neither semaphore is ever closed, so both waits end with a permit.
         let _own = share.acquire().await.ok();
         let _place = self.places.acquire().await.ok();
@@ -52,21 +53,6 @@ impl CpuPool {
             // The work panicked: the panic goes on in the caller, as if it had run there.
             Err(error) => std::panic::resume_unwind(error.into_panic()),
         }
-    }
-
-    fn share_of(&self, key: &str) -> Arc<Semaphore> {
-        let mut shares = self
-            .shares
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(share) = shares.get(key).and_then(Weak::upgrade) {
-            return share;
-        }
-        // Keys with nothing waiting or running are forgotten as new ones come.
-        shares.retain(|_, share| share.strong_count() > 0);
-        let share = Arc::new(Semaphore::new(self.share));
-        shares.insert(key.to_owned(), Arc::downgrade(&share));
-        share
     }
 }
 

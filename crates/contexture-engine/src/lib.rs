@@ -30,6 +30,7 @@ pub mod executor;
 pub mod fitting;
 pub mod hooks;
 pub mod llm;
+mod per_key;
 pub mod render_workers;
 pub mod report;
 pub mod sources;

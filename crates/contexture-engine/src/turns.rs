@@ -13,13 +13,16 @@
 //! the lease. On one server a turn that leaves wakes the next at once; turns of other
 //! servers notice within [`TurnQueue::poll`].
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use contexture_store::{StoreError, TurnQueueStore, TurnTicket};
 use tokio::sync::Notify;
 use tokio::time::Instant;
+
+use crate::per_key::SharedPerKey;
 
 /// How long a ticket stays in the queue without being renewed.
 pub const TURN_LEASE: Duration = Duration::from_secs(30);
@@ -53,7 +56,7 @@ pub enum TurnWaitError {
 #[derive(Debug)]
 pub struct TurnQueue {
     /// Wakes the turns of a thread waiting on this process when one of them leaves.
-    wakers: Mutex<HashMap<String, Weak<Notify>>>,
+    wakers: SharedPerKey<Notify>,
     lease: Duration,
     poll: Duration,
 }
@@ -69,7 +72,7 @@ impl TurnQueue {
     /// [`TURN_POLL`]).
     pub fn with_timing(lease: Duration, poll: Duration) -> TurnQueue {
         TurnQueue {
-            wakers: Mutex::new(HashMap::new()),
+            wakers: SharedPerKey::default(),
             lease,
             poll,
         }
@@ -98,7 +101,7 @@ impl TurnQueue {
     {
         let started = Instant::now();
         let deadline = started + wait;
-        let waker = self.waker(thread);
+        let waker = self.wakers.get(thread, Notify::new);
         let mut ticket = join(store, thread).await?;
         // From here on the ticket leaves the queue however the wait ends (an error, a
         // timeout, the waiting task dropped).
@@ -145,22 +148,6 @@ impl TurnQueue {
             }
         }
     }
-
-    /// The waker shared by this process's turns on `thread`.
-    fn waker(&self, thread: &str) -> Arc<Notify> {
-        let mut wakers = self
-            .wakers
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(waker) = wakers.get(thread).and_then(Weak::upgrade) {
-            return waker;
-        }
-        // Threads whose turns have all ended are forgotten as new ones come.
-        wakers.retain(|_, waker| waker.strong_count() > 0);
-        let waker = Arc::new(Notify::new());
-        wakers.insert(thread.to_owned(), Arc::downgrade(&waker));
-        waker
-    }
 }
 
 /// Joins `thread`'s queue in a task of its own: a caller that stops waiting while the
@@ -187,22 +174,62 @@ where
     }
 }
 
-/// What leaves a thread's queue: the store call, made once.
-type Leave = Box<dyn FnOnce(TurnTicket) + Send + Sync>;
+/// A turn's thread and queue, as its lease reaches them, whatever the store.
+trait Place: Send + Sync {
+    /// Renews `ticket` (a failed renewal is tried again at the next beat).
+    fn renew(&self, ticket: TurnTicket) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+    /// Gives `ticket` back and wakes the turns of this process waiting behind it.
+    fn leave(self: Arc<Self>, ticket: TurnTicket);
+    /// How long a ticket stays without being renewed.
+    fn lease(&self) -> Duration;
+}
+
+/// [`Place`] in a store's queue.
+struct StorePlace<S> {
+    store: S,
+    thread: String,
+    waker: Arc<Notify>,
+    lease: Duration,
+}
+
+impl<S: TurnQueueStore + Clone + 'static> Place for StorePlace<S> {
+    fn renew(&self, ticket: TurnTicket) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            // A ticket already removed cannot be won back while the turn runs, and the
+            // thread's fold reads overlapping turns whole.
+            let _ = self
+                .store
+                .renew_turn(&self.thread, ticket, self.lease)
+                .await;
+        })
+    }
+
+    fn leave(self: Arc<Self>, ticket: TurnTicket) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime to leave from: the ticket lapses after the lease.
+            return;
+        };
+        runtime.spawn(async move {
+            // A ticket that cannot be removed now lapses after the lease.
+            let _ = self.store.leave_turn_queue(&self.thread, ticket).await;
+            self.waker.notify_waiters();
+        });
+    }
+
+    fn lease(&self) -> Duration {
+        self.lease
+    }
+}
 
 /// A turn's place in its thread's queue: while it is held ([`TurnQueue::wait_for_turn`]
 /// returned it), no other turn of the thread runs. Dropping it leaves the queue and wakes
 /// the next turn.
 pub struct TurnLease {
     ticket: TurnTicket,
-    leave: Option<Leave>,
+    place: Arc<dyn Place>,
     /// Renews the ticket while the turn holds the thread.
     heartbeat: Option<tokio::task::JoinHandle<()>>,
-    renew: Arc<dyn Fn(TurnTicket) -> RenewFuture + Send + Sync>,
-    lease: Duration,
 }
-
-type RenewFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 impl std::fmt::Debug for TurnLease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -224,42 +251,16 @@ impl TurnLease {
     where
         S: TurnQueueStore + Clone + 'static,
     {
-        let leave = {
-            let store = store.clone();
-            let thread = thread.to_owned();
-            let waker = Arc::clone(waker);
-            Box::new(move |ticket: TurnTicket| {
-                let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-                    // No runtime to leave from: the ticket lapses after the lease.
-                    return;
-                };
-                runtime.spawn(async move {
-                    // A ticket that cannot be removed now lapses after the lease.
-                    let _ = store.leave_turn_queue(&thread, ticket).await;
-                    waker.notify_waiters();
-                });
-            }) as Leave
-        };
-        let renew = {
-            let store = store.clone();
-            let thread = thread.to_owned();
-            Arc::new(move |ticket: TurnTicket| {
-                let store = store.clone();
-                let thread = thread.clone();
-                Box::pin(async move {
-                    // A failed renewal is tried again at the next beat; a ticket already
-                    // removed cannot be won back while the turn runs, and the thread's
-                    // fold reads overlapping turns whole.
-                    let _ = store.renew_turn(&thread, ticket, lease).await;
-                }) as RenewFuture
-            })
+        let place = StorePlace {
+            store: store.clone(),
+            thread: thread.to_owned(),
+            waker: Arc::clone(waker),
+            lease,
         };
         TurnLease {
             ticket,
-            leave: Some(leave),
+            place: Arc::new(place),
             heartbeat: None,
-            renew,
-            lease,
         }
     }
 
@@ -270,13 +271,12 @@ impl TurnLease {
 
     /// The turn holds its thread: its ticket is renewed until the lease is dropped.
     fn hold(&mut self) {
-        let renew = Arc::clone(&self.renew);
+        let place = Arc::clone(&self.place);
         let ticket = self.ticket;
-        let every = self.lease / 3;
         self.heartbeat = Some(tokio::spawn(async move {
             loop {
-                tokio::time::sleep(every).await;
-                renew(ticket).await;
+                tokio::time::sleep(place.lease() / 3).await;
+                place.renew(ticket).await;
             }
         }));
     }
@@ -292,8 +292,6 @@ impl Drop for TurnLease {
         if let Some(heartbeat) = self.heartbeat.take() {
             heartbeat.abort();
         }
-        if let Some(leave) = self.leave.take() {
-            leave(self.ticket);
-        }
+        Arc::clone(&self.place).leave(self.ticket);
     }
 }

@@ -41,6 +41,12 @@ impl RetryPolicy {
         self.delay_after(retry, error.retry_after())
     }
 
+    /// The delay before retry number `retry` (0-based) when nothing says otherwise:
+    /// `initial_delay x 2^retry`, capped at `max_delay`.
+    pub fn backoff(&self, retry: u32) -> Duration {
+        self.delay_after(retry, None)
+    }
+
     /// The delay before retry number `retry` (0-based) when the server asked for
     /// `retry_after` (or did not): the rule of [`RetryPolicy::delay`].
     pub(crate) fn delay_after(&self, retry: u32, retry_after: Option<Duration>) -> Duration {

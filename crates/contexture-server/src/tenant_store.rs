@@ -170,10 +170,8 @@ impl<'a> TenantStore<'a> {
                 status: StatusCode::CONFLICT,
                 code: "too_many_contexts",
                 message: format!(
-                    "thread `{}` cannot start context `{}`: it has {} contexts, the most a thread may have (`limits.max_contexts_per_thread`); switch to one it has",
-                    self.unscoped(&error.thread),
-                    error.context,
-                    error.limit
+                    "{} (`limits.max_contexts_per_thread`)",
+                    self.tenant.unscope_text(&error.to_string())
                 ),
                 param: Some("context".into()),
             },

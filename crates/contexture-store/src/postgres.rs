@@ -772,7 +772,7 @@ impl Store for PgStore {
         let rows = decoded_in(
             &tx,
             thread,
-            &record::segments_through(&segments, Some(through)),
+            &record::segments_through(&segments, through),
             ALL_EVENTS,
             after,
             record::decode_row,

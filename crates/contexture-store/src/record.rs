@@ -516,17 +516,15 @@ pub(crate) fn db_seq(seq: u64) -> i64 {
 /// references of what it selects are resolved through the whole chain.
 pub(crate) fn segments_through(
     segments: &[(String, Option<u64>)],
-    through: Option<u64>,
+    through: u64,
 ) -> Vec<(String, Option<u64>)> {
     segments
         .iter()
         .map(|(id, limit)| {
-            let limit = match (limit, through) {
-                (Some(limit), Some(through)) => Some((*limit).min(through)),
-                (None, through) => through,
-                (limit, None) => *limit,
-            };
-            (id.clone(), limit)
+            (
+                id.clone(),
+                Some(limit.map_or(through, |limit| limit.min(through))),
+            )
         })
         .collect()
 }

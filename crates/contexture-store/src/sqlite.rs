@@ -495,7 +495,7 @@ fn read_events(
     conn: &mut Connection,
     thread: &str,
     after: u64,
-    through: Option<u64>,
+    through: u64,
 ) -> Result<Vec<Event>, StoreError> {
     let tx = conn.transaction().doing("begin a read")?;
     let segments = chain(&tx, thread)?;
@@ -979,7 +979,7 @@ impl Store for SqliteStore {
 
     async fn events_after(&self, thread: &str, after: u64) -> Result<Vec<Event>, StoreError> {
         let thread = thread.to_string();
-        self.read(move |conn| read_events(conn, &thread, after, None))
+        self.read(move |conn| read_events(conn, &thread, after, u64::MAX))
             .await
     }
 
@@ -990,7 +990,7 @@ impl Store for SqliteStore {
         through: u64,
     ) -> Result<Vec<Event>, StoreError> {
         let thread = thread.to_string();
-        self.read(move |conn| read_events(conn, &thread, after, Some(through)))
+        self.read(move |conn| read_events(conn, &thread, after, through))
             .await
     }
 

@@ -188,48 +188,46 @@ fn char_bounds(text: &str) -> Vec<usize> {
 /// `limit` tokens (or the whole text), so the search stays exact.
 const BYTES_PER_TOKEN_GUESS: usize = 16;
 
-/// The start of `text` a search for a prefix of at most `limit` tokens need look at: the
-/// shortest window, doubling from a guess, that holds more than `limit` tokens, or all of
-/// it. Long texts are then never tokenized whole.
-fn prefix_window<'t>(text: &'t str, limit: u32, counter: &TokenCounter) -> &'t str {
-    let mut size = (limit as usize + 1).saturating_mul(BYTES_PER_TOKEN_GUESS);
-    loop {
-        if size >= text.len() {
-            return text;
-        }
-        let mut end = size;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        if counter.count_text(&text[..end]) > limit {
-            return &text[..end];
-        }
-        size = size.saturating_mul(2);
-    }
+/// Which end of a text a search keeps.
+#[derive(Clone, Copy)]
+enum End {
+    Start,
+    Finish,
 }
 
-/// The end of `text` a search for a suffix of at most `limit` tokens need look at (see
-/// [`prefix_window`]).
-fn suffix_window<'t>(text: &'t str, limit: u32, counter: &TokenCounter) -> &'t str {
+/// The part of `text` at its `end` a search for at most `limit` tokens there need look at:
+/// the shortest window, doubling from a guess, that holds more than `limit` tokens, or all
+/// of it. Long texts are then never tokenized whole.
+fn window<'t>(text: &'t str, end: End, limit: u32, counter: &TokenCounter) -> &'t str {
     let mut size = (limit as usize + 1).saturating_mul(BYTES_PER_TOKEN_GUESS);
-    loop {
-        if size >= text.len() {
-            return text;
-        }
-        let mut start = text.len() - size;
-        while !text.is_char_boundary(start) {
-            start += 1;
-        }
-        if counter.count_text(&text[start..]) > limit {
-            return &text[start..];
+    while size < text.len() {
+        let part = match end {
+            End::Start => {
+                let mut cut = size;
+                while !text.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                &text[..cut]
+            }
+            End::Finish => {
+                let mut cut = text.len() - size;
+                while !text.is_char_boundary(cut) {
+                    cut += 1;
+                }
+                &text[cut..]
+            }
+        };
+        if counter.count_text(part) > limit {
+            return part;
         }
         size = size.saturating_mul(2);
     }
+    text
 }
 
 /// The longest prefix of `text` (on a character boundary) of at most `limit` tokens.
 fn longest_prefix<'t>(text: &'t str, limit: u32, counter: &TokenCounter) -> &'t str {
-    let text = prefix_window(text, limit, counter);
+    let text = window(text, End::Start, limit, counter);
     let bounds = char_bounds(text);
     let (mut low, mut high) = (0, bounds.len() - 1);
     while low < high {
@@ -245,7 +243,7 @@ fn longest_prefix<'t>(text: &'t str, limit: u32, counter: &TokenCounter) -> &'t 
 
 /// The longest suffix of `text` (on a character boundary) of at most `limit` tokens.
 fn longest_suffix<'t>(text: &'t str, limit: u32, counter: &TokenCounter) -> &'t str {
-    let text = suffix_window(text, limit, counter);
+    let text = window(text, End::Finish, limit, counter);
     let bounds = char_bounds(text);
     let (mut low, mut high) = (0, bounds.len() - 1);
     while low < high {

@@ -536,6 +536,14 @@ impl RequestEnd {
             attempts: None,
         }
     }
+
+    /// The end of `request_id` as failed, with no usage, and why.
+    pub fn failed(request_id: impl Into<String>, error: impl Into<String>) -> RequestEnd {
+        RequestEnd {
+            error: Some(error.into()),
+            ..RequestEnd::new(request_id, RequestOutcome::Failed, Usage::default())
+        }
+    }
 }
 
 /// How a request ended.

@@ -37,8 +37,8 @@ use contexture_core::context::{ContextStore, RenderIsolation, RenderOptions};
 use contexture_core::fit::cancelled_result_text;
 use contexture_core::registry::Registry;
 use contexture_core::thread::{
-    CancelRequest, Event, EventKind, RequestEnd, RequestOutcome, RunEnd, RunLimits, RunStart,
-    RunStatus, StoreChange, Usage,
+    CancelRequest, Event, EventKind, RequestEnd, RunEnd, RunLimits, RunStart, RunStatus,
+    StoreChange, Usage,
 };
 use contexture_llm::StreamDelta;
 use contexture_store::{NewEvent, Store};
@@ -539,8 +539,10 @@ impl<S: Store> Executor<S> {
             watch: None,
         };
         if let Some(request_id) = run.log.thread().in_flight().map(str::to_owned) {
-            let mut end = RequestEnd::new(request_id, RequestOutcome::Failed, Usage::default());
-            end.error = Some("interrupted: the run stopped before the reply was recorded".into());
+            let end = RequestEnd::failed(
+                request_id,
+                "interrupted: the run stopped before the reply was recorded",
+            );
             self.append(&mut run, vec![EventKind::RequestEnded(end)])
                 .await?;
         }
