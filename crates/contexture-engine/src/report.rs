@@ -89,75 +89,252 @@ pub struct ExecutionReport {
     pub cancel_requested: bool,
 }
 
-/// Summarizes an execution's events; `None` when they are not an execution's.
+/// Summarizes an execution's events (its own log: the calls of steps run on a fork are not
+/// in it, see [`read_report`]); `None` when they are not an execution's.
 pub fn report(execution_id: &str, events: &[Event]) -> Option<ExecutionReport> {
-    let Some(EventKind::RunStarted(start)) = events.first().map(|event| &event.kind) else {
-        return None;
-    };
-    let mut report = ExecutionReport {
-        execution_id: execution_id.to_owned(),
-        workflow_file: start.workflow_file.clone(),
-        parent_execution_id: start.parent_execution_id.clone(),
-        status: ExecutionStatus::Running,
-        output: None,
-        error: None,
-        steps: Vec::new(),
-        calls: Vec::new(),
-        usage: Usage::default(),
-        cost_usd: Some(0.0),
-        children: Vec::new(),
-        cancel_requested: false,
-    };
-    fold(&mut report, events);
-    Some(report)
+    let mut folding = Folding::new(execution_id, events.first()?, CallsKept::All)?;
+    for event in events {
+        folding.absorb(event, Source::Own);
+    }
+    Some(folding.report)
 }
 
-/// Adds the calls of `report`'s steps that ran on a fork of the execution's thread, read
-/// from each fork's own events, in step order. Their usage and cost are already in the
-/// report: the `merged` event that ended (or accounted for) each such step carries them.
-pub async fn add_fork_calls<S: Store>(
+/// Which of an execution's calls a [`read_report`] keeps whole (a call holds every message
+/// it sent, so an execution's calls together can be far larger than its log).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallsKept {
+    /// Every call.
+    All,
+    /// None of them: the report's totals count them all the same.
+    None,
+    /// A page: the calls after the first `after`, at most `limit` of them, and no more than
+    /// fit `max_bytes` as JSON (the first always).
+    Page {
+        /// Calls skipped.
+        after: usize,
+        /// The most calls kept.
+        limit: usize,
+        /// The most bytes of calls kept.
+        max_bytes: usize,
+    },
+}
+
+/// A report read by [`read_report`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReadReport {
+    /// The report, its calls as kept.
+    pub report: ExecutionReport,
+    /// With [`CallsKept::Page`]: the `after` of the next page, when calls are left.
+    pub next_after: Option<usize>,
+}
+
+/// Events read at once by [`read_report`].
+const EVENTS_AT_ONCE: usize = 256;
+
+/// Reads the report of `execution_id` from `store` a page of events at a time (at most
+/// `page_bytes` of them, as JSON, and one event), so what it holds is the report, not the
+/// log: the calls of its steps run on a fork are read from the fork, in their step's place,
+/// and only the calls `kept` are kept whole. `None` when the thread is not an execution.
+pub async fn read_report<S: Store>(
     store: &S,
-    report: &mut ExecutionReport,
-) -> Result<(), StoreError> {
-    let forks: Vec<String> = report
-        .steps
-        .iter()
-        .filter_map(|step| step.start.fork_thread.clone())
-        .collect();
-    if forks.is_empty() {
-        return Ok(());
+    execution_id: &str,
+    kept: CallsKept,
+    page_bytes: usize,
+) -> Result<Option<ReadReport>, StoreError> {
+    let mut folding: Option<Folding> = None;
+    let mut after = 0;
+    loop {
+        let page = store
+            .events_page(execution_id, after, EVENTS_AT_ONCE, page_bytes)
+            .await?;
+        let Some(last) = page.events.last() else {
+            break;
+        };
+        after = last.seq;
+        for event in &page.events {
+            let folding = match &mut folding {
+                Some(folding) => folding,
+                None => match Folding::new(execution_id, event, kept) {
+                    Some(started) => folding.insert(started),
+                    None => return Ok(None),
+                },
+            };
+            folding.absorb(event, Source::Own);
+            if let EventKind::StepStarted(start) = &event.kind
+                && let Some(fork) = &start.fork_thread
+            {
+                read_fork_calls(store, fork, folding, page_bytes).await?;
+            }
+        }
     }
-    for fork in forks {
-        let events = match store.events(&fork).await {
-            Ok(events) => events,
+    Ok(folding.map(|folding| ReadReport {
+        next_after: folding.next_after,
+        report: folding.report,
+    }))
+}
+
+/// Folds the calls a step made on `fork` (its events after the fork point).
+async fn read_fork_calls<S: Store>(
+    store: &S,
+    fork: &str,
+    folding: &mut Folding,
+    page_bytes: usize,
+) -> Result<(), StoreError> {
+    let mut after = 0;
+    let mut own = false;
+    loop {
+        let page = match store
+            .events_page(fork, after, EVENTS_AT_ONCE, page_bytes)
+            .await
+        {
+            Ok(page) => page,
             // A fork the step's process never took: it made no call.
-            Err(StoreError::NotFound { .. }) => continue,
+            Err(StoreError::NotFound { .. }) => return Ok(()),
             Err(error) => return Err(error),
         };
-        let own = events
-            .iter()
-            .position(|event| matches!(event.kind, EventKind::Forked { .. }))
-            .map_or(&events[..0], |at| &events[at + 1..]);
-        let mut scratch = ExecutionReport {
-            calls: Vec::new(),
-            ..report.clone()
+        let Some(last) = page.events.last() else {
+            return Ok(());
         };
-        fold(&mut scratch, own);
-        report.calls.extend(scratch.calls);
+        after = last.seq;
+        for event in &page.events {
+            if own {
+                folding.absorb(event, Source::Fork);
+            }
+            own |= matches!(event.kind, EventKind::Forked { .. });
+        }
     }
-    report.calls.sort_by_key(|call| call.request.step);
-    Ok(())
 }
 
-/// Folds `events` into `report`: its steps, calls, usage and end.
-fn fold(report: &mut ExecutionReport, events: &[Event]) {
-    // Loop compactions wait for their step's next call.
-    let mut compactions: Vec<StepCompaction> = Vec::new();
-    for event in events {
-        match &event.kind {
-            EventKind::CancelRequested(_) => report.cancel_requested = true,
-            EventKind::StepCompacted(compaction) => compactions.push(compaction.clone()),
-            EventKind::StepStarted(start) => {
+/// Where an event was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// The execution's own log.
+    Own,
+    /// A fork a step ran on: its calls are the execution's, their usage and cost are counted
+    /// by the `merged` event that accounted for the step.
+    Fork,
+}
+
+/// A report being folded from an execution's events.
+struct Folding {
+    report: ExecutionReport,
+    /// Loop compactions wait for their step's next call.
+    compactions: Vec<StepCompaction>,
+    kept: CallsKept,
+    /// Calls met so far.
+    calls_met: usize,
+    /// Bytes of the calls kept.
+    kept_bytes: usize,
+    next_after: Option<usize>,
+}
+
+impl Folding {
+    /// A fold of the execution whose first event is `first`; `None` when it is not a run's
+    /// start.
+    fn new(execution_id: &str, first: &Event, kept: CallsKept) -> Option<Folding> {
+        let EventKind::RunStarted(start) = &first.kind else {
+            return None;
+        };
+        Some(Folding {
+            report: ExecutionReport {
+                execution_id: execution_id.to_owned(),
+                workflow_file: start.workflow_file.clone(),
+                parent_execution_id: start.parent_execution_id.clone(),
+                status: ExecutionStatus::Running,
+                output: None,
+                error: None,
+                steps: Vec::new(),
+                calls: Vec::new(),
+                usage: Usage::default(),
+                cost_usd: Some(0.0),
+                children: Vec::new(),
+                cancel_requested: false,
+            },
+            compactions: Vec::new(),
+            kept,
+            calls_met: 0,
+            kept_bytes: 0,
+            next_after: None,
+        })
+    }
+
+    /// Whether the call met next is kept (and counted as kept when it is).
+    fn keeps(&mut self, call: &CallReport) -> bool {
+        let position = self.calls_met;
+        self.calls_met += 1;
+        match self.kept {
+            CallsKept::All => true,
+            CallsKept::None => false,
+            CallsKept::Page {
+                after,
+                limit,
+                max_bytes,
+            } => {
+                if position < after || self.next_after.is_some() {
+                    return false;
+                }
+                let size = serde_json::to_vec(call).map_or(0, |json| json.len());
+                let full = self.report.calls.len() >= limit
+                    || (!self.report.calls.is_empty()
+                        && self.kept_bytes.saturating_add(size) > max_bytes);
+                if full {
+                    self.next_after = Some(position);
+                    return false;
+                }
+                self.kept_bytes += size;
+                true
+            }
+        }
+    }
+
+    fn absorb(&mut self, event: &Event, source: Source) {
+        let report = &mut self.report;
+        match (&event.kind, source) {
+            (EventKind::StepCompacted(compaction), _) => self.compactions.push(compaction.clone()),
+            (EventKind::RequestStarted(request), _) => {
+                let state_id = request.step.and_then(|number| {
+                    report
+                        .steps
+                        .iter()
+                        .rev()
+                        .find(|s| s.start.step == number)
+                        .map(|s| s.start.state_id.clone())
+                });
+                let (before, later): (Vec<_>, Vec<_>) = self
+                    .compactions
+                    .drain(..)
+                    .partition(|c| request.purpose.is_none() && Some(c.step) == request.step);
+                self.compactions = later;
+                let call = CallReport {
+                    state_id,
+                    request: request.clone(),
+                    end: None,
+                    loop_compactions: before,
+                };
+                if self.keeps(&call) {
+                    self.report.calls.push(call);
+                }
+            }
+            (EventKind::RequestEnded(end), _) => {
+                if source == Source::Own {
+                    report.usage = report.usage.plus(end.usage);
+                    report.cost_usd = report
+                        .cost_usd
+                        .zip(end.known_cost_usd())
+                        .map(|(sum, cost)| sum + cost);
+                }
+                if let Some(call) = report
+                    .calls
+                    .iter_mut()
+                    .rev()
+                    .find(|call| call.request.request_id == end.request_id)
+                {
+                    call.end = Some(end.clone());
+                }
+            }
+            (_, Source::Fork) => {}
+            (EventKind::CancelRequested(_), _) => report.cancel_requested = true,
+            (EventKind::StepStarted(start), _) => {
                 if let Some(child) = &start.child_execution_id
                     && !report.children.contains(child)
                 {
@@ -172,54 +349,19 @@ fn fold(report: &mut ExecutionReport, events: &[Event]) {
                     error: None,
                 });
             }
-            EventKind::StepFinished(end) => {
+            (EventKind::StepFinished(end), _) => {
                 if let Some(step) = step_mut(&mut report.steps, end.step) {
                     step.output = Some(end.output.clone());
                     step.next = end.next.clone();
                 }
             }
-            EventKind::StepFailed(failure) => {
+            (EventKind::StepFailed(failure), _) => {
                 if let Some(step) = step_mut(&mut report.steps, failure.step) {
                     step.error = Some(failure.error.clone());
                 }
             }
-            EventKind::RequestStarted(request) => {
-                let state_id = request.step.and_then(|number| {
-                    report
-                        .steps
-                        .iter()
-                        .rev()
-                        .find(|s| s.start.step == number)
-                        .map(|s| s.start.state_id.clone())
-                });
-                let (before, later): (Vec<_>, Vec<_>) = compactions
-                    .drain(..)
-                    .partition(|c| request.purpose.is_none() && Some(c.step) == request.step);
-                compactions = later;
-                report.calls.push(CallReport {
-                    state_id,
-                    request: request.clone(),
-                    end: None,
-                    loop_compactions: before,
-                });
-            }
-            EventKind::RequestEnded(end) => {
-                report.usage = report.usage.plus(end.usage);
-                report.cost_usd = report
-                    .cost_usd
-                    .zip(end.known_cost_usd())
-                    .map(|(sum, cost)| sum + cost);
-                if let Some(call) = report
-                    .calls
-                    .iter_mut()
-                    .rev()
-                    .find(|call| call.request.request_id == end.request_id)
-                {
-                    call.end = Some(end.clone());
-                }
-            }
             // A step run on a fork: its calls were recorded there, and are counted here.
-            EventKind::Merged(merge) => {
+            (EventKind::Merged(merge), _) => {
                 report.usage = report.usage.plus(merge.usage);
                 report.cost_usd = if merge.cost_unknown {
                     None
@@ -229,7 +371,7 @@ fn fold(report: &mut ExecutionReport, events: &[Event]) {
                         .map(|sum| sum + merge.cost_usd.unwrap_or(0.0))
                 };
             }
-            EventKind::RunEnded(end) => {
+            (EventKind::RunEnded(end), _) => {
                 report.status = match end.status {
                     RunStatus::Completed => ExecutionStatus::Completed,
                     RunStatus::Failed => ExecutionStatus::Failed,
@@ -272,15 +414,22 @@ pub struct UsageTree {
     pub children: Vec<UsageTree>,
 }
 
-/// The usage tree of `execution_id`, reading each descendant's log from `store`.
-pub async fn usage_tree<S: Store>(store: &S, execution_id: &str) -> Result<UsageTree, StoreError> {
-    let events = store.events(execution_id).await?;
-    let report = report(execution_id, &events).ok_or_else(|| StoreError::NotFound {
-        thread: execution_id.to_owned(),
-    })?;
+/// The usage tree of `execution_id`, reading each descendant's log from `store` (a page of
+/// at most `page_bytes` at a time, see [`read_report`]).
+pub async fn usage_tree<S: Store>(
+    store: &S,
+    execution_id: &str,
+    page_bytes: usize,
+) -> Result<UsageTree, StoreError> {
+    let report = read_report(store, execution_id, CallsKept::None, page_bytes)
+        .await?
+        .ok_or_else(|| StoreError::NotFound {
+            thread: execution_id.to_owned(),
+        })?
+        .report;
     let mut children = Vec::new();
     for child in &report.children {
-        match Box::pin(usage_tree(store, child)).await {
+        match Box::pin(usage_tree(store, child, page_bytes)).await {
             Ok(tree) => children.push(tree),
             // A step that named its child but stopped before the child started (a budget
             // already spent, a sub-workflow that could not be read): nothing was spent.

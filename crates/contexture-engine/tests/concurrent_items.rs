@@ -2,7 +2,7 @@
 //! items are in flight together, never more; whatever order they finish in, the log, the
 //! step numbers, the output and the merged store read in item order; a failed item stops
 //! the iteration with the items before it recorded, and a resume runs only what is left;
-//! budgets that concurrency could pass keep the items one at a time; bad values are named.
+//! token and cost budgets hold with items at once as one at a time; bad values are named.
 
 mod common;
 
@@ -235,22 +235,109 @@ async fn a_failed_item_stops_the_iteration_after_the_items_before_it_and_a_resum
     drop(spans);
 }
 
+/// The reply limits of the recorded calls, sorted, and the tokens they spent together.
+async fn calls_and_spending<S: Store>(store: &S, id: &str) -> (Vec<u32>, u64) {
+    let mut limits = Vec::new();
+    let mut spent = 0;
+    for event in events(store, id).await {
+        match event.kind {
+            EventKind::RequestStarted(request) => {
+                limits.push(request.budget.expect("a budget").max_output_tokens);
+            }
+            EventKind::RequestEnded(end) => {
+                spent += end.usage.input_tokens + end.usage.output_tokens;
+            }
+            _ => {}
+        }
+    }
+    limits.sort_unstable();
+    (limits, spent)
+}
+
+/// The review workflow with replies limited to `reserve` tokens, at `concurrency`, under a
+/// token budget of `max_tokens`.
+fn budgeted(reserve: u32, concurrency: u32, max_tokens: u64) -> String {
+    workflow(&format!(", max_concurrency: {concurrency}")).replace(
+        "model: gpt-4o-mini}",
+        &format!("model: gpt-4o-mini, context: {{reserve: {reserve}}}}}"),
+    ) + &format!("limits: {{max_tokens: {max_tokens}}}\n")
+}
+
 #[tokio::test]
-async fn a_token_budget_keeps_the_items_one_at_a_time_and_a_step_budget_holds_exactly() {
-    // A token budget: calls in flight together could pass it, so the items run one at a
-    // time whatever max_concurrency says.
+async fn token_and_cost_budgets_let_items_run_at_once_and_hold_as_one_at_a_time_would() {
+    // Roomy budgets: each call reserves its request and its most reply before it starts,
+    // and four reservations fit, so four items are in flight at once.
+    for limits in [
+        RunLimits {
+            max_tokens: Some(1_000_000),
+            ..RunLimits::default()
+        },
+        RunLimits {
+            max_cost_usd: Some(1.0),
+            ..RunLimits::default()
+        },
+    ] {
+        let upstream = FakeUpstream::start().await;
+        let spans = reviewer(&upstream, &[]);
+        let (_dir, store) = sqlite().await;
+        let exec = http_executor(store.clone(), &upstream.base_url()).with_limits(limits);
+        let out = start(&exec, &workflow(", max_concurrency: 4"), INPUT)
+            .await
+            .expect("the budget is large enough");
+        assert_eq!(most_at_once(&spans), 4, "{limits:?}");
+        assert_eq!(
+            out.output,
+            json!(["review of a", "review of b", "review of c", "review of d"]).to_string()
+        );
+    }
+
+    // Each call below sends 38 tokens (as estimated) and reserves 100 for its reply; the
+    // fake spends 12 (10 in, 2 out). A budget of 300 holds two reservations at once, not
+    // three: two items run at once, the others wait for a reservation to end, every reply
+    // keeps its full limit, and the spending stays inside the budget.
     let upstream = FakeUpstream::start().await;
     let spans = reviewer(&upstream, &[]);
     let (_dir, store) = sqlite().await;
-    let exec = http_executor(store.clone(), &upstream.base_url()).with_limits(RunLimits {
-        max_tokens: Some(1_000_000),
-        ..RunLimits::default()
-    });
-    start(&exec, &workflow(", max_concurrency: 4"), INPUT)
+    let exec = http_executor(store.clone(), &upstream.base_url());
+    start(&exec, &budgeted(100, 4, 300), INPUT)
         .await
-        .expect("the budget is large enough");
-    assert_eq!(most_at_once(&spans), 1);
+        .expect("every item fits the budget");
+    let (limits, spent) = calls_and_spending(&store, "run-1").await;
+    assert_eq!(most_at_once(&spans), 2, "two reservations fit at once");
+    assert_eq!(limits, [100, 100, 100, 100], "no reply was shortened");
+    assert_eq!(spent, 4 * 12);
 
+    // Near its end, a budget shortens replies and stops the run exactly as one item at a
+    // time does: the same calls with the same reply limits, the same spending, the same
+    // error, whatever max_concurrency says.
+    let mut outcomes = Vec::new();
+    for concurrency in [1, 4] {
+        let upstream = FakeUpstream::start().await;
+        reviewer(&upstream, &[]);
+        let (_dir, store) = sqlite().await;
+        let exec = http_executor(store.clone(), &upstream.base_url());
+        let error = start(&exec, &budgeted(100, concurrency, 60), INPUT)
+            .await
+            .map(|out| out.output)
+            .map_err(|error| error.to_string());
+        let ends: Vec<(u64, Option<usize>)> = item_ends(&store, "run-1")
+            .await
+            .into_iter()
+            .map(|(step, item, _)| (step, item))
+            .collect();
+        outcomes.push((calls_and_spending(&store, "run-1").await, ends, error));
+    }
+    assert_eq!(outcomes[0], outcomes[1], "max_concurrency 1, then 4");
+    let ((limits, spent), _, result) = &outcomes[1];
+    assert!(*spent <= 60, "spent {spent} of 60");
+    assert!(
+        limits.iter().any(|limit| *limit < 100),
+        "the budget's end shortened a reply: {limits:?} ({result:?})"
+    );
+}
+
+#[tokio::test]
+async fn a_step_budget_holds_exactly_with_items_at_once() {
     // A step budget with assistant items: they still run at once, and the budget stops the
     // run at the same step as one at a time would: plan, a and b fit in 3 steps, c does not.
     let upstream = FakeUpstream::start().await;

@@ -96,10 +96,16 @@ async fn a_forked_state_comes_back_as_its_merge_says() {
         assert_eq!(calls_here, 2, "{fork}");
         // Reported as the execution's: its calls (the fork's among them, in step order)
         // and its usage, each call counted once.
-        let mut report = contexture_engine::report::report("run-1", &log).unwrap();
-        contexture_engine::report::add_fork_calls(&store, &mut report)
-            .await
-            .unwrap();
+        let report = contexture_engine::report::read_report(
+            &store,
+            "run-1",
+            contexture_engine::report::CallsKept::All,
+            1 << 20,
+        )
+        .await
+        .unwrap()
+        .expect("an execution")
+        .report;
         let steps: Vec<Option<u64>> = report.calls.iter().map(|c| c.request.step).collect();
         assert_eq!(steps, [Some(1), Some(2), Some(3)], "{fork}");
         assert_eq!(report.calls[1].state_id.as_deref(), Some("explore"));

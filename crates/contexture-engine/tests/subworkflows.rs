@@ -179,7 +179,7 @@ async fn subtree_usage_is_the_sum_of_its_calls_each_counted_once() {
         .await
         .unwrap();
     assert_eq!(out.usage, Usage::new(500, 50), "the parent's own calls");
-    let tree = usage_tree(&store, "run-1").await.unwrap();
+    let tree = usage_tree(&store, "run-1", 1 << 20).await.unwrap();
     assert_eq!(tree.own, Usage::new(500, 50));
     assert_eq!(tree.total, Usage::new(1000, 100));
     let mut sum = Usage::default();
@@ -362,7 +362,7 @@ async fn cancelling_a_parent_stops_its_running_child_and_grandchild_with_valid_h
         ExecError::Cancelled { .. }
     ));
     assert!(exec.cancel("parent", None).await.unwrap().is_empty());
-    let tree = usage_tree(&store, "parent").await.unwrap();
+    let tree = usage_tree(&store, "parent", 1 << 20).await.unwrap();
     assert_eq!(tree.status, ExecutionStatus::Cancelled);
     assert_eq!(
         tree.children[0].children[0].status,
@@ -652,7 +652,7 @@ async fn a_parents_limits_bound_its_whole_tree() {
             }
             (other, _) => panic!("case {number}: {other:?}"),
         }
-        let tree = usage_tree(&store, "run-1").await.unwrap();
+        let tree = usage_tree(&store, "run-1", 1 << 20).await.unwrap();
         let spent = tree.total.input_tokens + tree.total.output_tokens;
         assert_eq!(spent, case.tokens, "case {number}");
         if let Some(limit) = case.limits.max_tokens {
@@ -728,7 +728,7 @@ async fn a_tree_stopped_by_its_budget_resumes_under_a_larger_one() {
     // The parent's last reply was capped to what the tree left: 200 - 130 - its request.
     let requests = rest.requests();
     assert_eq!(requests.len(), 2);
-    let tree = usage_tree(&store, "run-1").await.unwrap();
+    let tree = usage_tree(&store, "run-1", 1 << 20).await.unwrap();
     assert_eq!(tree.total.input_tokens + tree.total.output_tokens, 155);
     let cap = u64::from(requests[1].max_tokens.unwrap());
     assert!(cap < 70, "{cap}");

@@ -6,7 +6,7 @@
 
 use axum::http::StatusCode;
 use contexture_core::Message;
-use contexture_core::thread::{Event, MergeError, MergeSpec, ThreadPolicy};
+use contexture_core::thread::{MergeError, MergeSpec, ThreadPolicy};
 use contexture_core::tokens::Encoding;
 use contexture_engine::threads::{
     Appended, Forked, NewThread, Switched, ThreadOpError, append_messages, create_thread,
@@ -206,14 +206,6 @@ impl<'a> TenantStore<'a> {
         } else {
             Err(ApiError::not_found("thread", id))
         }
-    }
-
-    /// Every event of the tenant's thread `id`.
-    pub(crate) async fn events(&self, id: &str) -> ApiResult<Vec<Event>> {
-        self.store
-            .events(&self.stored_id(id))
-            .await
-            .map_err(|error| self.error(error))
     }
 
     /// A page of the events of the tenant's thread `id` after seq `after` (see

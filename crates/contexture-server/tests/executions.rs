@@ -318,3 +318,160 @@ async fn each_run_and_its_children_read_their_own_user_context() {
     }
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn items_run_at_once_under_the_servers_token_ceiling_and_the_budget_holds() {
+    // Every execution the server runs has a token budget (its ceiling, or the workflow's
+    // own): items still run `max_concurrency` at once, each call reserving its most.
+    let upstream = FakeUpstream::start().await;
+    upstream.otherwise(|_, _| {
+        Reply::text("reviewed")
+            .usage(10, 2)
+            .after(Duration::from_secs(1))
+    });
+    let dir = TempDir::new("contexture-items");
+    let store = SqliteStore::open(dir.join("items.db")).await.unwrap();
+    let server =
+        TestServer::start(config(Some(&upstream.base_url())), AnyStore::Sqlite(store)).await;
+    let key = server.key("acme").await;
+    let workflow = |max_tokens: u64| {
+        format!(
+            "assistants: [{{id: a, model: gpt-4o-mini, context: {{reserve: 100}}}}]\n\
+             states:\n\
+             \x20 - {{id: plan, transform: {{planned: true}}, \
+             next: {{state_id: each, iter_key: files, max_concurrency: 3}}}}\n\
+             \x20 - {{id: each, assistant_id: a, task: 'Review {{{{ item }}}}', \
+             next: {{state_id: end, output_key: reviews}}}}\n\
+             limits: {{max_tokens: {max_tokens}}}\n"
+        )
+    };
+    let input = json!({"files": ["a", "b", "c", "d", "e", "f"]});
+
+    // The server's ceiling only (1,000,000 tokens): six items of a second each, three at
+    // once, take two seconds, and the budget counts each call once.
+    let started = Instant::now();
+    let (status, body) = post(
+        &server,
+        &key,
+        "/v1/executions",
+        json!({"workflow_yaml": workflow(1_000_000), "input": input, "id": "roomy"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let done = wait_for_status(&server, &key, "roomy", "completed").await;
+    let took = started.elapsed();
+    eprintln!("six items of 1 s, three at once, under a token budget: {took:?}");
+    assert!(took < Duration::from_secs(3), "six 1 s items took {took:?}");
+    assert_eq!(done["usage_tree"]["total"]["input_tokens"], 6 * 10);
+    assert_eq!(done["usage_tree"]["total"]["output_tokens"], 6 * 2);
+
+    // A budget that holds two calls' reservations at once, not three: the items wait for
+    // one another, no reply limit is cut, and the run ends inside its budget.
+    let (status, body) = post(
+        &server,
+        &key,
+        "/v1/executions",
+        json!({"workflow_yaml": workflow(300), "input": input, "id": "tight"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let done = wait_for_status(&server, &key, "tight", "completed").await;
+    let total = &done["usage_tree"]["total"];
+    assert_eq!(total["input_tokens"], 6 * 10, "{done}");
+    let (_, log) = get(&server, &key, "/v1/executions/tight/requests").await;
+    let limits: Vec<&Value> = log["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|call| &call["request"]["budget"]["max_output_tokens"])
+        .collect();
+    assert_eq!(limits.len(), 6, "{log}");
+    assert!(limits.iter().all(|limit| **limit == 100), "{limits:?}");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_request_log_comes_in_pages_bounded_by_bytes() {
+    // Twelve calls of about 20 KB each (their task); pages of at most 64 KiB.
+    let upstream = FakeUpstream::start().await;
+    upstream.otherwise(|_, _| Reply::text("reviewed"));
+    let dir = TempDir::new("contexture-request-pages");
+    let store = SqliteStore::open(dir.join("pages.db")).await.unwrap();
+    let mut config = config(Some(&upstream.base_url()));
+    config.limits.max_page_bytes = 64 * 1024;
+    let server = TestServer::start(config, AnyStore::Sqlite(store)).await;
+    let key = server.key("acme").await;
+    let workflow = "assistants: [{id: a, model: gpt-4o-mini}]\n\
+                    states:\n\
+                    \x20 - {id: plan, transform: {planned: true}, \
+                    next: {state_id: each, iter_key: files}}\n\
+                    \x20 - {id: each, assistant_id: a, task: 'file {{ item }}: {{ user_context.pad }}', \
+                    next: {state_id: end, output_key: reviews}}\n";
+    // The input is the history's first message, so the bulk comes through the user context.
+    let files: Vec<u32> = (0..12).collect();
+    let pad = "lorem ipsum ".repeat(1_700);
+    let (status, body) = post(
+        &server,
+        &key,
+        "/v1/executions",
+        json!({"workflow_yaml": workflow, "input": {"files": files}, "id": "big",
+               "user_context": {"pad": pad}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    wait_for_status(&server, &key, "big", "completed").await;
+
+    let mut tasks = Vec::new();
+    let mut pages = 0;
+    let mut after = 0;
+    loop {
+        let response = client()
+            .get(server.url(&format!("/v1/executions/big/requests?after={after}")))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let text = response.text().await.unwrap();
+        assert!(text.len() < 100 * 1024, "a page of {} bytes", text.len());
+        let page: Value = serde_json::from_str(&text).unwrap();
+        pages += 1;
+        for call in page["requests"].as_array().unwrap() {
+            assert!(call["end"]["usage"].is_object(), "each call with its end");
+            let messages = call["request"]["messages"].as_array().unwrap();
+            let task = messages.last().unwrap()["content"].as_str().unwrap();
+            tasks.push(task.split(':').next().unwrap().to_owned());
+        }
+        match page["next_after"].as_u64() {
+            Some(next) => after = next,
+            None => break,
+        }
+    }
+    let expected: Vec<String> = (0..12).map(|n| format!("file {n}")).collect();
+    assert_eq!(tasks, expected, "every call once, in order");
+    assert!(pages >= 4, "{pages} pages");
+    // `limit` pages by count; bad values are named; another tenant sees nothing.
+    let (_, page) = get(
+        &server,
+        &key,
+        "/v1/executions/big/requests?after=10&limit=1",
+    )
+    .await;
+    assert_eq!(page["requests"].as_array().unwrap().len(), 1);
+    assert_eq!(page["next_after"], 11);
+    for query in ["limit=0", "limit=1001", "after=-1", "after=x", "page=2"] {
+        let (status, body) = get(
+            &server,
+            &key,
+            &format!("/v1/executions/big/requests?{query}"),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {body}");
+    }
+    let other = server.key("globex").await;
+    assert_eq!(
+        get(&server, &other, "/v1/executions/big/requests").await.0,
+        StatusCode::NOT_FOUND
+    );
+    server.shutdown().await;
+}

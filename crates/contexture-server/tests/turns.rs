@@ -111,8 +111,9 @@ async fn eight_turns_at_once_run_one_at_a_time_each_fitted_with_the_answer_befor
         tasks.push(tokio::spawn(async move {
             turn(&base, &key, "twin-clicks", &format!("question {i}"), None).await
         }));
-        // Arrival order is the order the requests were sent in.
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        // Arrival order is the order the requests were sent in: far enough apart that a
+        // busy machine does not swap two on their way to the server.
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     for task in tasks {
         let (status, text) = task.await.unwrap();

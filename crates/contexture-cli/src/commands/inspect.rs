@@ -7,8 +7,7 @@ use anyhow::{Context, Result, anyhow};
 use clap::Args;
 use contexture_core::budget::BudgetBreakdown;
 use contexture_core::thread::RequestOutcome;
-use contexture_engine::report::{ExecutionReport, UsageTree, add_fork_calls, report, usage_tree};
-use contexture_store::Store;
+use contexture_engine::report::{CallsKept, ExecutionReport, UsageTree, read_report, usage_tree};
 
 use super::runtime;
 use super::store_args::StoreArgs;
@@ -28,6 +27,9 @@ pub struct InspectArgs {
     width: u16,
 }
 
+/// The most bytes of events read from the store at once.
+const PAGE_BYTES: usize = 8 * 1024 * 1024;
+
 /// Runs `contexture inspect`.
 pub fn run(args: InspectArgs) -> Result<()> {
     runtime::on_current_thread(execute(args))
@@ -35,20 +37,22 @@ pub fn run(args: InspectArgs) -> Result<()> {
 
 async fn execute(args: InspectArgs) -> Result<()> {
     let store = Arc::new(args.store.open().await?);
-    let events = store
-        .events(&args.execution_id)
-        .await
-        .with_context(|| format!("cannot read execution {}", args.execution_id))?;
-    let mut report = report(&args.execution_id, &events).ok_or_else(|| {
+    let report = read_report(
+        store.as_ref(),
+        &args.execution_id,
+        CallsKept::All,
+        PAGE_BYTES,
+    )
+    .await
+    .with_context(|| format!("cannot read execution {}", args.execution_id))?
+    .ok_or_else(|| {
         anyhow!(
             "`{}` is a thread but not an execution (it has no run_started event)",
             args.execution_id
         )
-    })?;
-    add_fork_calls(store.as_ref(), &mut report)
-        .await
-        .with_context(|| format!("cannot read the forks of {}", args.execution_id))?;
-    let tree = usage_tree(store.as_ref(), &args.execution_id)
+    })?
+    .report;
+    let tree = usage_tree(store.as_ref(), &args.execution_id, PAGE_BYTES)
         .await
         .with_context(|| format!("cannot read the sub-executions of {}", args.execution_id))?;
     if args.json {

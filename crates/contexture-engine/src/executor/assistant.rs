@@ -7,7 +7,7 @@ use contexture_core::fit::CutMemory;
 use contexture_core::registry::ModelInfo;
 use contexture_core::thread::{
     CancelRequest, ContextReplace, EventKind, PrefixReuse, RecordedBudget, ReplaceReason,
-    RequestEnd, RequestOutcome, RequestRecord, StepMessage, Usage,
+    RequestEnd, RequestOutcome, RequestRecord, RunLimits, StepMessage, Usage,
 };
 use contexture_core::{Message, budget::BudgetBreakdown};
 use contexture_llm::{ChatRequest, ChatResponse, LlmError};
@@ -15,8 +15,10 @@ use contexture_store::Store;
 use serde_json::Value;
 
 use super::error::{ExecError, StepError};
+use super::item_budget::Decision;
 use super::request::check_view;
 use super::step::{Abort, StepContext};
+use super::tree_budget::Spent;
 use super::{Executor, Run, cancel_text, cancelled_results};
 use crate::calls::request_end;
 use crate::compaction::LoopView;
@@ -159,8 +161,14 @@ impl<S: Store> Executor<S> {
                 .as_deref()
                 .map(|previous| PrefixReuse::between(previous, &outgoing.messages));
             previous = Some(outgoing.messages.clone());
-            let budget_left = self.check_budget_before(run, &setup.model, &outgoing.breakdown)?;
-            outgoing.reply_tokens = outgoing.reply_tokens.min(budget_left);
+            outgoing.reply_tokens = self
+                .check_budget_before(
+                    run,
+                    &setup.model,
+                    &outgoing.breakdown,
+                    outgoing.reply_tokens,
+                )
+                .await?;
             let (end, reply) = self.call(run, &setup, &call, &outgoing).await?;
             let reply = run.hooks.iter().try_fold(reply, |reply, hook| {
                 hook.after_llm_call(&call, reply)
@@ -390,57 +398,54 @@ impl<S: Store> Executor<S> {
 
     /// Refuses a request that would take the execution (and its tree: the run's limits bound
     /// its sub-workflows too) to its token or cost budget, and otherwise returns the most
-    /// tokens its reply may take without passing either (`u32::MAX` without budgets): the
-    /// request's reply is capped to it, so the budget holds the reply too.
-    fn check_budget_before(
+    /// tokens its reply may take without passing either, at most `wanted`: the request's
+    /// reply is capped to it, so the budget holds the reply too. An item running at once
+    /// with others reserves the call's most (its request and that reply) in the items'
+    /// ledger, so the calls in flight together hold the budget as one at a time would.
+    async fn check_budget_before(
         &self,
         run: &Run,
         model: &ModelInfo,
         breakdown: &BudgetBreakdown,
+        wanted: u32,
     ) -> Result<u32, StepError> {
-        let tree = run.tree_spent();
-        let spent = tree.tokens;
+        let limits = run.limits;
         let request = u64::from(breakdown.used);
-        let mut reply = u64::from(u32::MAX);
-        if let Some(limit) = run.limits.max_tokens {
-            // A request that leaves no token for its reply cannot complete within it.
-            if spent + request >= limit {
-                return Err(StepError::TokenBudget {
-                    spent,
-                    request: Some(request),
-                    limit,
-                });
-            }
-            reply = reply.min(limit - spent - request);
-        }
-        if let Some(limit) = run.limits.max_cost_usd {
-            let pricing = model.pricing.ok_or_else(|| StepError::NoPrice {
-                model: model.id.clone(),
-            })?;
-            let request = pricing.cost(request, 0);
-            let spent = tree.cost_usd;
-            let left = limit - spent - request;
-            let affordable = if pricing.output_per_mtok > 0.0 {
-                (left.max(0.0) * 1_000_000.0 / pricing.output_per_mtok).floor() as u64
-            } else {
-                u64::MAX
-            };
-            if left <= 0.0 || affordable == 0 {
-                return Err(StepError::CostBudget {
-                    spent,
-                    request: Some(request),
-                    limit,
-                });
-            }
-            reply = reply.min(affordable);
-        }
-        Ok(u32::try_from(reply).unwrap_or(u32::MAX))
+        let room =
+            |spent: Spent| reply_room(limits, model, request, spent).map(|reply| reply.min(wanted));
+        let Some(staging) = run
+            .staging
+            .as_ref()
+            .filter(|_| limits.max_tokens.is_some() || limits.max_cost_usd.is_some())
+        else {
+            return room(run.budget_spent());
+        };
+        staging
+            .ledger
+            .reserve(staging.item, run.tree_spent(), |counted, spent| {
+                // The reply limit the spending alone allows; the others' calls in flight
+                // are waited for rather than allowed to shorten it.
+                let reply = room(spent)?;
+                if room(counted).is_ok_and(|left| left >= reply) {
+                    let most = Spent {
+                        tokens: request + u64::from(reply),
+                        cost_usd: model
+                            .pricing
+                            .map_or(0.0, |pricing| pricing.cost(request, u64::from(reply))),
+                        steps: 0,
+                    };
+                    Ok(Decision::Start(reply, most))
+                } else {
+                    Ok(Decision::Wait)
+                }
+            })
+            .await
     }
 
     /// Stops the run once a call took the execution over a budget: what the log records,
     /// with the end of a call not yet recorded (`pending`) counted in.
     fn check_budget_after(&self, run: &Run, pending: Option<&RequestEnd>) -> Result<(), StepError> {
-        let tree = run.tree_spent();
+        let tree = run.budget_spent();
         let pending_usage = pending.map(|end| end.usage).unwrap_or_default();
         let spent = tree.tokens + pending_usage.input_tokens + pending_usage.output_tokens;
         if let Some(limit) = run.limits.max_tokens
@@ -562,4 +567,48 @@ impl<S: Store> Executor<S> {
             Err(error) => format!("error: {error}"),
         }
     }
+}
+
+/// The most tokens a reply may take after a request of `request` tokens, once the tree has
+/// spent `spent`, without passing `limits` (`u32::MAX` without token or cost budgets); a
+/// request that leaves no room for any reply is refused.
+fn reply_room(
+    limits: RunLimits,
+    model: &ModelInfo,
+    request: u64,
+    spent: Spent,
+) -> Result<u32, StepError> {
+    let mut reply = u64::from(u32::MAX);
+    if let Some(limit) = limits.max_tokens {
+        // A request that leaves no token for its reply cannot complete within it.
+        if spent.tokens + request >= limit {
+            return Err(StepError::TokenBudget {
+                spent: spent.tokens,
+                request: Some(request),
+                limit,
+            });
+        }
+        reply = reply.min(limit - spent.tokens - request);
+    }
+    if let Some(limit) = limits.max_cost_usd {
+        let pricing = model.pricing.ok_or_else(|| StepError::NoPrice {
+            model: model.id.clone(),
+        })?;
+        let request = pricing.cost(request, 0);
+        let left = limit - spent.cost_usd - request;
+        let affordable = if pricing.output_per_mtok > 0.0 {
+            (left.max(0.0) * 1_000_000.0 / pricing.output_per_mtok).floor() as u64
+        } else {
+            u64::MAX
+        };
+        if left <= 0.0 || affordable == 0 {
+            return Err(StepError::CostBudget {
+                spent: spent.cost_usd,
+                request: Some(request),
+                limit,
+            });
+        }
+        reply = reply.min(affordable);
+    }
+    Ok(u32::try_from(reply).unwrap_or(u32::MAX))
 }

@@ -16,24 +16,23 @@ use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 
 use super::error::ExecError;
+use super::item_budget::ItemLedger;
 use super::log::Iteration;
 use super::step::{Ran, Work};
+use super::tree_budget::bounds_tree;
 use super::{Executor, Position, Run};
 use crate::tools::is_context_manager;
 use crate::workflow::{State, StepKind, Workflow};
 
 /// Whether the items of an iteration over `state` run one at a time whatever its
-/// `max_concurrency` says, because running them at once could break a guarantee: a token
-/// or cost budget (calls in flight together could pass it), a step budget shared with
-/// sub-workflows (each child's ceiling is what was left when it started), or a state that
-/// compacts the shared history (the other items share it).
+/// `max_concurrency` says, because running them at once could break a guarantee: a
+/// budget shared with sub-workflows (each child's ceiling is what was left when it
+/// started, so children at once could each spend it), or a state that compacts the shared
+/// history (the other items share it). Token and cost budgets do not: items' calls reserve
+/// their most before they start (see [`ItemLedger`]).
 pub(crate) fn one_at_a_time(run: &Run, workflow: &Workflow, state: &State) -> bool {
-    let limits = run.limits;
-    if limits.max_tokens.is_some() || limits.max_cost_usd.is_some() {
-        return true;
-    }
     match workflow.step_kind(state) {
-        Some(StepKind::Workflow(_)) => limits.max_steps.is_some(),
+        Some(StepKind::Workflow(_)) => bounds_tree(run.limits),
         Some(StepKind::Tool(tool)) => is_context_manager(tool),
         _ => false,
     }
@@ -64,10 +63,12 @@ impl<S: Store> Executor<S> {
         let mut failed_at: Option<usize> = None;
         let mut waiting: BTreeMap<usize, Finished> = BTreeMap::new();
         let mut running = FuturesUnordered::new();
+        let ledger = ItemLedger::new(run.tree_spent());
         loop {
             while failed_at.is_none() && next < total && running.len() < limit {
                 let index = next;
-                let mut item_run = run.staged_item((index - recorded) as u64);
+                let mut item_run =
+                    run.staged_item((index - recorded) as u64, ledger.clone(), index);
                 let work = Work::item_at(&iteration, index, Vec::new());
                 let state_id = iteration.state_id.clone();
                 running.push(async move {
@@ -79,6 +80,8 @@ impl<S: Store> Executor<S> {
             let Some((index, item_run, result)) = running.next().await else {
                 return Ok(());
             };
+            // Whatever it reserved and did not spend (a call cut short) is free again.
+            ledger.finished(index);
             if result.is_err() {
                 failed_at = Some(failed_at.map_or(index, |at| at.min(index)));
             }
@@ -96,6 +99,7 @@ impl<S: Store> Executor<S> {
                     .map(|staging| staging.events)
                     .unwrap_or_default();
                 self.append(run, held).await?;
+                ledger.recorded(recorded, run.tree_spent());
                 let ran = finished.result?;
                 let Position::Iteration(current) = run.log.position().clone() else {
                     return Err(ExecError::UnknownState {

@@ -21,6 +21,7 @@ mod child;
 mod compacting;
 mod error;
 mod forks;
+mod item_budget;
 mod items;
 mod log;
 mod request;
@@ -183,6 +184,10 @@ pub(crate) struct Staging {
     /// Earlier items of the iteration not recorded when the copy was taken: their steps
     /// come first.
     pub earlier_items: u64,
+    /// The ledger of what the iteration's items spend.
+    pub ledger: Arc<item_budget::ItemLedger>,
+    /// This item's index in the iteration (its place in the ledger).
+    pub item: usize,
 }
 
 impl Run {
@@ -232,19 +237,38 @@ impl Run {
     /// before it are recorded.
     fn hold(&mut self, kind: EventKind) -> Result<(), ExecError> {
         self.see(kind.clone())?;
+        let own = self.tree_spent();
         if let Some(staging) = &mut self.staging {
+            let call_ended = matches!(kind, EventKind::RequestEnded(_));
+            staging.ledger.held(staging.item, own, call_ended);
             staging.events.push(kind);
         }
         Ok(())
+    }
+
+    /// What the run's budgets are held against: [`Run::tree_spent`], and for an item's copy
+    /// also what the other items running at once spent and may still spend.
+    pub fn budget_spent(&self) -> tree_budget::Spent {
+        let own = self.tree_spent();
+        match &self.staging {
+            Some(staging) => staging.ledger.seen_by(staging.item, own),
+            None => own,
+        }
     }
 
     fn earlier_items(&self) -> u64 {
         self.staging.as_ref().map_or(0, |s| s.earlier_items)
     }
 
-    /// A copy of the run for one item of a concurrent iteration, `earlier_items` items
-    /// after the last one recorded.
-    pub fn staged_item(&self, earlier_items: u64) -> Run {
+    /// A copy of the run for item `item` of a concurrent iteration, `earlier_items` items
+    /// after the last one recorded, entered in the iteration's `ledger`.
+    pub fn staged_item(
+        &self,
+        earlier_items: u64,
+        ledger: Arc<item_budget::ItemLedger>,
+        item: usize,
+    ) -> Run {
+        ledger.join(item);
         Run {
             id: self.id.clone(),
             workflow: self.workflow.clone(),
@@ -256,6 +280,8 @@ impl Run {
                 events: Vec::new(),
                 store_seq: self.log.thread().last_seq(),
                 earlier_items,
+                ledger,
+                item,
             }),
             watch: self.watch.clone(),
         }

@@ -14,8 +14,9 @@ use axum::{Extension, Json};
 use contexture_core::thread::{Event, EventKind};
 use contexture_engine::conversation::ConversationKey;
 use contexture_engine::executor::{ExecError, RunRequest, user_context_from_value};
-use contexture_engine::report::{ExecutionReport, add_fork_calls, report, usage_tree};
+use contexture_engine::report::{CallsKept, ReadReport, read_report, usage_tree};
 use contexture_engine::workflow::{Provenance, Workflow};
+use contexture_store::{Store, StoreError};
 use futures_util::stream::{self, Stream};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -234,10 +235,19 @@ pub async fn start(
         .into_response())
 }
 
-async fn execution_events(state: &AppState, tenant: &Tenant, id: &str) -> ApiResult<Vec<Event>> {
-    let events = state
+/// The first `limit` events of the tenant's execution `id` after seq `after` (a page, see
+/// [`Store::events_page`](contexture_store::Store::events_page)); a 404 for a thread that
+/// is not there.
+async fn execution_page(
+    state: &AppState,
+    tenant: &Tenant,
+    id: &str,
+    after: u64,
+    limit: usize,
+) -> ApiResult<Vec<Event>> {
+    let page = state
         .tenant_store(tenant)
-        .events(id)
+        .events_page(id, after, limit, state.config.limits.max_page_bytes)
         .await
         .map_err(|error| match error {
             not_found if not_found.status == StatusCode::NOT_FOUND => {
@@ -245,30 +255,41 @@ async fn execution_events(state: &AppState, tenant: &Tenant, id: &str) -> ApiRes
             }
             other => other,
         })?;
-    if !events
-        .iter()
-        .any(|event| matches!(event.kind, EventKind::RunStarted(_)))
-    {
-        // A thread that is not an execution.
-        return Err(ApiError::not_found("execution", id));
-    }
-    Ok(events)
+    Ok(page.events)
 }
 
-/// The report of the tenant's execution `id` (the calls of its forked steps included).
+/// Checks that the tenant's thread `id` is an execution (it starts with a run's start),
+/// reading its first event only.
+async fn check_execution(state: &AppState, tenant: &Tenant, id: &str) -> ApiResult<()> {
+    let first = execution_page(state, tenant, id, 0, 1).await?;
+    match first.first().map(|event| &event.kind) {
+        Some(EventKind::RunStarted(_)) => Ok(()),
+        // A thread that is not an execution.
+        _ => Err(ApiError::not_found("execution", id)),
+    }
+}
+
+/// The report of the tenant's execution `id`, read a page of events at a time, with the
+/// calls `kept` (the calls of its forked steps among them).
 async fn execution_report(
     state: &AppState,
     tenant: &Tenant,
     id: &str,
-) -> ApiResult<ExecutionReport> {
-    let events = execution_events(state, tenant, id).await?;
+    kept: CallsKept,
+) -> ApiResult<ReadReport> {
     let threads = state.tenant_store(tenant);
-    let mut report = report(&threads.stored_id(id), &events)
-        .ok_or_else(|| ApiError::not_found("execution", id))?;
-    add_fork_calls(threads.store(), &mut report)
-        .await
-        .map_err(|error| threads.error(error))?;
-    Ok(report)
+    read_report(
+        threads.store(),
+        &threads.stored_id(id),
+        kept,
+        state.config.limits.max_page_bytes,
+    )
+    .await
+    .map_err(|error| match error {
+        StoreError::NotFound { .. } => ApiError::not_found("execution", id),
+        other => threads.error(other),
+    })?
+    .ok_or_else(|| ApiError::not_found("execution", id))
 }
 
 /// `GET /v1/executions/{id}`: status, steps, calls, usage, and the usage tree of the
@@ -279,9 +300,16 @@ pub async fn status(
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let tenant = &caller.tenant;
-    let report = execution_report(&state, tenant, &id).await?;
+    let report = execution_report(&state, tenant, &id, CallsKept::None)
+        .await?
+        .report;
     let threads = state.tenant_store(tenant);
-    let tree = usage_tree(threads.store(), &threads.stored_id(&id)).await?;
+    let tree = usage_tree(
+        threads.store(),
+        &threads.stored_id(&id),
+        state.config.limits.max_page_bytes,
+    )
+    .await?;
     let mut value = json!({
         "id": id,
         "status": report.status,
@@ -320,16 +348,39 @@ fn strip_workflow_paths(state: &AppState, value: &mut Value) {
     }
 }
 
-/// `GET /v1/executions/{id}/requests`: every LLM request of the execution: exactly the
-/// messages sent, the budget breakdown, what fitting left out, and how each call ended.
+/// `GET /v1/executions/{id}/requests` query.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestsQuery {
+    /// Requests after the first `after` (default 0: from the first).
+    #[serde(default)]
+    after: usize,
+    /// At most this many (default 100, at most 1000).
+    limit: Option<usize>,
+}
+
+/// `GET /v1/executions/{id}/requests`: a page of the execution's LLM requests, in order:
+/// exactly the messages sent, the budget breakdown, what fitting left out, and how each
+/// call ended. At most `limit` of them and about `limits.max_page_bytes` of JSON (a request
+/// is as large as what it sent; the first always); `next_after` continues it.
 pub async fn requests(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
+    QueryParams(query): QueryParams<RequestsQuery>,
 ) -> ApiResult<Json<Value>> {
     let tenant = &caller.tenant;
-    let report = execution_report(&state, tenant, &id).await?;
-    let mut value = json!({ "id": id, "requests": report.calls });
+    let kept = CallsKept::Page {
+        after: query.after,
+        limit: crate::routes::threads::page_limit(query.limit)?,
+        max_bytes: state.config.limits.max_page_bytes,
+    };
+    let read = execution_report(&state, tenant, &id, kept).await?;
+    let mut value = json!({
+        "id": id,
+        "requests": read.report.calls,
+        "next_after": read.next_after,
+    });
     tenant.unscope_json(&mut value);
     Ok(Json(value))
 }
@@ -358,7 +409,7 @@ pub async fn cancel(
         crate::body::check_content_type(&headers)?;
         crate::body::parse::<CancelExecution>(&body)?.reason
     };
-    execution_events(&state, tenant, &id).await?;
+    check_execution(&state, tenant, &id).await?;
     let threads = state.tenant_store(tenant);
     let marked = state
         .executor
@@ -394,7 +445,7 @@ pub async fn events(
     QueryParams(query): QueryParams<EventsQuery>,
 ) -> ApiResult<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>> {
     let tenant = caller.tenant.clone();
-    let logged = execution_events(&state, &tenant, &id).await?;
+    check_execution(&state, &tenant, &id).await?;
     let after = match (query.after, headers.get("last-event-id")) {
         (Some(after), _) => after,
         (None, Some(value)) => value
@@ -409,10 +460,23 @@ pub async fn events(
             })?,
         (None, None) => 0,
     };
-    // A client that already has the run's end gets a stream that ends at once.
-    let ended = logged
-        .iter()
-        .any(|event| matches!(event.kind, EventKind::RunEnded(_)) && event.seq <= after);
+    // A client that already has the whole log, and it ends with the run's end, gets a
+    // stream that ends at once.
+    let threads = state.tenant_store(&tenant);
+    let info = threads
+        .store()
+        .thread_info(&threads.stored_id(&id))
+        .await
+        .map_err(|error| threads.error(error))?;
+    let ended = match info {
+        Some(info) if info.last_seq <= after => {
+            let last =
+                execution_page(&state, &tenant, &id, info.last_seq.saturating_sub(1), 1).await?;
+            last.first()
+                .is_some_and(|event| matches!(event.kind, EventKind::RunEnded(_)))
+        }
+        _ => false,
+    };
     struct Cursor {
         after: u64,
         pending: std::collections::VecDeque<Event>,

@@ -108,7 +108,7 @@ pub async fn create(
 }
 
 /// A page's size: `limit` (default 100), 1 to 1000.
-fn page_limit(limit: Option<usize>) -> ApiResult<usize> {
+pub(crate) fn page_limit(limit: Option<usize>) -> ApiResult<usize> {
     let limit = limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {
         return Err(ApiError::invalid("limit", "limit must be 1 to 1000"));
