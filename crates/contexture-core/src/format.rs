@@ -22,6 +22,7 @@
 
 pub mod anthropic;
 pub mod openai;
+pub mod openai_completion;
 
 use serde_json::{Map, Value};
 

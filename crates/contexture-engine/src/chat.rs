@@ -29,6 +29,7 @@
 use contexture_core::compact::CompactionPolicy;
 use contexture_core::fit::{CutMemory, HistoryCut};
 use contexture_core::format::openai;
+use contexture_core::format::openai_completion::CompletionAnswer;
 use contexture_core::registry::ModelInfo;
 use contexture_core::thread::{
     EventKind, Projection, RecordedBudget, RequestEnd, RequestOutcome, RequestRecord, Usage,
@@ -116,6 +117,25 @@ pub struct StoredAnswer {
     pub end: Option<RequestEnd>,
     /// The model the request named.
     pub model: String,
+}
+
+impl StoredAnswer {
+    /// The answer as a door renders it: the id of its request, and its finish reason as
+    /// recorded (else `tool_calls` or `stop`, by what the message holds).
+    pub fn completion(&self) -> CompletionAnswer<'_> {
+        let end = self.end.as_ref();
+        CompletionAnswer {
+            id: end.map_or("chatcmpl-replayed", |end| end.request_id.as_str()),
+            model: &self.model,
+            message: &self.message,
+            finish_reason: match end.and_then(|end| end.finish_reason.as_deref()) {
+                Some(reason) => reason,
+                None if self.message.tool_calls.is_empty() => "stop",
+                None => "tool_calls",
+            },
+            usage: end.map(|end| end.usage),
+        }
+    }
 }
 
 /// Where the turn keyed `key`, whose request has the digest `digest`, stands in the stored

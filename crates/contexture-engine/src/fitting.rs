@@ -21,6 +21,24 @@ use contexture_core::{Message, Role};
 use contexture_store::{ProjectionTail, Store, StoreError};
 use serde_json::Value;
 
+/// Why a client's reply budget cannot be reserved.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ReplyReserveError {
+    /// The model cannot answer with that many tokens.
+    #[error("{tokens} is more than model `{model}` can answer with (at most {most} tokens)")]
+    OutOfRange {
+        /// Tokens asked for.
+        tokens: u64,
+        /// The model.
+        model: String,
+        /// The most it can answer with.
+        most: u64,
+    },
+    /// With that reserve, the budget policy does not work for the model.
+    #[error(transparent)]
+    Budget(#[from] BudgetError),
+}
+
 /// Why a request cannot be fitted.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum FitError {
@@ -356,10 +374,25 @@ impl FitSettings {
         Ok(())
     }
 
-    /// Reserves `tokens` for the reply, whichever policy applies (a chat request's own
-    /// `max_tokens`).
-    pub fn reserve_for_reply(&mut self, tokens: u32) -> Result<(), BudgetError> {
-        self.overrides.reserve = Some(tokens);
+    /// Reserves the `tokens` a client asked its reply may take (a chat request's own
+    /// `max_tokens`), whichever policy applies: refused when the model cannot answer with
+    /// that many (its output limit, and less than its window).
+    pub fn reserve_for_reply(&mut self, tokens: u64) -> Result<(), ReplyReserveError> {
+        let model = &self.model;
+        let most = u64::from(
+            model
+                .max_output_tokens
+                .min(model.context_window.saturating_sub(1)),
+        );
+        if tokens == 0 || tokens > most {
+            return Err(ReplyReserveError::OutOfRange {
+                tokens,
+                model: model.id.clone(),
+                most,
+            });
+        }
+        // At most the model's output limit, so within u32.
+        self.overrides.reserve = Some(tokens as u32);
         let (effective, resolved) = resolve(&self.registry_model, &self.base, &self.overrides)?;
         self.model = effective;
         self.policy = resolved;

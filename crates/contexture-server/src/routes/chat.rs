@@ -15,7 +15,7 @@ use contexture_core::format::openai;
 use contexture_engine::chat::{
     Attempt, ChatError, ChatTurn, CompletionRecord, SHUT_DOWN, TurnRecorder, previous_attempt,
 };
-use contexture_engine::fitting::FitSettings;
+use contexture_engine::fitting::{FitSettings, ReplyReserveError};
 use contexture_engine::turns::TurnLease;
 use contexture_llm::passthrough::{
     PassthroughError, UpstreamBody, UpstreamResponse, record_stream,
@@ -67,10 +67,15 @@ pub async fn completions(
         None,
     )
     .await?;
-    if let Some(tokens) = reply_budget(&request.body, &settings.model)? {
+    if let Some((field, tokens)) = reply_budget(&request.body)? {
         settings
             .reserve_for_reply(tokens)
-            .map_err(|error| ApiError::invalid("max_tokens", error.to_string()))?;
+            .map_err(|error| match error {
+                ReplyReserveError::OutOfRange { .. } => {
+                    ApiError::invalid(field, format!("{field}: {error}"))
+                }
+                ReplyReserveError::Budget(error) => ApiError::invalid(field, error.to_string()),
+            })?;
     }
     let threads = state.tenant_store(&caller.tenant);
     threads.refuse_writes(&request.thread)?;

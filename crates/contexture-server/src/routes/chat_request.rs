@@ -5,7 +5,6 @@
 
 use axum::http::HeaderMap;
 use contexture_core::Message;
-use contexture_core::registry::ModelInfo;
 use serde_json::{Map, Value};
 
 use crate::error::{ApiError, ApiResult};
@@ -179,9 +178,10 @@ fn check_one_choice(body: &Map<String, Value>) -> ApiResult<()> {
     }
 }
 
-/// The reply budget the client asked for (`max_completion_tokens`, else `max_tokens`): it
-/// is reserved when fitting, and a value the model cannot give is refused.
-pub(crate) fn reply_budget(body: &Map<String, Value>, model: &ModelInfo) -> ApiResult<Option<u32>> {
+/// The reply budget the client asked for (`max_completion_tokens`, else `max_tokens`) and
+/// the field that gave it: a whole number above 0. (Whether the model can answer with that
+/// many is the fit settings' rule.)
+pub(crate) fn reply_budget(body: &Map<String, Value>) -> ApiResult<Option<(&'static str, u64)>> {
     for field in ["max_completion_tokens", "max_tokens"] {
         let Some(value) = body.get(field).filter(|value| !value.is_null()) else {
             continue;
@@ -195,21 +195,7 @@ pub(crate) fn reply_budget(body: &Map<String, Value>, model: &ModelInfo) -> ApiR
                     format!("{field}: must be a whole number above 0, not {value}"),
                 )
             })?;
-        let most = u64::from(
-            model
-                .max_output_tokens
-                .min(model.context_window.saturating_sub(1)),
-        );
-        if tokens > most {
-            return Err(ApiError::invalid(
-                field,
-                format!(
-                    "{field}: {tokens} is more than model `{}` can answer with (at most {most} tokens)",
-                    model.id
-                ),
-            ));
-        }
-        return Ok(Some(tokens as u32));
+        return Ok(Some((field, tokens)));
     }
     Ok(None)
 }
