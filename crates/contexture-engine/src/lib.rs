@@ -22,6 +22,7 @@
 
 mod calls;
 pub mod chat;
+pub mod chat_service;
 pub mod compaction;
 pub mod conversation;
 pub mod cpu;
@@ -29,12 +30,15 @@ pub mod estimates;
 pub mod executor;
 pub mod fitting;
 pub mod hooks;
+pub mod in_flight;
+pub mod keyed_turns;
 pub mod llm;
 mod per_key;
 pub mod render_workers;
 pub mod report;
 pub mod sources;
 pub mod system;
+pub mod tenant_slots;
 pub mod threads;
 pub mod tools;
 pub mod turns;

@@ -172,6 +172,27 @@ pub struct Passthrough {
     retry: RetryPolicy,
 }
 
+/// Where a chat turn's request goes: an OpenAI-compatible `chat/completions` endpoint,
+/// called with the request's body (its messages the ones chosen for it). The engine's chat
+/// turns call it; [`Passthrough`] is the HTTP one.
+pub trait ChatUpstream: Send + Sync {
+    /// Sends `body` and returns the response as it came (see
+    /// [`Passthrough::chat_completions`]).
+    fn chat_completions<'a>(
+        &'a self,
+        body: &'a Value,
+    ) -> Pin<Box<dyn Future<Output = Result<UpstreamResponse, PassthroughError>> + Send + 'a>>;
+}
+
+impl ChatUpstream for Passthrough {
+    fn chat_completions<'a>(
+        &'a self,
+        body: &'a Value,
+    ) -> Pin<Box<dyn Future<Output = Result<UpstreamResponse, PassthroughError>> + Send + 'a>> {
+        Box::pin(Passthrough::chat_completions(self, body))
+    }
+}
+
 impl std::fmt::Debug for Passthrough {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Passthrough")

@@ -4,7 +4,6 @@ use std::future::Future;
 use std::ops::Deref;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
 use axum::Router;
@@ -12,10 +11,15 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{MethodRouter, get, post, put};
 use axum::{Extension, middleware};
 use contexture_core::registry::Registry;
+use contexture_engine::chat_service::{ChatLimits, ChatParts, ChatService};
 use contexture_engine::compaction::Compactor;
+use contexture_engine::cpu::CpuPool;
 use contexture_engine::executor::Executor;
+use contexture_engine::in_flight::InFlight;
 use contexture_engine::llm::{HttpSettings, LlmSpec};
 use contexture_engine::sources::WorkflowSource;
+use contexture_engine::tenant_slots::TenantSlots;
+use contexture_engine::turns::TurnQueue;
 use contexture_engine::workflow::Programs;
 use contexture_llm::RetryPolicy;
 use contexture_llm::passthrough::{Passthrough, UpstreamConfig as PassthroughConfig};
@@ -24,15 +28,12 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
 
 use crate::active_runs::ActiveRuns;
 use crate::auth::{KeyCache, RateLimiter, authenticate};
 use crate::body::BodyTimeout;
 use crate::config::ServerConfig;
-use crate::keyed_turns::KeyedTurns;
 use crate::metrics::{Metrics, track};
-use crate::quota::TenantSlots;
 use crate::routes::{chat, executions, ops, threads};
 use crate::tenancy::Tenant;
 
@@ -90,7 +91,9 @@ pub struct Shared {
     /// Runs compactions (its summarizer calls go through the executions' LLM).
     pub compactor: Arc<Compactor>,
     /// The upstream of the chat endpoint.
-    pub upstream: Passthrough,
+    pub upstream: Arc<Passthrough>,
+    /// The chat turn operation of the chat endpoint.
+    pub chat: ChatService<AnyStore>,
     /// The configuration.
     pub config: ServerConfig,
     /// Metrics.
@@ -112,84 +115,12 @@ pub struct Shared {
     pub active_runs: Arc<ActiveRuns>,
     /// Each tenant's open event streams.
     pub streams: Arc<TenantSlots>,
-    /// Each tenant's chat completions in flight (waiting for their thread or answering).
-    pub chat_turns: Arc<TenantSlots>,
-    /// The keyed chat turns this server is answering.
-    pub keyed_turns: Arc<KeyedTurns>,
     /// The queues of chat turns on each thread: one turn of a thread at a time.
-    pub turns: Arc<contexture_engine::turns::TurnQueue>,
+    pub turns: Arc<TurnQueue>,
     /// Where fitting runs: blocking threads, a bounded number at once, a share per tenant.
-    pub cpu: Arc<contexture_engine::cpu::CpuPool>,
+    pub cpu: Arc<CpuPool>,
     /// The retention of request records for threads without a policy of their own.
     pub retention: RetentionRules,
-}
-
-/// Counts work in flight outside requests, so a shutdown can wait for it, and tells that
-/// work when the shutdown stops waiting, so that it records how it ended before the server
-/// exits.
-#[derive(Debug)]
-pub struct InFlight {
-    count: AtomicUsize,
-    idle: Notify,
-    stop: tokio::sync::watch::Sender<bool>,
-}
-
-impl Default for InFlight {
-    fn default() -> Self {
-        InFlight {
-            count: AtomicUsize::new(0),
-            idle: Notify::new(),
-            stop: tokio::sync::watch::Sender::new(false),
-        }
-    }
-}
-
-/// One piece of work in flight; dropping it ends it.
-#[derive(Debug)]
-pub struct InFlightGuard(Arc<InFlight>);
-
-impl InFlight {
-    /// Starts a piece of work.
-    pub fn enter(self: &Arc<Self>) -> InFlightGuard {
-        self.count.fetch_add(1, Ordering::SeqCst);
-        InFlightGuard(self.clone())
-    }
-
-    /// Tells the work in flight that the server stops now: it records what it has and ends.
-    pub fn stop(&self) {
-        self.stop.send_replace(true);
-    }
-
-    /// True once [`InFlight::stop`] was called.
-    pub fn is_stopping(&self) -> bool {
-        *self.stop.borrow()
-    }
-
-    /// Resolves once [`InFlight::stop`] is called.
-    pub async fn stopped(&self) {
-        let mut stop = self.stop.subscribe();
-        // The sender lives as long as `self`: waiting cannot fail while it is borrowed.
-        let _ = stop.wait_for(|stopping| *stopping).await;
-    }
-
-    /// Resolves once no work is in flight.
-    pub async fn idle(&self) {
-        loop {
-            let notified = self.idle.notified();
-            if self.count.load(Ordering::SeqCst) == 0 {
-                return;
-            }
-            notified.await;
-        }
-    }
-}
-
-impl Drop for InFlightGuard {
-    fn drop(&mut self) {
-        if self.0.count.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.0.idle.notify_waiters();
-        }
-    }
 }
 
 /// The handlers' state: cheap to clone.
@@ -314,36 +245,56 @@ impl AppState {
             .retention
             .rules()
             .map_err(|error| StartError::Config(error.to_string()))?;
+        let upstream = Arc::new(upstream);
+        let compactor = Arc::new(compactor);
+        let metrics = Arc::new(Metrics::default());
+        let in_flight = Arc::new(InFlight::default());
+        let turns = Arc::new(TurnQueue::default());
+        let cpu = Arc::new(CpuPool::for_this_machine());
+        let chat = ChatService::new(ChatParts {
+            store: store.clone(),
+            upstream: upstream.clone(),
+            compactor: compactor.clone(),
+            compaction: config.compaction.clone(),
+            cpu: cpu.clone(),
+            turns: turns.clone(),
+            slots: TenantSlots::new(
+                config.limits.max_chat_turns,
+                "chat completions in flight",
+                "limits.max_chat_turns",
+            ),
+            in_flight: in_flight.clone(),
+            limits: ChatLimits {
+                turn_wait: config.limits.thread_turn_wait(),
+                abandon_after_secs: config.upstream.abandon_after_secs,
+            },
+            observer: metrics.clone(),
+        });
         Ok(AppState(Arc::new(Shared {
             store,
             registry,
             executor: Arc::new(executor),
-            compactor: Arc::new(compactor),
+            compactor,
             upstream,
+            chat,
             rate_limiter: RateLimiter::new(config.limits.requests_per_second, config.limits.burst),
             key_cache: KeyCache::new(config.auth.key_cache()),
-            metrics: Arc::new(Metrics::default()),
+            metrics,
             anonymous,
             workflows_dir,
-            in_flight: Arc::new(InFlight::default()),
+            in_flight,
             running: TenantSlots::new(
                 config.executions.max_running,
                 "running executions",
                 "executions.max_running",
             ),
             active_runs: Arc::new(ActiveRuns::default()),
-            keyed_turns: Arc::new(KeyedTurns::default()),
-            turns: Arc::new(contexture_engine::turns::TurnQueue::default()),
-            cpu: Arc::new(contexture_engine::cpu::CpuPool::for_this_machine()),
+            turns,
+            cpu,
             streams: TenantSlots::new(
                 config.limits.max_event_streams,
                 "open event streams",
                 "limits.max_event_streams",
-            ),
-            chat_turns: TenantSlots::new(
-                config.limits.max_chat_turns,
-                "chat completions in flight",
-                "limits.max_chat_turns",
             ),
             retention,
             config,

@@ -6,6 +6,7 @@ use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use contexture_core::thread::UnknownContext;
+use contexture_engine::tenant_slots::SlotsFull;
 use contexture_store::StoreError;
 use serde_json::json;
 
@@ -126,6 +127,17 @@ impl ApiError {
             status: StatusCode::INTERNAL_SERVER_ERROR,
             code: "store_error",
             message: "the store failed; the operation may be retried".into(),
+            param: None,
+        }
+    }
+}
+
+impl From<SlotsFull> for ApiError {
+    fn from(error: SlotsFull) -> ApiError {
+        ApiError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            code: "too_many_open",
+            message: error.to_string(),
             param: None,
         }
     }

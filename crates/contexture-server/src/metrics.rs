@@ -15,7 +15,11 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use contexture_engine::chat_service::ChatObserver;
 use contexture_engine::compaction::CompactionOutcome;
+use contexture_engine::executor::ExecError;
+use contexture_engine::fitting::FittedRequest;
+use contexture_store::StoreError;
 
 use crate::error::StoreFailure;
 
@@ -123,6 +127,31 @@ impl Default for Metrics {
             records_pruned,
             bytes_pruned,
         }
+    }
+}
+
+/// The chat turns' compactions and fits are counted; a failed compaction and a call whose end
+/// could not be recorded are logged.
+impl ChatObserver for Metrics {
+    fn compacted(&self, thread: &str, outcome: &Result<CompactionOutcome, ExecError>) {
+        match outcome {
+            Ok(outcome) => self.compaction(outcome),
+            Err(error) => {
+                self.compaction_error();
+                tracing::warn!(%thread, %error, "compaction failed; trimming instead");
+            }
+        }
+    }
+
+    fn request_fitted(&self, fitted: &FittedRequest) {
+        self.fitted(
+            u64::from(fitted.breakdown.used),
+            !fitted.fit.dropped.is_empty(),
+        );
+    }
+
+    fn recording_failed(&self, tenant: &str, error: &StoreError) {
+        tracing::error!(%error, %tenant, "cannot record how a chat request ended");
     }
 }
 

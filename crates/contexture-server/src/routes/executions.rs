@@ -482,7 +482,7 @@ pub async fn events(
         pending: std::collections::VecDeque<Event>,
         ended: bool,
         // Given back when the stream ends or its client goes away.
-        _slot: crate::quota::Slot,
+        _slot: contexture_engine::tenant_slots::Slot,
     }
     let cursor = Cursor {
         after,

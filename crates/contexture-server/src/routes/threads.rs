@@ -707,7 +707,7 @@ pub async fn compact(
     // A compaction calls the summarizer for the tenant, as a chat turn calls the model: it
     // takes one of the tenant's places and waits for the thread's turns before it, so its
     // calls never overlap a turn's.
-    let _slot = state.chat_turns.take(caller.tenant.name())?;
+    let _slot = state.chat.take_slot(caller.tenant.name())?;
     let _turn = threads
         .wait_for_turn(&state.turns, &id, state.config.limits.thread_turn_wait())
         .await?;

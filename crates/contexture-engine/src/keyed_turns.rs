@@ -1,7 +1,7 @@
-//! The keyed chat turns this server is answering. A retry of a turn whose first attempt has
-//! not ended is refused while this server still answers it, and taken over once the attempt
-//! is older than `upstream.abandon_after_secs` with no server of this process answering it
-//! (the server that took it stopped): the registry is what tells those apart on this server.
+//! The keyed chat turns this process is answering. A retry of a turn whose first attempt has
+//! not ended is refused while this process still answers it, and taken over once the
+//! attempt is older than the abandon time with nothing here answering it (the process that
+//! took it stopped): the registry is what tells those apart.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};

@@ -1,15 +1,26 @@
-//! What one tenant may hold open at once on this server: running executions and open event
-//! streams. Each is a slot taken when the work starts and given back when it ends (the run
-//! finishes, the stream closes or its client goes away); a request past the limit gets a 429
-//! naming the limit and its setting. Counts are per server: with several servers behind a
-//! balancer, a tenant may hold up to the limit on each.
+//! What one tenant may hold open at once in this process: chat turns in flight, running
+//! executions, open event streams. Each is a slot taken when the work starts and given back
+//! when it ends (the turn's end is recorded, the run finishes, the stream closes or its
+//! client goes away); past the limit, a [`SlotsFull`] names the limit and its setting.
+//! Counts are per process: with several servers behind a balancer, a tenant may hold up to
+//! the limit on each.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use axum::http::StatusCode;
-
-use crate::error::ApiError;
+/// A tenant holds all the slots of one kind of work already.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "this tenant already has {limit} {what} on this server, the most allowed (`{setting}`); retry when one ends"
+)]
+pub struct SlotsFull {
+    /// The most a tenant may hold.
+    pub limit: usize,
+    /// What is held (`running executions`).
+    pub what: &'static str,
+    /// The setting that raises the limit.
+    pub setting: &'static str,
+}
 
 /// The slots of one kind of work, per tenant.
 #[derive(Debug)]
@@ -39,22 +50,18 @@ impl TenantSlots {
         })
     }
 
-    /// Takes a slot for `tenant`, or a 429 when it holds the limit already.
-    pub fn take(self: &Arc<Self>, tenant: &str) -> Result<Slot, ApiError> {
+    /// Takes a slot for `tenant`, unless it holds the limit already.
+    pub fn take(self: &Arc<Self>, tenant: &str) -> Result<Slot, SlotsFull> {
         let mut held = self
             .held
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let count = held.entry(tenant.to_owned()).or_default();
         if *count >= self.limit {
-            return Err(ApiError {
-                status: StatusCode::TOO_MANY_REQUESTS,
-                code: "too_many_open",
-                message: format!(
-                    "this tenant already has {} {} on this server, the most allowed (`{}`); retry when one ends",
-                    self.limit, self.what, self.setting
-                ),
-                param: None,
+            return Err(SlotsFull {
+                limit: self.limit,
+                what: self.what,
+                setting: self.setting,
             });
         }
         *count += 1;
@@ -100,13 +107,10 @@ mod tests {
         let slots = TenantSlots::new(2, "open event streams", "limits.max_event_streams");
         let a1 = slots.take("a").unwrap();
         let _a2 = slots.take("a").unwrap();
-        let error = slots.take("a").unwrap_err();
-        assert_eq!(error.status, StatusCode::TOO_MANY_REQUESTS);
+        let error = slots.take("a").unwrap_err().to_string();
         assert!(
-            error.message.contains("2 open event streams")
-                && error.message.contains("`limits.max_event_streams`"),
-            "{}",
-            error.message
+            error.contains("2 open event streams") && error.contains("`limits.max_event_streams`"),
+            "{error}"
         );
         let _b = slots.take("b").unwrap();
         drop(a1);

@@ -1,0 +1,448 @@
+//! The chat turn as one operation, whatever door it came through: a parsed turn request in,
+//! a stored answer (a keyed turn sent again) or the upstream's response (whole or a stream,
+//! recorded as it passes) out.
+//!
+//! [`ChatService::turn`] runs the whole turn: the tenant's slot of chat turns in flight, the
+//! claim on a keyed turn, the wait for the thread's turn, the answer of an earlier attempt,
+//! then apart from the client's connection (a client that goes away changes nothing) the
+//! engine's [`ChatTurn`] (new messages stored, compaction, fit, the request recorded), the
+//! upstream call, and the recording of how it ended: at once for a whole answer, as the
+//! stream passes for a streamed one (the stream ends only once its answer is stored, so a
+//! client's next turn always finds it). A shutdown past its grace stops the turn and its
+//! stream; what they leave is recorded as cut by the shutdown.
+//!
+//! A door parses its wire format into a [`TurnRequest`], calls [`ChatService::turn`], and
+//! writes the [`TurnAnswer`] back in its own format.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use contexture_core::compact::CompactionPolicy;
+use contexture_core::format::openai;
+use contexture_core::message::Message;
+use contexture_llm::passthrough::{
+    ChatUpstream, PassthroughError, UpstreamBody, UpstreamResponse, record_stream,
+};
+use contexture_store::{Store, StoreError, TurnQueueStore};
+use futures_util::StreamExt;
+use serde_json::{Map, Value};
+
+use crate::chat::{
+    Attempt, ChatError, ChatTurn, CompletionRecord, StoredAnswer, TurnRecorder, previous_attempt,
+};
+use crate::compaction::{CompactionOutcome, Compactor};
+use crate::cpu::CpuPool;
+use crate::estimates::Learner;
+use crate::executor::ExecError;
+use crate::fitting::{FitSettings, FittedRequest};
+use crate::in_flight::InFlight;
+use crate::keyed_turns::{KeyedTurns, TurnClaim};
+use crate::tenant_slots::{Slot, SlotsFull, TenantSlots};
+use crate::turns::{TurnLease, TurnQueue, TurnWaitError};
+
+/// Why a turn got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum TurnError {
+    /// The turn was refused (bad input, a fit that cannot be made, a key reused or in
+    /// flight), or the store failed.
+    #[error(transparent)]
+    Chat(#[from] ChatError),
+    /// The tenant has all its chat turns in flight already.
+    #[error(transparent)]
+    Busy(#[from] SlotsFull),
+    /// The turns before it held the thread past the wait limit, or the store failed.
+    #[error(transparent)]
+    Wait(#[from] TurnWaitError),
+    /// The process is shutting down.
+    #[error("{}", crate::chat::SHUT_DOWN)]
+    ShutDown,
+    /// The upstream gave no response.
+    #[error(transparent)]
+    Upstream(#[from] PassthroughError),
+    /// The task running the turn stopped.
+    #[error("the turn stopped: {0}")]
+    Stopped(String),
+}
+
+/// A chat turn, parsed from a door's wire format.
+#[derive(Debug, Clone)]
+pub struct TurnRequest {
+    /// The tenant it is for: its slots, its share of the CPU pool, its token calibration.
+    pub tenant: String,
+    /// The stored thread id.
+    pub thread: String,
+    /// The model, its calibration and the fit policy (the thread's own takes its place).
+    pub settings: FitSettings,
+    /// The request's messages.
+    pub messages: Vec<Message>,
+    /// The tool schemas sent with it.
+    pub tools: Vec<Value>,
+    /// Its structured-output schema, when it has one.
+    pub response_format: Option<Value>,
+    /// The rest of the upstream request (everything but its messages), sent as it is.
+    pub body: Map<String, Value>,
+    /// Its idempotency key and the digest of what was sent with it, when it has one.
+    pub key: Option<(String, String)>,
+}
+
+/// A turn's answer.
+pub enum TurnAnswer {
+    /// A keyed turn sent again: the answer its first attempt stored.
+    Replayed(Box<StoredAnswer>),
+    /// The upstream's response, as it came (whole or a stream), its recording attached.
+    Upstream(UpstreamResponse),
+}
+
+/// What a chat service tells its operator about each turn (metrics, logs).
+pub trait ChatObserver: Send + Sync {
+    /// The thread's compaction trigger fired: what compaction did, or why it failed (the
+    /// turn was trimmed instead).
+    fn compacted(&self, thread: &str, outcome: &Result<CompactionOutcome, ExecError>);
+    /// A request was fitted and is being sent.
+    fn request_fitted(&self, fitted: &FittedRequest);
+    /// How a call ended could not be recorded (its response went back regardless).
+    fn recording_failed(&self, tenant: &str, error: &StoreError);
+}
+
+/// The limits of a chat service.
+#[derive(Debug, Clone, Copy)]
+pub struct ChatLimits {
+    /// How long a turn waits for the turns before it on its thread.
+    pub turn_wait: Duration,
+    /// How old a keyed turn's unanswered attempt must be to be taken as abandoned.
+    pub abandon_after_secs: f64,
+}
+
+/// What a chat service is made of.
+pub struct ChatParts<S> {
+    /// The store holding the threads.
+    pub store: S,
+    /// Where requests go.
+    pub upstream: Arc<dyn ChatUpstream>,
+    /// Who compacts.
+    pub compactor: Arc<Compactor>,
+    /// The default compaction policy (a thread's own takes its place).
+    pub compaction: Option<CompactionPolicy>,
+    /// Where fitting runs.
+    pub cpu: Arc<CpuPool>,
+    /// The queue of turns on each thread (the thread operations of the process queue
+    /// there too).
+    pub turns: Arc<TurnQueue>,
+    /// The tenants' chat turns in flight.
+    pub slots: Arc<TenantSlots>,
+    /// Work the shutdown waits for.
+    pub in_flight: Arc<InFlight>,
+    /// Its limits.
+    pub limits: ChatLimits,
+    /// Who hears about each turn.
+    pub observer: Arc<dyn ChatObserver>,
+}
+
+/// The chat turn operation (see the module documentation). Cheap to clone.
+pub struct ChatService<S> {
+    parts: Arc<ChatParts<S>>,
+    keyed: Arc<KeyedTurns>,
+}
+
+impl<S> Clone for ChatService<S> {
+    fn clone(&self) -> Self {
+        ChatService {
+            parts: self.parts.clone(),
+            keyed: self.keyed.clone(),
+        }
+    }
+}
+
+/// This process's claim on a keyed turn, and what the turn records of its key.
+struct Keyed {
+    key: String,
+    digest: String,
+    first_attempt: bool,
+    _claim: TurnClaim,
+}
+
+/// Records how a call ended, holding the tenant's slot and the keyed turn's claim until its
+/// end is recorded.
+struct Recorder<S> {
+    turn: TurnRecorder<S>,
+    tenant: String,
+    observer: Arc<dyn ChatObserver>,
+    _keyed: Option<Keyed>,
+    _slot: Slot,
+}
+
+impl<S> Recorder<S> {
+    fn logged(&self, recorded: Result<(), StoreError>) {
+        if let Err(error) = recorded {
+            self.observer.recording_failed(&self.tenant, &error);
+        }
+    }
+}
+
+impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
+    /// A chat service made of `parts`.
+    pub fn new(parts: ChatParts<S>) -> ChatService<S> {
+        ChatService {
+            parts: Arc::new(parts),
+            keyed: Arc::new(KeyedTurns::default()),
+        }
+    }
+
+    /// One of `tenant`'s places among the chat turns in flight, for other work that calls
+    /// the upstream for the tenant (a compaction through the API); held until dropped.
+    pub fn take_slot(&self, tenant: &str) -> Result<Slot, SlotsFull> {
+        self.parts.slots.take(tenant)
+    }
+
+    /// Sends a request that keeps no thread (`body` as it came) within the tenant's slots.
+    pub async fn pass_through(
+        &self,
+        tenant: &str,
+        body: &Value,
+    ) -> Result<UpstreamResponse, TurnError> {
+        let slot = self.parts.slots.take(tenant)?;
+        let response = self.parts.upstream.chat_completions(body).await?;
+        Ok(holding(response, slot))
+    }
+
+    /// Runs a chat turn (see the module documentation).
+    pub async fn turn(&self, request: TurnRequest) -> Result<TurnAnswer, TurnError> {
+        // Held until the turn's end is recorded: a tenant's turns in flight are bounded,
+        // so one tenant cannot hold every upstream connection and every waiting place.
+        let slot = self.parts.slots.take(&request.tenant)?;
+        // A retry of a keyed turn this process is answering is refused at once, not
+        // queued behind itself.
+        let claim =
+            match &request.key {
+                Some((key, _)) => {
+                    Some(self.keyed.claim(&request.thread, key).ok_or_else(|| {
+                        ChatError::InFlight {
+                            key: key.to_owned(),
+                        }
+                    })?)
+                }
+                None => None,
+            };
+        // Turns on one thread run one at a time, in the order they arrived; a turn that
+        // waits too long is refused with nothing stored. Waiting writes nothing to the
+        // thread, so a client that leaves meanwhile only gives up its place.
+        let lease = self
+            .parts
+            .turns
+            .wait_for_turn(
+                &self.parts.store,
+                &request.thread,
+                self.parts.limits.turn_wait,
+            )
+            .await?;
+        let keyed = match (&request.key, claim) {
+            (Some((key, digest)), Some(claim)) => {
+                // Holding the thread, so an attempt another server answered while this one
+                // waited is found answered.
+                let attempt = previous_attempt(
+                    &self.parts.store,
+                    &request.thread,
+                    key,
+                    digest,
+                    self.parts.limits.abandon_after_secs,
+                    now_ms(),
+                )
+                .await?;
+                let first_attempt = match attempt {
+                    Attempt::Answered(answer) => return Ok(TurnAnswer::Replayed(answer)),
+                    Attempt::First => true,
+                    Attempt::Again => false,
+                };
+                Some(Keyed {
+                    key: key.clone(),
+                    digest: digest.clone(),
+                    first_attempt,
+                    _claim: claim,
+                })
+            }
+            _ => None,
+        };
+        // The turn runs apart from the client's connection from here on: a client that
+        // goes away does not cancel it halfway (its messages stored but never sent), nor
+        // the call and its recording (the answer is stored, and a retry with the same key
+        // gets it); a shutdown waits for it.
+        let guard = self.parts.in_flight.enter();
+        let service = self.clone();
+        let turn = tokio::spawn(async move {
+            let _guard = guard;
+            service.run_turn(request, keyed, lease, slot).await
+        });
+        turn.await
+            .map_err(|error| TurnError::Stopped(error.to_string()))?
+    }
+
+    /// The turn once it holds its thread: prepared, sent, and its end recorded.
+    async fn run_turn(
+        self,
+        request: TurnRequest,
+        keyed: Option<Keyed>,
+        lease: TurnLease,
+        slot: Slot,
+    ) -> Result<TurnAnswer, TurnError> {
+        let parts = &self.parts;
+        let TurnRequest {
+            tenant,
+            thread,
+            settings,
+            messages,
+            tools,
+            response_format,
+            mut body,
+            ..
+        } = request;
+        let turn = ChatTurn {
+            store: &parts.store,
+            thread: &thread,
+            settings,
+            tools,
+            response_format,
+            compaction: parts.compaction.as_ref(),
+            compactor: &parts.compactor,
+            key: keyed.as_ref().map(|keyed| keyed.key.as_str()),
+            first_attempt: keyed.as_ref().is_some_and(|keyed| keyed.first_attempt),
+            client_digest: keyed.as_ref().map(|keyed| keyed.digest.clone()),
+            learner: Learner::Tenant(tenant.clone()),
+            cpu: Some((&parts.cpu, tenant.clone())),
+        };
+        let request_id = format!(
+            "{thread}/chat-{}",
+            crate::system::new_id(&crate::system::RandomIds::default())
+        );
+        // A shutdown past its grace stops the turn here too (a compaction's calls
+        // included); what it left in flight is ended by the thread's next turn.
+        let prepared = tokio::select! {
+            prepared = turn.prepare(messages, request_id, lease) => prepared?,
+            () = parts.in_flight.stopped() => return Err(TurnError::ShutDown),
+        };
+        if let Some(outcome) = &prepared.compaction {
+            parts.observer.compacted(&thread, outcome);
+        }
+        parts.observer.request_fitted(&prepared.fitted);
+        body.insert(
+            "messages".into(),
+            openai::to_values(&prepared.fitted.messages),
+        );
+        let recorder = Recorder {
+            turn: turn.recorder(&prepared),
+            tenant,
+            observer: parts.observer.clone(),
+            _keyed: keyed,
+            _slot: slot,
+        };
+        self.forward_and_record(Value::Object(body), recorder)
+            .await
+            .map(TurnAnswer::Upstream)
+    }
+
+    /// Forwards a fitted request and records how it ended (for a stream, once it has
+    /// been passed through).
+    async fn forward_and_record(
+        &self,
+        body: Value,
+        recorder: Recorder<S>,
+    ) -> Result<UpstreamResponse, TurnError> {
+        let in_flight = &self.parts.in_flight;
+        let forwarded = tokio::select! {
+            forwarded = self.parts.upstream.chat_completions(&body) => forwarded,
+            () = in_flight.stopped() => {
+                recorder.logged(recorder.turn.stopped().await);
+                return Err(TurnError::ShutDown);
+            }
+        };
+        let response = match forwarded {
+            Ok(response) => response,
+            Err(error) => {
+                recorder.logged(recorder.turn.failed(error.to_string()).await);
+                return Err(error.into());
+            }
+        };
+        let ok = response.is_success();
+        Ok(match response.body {
+            UpstreamBody::Full(bytes) => {
+                if ok {
+                    let record = recorder
+                        .turn
+                        .completion(&bytes)
+                        .await
+                        .map_err(ChatError::Store)?;
+                    if let CompletionRecord::Unreadable { recorded } = record {
+                        recorder.logged(recorded);
+                    }
+                } else {
+                    let error = format!("upstream answered {}", response.status);
+                    recorder.logged(recorder.turn.failed(error).await);
+                }
+                UpstreamResponse {
+                    body: UpstreamBody::Full(bytes),
+                    ..response
+                }
+            }
+            UpstreamBody::Stream(stream) if ok => {
+                let guard = in_flight.enter();
+                // The response ends only once the answer is stored, so a client's next turn
+                // always finds it in the thread.
+                let (stored_tx, stored_rx) = tokio::sync::oneshot::channel::<()>();
+                // A shutdown that stops waiting cuts the stream; its recording says so.
+                let stopped = in_flight.clone();
+                let stream = stream.take_until(async move { stopped.stopped().await });
+                let stopping = in_flight.clone();
+                let stream = record_stream(Box::pin(stream), move |outcome| {
+                    tokio::spawn(async move {
+                        let _guard = guard;
+                        let _stored = stored_tx;
+                        let recorded = recorder
+                            .turn
+                            .stream_ended(outcome, stopping.is_stopping())
+                            .await;
+                        recorder.logged(recorded);
+                    });
+                });
+                let stored = futures_util::stream::once(async move {
+                    // Resolves when the recording task ends (its sender is dropped).
+                    let _ = stored_rx.await;
+                })
+                .filter_map(|()| async { None });
+                UpstreamResponse {
+                    body: UpstreamBody::Stream(Box::pin(stream.chain(stored))),
+                    ..response
+                }
+            }
+            UpstreamBody::Stream(stream) => {
+                let error = format!("upstream answered {}", response.status);
+                recorder.logged(recorder.turn.failed(error).await);
+                UpstreamResponse {
+                    body: UpstreamBody::Stream(stream),
+                    ..response
+                }
+            }
+        })
+    }
+}
+
+/// `response` holding `slot` until its body has been sent (or dropped).
+fn holding(response: UpstreamResponse, slot: Slot) -> UpstreamResponse {
+    match response.body {
+        UpstreamBody::Stream(stream) => UpstreamResponse {
+            body: UpstreamBody::Stream(Box::pin(stream.map(move |chunk| {
+                let _held = &slot;
+                chunk
+            }))),
+            ..response
+        },
+        body @ UpstreamBody::Full(_) => UpstreamResponse { body, ..response },
+    }
+}
+
+/// This machine's clock, in milliseconds since the Unix epoch (as the stores record).
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| {
+            i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX)
+        })
+}
