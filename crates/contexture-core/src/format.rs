@@ -23,6 +23,7 @@
 pub mod anthropic;
 pub mod openai;
 pub mod openai_completion;
+pub mod openai_request;
 
 use serde_json::{Map, Value};
 

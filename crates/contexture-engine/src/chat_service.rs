@@ -34,7 +34,7 @@ use crate::compaction::{CompactionOutcome, Compactor};
 use crate::cpu::CpuPool;
 use crate::estimates::Learner;
 use crate::executor::ExecError;
-use crate::fitting::{FitSettings, FittedRequest};
+use crate::fitting::{FitSettings, FittedRequest, ReplyReserveError};
 use crate::in_flight::InFlight;
 use crate::keyed_turns::{KeyedTurns, TurnClaim};
 use crate::tenant_slots::{Slot, SlotsFull, TenantSlots};
@@ -79,6 +79,10 @@ pub struct TurnRequest {
     pub tools: Vec<Value>,
     /// Its structured-output schema, when it has one.
     pub response_format: Option<Value>,
+    /// The reply budget the client asked for, with the field that gave it.
+    pub reply_budget: Option<(&'static str, u64)>,
+    /// The choices the client asked for (`n`), when it said.
+    pub choices: Option<u64>,
     /// The rest of the upstream request (everything but its messages), sent as it is.
     pub body: Map<String, Value>,
     /// Its idempotency key and the digest of what was sent with it, when it has one.
@@ -206,7 +210,20 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
     }
 
     /// Runs a chat turn (see the module documentation).
-    pub async fn turn(&self, request: TurnRequest) -> Result<TurnAnswer, TurnError> {
+    pub async fn turn(&self, mut request: TurnRequest) -> Result<TurnAnswer, TurnError> {
+        check_one_choice(request.choices)?;
+        if let Some((field, tokens)) = request.reply_budget {
+            request
+                .settings
+                .reserve_for_reply(tokens)
+                .map_err(|error| ChatError::Invalid {
+                    field,
+                    message: match error {
+                        ReplyReserveError::OutOfRange { .. } => format!("{field}: {error}"),
+                        ReplyReserveError::Budget(error) => error.to_string(),
+                    },
+                })?;
+        }
         // Held until the turn's end is recorded: a tenant's turns in flight are bounded,
         // so one tenant cannot hold every upstream connection and every waiting place.
         let slot = self.parts.slots.take(&request.tenant)?;
@@ -421,6 +438,21 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
                 }
             }
         })
+    }
+}
+
+/// A thread keeps one answer per turn, so a request for several choices is refused rather
+/// than keeping one of them silently (a client that went on with another would find a
+/// history it never saw).
+fn check_one_choice(choices: Option<u64>) -> Result<(), ChatError> {
+    match choices {
+        None | Some(1) => Ok(()),
+        Some(n) => Err(ChatError::Invalid {
+            field: "n",
+            message: format!(
+                "n: a thread keeps one answer per turn, so only n = 1 is accepted with a thread (not {n}); ask for several choices without a thread"
+            ),
+        }),
     }
 }
 

@@ -28,4 +28,4 @@ mod tenant_store;
 pub use app::{AppState, StartError, bind, router, serve, shutdown_signal};
 pub use auth::{IssuedKey, issue_key};
 pub use config::{RegisteredTool, ServerConfig, redacted_database};
-pub use routes::chat_retry::chat_request_digest;
+pub use routes::chat::chat_request_digest;

@@ -2,7 +2,6 @@
 
 pub mod chat;
 pub mod chat_request;
-pub mod chat_retry;
 pub mod executions;
 pub mod ops;
 pub mod threads;

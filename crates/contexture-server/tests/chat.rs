@@ -164,6 +164,26 @@ async fn the_thread_keeps_the_history_for_a_client_that_sends_only_new_turns() {
     let stored = stored_messages(&server, &key, "conv-1").await;
     assert_eq!(stored.len(), 9, "{stored:?}");
     assert_eq!(stored[7], ("user".to_owned(), "Thanks!".to_owned()));
+    // The header and the metadata must not name two threads; the metadata's other keys are
+    // the upstream's.
+    let response = chat(&server, &key, Some("conv-1"), json!({"model": "gpt-4o-mini", "messages": resent, "metadata": {"contexture_thread": "conv-2", "user": "u"}})).await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let error: Value = response.json().await.unwrap();
+    assert_eq!(error["error"]["param"], "x-contexture-thread", "{error}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("`conv-1`"),
+        "{error}"
+    );
+    let unknown = chat(&server, &key, Some("conv-9"), json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "metadata": {"contexture_thread": "conv-9", "user": "u"}})).await;
+    assert_eq!(unknown.status(), StatusCode::OK);
+    assert_eq!(
+        upstream.bodies()[4]["metadata"],
+        json!({"user": "u"}),
+        "the rest of metadata is forwarded"
+    );
 
     // The chat requests are recorded with exactly what was sent.
     let started = events_of_type(&server, &key, "conv-1", "request_started").await;

@@ -9,26 +9,28 @@
 //!
 //! [`ChatService::turn`]: contexture_engine::chat_service::ChatService::turn
 
-use axum::Extension;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use contexture_engine::chat::{ChatError, SHUT_DOWN};
+use axum::{Extension, Json};
+use contexture_core::format::openai_completion;
+use contexture_engine::chat::{ChatError, SHUT_DOWN, StoredAnswer};
 use contexture_engine::chat_service::{TurnAnswer, TurnError, TurnRequest};
-use contexture_engine::fitting::ReplyReserveError;
 use contexture_engine::turns::TurnWaitError;
 use contexture_llm::passthrough::{PassthroughError, UpstreamBody, UpstreamResponse};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::app::AppState;
 use crate::auth::Caller;
 use crate::body::JsonBody;
 use crate::error::{ApiError, ApiResult};
 use crate::fitting;
-use crate::routes::chat_request::{ChatRequest, THREAD_HEADER, ThreadedRequest, reply_budget};
-use crate::routes::chat_retry;
+use crate::routes::chat_request::{ChatRequest, THREAD_HEADER, ThreadedRequest};
 use crate::tenant_store::TenantStore;
+
+/// The header a replayed answer carries.
+pub const REPLAYED_HEADER: &str = "x-contexture-replayed";
 
 /// `POST /v1/chat/completions`: parsed, run as the engine's chat turn, written back.
 pub async fn completions(
@@ -50,47 +52,52 @@ pub async fn completions(
         }
         ChatRequest::Threaded(request) => request,
     };
-    let mut settings =
-        fitting::settings(&state, tenant, &request.model, None, None, None, None).await?;
-    if let Some((field, tokens)) = reply_budget(&request.body)? {
-        settings
-            .reserve_for_reply(tokens)
-            .map_err(|error| match error {
-                ReplyReserveError::OutOfRange { .. } => {
-                    ApiError::invalid(field, format!("{field}: {error}"))
-                }
-                ReplyReserveError::Budget(error) => ApiError::invalid(field, error.to_string()),
-            })?;
-    }
+    let settings =
+        fitting::settings(&state, tenant, &request.read.model, None, None, None, None).await?;
     let threads = state.tenant_store(tenant);
     threads.refuse_writes(&request.thread)?;
-    let stream = request.stream();
-    let ThreadedRequest {
-        thread,
-        requested,
-        tools,
-        response_format,
-        body,
-        ..
-    } = request;
-    let digest = chat_retry::chat_request_digest(&body);
+    let ThreadedRequest { thread, read, body } = *request;
+    let stream = read.stream;
+    let digest = chat_request_digest(&body);
     let turn = TurnRequest {
         tenant: tenant.name().to_owned(),
         thread: threads.stored_id(&thread),
         settings,
-        messages: requested,
-        tools,
-        response_format,
+        messages: read.messages,
+        tools: read.tools,
+        response_format: read.response_format,
+        reply_budget: read.reply_budget,
+        choices: read.choices,
         body,
         key: key.map(|key| (key, digest)),
     };
     match state.chat.turn(turn).await {
-        Ok(TurnAnswer::Replayed(answer)) => {
-            Ok(with_thread(chat_retry::replayed(&answer, stream), &thread))
-        }
+        Ok(TurnAnswer::Replayed(answer)) => Ok(with_thread(replayed(&answer, stream), &thread)),
         Ok(TurnAnswer::Upstream(response)) => Ok(passthrough_response(response, Some(&thread))),
         Err(error) => Err(turn_error(threads, error)),
     }
+}
+
+/// The digest of a request body (after the thread's name was taken out of it, so the header
+/// and the metadata spelling of one request agree): a keyed turn sent again must match it.
+pub fn chat_request_digest(body: &Map<String, Value>) -> String {
+    crate::auth::sha256_hex(&serde_json::to_vec(body).unwrap_or_default())
+}
+
+/// A keyed turn's stored answer as the upstream would have sent it (a `chat.completion`,
+/// or for a streaming client the same as one chunk and `[DONE]`), marked as replayed.
+fn replayed(answer: &StoredAnswer, stream: bool) -> Response {
+    let answer = answer.completion();
+    let mut response = if stream {
+        let text = openai_completion::completion_stream(&answer);
+        ([(header::CONTENT_TYPE, "text/event-stream")], text).into_response()
+    } else {
+        Json(openai_completion::completion(&answer)).into_response()
+    };
+    response
+        .headers_mut()
+        .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+    response
 }
 
 /// A turn's refusal as the API answers it.
