@@ -15,7 +15,7 @@ use contexture_core::fit::{
     SystemRole, TrimError, TrimOptions, TruncatePolicy, Violation, place_system_prompt, repair,
     shrink, trim, validate,
 };
-use contexture_core::registry::ModelInfo;
+use contexture_core::registry::{ModelInfo, Registry, RegistryError};
 use contexture_core::thread::{FitRecord, Projection, UnknownContext};
 use contexture_core::{Message, Role};
 use contexture_store::{ProjectionTail, Store, StoreError};
@@ -347,7 +347,41 @@ pub struct FitOverrides {
     pub max_tokens: Option<u32>,
 }
 
+/// Why fit settings cannot be made.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    /// The registry has no such model.
+    #[error(transparent)]
+    Model(#[from] RegistryError),
+    /// The calibration could not be read.
+    #[error("cannot read the model's calibration: {0}")]
+    Store(#[from] StoreError),
+    /// The policy with the overrides does not work for the model.
+    #[error(transparent)]
+    Budget(#[from] BudgetError),
+}
+
 impl FitSettings {
+    /// The settings every fit is made with, wherever it is asked for (a chat turn, a
+    /// thread read for a model, `contexture fit`): model `model` as `registry` knows it
+    /// (`None`: the registry's default model), its estimate calibrated by what `learner`'s calls taught (see
+    /// [`crate::estimates::calibrated`]), under `policy` with `overrides` over it.
+    pub async fn for_model<S: Store>(
+        store: &S,
+        registry: &Registry,
+        model: Option<&str>,
+        learner: &crate::estimates::Learner,
+        policy: FitPolicy,
+        overrides: FitOverrides,
+    ) -> Result<FitSettings, SettingsError> {
+        let model = match model {
+            Some(model) => registry.get(model)?,
+            None => registry.default_model(),
+        };
+        let model = crate::estimates::calibrated(store, model, learner).await?;
+        Ok(FitSettings::new(model, policy, overrides)?)
+    }
+
     /// Settings for `model` under `policy`, with `overrides` over it.
     pub fn new(
         model: ModelInfo,

@@ -2,8 +2,10 @@
 //! overrides, turned into the engine's [`FitSettings`]; fitting itself is the engine's.
 
 use contexture_core::fit::Strategy;
-use contexture_engine::estimates::{Learner, calibrated};
-use contexture_engine::fitting::{FitError, FitOverrides, FitSettings, FittedRequest};
+use contexture_engine::estimates::Learner;
+use contexture_engine::fitting::{
+    FitError, FitOverrides, FitSettings, FittedRequest, SettingsError,
+};
 
 use crate::app::AppState;
 use crate::error::ApiError;
@@ -29,13 +31,6 @@ pub async fn settings(
     reserve_output: Option<u32>,
     max_tokens: Option<u32>,
 ) -> Result<FitSettings, ApiError> {
-    let model = state
-        .registry
-        .get(model)
-        .map_err(|error| ApiError::invalid("model", error.to_string()))?;
-    let model = calibrated(&state.store, model, &learner(tenant))
-        .await
-        .map_err(|error| ApiError::store(&error))?;
     let strategy = strategy
         .map(|text| {
             text.parse::<Strategy>()
@@ -48,8 +43,20 @@ pub async fn settings(
         reserve: reserve_output,
         max_tokens,
     };
-    FitSettings::new(model, state.config.context.clone(), overrides)
-        .map_err(|error| ApiError::invalid("budget_ratio", error.to_string()))
+    FitSettings::for_model(
+        &state.store,
+        &state.registry,
+        Some(model),
+        &learner(tenant),
+        state.config.context.clone(),
+        overrides,
+    )
+    .await
+    .map_err(|error| match error {
+        SettingsError::Model(error) => ApiError::invalid("model", error.to_string()),
+        SettingsError::Store(error) => ApiError::store(&error),
+        SettingsError::Budget(error) => ApiError::invalid("budget_ratio", error.to_string()),
+    })
 }
 
 /// A request that cannot be fitted: a 422 that says why.

@@ -17,8 +17,10 @@ use contexture_core::format::openai;
 use contexture_core::thread::{ConflictPolicy, MergeKeys, MergePolicy, MergeSpec, ThreadPolicy};
 use contexture_core::tokens::Encoding;
 use contexture_engine::compaction::{CompactOptions, CompactionOutcome, Compactor, compact_stored};
-use contexture_engine::estimates::{Learner, calibrated};
-use contexture_engine::fitting::{FitOverrides, FitSettings, MessageView, thread_messages};
+use contexture_engine::estimates::Learner;
+use contexture_engine::fitting::{
+    FitOverrides, FitSettings, MessageView, SettingsError, thread_messages,
+};
 use contexture_engine::llm::LlmSpec;
 use contexture_engine::threads::{
     append_messages, fork_thread, merge_thread, restore_thread, set_thread_policy, switch_context,
@@ -336,22 +338,28 @@ async fn execute(args: ThreadArgs) -> Result<()> {
         } => {
             let settings = if model.is_some() || max_tokens.is_some() {
                 let registry = registry.load()?;
-                let model = match &model {
-                    Some(id) => registry.get(id)?,
-                    None => registry.default_model(),
-                };
-                // Measured as requests to it are: with what its family's calls taught.
-                let model = calibrated(&store, model, &Learner::Operator)
-                    .await
-                    .context("cannot read the model's calibration")?;
                 let overrides = FitOverrides {
                     strategy,
                     budget_ratio,
                     reserve: reserve_output,
                     max_tokens,
                 };
-                let settings = FitSettings::new(model, FitPolicy::default(), overrides)
-                    .context("--budget-ratio")?;
+                // Measured as requests to it are: with what its family's calls taught.
+                let settings = FitSettings::for_model(
+                    &store,
+                    &registry,
+                    model.as_deref(),
+                    &Learner::Operator,
+                    FitPolicy::default(),
+                    overrides,
+                )
+                .await
+                .map_err(|error| match error {
+                    SettingsError::Budget(error) => {
+                        anyhow::Error::new(error).context("--budget-ratio")
+                    }
+                    other => other.into(),
+                })?;
                 Some(settings)
             } else {
                 None
