@@ -142,16 +142,9 @@ pub async fn read_report<S: Store>(
     page_bytes: usize,
 ) -> Result<Option<ReadReport>, StoreError> {
     let mut folding: Option<Folding> = None;
-    let mut after = 0;
-    loop {
-        let page = store
-            .events_page(execution_id, after, EVENTS_AT_ONCE, page_bytes)
-            .await?;
-        let Some(last) = page.events.last() else {
-            break;
-        };
-        after = last.seq;
-        for event in &page.events {
+    let mut pages = EventPages::new(store, execution_id, page_bytes);
+    while let Some(events) = pages.next().await? {
+        for event in &events {
             let folding = match &mut folding {
                 Some(folding) => folding,
                 None => match Folding::new(execution_id, event, kept) {
@@ -160,8 +153,11 @@ pub async fn read_report<S: Store>(
                 },
             };
             folding.absorb(event, Source::Own);
+            // A fork holds only calls (its usage is counted by the step's merge), so it is
+            // read only when calls are kept.
             if let EventKind::StepStarted(start) = &event.kind
                 && let Some(fork) = &start.fork_thread
+                && kept != CallsKept::None
             {
                 read_fork_calls(store, fork, folding, page_bytes).await?;
             }
@@ -180,28 +176,54 @@ async fn read_fork_calls<S: Store>(
     folding: &mut Folding,
     page_bytes: usize,
 ) -> Result<(), StoreError> {
-    let mut after = 0;
+    let mut pages = EventPages::new(store, fork, page_bytes);
     let mut own = false;
     loop {
-        let page = match store
-            .events_page(fork, after, EVENTS_AT_ONCE, page_bytes)
-            .await
-        {
-            Ok(page) => page,
+        let events = match pages.next().await {
+            Ok(Some(events)) => events,
             // A fork the step's process never took: it made no call.
-            Err(StoreError::NotFound { .. }) => return Ok(()),
+            Ok(None) | Err(StoreError::NotFound { .. }) => return Ok(()),
             Err(error) => return Err(error),
         };
-        let Some(last) = page.events.last() else {
-            return Ok(());
-        };
-        after = last.seq;
-        for event in &page.events {
+        for event in &events {
             if own {
                 folding.absorb(event, Source::Fork);
             }
             own |= matches!(event.kind, EventKind::Forked { .. });
         }
+    }
+}
+
+/// A thread's events, read a page at a time (at most [`EVENTS_AT_ONCE`] events and about
+/// `page_bytes` of JSON).
+struct EventPages<'a, S> {
+    store: &'a S,
+    thread: &'a str,
+    page_bytes: usize,
+    after: u64,
+}
+
+impl<'a, S: Store> EventPages<'a, S> {
+    fn new(store: &'a S, thread: &'a str, page_bytes: usize) -> EventPages<'a, S> {
+        EventPages {
+            store,
+            thread,
+            page_bytes,
+            after: 0,
+        }
+    }
+
+    /// The next page; `None` past the last event.
+    async fn next(&mut self) -> Result<Option<Vec<Event>>, StoreError> {
+        let page = self
+            .store
+            .events_page(self.thread, self.after, EVENTS_AT_ONCE, self.page_bytes)
+            .await?;
+        let Some(last) = page.events.last() else {
+            return Ok(None);
+        };
+        self.after = last.seq;
+        Ok(Some(page.events))
     }
 }
 
@@ -427,6 +449,16 @@ pub async fn usage_tree<S: Store>(
             thread: execution_id.to_owned(),
         })?
         .report;
+    usage_tree_of(store, &report, page_bytes).await
+}
+
+/// The usage tree of the execution `report` was read from: its descendants' logs are read
+/// as [`usage_tree`] reads them, its own is not read again.
+pub async fn usage_tree_of<S: Store>(
+    store: &S,
+    report: &ExecutionReport,
+    page_bytes: usize,
+) -> Result<UsageTree, StoreError> {
     let mut children = Vec::new();
     for child in &report.children {
         match Box::pin(usage_tree(store, child, page_bytes)).await {
@@ -444,8 +476,8 @@ pub async fn usage_tree<S: Store>(
         sum.zip(child.total_cost_usd).map(|(sum, cost)| sum + cost)
     });
     Ok(UsageTree {
-        execution_id: execution_id.to_owned(),
-        workflow_file: report.workflow_file,
+        execution_id: report.execution_id.clone(),
+        workflow_file: report.workflow_file.clone(),
         status: report.status,
         own: report.usage,
         own_cost_usd: report.cost_usd,

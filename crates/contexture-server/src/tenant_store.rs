@@ -354,10 +354,16 @@ impl<'a> TenantStore<'a> {
         turns
             .wait_for_turn(self.store, &self.stored_id(id), wait)
             .await
-            .map_err(|error| match error {
-                TurnWaitError::Store(error) => self.error(error),
-                error @ TurnWaitError::TimedOut { .. } => ApiError::conflict(error.to_string()),
-            })
+            .map_err(|error| self.turn_wait_error(error))
+    }
+
+    /// A wait for a thread's turn that failed, as the client sees it: past the wait limit a
+    /// 409, a store failure as any other.
+    pub(crate) fn turn_wait_error(&self, error: TurnWaitError) -> ApiError {
+        match error {
+            TurnWaitError::Store(error) => self.error(error),
+            error @ TurnWaitError::TimedOut { .. } => ApiError::conflict(error.to_string()),
+        }
     }
 
     /// Switches the tenant's thread `id` to its context `context` (see [`switch_context`]).

@@ -7,7 +7,9 @@ use anyhow::{Context, Result, anyhow};
 use clap::Args;
 use contexture_core::budget::BudgetBreakdown;
 use contexture_core::thread::RequestOutcome;
-use contexture_engine::report::{CallsKept, ExecutionReport, UsageTree, read_report, usage_tree};
+use contexture_engine::report::{
+    CallsKept, ExecutionReport, UsageTree, read_report, usage_tree_of,
+};
 
 use super::runtime;
 use super::store_args::StoreArgs;
@@ -52,7 +54,7 @@ async fn execute(args: InspectArgs) -> Result<()> {
         )
     })?
     .report;
-    let tree = usage_tree(store.as_ref(), &args.execution_id, PAGE_BYTES)
+    let tree = usage_tree_of(store.as_ref(), &report, PAGE_BYTES)
         .await
         .with_context(|| format!("cannot read the sub-executions of {}", args.execution_id))?;
     if args.json {

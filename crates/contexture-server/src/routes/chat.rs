@@ -17,7 +17,6 @@ use axum::{Extension, Json};
 use contexture_core::format::openai_completion;
 use contexture_engine::chat::{ChatError, SHUT_DOWN, StoredAnswer};
 use contexture_engine::chat_service::{TurnAnswer, TurnError, TurnRequest};
-use contexture_engine::turns::TurnWaitError;
 use contexture_llm::passthrough::{PassthroughError, UpstreamBody, UpstreamResponse};
 use serde_json::{Map, Value};
 
@@ -105,10 +104,7 @@ fn turn_error(threads: TenantStore<'_>, error: TurnError) -> ApiError {
     match error {
         TurnError::Chat(error) => chat_error(threads, error),
         TurnError::Busy(full) => full.into(),
-        TurnError::Wait(TurnWaitError::Store(error)) => threads.error(error),
-        TurnError::Wait(error @ TurnWaitError::TimedOut { .. }) => {
-            ApiError::conflict(error.to_string())
-        }
+        TurnError::Wait(error) => threads.turn_wait_error(error),
         TurnError::ShutDown => ApiError::unavailable(SHUT_DOWN),
         TurnError::Upstream(error) => upstream_error(&error),
         TurnError::Stopped(message) => ApiError::upstream(message),
@@ -169,10 +165,10 @@ fn passthrough_response(response: UpstreamResponse, thread: Option<&str>) -> Res
     {
         out.headers_mut().insert(header::CONTENT_TYPE, content_type);
     }
-    if let Some(thread) = thread.and_then(|thread| HeaderValue::from_str(thread).ok()) {
-        out.headers_mut().insert(THREAD_HEADER, thread);
+    match thread {
+        Some(thread) => with_thread(out, thread),
+        None => out,
     }
-    out
 }
 
 /// `GET /v1/models`: the upstream's list, as it answered.

@@ -14,7 +14,7 @@ use axum::{Extension, Json};
 use contexture_core::thread::{Event, EventKind};
 use contexture_engine::conversation::ConversationKey;
 use contexture_engine::executor::{ExecError, RunRequest, user_context_from_value};
-use contexture_engine::report::{CallsKept, ReadReport, read_report, usage_tree};
+use contexture_engine::report::{CallsKept, ReadReport, read_report, usage_tree_of};
 use contexture_engine::workflow::{Provenance, Workflow};
 use contexture_store::{Store, StoreError};
 use futures_util::stream::{self, Stream};
@@ -304,12 +304,7 @@ pub async fn status(
         .await?
         .report;
     let threads = state.tenant_store(tenant);
-    let tree = usage_tree(
-        threads.store(),
-        &threads.stored_id(&id),
-        state.config.limits.max_page_bytes,
-    )
-    .await?;
+    let tree = usage_tree_of(threads.store(), &report, state.config.limits.max_page_bytes).await?;
     let mut value = json!({
         "id": id,
         "status": report.status,
