@@ -442,6 +442,81 @@ fn the_sub_workflow_example_scopes_its_child_and_continues_a_conversation() {
 }
 
 #[test]
+fn a_run_as_a_tenant_keeps_its_execution_and_conversation_among_the_tenants_threads() {
+    let dir = TempDir::new("contexture-run-cli");
+    sub_workflow_run(&dir, "notes-1", "alice", false);
+    let run_as_acme = |id: &str| {
+        contexture(
+            &dir,
+            &[
+                "run",
+                "examples/sub-workflow/workflow.yaml",
+                "--input",
+                SUB_WORKFLOW_INPUT,
+                "--llm",
+                "scripted:examples/sub-workflow/replies.yaml",
+                "--conversation",
+                "alice",
+                "--tenant",
+                "acme",
+                "--execution-id",
+                id,
+                "--trace",
+            ],
+        )
+        .run()
+    };
+    // acme's alice is not the operator's: the first tenant run starts a new conversation.
+    let first = run_as_acme("notes-1");
+    first.expect_success();
+    let request = first
+        .stderr
+        .split("--- request notes-1/step-2")
+        .nth(1)
+        .unwrap();
+    assert_eq!(
+        request.matches("edits made offline").count(),
+        0,
+        "{request}"
+    );
+    let second = run_as_acme("notes-2");
+    second.expect_success();
+    let request = second
+        .stderr
+        .split("--- request notes-2/step-2")
+        .nth(1)
+        .unwrap();
+    assert!(request.contains("edits made offline"), "{request}");
+    let listed = common::contexture(["thread", "list", "--db", &sqlite_url(&dir, "runs.db")])
+        .run()
+        .expect_success();
+    let ids: Vec<&str> = listed
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|id| id.starts_with("acme/"))
+        .collect();
+    assert!(
+        ids.contains(&"acme/conversation:alice:release-notes"),
+        "{listed}"
+    );
+    assert!(
+        ids.contains(&"acme/notes-1") && ids.contains(&"acme/notes-2"),
+        "{listed}"
+    );
+    // The tenant's name is not a flag to guess: a bad one is refused before anything runs.
+    let refused = failure(
+        &dir,
+        &[
+            "run",
+            "examples/sub-workflow/workflow.yaml",
+            "--tenant",
+            "a/b",
+        ],
+    );
+    assert!(refused.contains("--tenant"), "{refused}");
+}
+
+#[test]
 fn cancel_from_another_process_stops_a_run_and_its_sub_workflow() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let upstream = FakeUpstream::start_on(&runtime);

@@ -23,7 +23,7 @@ use contexture_core::message::Message;
 use contexture_llm::passthrough::{
     ChatUpstream, PassthroughError, UpstreamBody, UpstreamResponse, record_stream,
 };
-use contexture_store::{Store, StoreError, TurnQueueStore};
+use contexture_store::{Scoped, Store, StoreError, Tenant, TurnQueueStore};
 use futures_util::StreamExt;
 use serde_json::{Map, Value};
 
@@ -67,9 +67,10 @@ pub enum TurnError {
 /// A chat turn, parsed from a door's wire format.
 #[derive(Debug, Clone)]
 pub struct TurnRequest {
-    /// The tenant it is for: its slots, its share of the CPU pool, its token calibration.
-    pub tenant: String,
-    /// The stored thread id.
+    /// The tenant it is for: the view of the store the turn runs on (see [`Scoped`]), its
+    /// slots, its share of the CPU pool, its token calibration.
+    pub tenant: Tenant,
+    /// The thread, as the tenant names it.
     pub thread: String,
     /// The model, its calibration and the fit policy (the thread's own takes its place).
     pub settings: FitSettings,
@@ -194,17 +195,17 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
 
     /// One of `tenant`'s places among the chat turns in flight, for other work that calls
     /// the upstream for the tenant (a compaction through the API); held until dropped.
-    pub fn take_slot(&self, tenant: &str) -> Result<Slot, SlotsFull> {
-        self.parts.slots.take(tenant)
+    pub fn take_slot(&self, tenant: &Tenant) -> Result<Slot, SlotsFull> {
+        self.parts.slots.take(tenant.name())
     }
 
     /// Sends a request that keeps no thread (`body` as it came) within the tenant's slots.
     pub async fn pass_through(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         body: &Value,
     ) -> Result<UpstreamResponse, TurnError> {
-        let slot = self.parts.slots.take(tenant)?;
+        let slot = self.parts.slots.take(tenant.name())?;
         let response = self.parts.upstream.chat_completions(body).await?;
         Ok(holding(response, slot))
     }
@@ -226,38 +227,35 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
         }
         // Held until the turn's end is recorded: a tenant's turns in flight are bounded,
         // so one tenant cannot hold every upstream connection and every waiting place.
-        let slot = self.parts.slots.take(&request.tenant)?;
+        let slot = self.parts.slots.take(request.tenant.name())?;
+        // The turn sees the tenant's threads only.
+        let store = self.parts.store.clone().scoped(request.tenant.clone());
         // A retry of a keyed turn this process is answering is refused at once, not
         // queued behind itself.
-        let claim =
-            match &request.key {
-                Some((key, _)) => {
-                    Some(self.keyed.claim(&request.thread, key).ok_or_else(|| {
-                        ChatError::InFlight {
-                            key: key.to_owned(),
-                        }
-                    })?)
-                }
-                None => None,
-            };
+        let claim = match &request.key {
+            Some((key, _)) => Some(
+                self.keyed
+                    .claim(&store.global_id(&request.thread), key)
+                    .ok_or_else(|| ChatError::InFlight {
+                        key: key.to_owned(),
+                    })?,
+            ),
+            None => None,
+        };
         // Turns on one thread run one at a time, in the order they arrived; a turn that
         // waits too long is refused with nothing stored. Waiting writes nothing to the
         // thread, so a client that leaves meanwhile only gives up its place.
         let lease = self
             .parts
             .turns
-            .wait_for_turn(
-                &self.parts.store,
-                &request.thread,
-                self.parts.limits.turn_wait,
-            )
+            .wait_for_turn(&store, &request.thread, self.parts.limits.turn_wait)
             .await?;
         let keyed = match (&request.key, claim) {
             (Some((key, digest)), Some(claim)) => {
                 // Holding the thread, so an attempt another server answered while this one
                 // waited is found answered.
                 let attempt = previous_attempt(
-                    &self.parts.store,
+                    &store,
                     &request.thread,
                     key,
                     digest,
@@ -287,7 +285,7 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
         let service = self.clone();
         let turn = tokio::spawn(async move {
             let _guard = guard;
-            service.run_turn(request, keyed, lease, slot).await
+            service.run_turn(store, request, keyed, lease, slot).await
         });
         turn.await
             .map_err(|error| TurnError::Stopped(error.to_string()))?
@@ -296,6 +294,7 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
     /// The turn once it holds its thread: prepared, sent, and its end recorded.
     async fn run_turn(
         self,
+        store: Scoped<S>,
         request: TurnRequest,
         keyed: Option<Keyed>,
         lease: TurnLease,
@@ -312,8 +311,9 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             mut body,
             ..
         } = request;
+        let tenant = tenant.name().to_owned();
         let turn = ChatTurn {
-            store: &parts.store,
+            store: &store,
             thread: &thread,
             settings,
             tools,
@@ -337,7 +337,8 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             () = parts.in_flight.stopped() => return Err(TurnError::ShutDown),
         };
         if let Some(outcome) = &prepared.compaction {
-            parts.observer.compacted(&thread, outcome);
+            // The operator's logs name the thread in the whole store.
+            parts.observer.compacted(&store.global_id(&thread), outcome);
         }
         parts.observer.request_fitted(&prepared.fitted);
         body.insert(
@@ -361,7 +362,7 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
     async fn forward_and_record(
         &self,
         body: Value,
-        recorder: Recorder<S>,
+        recorder: Recorder<Scoped<S>>,
     ) -> Result<UpstreamResponse, TurnError> {
         let in_flight = &self.parts.in_flight;
         let forwarded = tokio::select! {

@@ -2,7 +2,8 @@
 //! one conversation thread. A run loads its recent history (by count and by tokens, whole
 //! units) as the start of its own shared history, and when it completes, its input and final
 //! answer are appended to the conversation as two turns. Different keys are different
-//! threads, so they never see each other's turns.
+//! threads, so they never see each other's turns. A conversation belongs to the tenant whose
+//! view of the store the run uses (see [`contexture_store::Scoped`]), like every thread.
 
 use contexture_core::budget::SUMMARY_TAG;
 use contexture_core::compact::{NOTES_TAG, ORIGINAL_REQUEST_TAG};
@@ -20,8 +21,6 @@ pub const CONVERSATION_TAG: &str = "conversation";
 /// Who and what a conversation belongs to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ConversationKey {
-    /// The tenant.
-    pub tenant: String,
     /// The user.
     pub user: String,
     /// The workflow (its name, or its file's stem).
@@ -35,14 +34,12 @@ impl ConversationKey {
     /// read from `file`: the workflow is known by its `name`, else by its file's stem, so a
     /// run from the command line and one through the server continue the same conversation.
     pub fn new(
-        tenant: &str,
         user: &str,
         chat: Option<String>,
         workflow: &Workflow,
         file: &str,
     ) -> ConversationKey {
         ConversationKey {
-            tenant: tenant.to_owned(),
             user: user.to_owned(),
             workflow: workflow.name.clone().unwrap_or_else(|| {
                 std::path::Path::new(file)
@@ -54,13 +51,12 @@ impl ConversationKey {
         }
     }
 
-    /// The conversation's thread id: `conversation:TENANT:USER:WORKFLOW[:CHAT]`, each part
-    /// with `%` and `:` escaped, so two keys never share a thread.
+    /// The conversation's thread id: `conversation:USER:WORKFLOW[:CHAT]`, each part with `%`
+    /// and `:` escaped, so two keys never share a thread.
     pub fn thread_id(&self) -> String {
         let escape = |part: &str| part.replace('%', "%25").replace(':', "%3A");
         let mut id = format!(
-            "conversation:{}:{}:{}",
-            escape(&self.tenant),
+            "conversation:{}:{}",
             escape(&self.user),
             escape(&self.workflow)
         );
@@ -169,19 +165,18 @@ mod tests {
 
     #[test]
     fn keys_map_to_distinct_threads() {
-        let key = |tenant: &str, user: &str, chat: Option<&str>| ConversationKey {
-            tenant: tenant.into(),
+        let key = |user: &str, workflow: &str, chat: Option<&str>| ConversationKey {
             user: user.into(),
-            workflow: "support".into(),
+            workflow: workflow.into(),
             chat: chat.map(str::to_owned),
         };
         assert_eq!(
-            key("acme", "ann", None).thread_id(),
-            "conversation:acme:ann:support"
+            key("ann", "support", None).thread_id(),
+            "conversation:ann:support"
         );
         assert_eq!(
-            key("acme", "ann", Some("7")).thread_id(),
-            "conversation:acme:ann:support:7"
+            key("ann", "support", Some("7")).thread_id(),
+            "conversation:ann:support:7"
         );
         // A colon inside a part cannot make two keys collide.
         assert_ne!(

@@ -101,6 +101,8 @@ impl TurnQueue {
     {
         let started = Instant::now();
         let deadline = started + wait;
+        // Two tenants' threads of one name share a waker: being woken only makes a turn
+        // look at its own queue again.
         let waker = self.wakers.get(thread, Notify::new);
         let mut ticket = join(store, thread).await?;
         // From here on the ticket leaves the queue however the wait ends (an error, a

@@ -19,7 +19,6 @@ states:
 
 fn key(user: &str) -> ConversationKey {
     ConversationKey {
-        tenant: "acme".into(),
         user: user.into(),
         workflow: "support".into(),
         chat: None,

@@ -238,7 +238,9 @@ impl AppState {
         let upstream = Passthrough::new(upstream_config)
             .map_err(|error| StartError::Upstream(error.to_string()))?;
         let anonymous = match &config.auth.anonymous_tenant {
-            Some(name) => Some(Tenant::new(name.clone()).map_err(StartError::Config)?),
+            Some(name) => Some(
+                Tenant::new(name.clone()).map_err(|error| StartError::Config(error.to_string()))?,
+            ),
             None => None,
         };
         let retention = config

@@ -73,7 +73,7 @@ pub async fn issue_key<S: ApiKeyStore>(
     tenant: &str,
     name: &str,
 ) -> Result<IssuedKey, IssueError> {
-    let tenant = Tenant::new(tenant).map_err(IssueError::Tenant)?;
+    let tenant = Tenant::new(tenant).map_err(|error| IssueError::Tenant(error.to_string()))?;
     let id = format!("ck_{}", random_hex(6).map_err(IssueError::Random)?);
     let secret = random_hex(24).map_err(IssueError::Random)?;
     let key = format!("ctx_{}_{secret}", &id[3..]);
@@ -126,7 +126,9 @@ pub async fn authenticate(
                             state.key_cache.put(hash, caller.clone(), Instant::now());
                             caller
                         }
-                        Err(problem) => return ApiError::unauthorized(problem).into_response(),
+                        Err(problem) => {
+                            return ApiError::unauthorized(problem.to_string()).into_response();
+                        }
                     },
                     Ok(None) => {
                         return ApiError::unauthorized("the API key is unknown or revoked")

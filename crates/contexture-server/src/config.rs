@@ -13,7 +13,7 @@ use contexture_core::thread::RunLimits;
 use contexture_engine::hooks::{HookProgramSpec, ProgramHook};
 use contexture_engine::render_workers::{RenderWorkers, WorkerCommand, WorkerLimits};
 use contexture_engine::tools::{BUILT_IN_TOOLS, ProgramTool, Toolbox};
-use contexture_store::{RequestRetention, RetentionRules};
+use contexture_store::{RequestRetention, RetentionRules, Tenant};
 use serde::{Deserialize, Serialize};
 
 /// Everything `contexture serve` can be told.
@@ -379,17 +379,17 @@ impl RetentionConfig {
                     }
                 })?),
             };
-        let mut by_prefix = BTreeMap::new();
-        for (tenant, policy) in &self.tenants {
+        let mut rules = RetentionRules::with_default(default);
+        for (name, policy) in &self.tenants {
             let problem = |problem: String| ConfigError::Invalid {
                 field: "retention.tenants",
-                problem: format!("`{tenant}`: {problem}"),
+                problem: format!("`{name}`: {problem}"),
             };
-            crate::tenancy::check_tenant(tenant).map_err(problem)?;
+            let tenant = Tenant::new(name.clone()).map_err(|error| problem(error.to_string()))?;
             policy.check().map_err(|error| problem(error.to_string()))?;
-            by_prefix.insert(format!("{tenant}/"), *policy);
+            rules = rules.with_tenant(&tenant, *policy);
         }
-        Ok(RetentionRules { default, by_prefix })
+        Ok(rules)
     }
 }
 

@@ -44,6 +44,7 @@ pub async fn settings(
         max_tokens,
     };
     FitSettings::for_model(
+        // Calibrations are per model, the same through every tenant's view.
         &state.store,
         &state.registry,
         Some(model),

@@ -1,8 +1,7 @@
-//! A tenant's view of the store. Handlers reach threads and executions only through a
-//! [`TenantStore`]: its methods take the client's ids and scope them under the tenant's
-//! prefix, and map every store error to what the client may see (404 for another tenant's
-//! ids, ids in texts without the prefix). Tenant isolation is a property of this type, not of
-//! each handler remembering to scope.
+//! A tenant's view of the store, as the routes use it. Handlers reach threads and executions
+//! only through a [`TenantStore`]: it runs on the tenant's [`Scoped`] view of the store, so
+//! the client's ids are the ids it knows and another tenant's threads are not found (404),
+//! by construction; and it maps every store error to what the client may see.
 
 use axum::http::StatusCode;
 use contexture_core::Message;
@@ -13,7 +12,8 @@ use contexture_engine::threads::{
     fork_thread, merge_thread, restore_thread, set_thread_policy, switch_context,
 };
 use contexture_store::{
-    AnyStore, EventPage, ProjectionTail, RequestRetention, Store, StoreError, ThreadInfo,
+    AnyStore, EventPage, ProjectionTail, RequestRetention, Scoped, Store, StoreError, Tenant,
+    ThreadInfo,
 };
 
 use contexture_engine::turns::{TurnLease, TurnQueue, TurnWaitError};
@@ -21,66 +21,44 @@ use contexture_engine::turns::{TurnLease, TurnQueue, TurnWaitError};
 use crate::active_runs::ActiveRuns;
 use crate::app::AppState;
 use crate::error::{ApiError, ApiResult};
-use crate::tenancy::Tenant;
 
 /// What a client can do about a full thread.
 const THREAD_FULL_REMEDY: &str = "start a new thread (a fork shares its parent's events and counts them, or carry a summary over)";
 
 /// The store as one tenant sees it.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub(crate) struct TenantStore<'a> {
-    store: &'a AnyStore,
+    store: Scoped<AnyStore>,
     active_runs: &'a ActiveRuns,
-    tenant: &'a Tenant,
     /// The most named contexts a thread may have.
     max_contexts: usize,
 }
 
 impl AppState {
     /// The store as `tenant` sees it.
-    pub(crate) fn tenant_store<'a>(&'a self, tenant: &'a Tenant) -> TenantStore<'a> {
+    pub(crate) fn tenant_store(&self, tenant: &Tenant) -> TenantStore<'_> {
         TenantStore {
-            store: &self.store,
+            store: self.store.clone().scoped(tenant.clone()),
             active_runs: &self.active_runs,
-            tenant,
             max_contexts: self.config.limits.max_contexts_per_thread,
         }
     }
 }
 
-impl<'a> TenantStore<'a> {
-    /// The tenant.
-    pub(crate) fn tenant(&self) -> &'a Tenant {
-        self.tenant
-    }
-
-    /// The stored id of the client's thread or execution `id`: for an engine operation that
-    /// takes [`TenantStore::store`] and an id.
-    pub(crate) fn stored_id(&self, id: &str) -> String {
-        self.tenant.scope(id)
-    }
-
-    /// The whole store, for engine operations given ids from [`TenantStore::stored_id`]
-    /// (whose errors then go through [`TenantStore::error`]).
-    pub(crate) fn store(&self) -> &'a AnyStore {
-        self.store
+impl TenantStore<'_> {
+    /// The tenant's view of the store, for engine operations (whose store errors then go
+    /// through [`TenantStore::error`]).
+    pub(crate) fn store(&self) -> &Scoped<AnyStore> {
+        &self.store
     }
 
     /// The client's view of a store error on one of the tenant's threads.
     pub(crate) fn error(&self, error: StoreError) -> ApiError {
-        let tenant = self.tenant;
-        let unscoped = |id: &str| tenant.unscope(id).unwrap_or(id).to_owned();
-        let text = || tenant.unscope_text(&error.to_string());
+        let text = || error.to_string();
         match &error {
-            StoreError::NotFound { thread } => ApiError::not_found("thread", &unscoped(thread)),
-            StoreError::AlreadyExists { .. } => ApiError::conflict(text()),
-            StoreError::HasForks { thread, forks } => {
-                let forks: Vec<String> = forks.iter().map(|fork| unscoped(fork)).collect();
-                ApiError::conflict(format!(
-                    "thread `{}` has forks ({}); delete them first",
-                    unscoped(thread),
-                    forks.join(", ")
-                ))
+            StoreError::NotFound { thread } => ApiError::not_found("thread", thread),
+            StoreError::AlreadyExists { .. } | StoreError::HasForks { .. } => {
+                ApiError::conflict(text())
             }
             StoreError::ForkBeyondEnd { .. } => ApiError::invalid("at_seq", text()),
             StoreError::ThreadFull { max_events, .. } => ApiError {
@@ -117,7 +95,7 @@ impl<'a> TenantStore<'a> {
             ThreadOpError::NoMergeSource { from } => ApiError {
                 status: StatusCode::UNPROCESSABLE_ENTITY,
                 code: "unprocessable",
-                message: format!("from: no thread `{}` to merge from", self.unscoped(&from)),
+                message: format!("from: no thread `{from}` to merge from"),
                 param: Some("from".into()),
             },
             // The path's thread exists; the event named is what is wrong.
@@ -131,7 +109,7 @@ impl<'a> TenantStore<'a> {
             error @ ThreadOpError::Restore { .. } => ApiError {
                 status: StatusCode::UNPROCESSABLE_ENTITY,
                 code: "unprocessable",
-                message: format!("before: {}", self.tenant.unscope_text(&error.to_string())),
+                message: format!("before: {}", error),
                 param: Some("before".into()),
             },
             // Each merge refusal names the body field at fault; nothing was written.
@@ -155,12 +133,12 @@ impl<'a> TenantStore<'a> {
                 ApiError {
                     status,
                     code,
-                    message: format!("{param}: {}", self.tenant.unscope_text(&error.to_string())),
+                    message: format!("{param}: {}", error),
                     param: Some(param.into()),
                 }
             }
             ThreadOpError::UnknownContext(unknown) => {
-                let mut error = ApiError::unknown_context(self.unscoped(&unknown.thread), &unknown);
+                let mut error = ApiError::unknown_context(&unknown.thread, &unknown);
                 error
                     .message
                     .push_str("; a switch with `create` starts a new one");
@@ -169,10 +147,7 @@ impl<'a> TenantStore<'a> {
             ThreadOpError::TooManyContexts(error) => ApiError {
                 status: StatusCode::CONFLICT,
                 code: "too_many_contexts",
-                message: format!(
-                    "{} (`limits.max_contexts_per_thread`)",
-                    self.tenant.unscope_text(&error.to_string())
-                ),
+                message: format!("{} (`limits.max_contexts_per_thread`)", error),
                 param: Some("context".into()),
             },
             error @ ThreadOpError::ContextName { .. } => {
@@ -181,20 +156,16 @@ impl<'a> TenantStore<'a> {
         }
     }
 
-    fn unscoped<'s>(&self, stored: &'s str) -> &'s str {
-        self.tenant.unscope(stored).unwrap_or(stored)
-    }
-
     /// 409 while thread `id` is the log of a running execution.
     pub(crate) fn refuse_writes(&self, id: &str) -> ApiResult<()> {
-        self.active_runs.refuse_writes(&self.stored_id(id), id)
+        self.active_runs
+            .refuse_writes(&self.store.global_id(id), id)
     }
 
     /// True when the tenant's thread `id` exists.
     pub(crate) async fn exists(&self, id: &str) -> ApiResult<bool> {
-        let stored = self.stored_id(id);
         self.store
-            .exists(&stored)
+            .exists(id)
             .await
             .map_err(|error| self.error(error))
     }
@@ -218,7 +189,7 @@ impl<'a> TenantStore<'a> {
         max_bytes: usize,
     ) -> ApiResult<EventPage> {
         self.store
-            .events_page(&self.stored_id(id), after, limit, max_bytes)
+            .events_page(id, after, limit, max_bytes)
             .await
             .map_err(|error| self.error(error))
     }
@@ -231,22 +202,19 @@ impl<'a> TenantStore<'a> {
         tokens: u64,
     ) -> ApiResult<ProjectionTail> {
         self.store
-            .load_projection_tail(&self.stored_id(id), encoding, tokens)
+            .load_projection_tail(id, encoding, tokens)
             .await
             .map_err(|error| self.error(error))
     }
 
     /// A page of the tenant's threads after the client's id `after`, at most `limit`.
-    /// The infos keep their stored ids: the caller unscopes what it shows.
     pub(crate) async fn list_page(
         &self,
         after: Option<&str>,
         limit: usize,
     ) -> ApiResult<Vec<ThreadInfo>> {
-        let prefix = self.stored_id("");
-        let after = after.map(|after| self.stored_id(after)).unwrap_or_default();
         self.store
-            .list_page(&prefix, &after, limit)
+            .list_page("", after.unwrap_or_default(), limit)
             .await
             .map_err(|error| self.error(error))
     }
@@ -258,7 +226,7 @@ impl<'a> TenantStore<'a> {
         retention: Option<RequestRetention>,
     ) -> ApiResult<()> {
         self.store
-            .set_retention(&self.stored_id(id), retention)
+            .set_retention(id, retention)
             .await
             .map_err(|error| self.error(error))
     }
@@ -267,7 +235,7 @@ impl<'a> TenantStore<'a> {
     pub(crate) async fn retention(&self, id: &str) -> ApiResult<Option<RequestRetention>> {
         let info = self
             .store
-            .thread_info(&self.stored_id(id))
+            .thread_info(id)
             .await
             .map_err(|error| self.error(error))?
             .ok_or_else(|| ApiError::not_found("thread", id))?;
@@ -277,14 +245,14 @@ impl<'a> TenantStore<'a> {
     /// Deletes the tenant's thread `id`.
     pub(crate) async fn delete(&self, id: &str) -> ApiResult<()> {
         self.store
-            .delete(&self.stored_id(id))
+            .delete(id)
             .await
             .map_err(|error| self.error(error))
     }
 
     /// Creates the tenant's thread `id`; its last seq.
     pub(crate) async fn create(&self, id: &str, new: NewThread) -> ApiResult<u64> {
-        create_thread(self.store, &self.stored_id(id), new)
+        create_thread(&self.store, id, new)
             .await
             .map_err(|error| self.op_error(error))
     }
@@ -295,7 +263,7 @@ impl<'a> TenantStore<'a> {
         id: &str,
         policy: Option<ThreadPolicy>,
     ) -> ApiResult<u64> {
-        set_thread_policy(self.store, &self.stored_id(id), policy)
+        set_thread_policy(&self.store, id, policy)
             .await
             .map_err(|error| self.op_error(error))
     }
@@ -307,26 +275,16 @@ impl<'a> TenantStore<'a> {
         at_seq: Option<u64>,
         child: &str,
     ) -> ApiResult<Forked> {
-        fork_thread(
-            self.store,
-            &self.stored_id(parent),
-            at_seq,
-            &self.stored_id(child),
-        )
-        .await
-        .map_err(|error| self.op_error(error))
+        fork_thread(&self.store, parent, at_seq, child)
+            .await
+            .map_err(|error| self.op_error(error))
     }
 
     /// Merges the tenant's fork `from` into its thread `into`; the merge event's seq.
     pub(crate) async fn merge(&self, into: &str, from: &str, spec: &MergeSpec) -> ApiResult<u64> {
-        merge_thread(
-            self.store,
-            &self.stored_id(into),
-            &self.stored_id(from),
-            spec,
-        )
-        .await
-        .map_err(|error| self.op_error(error))
+        merge_thread(&self.store, into, from, spec)
+            .await
+            .map_err(|error| self.op_error(error))
     }
 
     /// Appends `messages` to the tenant's thread `id` (created when missing), in the named
@@ -338,7 +296,7 @@ impl<'a> TenantStore<'a> {
         key: Option<&str>,
         context: Option<&str>,
     ) -> ApiResult<Appended> {
-        append_messages(self.store, &self.stored_id(id), messages, key, context)
+        append_messages(&self.store, id, messages, key, context)
             .await
             .map_err(|error| self.op_error(error))
     }
@@ -352,7 +310,7 @@ impl<'a> TenantStore<'a> {
         wait: std::time::Duration,
     ) -> ApiResult<TurnLease> {
         turns
-            .wait_for_turn(self.store, &self.stored_id(id), wait)
+            .wait_for_turn(&self.store, id, wait)
             .await
             .map_err(|error| self.turn_wait_error(error))
     }
@@ -374,22 +332,15 @@ impl<'a> TenantStore<'a> {
         op_id: Option<String>,
         create: bool,
     ) -> ApiResult<Switched> {
-        switch_context(
-            self.store,
-            &self.stored_id(id),
-            context,
-            op_id,
-            create,
-            self.max_contexts,
-        )
-        .await
-        .map_err(|error| self.op_error(error))
+        switch_context(&self.store, id, context, op_id, create, self.max_contexts)
+            .await
+            .map_err(|error| self.op_error(error))
     }
 
     /// Puts back what the replace event `before` of the tenant's thread `id` covered; the
     /// restore event's seq.
     pub(crate) async fn restore(&self, id: &str, before: u64) -> ApiResult<u64> {
-        restore_thread(self.store, &self.stored_id(id), before)
+        restore_thread(&self.store, id, before)
             .await
             .map_err(|error| self.op_error(error))
     }

@@ -455,8 +455,10 @@ async fn an_execution_inspected_through_either_door_reports_the_same_run() {
         &workflow,
         "--input",
         "{\"topic\": \"the fox\"}",
+        "--tenant",
+        "acme",
         "--execution-id",
-        "acme/run-1",
+        "run-1",
         "--llm",
         &llm,
     ]);

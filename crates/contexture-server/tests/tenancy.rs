@@ -1,7 +1,9 @@
 //! Tenancy on every route that names an id, with two tenants on SQLite and on PostgreSQL:
 //! another tenant's threads, forks and executions answer 404 on every read and write (events
 //! streams resumed with `Last-Event-ID` too), merges from another tenant's fork find
-//! nothing, the same names are separate threads, and nothing of the owner's changes.
+//! nothing, the same names are separate threads, and nothing of the owner's changes. A
+//! conversation that executions continue is one of its tenant's threads: listed, readable
+//! and deletable by it, not found by another.
 
 mod common;
 
@@ -48,6 +50,8 @@ async fn acme_view(server: &TestServer, key: &str) -> Vec<String> {
         "/v1/threads/run-1/events",
         "/v1/executions/run-1",
         "/v1/executions/run-1/requests",
+        "/v1/threads/conversation:alice:support",
+        "/v1/threads/conversation:alice:support/events",
     ] {
         let (status, body) = call(server, key, M::GET, path, None, None).await;
         assert_eq!(status, StatusCode::OK, "{path}: {body}");
@@ -60,6 +64,7 @@ async fn every_route_keeps_tenants_apart(store: AnyStore) {
     let upstream = FakeUpstream::start().await;
     let base = upstream.base_url();
     upstream.push(Reply::text("acme's answer"));
+    upstream.push(Reply::text("acme's second answer"));
     let mut config = config(Some(&base));
     config.llm = "openai:gpt-4o-mini".into();
     let server = TestServer::start(config, store).await;
@@ -95,22 +100,54 @@ async fn every_route_keeps_tenants_apart(store: AnyStore) {
         (
             M::POST,
             "/v1/executions",
-            json!({"id": "run-1", "workflow_yaml": "assistants: [{id: a, model: gpt-4o-mini}]\nstates:\n  - {id: s, assistant_id: a, task: go, next: {state_id: end}}\n"}),
+            json!({"id": "run-1", "workflow_yaml": WORKFLOW, "conversation": {"user": "alice"}}),
         ),
     ];
     for (method, path, body) in setup {
         let (status, body) = call(&server, &acme, method, path, Some(body), None).await;
         assert!(status.is_success(), "{path}: {body}");
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !call(&server, &acme, M::GET, "/v1/executions/run-1", None, None)
-        .await
-        .1
-        .contains("\"completed\"")
-    {
-        assert!(Instant::now() < deadline, "acme's run never completed");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_completion(&server, &acme, "run-1").await;
+    // A second run continues alice's conversation.
+    let (status, text) = call(
+        &server,
+        &acme,
+        M::POST,
+        "/v1/executions",
+        Some(json!({"id": "run-2", "workflow_yaml": WORKFLOW, "conversation": {"user": "alice"}})),
+        None,
+    )
+    .await;
+    assert!(status.is_success(), "{text}");
+    wait_for_completion(&server, &acme, "run-2").await;
+    let (_, listed) = call(&server, &acme, M::GET, "/v1/threads", None, None).await;
+    let listed: Value = serde_json::from_str(&listed).unwrap();
+    let ids: Vec<&str> = listed["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            "conversation:alice:support",
+            "run-1",
+            "run-2",
+            "secret",
+            "secret-fork"
+        ]
+    );
+    let (_, turns) = call(
+        &server,
+        &acme,
+        M::GET,
+        "/v1/threads/conversation:alice:support/messages",
+        None,
+        None,
+    )
+    .await;
+    assert!(turns.contains("acme's second answer"), "{turns}");
     let before = acme_view(&server, &acme).await;
 
     let not_found: Vec<(M, &str, Option<Value>, Option<&str>)> = vec![
@@ -182,6 +219,13 @@ async fn every_route_keeps_tenants_apart(store: AnyStore) {
             None,
         ),
         (M::GET, "/v1/threads/run-1/events", None, None),
+        (M::GET, "/v1/threads/conversation:alice:support", None, None),
+        (
+            M::DELETE,
+            "/v1/threads/conversation:alice:support",
+            None,
+            None,
+        ),
     ];
     for (method, path, body, last_event_id) in not_found {
         let (status, text) =
@@ -241,7 +285,29 @@ async fn every_route_keeps_tenants_apart(store: AnyStore) {
     assert!(!context.contains("acme"), "{context}");
     // acme's data is as it was.
     assert_eq!(acme_view(&server, &acme).await, before);
+    // Its tenant can erase a user's conversation, events and all.
+    let path = "/v1/threads/conversation:alice:support";
+    let (status, text) = call(&server, &acme, M::DELETE, path, None, None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{text}");
+    let (status, _) = call(&server, &acme, M::GET, path, None, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
     server.shutdown().await;
+}
+
+/// A workflow of one call, named so that its conversations are `conversation:USER:support`.
+const WORKFLOW: &str = "name: support\nassistants: [{id: a, model: gpt-4o-mini}]\nstates:\n  - {id: s, assistant_id: a, task: go, next: {state_id: end}}\n";
+
+async fn wait_for_completion(server: &TestServer, key: &str, id: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let path = format!("/v1/executions/{id}");
+    while !call(server, key, M::GET, &path, None, None)
+        .await
+        .1
+        .contains("\"completed\"")
+    {
+        assert!(Instant::now() < deadline, "{id} never completed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test]

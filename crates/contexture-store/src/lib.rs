@@ -36,6 +36,7 @@ mod postgres;
 mod record;
 mod request_refs;
 mod retention;
+mod scoped;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod tail;
@@ -59,6 +60,7 @@ pub use postgres::PgStore;
 pub use retention::{
     RequestPruneReport, RequestRetention, RequestsPruned, RetentionError, RetentionRules,
 };
+pub use scoped::{Scoped, Tenant, TenantNameError, tenant_of};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use tail::ProjectionTail;
@@ -458,6 +460,22 @@ pub trait Store: Send + Sync {
             let thread = self.load(thread).await?;
             Ok(ProjectionTail::from_fold(&thread, 0))
         }
+    }
+
+    /// The id `thread` has in the whole store: the same for a store, scoped for a tenant's
+    /// view (see [`Scoped::stored_id`]). Unique across views, it names the thread in what a
+    /// process keeps beside the store (locks, registries of turns and runs, logs).
+    fn global_id(&self, thread: &str) -> String {
+        thread.to_owned()
+    }
+
+    /// `tenant`'s view of this store: itself a store, holding only the tenant's threads
+    /// (see [`Scoped`]).
+    fn scoped(self, tenant: Tenant) -> Scoped<Self>
+    where
+        Self: Sized,
+    {
+        Scoped::new(self, tenant)
     }
 
     /// Loads `thread` by replaying its events (messages carry their stored token counts).

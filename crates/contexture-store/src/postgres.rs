@@ -61,6 +61,10 @@ const MIGRATIONS: &[(u32, &str)] = &[
         10,
         include_str!("../migrations/postgres/0010_turn_queue.sql"),
     ),
+    (
+        11,
+        include_str!("../migrations/postgres/0011_tenant_conversations.sql"),
+    ),
 ];
 
 /// Connections in the pool.

@@ -182,6 +182,13 @@ impl RetentionRules {
         }
     }
 
+    /// Builder: `retention` for the threads of `tenant` (every thread of its view of the
+    /// store, conversations and executions included) that have no policy of their own.
+    pub fn with_tenant(mut self, tenant: &crate::Tenant, retention: RequestRetention) -> Self {
+        self.by_prefix.insert(tenant.id_prefix(), retention);
+        self
+    }
+
     /// The policy for `thread` when it has none of its own.
     pub fn for_thread(&self, thread: &str) -> Option<&RequestRetention> {
         self.by_prefix

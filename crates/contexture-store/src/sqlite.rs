@@ -69,6 +69,10 @@ const MIGRATIONS: &[(u32, &str)] = &[
         include_str!("../migrations/sqlite/0010_calibrations.sql"),
     ),
     (11, include_str!("../migrations/sqlite/0011_turn_queue.sql")),
+    (
+        12,
+        include_str!("../migrations/sqlite/0012_tenant_conversations.sql"),
+    ),
 ];
 
 /// `PRAGMA auto_vacuum`'s value for incremental vacuum.

@@ -23,6 +23,7 @@ use contexture_engine::llm::LlmSpec;
 use contexture_engine::sources::FileSource;
 use contexture_engine::workflow::Workflow;
 use contexture_llm::StreamDelta;
+use contexture_store::{Store, Tenant};
 
 use super::input;
 use super::llm::LlmArgs;
@@ -48,13 +49,15 @@ pub struct RunArgs {
     #[arg(long, value_name = "EXECUTION_ID", conflicts_with_all = ["input", "input_file", "execution_id"])]
     resume: Option<String>,
     /// Continue a conversation: USER or USER/CHAT. The run loads the conversation's recent
-    /// history and, when it completes, adds its input and answer to it (key: tenant, user,
-    /// workflow name, chat).
+    /// history and, when it completes, adds its input and answer to it (key: user, workflow
+    /// name, chat; with --tenant, the tenant's conversation).
     #[arg(long, value_name = "USER[/CHAT]", conflicts_with = "resume")]
     conversation: Option<String>,
-    /// The tenant of --conversation.
-    #[arg(long, default_value = "default", requires = "conversation")]
-    tenant: String,
+    /// Run as this tenant: the execution, its sub-workflows and its conversation are the
+    /// tenant's threads, as if the tenant's API key had started it through `contexture
+    /// serve` (a resumed run must name the tenant that started it).
+    #[arg(long, value_name = "TENANT")]
+    tenant: Option<String>,
     /// The run's user context, a JSON object that every template of the run and of its
     /// sub-workflows reads, read-only, as `user_context.KEY` (a resumed run keeps the one
     /// it started with).
@@ -115,8 +118,19 @@ async fn execute(args: RunArgs) -> Result<()> {
     {
         bail!("--max-seconds must be a positive number of seconds, not {seconds}");
     }
-    let registry = Arc::new(args.registry.load()?);
     let store = args.store.open().await?;
+    match args.tenant.clone() {
+        Some(name) => {
+            let tenant = Tenant::new(name).map_err(|error| anyhow!("--tenant: {error}"))?;
+            execute_on(args, store.scoped(tenant)).await
+        }
+        None => execute_on(args, store).await,
+    }
+}
+
+/// Runs `contexture run` on `store`: the whole store, or a tenant's view of it.
+async fn execute_on<S: Store + Clone + 'static>(args: RunArgs, store: S) -> Result<()> {
+    let registry = Arc::new(args.registry.load()?);
     let settings = args.llm.settings()?;
     let limits = RunLimits {
         max_tokens: args.max_tokens,
@@ -161,7 +175,7 @@ async fn execute(args: RunArgs) -> Result<()> {
                     Some((user, chat)) => (user, Some(chat.to_owned())),
                     None => (key, None),
                 };
-                ConversationKey::new(&args.tenant, user, chat, &workflow, &file)
+                ConversationKey::new(user, chat, &workflow, &file)
             });
             Some((file, text, input, conversation))
         }

@@ -159,6 +159,41 @@ impl EventKind {
         }
     }
 
+    /// The fields of the event that name another thread or execution (a fork's parent, a
+    /// merged fork, a run's parent execution and conversation, a step's sub-workflow and
+    /// fork, the execution a cancellation cascades from), for a view of the store that maps
+    /// ids (a tenant's) to change them all in one place.
+    pub fn thread_ids_mut(&mut self) -> Vec<&mut String> {
+        match self {
+            EventKind::Forked { parent, .. } => vec![parent],
+            EventKind::Merged(merge) => vec![&mut merge.child],
+            EventKind::RunStarted(start) => start
+                .parent_execution_id
+                .iter_mut()
+                .chain(start.conversation.iter_mut())
+                .collect(),
+            EventKind::StepStarted(start) => start
+                .child_execution_id
+                .iter_mut()
+                .chain(start.fork_thread.iter_mut())
+                .collect(),
+            EventKind::CancelRequested(cancel) => cancel.cascaded_from.iter_mut().collect(),
+            EventKind::MessageAppended { .. }
+            | EventKind::ContextReplaced(_)
+            | EventKind::ContextSwitched { .. }
+            | EventKind::StoreChanged(_)
+            | EventKind::RequestStarted(_)
+            | EventKind::RequestEnded(_)
+            | EventKind::StepMessage(_)
+            | EventKind::StepCompacted(_)
+            | EventKind::StepFinished(_)
+            | EventKind::StepFailed(_)
+            | EventKind::RunEnded(_)
+            | EventKind::CompactionFailed(_)
+            | EventKind::PolicySet(_) => Vec::new(),
+        }
+    }
+
     /// The operation id of a context operation, which makes it idempotent.
     pub fn op_id(&self) -> Option<&str> {
         match self {

@@ -422,6 +422,29 @@ impl<S: Store> Executor<S> {
         &self.store
     }
 
+    /// This executor, set up as it is, over another store: a tenant's view of this one
+    /// (see [`contexture_store::Scoped`]), so that the runs it starts see only the tenant's
+    /// threads.
+    pub fn on_store<T: Store>(&self, store: T) -> Executor<T> {
+        Executor {
+            store,
+            router: self.router.clone(),
+            registry: self.registry.clone(),
+            tools: self.tools.clone(),
+            hooks: self.hooks.clone(),
+            observer: self.observer.clone(),
+            render: self.render.clone(),
+            limits: self.limits,
+            stream: self.stream,
+            sources: self.sources.clone(),
+            cancel_poll: self.cancel_poll,
+            programs: self.programs.clone(),
+            caps: self.caps,
+            client_isolation: self.client_isolation.clone(),
+            learner: self.learner.clone(),
+        }
+    }
+
     /// Starts a run and drives it to its end.
     pub async fn start(&self, request: RunRequest) -> Result<RunOutcome, ExecError> {
         self.begin(request, None, RunLimits::default()).await

@@ -44,7 +44,7 @@ pub async fn completions(
         ChatRequest::Passthrough(body) => {
             let response = state
                 .chat
-                .pass_through(tenant.name(), &body)
+                .pass_through(tenant, &body)
                 .await
                 .map_err(|error| turn_error(state.tenant_store(tenant), error))?;
             return Ok(passthrough_response(response, None));
@@ -59,8 +59,8 @@ pub async fn completions(
     let stream = read.stream;
     let digest = chat_request_digest(&body);
     let turn = TurnRequest {
-        tenant: tenant.name().to_owned(),
-        thread: threads.stored_id(&thread),
+        tenant: tenant.clone(),
+        thread: thread.clone(),
         settings,
         messages: read.messages,
         tools: read.tools,

@@ -170,7 +170,8 @@ pub async fn start(
         ));
     }
     let threads = state.tenant_store(&tenant);
-    let scoped = threads.stored_id(&id);
+    // The run's name in the whole store, for this process's registry and logs.
+    let global = threads.store().global_id(&id);
     if threads.exists(&id).await? {
         return Err(ApiError::conflict(format!(
             "execution `{id}` already exists"
@@ -186,7 +187,6 @@ pub async fn start(
             check_id("conversation.user", &conversation.user)
                 .map_err(|problem| ApiError::invalid("conversation.user", problem))?;
             Some(ConversationKey::new(
-                tenant.name(),
                 &conversation.user,
                 conversation.chat,
                 &workflow,
@@ -196,23 +196,25 @@ pub async fn start(
         None => None,
     };
     let slot = state.running.take(tenant.name())?;
-    let active = state.active_runs.enter(&scoped);
-    let scoped_id = scoped.clone();
+    let active = state.active_runs.enter(&global);
+    let global_id = global.clone();
     request.input = input;
-    request.execution_id = Some(scoped.clone());
+    request.execution_id = Some(id.clone());
     request.llm = Some(state.config.llm.clone());
     request.conversation = conversation;
     request.user_context = user_context;
-    let executor = state.executor.clone();
+    // The run sees the tenant's threads only: its sub-workflows and its conversation are
+    // the tenant's too.
+    let executor = state.executor.on_store(threads.store().clone());
     let run = tokio::spawn(async move {
         let _slot = slot;
         let _active = active;
         match executor.start(request).await {
-            Ok(_) => tracing::info!(execution = %scoped, "execution completed"),
+            Ok(_) => tracing::info!(execution = %global, "execution completed"),
             Err(ExecError::Cancelled { .. }) => {
-                tracing::info!(execution = %scoped, "execution cancelled")
+                tracing::info!(execution = %global, "execution cancelled")
             }
-            Err(error) => tracing::warn!(execution = %scoped, %error, "execution failed"),
+            Err(error) => tracing::warn!(execution = %global, %error, "execution failed"),
         }
     });
     // Answer once the run's log exists, so that status, events and cancel find it at once.
@@ -226,7 +228,7 @@ pub async fn start(
     })
     .await;
     if logged.is_err() {
-        tracing::warn!(execution = %scoped_id, "the run's log did not appear within 10 s");
+        tracing::warn!(execution = %global_id, "the run's log did not appear within 10 s");
     }
     Ok((
         StatusCode::ACCEPTED,
@@ -280,7 +282,7 @@ async fn execution_report(
     let threads = state.tenant_store(tenant);
     read_report(
         threads.store(),
-        &threads.stored_id(id),
+        id,
         kept,
         state.config.limits.max_page_bytes,
     )
@@ -318,7 +320,6 @@ pub async fn status(
         "parent_execution_id": report.parent_execution_id,
         "usage_tree": tree,
     });
-    tenant.unscope_json(&mut value);
     strip_workflow_paths(&state, &mut value);
     Ok(Json(value))
 }
@@ -371,13 +372,11 @@ pub async fn requests(
         max_bytes: state.config.limits.max_page_bytes,
     };
     let read = execution_report(&state, tenant, &id, kept).await?;
-    let mut value = json!({
+    Ok(Json(json!({
         "id": id,
         "requests": read.report.calls,
         "next_after": read.next_after,
-    });
-    tenant.unscope_json(&mut value);
-    Ok(Json(value))
+    })))
 }
 
 /// `POST /v1/executions/{id}/cancel` body.
@@ -408,16 +407,13 @@ pub async fn cancel(
     let threads = state.tenant_store(tenant);
     let marked = state
         .executor
-        .cancel(&threads.stored_id(&id), reason)
+        .on_store(threads.store().clone())
+        .cancel(&id, reason)
         .await
         .map_err(|error| match error {
             ExecError::Store(error) => threads.error(error),
-            other => ApiError::conflict(tenant.unscope_text(&other.to_string())),
+            other => ApiError::conflict(other.to_string()),
         })?;
-    let marked: Vec<&str> = marked
-        .iter()
-        .map(|stored| tenant.unscope(stored).unwrap_or(stored))
-        .collect();
     Ok(Json(json!({ "id": id, "cancel_requested": marked })))
 }
 
@@ -460,7 +456,7 @@ pub async fn events(
     let threads = state.tenant_store(&tenant);
     let info = threads
         .store()
-        .thread_info(&threads.stored_id(&id))
+        .thread_info(&id)
         .await
         .map_err(|error| threads.error(error))?;
     let ended = match info {
@@ -496,8 +492,7 @@ pub async fn events(
                     if matches!(event.kind, EventKind::RunEnded(_)) {
                         cursor.ended = true;
                     }
-                    let mut data = serde_json::to_value(&event).unwrap_or_default();
-                    tenant.unscope_json(&mut data);
+                    let data = serde_json::to_value(&event).unwrap_or_default();
                     let sse = SseEvent::default()
                         .id(event.seq.to_string())
                         .event(event.kind.type_name())

@@ -16,7 +16,7 @@ use contexture_core::tokens::Encoding;
 use contexture_engine::compaction::{CompactOptions, compact_stored};
 use contexture_engine::executor::ExecError;
 use contexture_engine::threads::NewThread;
-use contexture_store::RequestRetention;
+use contexture_store::{RequestRetention, Store};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -141,9 +141,7 @@ pub async fn list(
     let more = page.len() > limit;
     let mut threads = Vec::with_capacity(limit);
     for info in page.into_iter().take(limit) {
-        let mut value = serde_json::to_value(&info).unwrap_or_default();
-        tenant.unscope_json(&mut value);
-        threads.push(value);
+        threads.push(serde_json::to_value(&info).unwrap_or_default());
     }
     let next_after = if more {
         threads
@@ -172,9 +170,9 @@ pub async fn show(
     let projection = &thread.projection;
     let threads = state.tenant_store(tenant);
     let own = threads.retention(&id).await?;
-    let retention = retention_answer(&state, &threads.stored_id(&id), &id, own);
+    let retention = retention_answer(&state, &threads.store().global_id(&id), &id, own);
     let policy = policy_answer(&state, &id, thread.policy.clone());
-    let mut value = json!({
+    Ok(Json(json!({
         "id": id,
         "retention": retention["retention"],
         "applied_retention": retention["applied_retention"],
@@ -188,9 +186,7 @@ pub async fn show(
         "metadata": thread.store.get("metadata").cloned().unwrap_or(Value::Null),
         "parent": thread.fork.as_ref().map(|fork| fork.parent.clone()),
         "fork_seq": thread.fork.as_ref().map(|fork| fork.at_seq),
-    });
-    tenant.unscope_json(&mut value);
-    Ok(Json(value))
+    })))
 }
 
 /// `PUT /v1/threads/{id}/retention`: sets the thread's own retention policy for its request
@@ -208,7 +204,7 @@ pub async fn set_retention(
     threads.set_retention(&id, Some(body)).await?;
     Ok(Json(retention_answer(
         &state,
-        &threads.stored_id(&id),
+        &threads.store().global_id(&id),
         &id,
         Some(body),
     )))
@@ -226,7 +222,7 @@ pub async fn clear_retention(
     threads.set_retention(&id, None).await?;
     Ok(Json(retention_answer(
         &state,
-        &threads.stored_id(&id),
+        &threads.store().global_id(&id),
         &id,
         None,
     )))
@@ -235,11 +231,11 @@ pub async fn clear_retention(
 /// A thread's retention as the API shows it: its own policy and the one pruning applies.
 fn retention_answer(
     state: &AppState,
-    stored_id: &str,
+    global_id: &str,
     id: &str,
     own: Option<RequestRetention>,
 ) -> Value {
-    let applied = own.or_else(|| state.retention.for_thread(stored_id).copied());
+    let applied = own.or_else(|| state.retention.for_thread(global_id).copied());
     json!({ "id": id, "retention": own, "applied_retention": applied })
 }
 
@@ -426,10 +422,9 @@ pub async fn context(
         query.max_tokens,
     )
     .await?;
-    let stored = threads.stored_id(&id);
     let fitted = match fit_thread_on(
         threads.store(),
-        &stored,
+        &id,
         &settings,
         &state.cpu,
         caller.tenant.name(),
@@ -505,7 +500,7 @@ pub async fn messages(
         limit: query.limit,
         fit: None,
     };
-    let messages = match thread_messages(threads.store(), &threads.stored_id(&id), &view).await {
+    let messages = match thread_messages(threads.store(), &id, &view).await {
         Ok(messages) => messages,
         Err(ThreadReadError::Thread(error)) => return Err(thread_fit_error(&threads, error)),
         Err(ThreadReadError::UnknownContext(unknown)) => {
@@ -567,10 +562,8 @@ pub async fn events(
         if i > 0 {
             body.push(b',');
         }
-        let mut value = serde_json::to_value(&event).unwrap_or_default();
-        tenant.unscope_json(&mut value);
-        // Writing a JSON value into memory cannot fail.
-        let _ = serde_json::to_writer(&mut body, &value);
+        // Writing an event into memory cannot fail.
+        let _ = serde_json::to_writer(&mut body, &event);
     }
     body.extend_from_slice(b"],\"next_after\":");
     let _ = serde_json::to_writer(&mut body, &next_after);
@@ -707,7 +700,7 @@ pub async fn compact(
     // A compaction calls the summarizer for the tenant, as a chat turn calls the model: it
     // takes one of the tenant's places and waits for the thread's turns before it, so its
     // calls never overlap a turn's.
-    let _slot = state.chat.take_slot(caller.tenant.name())?;
+    let _slot = state.chat.take_slot(&caller.tenant)?;
     let _turn = threads
         .wait_for_turn(&state.turns, &id, state.config.limits.thread_turn_wait())
         .await?;
@@ -724,17 +717,14 @@ pub async fn compact(
     let request = options
         .request(policy, "api")
         .map_err(|invalid| ApiError::invalid(invalid.field, invalid.problem))?;
-    let stored = threads.stored_id(&id);
-    let report = compact_stored(&state.compactor, threads.store(), &stored, &request)
+    let report = compact_stored(&state.compactor, threads.store(), &id, &request)
         .await
         .map_err(|error| match error {
             ExecError::Store(error) => threads.error(error),
-            other => ApiError::unprocessable(threads.tenant().unscope_text(&other.to_string())),
+            other => ApiError::unprocessable(other.to_string()),
         })?;
     state.metrics.compaction(&report.outcome);
-    let mut value = serde_json::to_value(&report).unwrap_or_default();
-    threads.tenant().unscope_json(&mut value);
-    Ok(Json(value))
+    Ok(Json(serde_json::to_value(&report).unwrap_or_default()))
 }
 
 /// `DELETE /v1/threads/{id}`: 204; 409 while forks of it exist.
