@@ -191,7 +191,7 @@ fn the_examples_run_as_documented() {
     assert!(forked.contains(r#""choice": "June 3""#), "{forked}");
     let inspected = ok(&dir, &["inspect", "fork"]);
     assert!(
-        inspected.contains("[2] explore (on fork fork/explore.fork.2) -> plan"),
+        inspected.contains("[2] explore (on fork fork~explore.fork.2) -> plan"),
         "{inspected}"
     );
     let report: Value = serde_json::from_str(&ok(&dir, &["inspect", "fork", "--json"])).unwrap();
@@ -413,7 +413,7 @@ fn the_sub_workflow_example_scopes_its_child_and_continues_a_conversation() {
     let trace = first.stderr;
     let child_request = trace
         .split("--- request ")
-        .find(|request| request.starts_with("notes-1/research.1/"))
+        .find(|request| request.starts_with("notes-1~research.1/"))
         .expect("the child's request is traced");
     assert!(child_request.contains("faster sync"), "{child_request}");
     assert!(
@@ -563,7 +563,7 @@ states:
     let cancelled = ok(&dir, &["cancel", "job", "--reason", "user stopped it"]);
     assert_eq!(
         cancelled,
-        "cancel requested: job\ncancel requested: job/research.1\n"
+        "cancel requested: job\ncancel requested: job~research.1\n"
     );
     let started = Instant::now();
     let output = running.wait_with_output().unwrap();
@@ -636,7 +636,7 @@ fn the_user_context_reaches_the_sub_workflow_and_bad_ones_are_refused() {
     assert!(trace.contains("Plan the quarterly report"), "{trace}");
     let child = trace
         .split("--- request ")
-        .find(|request| request.contains("/child.1/"))
+        .find(|request| request.contains("~child.1/"))
         .expect("the child's request is traced");
     assert!(child.contains("Write it for Ada"), "{child}");
 

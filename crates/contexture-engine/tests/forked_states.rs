@@ -73,7 +73,7 @@ async fn a_forked_state_comes_back_as_its_merge_says() {
         );
 
         let log = events(&store, "run-1").await;
-        let fork_id = "run-1/explore.fork.2";
+        let fork_id = "run-1~explore.fork.2";
         let step_two_started = log.iter().any(|event| {
             matches!(&event.kind, EventKind::StepStarted(start)
                 if start.step == 2 && start.fork_thread.as_deref() == Some(fork_id))
@@ -243,9 +243,9 @@ async fn a_resumed_forked_step_runs_on_a_new_fork() {
             _ => None,
         })
         .collect();
-    assert_eq!(merged, ["run-1/explore.fork.3"]);
+    assert_eq!(merged, ["run-1~explore.fork.3"]);
     assert!(
-        store.exists("run-1/explore.fork.2").await.unwrap(),
+        store.exists("run-1~explore.fork.2").await.unwrap(),
         "the failed attempt's fork stays, unmerged"
     );
 }

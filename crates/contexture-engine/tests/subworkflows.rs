@@ -109,14 +109,14 @@ async fn children_see_only_what_is_scoped_and_return_structured_data() {
     );
     assert_eq!(last.last().unwrap(), "Conclude from Rust is memory safe");
     // Children are executions of their own, under the parent.
-    let child = exec.load("run-1/research.1").await.unwrap();
+    let child = exec.load("run-1~research.1").await.unwrap();
     assert_eq!(
         child.start().unwrap().parent_execution_id.as_deref(),
         Some("run-1")
     );
     assert!(child.store().get("secret").is_none());
     let parent = exec.load("run-1").await.unwrap();
-    assert_eq!(parent.children(), ["run-1/research.1", "run-1/review.1"]);
+    assert_eq!(parent.children(), ["run-1~research.1", "run-1~review.1"]);
 }
 
 #[tokio::test]
@@ -183,7 +183,7 @@ async fn subtree_usage_is_the_sum_of_its_calls_each_counted_once() {
     assert_eq!(tree.own, Usage::new(500, 50));
     assert_eq!(tree.total, Usage::new(1000, 100));
     let mut sum = Usage::default();
-    for id in ["run-1", "run-1/research.1", "run-1/review.1"] {
+    for id in ["run-1", "run-1~research.1", "run-1~review.1"] {
         sum = sum.plus(calls_usage(&store, id).await);
     }
     assert_eq!(tree.total, sum);
@@ -220,7 +220,7 @@ states:
     assert!(
         error
             .to_string()
-            .contains("sub-workflow `child.yaml` (execution `run-1/sub.1`)"),
+            .contains("sub-workflow `child.yaml` (execution `run-1~sub.1`)"),
         "{error}"
     );
     let provider = script("[{content: c2}, {content: finished}]");
@@ -239,7 +239,7 @@ states:
     );
     assert_eq!(
         exec.load("run-1").await.unwrap().children(),
-        ["run-1/sub.1"]
+        ["run-1~sub.1"]
     );
 }
 
@@ -292,7 +292,7 @@ async fn cancelling_a_parent_stops_its_running_child_and_grandchild_with_valid_h
             .await
         })
     };
-    let grandchild = "parent/sub.1/deeper.1";
+    let grandchild = "parent~sub.1~deeper.1";
     // Wait until the slow tool is running: the quick one's result is in the step's log.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
@@ -316,7 +316,7 @@ async fn cancelling_a_parent_stops_its_running_child_and_grandchild_with_valid_h
         .cancel("parent", Some("the user gave up".into()))
         .await
         .unwrap();
-    assert_eq!(marked, ["parent", "parent/sub.1", grandchild]);
+    assert_eq!(marked, ["parent", "parent~sub.1", grandchild]);
     let error = tokio::time::timeout(Duration::from_secs(10), running)
         .await
         .expect("the cancellation stops the run promptly")
@@ -325,7 +325,7 @@ async fn cancelling_a_parent_stops_its_running_child_and_grandchild_with_valid_h
     assert!(error.is_cancelled(), "{error}");
     assert!(error.to_string().contains("the user gave up"), "{error}");
 
-    for id in ["parent", "parent/sub.1", grandchild] {
+    for id in ["parent", "parent~sub.1", grandchild] {
         let log = exec.load(id).await.unwrap();
         assert_eq!(
             log.end().map(|e| e.status),
@@ -525,7 +525,7 @@ async fn the_user_context_reaches_every_descendant_read_only() {
         parent.store().get("user_context").unwrap()["user"]["name"],
         "Mallory"
     );
-    for id in ["run-1", "run-1/child.1", "run-1/child.1/deeper.1"] {
+    for id in ["run-1", "run-1~child.1", "run-1~child.1~deeper.1"] {
         let log = exec.load(id).await.unwrap();
         assert_eq!(
             log.start().unwrap().user_context.as_ref(),
@@ -593,7 +593,7 @@ async fn a_parents_limits_bound_its_whole_tree() {
         Case {
             limits: tokens(100),
             error: Some(
-                "(execution `run-1/child.1`): execution `run-1/child.1`, step 2 (`two`): token budget exceeded: 40 tokens spent and this request needs",
+                "(execution `run-1~child.1`): execution `run-1~child.1`, step 2 (`two`): token budget exceeded: 40 tokens spent and this request needs",
             ),
             child: Some(tokens(50)),
             tokens: 90,
@@ -659,7 +659,7 @@ async fn a_parents_limits_bound_its_whole_tree() {
             assert!(spent <= limit, "case {number}: {spent} > {limit}");
         }
         let parent = exec.load("run-1").await.unwrap();
-        let child = exec.load("run-1/child.1").await.ok();
+        let child = exec.load("run-1~child.1").await.ok();
         let steps =
             parent.steps_started() + child.as_ref().map_or(0, |child| child.steps_started());
         assert_eq!(steps, case.steps, "case {number}");

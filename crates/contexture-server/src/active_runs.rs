@@ -1,11 +1,13 @@
 //! The executions running on this server, by stored id, so that the thread routes can keep
 //! a running execution's log read-only without a store read: a client that appended to,
 //! forked, merged into, compacted or deleted it would leave the run with a history it never
-//! made (or none at all). An execution's children (`PARENT/STATE.VISIT`) count as running
-//! while their root does.
+//! made (or none at all). An execution's children (`PARENT~STATE.VISIT`, or `PARENT/...` as
+//! earlier releases named them) count as running while their root does.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+
+use contexture_engine::executor::CHILD_SEPARATOR;
 
 use crate::error::ApiError;
 
@@ -37,7 +39,7 @@ impl ActiveRuns {
         let runs = self.lock();
         runs.contains_key(thread)
             || thread
-                .match_indices('/')
+                .match_indices([CHILD_SEPARATOR, '/'])
                 .any(|(at, _)| runs.contains_key(&thread[..at]))
     }
 

@@ -268,8 +268,8 @@ async fn execution_log_events_round_trip_with_token_counts(h: &impl Harness) {
             item: Some(0),
             task: Some("do it".into()),
             arguments: Some(json!({"sql": "SELECT 1"})),
-            child_execution_id: Some("x/child.1".into()),
-            fork_thread: Some("x/a.fork.1".into()),
+            child_execution_id: Some("x~child.1".into()),
+            fork_thread: Some("x~a.fork.1".into()),
         }),
         EventKind::RequestStarted(RequestRecord {
             request_id: "r1".into(),

@@ -135,6 +135,11 @@ pub struct RunOutcome {
     pub steps: u64,
 }
 
+/// Separates an execution's id from the part that names one of its sub-workflow executions
+/// or forked steps: `PARENT~STATE.VISIT[.ITEM]`, `RUN~STATE.fork.STEP`. Not `/`, which
+/// separates a tenant's name from its ids in the store.
+pub const CHILD_SEPARATOR: char = '~';
+
 /// Runs workflows against a store and an LLM router.
 pub struct Executor<S> {
     store: S,

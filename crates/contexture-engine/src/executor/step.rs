@@ -17,7 +17,7 @@ use serde_json::{Map, Value};
 use super::error::{ExecError, StepError};
 use super::log::{ExecutionLog, ItemResult, Iteration};
 use super::transition::{Finishing, finish};
-use super::{Executor, Run, cancelled_results, provenance_of};
+use super::{CHILD_SEPARATOR, Executor, Run, cancelled_results, provenance_of};
 use crate::hooks::{Hook, HookFailed, HookPoint, StepInfo};
 use crate::tools::{ToolError, configured_arguments, is_context_manager};
 use crate::workflow::{Provenance, State, StepKind, Workflow};
@@ -336,7 +336,7 @@ impl<S: Store> Executor<S> {
         let fork_id = state
             .fork
             .as_ref()
-            .map(|_| format!("{}/{state_id}.fork.{step}", run.id));
+            .map(|_| format!("{}{CHILD_SEPARATOR}{state_id}.fork.{step}", run.id));
         // The state's named context becomes the active one with the step's start (no
         // request is in flight between steps, so it applies at once).
         let context = state.thread_context.as_deref().unwrap_or(DEFAULT_CONTEXT);
@@ -525,10 +525,18 @@ impl<S: Store> Executor<S> {
         } = step;
         if let StepKind::Workflow(_) = step.kind {
             let execution_id = &info.execution_id;
-            let mut id = format!("{execution_id}/{}.{}", state.id, log.visits(&state.id) + 1);
+            let mut part = format!("{}.{}", state.id, log.visits(&state.id) + 1);
             if let Some(item) = info.item {
-                id.push_str(&format!(".{item}"));
+                part.push_str(&format!(".{item}"));
             }
+            // A child an earlier release started (its id separated by `/`) is resumed, not
+            // started again under the new name.
+            let earlier = format!("{execution_id}/{part}");
+            let id = if log.children().contains(&earlier) {
+                earlier
+            } else {
+                format!("{execution_id}{CHILD_SEPARATOR}{part}")
+            };
             let input_value = child_input(state, context, log)?;
             return Ok(StepInput {
                 task: None,

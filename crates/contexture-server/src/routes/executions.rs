@@ -13,7 +13,9 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use contexture_core::thread::{Event, EventKind};
 use contexture_engine::conversation::ConversationKey;
-use contexture_engine::executor::{ExecError, RunRequest, user_context_from_value};
+use contexture_engine::executor::{
+    CHILD_SEPARATOR, ExecError, RunRequest, user_context_from_value,
+};
 use contexture_engine::report::{CallsKept, ReadReport, read_report, usage_tree_of};
 use contexture_engine::workflow::{Provenance, Workflow};
 use contexture_store::{Store, StoreError};
@@ -162,11 +164,11 @@ pub async fn start(
     let file = request.workflow_file.clone();
     let id = body.id.unwrap_or_else(fresh_id);
     check_id("an execution id", &id).map_err(|problem| ApiError::invalid("id", problem))?;
-    if id.contains('/') {
-        // Child executions are named `PARENT/STATE.VISIT`.
+    if id.contains([CHILD_SEPARATOR, '/']) {
+        // Sub-workflow executions are named `PARENT~STATE.VISIT` (and were `PARENT/...`).
         return Err(ApiError::invalid(
             "id",
-            "an execution id may not contain `/`",
+            format!("an execution id may not contain `{CHILD_SEPARATOR}` or `/`"),
         ));
     }
     let threads = state.tenant_store(&tenant);
