@@ -243,6 +243,63 @@ states:
     );
 }
 
+/// A parent an earlier release interrupted, its child named `PARENT/STATE.VISIT`, resumes
+/// that child rather than starting another under the new name.
+#[tokio::test]
+async fn a_child_an_earlier_release_named_is_resumed_under_its_name() {
+    let child = r#"
+assistants: [{id: r, model: gpt-4o-mini}]
+states:
+  - {id: one, assistant_id: r, task: Child one, next: {state_id: two}}
+  - {id: two, assistant_id: r, task: Child two, next: {end: true}}
+"#;
+    let parent = r#"
+assistants: [{id: a, model: gpt-4o-mini}]
+states:
+  - {id: sub, workflow: child.yaml, next: {state_id: after}}
+  - {id: after, assistant_id: a, task: After, next: {end: true}}
+"#;
+    let (_dir, store) = sqlite().await;
+    let source = library(&[("child.yaml", child)]);
+    let exec = executor(
+        store.clone(),
+        script("[{content: c1}, {error: {status: 500}}]"),
+    )
+    .with_workflow_source(source.clone());
+    start(&exec, parent, "go").await.unwrap_err();
+    // The same logs as an earlier release wrote them: the parent `old` and its child
+    // `old/sub.1`.
+    for (id, old) in [("run-1", "old"), ("run-1~sub.1", "old/sub.1")] {
+        let mut kinds = Vec::new();
+        for event in events(&store, id).await {
+            let text = serde_json::to_string(&event.kind)
+                .unwrap()
+                .replace("run-1~sub.1", "old/sub.1")
+                .replace("run-1", "old");
+            kinds.push(contexture_store::NewEvent::new(
+                serde_json::from_str(&text).unwrap(),
+            ));
+        }
+        store.append(old, kinds).await.unwrap();
+    }
+    let provider = script("[{content: c2}, {content: finished}]");
+    let exec = executor(store.clone(), provider.clone()).with_workflow_source(source);
+    let out = exec.resume("old").await.unwrap();
+    assert_eq!(out.output, "finished");
+    let sent: Vec<String> = provider
+        .requests()
+        .iter()
+        .map(|r| r.messages.last().unwrap().text())
+        .collect();
+    assert_eq!(
+        sent,
+        ["Child two", "After"],
+        "the child's first step ran again"
+    );
+    assert_eq!(exec.load("old").await.unwrap().children(), ["old/sub.1"]);
+    assert!(!store.exists("old~sub.1").await.unwrap());
+}
+
 const CASCADE_PARENT: &str = r#"
 states:
   - {id: sub, workflow: child.yaml, next: {end: true}}
