@@ -14,6 +14,7 @@
 mod extractive;
 mod plan;
 mod prompt;
+mod report;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -28,6 +29,7 @@ pub use prompt::{
     prompt_hash, summary_prompt, transcript,
 };
 pub use replace::{RestoreError, replacement, restore_before, summary_text};
+pub use report::{CompactionInfo, CompactionOutcome, CompactionReport};
 
 mod replace;
 

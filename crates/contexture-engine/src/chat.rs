@@ -41,8 +41,9 @@ use contexture_store::{KeyedEvent, NewEvent, Store, StoreError};
 use serde_json::Value;
 
 use crate::calls::{answered_end, priced_end};
-use crate::compaction::{CompactRequest, CompactionOutcome, Compactor, compact_stored};
-use crate::executor::ExecError;
+use crate::compaction::{
+    CompactRequest, CompactionError, CompactionOutcome, Compactor, compact_stored,
+};
 use crate::fitting::{FitError, FitSettings, FittedRequest, ThreadFitError};
 use crate::turns::TurnLease;
 
@@ -245,7 +246,7 @@ pub struct PreparedTurn {
     /// The recorded request's id.
     pub request_id: String,
     /// What compaction did, when its trigger fired.
-    pub compaction: Option<Result<CompactionOutcome, ExecError>>,
+    pub compaction: Option<Result<CompactionOutcome, CompactionError>>,
 }
 
 impl<S: Store> ChatTurn<'_, S> {

@@ -30,10 +30,9 @@ use serde_json::{Map, Value};
 use crate::chat::{
     Attempt, ChatError, ChatTurn, CompletionRecord, StoredAnswer, TurnRecorder, previous_attempt,
 };
-use crate::compaction::{CompactionOutcome, Compactor};
+use crate::compaction::{CompactionError, CompactionOutcome, Compactor};
 use crate::cpu::CpuPool;
 use crate::estimates::Learner;
-use crate::executor::ExecError;
 use crate::fitting::{FitSettings, FittedRequest, ReplyReserveError};
 use crate::in_flight::InFlight;
 use crate::keyed_turns::{KeyedTurns, TurnClaim};
@@ -102,7 +101,7 @@ pub enum TurnAnswer {
 pub trait ChatObserver: Send + Sync {
     /// The thread's compaction trigger fired: what compaction did, or why it failed (the
     /// turn was trimmed instead).
-    fn compacted(&self, thread: &str, outcome: &Result<CompactionOutcome, ExecError>);
+    fn compacted(&self, thread: &str, outcome: &Result<CompactionOutcome, CompactionError>);
     /// A request was fitted and is being sent.
     fn request_fitted(&self, fitted: &FittedRequest);
     /// How a call ended could not be recorded (its response went back regardless).

@@ -23,12 +23,29 @@ use contexture_core::thread::{
 use contexture_core::tokens::TokenCounter;
 use contexture_llm::{ChatRequest, RetryPolicy};
 use contexture_store::{NewEvent, Store};
-use serde::Serialize;
+
+use contexture_core::compact::CompactionInfo;
+pub use contexture_core::compact::{CompactionOutcome, CompactionReport};
+use contexture_store::StoreError;
 
 use crate::calls::request_end;
-use crate::executor::ExecError;
-use crate::hooks::{CompactionInfo, Hook, HookFailed, HookPoint};
+use crate::hooks::{Hook, HookFailed, HookPoint};
 use crate::llm::Router;
+
+/// Why a compaction could not run to its end (a summarizer that fails is not an error: its
+/// compaction ends as [`CompactionOutcome::Failed`], recorded, and nothing is replaced).
+#[derive(Debug, thiserror::Error)]
+pub enum CompactionError {
+    /// The store failed reading or writing the thread.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A hook before or after the compaction failed.
+    #[error(transparent)]
+    Hook(#[from] HookFailed),
+    /// The summarizer's request does not fit its model's window.
+    #[error("the summarizer's request does not fit its model: {0}")]
+    Budget(#[source] contexture_core::budget::BudgetError),
+}
 
 /// One compaction to run.
 #[derive(Debug, Clone, PartialEq)]
@@ -137,67 +154,6 @@ impl CompactOptions {
     }
 }
 
-/// How a compaction ended.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "outcome", rename_all = "snake_case")]
-pub enum CompactionOutcome {
-    /// The covered part was replaced.
-    Compacted {
-        /// The seq of the replace event.
-        replace_seq: u64,
-    },
-    /// Nothing was done, for this reason.
-    Skipped {
-        /// Why.
-        reason: String,
-    },
-    /// The summarizer failed; nothing was replaced.
-    Failed {
-        /// What went wrong, after every retry.
-        error: String,
-    },
-}
-
-/// What a compaction did.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct CompactionReport {
-    /// How it ended.
-    #[serde(flatten)]
-    pub outcome: CompactionOutcome,
-    /// The covered seqs, when there was something to cover.
-    pub covered: Option<(u64, u64)>,
-    /// How many messages the covered part held.
-    pub covered_messages: usize,
-    /// The projection's tokens before (system prompt and messages).
-    pub tokens_before: u64,
-    /// The projection's tokens after.
-    pub tokens_after: u64,
-    /// The summarizer: a model, or `extractive`.
-    pub summarizer: String,
-    /// How many summarizer calls were made (retries included).
-    pub calls: u32,
-    /// The summary written, when there is one.
-    pub summary: Option<String>,
-}
-
-impl CompactionReport {
-    /// A report of a compaction that has not done anything yet, of a part of `tokens`.
-    fn new(tokens: u64, policy: &CompactionPolicy) -> CompactionReport {
-        CompactionReport {
-            outcome: CompactionOutcome::Skipped {
-                reason: String::new(),
-            },
-            covered: None,
-            covered_messages: 0,
-            tokens_before: tokens,
-            tokens_after: tokens,
-            summarizer: policy.summarizer_name().to_owned(),
-            calls: 0,
-            summary: None,
-        }
-    }
-}
-
 /// An assistant's own tool loop as its requests send it: its own messages (its task first,
 /// then its log: tool calls and results), the first `covered` of which an earlier compaction's
 /// replacement stands for.
@@ -260,11 +216,14 @@ pub trait CompactionTarget: Send {
     fn thread_id(&self) -> &str;
     /// The thread as it is now.
     fn thread(&self) -> &Thread;
+    /// What goes wrong: the target's own errors, which a compaction's own (its store's and
+    /// hooks' among them) convert into.
+    type Error: From<CompactionError> + From<StoreError> + From<HookFailed> + Send;
     /// Appends events in one transaction (and folds them into [`CompactionTarget::thread`]).
     fn append(
         &mut self,
         events: Vec<EventKind>,
-    ) -> impl Future<Output = Result<(), ExecError>> + Send;
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 }
 
 /// A stored thread as a compaction target.
@@ -276,7 +235,7 @@ pub struct StoredThread<'s, S> {
 
 impl<'s, S: Store> StoredThread<'s, S> {
     /// Loads `id` from `store`.
-    pub async fn load(store: &'s S, id: &str) -> Result<StoredThread<'s, S>, ExecError> {
+    pub async fn load(store: &'s S, id: &str) -> Result<StoredThread<'s, S>, CompactionError> {
         let thread = store.load(id).await?;
         Ok(StoredThread {
             store,
@@ -292,6 +251,8 @@ impl<'s, S: Store> StoredThread<'s, S> {
 }
 
 impl<S: Store> CompactionTarget for StoredThread<'_, S> {
+    type Error = CompactionError;
+
     fn thread_id(&self) -> &str {
         &self.id
     }
@@ -300,7 +261,7 @@ impl<S: Store> CompactionTarget for StoredThread<'_, S> {
         &self.thread
     }
 
-    async fn append(&mut self, events: Vec<EventKind>) -> Result<(), ExecError> {
+    async fn append(&mut self, events: Vec<EventKind>) -> Result<(), CompactionError> {
         let seqs = self
             .store
             .append(
@@ -316,7 +277,7 @@ impl<S: Store> CompactionTarget for StoredThread<'_, S> {
             for (seq, kind) in seqs.into_iter().zip(events) {
                 self.thread
                     .apply(Event::new(seq, kind))
-                    .map_err(|source| ExecError::Store(thread_error(&self.id, source)))?;
+                    .map_err(|source| CompactionError::Store(thread_error(&self.id, source)))?;
             }
         } else {
             // Another writer appended in between: read the thread again.
@@ -380,11 +341,11 @@ impl Compactor {
     }
 
     /// Compacts the target's active context as `request` says.
-    pub async fn compact(
+    pub async fn compact<T: CompactionTarget>(
         &self,
-        target: &mut impl CompactionTarget,
+        target: &mut T,
         request: &CompactRequest,
-    ) -> Result<CompactionReport, ExecError> {
+    ) -> Result<CompactionReport, T::Error> {
         let policy = &request.policy;
         let counter = self.registry.resolve(&request.measure_model).counter;
         let projected = target.thread().projected_messages();
@@ -431,12 +392,12 @@ impl Compactor {
     /// then sends the replacement in place of what it covers. The summarizer's calls are
     /// recorded in the target's thread; a failure records a `compaction_failed` event for the
     /// step and leaves `view` as it was.
-    pub async fn compact_loop(
+    pub async fn compact_loop<T: CompactionTarget>(
         &self,
-        target: &mut impl CompactionTarget,
+        target: &mut T,
         view: &mut LoopView,
         request: &CompactRequest,
-    ) -> Result<CompactionReport, ExecError> {
+    ) -> Result<CompactionReport, T::Error> {
         let counter = self.registry.resolve(&request.measure_model).counter;
         // Each message of the loop stands for itself: positions from 1 take the place of seqs.
         let projected: Vec<ProjectedMessage> = view
@@ -487,15 +448,15 @@ impl Compactor {
     /// that step's own loop), what hooks are told of it, and the messages that stand for it
     /// ([`Compactor::write`]); `None` (and the report says why) when nothing is covered, a
     /// hook declined or the summarizer failed. The one step both compactions share.
-    async fn plan_and_write(
+    async fn plan_and_write<T: CompactionTarget>(
         &self,
-        target: &mut impl CompactionTarget,
+        target: &mut T,
         loop_step: Option<u64>,
         projected: &[ProjectedMessage],
         request: &CompactRequest,
         counter: &TokenCounter,
         report: &mut CompactionReport,
-    ) -> Result<Option<(Plan, CompactionInfo, Vec<Message>)>, ExecError> {
+    ) -> Result<Option<(Plan, CompactionInfo, Vec<Message>)>, T::Error> {
         let Some(plan) = plan(projected, &request.policy.keep, counter) else {
             report.outcome = CompactionOutcome::Skipped {
                 reason: "nothing older than the kept tail to summarize".to_owned(),
@@ -521,15 +482,15 @@ impl Compactor {
     /// The messages that stand for `plan`'s covered part: after the hooks agreed, the
     /// summary written (or the notes alone), or `None` when a hook declined (the report says
     /// so) or the summarizer failed (a `compaction_failed` event records why, and the report).
-    async fn write(
+    async fn write<T: CompactionTarget>(
         &self,
-        target: &mut impl CompactionTarget,
+        target: &mut T,
         plan: &Plan,
         projected: &[ProjectedMessage],
         request: &CompactRequest,
         info: &CompactionInfo,
         report: &mut CompactionReport,
-    ) -> Result<Option<Vec<Message>>, ExecError> {
+    ) -> Result<Option<Vec<Message>>, T::Error> {
         let policy = &request.policy;
         let counter = self.registry.resolve(&request.measure_model).counter;
         for hook in &self.hooks {
@@ -611,15 +572,15 @@ impl Compactor {
 
     /// Summarizes with `model`: in one call when the covered part fits its window, else by
     /// map-reduce. `Ok(Err(..))` when the summarizer failed.
-    async fn summarize(
+    async fn summarize<T: CompactionTarget>(
         &self,
-        target: &mut impl CompactionTarget,
+        target: &mut T,
         model: &str,
         plan: &Plan,
         projected: &[ProjectedMessage],
         request: &CompactRequest,
         report: &mut CompactionReport,
-    ) -> Result<Result<String, SummaryFailed>, ExecError> {
+    ) -> Result<Result<String, SummaryFailed>, T::Error> {
         let policy = &request.policy;
         let info = self.registry.resolve(model);
         let counter = info.counter;
@@ -705,28 +666,23 @@ impl Compactor {
 
     /// One summarizer call with its retries, each attempt recorded. An empty reply counts as
     /// a failure.
-    async fn call(
+    async fn call<T: CompactionTarget>(
         &self,
-        target: &mut impl CompactionTarget,
+        target: &mut T,
         model: &str,
         info: &ModelInfo,
         prompt: String,
         request: &CompactRequest,
         report: &mut CompactionReport,
-    ) -> Result<Result<String, SummaryFailed>, ExecError> {
+    ) -> Result<Result<String, SummaryFailed>, T::Error> {
         let route = self.router.route(model);
         let messages = vec![Message::user(prompt)];
         let policy = BudgetPolicy {
             budget_ratio: 1.0,
             reserve_output: Some(request.policy.summary_tokens),
         };
-        let breakdown =
-            BudgetBreakdown::compute(info, &policy, &messages, &[]).map_err(|error| {
-                ExecError::NotRunnable {
-                    file: String::new(),
-                    problems: vec![error.to_string()],
-                }
-            })?;
+        let breakdown = BudgetBreakdown::compute(info, &policy, &messages, &[])
+            .map_err(|error| T::Error::from(CompactionError::Budget(error)))?;
         let mut last_error = String::new();
         // A policy stored before the bound was checked is held to it too.
         let attempts = request.policy.max_retries.min(MAX_RETRIES) + 1;
@@ -814,7 +770,7 @@ pub async fn compact_stored<S: Store>(
     store: &S,
     thread_id: &str,
     request: &CompactRequest,
-) -> Result<CompactionReport, ExecError> {
+) -> Result<CompactionReport, CompactionError> {
     let mut target = StoredThread::load(store, thread_id).await?;
     compactor.compact(&mut target, request).await
 }

@@ -16,8 +16,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use contexture_engine::chat_service::ChatObserver;
-use contexture_engine::compaction::CompactionOutcome;
-use contexture_engine::executor::ExecError;
+use contexture_engine::compaction::{CompactionError, CompactionOutcome};
 use contexture_engine::fitting::FittedRequest;
 use contexture_store::StoreError;
 
@@ -133,7 +132,7 @@ impl Default for Metrics {
 /// The chat turns' compactions and fits are counted; a failed compaction and a call whose end
 /// could not be recorded are logged.
 impl ChatObserver for Metrics {
-    fn compacted(&self, thread: &str, outcome: &Result<CompactionOutcome, ExecError>) {
+    fn compacted(&self, thread: &str, outcome: &Result<CompactionOutcome, CompactionError>) {
         match outcome {
             Ok(outcome) => self.compaction(outcome),
             Err(error) => {

@@ -20,6 +20,8 @@ struct RunTarget<'a, S> {
 }
 
 impl<S: Store> CompactionTarget for RunTarget<'_, S> {
+    type Error = ExecError;
+
     fn thread_id(&self) -> &str {
         &self.run.id
     }

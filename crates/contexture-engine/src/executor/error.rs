@@ -8,6 +8,7 @@ use contexture_llm::LlmError;
 use contexture_store::StoreError;
 
 use super::log::LogError;
+use crate::compaction::CompactionError;
 use crate::hooks::HookFailed;
 use crate::tools::ToolError;
 use crate::workflow::WorkflowError;
@@ -156,6 +157,16 @@ impl From<crate::fitting::FitError> for StepError {
     }
 }
 
+impl From<CompactionError> for ExecError {
+    fn from(error: CompactionError) -> ExecError {
+        match error {
+            CompactionError::Store(error) => ExecError::Store(error),
+            CompactionError::Hook(error) => ExecError::Hook(error),
+            other => ExecError::Compaction(other),
+        }
+    }
+}
+
 /// Why a run could not start, go on, or finish.
 #[derive(Debug, thiserror::Error)]
 pub enum ExecError {
@@ -176,6 +187,10 @@ pub enum ExecError {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A compaction of the run's history could not run (its store and hook failures are
+    /// [`ExecError::Store`] and [`ExecError::Hook`], as the run's own).
+    #[error("compaction: {0}")]
+    Compaction(#[source] CompactionError),
     /// No execution has this id.
     #[error("no execution `{execution_id}` in the store")]
     NotFound {

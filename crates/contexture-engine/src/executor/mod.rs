@@ -45,7 +45,9 @@ use contexture_llm::StreamDelta;
 use contexture_store::{NewEvent, Store};
 use serde_json::{Map, Value};
 
-use crate::compaction::{CompactRequest, CompactionTarget, Compactor, StoredThread};
+use crate::compaction::{
+    CompactRequest, CompactionError, CompactionTarget, Compactor, StoredThread,
+};
 use crate::conversation::{self, ConversationKey};
 use crate::hooks::{Hook, ProgramHook};
 use crate::llm::Router;
@@ -935,10 +937,10 @@ impl<S: Store> Executor<S> {
         let model = self.registry.resolve(&model);
         let mut target = match StoredThread::load(&self.store, thread).await {
             Ok(target) => target,
-            Err(ExecError::Store(contexture_store::StoreError::NotFound { .. })) => {
+            Err(CompactionError::Store(contexture_store::StoreError::NotFound { .. })) => {
                 return Ok(Vec::new());
             }
-            Err(other) => return Err(other),
+            Err(other) => return Err(other.into()),
         };
         if let Some(compaction) = &policy.compaction {
             let projection = target.thread().projection();

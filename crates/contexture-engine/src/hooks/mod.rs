@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use contexture_core::Message;
 
-use crate::compaction::CompactionReport;
+pub use contexture_core::compact::{CompactionInfo, CompactionReport};
 
 /// The step a hook is called for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -78,24 +78,6 @@ pub enum BeforeCall {
     /// Record this change in the thread, then rebuild (and refit) the request from it. A
     /// view given by an earlier hook in the chain is replaced by the rebuilt request.
     Record(HistoryChange),
-}
-
-/// A compaction about to run (or that ran).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct CompactionInfo {
-    /// The thread compacted (an execution's id, for a workflow).
-    pub thread_id: String,
-    /// Why it runs: a trigger's reason, `manual`, or the context manager tool.
-    pub reason: String,
-    /// The first seq it covers.
-    pub from_seq: u64,
-    /// The last seq it covers.
-    pub to_seq: u64,
-    /// How many messages it covers.
-    pub covered_messages: usize,
-    /// The step whose own tool loop it compacts (then `from_seq` and `to_seq` are positions
-    /// in the loop's messages, from 1); `None` for a thread's history.
-    pub loop_step: Option<u64>,
 }
 
 /// The points where hooks run.

@@ -32,8 +32,8 @@ use serde_json::{Map, Value, json};
 use super::{
     BeforeCall, CallInfo, CompactionInfo, HistoryChange, Hook, HookError, HookPoint, StepInfo,
 };
-use crate::compaction::CompactionReport;
 use crate::tools::{confine_environment, stderr_excerpt};
+use contexture_core::compact::CompactionReport;
 
 /// How long a hook program may take to answer unless its declaration says otherwise.
 pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(30);

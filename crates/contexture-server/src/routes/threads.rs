@@ -13,8 +13,7 @@ use contexture_core::thread::{
     ConflictPolicy, FitRecord, MergeKeys, MergePolicy, MergeSpec, ThreadPolicy,
 };
 use contexture_core::tokens::Encoding;
-use contexture_engine::compaction::{CompactOptions, compact_stored};
-use contexture_engine::executor::ExecError;
+use contexture_engine::compaction::{CompactOptions, CompactionError, compact_stored};
 use contexture_engine::threads::NewThread;
 use contexture_store::{RequestRetention, Store};
 use serde::{Deserialize, Serialize};
@@ -720,7 +719,7 @@ pub async fn compact(
     let report = compact_stored(&state.compactor, threads.store(), &id, &request)
         .await
         .map_err(|error| match error {
-            ExecError::Store(error) => threads.error(error),
+            CompactionError::Store(error) => threads.error(error),
             other => ApiError::unprocessable(other.to_string()),
         })?;
     state.metrics.compaction(&report.outcome);
