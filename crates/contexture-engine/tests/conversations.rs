@@ -28,7 +28,7 @@ fn key(user: &str) -> ConversationKey {
 async fn say(exec: &Executor<SqliteStore>, workflow: &str, user: &str, input: &str) -> RunOutcome {
     exec.start(RunRequest {
         conversation: Some(key(user)),
-        provenance: Default::default(),
+        origin: Default::default(),
         user_context: None,
         ..RunRequest::new("support.yaml", workflow, input)
     })

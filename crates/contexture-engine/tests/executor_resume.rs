@@ -199,7 +199,7 @@ async fn run_example<S: Store>(store: S, id: &str) -> contexture_engine::executo
         execution_id: Some(id.into()),
         llm: None,
         conversation: None,
-        provenance: Default::default(),
+        origin: Default::default(),
         user_context: None,
     })
     .await

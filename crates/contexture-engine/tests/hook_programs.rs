@@ -11,7 +11,7 @@ use std::sync::Arc;
 use common::{executor, script, sqlite, start, texts};
 use contexture_engine::executor::{ExecError, RunRequest};
 use contexture_engine::hooks::{HookPoint, HookProgramSpec, ProgramHook};
-use contexture_engine::workflow::Provenance;
+use contexture_engine::workflow::WorkflowOrigin;
 use contexture_store::testing::TempDir;
 
 /// A hook program whose behaviour its first argument chooses; it appends
@@ -337,7 +337,7 @@ async fn a_clients_workflow_never_starts_a_hook_program() {
         ),
         "",
     );
-    request.provenance = Provenance::Client;
+    request.origin = WorkflowOrigin::Client;
     let error = exec.start(request).await.expect_err("refused").to_string();
     assert!(error.contains("hooks[0].command"), "{error}");
     assert!(error.contains("never starts a program"), "{error}");

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use common::{events, executor, kinds, library, script, sqlite};
 use contexture_core::thread::{EventKind, RunLimits, RunStart, RunStatus};
 use contexture_engine::executor::{ExecError, RunRequest, StepError};
-use contexture_engine::workflow::{Diagnostic, Programs, Provenance};
+use contexture_engine::workflow::{Diagnostic, Programs, WorkflowOrigin};
 use contexture_store::{NewEvent, Store};
 
 const PROGRAM_TOOL: &str = r#"states:
@@ -34,7 +34,7 @@ mcp_servers:
 fn client(text: &str) -> RunRequest {
     RunRequest {
         execution_id: Some("run-1".into()),
-        provenance: Provenance::Client,
+        origin: WorkflowOrigin::Client,
         user_context: None,
         ..RunRequest::new("request.yaml", text, "x")
     }

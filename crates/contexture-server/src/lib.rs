@@ -18,7 +18,7 @@ mod auth;
 mod body;
 mod config;
 mod error;
-mod fitting;
+mod fit_settings;
 mod json_shape;
 mod metrics;
 mod routes;

@@ -211,7 +211,7 @@ async fn execute_on<S: Store + Clone + 'static>(args: RunArgs, store: S) -> Resu
                     execution_id: args.execution_id.clone(),
                     llm: Some(spec.to_string()),
                     conversation: conversation.clone(),
-                    provenance: Default::default(),
+                    origin: Default::default(),
                     user_context: user_context.clone(),
                 })
                 .await

@@ -66,7 +66,7 @@ impl<S: Store> Executor<S> {
                 request.execution_id = Some(child.id.clone());
                 request.llm = run.log.start().and_then(|s| s.llm.clone());
                 if let Some(start) = run.log.start() {
-                    request.provenance = super::provenance_of(start);
+                    request.origin = super::origin_of(start);
                     request.user_context = start.user_context.clone();
                 }
                 if let Some(error) = exhausted(run.limits, spent) {

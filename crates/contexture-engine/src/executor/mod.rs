@@ -54,7 +54,7 @@ use crate::llm::Router;
 use crate::sources::{FileSource, WorkflowSource};
 use crate::system::new_id;
 use crate::tools::Toolbox;
-use crate::workflow::{Programs, Provenance, Workflow};
+use crate::workflow::{Programs, Workflow, WorkflowOrigin};
 pub use error::{ExecError, StepError};
 pub use log::{ExecutionLog, ItemResult, Iteration, LogError, Position};
 pub use user_context::{
@@ -93,7 +93,7 @@ pub struct RunRequest {
     pub conversation: Option<ConversationKey>,
     /// Who wrote the workflow: a client's never starts a program (nor do its sub-workflows
     /// or a resume of it), whatever the executor allows.
-    pub provenance: Provenance,
+    pub origin: WorkflowOrigin,
     /// The run's user context (who asked, for what): every template of the run and of its
     /// sub-workflows reads it, read-only, as `user_context.*`.
     pub user_context: Option<Map<String, Value>>,
@@ -114,7 +114,7 @@ impl RunRequest {
             execution_id: None,
             llm: None,
             conversation: None,
-            provenance: Provenance::Operator,
+            origin: WorkflowOrigin::Operator,
             user_context: None,
         }
     }
@@ -330,7 +330,7 @@ impl<S: Store> Executor<S> {
     /// would, without starting anything: every problem that would stop it before its first
     /// step, programs it may not start included.
     pub fn validate(&self, request: &RunRequest) -> Result<Workflow, ExecError> {
-        let programs = Programs::for_run(&self.programs, request.provenance);
+        let programs = Programs::for_run(&self.programs, request.origin);
         let workflow = Workflow::load_tree_for(
             &request.workflow_text,
             &request.workflow_file,
@@ -499,7 +499,7 @@ impl<S: Store> Executor<S> {
             parent_execution_id: parent,
             limits,
             conversation,
-            from_client: request.provenance == Provenance::Client,
+            from_client: request.origin == WorkflowOrigin::Client,
             user_context: request.user_context,
         })];
         events.extend(
@@ -573,7 +573,7 @@ impl<S: Store> Executor<S> {
             _ => {}
         }
         let workflow = Workflow::load(&start.workflow_text, &start.workflow_file)?;
-        let programs = Programs::for_run(&self.programs, provenance_of(&start));
+        let programs = Programs::for_run(&self.programs, origin_of(&start));
         self.check_runnable(&workflow, &start.workflow_file, &programs)?;
         let limits = start
             .limits
@@ -1017,10 +1017,10 @@ fn outcome(execution_id: &str, log: &ExecutionLog) -> RunOutcome {
 }
 
 /// Who wrote the workflow of a recorded run.
-pub(crate) fn provenance_of(start: &RunStart) -> Provenance {
+pub(crate) fn origin_of(start: &RunStart) -> WorkflowOrigin {
     if start.from_client {
-        Provenance::Client
+        WorkflowOrigin::Client
     } else {
-        Provenance::Operator
+        WorkflowOrigin::Operator
     }
 }

@@ -17,10 +17,10 @@ use serde_json::{Map, Value};
 use super::error::{ExecError, StepError};
 use super::log::{ExecutionLog, ItemResult, Iteration};
 use super::transition::{Finishing, finish};
-use super::{CHILD_SEPARATOR, Executor, Run, cancelled_results, provenance_of};
+use super::{CHILD_SEPARATOR, Executor, Run, cancelled_results, origin_of};
 use crate::hooks::{Hook, HookFailed, HookPoint, StepInfo};
 use crate::tools::{ToolError, configured_arguments, is_context_manager};
-use crate::workflow::{Provenance, State, StepKind, Workflow};
+use crate::workflow::{State, StepKind, Workflow, WorkflowOrigin};
 use contexture_store::Store;
 
 /// The model whose tokenizer measures a compaction a tool state runs (no assistant names
@@ -284,7 +284,7 @@ impl<S: Store> Executor<S> {
             .clone()
             .with_missing(workflow.missing_variables)
             .with_user_context(run.log.start().and_then(|start| start.user_context.clone()));
-        if run.log.start().map(provenance_of) == Some(Provenance::Client) {
+        if run.log.start().map(origin_of) == Some(WorkflowOrigin::Client) {
             options = crate::system::for_client(options);
             if let Some(isolation) = &self.client_isolation {
                 options = options.with_isolation(isolation.clone());

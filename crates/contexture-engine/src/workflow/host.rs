@@ -11,7 +11,7 @@ use super::{Diagnostic, Workflow};
 
 /// Who wrote a workflow.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Provenance {
+pub enum WorkflowOrigin {
     /// The operator: a file on this host, or the CLI at a terminal.
     #[default]
     Operator,
@@ -33,11 +33,11 @@ impl Programs {
     /// The reason a client's workflow is given when it declares a program.
     pub const CLIENT_REFUSAL: &'static str = "a workflow sent in a request never starts a program on the server (use a tool the operator registered, or ask the operator to add the workflow to the workflows directory)";
 
-    /// The programs a run of `provenance` may start when the host allows `host`.
-    pub fn for_run(host: &Programs, provenance: Provenance) -> Programs {
-        match provenance {
-            Provenance::Client => Programs::Refused(Programs::CLIENT_REFUSAL.to_owned()),
-            Provenance::Operator => host.clone(),
+    /// The programs a run of `origin` may start when the host allows `host`.
+    pub fn for_run(host: &Programs, origin: WorkflowOrigin) -> Programs {
+        match origin {
+            WorkflowOrigin::Client => Programs::Refused(Programs::CLIENT_REFUSAL.to_owned()),
+            WorkflowOrigin::Operator => host.clone(),
         }
     }
 }

@@ -41,7 +41,7 @@ mod prompt_text;
 mod spans;
 mod validate;
 
-pub use host::{Programs, Provenance, program_declarations, program_refusals};
+pub use host::{Programs, WorkflowOrigin, program_declarations, program_refusals};
 pub use load::{Diagnostic, WorkflowError};
 pub use model::{
     Assistant, ConversationPolicy, END, ForkSettings, MAX_ITEM_CONCURRENCY, McpServer,

@@ -76,7 +76,7 @@ pub async fn start<S: Store>(
             execution_id: Some("run-1".into()),
             llm: None,
             conversation: None,
-            provenance: Default::default(),
+            origin: Default::default(),
             user_context: None,
         })
         .await

@@ -24,8 +24,8 @@ use crate::app::AppState;
 use crate::auth::Caller;
 use crate::body::JsonBody;
 use crate::error::{ApiError, ApiResult};
-use crate::fitting;
-use crate::routes::chat_request::{ChatRequest, THREAD_HEADER, ThreadedRequest};
+use crate::fit_settings;
+use crate::routes::chat_request::{ChatCompletionsCall, THREAD_HEADER, ThreadedRequest};
 use crate::tenant_store::TenantStore;
 
 /// The header a replayed answer carries.
@@ -40,8 +40,8 @@ pub async fn completions(
 ) -> ApiResult<Response> {
     let key = crate::body::idempotency_key(&headers)?;
     let tenant = &caller.tenant;
-    let request = match ChatRequest::parse(&headers, body)? {
-        ChatRequest::Passthrough(body) => {
+    let request = match ChatCompletionsCall::parse(&headers, body)? {
+        ChatCompletionsCall::Passthrough(body) => {
             let response = state
                 .chat
                 .pass_through(tenant, &body)
@@ -49,10 +49,10 @@ pub async fn completions(
                 .map_err(|error| turn_error(state.tenant_store(tenant), error))?;
             return Ok(passthrough_response(response, None));
         }
-        ChatRequest::Threaded(request) => request,
+        ChatCompletionsCall::Threaded(request) => request,
     };
     let settings =
-        fitting::settings(&state, tenant, &request.read.model, None, None, None, None).await?;
+        fit_settings::settings(&state, tenant, &request.read.model, None, None, None, None).await?;
     let threads = state.tenant_store(tenant);
     threads.refuse_writes(&request.thread)?;
     let ThreadedRequest { thread, read, body } = *request;
@@ -115,7 +115,7 @@ fn turn_error(threads: TenantStore<'_>, error: TurnError) -> ApiError {
 fn chat_error(threads: TenantStore<'_>, error: ChatError) -> ApiError {
     match error {
         ChatError::Invalid { field, message } => ApiError::invalid(field, message),
-        ChatError::Fit(error) => fitting::fit_error(error),
+        ChatError::Fit(error) => fit_settings::fit_error(error),
         ChatError::Store(error) => threads.error(error),
         error @ ChatError::KeyReused { .. } => ApiError {
             status: StatusCode::UNPROCESSABLE_ENTITY,

@@ -14,8 +14,8 @@ pub const THREAD_HEADER: &str = "x-contexture-thread";
 /// The `metadata` key that names the thread.
 pub const THREAD_METADATA_KEY: &str = "contexture_thread";
 
-/// A chat request, checked.
-pub(crate) enum ChatRequest {
+/// A `/v1/chat/completions` request, checked: forwarded as it is, or a turn of a thread.
+pub(crate) enum ChatCompletionsCall {
     /// No thread: forwarded as it came.
     Passthrough(Value),
     /// A turn of a thread.
@@ -33,20 +33,20 @@ pub(crate) struct ThreadedRequest {
     pub body: Map<String, Value>,
 }
 
-impl ChatRequest {
+impl ChatCompletionsCall {
     /// Checks a request body; `headers` may name the thread.
-    pub fn parse(headers: &HeaderMap, body: Value) -> ApiResult<ChatRequest> {
+    pub fn parse(headers: &HeaderMap, body: Value) -> ApiResult<ChatCompletionsCall> {
         let Value::Object(mut body) = body else {
             return Err(ApiError::invalid("body", "the body must be a JSON object"));
         };
         let read =
             read_chat_body(&body).map_err(|error| ApiError::invalid(error.field, error.message))?;
         let Some(thread) = thread_name(headers, &mut body)? else {
-            return Ok(ChatRequest::Passthrough(Value::Object(body)));
+            return Ok(ChatCompletionsCall::Passthrough(Value::Object(body)));
         };
         check_id("the thread", &thread)
             .map_err(|problem| ApiError::invalid(THREAD_HEADER, problem))?;
-        Ok(ChatRequest::Threaded(Box::new(ThreadedRequest {
+        Ok(ChatCompletionsCall::Threaded(Box::new(ThreadedRequest {
             thread,
             read,
             body,

@@ -17,7 +17,7 @@ use contexture_engine::executor::{
     CHILD_SEPARATOR, ExecError, RunRequest, user_context_from_value,
 };
 use contexture_engine::report::{CallsKept, ReadReport, read_report, usage_tree_of};
-use contexture_engine::workflow::{Provenance, Workflow};
+use contexture_engine::workflow::{Workflow, WorkflowOrigin};
 use contexture_store::{Store, StoreError};
 use futures_util::stream::{self, Stream};
 use serde::Deserialize;
@@ -106,14 +106,14 @@ fn validated_request(
     name: Option<String>,
     yaml: Option<String>,
 ) -> ApiResult<(RunRequest, Workflow)> {
-    let (file, text, provenance) = match (name, yaml) {
+    let (file, text, origin) = match (name, yaml) {
         (Some(name), None) => {
             let (file, text) = state
                 .read_workflow(&name)
                 .map_err(|problem| ApiError::invalid("workflow", problem))?;
-            (file, text, Provenance::Operator)
+            (file, text, WorkflowOrigin::Operator)
         }
-        (None, Some(text)) => (REQUEST_WORKFLOW.to_owned(), text, Provenance::Client),
+        (None, Some(text)) => (REQUEST_WORKFLOW.to_owned(), text, WorkflowOrigin::Client),
         _ => {
             return Err(ApiError::invalid(
                 "workflow",
@@ -122,14 +122,14 @@ fn validated_request(
         }
     };
     let mut request = RunRequest::new(file.clone(), text, String::new());
-    request.provenance = provenance;
+    request.origin = origin;
     let workflow = state.executor.validate(&request).map_err(|error| {
-        if provenance == Provenance::Operator {
+        if origin == WorkflowOrigin::Operator {
             tracing::warn!(workflow = %file, %error, "a workflow of the workflows directory is invalid");
         }
-        let param = match provenance {
-            Provenance::Operator => "workflow",
-            Provenance::Client => "workflow_yaml",
+        let param = match origin {
+            WorkflowOrigin::Operator => "workflow",
+            WorkflowOrigin::Client => "workflow_yaml",
         };
         ApiError::invalid(param, diagnostics_text(&error))
     })?;

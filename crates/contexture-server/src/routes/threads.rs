@@ -23,7 +23,7 @@ use crate::app::AppState;
 use crate::auth::Caller;
 use crate::body::{JsonBody, QueryParams};
 use crate::error::{ApiError, ApiResult};
-use crate::fitting;
+use crate::fit_settings;
 use crate::routes::fresh_id;
 use crate::tenancy::check_id;
 use crate::tenant_store::TenantStore;
@@ -411,7 +411,7 @@ pub async fn context(
     QueryParams(query): QueryParams<ContextQuery>,
 ) -> ApiResult<Response> {
     let threads = state.tenant_store(&caller.tenant);
-    let settings = fitting::settings(
+    let settings = fit_settings::settings(
         &state,
         &caller.tenant,
         &query.model,
@@ -431,7 +431,7 @@ pub async fn context(
     .await
     {
         Ok(fitted) => {
-            fitting::metered(&state, &fitted);
+            fit_settings::metered(&state, &fitted);
             fitted
         }
         Err(error) => return Err(thread_fit_error(&threads, error)),
@@ -461,7 +461,7 @@ struct ContextAnswer<'a> {
 fn thread_fit_error(threads: &TenantStore<'_>, error: ThreadFitError) -> ApiError {
     match error {
         ThreadFitError::Store(error) => threads.error(error),
-        ThreadFitError::Fit(error) => fitting::fit_error(error),
+        ThreadFitError::Fit(error) => fit_settings::fit_error(error),
     }
 }
 
