@@ -310,6 +310,7 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             mut body,
             ..
         } = request;
+        let request_tenant = tenant.clone();
         let tenant = tenant.name().to_owned();
         let turn = ChatTurn {
             store: &store,
@@ -322,7 +323,7 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             key: keyed.as_ref().map(|keyed| keyed.key.as_str()),
             first_attempt: keyed.as_ref().is_some_and(|keyed| keyed.first_attempt),
             client_digest: keyed.as_ref().map(|keyed| keyed.digest.clone()),
-            learner: Learner::Tenant(tenant.clone()),
+            learner: Learner::Tenant(request_tenant),
             cpu: Some((&parts.cpu, tenant.clone())),
         };
         let request_id = format!(

@@ -12,7 +12,7 @@ use contexture_core::calibration::Observation;
 use contexture_core::registry::ModelInfo;
 use contexture_core::thread::Usage;
 use contexture_core::tokens::REPLY_PRIMING;
-use contexture_store::{Store, StoreError};
+use contexture_store::{Store, StoreError, Tenant};
 use serde_json::Value;
 
 /// Whose calls a calibration learns from and serves. A calibration is kept per model
@@ -25,7 +25,7 @@ pub enum Learner {
     Operator,
     /// One tenant of a server: its own calibration of the family, read and fed; until it
     /// has a factor of its own, the operator's serves it.
-    Tenant(String),
+    Tenant(Tenant),
     /// Reads the operator's calibration and feeds nothing (a server's executions, whose
     /// requests a client may shape).
     ReadOnly,

@@ -13,7 +13,7 @@ use crate::tenancy::Tenant;
 
 /// The calibration of token estimates a tenant's requests read and feed: its own.
 pub fn learner(tenant: &Tenant) -> Learner {
-    Learner::Tenant(tenant.name().to_owned())
+    Learner::Tenant(tenant.clone())
 }
 
 /// The settings for `model` (as the request's `model` field names it, its estimate
