@@ -195,28 +195,32 @@ async fn subtree_usage_is_the_sum_of_its_calls_each_counted_once() {
     assert!((known(tree.total_cost_usd) - (known(tree.own_cost_usd) + children)).abs() < 1e-12);
 }
 
-#[tokio::test]
-async fn a_resumed_parent_resumes_its_child_without_rerunning_finished_steps() {
-    let child = r#"
+/// A child of two calls.
+const TWO_STEP_CHILD: &str = r#"
 assistants: [{id: r, model: gpt-4o-mini}]
 states:
   - {id: one, assistant_id: r, task: Child one, next: {state_id: two}}
   - {id: two, assistant_id: r, task: Child two, next: {end: true}}
 "#;
-    let parent = r#"
+
+/// A parent that runs `child.yaml`, then calls once.
+const CHILD_THEN_CALL: &str = r#"
 assistants: [{id: a, model: gpt-4o-mini}]
 states:
   - {id: sub, workflow: child.yaml, next: {state_id: after}}
   - {id: after, assistant_id: a, task: After, next: {end: true}}
 "#;
+
+#[tokio::test]
+async fn a_resumed_parent_resumes_its_child_without_rerunning_finished_steps() {
     let (_dir, store) = sqlite().await;
-    let source = library(&[("child.yaml", child)]);
+    let source = library(&[("child.yaml", TWO_STEP_CHILD)]);
     let exec = executor(
         store.clone(),
         script("[{content: c1}, {error: {status: 500}}]"),
     )
     .with_workflow_source(source.clone());
-    let error = start(&exec, parent, "go").await.unwrap_err();
+    let error = start(&exec, CHILD_THEN_CALL, "go").await.unwrap_err();
     assert!(
         error
             .to_string()
@@ -247,26 +251,14 @@ states:
 /// that child rather than starting another under the new name.
 #[tokio::test]
 async fn a_child_an_earlier_release_named_is_resumed_under_its_name() {
-    let child = r#"
-assistants: [{id: r, model: gpt-4o-mini}]
-states:
-  - {id: one, assistant_id: r, task: Child one, next: {state_id: two}}
-  - {id: two, assistant_id: r, task: Child two, next: {end: true}}
-"#;
-    let parent = r#"
-assistants: [{id: a, model: gpt-4o-mini}]
-states:
-  - {id: sub, workflow: child.yaml, next: {state_id: after}}
-  - {id: after, assistant_id: a, task: After, next: {end: true}}
-"#;
     let (_dir, store) = sqlite().await;
-    let source = library(&[("child.yaml", child)]);
+    let source = library(&[("child.yaml", TWO_STEP_CHILD)]);
     let exec = executor(
         store.clone(),
         script("[{content: c1}, {error: {status: 500}}]"),
     )
     .with_workflow_source(source.clone());
-    start(&exec, parent, "go").await.unwrap_err();
+    start(&exec, CHILD_THEN_CALL, "go").await.unwrap_err();
     // The same logs as an earlier release wrote them: the parent `old` and its child
     // `old/sub.1`.
     for (id, old) in [("run-1", "old"), ("run-1~sub.1", "old/sub.1")] {

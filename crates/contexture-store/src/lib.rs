@@ -360,8 +360,9 @@ pub trait Store: Send + Sync {
     ) -> impl Future<Output = Result<RequestsPruned, StoreError>> + Send;
 
     /// Prunes the request records of every thread with a policy: its own, else the one
-    /// `rules` give it (see [`Store::prune_thread_requests`]). A thread deleted meanwhile is
-    /// passed over.
+    /// `rules` give it by its id in the whole store (see [`Store::global_id`]; through a
+    /// tenant's view, the tenant's threads only) (see [`Store::prune_thread_requests`]). A
+    /// thread deleted meanwhile is passed over.
     fn prune_requests(
         &self,
         rules: &RetentionRules,
@@ -374,8 +375,9 @@ pub trait Store: Send + Sync {
             loop {
                 let page = self.list_page("", &after, PAGE).await?;
                 for info in &page {
-                    let Some(retention) = info.retention.or(rules.for_thread(&info.id).copied())
-                    else {
+                    // Rules match ids in the whole store (a tenant's rule, its prefix).
+                    let rule = rules.for_thread(&self.global_id(&info.id)).copied();
+                    let Some(retention) = info.retention.or(rule) else {
                         continue;
                     };
                     match self.prune_thread_requests(&info.id, &retention, now).await {

@@ -19,7 +19,7 @@ use contexture_core::calibration::{Calibration, Observation};
 use contexture_core::thread::{Event, EventKind, Projection, Thread};
 use contexture_core::tokens::Encoding;
 
-use crate::retention::{RequestPruneReport, RequestRetention, RequestsPruned, RetentionRules};
+use crate::retention::{RequestRetention, RequestsPruned};
 use crate::{
     EventPage, KeyedEvent, NewEvent, ProjectionTail, PruneReport, Store, StoreError, ThreadInfo,
     TurnQueueStore, TurnTicket,
@@ -426,36 +426,6 @@ impl<S: Store> Store for Scoped<S> {
             .prune_thread_requests(&self.stored_id(thread), retention, now)
             .await
             .map_err(|e| self.unscope_error(e))
-    }
-
-    /// Prunes the request records of the tenant's threads: rules are matched against the
-    /// stored ids, so per-tenant rules apply.
-    async fn prune_requests(
-        &self,
-        rules: &RetentionRules,
-        now: SystemTime,
-    ) -> Result<RequestPruneReport, StoreError> {
-        const PAGE: usize = 500;
-        let mut report = RequestPruneReport::default();
-        let mut after = String::new();
-        loop {
-            let page = self.list_page("", &after, PAGE).await?;
-            for info in &page {
-                let rule = rules.for_thread(&self.stored_id(&info.id)).copied();
-                let Some(retention) = info.retention.or(rule) else {
-                    continue;
-                };
-                match self.prune_thread_requests(&info.id, &retention, now).await {
-                    Ok(pruned) => report.add(&info.id, pruned),
-                    Err(StoreError::NotFound { .. }) => {}
-                    Err(error) => return Err(error),
-                }
-            }
-            match page.last() {
-                Some(last) if page.len() == PAGE => after = last.id.clone(),
-                _ => return Ok(report),
-            }
-        }
     }
 
     // Calibrations are per model, shared by every tenant's estimates.
