@@ -310,8 +310,6 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             mut body,
             ..
         } = request;
-        let request_tenant = tenant.clone();
-        let tenant = tenant.name().to_owned();
         let turn = ChatTurn {
             store: &store,
             thread: &thread,
@@ -323,8 +321,8 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             key: keyed.as_ref().map(|keyed| keyed.key.as_str()),
             first_attempt: keyed.as_ref().is_some_and(|keyed| keyed.first_attempt),
             client_digest: keyed.as_ref().map(|keyed| keyed.digest.clone()),
-            learner: Learner::Tenant(request_tenant),
-            cpu: Some((&parts.cpu, tenant.clone())),
+            learner: Learner::Tenant(tenant.clone()),
+            cpu: Some((&parts.cpu, tenant.name().to_owned())),
         };
         let request_id = format!(
             "{thread}/chat-{}",
@@ -347,7 +345,7 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
         );
         let recorder = Recorder {
             turn: turn.recorder(&prepared),
-            tenant,
+            tenant: tenant.name().to_owned(),
             observer: parts.observer.clone(),
             _keyed: keyed,
             _slot: slot,

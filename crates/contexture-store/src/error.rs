@@ -163,6 +163,37 @@ pub enum StoreError {
     Task(#[from] tokio::task::JoinError),
 }
 
+impl StoreError {
+    /// The fields of the error that name a thread, for a view of the store that maps ids
+    /// (a tenant's) to change them all in one place.
+    pub fn thread_ids_mut(&mut self) -> Vec<&mut String> {
+        match self {
+            StoreError::ThreadFull { thread, .. }
+            | StoreError::ThreadTooLarge { thread, .. }
+            | StoreError::NotFound { thread }
+            | StoreError::AlreadyExists { thread }
+            | StoreError::InvalidEvent { thread, .. }
+            | StoreError::ForkedEventAppended { thread }
+            | StoreError::Corrupt { thread, .. }
+            | StoreError::Replay { thread, .. } => vec![thread],
+            StoreError::ForkBeyondEnd { parent, .. } => vec![parent],
+            StoreError::HasForks { thread, forks } => {
+                std::iter::once(thread).chain(forks.iter_mut()).collect()
+            }
+            StoreError::KeyExists { .. }
+            | StoreError::CorruptCalibration { .. }
+            | StoreError::InvalidUrl { .. }
+            | StoreError::Migration { .. }
+            | StoreError::SchemaTooNew { .. }
+            | StoreError::Database { .. }
+            | StoreError::CreateFile { .. }
+            | StoreError::WritePanicked { .. }
+            | StoreError::WriterStopped
+            | StoreError::Task(_) => Vec::new(),
+        }
+    }
+}
+
 /// A database driver's error, kept opaque: the store's error type is the same whichever
 /// drivers are compiled in, and callers never depend on a driver's types.
 #[derive(Debug)]

@@ -465,7 +465,7 @@ pub trait Store: Send + Sync {
     }
 
     /// The id `thread` has in the whole store: the same for a store, scoped for a tenant's
-    /// view (see [`Scoped::stored_id`]). Unique across views, it names the thread in what a
+    /// view (`TENANT/ID`, see [`Scoped`]). Unique across views, it names the thread in what a
     /// process keeps beside the store (locks, registries of turns and runs, logs).
     fn global_id(&self, thread: &str) -> String {
         thread.to_owned()

@@ -113,9 +113,9 @@ impl<S> Scoped<S> {
         &self.inner
     }
 
-    /// The id the thread `id` of this tenant has in the whole store: a name that is unique
-    /// across tenants, for what a process keeps beside the store (locks, registries, logs).
-    pub fn stored_id(&self, id: &str) -> String {
+    /// The id the thread `id` of this tenant has in the whole store (what
+    /// [`Store::global_id`] answers through the view).
+    fn stored_id(&self, id: &str) -> String {
         format!("{}{id}", self.prefix)
     }
 
@@ -142,9 +142,7 @@ impl<S> Scoped<S> {
 
     fn unscope_kind(&self, kind: &mut EventKind) {
         for id in kind.thread_ids_mut() {
-            if let Some(local) = self.local(id) {
-                *id = local.to_owned();
-            }
+            *id = self.unscoped(std::mem::take(id));
         }
     }
 
@@ -162,58 +160,11 @@ impl<S> Scoped<S> {
     }
 
     /// A store error as the tenant sees it: the ids it names lose the tenant's prefix.
-    fn unscope_error(&self, error: StoreError) -> StoreError {
-        let local = |id: String| self.unscoped(id);
-        match error {
-            StoreError::ThreadFull { thread, max_events } => StoreError::ThreadFull {
-                thread: local(thread),
-                max_events,
-            },
-            StoreError::ThreadTooLarge { thread, max_bytes } => StoreError::ThreadTooLarge {
-                thread: local(thread),
-                max_bytes,
-            },
-            StoreError::NotFound { thread } => StoreError::NotFound {
-                thread: local(thread),
-            },
-            StoreError::AlreadyExists { thread } => StoreError::AlreadyExists {
-                thread: local(thread),
-            },
-            StoreError::ForkBeyondEnd {
-                parent,
-                at_seq,
-                last_seq,
-            } => StoreError::ForkBeyondEnd {
-                parent: local(parent),
-                at_seq,
-                last_seq,
-            },
-            StoreError::HasForks { thread, forks } => StoreError::HasForks {
-                thread: local(thread),
-                forks: forks.into_iter().map(local).collect(),
-            },
-            StoreError::InvalidEvent { thread, source } => StoreError::InvalidEvent {
-                thread: local(thread),
-                source,
-            },
-            StoreError::ForkedEventAppended { thread } => StoreError::ForkedEventAppended {
-                thread: local(thread),
-            },
-            StoreError::Corrupt {
-                thread,
-                seq,
-                detail,
-            } => StoreError::Corrupt {
-                thread: local(thread),
-                seq,
-                detail,
-            },
-            StoreError::Replay { thread, source } => StoreError::Replay {
-                thread: local(thread),
-                source,
-            },
-            other => other,
+    fn unscope_error(&self, mut error: StoreError) -> StoreError {
+        for id in error.thread_ids_mut() {
+            *id = self.unscoped(std::mem::take(id));
         }
+        error
     }
 }
 

@@ -162,14 +162,13 @@ pub async fn show(
 ) -> ApiResult<Json<Value>> {
     let tenant = &caller.tenant;
     // Only the newest message is needed: the older ones are counted, not read.
-    let thread = state
-        .tenant_store(tenant)
+    let threads = state.tenant_store(tenant);
+    let thread = threads
         .load_projection_tail(&id, Encoding::O200kBase, 0)
         .await?;
     let projection = &thread.projection;
-    let threads = state.tenant_store(tenant);
     let own = threads.retention(&id).await?;
-    let retention = retention_answer(&state, &threads.store().global_id(&id), &id, own);
+    let retention = retention_answer(&state, &threads, &id, own);
     let policy = policy_answer(&state, &id, thread.policy.clone());
     Ok(Json(json!({
         "id": id,
@@ -201,12 +200,7 @@ pub async fn set_retention(
     let threads = state.tenant_store(&caller.tenant);
     threads.refuse_writes(&id)?;
     threads.set_retention(&id, Some(body)).await?;
-    Ok(Json(retention_answer(
-        &state,
-        &threads.store().global_id(&id),
-        &id,
-        Some(body),
-    )))
+    Ok(Json(retention_answer(&state, &threads, &id, Some(body))))
 }
 
 /// `DELETE /v1/threads/{id}/retention`: removes the thread's own policy (the server's
@@ -219,22 +213,19 @@ pub async fn clear_retention(
     let threads = state.tenant_store(&caller.tenant);
     threads.refuse_writes(&id)?;
     threads.set_retention(&id, None).await?;
-    Ok(Json(retention_answer(
-        &state,
-        &threads.store().global_id(&id),
-        &id,
-        None,
-    )))
+    Ok(Json(retention_answer(&state, &threads, &id, None)))
 }
 
 /// A thread's retention as the API shows it: its own policy and the one pruning applies.
 fn retention_answer(
     state: &AppState,
-    global_id: &str,
+    threads: &TenantStore<'_>,
     id: &str,
     own: Option<RequestRetention>,
 ) -> Value {
-    let applied = own.or_else(|| state.retention.for_thread(global_id).copied());
+    // The rules match ids in the whole store (a tenant's rule, its prefix).
+    let global_id = threads.store().global_id(id);
+    let applied = own.or_else(|| state.retention.for_thread(&global_id).copied());
     json!({ "id": id, "retention": own, "applied_retention": applied })
 }
 
