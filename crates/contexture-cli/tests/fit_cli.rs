@@ -379,3 +379,100 @@ fn bad_input_is_named() {
         "{stderr}"
     );
 }
+
+/// `contexture fit` runs the fit a request gets: with a thread's policy given as `--policy`,
+/// it prints what `thread messages --model` reads of that thread.
+#[test]
+fn fit_with_a_policy_gives_what_a_thread_with_that_policy_reads() {
+    use contexture_core::fit::FitPolicy;
+    use contexture_core::thread::{EventKind, PolicyChange, ThreadPolicy};
+    use contexture_store::{NewEvent, Store};
+
+    let dir = TempDir::new("contexture-fit-cli");
+    let path = write_input(&dir, "history.json", &conversation());
+    let db = common::sqlite_url(&dir, "threads.db");
+    let policies = [
+        "window: 250\nreserve: 50\ntruncate_tool_results: {max_tokens: 48}\nclear_tool_results: {trigger_tokens: 100, keep: 1}\nhysteresis: {high: 0.9, low: 0.5}\n",
+        "window: 200\nreserve: 80\nstrategy: head-tail\n",
+        "window: 200\nreserve: 60\nstrategy: first\n",
+    ];
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    for (n, policy_text) in policies.iter().enumerate() {
+        let thread = format!("t{n}");
+        contexture(["thread", "append", "--thread", &thread, "--db", &db, &path])
+            .run()
+            .expect_success();
+        let policy: FitPolicy = yaml_serde::from_str(policy_text).unwrap();
+        runtime.block_on(async {
+            let store = contexture_store::SqliteStore::open(dir.join("threads.db"))
+                .await
+                .unwrap();
+            let set = PolicyChange {
+                policy: Some(ThreadPolicy {
+                    context: Some(policy),
+                    ..ThreadPolicy::default()
+                }),
+            };
+            store
+                .append(&thread, vec![NewEvent::new(EventKind::PolicySet(set))])
+                .await
+                .unwrap();
+        });
+        let policy_file = dir.join(&format!("policy{n}.yaml"));
+        std::fs::write(&policy_file, policy_text).unwrap();
+        let fitted = contexture([
+            "fit",
+            "--model",
+            "gpt-4o-mini",
+            "--policy",
+            &policy_file.display().to_string(),
+            &path,
+        ])
+        .run()
+        .expect_json();
+        let read = contexture([
+            "thread",
+            "messages",
+            "--thread",
+            &thread,
+            "--model",
+            "gpt-4o-mini",
+            "--db",
+            &db,
+        ])
+        .run()
+        .expect_json();
+        assert_eq!(fitted, read, "policy {policy_text}");
+        assert!(
+            fitted.as_array().unwrap().len() < conversation().as_array().unwrap().len(),
+            "policy {policy_text} left everything in: the comparison shows nothing"
+        );
+    }
+}
+
+/// `--low-water` is the hysteresis' low mark: past the budget, the history is cut down to
+/// it, not just under the budget; a mark the budget cannot hold is refused by name.
+#[test]
+fn low_water_cuts_the_history_down_to_the_mark() {
+    let dir = TempDir::new("contexture-fit-cli");
+    let path = write_input(&dir, "low_water.json", &conversation());
+    let fit = |extra: &[&str]| {
+        let mut args = vec!["fit", "--model", "gpt-4o-mini", "--max-tokens", "150"];
+        args.extend_from_slice(extra);
+        args.extend(["--report", path.as_str()]);
+        contexture(args).run()
+    };
+    let plain = fit(&[]);
+    let plain_fitted = plain.expect_json();
+    let low = fit(&["--low-water", "90"]);
+    let low_fitted = low.expect_json();
+    let report: Value = serde_json::from_str(&low.stderr).unwrap();
+    assert_eq!(report["low_water"], 90, "{report}");
+    assert!(request_tokens(&low_fitted) <= 90, "{low_fitted:#}");
+    assert!(request_tokens(&plain_fitted) > 90, "{plain_fitted:#}");
+    let error = fit(&["--low-water", "150"]).expect_failure();
+    assert!(
+        error.contains("--low-water: must be at least 1 and below the 150 tokens"),
+        "{error}"
+    );
+}

@@ -80,6 +80,7 @@ fn loop_fit(c: &mut Criterion) {
         clear: Some(&clear),
         truncate: None,
         hysteresis: Some(&hysteresis),
+        shape: None,
     };
     let system = Message::system("You are a research agent. Use the search tool.");
     let messages = own(USES);

@@ -78,6 +78,34 @@ pub struct FitTarget<'a> {
     pub truncate: Option<&'a TruncatePolicy>,
     /// Cut from a high mark down to a low one, what was cut kept cut in a loop's next calls.
     pub hysteresis: Option<&'a Hysteresis>,
+    /// How the kept history is shaped beyond the strategy (`None`: the defaults).
+    pub shape: Option<&'a HistoryShape>,
+}
+
+/// How trimming shapes the kept history beyond its strategy: choices one call may make
+/// (`contexture fit`'s flags); every request of a workflow or a thread keeps the defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HistoryShape {
+    /// Keep the system prompt whatever the budget (default); `false` lets it be dropped
+    /// like any other message.
+    pub keep_system: bool,
+    /// The roles the kept history may start with (after the system prompt); empty: any.
+    pub start_on: Vec<Role>,
+    /// The roles the kept history may end with; empty: any.
+    pub end_on: Vec<Role>,
+    /// Use leftover budget for part of one more message, cut at line breaks.
+    pub allow_partial: bool,
+}
+
+impl Default for HistoryShape {
+    fn default() -> HistoryShape {
+        HistoryShape {
+            keep_system: true,
+            start_on: Vec::new(),
+            end_on: Vec::new(),
+            allow_partial: false,
+        }
+    }
 }
 
 /// A request ready to send.
@@ -91,6 +119,27 @@ pub struct FittedRequest {
     pub breakdown: BudgetBreakdown,
     /// What trimming left out.
     pub fit: FitRecord,
+    /// How trimming went, beyond what a thread records of it.
+    pub trim: TrimSummary,
+}
+
+/// How the trimming of one request went, beyond its [`FitRecord`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TrimSummary {
+    /// True when the request was over its limit and history was left out for it.
+    pub over_budget: bool,
+    /// The index in the unfitted request of the message kept only in part
+    /// ([`HistoryShape::allow_partial`]).
+    pub partial: Option<usize>,
+    /// The position of the marker the head-tail strategy puts where history was left out,
+    /// among the fitted messages before the system prompt is placed for the model.
+    pub marker: Option<usize>,
+    /// A lower bound of the request's tokens before fitting, when not all of it was
+    /// counted (what was left out unread is not).
+    pub tokens_before_at_least: u64,
+    /// Changes made to the kept history for the provider's rules after the cut; indexes
+    /// refer to the kept list before those changes.
+    pub repairs: Vec<fit::RepairChange>,
 }
 
 /// Fits `system + history + own` to `target`: the one fitting every request goes through
@@ -192,10 +241,15 @@ pub fn fit_request_in_loop(
         .iter()
         .map(|message| u64::from(counter.count_message(message)))
         .sum();
+    let shape = target.shape.cloned().unwrap_or_default();
     let options = TrimOptions {
         tools_tokens,
         strategy: target.strategy,
         rules: target.rules,
+        keep_system: shape.keep_system,
+        start_on: shape.start_on,
+        end_on: shape.end_on,
+        allow_partial: shape.allow_partial,
         ..TrimOptions::new(u32::try_from(u64::from(limit).saturating_sub(own_tokens)).unwrap_or(0))
     };
     // Consecutive turns of one role (the run's input, then an earlier step's task) are merged
@@ -309,11 +363,19 @@ pub fn fit_request_in_loop(
         truncated,
         prefix: None,
     };
+    let trim = TrimSummary {
+        over_budget: trimmed.over_budget || history_dropped > 0,
+        partial: trimmed.partial.map(unfitted),
+        marker: trimmed.marker,
+        tokens_before_at_least: trimmed.tokens_before_at_least + own_tokens + u64::from(doubled),
+        repairs: trimmed.repairs,
+    };
     Ok(FittedRequest {
         messages,
         limits,
         breakdown,
         fit,
+        trim,
     })
 }
 
@@ -345,6 +407,10 @@ pub struct FitOverrides {
     /// The most tokens the request may use: what the budget allows above it is reserved,
     /// as if for the reply.
     pub max_tokens: Option<u32>,
+    /// Whose message rules the request follows (default: the model's).
+    pub rules: Option<fit::Rules>,
+    /// How the kept history is shaped beyond the strategy.
+    pub shape: HistoryShape,
 }
 
 /// Why fit settings cannot be made.
@@ -364,10 +430,11 @@ pub enum SettingsError {
 impl FitSettings {
     /// The settings every fit is made with, wherever it is asked for (a chat turn, a
     /// thread read for a model, `contexture fit`): model `model` as `registry` knows it
-    /// (`None`: the registry's default model), its estimate calibrated by what `learner`'s calls taught (see
-    /// [`crate::estimates::calibrated`]), under `policy` with `overrides` over it.
+    /// (`None`: the registry's default model), its estimate calibrated by what `learner`'s
+    /// calls taught as `calibrations` holds it (see [`crate::estimates::calibrated`]; `None`:
+    /// no store, so nothing learnt), under `policy` with `overrides` over it.
     pub async fn for_model<S: Store>(
-        store: &S,
+        calibrations: Option<&S>,
         registry: &Registry,
         model: Option<&str>,
         learner: &crate::estimates::Learner,
@@ -378,7 +445,10 @@ impl FitSettings {
             Some(model) => registry.get(model)?,
             None => registry.default_model(),
         };
-        let model = crate::estimates::calibrated(store, model, learner).await?;
+        let model = match calibrations {
+            Some(store) => crate::estimates::calibrated(store, model, learner).await?,
+            None => model,
+        };
         Ok(FitSettings::new(model, policy, overrides)?)
     }
 
@@ -436,6 +506,12 @@ impl FitSettings {
     /// The budget policy in effect.
     pub fn budget(&self) -> BudgetPolicy {
         self.policy.budget()
+    }
+
+    /// Whose message rules the fitted request follows: the request's choice, else the
+    /// model's ([`ModelInfo::rules`]).
+    pub fn rules(&self) -> fit::Rules {
+        self.overrides.rules.unwrap_or_else(|| self.model.rules())
     }
 
     /// What fitting needs of the stored thread `thread`: its projection, or with a strategy
@@ -535,11 +611,12 @@ impl FitSettings {
             model: &self.model,
             policy: &budget,
             strategy: self.policy.strategy,
-            rules: self.model.rules(),
+            rules: self.rules(),
             tools,
             clear: self.policy.clear_tool_results.as_ref(),
             truncate: self.policy.truncate_tool_results.as_ref(),
             hysteresis: self.policy.hysteresis.as_ref(),
+            shape: Some(&self.overrides.shape),
         };
         fit_request_in_loop(
             projection.system.as_ref(),
@@ -807,6 +884,7 @@ mod tests {
                 clear: None,
                 truncate: None,
                 hysteresis: None,
+                shape: None,
             };
             let fitted = fit_request(None, history.clone(), &own, &target).unwrap();
             let mut expected = history.clone();

@@ -190,6 +190,7 @@ fn every_placement_follows_every_providers_rules() {
                 clear: None,
                 truncate: None,
                 hysteresis: None,
+                shape: None,
             };
             let fitted = fit_request(Some(&system), history.clone(), &[], &target).unwrap();
             assert_eq!(validate(&fitted.messages, rules), vec![], "{rules} {role}");

@@ -42,10 +42,11 @@ pub async fn settings(
         budget_ratio,
         reserve: reserve_output,
         max_tokens,
+        ..FitOverrides::default()
     };
     FitSettings::for_model(
         // Calibrations are per model, the same through every tenant's view.
-        &state.store,
+        Some(&state.store),
         &state.registry,
         Some(model),
         &learner(tenant),

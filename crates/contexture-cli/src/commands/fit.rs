@@ -1,15 +1,24 @@
-//! `contexture fit`: fit a chat history (a JSON array of OpenAI-format messages) into a
-//! model's window, optionally cutting oversized tool results and clearing old ones first,
-//! and print the fitted array. Its settings are a fit policy, the one type an assistant's
-//! `context:` and a thread's policy are: `--policy FILE` gives one whole (JSON or YAML), and
-//! the flags set its fields over it (`--truncate-tool-results` is
-//! `truncate_tool_results.max_tokens`, `--clear-*` are `clear_tool_results`).
+//! `contexture fit`: fit a chat history (a JSON array of OpenAI-format messages) for a model
+//! exactly as a request to it is fitted, and print the fitted array. The fit is the
+//! engine's, built by the one constructor of fit settings (the registry's model, the
+//! calibration the store `--db` learnt when it exists, a fit policy, the call's overrides):
+//! oversized tool results cut, old ones cleared, the history trimmed by the strategy and
+//! mended for the provider's rules. A leading system message is the system prompt.
+//!
+//! Its settings are a fit policy, the one type an assistant's `context:` and a thread's
+//! policy are: `--policy FILE` gives one whole (JSON or YAML), and the flags set its fields
+//! over it (`--strategy`, `--reserve`, `--truncate-tool-results` is
+//! `truncate_tool_results.max_tokens`, `--clear-*` are `clear_tool_results`, `--low-water`
+//! is the hysteresis' low mark) or the call's overrides (`--max-tokens`, `--rules`, and the
+//! shape of the kept history: `--start-on`, `--end-on`, `--drop-system`,
+//! `--allow-partial`). So `fit --policy P` prints what `thread messages --model M` reads of a
+//! thread whose policy is P.
 //!
 //! The budget bounds the whole request as `contexture tokens count --messages` counts it
-//! (messages, reply priming, and tool schemas given with `--tools`). Without `--max-tokens`
-//! it is the model's context window minus the reply reserve; the reserve defaults to the
-//! model's `max_output_tokens`, capped at a quarter of the window (the same rule as the
-//! budget breakdown of `contexture tokens count --json`).
+//! (messages, reply priming, and tool schemas given with `--tools`): the model's context
+//! window minus the reply reserve, which defaults to the model's `max_output_tokens`, capped
+//! at a quarter of the window (the same rule as the budget breakdown of
+//! `contexture tokens count --json`); `--max-tokens` lowers it.
 //!
 //! Messages are counted lazily from the kept end: a message the fit drops is not tokenized
 //! (except the unit at the edge of the cut, which must be counted to know it does not fit),
@@ -21,17 +30,21 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use contexture_core::fit::{
-    ClearOptions, ClearPolicy, ClearTrigger, ClearedResult, FitPolicy, RepairChange, Rules,
-    Strategy, TrimOptions, TruncatePolicy, TruncatedResult, clear_tool_results, trim,
-    truncate_tool_results,
+    ClearPolicy, ClearedResult, FitPolicy, Hysteresis, RepairChange, Rules, Strategy,
+    TruncatePolicy, TruncatedResult,
 };
 use contexture_core::format::openai;
+use contexture_core::thread::{DEFAULT_CONTEXT, Projection};
 use contexture_core::{Message, Role};
+use contexture_engine::estimates::Learner;
+use contexture_engine::fitting::{FitOverrides, FitSettings, HistoryShape, SettingsError};
 use serde::Serialize;
 use serde_json::Value;
 
 use super::input;
 use super::models::RegistryArgs;
+use super::runtime;
+use super::store_args::StoreArgs;
 
 /// Arguments of `contexture fit`.
 #[derive(Debug, Args)]
@@ -39,8 +52,8 @@ pub struct FitArgs {
     /// The model whose window and tokenizer to fit for.
     #[arg(long)]
     model: String,
-    /// The most tokens the whole request may take (default: the model's window minus the
-    /// reserve).
+    /// The most tokens the whole request may take: lowers the budget (the model's window
+    /// minus the reserve), never raises it.
     #[arg(long)]
     max_tokens: Option<u32>,
     /// Tokens kept free for the reply when --max-tokens is not given (default: the policy's,
@@ -52,8 +65,9 @@ pub struct FitArgs {
     /// other flags set its fields over it.
     #[arg(long, value_name = "FILE")]
     policy: Option<PathBuf>,
-    /// Hysteresis: when over the budget, cut down to this many tokens (default: the
-    /// policy's `hysteresis.low` share of the budget, when it has one).
+    /// Hysteresis: once the request passes the policy's high mark (else the budget), cut
+    /// the history down to this many tokens (default: the policy's `hysteresis.low` share
+    /// of the budget, when it has one).
     #[arg(long)]
     low_water: Option<u32>,
     /// Which part of the history to keep: last, first, head-tail (the opening turn and the
@@ -110,6 +124,8 @@ pub struct FitArgs {
     file: Option<PathBuf>,
     #[command(flatten)]
     registry: RegistryArgs,
+    #[command(flatten)]
+    store: StoreArgs,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -164,9 +180,11 @@ struct Range {
 
 /// Runs `contexture fit`.
 pub fn run(args: FitArgs) -> Result<()> {
-    let model = args.registry.load()?.get(&args.model)?;
-    let counter = model.counter;
-    let rules = args.rules.unwrap_or_else(|| model.rules());
+    runtime::on_current_thread(execute(args))
+}
+
+async fn execute(args: FitArgs) -> Result<()> {
+    let registry = args.registry.load()?;
     let source = input::describe(args.file.as_deref());
     let value: Value = input::read_json(args.file.as_deref())?;
     let mut messages: Vec<Message> = openai::parse_messages(&value)
@@ -184,100 +202,125 @@ pub fn run(args: FitArgs) -> Result<()> {
         Some(path) => input::read_json(Some(path))?,
         None => Vec::new(),
     };
-    let tools_tokens = counter.count_request(&[], &tools).tools;
-    let policy = policy_of(&args)?;
-    let model = policy.model(model);
-    let limit = policy.budget().limits(&model)?.limit;
-    let max_tokens = args.max_tokens.unwrap_or(limit);
-    let low_water = args.low_water.or_else(|| {
-        policy
-            .hysteresis
-            .map(|hysteresis| (f64::from(max_tokens) * hysteresis.low).floor() as u32)
-    });
-
-    let messages_in = messages.len();
-    let mut truncated = Vec::new();
-    if let Some(truncate) = &policy.truncate_tool_results {
-        let cut = truncate_tool_results(&messages, truncate, &counter);
-        messages = cut.messages;
-        truncated = cut.truncated;
-    }
-    // A number of recent tool uses to keep, with no trigger, clears every older result; a
-    // policy's clearing starts past its trigger.
-    let clear = match (&policy.clear_tool_results, args.clear_keep) {
-        (Some(clear), _) => Some(clear.options(tools_tokens)),
-        (None, Some(keep)) => Some(ClearOptions {
-            trigger: ClearTrigger::ToolUses(keep),
-            keep_tool_uses: keep,
-            clear_at_least: args.clear_at_least,
-            exclude_tools: args.clear_exclude.clone(),
-            clear_arguments: args.clear_arguments,
-            tools_tokens,
+    let mut policy = policy_of(&args)?;
+    let overrides = FitOverrides {
+        max_tokens: args.max_tokens,
+        rules: args.rules,
+        shape: HistoryShape {
+            keep_system: !args.drop_system,
+            start_on: args.start_on.iter().copied().map(Role::from).collect(),
+            end_on: args.end_on.iter().copied().map(Role::from).collect(),
+            allow_partial: args.allow_partial,
+        },
+        ..FitOverrides::default()
+    };
+    // Fitted as a request for the model is: its estimate calibrated by what the store
+    // learnt, when there is a store.
+    let store = args.store.open_existing().await?;
+    let mut settings = FitSettings::for_model(
+        store.as_ref(),
+        &registry,
+        Some(&args.model),
+        &Learner::Operator,
+        policy.clone(),
+        overrides,
+    )
+    .await
+    .map_err(|error| match error {
+        SettingsError::Budget(error) => anyhow::Error::new(error).context(match &args.policy {
+            Some(path) => format!(
+                "{}: the budget does not work for {}",
+                path.display(),
+                args.model
+            ),
+            None => format!("the budget does not work for {}", args.model),
         }),
-        (None, None) => None,
-    };
-    let (cleared, tokens_cleared) = match clear {
-        Some(options) => {
-            let result = clear_tool_results(&messages, &options, &counter);
-            messages = result.messages;
-            (result.cleared, result.tokens_cleared)
-        }
-        None => (Vec::new(), 0),
-    };
-
-    let options = TrimOptions {
-        max_tokens,
-        low_water,
-        tools_tokens,
-        strategy: policy.strategy,
-        keep_system: !args.drop_system,
-        start_on: args.start_on.iter().copied().map(Role::from).collect(),
-        end_on: args.end_on.iter().copied().map(Role::from).collect(),
-        allow_partial: args.allow_partial,
-        rules,
-    };
-    let trimmed = trim(&messages, &options, &counter).with_context(|| {
+        other => other.into(),
+    })?;
+    let limit = settings.budget().limits(&settings.model)?.limit;
+    if let Some(low_water) = args.low_water {
+        policy.hysteresis = Some(low_mark(low_water, limit, policy.hysteresis)?);
+        settings.adopt(&policy)?;
+    }
+    let messages_in = messages.len();
+    let projection = projection_of(messages);
+    let fitted = settings.fit(projection, &[], &tools).with_context(|| {
         format!(
-            "cannot fit {source} into {max_tokens} tokens for {}",
-            model.id
+            "cannot fit {source} into {limit} tokens for {}",
+            settings.model.id
         )
     })?;
 
     println!(
         "{}",
-        serde_json::to_string_pretty(&openai::to_values(&trimmed.messages))?
+        serde_json::to_string_pretty(&openai::to_values(&fitted.messages))?
     );
     if args.report {
+        let record = &fitted.fit;
         let report = Report {
-            model: &model.id,
-            rules,
-            max_tokens,
-            low_water,
+            model: &settings.model.id,
+            rules: settings.rules(),
+            max_tokens: limit,
+            low_water: settings
+                .policy
+                .hysteresis
+                .map(|hysteresis| (f64::from(limit) * hysteresis.low).floor() as u32),
             messages_in,
-            messages_out: trimmed.messages.len(),
-            over_budget: trimmed.over_budget,
-            dropped_count: trimmed.dropped_count(),
-            dropped: trimmed
+            messages_out: fitted.messages.len(),
+            over_budget: fitted.trim.over_budget,
+            dropped_count: record.dropped.iter().map(|[start, end]| end - start).sum(),
+            dropped: record
                 .dropped
                 .iter()
-                .map(|range| Range {
-                    start: range.start,
-                    end: range.end,
-                })
+                .map(|&[start, end]| Range { start, end })
                 .collect(),
-            partial: trimmed.partial,
-            marker: trimmed.marker,
-            truncated,
-            cleared,
-            tokens_cleared,
-            tokens_before: trimmed.tokens_before,
-            tokens_before_at_least: trimmed.tokens_before_at_least,
-            tokens_after: trimmed.tokens_after,
-            repairs: trimmed.repairs,
+            partial: fitted.trim.partial,
+            marker: fitted.trim.marker,
+            truncated: record.truncated.clone(),
+            tokens_cleared: record.cleared.iter().map(|result| result.tokens).sum(),
+            cleared: record.cleared.clone(),
+            tokens_before: record.tokens_before,
+            tokens_before_at_least: fitted.trim.tokens_before_at_least,
+            tokens_after: record.tokens_after,
+            repairs: fitted.trim.repairs.clone(),
         };
         eprintln!("{}", serde_json::to_string_pretty(&report)?);
     }
     Ok(())
+}
+
+/// The messages as a thread's projection holds them: a leading system (or developer)
+/// message is the system prompt, the rest the history.
+fn projection_of(mut messages: Vec<Message>) -> Projection {
+    let system = match messages.first() {
+        Some(first) if matches!(first.role, Role::System | Role::Developer) => {
+            Some(messages.remove(0))
+        }
+        _ => None,
+    };
+    Projection {
+        context: DEFAULT_CONTEXT.to_owned(),
+        system,
+        messages,
+    }
+}
+
+/// `--low-water`'s mark as the policy's hysteresis: cut down to `low_water` tokens of the
+/// `limit` once the request passes the policy's high mark (else the limit itself).
+fn low_mark(low_water: u32, limit: u32, policy: Option<Hysteresis>) -> Result<Hysteresis> {
+    let high = policy.map_or(1.0, |hysteresis| hysteresis.high);
+    let high_mark = (f64::from(limit) * high).floor() as u32;
+    if low_water == 0 || low_water >= high_mark {
+        bail!(
+            "--low-water: must be at least 1 and below the {high_mark} tokens past which the request is cut (not {low_water})"
+        );
+    }
+    // Half a token over, so that the mark comes back whole from the share (shares are
+    // turned into tokens rounding down).
+    Ok(Hysteresis {
+        high,
+        low: (f64::from(low_water) + 0.5) / f64::from(limit),
+    })
 }
 
 /// The fit policy of the command: `--policy`'s (default: none), with the flags' fields over
@@ -296,9 +339,11 @@ fn policy_of(args: &FitArgs) -> Result<FitPolicy> {
     if let Some(max_tokens) = args.truncate_tool_results {
         policy.truncate_tool_results = Some(TruncatePolicy { max_tokens });
     }
-    if let (Some(keep), Some(trigger_tokens)) = (args.clear_keep, args.clear_trigger_tokens) {
+    if let Some(keep) = args.clear_keep {
         policy.clear_tool_results = Some(ClearPolicy {
-            trigger_tokens,
+            // Without a trigger, every result but the newest `keep` is cleared: a request
+            // of one token is past it.
+            trigger_tokens: args.clear_trigger_tokens.unwrap_or(1),
             keep,
             clear_at_least: args.clear_at_least,
             exclude_tools: args.clear_exclude.clone(),

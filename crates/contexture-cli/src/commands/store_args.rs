@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use contexture_store::AnyStore;
+use contexture_store::{AnyStore, StoreUrl};
 
 /// Where the store is.
 #[derive(Debug, Clone, Args)]
@@ -23,5 +23,21 @@ impl StoreArgs {
         AnyStore::open(&self.db)
             .await
             .with_context(|| format!("cannot open the store {}", self.db))
+    }
+
+    /// Opens the store when it is there already (a PostgreSQL database, or an SQLite file
+    /// that exists): for commands that only read what it learnt and must not leave a new
+    /// file behind.
+    pub async fn open_existing(&self) -> Result<Option<AnyStore>> {
+        let url: StoreUrl = self
+            .db
+            .parse()
+            .with_context(|| format!("cannot open the store {}", self.db))?;
+        if let StoreUrl::Sqlite(path) = &url
+            && !path.exists()
+        {
+            return Ok(None);
+        }
+        self.open().await.map(Some)
     }
 }

@@ -343,10 +343,11 @@ async fn execute(args: ThreadArgs) -> Result<()> {
                     budget_ratio,
                     reserve: reserve_output,
                     max_tokens,
+                    ..FitOverrides::default()
                 };
                 // Measured as requests to it are: with what its family's calls taught.
                 let settings = FitSettings::for_model(
-                    &store,
+                    Some(&store),
                     &registry,
                     model.as_deref(),
                     &Learner::Operator,

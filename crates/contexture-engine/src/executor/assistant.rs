@@ -114,6 +114,7 @@ impl<S: Store> Executor<S> {
             clear: assistant.context.clear_tool_results.as_ref(),
             truncate: assistant.context.truncate_tool_results.as_ref(),
             hysteresis: assistant.context.hysteresis.as_ref(),
+            shape: None,
         };
         if run.limits.max_cost_usd.is_some() && setup.model.pricing.is_none() {
             return Err(StepError::NoPrice {
