@@ -37,6 +37,7 @@ use contexture_core::thread::{
 use contexture_core::tokens::message_tokens;
 use contexture_core::{Message, Role};
 use contexture_llm::passthrough::{Answer, PassthroughError};
+use contexture_llm::wire::WireFormat;
 use contexture_store::{KeyedEvent, NewEvent, Store, StoreError};
 use serde_json::Value;
 
@@ -534,13 +535,17 @@ impl<S: Store> TurnRecorder<S> {
         self.store.append(&self.thread, events).await.map(|_| ())
     }
 
-    /// A whole (not streamed) successful response's `body`: its answer, or why it holds
+    /// A whole (not streamed) successful response's `body`, in `format`: its answer, or why it holds
     /// none. An error is an answer that could not be stored; a body that holds no answer is
     /// recorded as a failed call, and whether that record was stored is
     /// [`CompletionRecord::Unreadable`]'s to tell (the response goes back to the client
     /// either way).
-    pub async fn completion(&self, body: &[u8]) -> Result<CompletionRecord, StoreError> {
-        match contexture_llm::passthrough::AnswerAccumulator::from_completion(body) {
+    pub async fn completion(
+        &self,
+        format: WireFormat,
+        body: &[u8],
+    ) -> Result<CompletionRecord, StoreError> {
+        match contexture_llm::passthrough::AnswerAccumulator::from_body(format, body) {
             Ok(answer) => self
                 .answered(answer)
                 .await

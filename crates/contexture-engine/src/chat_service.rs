@@ -18,14 +18,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use contexture_core::compact::CompactionPolicy;
-use contexture_core::format::openai;
 use contexture_core::message::Message;
 use contexture_llm::passthrough::{
     ChatUpstream, PassthroughError, UpstreamBody, UpstreamResponse, record_stream,
 };
+use contexture_llm::wire::{ChatCall, WireFormat};
 use contexture_store::{Scoped, Store, StoreError, Tenant, TurnQueueStore};
 use futures_util::StreamExt;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::chat::{
     Attempt, ChatError, ChatTurn, CompletionRecord, StoredAnswer, TurnRecorder, previous_attempt,
@@ -75,16 +75,15 @@ pub struct TurnRequest {
     pub settings: FitSettings,
     /// The request's messages.
     pub messages: Vec<Message>,
-    /// The tool schemas sent with it.
-    pub tools: Vec<Value>,
-    /// Its structured-output schema, when it has one.
-    pub response_format: Option<Value>,
-    /// The reply budget the client asked for, with the field that gave it.
+    /// The call to make with the messages the turn chooses: its parameters as every
+    /// upstream reads them (the tool schemas and structured-output schema are counted in
+    /// the fit), and the client's request as it came.
+    pub call: ChatCall,
+    /// The reply budget the client asked for, with the field that gave it (an error names
+    /// it).
     pub reply_budget: Option<(&'static str, u64)>,
     /// The choices the client asked for (`n`), when it said.
     pub choices: Option<u64>,
-    /// The rest of the upstream request (everything but its messages), sent as it is.
-    pub body: Map<String, Value>,
     /// Its idempotency key and the digest of what was sent with it, when it has one.
     pub key: Option<(String, String)>,
 }
@@ -198,14 +197,27 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
         self.parts.slots.take(tenant.name())
     }
 
-    /// Sends a request that keeps no thread (`body` as it came) within the tenant's slots.
+    /// The wire format of the upstream, which its responses are in.
+    pub fn upstream_format(&self) -> WireFormat {
+        self.parts.upstream.format()
+    }
+
+    /// Sends a request that keeps no thread within the tenant's slots: `call` with its
+    /// messages, or, when the client spoke the upstream's own format, `body` as it came.
     pub async fn pass_through(
         &self,
         tenant: &Tenant,
-        body: &Value,
+        call: &ChatCall,
+        messages: &[Message],
     ) -> Result<UpstreamResponse, TurnError> {
         let slot = self.parts.slots.take(tenant.name())?;
-        let response = self.parts.upstream.chat_completions(body).await?;
+        let upstream = &self.parts.upstream;
+        let response = if call.client.format == upstream.format() {
+            let body = Value::Object(call.client.body.clone());
+            upstream.forward(&body).await?
+        } else {
+            upstream.send(call, messages).await?
+        };
         Ok(holding(response, slot))
     }
 
@@ -305,17 +317,15 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             thread,
             settings,
             messages,
-            tools,
-            response_format,
-            mut body,
+            call,
             ..
         } = request;
         let turn = ChatTurn {
             store: &store,
             thread: &thread,
             settings,
-            tools,
-            response_format,
+            tools: call.tools.clone(),
+            response_format: call.response_format.clone(),
             compaction: parts.compaction.as_ref(),
             compactor: &parts.compactor,
             key: keyed.as_ref().map(|keyed| keyed.key.as_str()),
@@ -339,10 +349,6 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             parts.observer.compacted(&store.global_id(&thread), outcome);
         }
         parts.observer.request_fitted(&prepared.fitted);
-        body.insert(
-            "messages".into(),
-            openai::to_values(&prepared.fitted.messages),
-        );
         let recorder = Recorder {
             turn: turn.recorder(&prepared),
             tenant: tenant.name().to_owned(),
@@ -350,21 +356,22 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             _keyed: keyed,
             _slot: slot,
         };
-        self.forward_and_record(Value::Object(body), recorder)
+        self.send_and_record(&call, &prepared.fitted.messages, recorder)
             .await
             .map(TurnAnswer::Upstream)
     }
 
-    /// Forwards a fitted request and records how it ended (for a stream, once it has
-    /// been passed through).
-    async fn forward_and_record(
+    /// Sends a fitted request and records how it ended (for a stream, once it has been
+    /// passed through).
+    async fn send_and_record(
         &self,
-        body: Value,
+        call: &ChatCall,
+        messages: &[Message],
         recorder: Recorder<Scoped<S>>,
     ) -> Result<UpstreamResponse, TurnError> {
         let in_flight = &self.parts.in_flight;
         let forwarded = tokio::select! {
-            forwarded = self.parts.upstream.chat_completions(&body) => forwarded,
+            forwarded = self.parts.upstream.send(call, messages) => forwarded,
             () = in_flight.stopped() => {
                 recorder.logged(recorder.turn.stopped().await);
                 return Err(TurnError::ShutDown);
@@ -383,7 +390,7 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
                 if ok {
                     let record = recorder
                         .turn
-                        .completion(&bytes)
+                        .completion(response.format, &bytes)
                         .await
                         .map_err(ChatError::Store)?;
                     if let CompletionRecord::Unreadable { recorded } = record {
@@ -407,7 +414,7 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
                 let stopped = in_flight.clone();
                 let stream = stream.take_until(async move { stopped.stopped().await });
                 let stopping = in_flight.clone();
-                let stream = record_stream(Box::pin(stream), move |outcome| {
+                let stream = record_stream(Box::pin(stream), response.format, move |outcome| {
                     tokio::spawn(async move {
                         let _guard = guard;
                         let _stored = stored_tx;

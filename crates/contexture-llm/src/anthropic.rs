@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use contexture_core::Message;
 use contexture_core::format::anthropic;
 use serde_json::{Map, Value, json};
 
@@ -10,6 +11,7 @@ use crate::http::{HttpClient, join_url};
 use crate::provider::{BoxFuture, ChatRequest, ChatResponse, Provider, StreamDelta, Usage};
 use crate::retry::RetryPolicy;
 use crate::sse::SseDecoder;
+use crate::wire::anthropic_tool;
 
 /// Anthropic's endpoint, used when no base URL is configured.
 pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
@@ -96,7 +98,7 @@ impl AnthropicProvider {
         if !request.tools.is_empty() {
             body.insert(
                 "tools".into(),
-                Value::Array(request.tools.iter().map(tool_schema).collect()),
+                Value::Array(request.tools.iter().map(anthropic_tool).collect()),
             );
         }
         if let Some(temperature) = request.temperature {
@@ -112,33 +114,12 @@ impl AnthropicProvider {
     }
 
     fn response(&self, answer: &Value, attempts: u32) -> Result<ChatResponse, LlmError> {
-        let content = answer
-            .get("content")
-            .ok_or_else(|| self.http.decode_error("no `content` in the answer"))?;
-        let mut messages = anthropic::parse_request(
-            &json!({"messages": [{"role": "assistant", "content": content}]}),
-        )
-        .map_err(|e| self.http.decode_error(format!("content: {e}")))?;
-        let message = messages
-            .pop()
-            .ok_or_else(|| self.http.decode_error("the answer holds no message"))?;
-        let usage = answer.get("usage").and_then(|usage| {
-            Some(Usage::new(
-                usage.get("input_tokens")?.as_u64()?,
-                usage.get("output_tokens")?.as_u64()?,
-            ))
-        });
+        let read = read_answer(answer).map_err(|detail| self.http.decode_error(detail))?;
         Ok(ChatResponse {
-            message,
-            finish_reason: answer
-                .get("stop_reason")
-                .and_then(Value::as_str)
-                .map(str::to_owned),
-            usage,
-            model: answer
-                .get("model")
-                .and_then(Value::as_str)
-                .map(str::to_owned),
+            message: read.message,
+            finish_reason: read.stop_reason,
+            usage: read.usage,
+            model: read.model,
             attempts,
         })
     }
@@ -180,7 +161,7 @@ impl AnthropicProvider {
             }
         }
         // A stream cut before its stop reason or `message_stop` holds only part of the answer.
-        if !assembly.stopped && assembly.stop_reason.is_none() {
+        if !assembly.ended() {
             return Err(self.http.decode_error(
                 "the stream ended before the answer did (no stop reason, no message_stop)",
             ));
@@ -211,31 +192,47 @@ impl Provider for AnthropicProvider {
     }
 }
 
-/// An OpenAI-format tool schema in Anthropic's shape (`name`, `description`,
-/// `input_schema`). A schema already in Anthropic's shape passes through.
-fn tool_schema(tool: &Value) -> Value {
-    let Some(function) = tool.get("function") else {
-        return tool.clone();
-    };
-    let mut schema = Map::new();
-    for (from, to) in [
-        ("name", "name"),
-        ("description", "description"),
-        ("parameters", "input_schema"),
-    ] {
-        if let Some(value) = function.get(from) {
-            schema.insert(to.into(), value.clone());
-        }
-    }
-    schema
-        .entry("input_schema")
-        .or_insert_with(|| json!({"type": "object", "properties": {}}));
-    Value::Object(schema)
+/// An answer of the messages API, read.
+pub(crate) struct ReadAnswer {
+    /// The assistant message.
+    pub message: Message,
+    /// What the provider reported it used.
+    pub usage: Option<Usage>,
+    /// The model that answered.
+    pub model: Option<String>,
+    /// Why it stopped (`end_turn`, `tool_use`, `max_tokens`, ...).
+    pub stop_reason: Option<String>,
+}
+
+/// Reads a whole messages-API answer (or one a [`StreamAssembly`] put back together).
+pub(crate) fn read_answer(answer: &Value) -> Result<ReadAnswer, String> {
+    let content = answer
+        .get("content")
+        .ok_or_else(|| "no `content` in the answer".to_owned())?;
+    let mut messages =
+        anthropic::parse_request(&json!({"messages": [{"role": "assistant", "content": content}]}))
+            .map_err(|e| format!("content: {e}"))?;
+    let message = messages
+        .pop()
+        .ok_or_else(|| "the answer holds no message".to_owned())?;
+    let usage = answer.get("usage").and_then(|usage| {
+        Some(Usage::new(
+            usage.get("input_tokens")?.as_u64()?,
+            usage.get("output_tokens")?.as_u64()?,
+        ))
+    });
+    let text = |key: &str| answer.get(key).and_then(Value::as_str).map(str::to_owned);
+    Ok(ReadAnswer {
+        message,
+        usage,
+        model: text("model"),
+        stop_reason: text("stop_reason"),
+    })
 }
 
 /// A streamed answer put back together into the shape of a non-streamed one.
 #[derive(Debug, Default)]
-struct StreamAssembly {
+pub(crate) struct StreamAssembly {
     model: Option<String>,
     blocks: Vec<Value>,
     /// The partial JSON of each tool_use block's input, by block index.
@@ -243,18 +240,32 @@ struct StreamAssembly {
     stop_reason: Option<String>,
     /// Whether the `message_stop` event came.
     stopped: bool,
+    /// Whether the `message_start` event came.
+    started: bool,
     input_tokens: Option<u64>,
     output_tokens: Option<u64>,
 }
 
 impl StreamAssembly {
-    fn absorb(&mut self, event: &Value, on_delta: &mut (dyn FnMut(StreamDelta) + Send)) {
+    /// True once the stream's `message_start` came.
+    pub(crate) fn started(&self) -> bool {
+        self.started
+    }
+
+    /// True once the answer ended: a stop reason or `message_stop` came.
+    pub(crate) fn ended(&self) -> bool {
+        self.stopped || self.stop_reason.is_some()
+    }
+
+    /// Takes in one event of the stream, telling `on_delta` what it added.
+    pub(crate) fn absorb(&mut self, event: &Value, on_delta: &mut (dyn FnMut(StreamDelta) + Send)) {
         let index = event
             .get("index")
             .and_then(Value::as_u64)
             .map(|i| i as usize);
         match event.get("type").and_then(Value::as_str) {
             Some("message_start") => {
+                self.started = true;
                 let message = event.get("message");
                 self.model = message
                     .and_then(|m| m.get("model"))
@@ -343,7 +354,8 @@ impl StreamAssembly {
             .count()
     }
 
-    fn into_answer(mut self) -> Value {
+    /// The answer as far as it came, in the shape of a non-streamed one.
+    pub(crate) fn into_answer(mut self) -> Value {
         for (block, partial) in self.blocks.iter_mut().zip(&self.partial_inputs) {
             if !partial.is_empty()
                 && let Some(object) = block.as_object_mut()
@@ -379,7 +391,7 @@ mod tests {
     fn openai_tool_schemas_are_converted() {
         let tool = json!({"type": "function", "function": {"name": "search", "description": "Search.", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}});
         assert_eq!(
-            tool_schema(&tool),
+            anthropic_tool(&tool),
             json!({"name": "search", "description": "Search.", "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}}})
         );
     }

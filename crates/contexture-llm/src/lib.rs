@@ -11,9 +11,11 @@
 //! provider-reported [`Usage`]. API keys are never logged: the providers' `Debug` output
 //! redacts them.
 //!
-//! [`passthrough`] forwards OpenAI-compatible calls to an upstream provider unchanged
-//! (streams chunk by chunk), for a server that proxies them, and folds the upstream's answer
-//! into the assistant's message ([`AnswerAccumulator`]).
+//! [`passthrough`] forwards chat calls to an upstream provider (OpenAI-compatible or
+//! Anthropic's), returning its response unchanged (streams chunk by chunk), for a server that
+//! proxies them, and folds the upstream's answer into the assistant's message
+//! ([`AnswerAccumulator`]). [`wire`] writes a wire-neutral call ([`ChatCall`]) in the
+//! upstream's format, whatever format its client spoke.
 
 mod anthropic;
 mod error;
@@ -24,14 +26,16 @@ mod provider;
 mod retry;
 mod scripted;
 mod sse;
+pub mod wire;
 
 pub use anthropic::AnthropicProvider;
 pub use error::{LlmError, SCRIPT_EXHAUSTED};
 pub use openai::OpenAiProvider;
 pub use passthrough::{
-    Answer, AnswerAccumulator, Passthrough, PassthroughError, UpstreamBody, UpstreamConfig,
-    UpstreamResponse, UpstreamStream, record_stream,
+    Answer, AnswerAccumulator, ChatUpstream, Passthrough, PassthroughError, UpstreamBody,
+    UpstreamCall, UpstreamConfig, UpstreamResponse, UpstreamStream, record_stream,
 };
 pub use provider::{BoxFuture, ChatRequest, ChatResponse, Provider, StreamDelta, Usage};
 pub use retry::RetryPolicy;
 pub use scripted::{ScriptError, ScriptedProvider};
+pub use wire::{ChatCall, ClientRequest, WireFormat};

@@ -1,8 +1,9 @@
-//! Forwarding OpenAI-compatible calls to an upstream provider, and reading its answer on the
-//! way.
+//! Forwarding chat calls to an upstream provider, OpenAI-compatible or Anthropic's, and
+//! reading its answer on the way.
 //!
-//! A server that exposes `POST /v1/chat/completions` hands the request body (with the
-//! messages it chose) to [`Passthrough::chat_completions`], and returns the
+//! A server's chat turn hands a wire-neutral call and the messages it chose to
+//! [`Passthrough::send`] (which writes the upstream's format, see [`crate::wire`]), or a
+//! body already in that format to [`ChatUpstream::forward`], and returns the
 //! [`UpstreamResponse`] to its own client as it is: the status, the content type and the
 //! body, a streamed body chunk by chunk. Failed attempts (connection errors, timeouts, 408,
 //! 409, 429 and 5xx answers) are retried with the crate's backoff ([`RetryPolicy`],
@@ -14,8 +15,8 @@
 //! calls, usage), from a whole `chat.completion` or from the server-sent events of a stream
 //! fed in arbitrary pieces; [`record_stream`] does this on a stream that passes through.
 //!
-//! The upstream API key is sent as `Authorization: Bearer` and appears in no error and no
-//! `Debug` output.
+//! The upstream API key is sent as `Authorization: Bearer` (as `x-api-key` to Anthropic) and
+//! appears in no error and no `Debug` output.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -25,7 +26,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use contexture_core::Message;
 use futures_core::Stream;
-use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 use serde_json::Value;
 
 use crate::error::retryable_status;
@@ -34,14 +35,22 @@ use crate::openai::{ChunkProblem, CompletionProblem, StreamAssembly, parse_compl
 use crate::provider::Usage;
 use crate::retry::{RetryPolicy, parse_retry_after};
 use crate::sse::{SseDecoder, SseEvent};
+use crate::wire::{ChatCall, WireFormat};
 
-/// Where the upstream provider is, and how patiently it is called.
+/// Where the upstream provider is, which wire format it speaks, and how patiently it is
+/// called.
 #[derive(Clone, PartialEq)]
 pub struct UpstreamConfig {
-    /// The provider's OpenAI-compatible base URL, e.g. `https://api.openai.com/v1` or
-    /// `http://127.0.0.1:11434/v1`; `chat/completions` and `models` are appended to it.
+    /// The provider's base URL. For [`WireFormat::OpenAiChat`] an OpenAI-compatible one,
+    /// e.g. `https://api.openai.com/v1` or `http://127.0.0.1:11434/v1`, to which
+    /// `chat/completions` and `models` are appended; for [`WireFormat::AnthropicMessages`]
+    /// Anthropic's, e.g. `https://api.anthropic.com`, to which `v1/messages` and `v1/models`
+    /// are.
     pub base_url: String,
-    /// The key sent as `Authorization: Bearer`; `None` (or an empty key) sends none.
+    /// The wire format it speaks.
+    pub format: WireFormat,
+    /// The key: sent as `Authorization: Bearer` to an OpenAI-compatible provider, as
+    /// `x-api-key` to Anthropic's; `None` (or an empty key) sends none.
     pub api_key: Option<String>,
     /// The longest wait for connecting and for the response headers, and the longest pause
     /// between two chunks of a response body.
@@ -55,12 +64,23 @@ pub struct UpstreamConfig {
 }
 
 impl UpstreamConfig {
-    /// A configuration for `base_url` with an optional key, a 60 s timeout, and the crate's
-    /// default retries (3, from 500 ms doubling, at most 30 s apart).
+    /// A configuration for the OpenAI-compatible provider at `base_url` with an optional
+    /// key, a 60 s timeout, and the crate's default retries (3, from 500 ms doubling, at
+    /// most 30 s apart).
     pub fn new(base_url: impl Into<String>, api_key: Option<String>) -> UpstreamConfig {
+        UpstreamConfig::speaking(WireFormat::OpenAiChat, base_url, api_key)
+    }
+
+    /// [`UpstreamConfig::new`] for a provider that speaks `format`.
+    pub fn speaking(
+        format: WireFormat,
+        base_url: impl Into<String>,
+        api_key: Option<String>,
+    ) -> UpstreamConfig {
         let retry = RetryPolicy::default();
         UpstreamConfig {
             base_url: base_url.into(),
+            format,
             api_key,
             timeout: Duration::from_secs(60),
             retries: retry.max_retries,
@@ -82,6 +102,7 @@ impl std::fmt::Debug for UpstreamConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UpstreamConfig")
             .field("base_url", &redact_url(&self.base_url))
+            .field("format", &self.format)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("timeout", &self.timeout)
             .field("retries", &self.retries)
@@ -152,6 +173,13 @@ pub enum PassthroughError {
         /// What was wrong, and where.
         detail: String,
     },
+    /// The call cannot be written in the upstream's wire format: a setting of the client's
+    /// format with no counterpart there, or messages the format cannot express.
+    #[error("the upstream cannot take this request: {detail}")]
+    Unsupported {
+        /// What cannot be sent, and why.
+        detail: String,
+    },
     /// The answer is an error object (`{"error": ...}`), in a body or in a stream chunk.
     #[error("upstream answer: the upstream reported an error: {detail}")]
     Reported {
@@ -166,30 +194,46 @@ pub enum PassthroughError {
 pub struct Passthrough {
     client: reqwest::Client,
     base_url: String,
-    /// `Bearer <key>`, marked sensitive.
-    authorization: Option<HeaderValue>,
+    format: WireFormat,
+    /// The key's header (`Authorization: Bearer <key>` or `x-api-key: <key>`), its value
+    /// marked sensitive.
+    authorization: Option<(HeaderName, HeaderValue)>,
     timeout: Duration,
     retry: RetryPolicy,
 }
 
-/// Where a chat turn's request goes: an OpenAI-compatible `chat/completions` endpoint,
-/// called with the request's body (its messages the ones chosen for it). The engine's chat
-/// turns call it; [`Passthrough`] is the HTTP one.
+/// What an upstream call returns: its response as it came, or why none came.
+pub type UpstreamCall<'a> =
+    Pin<Box<dyn Future<Output = Result<UpstreamResponse, PassthroughError>> + Send + 'a>>;
+
+/// Where a chat turn's request goes: a provider of one wire format. The engine's chat turns
+/// call it with a wire-neutral [`ChatCall`] and the messages chosen for it; each
+/// implementation writes its own format ([`ChatCall::body_for`]). [`Passthrough`] is the
+/// HTTP one, for OpenAI-compatible and Anthropic providers alike.
 pub trait ChatUpstream: Send + Sync {
-    /// Sends `body` and returns the response as it came (see
-    /// [`Passthrough::chat_completions`]).
-    fn chat_completions<'a>(
-        &'a self,
-        body: &'a Value,
-    ) -> Pin<Box<dyn Future<Output = Result<UpstreamResponse, PassthroughError>> + Send + 'a>>;
+    /// The wire format it speaks, which its responses are in.
+    fn format(&self) -> WireFormat;
+
+    /// Sends `call` with `messages` and returns the response as it came (see
+    /// [`Passthrough::send`]).
+    fn send<'a>(&'a self, call: &'a ChatCall, messages: &'a [Message]) -> UpstreamCall<'a>;
+
+    /// Sends `body`, a request already in the upstream's own format, as it is (a request
+    /// that keeps no thread, passed through).
+    fn forward<'a>(&'a self, body: &'a Value) -> UpstreamCall<'a>;
 }
 
 impl ChatUpstream for Passthrough {
-    fn chat_completions<'a>(
-        &'a self,
-        body: &'a Value,
-    ) -> Pin<Box<dyn Future<Output = Result<UpstreamResponse, PassthroughError>> + Send + 'a>> {
-        Box::pin(Passthrough::chat_completions(self, body))
+    fn format(&self) -> WireFormat {
+        self.format
+    }
+
+    fn send<'a>(&'a self, call: &'a ChatCall, messages: &'a [Message]) -> UpstreamCall<'a> {
+        Box::pin(Passthrough::send(self, call, messages))
+    }
+
+    fn forward<'a>(&'a self, body: &'a Value) -> UpstreamCall<'a> {
+        Box::pin(self.post(body))
     }
 }
 
@@ -197,6 +241,7 @@ impl std::fmt::Debug for Passthrough {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Passthrough")
             .field("base_url", &redact_url(&self.base_url))
+            .field("format", &self.format)
             .field(
                 "api_key",
                 &self.authorization.as_ref().map(|_| "<redacted>"),
@@ -226,11 +271,17 @@ impl Passthrough {
         let authorization = match config.api_key.as_deref().filter(|key| !key.is_empty()) {
             None => None,
             Some(key) => {
-                let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
+                let (name, text) = match config.format {
+                    WireFormat::OpenAiChat => (AUTHORIZATION, format!("Bearer {key}")),
+                    WireFormat::AnthropicMessages => {
+                        (HeaderName::from_static("x-api-key"), key.to_owned())
+                    }
+                };
+                let mut value = HeaderValue::from_str(&text).map_err(|_| {
                     invalid("the API key is not a valid HTTP header value".to_owned())
                 })?;
                 value.set_sensitive(true);
-                Some(value)
+                Some((name, value))
             }
         };
         let client = reqwest::Client::builder()
@@ -240,6 +291,7 @@ impl Passthrough {
         Ok(Passthrough {
             client,
             base_url: config.base_url.trim().to_owned(),
+            format: config.format,
             authorization,
             timeout: config.timeout,
             retry: config.retry_policy(),
@@ -251,8 +303,21 @@ impl Passthrough {
         &self.base_url
     }
 
+    /// Writes `call` with `messages` in the upstream's format ([`ChatCall::body_for`]) and
+    /// POSTs it (see [`Passthrough::chat_completions`] for what comes back).
+    pub async fn send(
+        &self,
+        call: &ChatCall,
+        messages: &[Message],
+    ) -> Result<UpstreamResponse, PassthroughError> {
+        let body = call.body_for(self.format, messages)?;
+        self.post(&body).await
+    }
+
     /// POSTs `body` as it is (serialized once, its key order kept) to
     /// `{base_url}/chat/completions`; the caller has already put in the messages it chose.
+    /// For an upstream that speaks Anthropic's format, use [`Passthrough::send`] or
+    /// [`ChatUpstream::forward`].
     ///
     /// When `body["stream"]` is `true` and the upstream answers with a success status, the
     /// body is an [`UpstreamBody::Stream`] of the chunks as they arrive; otherwise it is
@@ -265,20 +330,37 @@ impl Passthrough {
         &self,
         body: &Value,
     ) -> Result<UpstreamResponse, PassthroughError> {
-        let stream = body.get("stream").and_then(Value::as_bool) == Some(true);
-        let payload = Bytes::from(body.to_string());
-        self.call(
-            reqwest::Method::POST,
-            "chat/completions",
-            Some(payload),
-            stream,
-        )
-        .await
+        if self.format != WireFormat::OpenAiChat {
+            return Err(PassthroughError::Unsupported {
+                detail: format!(
+                    "a chat-completions body for an upstream that speaks {}",
+                    self.format
+                ),
+            });
+        }
+        self.post(body).await
     }
 
-    /// GETs `{base_url}/models`, returned as received (whole), with the same retries.
+    /// POSTs `body`, a request in the upstream's own format, as it is.
+    async fn post(&self, body: &Value) -> Result<UpstreamResponse, PassthroughError> {
+        let stream = body.get("stream").and_then(Value::as_bool) == Some(true);
+        let payload = Bytes::from(body.to_string());
+        let path = match self.format {
+            WireFormat::OpenAiChat => "chat/completions",
+            WireFormat::AnthropicMessages => "v1/messages",
+        };
+        self.call(reqwest::Method::POST, path, Some(payload), stream)
+            .await
+    }
+
+    /// GETs the upstream's model list (`{base_url}/models`, or `v1/models` from Anthropic),
+    /// returned as received (whole), with the same retries.
     pub async fn models(&self) -> Result<UpstreamResponse, PassthroughError> {
-        self.call(reqwest::Method::GET, "models", None, false).await
+        let path = match self.format {
+            WireFormat::OpenAiChat => "models",
+            WireFormat::AnthropicMessages => "v1/models",
+        };
+        self.call(reqwest::Method::GET, path, None, false).await
     }
 
     async fn call(
@@ -304,7 +386,7 @@ impl Passthrough {
                     }
                 }
             };
-            let response = match self.send(&method, &url, payload.clone()).await {
+            let response = match self.attempt(&method, &url, payload.clone()).await {
                 Ok(response) => response,
                 Err(_) if retries_left => {
                     tokio::time::sleep(backoff(None)).await;
@@ -343,21 +425,25 @@ impl Passthrough {
             return Ok(UpstreamResponse {
                 status: status.as_u16(),
                 content_type,
+                format: self.format,
                 body,
             });
         }
     }
 
     /// One attempt, up to the response headers.
-    async fn send(
+    async fn attempt(
         &self,
         method: &reqwest::Method,
         url: &str,
         payload: Option<Bytes>,
     ) -> Result<reqwest::Response, PassthroughError> {
         let mut request = self.client.request(method.clone(), url);
-        if let Some(authorization) = &self.authorization {
-            request = request.header(AUTHORIZATION, authorization.clone());
+        if let Some((name, value)) = &self.authorization {
+            request = request.header(name.clone(), value.clone());
+        }
+        if self.format == WireFormat::AnthropicMessages {
+            request = request.header("anthropic-version", crate::anthropic::API_VERSION);
         }
         if let Some(payload) = payload {
             request = request
@@ -384,6 +470,8 @@ pub struct UpstreamResponse {
     pub status: u16,
     /// The `Content-Type` header, when it was given (and is visible ASCII).
     pub content_type: Option<String>,
+    /// The wire format the body is in (the upstream's).
+    pub format: WireFormat,
     /// The body.
     pub body: UpstreamBody,
 }
@@ -463,23 +551,68 @@ pub struct Answer {
     pub finish_reason: Option<String>,
 }
 
-/// Folds an upstream answer into an [`Answer`]: a whole `chat.completion`
-/// ([`AnswerAccumulator::from_completion`]), or the server-sent events of a streamed one fed
-/// in pieces split anywhere, even inside a line or a UTF-8 character
-/// ([`AnswerAccumulator::push_sse_bytes`], then [`AnswerAccumulator::finish`]). Only choice
-/// 0 is kept when the request asked for several.
+/// Folds an upstream answer into an [`Answer`]: a whole one
+/// ([`AnswerAccumulator::from_body`]: a `chat.completion`, or a message of Anthropic's API),
+/// or the server-sent events of a streamed one fed in pieces split anywhere, even inside a
+/// line or a UTF-8 character ([`AnswerAccumulator::push_sse_bytes`], then
+/// [`AnswerAccumulator::finish`]). Only choice 0 is kept when the request asked for several.
 #[derive(Debug, Default)]
 pub struct AnswerAccumulator {
     decoder: SseDecoder,
-    assembly: StreamAssembly,
+    assembly: Assembly,
     /// The first problem met; later bytes are ignored.
     problem: Option<PassthroughError>,
 }
 
+/// A streamed answer being put back together, in its wire format.
+#[derive(Debug)]
+enum Assembly {
+    OpenAi(StreamAssembly),
+    Anthropic(crate::anthropic::StreamAssembly),
+}
+
+impl Default for Assembly {
+    fn default() -> Assembly {
+        Assembly::OpenAi(StreamAssembly::default())
+    }
+}
+
 impl AnswerAccumulator {
-    /// An empty accumulator, for a streamed answer.
+    /// An empty accumulator, for a streamed chat completion.
     pub fn new() -> AnswerAccumulator {
         AnswerAccumulator::default()
+    }
+
+    /// An empty accumulator, for a streamed answer in `format`.
+    pub fn for_format(format: WireFormat) -> AnswerAccumulator {
+        AnswerAccumulator {
+            assembly: match format {
+                WireFormat::OpenAiChat => Assembly::OpenAi(StreamAssembly::default()),
+                WireFormat::AnthropicMessages => {
+                    Assembly::Anthropic(crate::anthropic::StreamAssembly::default())
+                }
+            },
+            ..AnswerAccumulator::default()
+        }
+    }
+
+    /// Reads a whole (non-streamed) answer in `format`.
+    pub fn from_body(format: WireFormat, body: &[u8]) -> Result<Answer, PassthroughError> {
+        match format {
+            WireFormat::OpenAiChat => AnswerAccumulator::from_completion(body),
+            WireFormat::AnthropicMessages => {
+                let answer: Value =
+                    serde_json::from_slice(body).map_err(|e| PassthroughError::Malformed {
+                        detail: format!("the body is not JSON ({e})"),
+                    })?;
+                if let Some(error) = answer.get("error") {
+                    return Err(PassthroughError::Reported {
+                        detail: error.to_string(),
+                    });
+                }
+                anthropic_answer(&answer)
+            }
+        }
     }
 
     /// Feeds the next bytes of a `text/event-stream` body, split at any point. Never fails:
@@ -525,11 +658,29 @@ impl AnswerAccumulator {
         if let Some(problem) = self.problem {
             return Err(problem);
         }
-        if !self.assembly.saw_choice() {
+        let assembly = match self.assembly {
+            Assembly::OpenAi(assembly) => assembly,
+            Assembly::Anthropic(assembly) => {
+                if !assembly.started() {
+                    return Err(PassthroughError::Malformed {
+                        detail: "the stream has no `message_start` event".to_owned(),
+                    });
+                }
+                let ended = assembly.ended();
+                let answer = anthropic_answer(&assembly.into_answer())?;
+                if !ended {
+                    return Err(PassthroughError::Truncated {
+                        partial: Some(Box::new(answer.message)),
+                    });
+                }
+                return Ok(answer);
+            }
+        };
+        if !assembly.saw_choice() {
             return Err(PassthroughError::NoChoice);
         }
-        let ended = self.assembly.ended();
-        let completion = self.assembly.finish();
+        let ended = assembly.ended();
+        let completion = assembly.finish();
         if !ended {
             return Err(PassthroughError::Truncated {
                 partial: Some(Box::new(completion.message)),
@@ -554,8 +705,35 @@ impl AnswerAccumulator {
     }
 
     fn absorb(&mut self, events: impl IntoIterator<Item = SseEvent>) {
+        let assembly = match &mut self.assembly {
+            Assembly::OpenAi(assembly) => assembly,
+            Assembly::Anthropic(assembly) => {
+                for event in events {
+                    let data: Value = match serde_json::from_str(&event.data) {
+                        Ok(data) => data,
+                        Err(error) => {
+                            self.problem = Some(PassthroughError::Malformed {
+                                detail: format!(
+                                    "a stream event is not JSON ({error}): {}",
+                                    event.data
+                                ),
+                            });
+                            return;
+                        }
+                    };
+                    if data.get("type").and_then(Value::as_str) == Some("error") {
+                        self.problem = Some(PassthroughError::Reported {
+                            detail: data.get("error").unwrap_or(&data).to_string(),
+                        });
+                        return;
+                    }
+                    assembly.absorb(&data, &mut |_| {});
+                }
+                return;
+            }
+        };
         for event in events {
-            if let Err(problem) = self.assembly.absorb_data(&event.data, &mut |_| {}) {
+            if let Err(problem) = assembly.absorb_data(&event.data, &mut |_| {}) {
                 self.problem = Some(match problem {
                     ChunkProblem::NotJson { .. } => PassthroughError::Malformed {
                         detail: problem.to_string(),
@@ -568,18 +746,31 @@ impl AnswerAccumulator {
     }
 }
 
+/// An Anthropic answer (whole, or put back together from its stream) as an [`Answer`].
+fn anthropic_answer(answer: &Value) -> Result<Answer, PassthroughError> {
+    let read = crate::anthropic::read_answer(answer)
+        .map_err(|detail| PassthroughError::Malformed { detail })?;
+    Ok(Answer {
+        message: read.message,
+        usage: read.usage,
+        model: read.model,
+        finish_reason: read.stop_reason,
+    })
+}
+
 /// Passes a streamed body through unchanged while folding it into an [`Answer`]. `on_end`
 /// is called exactly once: with [`AnswerAccumulator::finish`]'s result when the stream
 /// ends, with the error when it yields an error item, and with
 /// [`PassthroughError::Interrupted`] when it is dropped before either (the client went
 /// away), carrying the answer as far as it had come.
-pub fn record_stream<F>(stream: UpstreamStream, on_end: F) -> UpstreamStream
+/// The stream is read as `format`'s events.
+pub fn record_stream<F>(stream: UpstreamStream, format: WireFormat, on_end: F) -> UpstreamStream
 where
     F: FnOnce(Result<Answer, PassthroughError>) + Send + 'static,
 {
     Box::pin(RecordedStream {
         inner: stream,
-        accumulator: Some(AnswerAccumulator::new()),
+        accumulator: Some(AnswerAccumulator::for_format(format)),
         on_end: Some(Box::new(on_end)),
     })
 }
@@ -773,6 +964,7 @@ mod tests {
         let response = |content_type: Option<&str>| UpstreamResponse {
             status: 200,
             content_type: content_type.map(str::to_owned),
+            format: WireFormat::OpenAiChat,
             body: UpstreamBody::Full(Bytes::new()),
         };
         assert!(response(Some("text/event-stream")).is_event_stream());

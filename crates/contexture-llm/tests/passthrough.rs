@@ -10,7 +10,7 @@ use contexture_core::{Content, Message, Part, ToolCall};
 use contexture_fake_upstream::{FakeUpstream, Reply};
 use contexture_llm::{
     Answer, AnswerAccumulator, Passthrough, PassthroughError, UpstreamBody, UpstreamConfig,
-    UpstreamResponse, UpstreamStream, Usage, record_stream,
+    UpstreamResponse, UpstreamStream, Usage, WireFormat, record_stream,
 };
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -28,6 +28,7 @@ fn sse_chunks(chunks: impl IntoIterator<Item = Bytes>) -> Reply {
 fn config(base_url: &str, retries: u32) -> UpstreamConfig {
     UpstreamConfig {
         base_url: base_url.to_owned(),
+        format: WireFormat::OpenAiChat,
         api_key: Some(KEY.to_owned()),
         timeout: Duration::from_secs(10),
         retries,
@@ -524,7 +525,7 @@ async fn a_recorded_stream_passes_chunks_through_and_reports_the_answer() {
         panic!("expected a stream");
     };
     let (sender, receiver) = tokio::sync::oneshot::channel();
-    let recorded = record_stream(stream, move |answer| {
+    let recorded = record_stream(stream, WireFormat::OpenAiChat, move |answer| {
         sender.send(answer).unwrap();
     });
     let passed = UpstreamBody::Stream(recorded).collect().await.unwrap();
@@ -548,7 +549,7 @@ async fn a_recorded_stream_dropped_early_reports_the_interruption() {
         panic!("expected a stream");
     };
     let (sender, receiver) = tokio::sync::oneshot::channel();
-    let mut recorded = record_stream(stream, move |answer| {
+    let mut recorded = record_stream(stream, WireFormat::OpenAiChat, move |answer| {
         sender.send(answer).unwrap();
     });
     assert!(next(&mut recorded).await.unwrap().is_ok());

@@ -18,6 +18,7 @@ use contexture_core::format::openai_completion;
 use contexture_engine::chat::{ChatError, SHUT_DOWN, StoredAnswer};
 use contexture_engine::chat_service::{TurnAnswer, TurnError, TurnRequest};
 use contexture_llm::passthrough::{PassthroughError, UpstreamBody, UpstreamResponse};
+use contexture_llm::wire::WireFormat;
 use serde_json::{Map, Value};
 
 use crate::app::AppState;
@@ -25,7 +26,7 @@ use crate::auth::Caller;
 use crate::body::JsonBody;
 use crate::error::{ApiError, ApiResult};
 use crate::fit_settings;
-use crate::routes::chat_request::{ChatCompletionsCall, THREAD_HEADER, ThreadedRequest};
+use crate::routes::chat_request::{ChatCompletionsCall, THREAD_HEADER};
 use crate::tenant_store::TenantStore;
 
 /// The header a replayed answer carries.
@@ -40,34 +41,36 @@ pub async fn completions(
 ) -> ApiResult<Response> {
     let key = crate::body::idempotency_key(&headers)?;
     let tenant = &caller.tenant;
-    let request = match ChatCompletionsCall::parse(&headers, body)? {
-        ChatCompletionsCall::Passthrough(body) => {
-            let response = state
-                .chat
-                .pass_through(tenant, &body)
-                .await
-                .map_err(|error| turn_error(state.tenant_store(tenant), error))?;
-            return Ok(passthrough_response(response, None));
-        }
-        ChatCompletionsCall::Threaded(request) => request,
+    let request = ChatCompletionsCall::parse(&headers, body)?;
+    // Answers go back as the upstream wrote them.
+    if state.chat.upstream_format() != WireFormat::OpenAiChat {
+        return Err(ApiError::upstream(format!(
+            "the upstream speaks {}, whose answers this endpoint cannot write",
+            state.chat.upstream_format()
+        )));
+    }
+    let Some(thread) = request.thread else {
+        let response = state
+            .chat
+            .pass_through(tenant, &request.call, &request.messages)
+            .await
+            .map_err(|error| turn_error(state.tenant_store(tenant), error))?;
+        return Ok(passthrough_response(response, None));
     };
     let settings =
-        fit_settings::settings(&state, tenant, &request.read.model, None, None, None, None).await?;
+        fit_settings::settings(&state, tenant, &request.call.model, None, None, None, None).await?;
     let threads = state.tenant_store(tenant);
-    threads.refuse_writes(&request.thread)?;
-    let ThreadedRequest { thread, read, body } = *request;
-    let stream = read.stream;
-    let digest = chat_request_digest(&body);
+    threads.refuse_writes(&thread)?;
+    let stream = request.call.stream;
+    let digest = chat_request_digest(&request.call.client.body);
     let turn = TurnRequest {
         tenant: tenant.clone(),
         thread: thread.clone(),
         settings,
-        messages: read.messages,
-        tools: read.tools,
-        response_format: read.response_format,
-        reply_budget: read.reply_budget,
-        choices: read.choices,
-        body,
+        messages: request.messages,
+        call: request.call,
+        reply_budget: request.reply_budget,
+        choices: request.choices,
         key: key.map(|key| (key, digest)),
     };
     match state.chat.turn(turn).await {

@@ -3,7 +3,9 @@
 //! and the thread it names (header or metadata).
 
 use axum::http::HeaderMap;
+use contexture_core::Message;
 use contexture_core::format::openai_request::{ChatBody, read_chat_body};
+use contexture_llm::wire::{ChatCall, ClientRequest, WireFormat};
 use serde_json::{Map, Value};
 
 use crate::error::{ApiError, ApiResult};
@@ -14,23 +16,19 @@ pub const THREAD_HEADER: &str = "x-contexture-thread";
 /// The `metadata` key that names the thread.
 pub const THREAD_METADATA_KEY: &str = "contexture_thread";
 
-/// A `/v1/chat/completions` request, checked: forwarded as it is, or a turn of a thread.
-pub(crate) enum ChatCompletionsCall {
-    /// No thread: forwarded as it came.
-    Passthrough(Value),
-    /// A turn of a thread.
-    Threaded(Box<ThreadedRequest>),
-}
-
-/// A chat request that names a thread.
-pub(crate) struct ThreadedRequest {
-    /// The client's thread id.
-    pub thread: String,
-    /// The body, read.
-    pub read: ChatBody,
-    /// The body to forward (without the thread's name; its messages are replaced by the
-    /// fitted request's).
-    pub body: Map<String, Value>,
+/// A `/v1/chat/completions` request, checked and read into the engine's wire-neutral call.
+pub(crate) struct ChatCompletionsCall {
+    /// The thread it names, when it names one (without one it is passed through).
+    pub thread: Option<String>,
+    /// Its messages.
+    pub messages: Vec<Message>,
+    /// The call: the parameters every upstream reads, and the body as it came (without the
+    /// thread's name).
+    pub call: ChatCall,
+    /// The reply budget asked for, with the field that gave it.
+    pub reply_budget: Option<(&'static str, u64)>,
+    /// The choices asked for (`n`), when given.
+    pub choices: Option<u64>,
 }
 
 impl ChatCompletionsCall {
@@ -39,18 +37,30 @@ impl ChatCompletionsCall {
         let Value::Object(mut body) = body else {
             return Err(ApiError::invalid("body", "the body must be a JSON object"));
         };
-        let read =
+        let read: ChatBody =
             read_chat_body(&body).map_err(|error| ApiError::invalid(error.field, error.message))?;
-        let Some(thread) = thread_name(headers, &mut body)? else {
-            return Ok(ChatCompletionsCall::Passthrough(Value::Object(body)));
-        };
-        check_id("the thread", &thread)
-            .map_err(|problem| ApiError::invalid(THREAD_HEADER, problem))?;
-        Ok(ChatCompletionsCall::Threaded(Box::new(ThreadedRequest {
+        let thread = thread_name(headers, &mut body)?;
+        if let Some(thread) = &thread {
+            check_id("the thread", thread)
+                .map_err(|problem| ApiError::invalid(THREAD_HEADER, problem))?;
+        }
+        Ok(ChatCompletionsCall {
             thread,
-            read,
-            body,
-        })))
+            messages: read.messages,
+            call: ChatCall {
+                model: read.model,
+                tools: read.tools,
+                response_format: read.response_format,
+                max_tokens: read.reply_budget.map(|(_, tokens)| tokens),
+                stream: read.stream,
+                client: ClientRequest {
+                    format: WireFormat::OpenAiChat,
+                    body,
+                },
+            },
+            reply_budget: read.reply_budget,
+            choices: read.choices,
+        })
     }
 }
 

@@ -1,0 +1,172 @@
+//! The chat turn operation with upstreams of either wire format: a call read from an
+//! OpenAI-format client runs as a turn against an Anthropic upstream (the fake, over real
+//! HTTP), whole and streamed, and the thread records the answer as it does for an
+//! OpenAI-compatible one.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::sqlite;
+use contexture_core::fit::FitPolicy;
+use contexture_core::registry::Registry;
+use contexture_core::thread::{EventKind, RequestOutcome};
+use contexture_core::{Message, Role};
+use contexture_engine::chat_service::{
+    ChatLimits, ChatObserver, ChatParts, ChatService, TurnAnswer, TurnRequest,
+};
+use contexture_engine::compaction::{CompactionError, CompactionOutcome, Compactor};
+use contexture_engine::cpu::CpuPool;
+use contexture_engine::fitting::{FitOverrides, FitSettings, FittedRequest};
+use contexture_engine::in_flight::InFlight;
+use contexture_engine::llm::{FixedRouter, Router};
+use contexture_engine::tenant_slots::TenantSlots;
+use contexture_engine::turns::TurnQueue;
+use contexture_fake_upstream::{FakeUpstream, Reply};
+use contexture_llm::{
+    ChatCall, ClientRequest, Passthrough, ScriptedProvider, UpstreamBody, UpstreamConfig,
+    WireFormat,
+};
+use contexture_store::{SqliteStore, Store, StoreError, Tenant};
+use serde_json::{Value, json};
+
+struct Quiet;
+
+impl ChatObserver for Quiet {
+    fn compacted(&self, _: &str, _: &Result<CompactionOutcome, CompactionError>) {}
+    fn request_fitted(&self, _: &FittedRequest) {}
+    fn recording_failed(&self, tenant: &str, error: &StoreError) {
+        panic!("{tenant}: a turn's end was not recorded: {error}");
+    }
+}
+
+fn service(store: SqliteStore, upstream: &FakeUpstream) -> ChatService<SqliteStore> {
+    let mut config = UpstreamConfig::speaking(
+        WireFormat::AnthropicMessages,
+        upstream.origin(),
+        Some("sk-ant-test".to_owned()),
+    );
+    config.retries = 0;
+    let registry = Arc::new(Registry::builtin());
+    let summarizer = Arc::new(FixedRouter::new(Arc::new(ScriptedProvider::texts(["-"]))));
+    ChatService::new(ChatParts {
+        store,
+        upstream: Arc::new(Passthrough::new(config).unwrap()),
+        compactor: Arc::new(Compactor::new(summarizer as Arc<dyn Router>, registry)),
+        compaction: None,
+        cpu: Arc::new(CpuPool::new(2, 2)),
+        turns: Arc::new(TurnQueue::default()),
+        slots: TenantSlots::new(4, "chat turns", "limits.max_chat_turns"),
+        in_flight: Arc::new(InFlight::default()),
+        limits: ChatLimits {
+            turn_wait: Duration::from_secs(5),
+            abandon_after_secs: 60.0,
+        },
+        observer: Arc::new(Quiet),
+    })
+}
+
+/// A turn as the chat-completions door reads one.
+fn turn(question: &str, stream: bool) -> TurnRequest {
+    let messages = vec![Message::user(question)];
+    let body = json!({
+        "model": "claude-sonnet-4-5",
+        "messages": [{"role": "user", "content": question}],
+        "stream": stream
+    });
+    let Value::Object(body) = body else {
+        unreachable!()
+    };
+    let model = Registry::builtin().get("claude-sonnet-4-5").unwrap();
+    TurnRequest {
+        tenant: Tenant::new("acme").unwrap(),
+        thread: "porto".to_owned(),
+        settings: FitSettings::new(model, FitPolicy::default(), FitOverrides::default()).unwrap(),
+        messages,
+        call: ChatCall {
+            model: "claude-sonnet-4-5".to_owned(),
+            tools: Vec::new(),
+            response_format: None,
+            max_tokens: None,
+            stream,
+            client: ClientRequest {
+                format: WireFormat::OpenAiChat,
+                body,
+            },
+        },
+        reply_budget: None,
+        choices: None,
+        key: None,
+    }
+}
+
+#[tokio::test]
+async fn turns_against_an_anthropic_upstream_are_recorded_whole_and_streamed() {
+    let (_dir, store) = sqlite().await;
+    let upstream = FakeUpstream::start().await;
+    upstream.push(Reply::text("Rainy.").usage(20, 3));
+    upstream.push(Reply::text_in_pieces(["Take ", "an umbrella."]).usage(31, 5));
+    let chat = service(store.clone(), &upstream);
+
+    let TurnAnswer::Upstream(first) = chat.turn(turn("Weather in Porto?", false)).await.unwrap()
+    else {
+        panic!("an upstream answer")
+    };
+    assert_eq!(first.format, WireFormat::AnthropicMessages);
+    first.body.collect().await.unwrap();
+
+    let TurnAnswer::Upstream(second) = chat.turn(turn("And tomorrow?", true)).await.unwrap() else {
+        panic!("an upstream answer")
+    };
+    assert!(matches!(second.body, UpstreamBody::Stream(_)));
+    // The stream ends once its answer is stored.
+    second.body.collect().await.unwrap();
+
+    // The second call carried the first turn's answer, in Anthropic's format.
+    let calls = upstream.calls();
+    assert_eq!(calls[1].path, "/v1/messages");
+    assert_eq!(
+        calls[1].json["messages"],
+        json!([
+            {"role": "user", "content": "Weather in Porto?"},
+            {"role": "assistant", "content": [{"type": "text", "text": "Rainy."}]},
+            {"role": "user", "content": "And tomorrow?"}
+        ])
+    );
+
+    let thread = store.scoped(Tenant::new("acme").unwrap());
+    let events = thread.events("porto").await.unwrap();
+    let said: Vec<(Role, String)> = events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::MessageAppended { message } => Some((message.role, message.text())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        said,
+        [
+            (Role::User, "Weather in Porto?".to_owned()),
+            (Role::Assistant, "Rainy.".to_owned()),
+            (Role::User, "And tomorrow?".to_owned()),
+            (Role::Assistant, "Take an umbrella.".to_owned()),
+        ]
+    );
+    let ends: Vec<(RequestOutcome, u64, bool)> = events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::RequestEnded(end) => {
+                Some((end.outcome, end.usage.output_tokens, end.usage_estimated))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        ends,
+        [
+            (RequestOutcome::Completed, 3, false),
+            (RequestOutcome::Completed, 5, false)
+        ]
+    );
+}

@@ -1,0 +1,573 @@
+//! What a chat call sends, whatever wire format its client spoke and whichever format its
+//! upstream speaks.
+//!
+//! A door reads its client's request into a [`ChatCall`]: the parameters every upstream
+//! understands (the model, the tool schemas, a structured-output schema, the reply's token
+//! limit, whether to stream) and the request itself as the client sent it
+//! ([`ClientRequest`]). The engine chooses the messages. Then:
+//!
+//! - an upstream of the client's own format is sent the client's request with the chosen
+//!   messages written over its own, everything else as it came (fields this crate does not
+//!   know included, key order kept);
+//! - an upstream of another format is sent a request written from the call's parameters,
+//!   with the client's settings that have a counterpart translated (temperature, `top_p`,
+//!   stop sequences, the tool choice, the end user's id); a setting that would change what
+//!   the answer is and has no counterpart (log probabilities, audio, a structured-output
+//!   schema Anthropic's API cannot take, ...) is refused ([`PassthroughError::Unsupported`]),
+//!   and one that only tunes sampling or bookkeeping (`seed`, `top_k`, `store`, ...) is left
+//!   out. Message fields of the client's format (`Message::extra`) are left out too: the other
+//!   API would reject them.
+
+use contexture_core::Message;
+use contexture_core::format::{anthropic, openai};
+use serde_json::{Map, Value, json};
+
+use crate::passthrough::PassthroughError;
+
+/// `max_tokens` is required by Anthropic's API; this is sent when the call sets none.
+pub const ANTHROPIC_DEFAULT_MAX_TOKENS: u64 = 4096;
+
+/// A wire format of chat calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WireFormat {
+    /// OpenAI's chat completions (`POST /v1/chat/completions`), which OpenAI-compatible
+    /// servers (vLLM, llama.cpp, Ollama, ...) speak too.
+    OpenAiChat,
+    /// Anthropic's messages (`POST /v1/messages`).
+    AnthropicMessages,
+}
+
+impl WireFormat {
+    /// The format's name, for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            WireFormat::OpenAiChat => "OpenAI chat completions",
+            WireFormat::AnthropicMessages => "Anthropic messages",
+        }
+    }
+}
+
+impl std::fmt::Display for WireFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A client's request as it sent it, in its wire format.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientRequest {
+    /// The format it came in.
+    pub format: WireFormat,
+    /// Its body (without what only Contexture reads, such as the thread's name).
+    pub body: Map<String, Value>,
+}
+
+/// A chat call's parameters apart from its messages, as every upstream reads them (see the
+/// module documentation).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatCall {
+    /// The model asked for.
+    pub model: String,
+    /// The tool schemas, in OpenAI's function-tool shape
+    /// (`{"type": "function", "function": {"name", "description", "parameters"}}`).
+    pub tools: Vec<Value>,
+    /// The structured-output schema (OpenAI's `response_format`), when there is one.
+    pub response_format: Option<Value>,
+    /// The most tokens the reply may take, when the client said.
+    pub max_tokens: Option<u64>,
+    /// Whether the answer is streamed.
+    pub stream: bool,
+    /// The request as the client sent it.
+    pub client: ClientRequest,
+}
+
+impl ChatCall {
+    /// The request body for an upstream of `format`, sending `messages` (see the module
+    /// documentation).
+    pub fn body_for(
+        &self,
+        format: WireFormat,
+        messages: &[Message],
+    ) -> Result<Value, PassthroughError> {
+        match format {
+            WireFormat::OpenAiChat => self.openai_body(messages),
+            WireFormat::AnthropicMessages => self.anthropic_body(messages),
+        }
+    }
+
+    fn openai_body(&self, messages: &[Message]) -> Result<Value, PassthroughError> {
+        if self.client.format == WireFormat::OpenAiChat {
+            let mut body = self.client.body.clone();
+            body.insert("messages".into(), openai::to_values(messages));
+            return Ok(Value::Object(body));
+        }
+        let client = &self.client.body;
+        refuse(self.client.format, client, &["mcp_servers", "container"])?;
+        let mut body = Map::new();
+        body.insert("model".into(), json!(self.model));
+        body.insert(
+            "messages".into(),
+            openai::to_values(&without_extra(messages)),
+        );
+        if let Some(tokens) = self.max_tokens {
+            body.insert("max_tokens".into(), json!(tokens));
+        }
+        copy(
+            client,
+            &mut body,
+            &[("temperature", "temperature"), ("top_p", "top_p")],
+        );
+        if let Some(stop) = client.get("stop_sequences") {
+            body.insert("stop".into(), stop.clone());
+        }
+        if !self.tools.is_empty() {
+            body.insert("tools".into(), Value::Array(self.tools.clone()));
+        }
+        if let Some(choice) = client.get("tool_choice") {
+            let (choice, parallel) = openai_tool_choice(choice)?;
+            body.insert("tool_choice".into(), choice);
+            if parallel == Some(false) {
+                body.insert("parallel_tool_calls".into(), json!(false));
+            }
+        }
+        if let Some(format) = &self.response_format {
+            body.insert("response_format".into(), format.clone());
+        }
+        if let Some(user) = client.get("metadata").and_then(|m| m.get("user_id")) {
+            body.insert("user".into(), user.clone());
+        }
+        if self.stream {
+            body.insert("stream".into(), json!(true));
+            // The usage is recorded with the answer.
+            body.insert("stream_options".into(), json!({"include_usage": true}));
+        }
+        Ok(Value::Object(body))
+    }
+
+    fn anthropic_body(&self, messages: &[Message]) -> Result<Value, PassthroughError> {
+        let same = self.client.format == WireFormat::AnthropicMessages;
+        let written = if same {
+            anthropic::to_request(messages)
+        } else {
+            anthropic::to_request(&without_extra(messages))
+        }
+        .map_err(|error| PassthroughError::Unsupported {
+            detail: format!("the messages cannot be written for Anthropic's API: {error}"),
+        })?;
+        let Value::Object(written) = written else {
+            unreachable!("a request body is an object");
+        };
+        if same {
+            let mut body = self.client.body.clone();
+            body.remove("system");
+            body.extend(written);
+            return Ok(Value::Object(body));
+        }
+        let client = &self.client.body;
+        refuse(
+            self.client.format,
+            client,
+            &[
+                "logprobs",
+                "top_logprobs",
+                "modalities",
+                "audio",
+                "prediction",
+                "functions",
+                "function_call",
+                "web_search_options",
+            ],
+        )?;
+        if let Some(format) = &self.response_format
+            && format.get("type").and_then(Value::as_str) != Some("text")
+        {
+            return Err(PassthroughError::Unsupported {
+                detail: "response_format: Anthropic's messages API has no structured-output schema; ask without one".to_owned(),
+            });
+        }
+        let mut body = Map::new();
+        body.insert("model".into(), json!(self.model));
+        body.insert(
+            "max_tokens".into(),
+            json!(self.max_tokens.unwrap_or(ANTHROPIC_DEFAULT_MAX_TOKENS)),
+        );
+        body.extend(written);
+        copy(
+            client,
+            &mut body,
+            &[("temperature", "temperature"), ("top_p", "top_p")],
+        );
+        match client.get("stop") {
+            Some(Value::String(stop)) => {
+                body.insert("stop_sequences".into(), json!([stop]));
+            }
+            Some(stop @ Value::Array(_)) => {
+                body.insert("stop_sequences".into(), stop.clone());
+            }
+            _ => {}
+        }
+        if !self.tools.is_empty() {
+            body.insert(
+                "tools".into(),
+                Value::Array(self.tools.iter().map(anthropic_tool).collect()),
+            );
+        }
+        let parallel = client.get("parallel_tool_calls").and_then(Value::as_bool);
+        match client.get("tool_choice") {
+            Some(choice) => {
+                let mut choice = anthropic_tool_choice(choice)?;
+                if parallel == Some(false) {
+                    choice.insert("disable_parallel_tool_use".into(), json!(true));
+                }
+                body.insert("tool_choice".into(), Value::Object(choice));
+            }
+            None if parallel == Some(false) && !self.tools.is_empty() => {
+                body.insert(
+                    "tool_choice".into(),
+                    json!({"type": "auto", "disable_parallel_tool_use": true}),
+                );
+            }
+            None => {}
+        }
+        if let Some(user) = client.get("user") {
+            body.insert("metadata".into(), json!({"user_id": user}));
+        }
+        if self.stream {
+            body.insert("stream".into(), json!(true));
+        }
+        Ok(Value::Object(body))
+    }
+}
+
+/// Refuses a request that sets one of `fields`: settings of `format` that change what the
+/// answer is and have no counterpart in the upstream's format.
+fn refuse(
+    format: WireFormat,
+    client: &Map<String, Value>,
+    fields: &[&str],
+) -> Result<(), PassthroughError> {
+    match fields
+        .iter()
+        .find(|field| client.get(**field).is_some_and(|value| !is_unset(value)))
+    {
+        Some(field) => Err(PassthroughError::Unsupported {
+            detail: format!(
+                "{field}: a setting of the {format} format that the upstream's format has no counterpart for"
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// True for a value that sets nothing (`null`, `false`, an empty list or object).
+fn is_unset(value: &Value) -> bool {
+    match value {
+        Value::Null | Value::Bool(false) => true,
+        Value::Array(items) => items.is_empty(),
+        Value::Object(fields) => fields.is_empty(),
+        _ => false,
+    }
+}
+
+fn copy(from: &Map<String, Value>, to: &mut Map<String, Value>, fields: &[(&str, &str)]) {
+    for (source, target) in fields {
+        if let Some(value) = from.get(*source) {
+            to.insert((*target).to_owned(), value.clone());
+        }
+    }
+}
+
+/// The messages without the fields of one wire format their `extra` holds.
+fn without_extra(messages: &[Message]) -> Vec<Message> {
+    messages
+        .iter()
+        .map(|message| {
+            if message.extra.is_empty() {
+                message.clone()
+            } else {
+                let mut message = message.clone();
+                message.extra.clear();
+                message
+            }
+        })
+        .collect()
+}
+
+/// An OpenAI function tool in Anthropic's shape (`name`, `description`, `input_schema`); a
+/// tool already in Anthropic's shape passes through.
+pub(crate) fn anthropic_tool(tool: &Value) -> Value {
+    let Some(function) = tool.get("function") else {
+        return tool.clone();
+    };
+    let mut schema = Map::new();
+    for (from, to) in [
+        ("name", "name"),
+        ("description", "description"),
+        ("parameters", "input_schema"),
+    ] {
+        if let Some(value) = function.get(from) {
+            schema.insert(to.into(), value.clone());
+        }
+    }
+    schema
+        .entry("input_schema")
+        .or_insert_with(|| json!({"type": "object", "properties": {}}));
+    Value::Object(schema)
+}
+
+/// An OpenAI `tool_choice` in Anthropic's shape.
+fn anthropic_tool_choice(choice: &Value) -> Result<Map<String, Value>, PassthroughError> {
+    let shaped = match choice {
+        Value::String(mode) => match mode.as_str() {
+            "auto" => json!({"type": "auto"}),
+            "required" => json!({"type": "any"}),
+            "none" => json!({"type": "none"}),
+            _ => return Err(bad_tool_choice(choice)),
+        },
+        Value::Object(choice) => match choice
+            .get("function")
+            .and_then(|function| function.get("name"))
+        {
+            Some(name) => json!({"type": "tool", "name": name}),
+            None => return Err(bad_tool_choice(&Value::Object(choice.clone()))),
+        },
+        _ => return Err(bad_tool_choice(choice)),
+    };
+    match shaped {
+        Value::Object(map) => Ok(map),
+        _ => unreachable!("built as an object"),
+    }
+}
+
+/// An Anthropic `tool_choice` in OpenAI's shape, and whether it allows parallel calls
+/// (`disable_parallel_tool_use`).
+fn openai_tool_choice(choice: &Value) -> Result<(Value, Option<bool>), PassthroughError> {
+    let parallel = choice
+        .get("disable_parallel_tool_use")
+        .and_then(Value::as_bool)
+        .map(|disabled| !disabled);
+    let shaped = match choice.get("type").and_then(Value::as_str) {
+        Some("auto") => json!("auto"),
+        Some("any") => json!("required"),
+        Some("none") => json!("none"),
+        Some("tool") => match choice.get("name") {
+            Some(name) => json!({"type": "function", "function": {"name": name}}),
+            None => return Err(bad_tool_choice(choice)),
+        },
+        _ => return Err(bad_tool_choice(choice)),
+    };
+    Ok((shaped, parallel))
+}
+
+fn bad_tool_choice(choice: &Value) -> PassthroughError {
+    PassthroughError::Unsupported {
+        detail: format!("tool_choice: {choice} has no counterpart in the upstream's format"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(format: WireFormat, body: Value) -> ChatCall {
+        let Value::Object(body) = body else {
+            panic!("an object")
+        };
+        ChatCall {
+            model: body["model"].as_str().unwrap().to_owned(),
+            tools: Vec::new(),
+            response_format: None,
+            max_tokens: None,
+            stream: body.get("stream") == Some(&json!(true)),
+            client: ClientRequest { format, body },
+        }
+    }
+
+    fn chosen() -> Vec<Message> {
+        vec![
+            Message::system("Be brief."),
+            Message::user("Weather in Lisbon?"),
+        ]
+    }
+
+    #[test]
+    fn the_clients_own_format_is_sent_as_it_came_with_the_chosen_messages() {
+        let body = json!({
+            "zeta": 1,
+            "model": "gpt-4o",
+            "messages": [{"role": "user", "content": "old"}],
+            "seed": 7,
+            "logprobs": true
+        });
+        let call = call(WireFormat::OpenAiChat, body.clone());
+        let sent = call.body_for(WireFormat::OpenAiChat, &chosen()).unwrap();
+        let mut expected = body;
+        expected["messages"] = openai::to_values(&chosen());
+        assert_eq!(sent, expected);
+        assert_eq!(
+            sent.as_object().unwrap().keys().collect::<Vec<_>>(),
+            ["zeta", "model", "messages", "seed", "logprobs"],
+            "key order kept"
+        );
+
+        let body = json!({
+            "model": "claude-sonnet-4-5",
+            "max_tokens": 300,
+            "system": "old",
+            "messages": [{"role": "user", "content": "old"}],
+            "top_k": 5
+        });
+        let call = call_anthropic(body);
+        let sent = call
+            .body_for(WireFormat::AnthropicMessages, &chosen())
+            .unwrap();
+        assert_eq!(
+            sent,
+            json!({
+                "model": "claude-sonnet-4-5",
+                "max_tokens": 300,
+                "top_k": 5,
+                "system": "Be brief.",
+                "messages": [{"role": "user", "content": "Weather in Lisbon?"}]
+            })
+        );
+    }
+
+    fn call_anthropic(body: Value) -> ChatCall {
+        call(WireFormat::AnthropicMessages, body)
+    }
+
+    #[test]
+    fn an_openai_call_is_written_for_anthropic_with_its_settings_translated() {
+        let mut call = call(
+            WireFormat::OpenAiChat,
+            json!({
+                "model": "claude-sonnet-4-5",
+                "messages": [],
+                "temperature": 0.2,
+                "stop": "END",
+                "seed": 3,
+                "user": "alice",
+                "tool_choice": {"type": "function", "function": {"name": "lookup"}},
+                "parallel_tool_calls": false,
+                "stream": true
+            }),
+        );
+        call.tools = vec![json!({"type": "function", "function": {
+            "name": "lookup", "description": "Find", "parameters": {"type": "object"}}})];
+        let sent = call
+            .body_for(WireFormat::AnthropicMessages, &chosen())
+            .unwrap();
+        assert_eq!(
+            sent,
+            json!({
+                "model": "claude-sonnet-4-5",
+                "max_tokens": ANTHROPIC_DEFAULT_MAX_TOKENS,
+                "system": "Be brief.",
+                "messages": [{"role": "user", "content": "Weather in Lisbon?"}],
+                "temperature": 0.2,
+                "stop_sequences": ["END"],
+                "tools": [{"name": "lookup", "description": "Find", "input_schema": {"type": "object"}}],
+                "tool_choice": {"type": "tool", "name": "lookup", "disable_parallel_tool_use": true},
+                "metadata": {"user_id": "alice"},
+                "stream": true
+            })
+        );
+    }
+
+    #[test]
+    fn an_anthropic_call_is_written_for_openai_with_its_settings_translated() {
+        let mut call = call_anthropic(json!({
+            "model": "local-llama",
+            "max_tokens": 200,
+            "messages": [],
+            "top_p": 0.9,
+            "top_k": 40,
+            "stop_sequences": ["END"],
+            "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
+            "metadata": {"user_id": "bob"},
+            "stream": true
+        }));
+        call.max_tokens = Some(200);
+        let sent = call.body_for(WireFormat::OpenAiChat, &chosen()).unwrap();
+        assert_eq!(
+            sent,
+            json!({
+                "model": "local-llama",
+                "messages": openai::to_values(&chosen()),
+                "max_tokens": 200,
+                "top_p": 0.9,
+                "stop": ["END"],
+                "tool_choice": "required",
+                "parallel_tool_calls": false,
+                "user": "bob",
+                "stream": true,
+                "stream_options": {"include_usage": true}
+            })
+        );
+    }
+
+    #[test]
+    fn settings_that_change_the_answer_without_a_counterpart_are_refused() {
+        let table = [
+            (json!({"model": "m", "logprobs": true}), Some("logprobs")),
+            (json!({"model": "m", "logprobs": false}), None),
+            (
+                json!({"model": "m", "audio": {"voice": "x"}}),
+                Some("audio"),
+            ),
+            (
+                json!({"model": "m", "tool_choice": "sometimes"}),
+                Some("tool_choice"),
+            ),
+            (json!({"model": "m", "seed": 1, "store": true}), None),
+        ];
+        for (body, refused) in table {
+            let outcome = call(WireFormat::OpenAiChat, body.clone())
+                .body_for(WireFormat::AnthropicMessages, &chosen());
+            match (refused, outcome) {
+                (None, Ok(_)) => {}
+                (Some(field), Err(PassthroughError::Unsupported { detail })) => {
+                    assert!(detail.starts_with(field), "{body}: {detail}");
+                }
+                (refused, outcome) => panic!("{body}: expected {refused:?}, got {outcome:?}"),
+            }
+        }
+        let mut with_schema = call(WireFormat::OpenAiChat, json!({"model": "m"}));
+        with_schema.response_format = Some(json!({"type": "json_object"}));
+        assert!(matches!(
+            with_schema.body_for(WireFormat::AnthropicMessages, &chosen()),
+            Err(PassthroughError::Unsupported { detail }) if detail.starts_with("response_format")
+        ));
+        let mut server_tools = call_anthropic(json!({"model": "m", "mcp_servers": [{"url": "x"}]}));
+        server_tools.stream = false;
+        assert!(matches!(
+            server_tools.body_for(WireFormat::OpenAiChat, &chosen()),
+            Err(PassthroughError::Unsupported { detail }) if detail.starts_with("mcp_servers")
+        ));
+    }
+
+    #[test]
+    fn message_fields_of_the_clients_format_stay_with_it() {
+        let mut answer = Message::assistant("Sunny.");
+        answer.extra.insert("refusal".into(), Value::Null);
+        let messages = vec![Message::user("Weather?"), answer];
+        let foreign = call(WireFormat::OpenAiChat, json!({"model": "m"}))
+            .body_for(WireFormat::AnthropicMessages, &messages)
+            .unwrap();
+        assert_eq!(
+            foreign["messages"][1],
+            json!({"role": "assistant", "content": "Sunny."})
+        );
+        let own = call(WireFormat::OpenAiChat, json!({"model": "m"}))
+            .body_for(WireFormat::OpenAiChat, &messages)
+            .unwrap();
+        assert_eq!(own["messages"][1]["refusal"], Value::Null);
+        assert!(
+            own["messages"][1]
+                .as_object()
+                .unwrap()
+                .contains_key("refusal")
+        );
+    }
+}
