@@ -2,7 +2,9 @@
 //! a stored answer (a keyed turn sent again) or the upstream's response (whole or a stream,
 //! recorded as it passes) out.
 //!
-//! [`ChatService::turn`] runs the whole turn: the tenant's slot of chat turns in flight, the
+//! [`ChatService::turn`] runs the whole turn: the fit settings for the call's model (built by
+//! [`FitSettings::for_model`] from the service's registry and default policy, the stored
+//! calibration and the request's overrides), the tenant's slot of chat turns in flight, the
 //! claim on a keyed turn, the wait for the thread's turn, the answer of an earlier attempt,
 //! then apart from the client's connection (a client that goes away changes nothing) the
 //! engine's [`ChatTurn`] (new messages stored, compaction, fit, the request recorded), the
@@ -18,7 +20,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use contexture_core::compact::CompactionPolicy;
+use contexture_core::fit::FitPolicy;
 use contexture_core::message::Message;
+use contexture_core::registry::Registry;
 use contexture_llm::passthrough::{
     ChatUpstream, PassthroughError, UpstreamBody, UpstreamResponse, record_stream,
 };
@@ -33,7 +37,7 @@ use crate::chat::{
 use crate::compaction::{CompactionError, CompactionOutcome, Compactor};
 use crate::cpu::CpuPool;
 use crate::estimates::Learner;
-use crate::fitting::{FitSettings, FittedRequest, ReplyReserveError};
+use crate::fitting::{FitOverrides, FitSettings, FittedRequest, ReplyReserveError, SettingsError};
 use crate::in_flight::InFlight;
 use crate::keyed_turns::{KeyedTurns, TurnClaim};
 use crate::tenant_slots::{Slot, SlotsFull, TenantSlots};
@@ -55,6 +59,10 @@ pub enum TurnError {
     /// The process is shutting down.
     #[error("{}", crate::chat::SHUT_DOWN)]
     ShutDown,
+    /// The fit settings cannot be made (an unknown model, a policy that does not work for
+    /// it, the calibration unreadable).
+    #[error(transparent)]
+    Settings(#[from] SettingsError),
     /// The upstream gave no response.
     #[error(transparent)]
     Upstream(#[from] PassthroughError),
@@ -71,8 +79,9 @@ pub struct TurnRequest {
     pub tenant: Tenant,
     /// The thread, as the tenant names it.
     pub thread: String,
-    /// The model, its calibration and the fit policy (the thread's own takes its place).
-    pub settings: FitSettings,
+    /// What the request sets over the service's fit policy (a thread's own policy takes
+    /// that one's place); the model is the call's.
+    pub overrides: FitOverrides,
     /// The request's messages.
     pub messages: Vec<Message>,
     /// The call to make with the messages the turn chooses: its parameters as every
@@ -122,6 +131,10 @@ pub struct ChatParts<S> {
     pub store: S,
     /// Where requests go.
     pub upstream: Arc<dyn ChatUpstream>,
+    /// The models (window, tokenizer, rules) requests are fitted for.
+    pub registry: Arc<Registry>,
+    /// The default fit policy (a thread's own takes its place).
+    pub fit_policy: FitPolicy,
     /// Who compacts.
     pub compactor: Arc<Compactor>,
     /// The default compaction policy (a thread's own takes its place).
@@ -222,11 +235,20 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
     }
 
     /// Runs a chat turn (see the module documentation).
-    pub async fn turn(&self, mut request: TurnRequest) -> Result<TurnAnswer, TurnError> {
+    pub async fn turn(&self, request: TurnRequest) -> Result<TurnAnswer, TurnError> {
         check_one_choice(request.choices)?;
+        let mut settings = FitSettings::for_model(
+            // Calibrations are per model, the same through every tenant's view.
+            Some(&self.parts.store),
+            &self.parts.registry,
+            Some(&request.call.model),
+            &Learner::Tenant(request.tenant.clone()),
+            self.parts.fit_policy.clone(),
+            request.overrides.clone(),
+        )
+        .await?;
         if let Some((field, tokens)) = request.reply_budget {
-            request
-                .settings
+            settings
                 .reserve_for_reply(tokens)
                 .map_err(|error| ChatError::Invalid {
                     field,
@@ -296,7 +318,9 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
         let service = self.clone();
         let turn = tokio::spawn(async move {
             let _guard = guard;
-            service.run_turn(store, request, keyed, lease, slot).await
+            service
+                .run_turn(store, request, settings, keyed, lease, slot)
+                .await
         });
         turn.await
             .map_err(|error| TurnError::Stopped(error.to_string()))?
@@ -307,6 +331,7 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
         self,
         store: Scoped<S>,
         request: TurnRequest,
+        settings: FitSettings,
         keyed: Option<Keyed>,
         lease: TurnLease,
         slot: Slot,
@@ -315,7 +340,6 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
         let TurnRequest {
             tenant,
             thread,
-            settings,
             messages,
             call,
             ..

@@ -18,7 +18,7 @@ use contexture_engine::chat_service::{
 };
 use contexture_engine::compaction::{CompactionError, CompactionOutcome, Compactor};
 use contexture_engine::cpu::CpuPool;
-use contexture_engine::fitting::{FitOverrides, FitSettings, FittedRequest};
+use contexture_engine::fitting::{FitOverrides, FittedRequest};
 use contexture_engine::in_flight::InFlight;
 use contexture_engine::llm::{FixedRouter, Router};
 use contexture_engine::tenant_slots::TenantSlots;
@@ -53,6 +53,8 @@ fn service(store: SqliteStore, upstream: &FakeUpstream) -> ChatService<SqliteSto
     ChatService::new(ChatParts {
         store,
         upstream: Arc::new(Passthrough::new(config).unwrap()),
+        registry: registry.clone(),
+        fit_policy: FitPolicy::default(),
         compactor: Arc::new(Compactor::new(summarizer as Arc<dyn Router>, registry)),
         compaction: None,
         cpu: Arc::new(CpuPool::new(2, 2)),
@@ -78,11 +80,10 @@ fn turn(question: &str, stream: bool) -> TurnRequest {
     let Value::Object(body) = body else {
         unreachable!()
     };
-    let model = Registry::builtin().get("claude-sonnet-4-5").unwrap();
     TurnRequest {
         tenant: Tenant::new("acme").unwrap(),
         thread: "porto".to_owned(),
-        settings: FitSettings::new(model, FitPolicy::default(), FitOverrides::default()).unwrap(),
+        overrides: FitOverrides::default(),
         messages,
         call: ChatCall {
             model: "claude-sonnet-4-5".to_owned(),

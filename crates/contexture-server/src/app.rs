@@ -256,6 +256,8 @@ impl AppState {
         let chat = ChatService::new(ChatParts {
             store: store.clone(),
             upstream: upstream.clone(),
+            registry: registry.clone(),
+            fit_policy: config.context.clone(),
             compactor: compactor.clone(),
             compaction: config.compaction.clone(),
             cpu: cpu.clone(),

@@ -54,11 +54,17 @@ pub async fn settings(
         overrides,
     )
     .await
-    .map_err(|error| match error {
+    .map_err(settings_error)
+}
+
+/// Fit settings that cannot be made, as the API answers: a 400 naming the field at fault,
+/// or the store's error.
+pub fn settings_error(error: SettingsError) -> ApiError {
+    match error {
         SettingsError::Model(error) => ApiError::invalid("model", error.to_string()),
         SettingsError::Store(error) => ApiError::store(&error),
         SettingsError::Budget(error) => ApiError::invalid("budget_ratio", error.to_string()),
-    })
+    }
 }
 
 /// A request that cannot be fitted: a 422 that says why.

@@ -17,6 +17,7 @@ use axum::{Extension, Json};
 use contexture_core::format::openai_completion;
 use contexture_engine::chat::{ChatError, SHUT_DOWN, StoredAnswer};
 use contexture_engine::chat_service::{TurnAnswer, TurnError, TurnRequest};
+use contexture_engine::fitting::FitOverrides;
 use contexture_llm::passthrough::{PassthroughError, UpstreamBody, UpstreamResponse};
 use contexture_llm::wire::WireFormat;
 use serde_json::{Map, Value};
@@ -57,8 +58,6 @@ pub async fn completions(
             .map_err(|error| turn_error(state.tenant_store(tenant), error))?;
         return Ok(passthrough_response(response, None));
     };
-    let settings =
-        fit_settings::settings(&state, tenant, &request.call.model, None, None, None, None).await?;
     let threads = state.tenant_store(tenant);
     threads.refuse_writes(&thread)?;
     let stream = request.call.stream;
@@ -66,7 +65,7 @@ pub async fn completions(
     let turn = TurnRequest {
         tenant: tenant.clone(),
         thread: thread.clone(),
-        settings,
+        overrides: FitOverrides::default(),
         messages: request.messages,
         call: request.call,
         reply_budget: request.reply_budget,
@@ -108,6 +107,7 @@ fn turn_error(threads: TenantStore<'_>, error: TurnError) -> ApiError {
         TurnError::Chat(error) => chat_error(threads, error),
         TurnError::Busy(full) => full.into(),
         TurnError::Wait(error) => threads.turn_wait_error(error),
+        TurnError::Settings(error) => fit_settings::settings_error(error),
         TurnError::ShutDown => ApiError::unavailable(SHUT_DOWN),
         TurnError::Upstream(error) => upstream_error(&error),
         TurnError::Stopped(message) => ApiError::upstream(message),
