@@ -16,6 +16,7 @@ use contexture_store::{
     ThreadInfo,
 };
 
+use contexture_engine::executor::Executor;
 use contexture_engine::turns::{TurnLease, TurnQueue, TurnWaitError};
 
 use crate::active_runs::ActiveRuns;
@@ -42,6 +43,13 @@ impl AppState {
             active_runs: &self.active_runs,
             max_contexts: self.config.limits.max_contexts_per_thread,
         }
+    }
+
+    /// The executor as it runs `tenant`'s workflows: on the tenant's view of the store, so
+    /// that a run's sub-workflows and conversation are the tenant's too.
+    pub(crate) fn tenant_executor(&self, tenant: &Tenant) -> Executor<Scoped<AnyStore>> {
+        self.executor
+            .on_store(self.store.clone().scoped(tenant.clone()))
     }
 }
 

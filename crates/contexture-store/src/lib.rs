@@ -31,6 +31,7 @@
 mod api_keys;
 mod calibration;
 mod error;
+mod forks;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod record;
@@ -338,6 +339,17 @@ pub trait Store: Send + Sync {
     fn prune(
         &self,
         idle_before: SystemTime,
+    ) -> impl Future<Output = Result<PruneReport, StoreError>> + Send {
+        self.prune_under("", idle_before)
+    }
+
+    /// [`Store::prune`] of the threads whose ids start with `prefix` (as
+    /// [`Store::list_page`] selects them); a thread kept for a fork is kept whatever the
+    /// fork's id.
+    fn prune_under(
+        &self,
+        prefix: &str,
+        idle_before: SystemTime,
     ) -> impl Future<Output = Result<PruneReport, StoreError>> + Send;
 
     /// Sets `thread`'s own retention policy for its request records (`None` clears it):
@@ -489,70 +501,6 @@ pub trait Store: Send + Sync {
                 source,
             })
         }
-    }
-}
-
-/// Walks a fork chain from a thread up to its root. The store looks up the link (parent and
-/// fork point) of [`ForkChain::current`] and hands it to [`ForkChain::step`] until the walk
-/// ends; [`ForkChain::segments`] then lists the threads to read, root first, each with the
-/// last seq to read from it (`None`: all of its own events).
-pub(crate) struct ForkChain {
-    thread: String,
-    current: String,
-    limit: Option<u64>,
-    segments: Vec<(String, Option<u64>)>,
-}
-
-impl ForkChain {
-    pub(crate) fn new(thread: &str) -> ForkChain {
-        ForkChain {
-            thread: thread.to_string(),
-            current: thread.to_string(),
-            limit: None,
-            segments: Vec::new(),
-        }
-    }
-
-    /// The thread whose link is needed next.
-    pub(crate) fn current(&self) -> &str {
-        &self.current
-    }
-
-    /// Records the current thread's link (`None`: no such thread); true when the walk goes on
-    /// to the parent.
-    pub(crate) fn step(
-        &mut self,
-        link: Option<(Option<String>, Option<i64>)>,
-    ) -> Result<bool, StoreError> {
-        let Some((parent, fork_seq)) = link else {
-            return Err(if self.segments.is_empty() {
-                StoreError::NotFound {
-                    thread: self.thread.clone(),
-                }
-            } else {
-                StoreError::Corrupt {
-                    thread: self.thread.clone(),
-                    seq: 0,
-                    detail: format!("ancestor `{}` is missing", self.current),
-                }
-            });
-        };
-        self.segments.push((self.current.clone(), self.limit));
-        match (parent, fork_seq) {
-            (Some(parent), Some(fork_seq)) => {
-                let fork_seq = record::seq_of(&self.thread, fork_seq)?;
-                self.limit = Some(self.limit.map_or(fork_seq, |l| l.min(fork_seq)));
-                self.current = parent;
-                Ok(true)
-            }
-            _ => Ok(false),
-        }
-    }
-
-    /// The segments to read, root first.
-    pub(crate) fn segments(mut self) -> Vec<(String, Option<u64>)> {
-        self.segments.reverse();
-        self.segments
     }
 }
 

@@ -11,7 +11,6 @@
 //! execution, conversation and sub-workflows: [`EventKind::thread_ids_mut`]), the ids of
 //! listed threads and those in store errors. A thread of another tenant is never found.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
@@ -290,70 +289,21 @@ impl<S: Store> Store for Scoped<S> {
     /// Deletes the tenant's threads last appended to before `idle_before`, forks before
     /// their parents; a thread with a kept fork is kept (every fork of a tenant's thread is
     /// the tenant's: forks are made through the view).
-    async fn prune(&self, idle_before: SystemTime) -> Result<PruneReport, StoreError> {
-        let idle_before_ms = crate::epoch_ms(idle_before);
-        let mut threads = Vec::new();
-        let mut after = String::new();
-        loop {
-            let page = self.list_page("", &after, 500).await?;
-            let full = page.len() == 500;
-            if let Some(last) = page.last() {
-                after = last.id.clone();
-            }
-            threads.extend(page);
-            if !full {
-                break;
-            }
-        }
-        let parents: BTreeMap<&str, &str> = threads
-            .iter()
-            .filter_map(|info| Some((info.id.as_str(), info.parent.as_deref()?)))
-            .collect();
-        let idle: BTreeSet<&str> = threads
-            .iter()
-            .filter(|info| info.updated_at_ms < idle_before_ms)
-            .map(|info| info.id.as_str())
-            .collect();
-        // A kept thread keeps its whole ancestry.
-        let mut kept_for_forks = BTreeSet::new();
-        for info in threads
-            .iter()
-            .filter(|info| !idle.contains(info.id.as_str()))
-        {
-            let mut current = info.id.as_str();
-            while let Some(parent) = parents.get(current) {
-                if idle.contains(parent) {
-                    kept_for_forks.insert(*parent);
-                }
-                current = parent;
-            }
-        }
-        let depth = |id: &str| {
-            let mut depth = 0;
-            let mut current = id;
-            while let Some(parent) = parents.get(current) {
-                depth += 1;
-                current = parent;
-            }
-            depth
-        };
-        let mut doomed: Vec<&str> = idle
-            .iter()
-            .copied()
-            .filter(|id| !kept_for_forks.contains(id))
-            .collect();
-        doomed.sort_by_key(|id| std::cmp::Reverse(depth(id)));
-        let mut report = PruneReport::default();
-        for id in doomed {
-            match self.delete(id).await {
-                Ok(()) => report.deleted.push(id.to_owned()),
-                // Appended to, or forked, since the listing: no longer idle.
-                Err(StoreError::NotFound { .. } | StoreError::HasForks { .. }) => {}
-                Err(error) => return Err(error),
-            }
-        }
-        report.kept_for_forks = kept_for_forks.into_iter().map(str::to_owned).collect();
-        Ok(report)
+    async fn prune_under(
+        &self,
+        prefix: &str,
+        idle_before: SystemTime,
+    ) -> Result<PruneReport, StoreError> {
+        let report = self
+            .inner
+            .prune_under(&self.stored_id(prefix), idle_before)
+            .await
+            .map_err(|e| self.unscope_error(e))?;
+        let unscoped = |ids: Vec<String>| ids.into_iter().map(|id| self.unscoped(id)).collect();
+        Ok(PruneReport {
+            deleted: unscoped(report.deleted),
+            kept_for_forks: unscoped(report.kept_for_forks),
+        })
     }
 
     async fn set_retention(

@@ -10,10 +10,14 @@
 mod api_keys;
 mod checkpointer;
 mod projection_cache;
+mod pruning;
+mod reads;
 mod references;
 mod retention;
+mod schema;
 mod turn_queue;
 mod writer;
+mod writes;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -22,58 +26,18 @@ use std::time::{Duration, SystemTime};
 use contexture_core::calibration::{Calibration, Observation};
 use contexture_core::thread::{Event, Projection};
 use contexture_core::tokens::Encoding;
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use rusqlite::Connection;
 
 use self::checkpointer::Checkpointer;
 use self::projection_cache::ProjectionCache;
 use self::writer::Writer;
 
-use crate::calibration;
 use crate::error::Action;
-use crate::record::{self, Row, ThreadLimits, db_bytes, db_seq, seq_of};
-use crate::request_refs::REQUEST_STARTED;
-use crate::tail::{TailStart, fold_sparse, watermark_of};
+use crate::record::{self, ThreadLimits};
 use crate::{
-    ForkChain, KeyedEvent, NewEvent, ProjectionTail, PruneReport, RequestRetention, RequestsPruned,
-    Store, StoreError, ThreadInfo, epoch_ms, pending_migrations,
+    KeyedEvent, NewEvent, ProjectionTail, PruneReport, RequestRetention, RequestsPruned, Store,
+    StoreError, ThreadInfo, epoch_ms,
 };
-
-/// The numbered migrations, applied in order on open.
-const MIGRATIONS: &[(u32, &str)] = &[
-    (1, include_str!("../migrations/sqlite/0001_threads.sql")),
-    (
-        2,
-        include_str!("../migrations/sqlite/0002_ordinary_messages.sql"),
-    ),
-    (3, include_str!("../migrations/sqlite/0003_api_keys.sql")),
-    (4, include_str!("../migrations/sqlite/0004_deletions.sql")),
-    (
-        5,
-        include_str!("../migrations/sqlite/0005_thread_bytes.sql"),
-    ),
-    (
-        6,
-        include_str!("../migrations/sqlite/0006_message_bytes.sql"),
-    ),
-    (
-        7,
-        include_str!("../migrations/sqlite/0007_message_text.sql"),
-    ),
-    (
-        8,
-        include_str!("../migrations/sqlite/0008_events_by_rowid.sql"),
-    ),
-    (9, include_str!("../migrations/sqlite/0009_retention.sql")),
-    (
-        10,
-        include_str!("../migrations/sqlite/0010_calibrations.sql"),
-    ),
-    (11, include_str!("../migrations/sqlite/0011_turn_queue.sql")),
-    (
-        12,
-        include_str!("../migrations/sqlite/0012_tenant_conversations.sql"),
-    ),
-];
 
 /// `PRAGMA auto_vacuum`'s value for incremental vacuum.
 const INCREMENTAL_VACUUM: i64 = 2;
@@ -119,24 +83,6 @@ impl std::fmt::Debug for SqliteStore {
     }
 }
 
-/// Creates the database file at `path`, when it does not exist, readable and writable by
-/// its owner only: it holds every tenant's conversations and the API keys' hashes. SQLite
-/// gives its write-ahead log and shared-memory files the database file's permissions.
-fn create_private(path: &Path) -> Result<(), StoreError> {
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    match options.open(path) {
-        Ok(_) => Ok(()),
-        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(source) => Err(StoreError::CreateFile {
-            path: path.to_owned(),
-            source,
-        }),
-    }
-}
-
 fn connect(path: &Path) -> Result<Connection, StoreError> {
     let conn = Connection::open(path).doing("open the database file")?;
     conn.busy_timeout(BUSY_TIMEOUT)
@@ -170,43 +116,6 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Applies the migrations of `migrations` (all of [`MIGRATIONS`], or for tests a prefix of
-/// it, as an older build would) that the database has not applied yet.
-fn migrate(
-    conn: &mut Connection,
-    migrations: &'static [(u32, &'static str)],
-) -> Result<(), StoreError> {
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .doing("begin migrations")?;
-    tx.execute_batch(
-        "CREATE TABLE IF NOT EXISTS schema_version (
-             version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
-    )
-    .doing("create schema_version")?;
-    let current: u32 = tx
-        .query_row(
-            "SELECT COALESCE(MAX(version), 0) FROM schema_version",
-            [],
-            |r| r.get(0),
-        )
-        .doing("read the schema version")?;
-    for (version, sql) in pending_migrations("sqlite", migrations, current)? {
-        let failed = |e: rusqlite::Error| StoreError::Migration {
-            backend: "sqlite",
-            version: *version,
-            detail: e.to_string(),
-        };
-        tx.execute_batch(sql).map_err(failed)?;
-        tx.execute(
-            "INSERT INTO schema_version (version, applied_at) VALUES (?1, ?2)",
-            params![version, epoch_ms(SystemTime::now())],
-        )
-        .map_err(failed)?;
-    }
-    tx.commit().doing("commit migrations")
-}
-
 impl SqliteStore {
     /// Opens (creating when missing) the database at `path` and applies pending migrations.
     pub async fn open(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
@@ -216,14 +125,17 @@ impl SqliteStore {
 
     /// Like [`SqliteStore::open`], on the calling thread.
     pub fn open_blocking(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
-        SqliteStore::open_with_migrations(path.as_ref(), MIGRATIONS)
+        SqliteStore::open_with_migrations(path.as_ref(), schema::MIGRATIONS)
     }
 
     /// Opens the database at `path` as a build that knows only the migrations up to
     /// `version` would (see [`crate::testing::open_sqlite_at_version`]).
     #[cfg(feature = "testing")]
     pub(crate) fn open_at_version(path: &Path, version: u32) -> Result<SqliteStore, StoreError> {
-        SqliteStore::open_with_migrations(path, crate::migrations_up_to(MIGRATIONS, version))
+        SqliteStore::open_with_migrations(
+            path,
+            crate::migrations_up_to(schema::MIGRATIONS, version),
+        )
     }
 
     fn open_with_migrations(
@@ -231,9 +143,9 @@ impl SqliteStore {
         migrations: &'static [(u32, &'static str)],
     ) -> Result<SqliteStore, StoreError> {
         let path = path.to_path_buf();
-        create_private(&path)?;
+        schema::create_private(&path)?;
         let mut writer = connect(&path)?;
-        migrate(&mut writer, migrations)?;
+        schema::migrate(&mut writer, migrations)?;
         // The checkpointer copies the log into the database; no commit waits for that.
         writer
             .execute_batch("PRAGMA wal_autocheckpoint = 0;")
@@ -359,18 +271,6 @@ impl SqliteStore {
     }
 }
 
-/// The calibration stored for `model`, if any.
-fn stored_calibration(conn: &Connection, model: &str) -> Result<Option<Calibration>, StoreError> {
-    let text: Option<String> = conn
-        .prepare_cached("SELECT calibration FROM model_calibrations WHERE model = ?1")
-        .doing("prepare the calibration query")?
-        .query_row(params![model], |row| row.get(0))
-        .optional()
-        .doing("read a calibration")?;
-    text.map(|text| calibration::from_stored(model, &text))
-        .transpose()
-}
-
 impl Inner {
     fn with_reader<T>(
         &self,
@@ -390,516 +290,6 @@ impl Inner {
         }
         result
     }
-}
-
-/// Appends `rows` to `thread` (creating it), inside the caller's write transaction.
-fn append_rows(
-    tx: &Connection,
-    thread: &str,
-    rows: Vec<Row>,
-    limits: ThreadLimits,
-) -> Result<Vec<u64>, StoreError> {
-    let now = epoch_ms(SystemTime::now());
-    // Creates the thread when it is new, and reads its last seq and size either way.
-    let (last, bytes, message_bytes): (i64, i64, i64) = tx
-        .prepare_cached(
-            "INSERT INTO threads (id, last_seq, created_at, updated_at) VALUES (?1, 0, ?2, ?2)
-             ON CONFLICT (id) DO UPDATE SET last_seq = last_seq
-             RETURNING last_seq, bytes, message_bytes",
-        )
-        .doing("prepare the thread's creation")?
-        .query_row(params![thread, now], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-        })
-        .doing("create the thread or read its last seq")?;
-    let mut last = seq_of(thread, last)?;
-    let mut bytes = u64::try_from(bytes).unwrap_or(0);
-    let mut message_bytes = u64::try_from(message_bytes).unwrap_or(0);
-    let mut seqs = Vec::with_capacity(rows.len());
-    {
-        let mut find = tx
-            .prepare_cached("SELECT seq FROM events WHERE thread_id = ?1 AND idempotency_key = ?2")
-            .doing("prepare the idempotency lookup")?;
-        let mut insert = tx
-            .prepare_cached(
-                "INSERT INTO events
-                     (thread_id, seq, kind, body, tokens, idempotency_key, created_at, ordinary_message)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-            )
-            .doing("prepare the insert")?;
-        for mut row in rows {
-            if let Some(key) = &row.key {
-                let stored: Option<i64> = find
-                    .query_row(params![thread, key], |r| r.get(0))
-                    .optional()
-                    .doing("look up the idempotency key")?;
-                if let Some(seq) = stored {
-                    seqs.push(seq_of(thread, seq)?);
-                    continue;
-                }
-            }
-            let seq = last + 1;
-            if row.kind == REQUEST_STARTED {
-                references::refer_request(tx, thread, seq, &mut row)?;
-            }
-            // On an error the savepoint of this write is rolled back: nothing of it is stored.
-            limits.admit(thread, seq, &mut bytes, &row)?;
-            message_bytes += record::message_bytes(&row);
-            insert
-                .execute(params![
-                    thread,
-                    db_seq(seq),
-                    row.kind,
-                    row.body,
-                    row.tokens,
-                    row.key,
-                    now,
-                    row.ordinary_message.then_some(1)
-                ])
-                .doing("insert the event")?;
-            last = seq;
-            seqs.push(seq);
-        }
-    }
-    tx.prepare_cached(
-        "UPDATE threads SET last_seq = ?2, updated_at = ?3, bytes = ?4, message_bytes = ?5
-         WHERE id = ?1",
-    )
-    .doing("prepare the thread's update")?
-    .execute(params![
-        thread,
-        db_seq(last),
-        now,
-        db_bytes(bytes),
-        db_bytes(message_bytes)
-    ])
-    .doing("update the thread")?;
-    Ok(seqs)
-}
-
-/// The segments to read for `thread`, root first: each thread with the last seq to read
-/// from it (`None`: all of its own events).
-fn chain(conn: &Connection, thread: &str) -> Result<Vec<(String, Option<u64>)>, StoreError> {
-    let mut walk = ForkChain::new(thread);
-    loop {
-        let link: Option<(Option<String>, Option<i64>)> = conn
-            .prepare_cached("SELECT parent_id, fork_seq FROM threads WHERE id = ?1")
-            .doing("prepare the thread query")?
-            .query_row([walk.current()], |r| Ok((r.get(0)?, r.get(1)?)))
-            .optional()
-            .doing("read the thread")?;
-        if !walk.step(link)? {
-            return Ok(walk.segments());
-        }
-    }
-}
-
-/// The events of `thread` (its fork chain's shared prefix included) with seq above `after`.
-fn read_events(
-    conn: &mut Connection,
-    thread: &str,
-    after: u64,
-    through: u64,
-) -> Result<Vec<Event>, StoreError> {
-    let tx = conn.transaction().doing("begin a read")?;
-    let segments = chain(&tx, thread)?;
-    let rows = decoded_in(
-        &tx,
-        thread,
-        &record::segments_through(&segments, through),
-        ALL_EVENTS,
-        after,
-        record::decode_row,
-    )?;
-    let events = references::resolve(&tx, thread, &segments, rows, after)?;
-    tx.commit().doing("end the read")?;
-    Ok(events)
-}
-
-/// Every event of a segment: `?1` the segment's thread, `?2` its last seq to read, `?3`
-/// the seq to read after.
-const ALL_EVENTS: &str = "SELECT seq, kind, body, tokens FROM events
-     WHERE thread_id = ?1 AND seq <= ?2 AND seq > ?3 ORDER BY seq";
-
-/// The events other than ordinary messages, through the `events_special` index (the
-/// messages are not even scanned); parameters as for [`ALL_EVENTS`].
-const SPECIAL_EVENTS: &str = "SELECT seq, kind, body, tokens FROM events INDEXED BY events_special
-     WHERE thread_id = ?1 AND seq <= ?2 AND seq > ?3 AND ordinary_message IS NULL
-     ORDER BY seq";
-
-/// The ordinary messages; parameters as for [`ALL_EVENTS`].
-const ORDINARY_MESSAGES: &str = "SELECT seq, kind, body, tokens FROM events
-     WHERE thread_id = ?1 AND seq <= ?2 AND seq > ?3 AND ordinary_message = 1
-     ORDER BY seq";
-
-/// The events `select` (one of [`ALL_EVENTS`], [`SPECIAL_EVENTS`], [`ORDINARY_MESSAGES`])
-/// finds in `segments` (of `thread`'s chain) with seq above `after`, in order.
-///
-/// A request record's references are left unresolved (see [`record::decode`]): the reads
-/// that use this fold projections, which need no record's messages.
-fn events_in(
-    tx: &Connection,
-    thread: &str,
-    segments: &[(String, Option<u64>)],
-    select: &str,
-    after: u64,
-) -> Result<Vec<Event>, StoreError> {
-    decoded_in(tx, thread, segments, select, after, record::decode)
-}
-
-/// The rows `select` finds (as for [`events_in`]), each decoded by `decode`.
-fn decoded_in<T>(
-    tx: &Connection,
-    thread: &str,
-    segments: &[(String, Option<u64>)],
-    select: &str,
-    after: u64,
-    decode: impl Fn(&str, u64, &str, &str, Option<&str>) -> Result<T, StoreError>,
-) -> Result<Vec<T>, StoreError> {
-    let mut select = tx.prepare_cached(select).doing("prepare the event query")?;
-    let mut events = Vec::new();
-    for (id, limit) in segments {
-        let mut rows = select
-            .query(params![id, limit.map_or(i64::MAX, db_seq), db_seq(after)])
-            .doing("query events")?;
-        while let Some(row) = rows.next().doing("read an event")? {
-            let seq = seq_of(thread, row.get(0).doing("read a seq")?)?;
-            let text = |index: usize| row.get_ref(index).and_then(|v| Ok(v.as_str()?));
-            let kind = text(1).doing("read a kind")?;
-            let body = text(2).doing("read a body")?;
-            let tokens = row
-                .get_ref(3)
-                .and_then(|v| Ok(v.as_str_or_null()?))
-                .doing("read token counts")?;
-            events.push(decode(thread, seq, kind, body, tokens)?);
-        }
-    }
-    Ok(events)
-}
-
-/// The projection of `thread`'s active context, decoding only what can reach it: first the
-/// events other than ordinary messages (found through the `events_special` index, so the
-/// messages are not even scanned), then the ordinary messages after the active context's
-/// anchor (see [`contexture_core::thread::projection_watermark`]). Seqs are gap-free, so
-/// every seq that is neither is an ordinary message the anchor covers.
-///
-/// A fold kept in `cache` from an earlier read is brought up to date with the events after
-/// it instead (see [`projection_cache`]); the fold read here is kept for the next read.
-fn read_projection(
-    conn: &mut Connection,
-    thread: &str,
-    cache: &ProjectionCache,
-) -> Result<ProjectionTail, StoreError> {
-    let tx = conn.transaction().doing("begin a read")?;
-    let segments = chain(&tx, thread)?;
-    let (last_seq, deletions): (i64, i64) = tx
-        .prepare_cached(
-            "SELECT t.last_seq, d.count FROM threads t, deletions d WHERE t.id = ?1 AND d.id = 1",
-        )
-        .doing("prepare the thread's state query")?
-        .query_row([thread], |r| Ok((r.get(0)?, r.get(1)?)))
-        .doing("read the thread's last seq")?;
-    let last_seq = seq_of(thread, last_seq)?;
-    let replay_error = |source| StoreError::Replay {
-        thread: thread.to_string(),
-        source,
-    };
-    if let Some(mut fold) = cache.take(thread, deletions, last_seq) {
-        for event in events_in(&tx, thread, &segments, ALL_EVENTS, fold.last_seq())? {
-            fold.apply(event).map_err(replay_error)?;
-        }
-        tx.commit().doing("end the read")?;
-        let whole = ProjectionTail::from_fold(&fold, 0);
-        cache.put(thread, deletions, fold);
-        return Ok(whole);
-    }
-    let special = events_in(&tx, thread, &segments, SPECIAL_EVENTS, 0)?;
-    let watermark = watermark_of(&special);
-    let messages = events_in(&tx, thread, &segments, ORDINARY_MESSAGES, watermark)?;
-    tx.commit().doing("end the read")?;
-    let fold = fold_sparse(thread, special, messages, watermark)?;
-    let whole = ProjectionTail::from_fold(&fold, 0);
-    cache.put(thread, deletions, fold);
-    Ok(whole)
-}
-
-/// The projection of `thread` read from its end (see [`Store::load_projection_tail`]): a
-/// thread whose fold is kept, or that is short enough to keep, is read whole (and kept);
-/// a longer one decodes its special events, then only the ordinary messages from where
-/// their stored token counts, added up from the newest, pass `tokens`. A partial fold is
-/// never kept: the cache holds whole projections only.
-fn read_projection_tail(
-    conn: &mut Connection,
-    thread: &str,
-    cache: &ProjectionCache,
-    encoding: Encoding,
-    tokens: u64,
-) -> Result<ProjectionTail, StoreError> {
-    let whole = |conn: &mut Connection| read_projection(conn, thread, cache);
-    if cache.holds(thread) {
-        return whole(conn);
-    }
-    let tx = conn.transaction().doing("begin a read")?;
-    let last_seq: Option<i64> = tx
-        .prepare_cached("SELECT last_seq FROM threads WHERE id = ?1")
-        .doing("prepare the thread's state query")?
-        .query_row([thread], |r| r.get(0))
-        .optional()
-        .doing("read the thread's last seq")?;
-    if last_seq.is_none_or(|last| last <= db_seq(projection_cache::MAX_EVENTS_PER_FOLD)) {
-        drop(tx);
-        return whole(conn);
-    }
-    let segments = chain(&tx, thread)?;
-    let special = events_in(&tx, thread, &segments, SPECIAL_EVENTS, 0)?;
-    let watermark = watermark_of(&special);
-    let (start, unread) = tail_start(&tx, thread, &segments, watermark, encoding, tokens)?;
-    let unread_below = start.saturating_sub(1).max(watermark);
-    let messages = events_in(&tx, thread, &segments, ORDINARY_MESSAGES, unread_below)?;
-    tx.commit().doing("end the read")?;
-    let fold = fold_sparse(thread, special, messages, unread_below)?;
-    Ok(ProjectionTail::from_fold(&fold, unread))
-}
-
-/// Where the tail of `thread`'s ordinary messages after `watermark` starts: the seq of the
-/// oldest message to read, the newest ones' stored counts under `encoding` passing `tokens`
-/// from there (1: read them all), and how many older ones are left unread. Only seqs and
-/// counts are read, newest first, and the reading stops there.
-fn tail_start(
-    tx: &Connection,
-    thread: &str,
-    segments: &[(String, Option<u64>)],
-    watermark: u64,
-    encoding: Encoding,
-    tokens: u64,
-) -> Result<(u64, usize), StoreError> {
-    let mut newest_first = tx
-        .prepare_cached(
-            "SELECT seq, tokens FROM events
-             WHERE thread_id = ?1 AND seq <= ?2 AND seq > ?3 AND ordinary_message = 1
-             ORDER BY seq DESC",
-        )
-        .doing("prepare the tail query")?;
-    let mut tail = TailStart::new(encoding, tokens);
-    'segments: for (id, limit) in segments.iter().rev() {
-        let mut rows = newest_first
-            .query(params![
-                id,
-                limit.map_or(i64::MAX, db_seq),
-                db_seq(watermark)
-            ])
-            .doing("read the tail")?;
-        while let Some(row) = rows.next().doing("read a message's count")? {
-            let seq = seq_of(thread, row.get(0).doing("read a seq")?)?;
-            let stored = row
-                .get_ref(1)
-                .and_then(|v| Ok(v.as_str_or_null()?))
-                .doing("read token counts")?;
-            if tail.add(seq, stored) {
-                break 'segments;
-            }
-        }
-    }
-    let Some(start) = tail.start() else {
-        return Ok((1, 0));
-    };
-    let mut count = tx
-        .prepare_cached(
-            "SELECT count(*) FROM events
-             WHERE thread_id = ?1 AND seq <= ?2 AND seq > ?3 AND seq < ?4 AND ordinary_message = 1",
-        )
-        .doing("prepare the unread count")?;
-    let mut unread: i64 = 0;
-    for (id, limit) in segments {
-        unread += count
-            .query_row(
-                params![
-                    id,
-                    limit.map_or(i64::MAX, db_seq),
-                    db_seq(watermark),
-                    db_seq(start)
-                ],
-                |r| r.get::<_, i64>(0),
-            )
-            .doing("count the unread messages")?;
-    }
-    Ok((start, usize::try_from(unread).unwrap_or(usize::MAX)))
-}
-
-/// Forks `parent` at `at_seq` as `child`, inside the caller's write transaction.
-fn fork_thread(tx: &Connection, parent: &str, at_seq: u64, child: &str) -> Result<u64, StoreError> {
-    let now = epoch_ms(SystemTime::now());
-    let last: Option<i64> = tx
-        .query_row(
-            "SELECT last_seq FROM threads WHERE id = ?1",
-            [parent],
-            |r| r.get(0),
-        )
-        .optional()
-        .doing("read the parent")?;
-    let last = seq_of(
-        parent,
-        last.ok_or_else(|| StoreError::NotFound {
-            thread: parent.to_string(),
-        })?,
-    )?;
-    if at_seq > last {
-        return Err(StoreError::ForkBeyondEnd {
-            parent: parent.to_string(),
-            at_seq,
-            last_seq: last,
-        });
-    }
-    let exists: Option<i64> = tx
-        .query_row("SELECT 1 FROM threads WHERE id = ?1", [child], |r| r.get(0))
-        .optional()
-        .doing("check the fork's id")?;
-    if exists.is_some() {
-        return Err(StoreError::AlreadyExists {
-            thread: child.to_string(),
-        });
-    }
-    let seq = at_seq + 1;
-    let body = record::forked_body(parent, at_seq);
-    let (bytes, message_bytes) = sizes_through(tx, parent, at_seq)?;
-    let bytes = bytes + record::body_bytes(&body);
-    tx.execute(
-        "INSERT INTO threads
-             (id, parent_id, fork_seq, last_seq, created_at, updated_at, bytes, message_bytes)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6, ?7)",
-        params![
-            child,
-            parent,
-            db_seq(at_seq),
-            db_seq(seq),
-            now,
-            db_bytes(bytes),
-            db_bytes(message_bytes)
-        ],
-    )
-    .doing("create the fork")?;
-    tx.execute(
-        "INSERT INTO events (thread_id, seq, kind, body, tokens, idempotency_key, created_at)
-         VALUES (?1, ?2, 'forked', ?3, NULL, NULL, ?4)",
-        params![child, db_seq(seq), body, now],
-    )
-    .doing("record the fork")?;
-    Ok(seq)
-}
-
-/// The bytes of `thread`'s events and of its messages up to `at_seq`, its fork prefix
-/// included: its sizes less its own events after `at_seq`, or, for a seq inside its prefix,
-/// the parent's up to it.
-fn sizes_through(tx: &Connection, thread: &str, at_seq: u64) -> Result<(u64, u64), StoreError> {
-    let mut current = thread.to_owned();
-    loop {
-        let (bytes, message_bytes, parent, fork_seq): (i64, i64, Option<String>, Option<i64>) = tx
-            .prepare_cached(
-                "SELECT bytes, message_bytes, parent_id, fork_seq FROM threads WHERE id = ?1",
-            )
-            .doing("prepare the thread's size query")?
-            .query_row([&current], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-            })
-            .doing("read the thread's size")?;
-        if let (Some(parent), Some(fork_seq)) = (parent, fork_seq)
-            && at_seq <= seq_of(&current, fork_seq)?
-        {
-            current = parent;
-            continue;
-        }
-        let after: i64 = tx
-            .prepare_cached(
-                "SELECT COALESCE(SUM(length(CAST(body AS BLOB))), 0)
-                 FROM events WHERE thread_id = ?1 AND seq > ?2",
-            )
-            .doing("prepare the size query")?
-            .query_row(params![current, db_seq(at_seq)], |r| r.get(0))
-            .doing("measure the thread's later events")?;
-        let mut messages_after = 0u64;
-        let mut later = tx
-            .prepare_cached(
-                "SELECT seq, kind, body FROM events WHERE thread_id = ?1 AND seq > ?2
-                   AND kind IN ('message_appended', 'step_message', 'context_replaced', 'merged')",
-            )
-            .doing("prepare the later messages query")?;
-        let mut rows = later
-            .query(params![current, db_seq(at_seq)])
-            .doing("read the thread's later messages")?;
-        while let Some(row) = rows.next().doing("read a later message")? {
-            let seq = seq_of(&current, row.get(0).doing("read a seq")?)?;
-            let kind: String = row.get(1).doing("read a kind")?;
-            let body: String = row.get(2).doing("read a body")?;
-            messages_after += record::stored_message_bytes(&current, seq, &kind, &body)?;
-        }
-        return Ok((
-            u64::try_from(bytes - after).unwrap_or(0),
-            u64::try_from(message_bytes)
-                .unwrap_or(0)
-                .saturating_sub(messages_after),
-        ));
-    }
-}
-
-fn forks_of(conn: &Connection, thread: &str) -> Result<Vec<String>, StoreError> {
-    let mut select = conn
-        .prepare_cached("SELECT id FROM threads WHERE parent_id = ?1 ORDER BY id")
-        .doing("prepare the fork query")?;
-    let forks = select
-        .query_map([thread], |r| r.get(0))
-        .doing("list forks")?
-        .collect::<Result<Vec<String>, _>>()
-        .doing("read a fork id")?;
-    Ok(forks)
-}
-
-/// Deletes `thread`'s rows and counts the deletion (which drops cached folds of it, in
-/// every process: see [`projection_cache`]).
-fn delete_thread(conn: &Connection, thread: &str) -> Result<(), StoreError> {
-    conn.execute("UPDATE deletions SET count = count + 1 WHERE id = 1", [])
-        .doing("count the deletion")?;
-    conn.execute("DELETE FROM events WHERE thread_id = ?1", [thread])
-        .doing("delete events")?;
-    conn.execute("DELETE FROM threads WHERE id = ?1", [thread])
-        .doing("delete the thread")?;
-    Ok(())
-}
-
-/// Deletes the threads idle since before `cutoff`, inside the caller's write transaction.
-fn prune_idle(tx: &Connection, cutoff: i64) -> Result<PruneReport, StoreError> {
-    let mut report = PruneReport::default();
-    loop {
-        let leaves: Vec<String> = {
-            let mut select = tx
-                .prepare_cached(
-                    "SELECT id FROM threads t WHERE updated_at < ?1
-                     AND NOT EXISTS (SELECT 1 FROM threads c WHERE c.parent_id = t.id) ORDER BY id",
-                )
-                .doing("prepare the idle query")?;
-            select
-                .query_map([cutoff], |r| r.get(0))
-                .doing("find idle threads")?
-                .collect::<Result<_, _>>()
-                .doing("read an idle thread")?
-        };
-        if leaves.is_empty() {
-            break;
-        }
-        for id in leaves {
-            delete_thread(tx, &id)?;
-            report.deleted.push(id);
-        }
-    }
-    let mut select = tx
-        .prepare_cached("SELECT id FROM threads WHERE updated_at < ?1 ORDER BY id")
-        .doing("prepare the kept query")?;
-    report.kept_for_forks = select
-        .query_map([cutoff], |r| r.get(0))
-        .doing("find kept threads")?
-        .collect::<Result<_, _>>()
-        .doing("read a kept thread")?;
-    drop(select);
-    Ok(report)
 }
 
 impl Store for SqliteStore {
@@ -925,7 +315,7 @@ impl Store for SqliteStore {
                 .max_bytes
                 .load(std::sync::atomic::Ordering::Relaxed),
         };
-        self.write(move |conn| append_rows(conn, &thread, rows, limits))
+        self.write(move |conn| writes::append_rows(conn, &thread, rows, limits))
             .await
     }
 
@@ -935,55 +325,18 @@ impl Store for SqliteStore {
 
     async fn keyed_event(&self, thread: &str, key: &str) -> Result<Option<KeyedEvent>, StoreError> {
         let (thread, key) = (thread.to_string(), key.to_string());
-        self.read(move |conn| {
-            let tx = conn.transaction().doing("begin a read")?;
-            let row = tx
-                .prepare_cached(
-                    "SELECT seq, kind, body, tokens, created_at FROM events
-                     WHERE thread_id = ?1 AND idempotency_key = ?2",
-                )
-                .doing("prepare the idempotency lookup")?
-                .query_row(params![thread, key], |row| {
-                    Ok((
-                        row.get::<_, i64>(0)?,
-                        row.get::<_, String>(1)?,
-                        row.get::<_, String>(2)?,
-                        row.get::<_, Option<String>>(3)?,
-                        row.get::<_, i64>(4)?,
-                    ))
-                })
-                .optional()
-                .doing("look up the idempotency key")?;
-            let Some((seq, kind, body, tokens, appended_at_ms)) = row else {
-                return Ok(None);
-            };
-            let seq = seq_of(&thread, seq)?;
-            let decoded = record::decode_row(&thread, seq, &kind, &body, tokens.as_deref())?;
-            let segments = chain(&tx, &thread)?;
-            let mut events = references::resolve(&tx, &thread, &segments, vec![decoded], seq - 1)?;
-            tx.commit().doing("end the read")?;
-            Ok(events.pop().map(|event| KeyedEvent {
-                event,
-                appended_at_ms,
-            }))
-        })
-        .await
+        self.read(move |conn| reads::keyed_event(conn, &thread, &key))
+            .await
     }
-
     async fn exists(&self, thread: &str) -> Result<bool, StoreError> {
         let thread = thread.to_string();
-        self.read_inline(move |conn| {
-            conn.prepare_cached("SELECT 1 FROM threads WHERE id = ?1")
-                .doing("prepare the thread query")?
-                .exists([&thread])
-                .doing("read the thread")
-        })
-        .await
+        self.read_inline(move |conn| reads::exists(conn, &thread))
+            .await
     }
 
     async fn events_after(&self, thread: &str, after: u64) -> Result<Vec<Event>, StoreError> {
         let thread = thread.to_string();
-        self.read(move |conn| read_events(conn, &thread, after, u64::MAX))
+        self.read(move |conn| reads::read_events(conn, &thread, after, u64::MAX))
             .await
     }
 
@@ -994,7 +347,7 @@ impl Store for SqliteStore {
         through: u64,
     ) -> Result<Vec<Event>, StoreError> {
         let thread = thread.to_string();
-        self.read(move |conn| read_events(conn, &thread, after, through))
+        self.read(move |conn| reads::read_events(conn, &thread, after, through))
             .await
     }
 
@@ -1004,12 +357,12 @@ impl Store for SqliteStore {
             // Only the events since the kept fold are read: a short read.
             let projections = &self.inner.projections;
             return self
-                .read_inline(|conn| read_projection(conn, &thread, projections))
+                .read_inline(|conn| reads::read_projection(conn, &thread, projections))
                 .await
                 .map(|whole| whole.projection);
         }
         let inner = Arc::clone(&self.inner);
-        self.read(move |conn| read_projection(conn, &thread, &inner.projections))
+        self.read(move |conn| reads::read_projection(conn, &thread, &inner.projections))
             .await
             .map(|whole| whole.projection)
     }
@@ -1023,14 +376,14 @@ impl Store for SqliteStore {
         let thread = thread.to_string();
         let inner = Arc::clone(&self.inner);
         self.read(move |conn| {
-            read_projection_tail(conn, &thread, &inner.projections, encoding, tokens)
+            reads::read_projection_tail(conn, &thread, &inner.projections, encoding, tokens)
         })
         .await
     }
 
     async fn fork(&self, parent: &str, at_seq: u64, child: &str) -> Result<u64, StoreError> {
         let (parent, child) = (parent.to_string(), child.to_string());
-        self.write(move |conn| fork_thread(conn, &parent, at_seq, &child))
+        self.write(move |conn| writes::fork_thread(conn, &parent, at_seq, &child))
             .await
     }
 
@@ -1041,97 +394,34 @@ impl Store for SqliteStore {
         limit: usize,
     ) -> Result<Vec<ThreadInfo>, StoreError> {
         let (prefix, after) = (prefix.to_string(), after.to_string());
-        let end = crate::prefix_end(&prefix);
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.read(move |conn| {
-            let mut select = conn
-                .prepare_cached(
-                    "SELECT id, parent_id, fork_seq, last_seq, created_at, updated_at, bytes,
-                            message_bytes, retention
-                     FROM threads WHERE id >= ?1 AND id > ?2 AND (?3 IS NULL OR id < ?3)
-                     ORDER BY id LIMIT ?4",
-                )
-                .doing("prepare the thread list")?;
-            let rows = select
-                .query_map(params![prefix, after, end, limit], |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, Option<String>>(1)?,
-                        r.get::<_, Option<i64>>(2)?,
-                        r.get::<_, i64>(3)?,
-                        r.get::<_, i64>(4)?,
-                        r.get::<_, i64>(5)?,
-                        r.get::<_, i64>(6)?,
-                        r.get::<_, i64>(7)?,
-                        r.get::<_, Option<String>>(8)?,
-                    ))
-                })
-                .doing("list threads")?
-                .collect::<Result<Vec<_>, _>>()
-                .doing("read a thread")?;
-            rows.into_iter()
-                .map(
-                    |(
-                        id,
-                        parent,
-                        fork_seq,
-                        last_seq,
-                        created,
-                        updated,
-                        bytes,
-                        message_bytes,
-                        retention,
-                    )| {
-                        Ok(ThreadInfo {
-                            retention: crate::retention::parse_stored(&id, retention.as_deref())?,
-                            fork_seq: fork_seq.map(|s| seq_of(&id, s)).transpose()?,
-                            last_seq: seq_of(&id, last_seq)?,
-                            id,
-                            parent,
-                            created_at_ms: created,
-                            updated_at_ms: updated,
-                            bytes: u64::try_from(bytes).unwrap_or(0),
-                            message_bytes: u64::try_from(message_bytes).unwrap_or(0),
-                        })
-                    },
-                )
-                .collect()
-        })
-        .await
+        self.read(move |conn| reads::list_page(conn, &prefix, &after, limit))
+            .await
     }
 
     async fn delete(&self, thread: &str) -> Result<(), StoreError> {
         let thread = thread.to_string();
-        self.write(move |tx| {
-            let exists: Option<i64> = tx
-                .query_row("SELECT 1 FROM threads WHERE id = ?1", [&thread], |r| {
-                    r.get(0)
-                })
-                .optional()
-                .doing("read the thread")?;
-            if exists.is_none() {
-                return Err(StoreError::NotFound { thread });
-            }
-            let forks = forks_of(tx, &thread)?;
-            if !forks.is_empty() {
-                return Err(StoreError::HasForks { thread, forks });
-            }
-            delete_thread(tx, &thread)
-        })
-        .await?;
+        self.write(move |tx| writes::delete_unforked(tx, &thread))
+            .await?;
         self.reclaim().await
     }
 
-    async fn prune(&self, idle_before: SystemTime) -> Result<PruneReport, StoreError> {
+    async fn prune_under(
+        &self,
+        prefix: &str,
+        idle_before: SystemTime,
+    ) -> Result<PruneReport, StoreError> {
         let cutoff = epoch_ms(idle_before);
-        let report = self.write(move |conn| prune_idle(conn, cutoff)).await?;
+        let prefix = prefix.to_owned();
+        let report = self
+            .write(move |conn| pruning::prune_idle(conn, &prefix, cutoff))
+            .await?;
         self.reclaim().await?;
         Ok(report)
     }
 
     async fn calibration(&self, model: &str) -> Result<Option<Calibration>, StoreError> {
         let model = model.to_string();
-        self.read(move |conn| stored_calibration(conn, &model))
+        self.read(move |conn| reads::stored_calibration(conn, &model))
             .await
     }
 
@@ -1142,23 +432,10 @@ impl Store for SqliteStore {
     ) -> Result<Calibration, StoreError> {
         let model = model.to_string();
         let now = epoch_ms(SystemTime::now());
-        // The writer runs one transaction at a time: the read, the fold and the write below
-        // see no other writer in between.
-        self.write(move |tx| {
-            let mut current = stored_calibration(tx, &model)?.unwrap_or_default();
-            current.observe(observation);
-            tx.prepare_cached(
-                "INSERT INTO model_calibrations (model, calibration, updated_at)
-                 VALUES (?1, ?2, ?3)
-                 ON CONFLICT (model) DO UPDATE
-                 SET calibration = excluded.calibration, updated_at = excluded.updated_at",
-            )
-            .doing("prepare the calibration write")?
-            .execute(params![model, calibration::to_stored(&current), now])
-            .doing("store a calibration")?;
-            Ok(current)
-        })
-        .await
+        // The writer runs one transaction at a time: the read, the fold and the write see no
+        // other writer in between.
+        self.write(move |tx| writes::observe_calibration(tx, &model, observation, now))
+            .await
     }
 
     async fn set_retention(
@@ -1177,77 +454,7 @@ impl Store for SqliteStore {
         retention: &RequestRetention,
         now: SystemTime,
     ) -> Result<RequestsPruned, StoreError> {
-        /// Plans made on a reader that a busy thread's appends outdated before they were
-        /// written: past these, the plan is made by the writer, a batch at a time.
-        const STALE_PLANS: usize = 3;
-        let now_ms = epoch_ms(now);
-        let mut total = RequestsPruned::default();
-        for _ in 0..STALE_PLANS {
-            // The records are read on a reader: the writers wait only for the rewrites.
-            let (id, policy) = (thread.to_string(), *retention);
-            let planned = self
-                .read(move |conn| {
-                    let tx = conn.transaction().doing("begin a read")?;
-                    let planned = retention::plan(&tx, &id, &policy, now_ms, usize::MAX)?;
-                    tx.commit().doing("end the read")?;
-                    Ok(planned)
-                })
-                .await?;
-            total.kept_for_references = planned.kept_for_references();
-            if planned.is_empty() {
-                return Ok(total);
-            }
-            let planned = Arc::new(planned);
-            let mut from = 0;
-            let written = loop {
-                let (id, plan) = (thread.to_string(), Arc::clone(&planned));
-                match self
-                    .write(move |tx| retention::apply(tx, &id, &plan, from))
-                    .await?
-                {
-                    Some(done) => {
-                        total.records += done.records;
-                        total.bytes += done.bytes;
-                        from += done.records as usize;
-                        if from >= planned.len() {
-                            break true;
-                        }
-                    }
-                    None => {
-                        tracing::debug!(thread, "appends outdated a pruning plan; planning again");
-                        break false;
-                    }
-                }
-            };
-            if written {
-                if total.records > 0 {
-                    self.reclaim().await?;
-                }
-                return Ok(total);
-            }
-        }
-        loop {
-            let (id, policy) = (thread.to_string(), *retention);
-            let (done, more) = self
-                .write(move |tx| {
-                    let planned =
-                        retention::plan(tx, &id, &policy, now_ms, retention::BATCH_LIMIT)?;
-                    let done = retention::apply(tx, &id, &planned, 0)?;
-                    Ok((done, planned.more))
-                })
-                .await?;
-            let done = done.unwrap_or_default();
-            total.records += done.records;
-            total.bytes += done.bytes;
-            total.kept_for_references = done.kept_for_references;
-            if !more {
-                break;
-            }
-        }
-        if total.records > 0 {
-            self.reclaim().await?;
-        }
-        Ok(total)
+        self.prune_requests(thread, retention, now).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

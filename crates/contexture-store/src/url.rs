@@ -179,8 +179,12 @@ impl Store for AnyStore {
         on_backend!(self, store => store.delete(thread).await)
     }
 
-    async fn prune(&self, idle_before: SystemTime) -> Result<PruneReport, StoreError> {
-        on_backend!(self, store => store.prune(idle_before).await)
+    async fn prune_under(
+        &self,
+        prefix: &str,
+        idle_before: SystemTime,
+    ) -> Result<PruneReport, StoreError> {
+        on_backend!(self, store => store.prune_under(prefix, idle_before).await)
     }
 
     async fn set_retention(

@@ -622,6 +622,43 @@ async fn pruning_removes_idle_threads_forks_first(h: &impl Harness) {
     );
 }
 
+async fn pruning_under_a_prefix_touches_only_its_threads(h: &impl Harness) {
+    let s = h.store();
+    s.append("acme/old", vec![user("1")]).await.unwrap();
+    s.fork("acme/old", 1, "acme/old-fork").await.unwrap();
+    s.append("acme/parent", vec![user("1")]).await.unwrap();
+    s.fork("acme/parent", 1, "acme/parent-fork").await.unwrap();
+    s.append("acme-co/old", vec![user("1")]).await.unwrap();
+    s.append("zeta/old", vec![user("1")]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let cutoff = SystemTime::now();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    s.append_one("acme/parent-fork", user("still active"))
+        .await
+        .unwrap();
+
+    let report = s.prune_under("acme/", cutoff).await.unwrap();
+    assert_eq!(
+        report,
+        PruneReport {
+            deleted: vec!["acme/old-fork".into(), "acme/old".into()],
+            kept_for_forks: vec!["acme/parent".into()],
+        }
+    );
+    // The ids that only start like the prefix's, and the others, are left alone.
+    let ids: Vec<String> = s.list().await.unwrap().into_iter().map(|t| t.id).collect();
+    assert_eq!(
+        ids,
+        ["acme-co/old", "acme/parent", "acme/parent-fork", "zeta/old"]
+    );
+    // The whole store's pruning is the empty prefix's.
+    let report = s.prune(cutoff).await.unwrap();
+    assert_eq!(
+        report.deleted,
+        ["acme-co/old".to_owned(), "zeta/old".to_owned()]
+    );
+}
+
 async fn reopening_keeps_everything(h: &impl Harness) {
     let s = h.store();
     s.append("t", vec![user("1"), user("2").with_key("k")])
@@ -2079,6 +2116,7 @@ conformance!(
     deleting_a_thread_with_forks_is_refused,
     a_thread_exists_from_its_first_write_until_it_is_deleted,
     pruning_removes_idle_threads_forks_first,
+    pruning_under_a_prefix_touches_only_its_threads,
     reopening_keeps_everything,
     concurrent_writers_get_unique_gap_free_seqs,
     projection_loads_match_full_replays,

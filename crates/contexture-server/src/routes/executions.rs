@@ -205,9 +205,8 @@ pub async fn start(
     request.llm = Some(state.config.llm.clone());
     request.conversation = conversation;
     request.user_context = user_context;
-    // The run sees the tenant's threads only: its sub-workflows and its conversation are
-    // the tenant's too.
-    let executor = state.executor.on_store(threads.store().clone());
+    // The run sees the tenant's threads only.
+    let executor = state.tenant_executor(&tenant);
     let run = tokio::spawn(async move {
         let _slot = slot;
         let _active = active;
@@ -408,8 +407,7 @@ pub async fn cancel(
     check_execution(&state, tenant, &id).await?;
     let threads = state.tenant_store(tenant);
     let marked = state
-        .executor
-        .on_store(threads.store().clone())
+        .tenant_executor(tenant)
         .cancel(&id, reason)
         .await
         .map_err(|error| match error {

@@ -84,7 +84,7 @@ pub(super) async fn refer_request(
     let EventKind::RequestStarted(record) = &row.event else {
         return Ok(());
     };
-    let segments = super::chain(client, thread).await?;
+    let segments = super::reads::chain(client, thread).await?;
     let select = client
         .prepare_cached(RECENT_REQUESTS)
         .await

@@ -135,7 +135,7 @@ pub(super) async fn prune_batch(
     let plan = retention::plan(retention, &records, &referred, floor, now_ms, BATCH);
     let mut held = BTreeMap::new();
     if let Some((from, to)) = retention::held_span(&plan, &records) {
-        for (id, limit) in super::chain(client, thread).await? {
+        for (id, limit) in super::reads::chain(client, thread).await? {
             let rows = client
                 .query(
                     "SELECT seq, tokens FROM events

@@ -77,7 +77,7 @@ pub(super) fn refer_request(
     let EventKind::RequestStarted(record) = &row.event else {
         return Ok(());
     };
-    let segments = super::chain(tx, thread)?;
+    let segments = super::reads::chain(tx, thread)?;
     let mut recent = Vec::new();
     {
         let mut select = tx

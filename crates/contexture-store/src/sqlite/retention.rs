@@ -193,7 +193,7 @@ pub(super) fn plan(
     let plan = retention::plan(retention, &records, &referred, floor, now_ms, limit);
     let mut held = BTreeMap::new();
     if let Some((from, to)) = retention::held_span(&plan, &records) {
-        let segments = super::chain(tx, thread)?;
+        let segments = super::reads::chain(tx, thread)?;
         let mut select = tx
             .prepare_cached(
                 "SELECT seq, tokens FROM events
