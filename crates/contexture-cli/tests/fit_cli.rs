@@ -409,7 +409,7 @@ fn fit_with_a_policy_gives_what_a_thread_with_that_policy_reads() {
                 .unwrap();
             let set = PolicyChange {
                 policy: Some(ThreadPolicy {
-                    context: Some(policy),
+                    fit: Some(policy),
                     ..ThreadPolicy::default()
                 }),
             };

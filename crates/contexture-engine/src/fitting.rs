@@ -547,11 +547,7 @@ impl FitSettings {
         own_tokens: u64,
     ) -> Result<ProjectionTail, ThreadFitError> {
         let tail = self.load(store, thread, own_tokens, 0).await?;
-        let Some(policy) = tail
-            .policy
-            .as_ref()
-            .and_then(|policy| policy.context.as_ref())
-        else {
+        let Some(policy) = tail.policy.as_ref().and_then(|policy| policy.fit.as_ref()) else {
             return Ok(tail);
         };
         let before = self.clone();
@@ -814,7 +810,7 @@ pub async fn thread_messages<S: Store>(
     Ok(match &view.fit {
         Some(settings) => {
             let mut settings = settings.clone();
-            if let Some(policy) = policy.and_then(|policy| policy.context) {
+            if let Some(policy) = policy.and_then(|policy| policy.fit) {
                 settings.adopt(&policy).map_err(FitError::from)?;
             }
             settings.fit(projection, &[], &[])?.messages

@@ -78,8 +78,10 @@ struct Script {
     /// Replies to `GET /v1/models`, in order.
     models: VecDeque<Reply>,
     fallback: Arc<Fallback>,
-    /// Every request, in the order received.
+    /// Every request, in the order received (while `keep_requests`).
     received: Vec<Request>,
+    /// Whether requests are kept (a long benchmark's would fill the memory).
+    keep_requests: bool,
     /// How many of them were calls to a model.
     call_count: usize,
 }
@@ -151,10 +153,28 @@ impl FakeUpstream {
                 models: VecDeque::new(),
                 fallback: Arc::new(|number, _: &Request| Reply::text(format!("reply {number}"))),
                 received: Vec::new(),
+                keep_requests: true,
                 call_count: 0,
             })),
             origin: format!("http://{address}"),
         }
+    }
+
+    /// Starts a fake on `address` (such as `127.0.0.1:9000`), served by the current tokio
+    /// runtime: for a fake in a process of its own.
+    pub async fn start_at(address: &str) -> std::io::Result<FakeUpstream> {
+        let listener = TcpListener::bind(address).await?;
+        let upstream = FakeUpstream::listening_on(&listener);
+        tokio::spawn(serve(listener, upstream.script.clone()));
+        Ok(upstream)
+    }
+
+    /// Keeps no more requests from now on ([`FakeUpstream::requests`] and
+    /// [`FakeUpstream::calls`] stay as they are; calls are still counted): for a fake under a
+    /// long load.
+    pub fn forget_requests(&self) -> &FakeUpstream {
+        self.lock().keep_requests = false;
+        self
     }
 
     /// The OpenAI-style base URL, `http://127.0.0.1:PORT/v1`.
@@ -310,7 +330,9 @@ async fn answer(
     let request = Request::new(method.as_str(), uri.path(), headers, body, endpoint);
     let (scripted, fallback, number) = {
         let mut script = lock(&script);
-        script.received.push(request.clone());
+        if script.keep_requests {
+            script.received.push(request.clone());
+        }
         let scripted = match endpoint {
             Endpoint::ChatCompletions | Endpoint::AnthropicMessages => {
                 script.call_count += 1;

@@ -600,18 +600,7 @@ impl AnswerAccumulator {
     pub fn from_body(format: WireFormat, body: &[u8]) -> Result<Answer, PassthroughError> {
         match format {
             WireFormat::OpenAiChat => AnswerAccumulator::from_completion(body),
-            WireFormat::AnthropicMessages => {
-                let answer: Value =
-                    serde_json::from_slice(body).map_err(|e| PassthroughError::Malformed {
-                        detail: format!("the body is not JSON ({e})"),
-                    })?;
-                if let Some(error) = answer.get("error") {
-                    return Err(PassthroughError::Reported {
-                        detail: error.to_string(),
-                    });
-                }
-                anthropic_answer(&answer)
-            }
+            WireFormat::AnthropicMessages => anthropic_answer(&answer_object(body)?),
         }
     }
 
@@ -627,15 +616,7 @@ impl AnswerAccumulator {
 
     /// Reads a whole (non-streamed) `chat.completion` body.
     pub fn from_completion(body: &[u8]) -> Result<Answer, PassthroughError> {
-        let answer: Value =
-            serde_json::from_slice(body).map_err(|e| PassthroughError::Malformed {
-                detail: format!("the body is not JSON ({e})"),
-            })?;
-        if let Some(error) = answer.get("error") {
-            return Err(PassthroughError::Reported {
-                detail: error.to_string(),
-            });
-        }
+        let answer = answer_object(body)?;
         let completion = parse_completion(&answer).map_err(|problem| match problem {
             CompletionProblem::NoChoice => PassthroughError::NoChoice,
             CompletionProblem::Message(detail) => PassthroughError::Malformed { detail },
@@ -743,6 +724,20 @@ impl AnswerAccumulator {
                 return;
             }
         }
+    }
+}
+
+/// A whole answer's body as JSON, unless it is not JSON or is an error object (both formats
+/// answer errors with an `error` field).
+fn answer_object(body: &[u8]) -> Result<Value, PassthroughError> {
+    let answer: Value = serde_json::from_slice(body).map_err(|e| PassthroughError::Malformed {
+        detail: format!("the body is not JSON ({e})"),
+    })?;
+    match answer.get("error") {
+        Some(error) => Err(PassthroughError::Reported {
+            detail: error.to_string(),
+        }),
+        None => Ok(answer),
     }
 }
 

@@ -257,7 +257,7 @@ impl AppState {
             store: store.clone(),
             upstream: upstream.clone(),
             registry: registry.clone(),
-            fit_policy: config.context.clone(),
+            fit_policy: config.fit.clone(),
             compactor: compactor.clone(),
             compaction: config.compaction.clone(),
             cpu: cpu.clone(),

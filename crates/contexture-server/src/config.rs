@@ -46,7 +46,8 @@ pub struct ServerConfig {
     /// which requests are fitted to): the window, its share, the reply reserve, which
     /// history survives, tool results cleared and truncated, hysteresis. A thread's own
     /// policy takes its place.
-    pub context: FitPolicy,
+    #[serde(rename = "context")]
+    pub fit: FitPolicy,
     /// Compaction of chat threads before a request, when a trigger fires (`[compaction]`;
     /// absent: none, requests are still trimmed to fit). A thread's own takes its place.
     pub compaction: Option<CompactionPolicy>,
@@ -77,7 +78,7 @@ impl Default for ServerConfig {
             executions: ExecutionsConfig::default(),
             upstream: UpstreamConfig::default(),
             llm: "auto".into(),
-            context: FitPolicy::default(),
+            fit: FitPolicy::default(),
             compaction: None,
             retention: RetentionConfig::default(),
             shutdown_grace_secs: 30,
@@ -768,7 +769,7 @@ impl ServerConfig {
         }
         self.toolbox()?;
         self.hook_programs()?;
-        if let Some((field, problem)) = self.context.problems().into_iter().next() {
+        if let Some((field, problem)) = self.fit.problems().into_iter().next() {
             return invalid("context", format!("{field}: {problem}"));
         }
         if let Some(policy) = &self.compaction
@@ -827,7 +828,7 @@ mod tests {
         config.check().unwrap();
         assert_eq!(config.upstream.retries, 2);
         assert!(config.compaction.is_some());
-        assert_eq!(config.context.reserve, Some(4096));
+        assert_eq!(config.fit.reserve, Some(4096));
     }
 
     #[test]
@@ -883,7 +884,7 @@ mod tests {
                     hysteresis = { high = 0.9, low = 0.6 }\n";
         let config = ServerConfig::parse(text, Path::new("c.toml")).unwrap();
         config.check().unwrap();
-        let policy = &config.context;
+        let policy = &config.fit;
         assert_eq!(policy.window, Some(16_000));
         assert_eq!(policy.reserve, Some(1_000));
         assert_eq!(policy.clear_tool_results.as_ref().unwrap().keep, 3);

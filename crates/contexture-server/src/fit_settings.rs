@@ -50,7 +50,7 @@ pub async fn settings(
         &state.registry,
         Some(model),
         &learner(tenant),
-        state.config.context.clone(),
+        state.config.fit.clone(),
         overrides,
     )
     .await

@@ -131,7 +131,7 @@ async fn thread_with_huge_results(store: &AnyStore, thread: &str) {
             .unwrap();
     let set = PolicyChange {
         policy: Some(ThreadPolicy {
-            context: Some(policy),
+            fit: Some(policy),
             compaction: None,
         }),
     };

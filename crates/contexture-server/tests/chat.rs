@@ -1022,7 +1022,7 @@ async fn a_long_threads_turns_read_its_tail_and_fit_as_the_whole_thread_would() 
     }
     let settings = FitSettings::new(
         server.state.registry.get("gpt-4o-mini").unwrap(),
-        server.state.config.context.clone(),
+        server.state.config.fit.clone(),
         FitOverrides::default(),
     )
     .unwrap();

@@ -326,7 +326,7 @@ async fn execution_log_events_round_trip_with_token_counts(h: &impl Harness) {
         }),
         EventKind::PolicySet(PolicyChange {
             policy: Some(ThreadPolicy {
-                context: Some(FitPolicy {
+                fit: Some(FitPolicy {
                     window: Some(8_000),
                     ..FitPolicy::default()
                 }),
@@ -361,7 +361,7 @@ async fn execution_log_events_round_trip_with_token_counts(h: &impl Harness) {
 async fn a_threads_policy_is_read_with_its_tail_and_inherited_by_forks(h: &impl Harness) {
     let s = h.store();
     let policy = ThreadPolicy {
-        context: Some(FitPolicy {
+        fit: Some(FitPolicy {
             window: Some(4_000),
             ..FitPolicy::default()
         }),

@@ -209,13 +209,14 @@ impl EventKind {
 #[serde(deny_unknown_fields)]
 pub struct ThreadPolicy {
     /// How requests are fitted to the model's window (a window here may only lower the
-    /// model's).
+    /// model's); the key `context`, as an assistant's.
     #[serde(
         default,
+        rename = "context",
         skip_serializing_if = "Option::is_none",
         deserialize_with = "crate::map_only::optional"
     )]
-    pub context: Option<FitPolicy>,
+    pub fit: Option<FitPolicy>,
     /// When and how the thread is compacted before a request.
     #[serde(
         default,
@@ -230,8 +231,8 @@ impl ThreadPolicy {
     /// as `context.clear_tool_results.keep`).
     pub fn problems(&self) -> Vec<(String, String)> {
         let mut problems = Vec::new();
-        if let Some(context) = &self.context {
-            for (field, problem) in context.problems() {
+        if let Some(fit) = &self.fit {
+            for (field, problem) in fit.problems() {
                 problems.push((format!("context.{field}"), problem));
             }
         }

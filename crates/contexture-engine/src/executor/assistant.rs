@@ -70,12 +70,12 @@ impl<S: Store> Executor<S> {
         let route = self.router.route(&assistant.model);
         let model = crate::estimates::calibrated(
             &self.store,
-            assistant.context.model(self.registry.resolve(&route.model)),
+            assistant.fit.model(self.registry.resolve(&route.model)),
             &self.learner,
         )
         .await
         .map_err(ExecError::from)?;
-        let policy = assistant.context.budget();
+        let policy = assistant.fit.budget();
         let tools: Vec<Value> = assistant
             .tools
             .iter()
@@ -105,15 +105,15 @@ impl<S: Store> Executor<S> {
         let target = FitTarget {
             model: &setup.model,
             policy: &policy,
-            strategy: assistant.context.strategy,
+            strategy: assistant.fit.strategy,
             rules: setup
                 .route
                 .rules
                 .unwrap_or_else(|| self.registry.resolve(&setup.route.model).rules()),
             tools: &setup.tools,
-            clear: assistant.context.clear_tool_results.as_ref(),
-            truncate: assistant.context.truncate_tool_results.as_ref(),
-            hysteresis: assistant.context.hysteresis.as_ref(),
+            clear: assistant.fit.clear_tool_results.as_ref(),
+            truncate: assistant.fit.truncate_tool_results.as_ref(),
+            hysteresis: assistant.fit.hysteresis.as_ref(),
             shape: None,
         };
         if run.limits.max_cost_usd.is_some() && setup.model.pricing.is_none() {

@@ -81,9 +81,9 @@ pub struct Assistant {
     /// Ids of the tools it may call.
     #[serde(default)]
     pub tools: Vec<String>,
-    /// How its requests are fitted to the model's window.
-    #[serde(default)]
-    pub context: FitPolicy,
+    /// How its requests are fitted to the model's window (the key `context`).
+    #[serde(default, rename = "context")]
+    pub fit: FitPolicy,
     /// The most LLM calls one step may make (each reply with tool calls leads to one more);
     /// a step whose last allowed call still asks for tools fails. Default 10.
     #[serde(default = "default_max_iterations")]

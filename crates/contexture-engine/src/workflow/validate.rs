@@ -124,7 +124,7 @@ fn assistants(workflow: &Workflow, problems: &mut Problems) {
                 problems.push((format!("{base}.compaction.{field}"), problem));
             }
         }
-        for (field, problem) in assistant.context.problems() {
+        for (field, problem) in assistant.fit.problems() {
             problems.push((format!("{base}.context.{field}"), problem));
         }
         if let Some(problem) = window_too_small(workflow, assistant) {
@@ -138,15 +138,15 @@ fn assistants(workflow: &Workflow, problems: &mut Problems) {
 /// are measured when they are rendered, and a step whose request cannot fit fails saying so).
 /// Counted with the built-in registry's tokenizer for the model.
 fn window_too_small(workflow: &Workflow, assistant: &Assistant) -> Option<String> {
-    let window = assistant.context.window?;
+    let window = assistant.fit.window?;
     let system = match &assistant.system_prompt {
         Some(prompt) => Some(Message::system(prompt.plain()?)),
         None => None,
     };
     let model = assistant
-        .context
+        .fit
         .model(Registry::builtin().resolve(&assistant.model));
-    let limit = assistant.context.budget().limits(&model).ok()?.limit;
+    let limit = assistant.fit.budget().limits(&model).ok()?.limit;
     let counter = &model.counter;
     let default = workflow.default_assistant().map(|a| &*a.id);
     workflow

@@ -262,16 +262,16 @@ pub async fn clear_policy(
 /// A thread's policy as the API shows it: its own, and the one its requests get (each part
 /// its own, else the server's).
 fn policy_answer(state: &AppState, id: &str, own: Option<ThreadPolicy>) -> Value {
-    let context = own
+    let fit = own
         .as_ref()
-        .and_then(|policy| policy.context.clone())
-        .unwrap_or_else(|| state.config.context.clone());
+        .and_then(|policy| policy.fit.clone())
+        .unwrap_or_else(|| state.config.fit.clone());
     let compaction = own
         .as_ref()
         .and_then(|policy| policy.compaction.clone())
         .or_else(|| state.config.compaction.clone());
     let applied = ThreadPolicy {
-        context: Some(context),
+        fit: Some(fit),
         compaction,
     };
     json!({ "id": id, "policy": own, "applied_policy": applied })
