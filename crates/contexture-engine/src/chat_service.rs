@@ -37,7 +37,9 @@ use crate::chat::{
 use crate::compaction::{CompactionError, CompactionOutcome, Compactor};
 use crate::cpu::CpuPool;
 use crate::estimates::Learner;
-use crate::fitting::{FitOverrides, FitSettings, FittedRequest, ReplyReserveError, SettingsError};
+use crate::fitting::{
+    FitOverrides, FitSettings, FittedRequest, ModelChoice, ReplyReserveError, SettingsError,
+};
 use crate::in_flight::InFlight;
 use crate::keyed_turns::{KeyedTurns, TurnClaim};
 use crate::tenant_slots::{Slot, SlotsFull, TenantSlots};
@@ -241,7 +243,7 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             // Calibrations are per model, the same through every tenant's view.
             Some(&self.parts.store),
             &self.parts.registry,
-            Some(&request.call.model),
+            ModelChoice::Named(&request.call.model),
             &Learner::Tenant(request.tenant.clone()),
             self.parts.fit_policy.clone(),
             request.overrides.clone(),

@@ -379,19 +379,44 @@ pub fn fit_request_in_loop(
     })
 }
 
-/// What a read of a thread for a model chooses: the model, the fit policy (the server's
-/// default or the thread's own) and what the request itself sets over it. The model's rules
-/// apply ([`ModelInfo::rules`]). A policy's window may only lower the model's: a thread's
-/// policy is set by a client, and a request must never pass the real window.
+/// What a fit chooses: the model, the fit policy (a server's default, a thread's own, an
+/// assistant's) and what the request itself sets over it. The model's rules apply
+/// ([`ModelInfo::rules`]) unless the request names others. For a model a request names, a
+/// policy's window may only lower the model's: a thread's policy is set by a client, and a
+/// request must never pass the real window ([`ModelChoice`]).
 #[derive(Debug, Clone)]
 pub struct FitSettings {
-    /// The model, with the policy's window when that is smaller.
+    /// The model, with the policy's window.
     pub model: ModelInfo,
     /// The policy in effect: the base policy with the request's overrides.
     pub policy: FitPolicy,
     registry_model: ModelInfo,
     base: FitPolicy,
     overrides: FitOverrides,
+    window: WindowRule,
+}
+
+/// Which model a fit is for, and how far its policy may move the model's window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelChoice<'a> {
+    /// The registry's default model (a thread read that names none).
+    Default,
+    /// A model a request or a command names: one the registry does not know is an error, and
+    /// the policy (a server's, a thread's, a request's) may only lower its window.
+    Named(&'a str),
+    /// The model a workflow's assistant calls, by its route: one the registry does not know
+    /// gets the registry's defaults, and the assistant's `window` replaces the registry's
+    /// (its author sets it for the model they serve).
+    Routed(&'a str),
+}
+
+/// How a policy's window applies to the model's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WindowRule {
+    /// Only when smaller.
+    AtMost,
+    /// In its place.
+    Replaces,
 }
 
 /// What one request sets over the fit policy that applies (a query string's or a command
@@ -429,49 +454,78 @@ pub enum SettingsError {
 
 impl FitSettings {
     /// The settings every fit is made with, wherever it is asked for (a chat turn, a
-    /// thread read for a model, `contexture fit`): model `model` as `registry` knows it
-    /// (`None`: the registry's default model), its estimate calibrated by what `learner`'s
+    /// thread read for a model, a workflow's assistant step, `contexture fit`): the model
+    /// `choice` names as `registry` knows it, its estimate calibrated by what `learner`'s
     /// calls taught as `calibrations` holds it (see [`crate::estimates::calibrated`]; `None`:
     /// no store, so nothing learnt), under `policy` with `overrides` over it.
     pub async fn for_model<S: Store>(
         calibrations: Option<&S>,
         registry: &Registry,
-        model: Option<&str>,
+        choice: ModelChoice<'_>,
         learner: &crate::estimates::Learner,
         policy: FitPolicy,
         overrides: FitOverrides,
     ) -> Result<FitSettings, SettingsError> {
-        let model = match model {
-            Some(model) => registry.get(model)?,
-            None => registry.default_model(),
+        let (model, window) = match choice {
+            ModelChoice::Default => (registry.default_model(), WindowRule::AtMost),
+            ModelChoice::Named(model) => (registry.get(model)?, WindowRule::AtMost),
+            ModelChoice::Routed(model) => (registry.resolve(model), WindowRule::Replaces),
         };
         let model = match calibrations {
             Some(store) => crate::estimates::calibrated(store, model, learner).await?,
             None => model,
         };
-        Ok(FitSettings::new(model, policy, overrides)?)
+        Ok(FitSettings::with_window(model, policy, overrides, window)?)
     }
 
-    /// Settings for `model` under `policy`, with `overrides` over it.
+    /// Settings for `model` (a model a request names) under `policy`, with `overrides` over
+    /// it.
     pub fn new(
         model: ModelInfo,
         policy: FitPolicy,
         overrides: FitOverrides,
     ) -> Result<FitSettings, BudgetError> {
-        let (effective, resolved) = resolve(&model, &policy, &overrides)?;
+        FitSettings::with_window(model, policy, overrides, WindowRule::AtMost)
+    }
+
+    fn with_window(
+        model: ModelInfo,
+        policy: FitPolicy,
+        overrides: FitOverrides,
+        window: WindowRule,
+    ) -> Result<FitSettings, BudgetError> {
+        let (effective, resolved) = resolve(&model, &policy, &overrides, window)?;
         Ok(FitSettings {
             model: effective,
             policy: resolved,
             registry_model: model,
             base: policy,
             overrides,
+            window,
         })
+    }
+
+    /// What a fit with these settings is made for, with `budget` (the settings'
+    /// [`FitSettings::budget`]) and the `tools` sent.
+    pub fn target<'a>(&'a self, budget: &'a BudgetPolicy, tools: &'a [Value]) -> FitTarget<'a> {
+        FitTarget {
+            model: &self.model,
+            policy: budget,
+            strategy: self.policy.strategy,
+            rules: self.rules(),
+            tools,
+            clear: self.policy.clear_tool_results.as_ref(),
+            truncate: self.policy.truncate_tool_results.as_ref(),
+            hysteresis: self.policy.hysteresis.as_ref(),
+            shape: Some(&self.overrides.shape),
+        }
     }
 
     /// The same model and overrides under `policy` (a thread's own, in place of the
     /// server's default).
     pub fn adopt(&mut self, policy: &FitPolicy) -> Result<(), BudgetError> {
-        let (effective, resolved) = resolve(&self.registry_model, policy, &self.overrides)?;
+        let (effective, resolved) =
+            resolve(&self.registry_model, policy, &self.overrides, self.window)?;
         self.model = effective;
         self.policy = resolved;
         self.base = policy.clone();
@@ -497,7 +551,12 @@ impl FitSettings {
         }
         // At most the model's output limit, so within u32.
         self.overrides.reserve = Some(tokens as u32);
-        let (effective, resolved) = resolve(&self.registry_model, &self.base, &self.overrides)?;
+        let (effective, resolved) = resolve(
+            &self.registry_model,
+            &self.base,
+            &self.overrides,
+            self.window,
+        )?;
         self.model = effective;
         self.policy = resolved;
         Ok(())
@@ -603,17 +662,7 @@ impl FitSettings {
         memory: &mut CutMemory,
     ) -> Result<FittedRequest, FitError> {
         let budget = self.budget();
-        let target = FitTarget {
-            model: &self.model,
-            policy: &budget,
-            strategy: self.policy.strategy,
-            rules: self.rules(),
-            tools,
-            clear: self.policy.clear_tool_results.as_ref(),
-            truncate: self.policy.truncate_tool_results.as_ref(),
-            hysteresis: self.policy.hysteresis.as_ref(),
-            shape: Some(&self.overrides.shape),
-        };
+        let target = self.target(&budget, tools);
         fit_request_in_loop(
             projection.system.as_ref(),
             projection.messages,
@@ -655,6 +704,7 @@ fn resolve(
     model: &ModelInfo,
     policy: &FitPolicy,
     overrides: &FitOverrides,
+    window: WindowRule,
 ) -> Result<(ModelInfo, FitPolicy), BudgetError> {
     let mut policy = policy.clone();
     if let Some(strategy) = overrides.strategy {
@@ -666,7 +716,10 @@ fn resolve(
     if overrides.reserve.is_some() {
         policy.reserve = overrides.reserve;
     }
-    let model = policy.model_at_most(model.clone());
+    let model = match window {
+        WindowRule::AtMost => policy.model_at_most(model.clone()),
+        WindowRule::Replaces => policy.model(model.clone()),
+    };
     let limits = policy.budget().limits(&model)?;
     if let Some(max_tokens) = overrides.max_tokens
         && max_tokens < limits.limit
@@ -854,6 +907,46 @@ mod tests {
     use super::*;
     use contexture_core::ToolCall;
     use contexture_core::registry::Registry;
+
+    /// The settings for a model a request names and for one a workflow's route names: an
+    /// unknown name is refused for the first and gets the registry's defaults for the
+    /// second; a policy's window only lowers the first's, and replaces the second's.
+    #[tokio::test]
+    async fn a_named_model_keeps_its_window_and_a_routed_one_takes_the_assistants() {
+        let registry = Registry::builtin();
+        let no_store: Option<&contexture_store::SqliteStore> = None;
+        let learner = crate::estimates::Learner::Operator;
+        let settings = |choice, window| {
+            let policy = FitPolicy {
+                window: Some(window),
+                ..FitPolicy::default()
+            };
+            FitSettings::for_model(
+                no_store,
+                &registry,
+                choice,
+                &learner,
+                policy,
+                FitOverrides::default(),
+            )
+        };
+        let real = registry.get("gpt-4o-mini").unwrap().context_window;
+        let named = settings(ModelChoice::Named("gpt-4o-mini"), real * 2).await;
+        assert_eq!(named.unwrap().model.context_window, real);
+        let named = settings(ModelChoice::Named("gpt-4o-mini"), 4000).await;
+        assert_eq!(named.unwrap().model.context_window, 4000);
+        let routed = settings(ModelChoice::Routed("gpt-4o-mini"), real * 2).await;
+        assert_eq!(routed.unwrap().model.context_window, real * 2);
+        assert!(matches!(
+            settings(ModelChoice::Named("no-such-model-anywhere"), 4000).await,
+            Err(SettingsError::Model(_))
+        ));
+        let local = settings(ModelChoice::Routed("no-such-model-anywhere"), 32_000)
+            .await
+            .unwrap();
+        assert_eq!(local.model.context_window, 32_000);
+        assert_eq!(local.model.id, "no-such-model-anywhere");
+    }
 
     /// A chat turn's new messages may be the results of the history's last calls: the turn
     /// that called them is kept whole with them, as sent, under every provider's rules.

@@ -4,7 +4,7 @@
 use contexture_core::fit::Strategy;
 use contexture_engine::estimates::Learner;
 use contexture_engine::fitting::{
-    FitError, FitOverrides, FitSettings, FittedRequest, SettingsError,
+    FitError, FitOverrides, FitSettings, FittedRequest, ModelChoice, SettingsError,
 };
 
 use crate::app::AppState;
@@ -48,7 +48,7 @@ pub async fn settings(
         // Calibrations are per model, the same through every tenant's view.
         Some(&state.store),
         &state.registry,
-        Some(model),
+        ModelChoice::Named(model),
         &learner(tenant),
         state.config.fit.clone(),
         overrides,

@@ -37,7 +37,9 @@ use contexture_core::format::openai;
 use contexture_core::thread::{DEFAULT_CONTEXT, Projection};
 use contexture_core::{Message, Role};
 use contexture_engine::estimates::Learner;
-use contexture_engine::fitting::{FitOverrides, FitSettings, HistoryShape, SettingsError};
+use contexture_engine::fitting::{
+    FitOverrides, FitSettings, HistoryShape, ModelChoice, SettingsError,
+};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -220,7 +222,7 @@ async fn execute(args: FitArgs) -> Result<()> {
     let mut settings = FitSettings::for_model(
         store.as_ref(),
         &registry,
-        Some(&args.model),
+        ModelChoice::Named(&args.model),
         &Learner::Operator,
         policy.clone(),
         overrides,

@@ -19,7 +19,7 @@ use contexture_core::tokens::Encoding;
 use contexture_engine::compaction::{CompactOptions, CompactionOutcome, Compactor, compact_stored};
 use contexture_engine::estimates::Learner;
 use contexture_engine::fitting::{
-    FitOverrides, FitSettings, MessageView, SettingsError, thread_messages,
+    FitOverrides, FitSettings, MessageView, ModelChoice, SettingsError, thread_messages,
 };
 use contexture_engine::llm::LlmSpec;
 use contexture_engine::threads::{
@@ -349,7 +349,9 @@ async fn execute(args: ThreadArgs) -> Result<()> {
                 let settings = FitSettings::for_model(
                     Some(&store),
                     &registry,
-                    model.as_deref(),
+                    model
+                        .as_deref()
+                        .map_or(ModelChoice::Default, ModelChoice::Named),
                     &Learner::Operator,
                     FitPolicy::default(),
                     overrides,

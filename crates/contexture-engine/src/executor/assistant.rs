@@ -22,7 +22,10 @@ use super::tree_budget::Spent;
 use super::{Executor, Run, cancel_text, cancelled_results};
 use crate::calls::request_end;
 use crate::compaction::LoopView;
-use crate::fitting::{FitTarget, FittedRequest, fit_request_in_loop};
+use crate::fitting::{
+    FitError, FitOverrides, FitSettings, FitTarget, FittedRequest, ModelChoice, SettingsError,
+    fit_request_in_loop,
+};
 use crate::hooks::{BeforeCall, CallInfo, HistoryChange, HookError, HookFailed, HookPoint};
 use crate::llm::Route;
 use crate::tools::{
@@ -68,14 +71,28 @@ impl<S: Store> Executor<S> {
     ) -> Result<String, Abort> {
         let info = &step.info;
         let route = self.router.route(&assistant.model);
-        let model = crate::estimates::calibrated(
-            &self.store,
-            assistant.fit.model(self.registry.resolve(&route.model)),
+        // Fitted as every request is: the route's model, calibrated, under the assistant's
+        // policy (whose window replaces the registry's), the route's rules when it names them.
+        let settings = FitSettings::for_model(
+            Some(&self.store),
+            &self.registry,
+            ModelChoice::Routed(&route.model),
             &self.learner,
+            assistant.fit.clone(),
+            FitOverrides {
+                rules: route.rules,
+                ..FitOverrides::default()
+            },
         )
         .await
-        .map_err(ExecError::from)?;
-        let policy = assistant.fit.budget();
+        .map_err(|error| -> Abort {
+            match error {
+                SettingsError::Store(error) => ExecError::from(error).into(),
+                SettingsError::Budget(error) => StepError::from(FitError::Budget(error)).into(),
+                SettingsError::Model(error) => StepError::from(error).into(),
+            }
+        })?;
+        let policy = settings.budget();
         let tools: Vec<Value> = assistant
             .tools
             .iter()
@@ -98,24 +115,11 @@ impl<S: Store> Executor<S> {
             step,
             assistant,
             route,
-            model,
+            model: settings.model.clone(),
             tools,
             system,
         };
-        let target = FitTarget {
-            model: &setup.model,
-            policy: &policy,
-            strategy: assistant.fit.strategy,
-            rules: setup
-                .route
-                .rules
-                .unwrap_or_else(|| self.registry.resolve(&setup.route.model).rules()),
-            tools: &setup.tools,
-            clear: assistant.fit.clear_tool_results.as_ref(),
-            truncate: assistant.fit.truncate_tool_results.as_ref(),
-            hysteresis: assistant.fit.hysteresis.as_ref(),
-            shape: None,
-        };
+        let target = settings.target(&policy, &setup.tools);
         if run.limits.max_cost_usd.is_some() && setup.model.pricing.is_none() {
             return Err(StepError::NoPrice {
                 model: setup.model.id.clone(),

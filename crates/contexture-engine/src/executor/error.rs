@@ -54,6 +54,9 @@ pub enum StepError {
         /// The limit.
         limit: u32,
     },
+    /// The registry cannot describe the model called.
+    #[error(transparent)]
+    Model(#[from] contexture_core::registry::RegistryError),
     /// The LLM call failed (after the provider's retries).
     #[error("the LLM call failed: {0}")]
     Llm(#[from] LlmError),
