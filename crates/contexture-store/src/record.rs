@@ -114,6 +114,17 @@ pub(crate) fn encode(thread: &str, event: NewEvent) -> Result<Row, StoreError> {
     })
 }
 
+/// The events of one append, encoded: each serialized and counted, a request end's reply
+/// stored once (see [`share_replies`]).
+pub(crate) fn encode_batch(thread: &str, events: Vec<NewEvent>) -> Result<Vec<Row>, StoreError> {
+    let mut rows = events
+        .into_iter()
+        .map(|event| encode(thread, event))
+        .collect::<Result<Vec<_>, _>>()?;
+    share_replies(thread, &mut rows)?;
+    Ok(rows)
+}
+
 /// Stores each request end's reply once: when the next row of the batch is a message event
 /// holding the same message and has no idempotency key (so it is stored right after the
 /// end, whatever else the batch holds), the end says that its reply is there.

@@ -299,11 +299,7 @@ impl Store for SqliteStore {
         }
         // Encoded (serialized, tokens counted) here rather than on the writer thread, whose
         // time every write of the process shares; as the PostgreSQL store does.
-        let mut rows = events
-            .into_iter()
-            .map(|event| record::encode(thread, event))
-            .collect::<Result<Vec<_>, _>>()?;
-        record::share_replies(thread, &mut rows)?;
+        let rows = record::encode_batch(thread, events)?;
         let thread = thread.to_string();
         let limits = ThreadLimits {
             max_events: self

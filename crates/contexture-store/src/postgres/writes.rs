@@ -204,11 +204,7 @@ impl PgStore {
         if events.is_empty() {
             return Ok(Vec::new());
         }
-        let mut rows = events
-            .into_iter()
-            .map(|event| record::encode(thread, event))
-            .collect::<Result<Vec<_>, _>>()?;
-        record::share_replies(thread, &mut rows)?;
+        let rows = record::encode_batch(thread, events)?;
         let now = epoch_ms(SystemTime::now());
         let limits = self.limits();
         let mut client = self.pool.get().await?;
