@@ -152,8 +152,8 @@ fn iteration_round_trip_with_flags_inside_each_item() {
     let parent = store(json!({"files": [{"name": "a"}, {"name": "b"}], "noise": 1}));
     let items = select_items("files", &parent, None).unwrap();
     let planned = plan_items(items, &parent, Some(&["files".to_owned()]));
-    assert!(!planned[0].context.contains_key("noise"));
-    assert_eq!(planned[1].context.get("name"), Some(&json!("b")));
+    assert!(!planned[0].store.contains_key("noise"));
+    assert_eq!(planned[1].store.get("name"), Some(&json!("b")));
     // Each item's step stores its output under the default flags.
     let results: Vec<ContextStore> = planned
         .iter()
@@ -162,7 +162,7 @@ fn iteration_round_trip_with_flags_inside_each_item() {
             let output = parse_output(&format!(
                 "{{\"result_{name}\": \"done\", \"last\": \"{name}\"}}"
             ));
-            apply_transition(&TransitionFlags::default(), &item.context, &output).store
+            apply_transition(&TransitionFlags::default(), &item.store, &output).store
         })
         .collect();
     let merged = merge_results(&parent, &planned, &results, MergePolicy::LastWins).unwrap();

@@ -193,7 +193,7 @@ fn iter() {
                         .iter()
                         .zip(&case.writes)
                         .map(|(item, writes)| {
-                            let mut end = item.context.clone();
+                            let mut end = item.store.clone();
                             for (k, v) in writes {
                                 end.insert(k.clone(), v.clone());
                             }

@@ -166,7 +166,7 @@ impl RenderWorkers {
     pub fn check(&self) -> Result<(), IsolationFailure> {
         let job = RenderJob::Evaluate {
             expression: "true".to_owned(),
-            context: Default::default(),
+            store: Default::default(),
             output: None,
             value_wanted: false,
         };

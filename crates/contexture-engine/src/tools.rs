@@ -65,7 +65,7 @@ pub struct ToolCallRequest<'a> {
     /// The arguments: the model's, then the configured ones over them.
     pub arguments: Map<String, Value>,
     /// The context store of the step.
-    pub context: &'a ContextStore,
+    pub store: &'a ContextStore,
 }
 
 /// A tool implementation.
@@ -146,18 +146,18 @@ impl Toolbox {
         &self,
         tool: &Tool,
         arguments: Map<String, Value>,
-        context: &ContextStore,
+        store: &ContextStore,
         options: &RenderOptions,
     ) -> Result<String, ToolError> {
         let timeout = tool
             .timeout_seconds
             .map_or(DEFAULT_TOOL_TIMEOUT, Duration::from_secs_f64);
-        let call = self.dispatch(tool, arguments, context, options);
+        let call = self.dispatch(tool, arguments, store, options);
         let output = tokio::time::timeout(timeout, call)
             .await
             .map_err(|_| ToolError::new(&tool.id, format!("no result within {timeout:?}")))??;
         if tool.resolve_dynamic_values_in_response {
-            return render(&output, context, options)
+            return render(&output, store, options)
                 .map(|rendered| rendered.text)
                 .map_err(|error| {
                     ToolError::new(&tool.id, format!("in its response's templates: {error}"))
@@ -170,17 +170,17 @@ impl Toolbox {
         &self,
         tool: &Tool,
         arguments: Map<String, Value>,
-        context: &ContextStore,
+        store: &ContextStore,
         options: &RenderOptions,
     ) -> Result<String, ToolError> {
         if let Some(command) = &tool.command {
-            return run_command(tool, command, &arguments, context, options).await;
+            return run_command(tool, command, &arguments, store, options).await;
         }
         if let Some(response) = &tool.response {
             let options = options
                 .clone()
                 .with_variable("arguments", Value::Object(arguments));
-            return respond(tool, response, context, &options);
+            return respond(tool, response, store, &options);
         }
         let name = tool.tool.as_deref().unwrap_or(&tool.id);
         let runner = self
@@ -191,7 +191,7 @@ impl Toolbox {
             .call(ToolCallRequest {
                 tool,
                 arguments,
-                context,
+                store,
             })
             .await
     }
@@ -202,15 +202,15 @@ impl Toolbox {
 fn respond(
     tool: &Tool,
     response: &Value,
-    context: &ContextStore,
+    store: &ContextStore,
     options: &RenderOptions,
 ) -> Result<String, ToolError> {
     let fail = |error: contexture_core::context::TemplateError| {
         ToolError::new(&tool.id, format!("in its response: {error}"))
     };
     Ok(match response {
-        Value::String(text) => render(text, context, options).map_err(fail)?.text,
-        other => resolve_arg_list(std::slice::from_ref(other), context, options)
+        Value::String(text) => render(text, store, options).map_err(fail)?.text,
+        other => resolve_arg_list(std::slice::from_ref(other), store, options)
             .map_err(fail)?
             .into_iter()
             .next()
@@ -224,7 +224,7 @@ fn respond(
 pub fn configured_arguments(
     tool: &Tool,
     state_args: Option<&BTreeMap<String, Value>>,
-    context: &ContextStore,
+    store: &ContextStore,
     options: &RenderOptions,
 ) -> Result<Map<String, Value>, ArgError> {
     let mut configured: Map<String, Value> = tool
@@ -235,7 +235,7 @@ pub fn configured_arguments(
     for (name, value) in state_args.into_iter().flatten() {
         configured.insert(name.clone(), value.clone());
     }
-    Ok(resolve_args(&configured, context, options)?.args)
+    Ok(resolve_args(&configured, store, options)?.args)
 }
 
 /// The arguments of a model's call: what the model passed, with the configured arguments
@@ -257,12 +257,12 @@ async fn run_command(
     tool: &Tool,
     command: &[String],
     arguments: &Map<String, Value>,
-    context: &ContextStore,
+    store: &ContextStore,
     options: &RenderOptions,
 ) -> Result<String, ToolError> {
     let argv: Vec<String> = command
         .iter()
-        .map(|part| render(part, context, options).map(|rendered| rendered.text))
+        .map(|part| render(part, store, options).map(|rendered| rendered.text))
         .collect::<Result<_, _>>()
         .map_err(|error| ToolError::new(&tool.id, format!("in its command: {error}")))?;
     run_program(&tool.id, &argv, None, arguments).await

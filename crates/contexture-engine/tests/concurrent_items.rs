@@ -121,11 +121,7 @@ async fn items_run_up_to_max_concurrency_at_once_and_come_together_in_item_order
         );
         let reviews = json!(["review of a", "review of b", "review of c", "review of d"]);
         assert_eq!(out.output, reviews.to_string(), "{concurrency:?}");
-        assert_eq!(
-            out.context.get("reviews"),
-            Some(&reviews),
-            "{concurrency:?}"
-        );
+        assert_eq!(out.store.get("reviews"), Some(&reviews), "{concurrency:?}");
         assert_eq!(
             item_ends(&store, "run-1").await,
             [

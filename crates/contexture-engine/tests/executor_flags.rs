@@ -42,7 +42,7 @@ async fn include_in_llm_history_false_hides_the_exchange_but_stores_it() {
     .await
     .unwrap();
     assert_eq!(out.output, "done");
-    assert_eq!(out.context.get("secret"), Some(&json!("s3")));
+    assert_eq!(out.store.get("secret"), Some(&json!("s3")));
     let sent = provider.requests();
     assert_eq!(
         texts(&sent[1].messages),
@@ -111,7 +111,7 @@ async fn clear_context_store_keep_current_and_true() {
     .await
     .unwrap();
     assert_eq!(
-        serde_json::to_value(&out.context).unwrap(),
+        serde_json::to_value(&out.store).unwrap(),
         json!({"summary": "S", "n": 2})
     );
 
@@ -126,13 +126,13 @@ async fn clear_context_store_keep_current_and_true() {
     .await
     .unwrap();
     assert_eq!(
-        serde_json::to_value(&out.context).unwrap(),
+        serde_json::to_value(&out.store).unwrap(),
         json!({"late": 1}),
         "the clear empties the store, this step's output included; later steps store again"
     );
     // The replayed thread agrees with the executor's view.
     let thread = store2.load("run-1").await.unwrap();
-    assert_eq!(thread.store(), out.context.as_map());
+    assert_eq!(thread.store(), out.store.as_map());
 }
 
 #[tokio::test]
@@ -148,7 +148,7 @@ async fn output_key_stores_text_and_reset_keys_remove() {
     .await
     .unwrap();
     assert_eq!(
-        serde_json::to_value(&out.context).unwrap(),
+        serde_json::to_value(&out.store).unwrap(),
         json!({"keep": true, "paragraph": "A paragraph."})
     );
 }
@@ -324,7 +324,7 @@ states:
     let out = start(&exec, workflow, "").await.unwrap();
     assert_eq!(out.output, "reported");
     assert_eq!(
-        out.context.get("reviews"),
+        out.store.get("reviews"),
         Some(&json!([{"ok": 1}, {"ok": 2}, {"ok": 3}]))
     );
     let sent = provider.requests();
@@ -351,7 +351,7 @@ states:
         ]
     );
     // The items' own keys (`name`) did not leak into the shared store.
-    assert!(out.context.get("name").is_none());
+    assert!(out.store.get("name").is_none());
 }
 
 #[tokio::test]
@@ -391,7 +391,7 @@ states:
     let sent = provider.requests();
     assert_eq!(sent[0].messages.last().unwrap().text(), "alpha");
     assert_eq!(sent[1].messages.last().unwrap().text(), "beta");
-    assert_eq!(out.context.get("defs"), Some(&json!(["A", "B"])));
+    assert_eq!(out.store.get("defs"), Some(&json!(["A", "B"])));
     assert_eq!(out.output, r#"["A","B"]"#);
 }
 
@@ -446,7 +446,7 @@ states:
         .await;
         match (result, expected) {
             (Ok(out), Ok(expected)) => {
-                let mut context = out.context.into_map();
+                let mut context = out.store.into_map();
                 context.shift_remove("items");
                 context.shift_remove("n");
                 assert_eq!(serde_json::Value::Object(context), expected, "{merge}");
@@ -515,16 +515,8 @@ states:
             );
         }
         // What the items wrote came back to the shared store, and nothing was lost from it.
-        assert_eq!(
-            out.context.get("review"),
-            Some(&json!("second")),
-            "{include}"
-        );
-        assert_eq!(
-            out.context.get("secret"),
-            Some(&json!("s3cr3t")),
-            "{include}"
-        );
+        assert_eq!(out.store.get("review"), Some(&json!("second")), "{include}");
+        assert_eq!(out.store.get("secret"), Some(&json!("s3cr3t")), "{include}");
     }
     // Validation: the list needs an iteration, and names keys.
     let bad = r#"

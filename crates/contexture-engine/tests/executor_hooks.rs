@@ -164,10 +164,7 @@ async fn hooks_fire_once_per_step_and_per_call_in_order_and_chain() {
         texts(&sent[2].messages),
         ["One +h1 +h2", "[first>h1>h2]", "Two +h1 +h2"]
     );
-    assert_eq!(
-        out.context.get("last"),
-        Some(&serde_json::json!("[result]"))
-    );
+    assert_eq!(out.store.get("last"), Some(&serde_json::json!("[result]")));
 }
 
 #[tokio::test]

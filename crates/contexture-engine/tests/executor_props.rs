@@ -189,7 +189,7 @@ async fn check_run<S: Store + Clone>(
     CUT.fetch_add(cut, Ordering::Relaxed);
     // The log replays to what the run ended with.
     let thread = store.load("run-1").await.unwrap();
-    prop_assert_eq!(thread.store(), out.context.as_map());
+    prop_assert_eq!(thread.store(), out.store.as_map());
     Ok(())
 }
 

@@ -40,7 +40,7 @@ async fn a_failed_step_runs_anew_on_resume_and_finished_steps_do_not() {
     let out = exec.resume("run-1").await.unwrap();
     assert_eq!(out.output, "done");
     assert_eq!(
-        serde_json::to_value(&out.context).unwrap(),
+        serde_json::to_value(&out.store).unwrap(),
         serde_json::json!({"a": 1, "b": 2})
     );
     let sent = provider.requests();
@@ -157,7 +157,7 @@ states:
         .collect();
     assert_eq!(sent, ["Item y", "Item z"]);
     assert_eq!(
-        out.context.get("out"),
+        out.store.get("out"),
         Some(&serde_json::json!(["r1", "r2", "r3"]))
     );
 }

@@ -36,7 +36,7 @@ async fn a_command_tool_gets_its_arguments_as_json_and_its_output_is_stored() {
         serde_json::from_str::<serde_json::Value>(&out.output).unwrap(),
         json!({"name": "ann", "fixed": "configured", "extra": 2})
     );
-    assert_eq!(out.context.get("fixed"), Some(&json!("configured")));
+    assert_eq!(out.store.get("fixed"), Some(&json!("configured")));
     let log = events(&store, "run-1").await;
     let started = log
         .iter()
@@ -331,7 +331,7 @@ tools: [{id: shout, tool: upper, arguments: {text: '{{word}}'}}]
 states: [{id: s, tool_id: shout, next: {end: true, output_key: loud}}]
 "#;
     let out = start(&exec, workflow, r#"{"word": "hi"}"#).await.unwrap();
-    assert_eq!(out.context.get("loud"), Some(&json!("HI")));
+    assert_eq!(out.store.get("loud"), Some(&json!("HI")));
 }
 
 #[tokio::test]

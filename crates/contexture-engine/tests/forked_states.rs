@@ -64,7 +64,7 @@ async fn a_forked_state_comes_back_as_its_merge_says() {
             "{fork}: the fork sees the execution's history"
         );
         assert_eq!(texts(&sent[2].messages), seen_by_two, "{fork}");
-        assert_eq!(out.context.get("idea"), Some(&json!("the idea")), "{fork}");
+        assert_eq!(out.store.get("idea"), Some(&json!("the idea")), "{fork}");
         // Each call counted once: the fork's through the merge.
         assert_eq!(
             (out.usage.input_tokens, out.usage.output_tokens),

@@ -154,7 +154,7 @@ async fn hook_programs_chain_in_order_and_fire_once_per_point() {
     let sent = provider.requests();
     assert_eq!(sent[0].messages[0].text(), "One +h1 +h2");
     assert_eq!(
-        out.context.get("last"),
+        out.store.get("last"),
         Some(&serde_json::json!("[[result]]"))
     );
 }
@@ -210,7 +210,7 @@ async fn a_workflow_declares_its_own_hooks_before_the_callers() {
             .any(|line| line.starts_with("wf:on_step_enter"))
     );
     assert_eq!(
-        out.context.get("last"),
+        out.store.get("last"),
         Some(&serde_json::json!("[[result]]"))
     );
 }
@@ -295,7 +295,7 @@ async fn an_empty_answer_changes_nothing() {
     .await
     .unwrap();
     assert_eq!(texts(&provider.requests()[0].messages), ["One"]);
-    assert_eq!(out.context.get("out"), Some(&serde_json::json!("un")));
+    assert_eq!(out.store.get("out"), Some(&serde_json::json!("un")));
 }
 
 #[tokio::test]

@@ -36,7 +36,7 @@ fn limits(seconds: f64, workers: usize) -> WorkerLimits {
 fn job() -> RenderJob {
     RenderJob::Evaluate {
         expression: "true".into(),
-        context: Default::default(),
+        store: Default::default(),
         output: None,
         value_wanted: false,
     }

@@ -94,7 +94,7 @@ async fn children_see_only_what_is_scoped_and_return_structured_data() {
     assert_eq!(sent[2].messages.len(), 2);
     // The child's result is structured data in the parent's context.
     assert_eq!(
-        out.context.get("research").unwrap()["finding"],
+        out.store.get("research").unwrap()["finding"],
         "Rust is memory safe"
     );
     // The final request sees one summary message for the review, none for the research.

@@ -243,7 +243,7 @@ async fn execute_on<S: Store + Clone + 'static>(args: RunArgs, store: S) -> Resu
         outcome.output.strip_suffix('\n').unwrap_or(&outcome.output)
     );
     if args.print_context {
-        printed.push_str(&serde_json::to_string_pretty(&outcome.context)?);
+        printed.push_str(&serde_json::to_string_pretty(&outcome.store)?);
         printed.push('\n');
     }
     print_output(&printed)

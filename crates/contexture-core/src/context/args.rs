@@ -38,7 +38,7 @@ pub struct ArgError {
 /// Renders the templates inside `configured`.
 pub fn resolve_args(
     configured: &Map<String, Value>,
-    context: &ContextStore,
+    store: &ContextStore,
     options: &RenderOptions,
 ) -> Result<ResolvedArgs, ArgError> {
     let mut used = BTreeSet::new();
@@ -46,7 +46,7 @@ pub fn resolve_args(
     let mut args = Map::new();
     for (name, value) in configured {
         let resolved =
-            resolve_value(value, context, options, &mut used, &mut missing).map_err(|error| {
+            resolve_value(value, store, options, &mut used, &mut missing).map_err(|error| {
                 ArgError {
                     argument: name.clone(),
                     error,
@@ -64,27 +64,27 @@ pub fn resolve_args(
 /// Renders the templates inside a list of arguments (MCP server `args`).
 pub fn resolve_arg_list(
     configured: &[Value],
-    context: &ContextStore,
+    store: &ContextStore,
     options: &RenderOptions,
 ) -> Result<Vec<Value>, TemplateError> {
     let mut used = BTreeSet::new();
     let mut missing = BTreeSet::new();
     configured
         .iter()
-        .map(|value| resolve_value(value, context, options, &mut used, &mut missing))
+        .map(|value| resolve_value(value, store, options, &mut used, &mut missing))
         .collect()
 }
 
 fn resolve_value(
     value: &Value,
-    context: &ContextStore,
+    store: &ContextStore,
     options: &RenderOptions,
     used: &mut BTreeSet<String>,
     missing: &mut BTreeSet<String>,
 ) -> Result<Value, TemplateError> {
     Ok(match value {
         Value::String(text) if has_template(text) => {
-            let (value, rendered) = render_value(text, context, options)?;
+            let (value, rendered) = render_value(text, store, options)?;
             used.extend(rendered.used_keys);
             missing.extend(rendered.missing);
             value
@@ -92,17 +92,12 @@ fn resolve_value(
         Value::Array(items) => Value::Array(
             items
                 .iter()
-                .map(|item| resolve_value(item, context, options, used, missing))
+                .map(|item| resolve_value(item, store, options, used, missing))
                 .collect::<Result<_, _>>()?,
         ),
         Value::Object(map) => Value::Object(
             map.iter()
-                .map(|(k, v)| {
-                    Ok((
-                        k.clone(),
-                        resolve_value(v, context, options, used, missing)?,
-                    ))
-                })
+                .map(|(k, v)| Ok((k.clone(), resolve_value(v, store, options, used, missing)?)))
                 .collect::<Result<_, TemplateError>>()?,
         ),
         other => other.clone(),

@@ -48,7 +48,7 @@ pub enum ExprError {
 #[derive(Clone, Copy)]
 pub struct Scope<'a> {
     /// The context store; its root keys are the variables.
-    pub context: &'a ContextStore,
+    pub store: &'a ContextStore,
     /// The last output's parsed value, visible as `output`.
     pub output: Option<&'a Value>,
     /// Where the expression runs when not in this process (see [`RenderIsolation`]).
@@ -58,7 +58,7 @@ pub struct Scope<'a> {
 impl fmt::Debug for Scope<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Scope")
-            .field("context", self.context)
+            .field("store", self.store)
             .field("output", &self.output)
             .field("isolated", &self.isolation.is_some())
             .finish()
@@ -66,10 +66,10 @@ impl fmt::Debug for Scope<'_> {
 }
 
 impl<'a> Scope<'a> {
-    /// A scope over `context` alone.
-    pub fn new(context: &'a ContextStore) -> Scope<'a> {
+    /// A scope over `store` alone.
+    pub fn new(store: &'a ContextStore) -> Scope<'a> {
         Scope {
-            context,
+            store,
             output: None,
             isolation: None,
         }
@@ -89,7 +89,7 @@ impl<'a> Scope<'a> {
     }
 
     fn to_value(self) -> minijinja::Value {
-        let mut map = self.context.as_map().clone();
+        let mut map = self.store.as_map().clone();
         if let Some(output) = self.output {
             map.insert("output".to_owned(), output.clone());
         }
@@ -183,7 +183,7 @@ impl Condition {
         };
         let job = RenderJob::Evaluate {
             expression: self.source.clone(),
-            context: scope.context.clone(),
+            store: scope.store.clone(),
             output: scope.output.cloned(),
             value_wanted,
         };

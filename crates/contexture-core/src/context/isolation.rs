@@ -92,8 +92,9 @@ pub enum RenderJob {
     Render {
         /// The template.
         template: String,
-        /// Its context.
-        context: ContextStore,
+        /// Its context store.
+        #[serde(rename = "context")]
+        store: ContextStore,
         /// How to render.
         settings: RenderSettings,
     },
@@ -101,8 +102,9 @@ pub enum RenderJob {
     RenderValue {
         /// The template.
         template: String,
-        /// Its context.
-        context: ContextStore,
+        /// Its context store.
+        #[serde(rename = "context")]
+        store: ContextStore,
         /// How to render.
         settings: RenderSettings,
     },
@@ -110,8 +112,9 @@ pub enum RenderJob {
     Evaluate {
         /// The expression.
         expression: String,
-        /// Its context.
-        context: ContextStore,
+        /// Its context store.
+        #[serde(rename = "context")]
+        store: ContextStore,
         /// The last output, visible as `output`.
         output: Option<Value>,
         /// Whether the value is wanted, or only its truthiness.
@@ -162,30 +165,30 @@ pub fn run_job(job: RenderJob, ids: Arc<dyn IdSource>) -> JobOutcome {
     match job {
         RenderJob::Render {
             template,
-            context,
+            store,
             settings,
         } => JobOutcome::Rendered(super::template::render(
             &template,
-            &context,
+            &store,
             &settings.into_options(ids),
         )),
         RenderJob::RenderValue {
             template,
-            context,
+            store,
             settings,
         } => JobOutcome::Valued(super::template::render_value(
             &template,
-            &context,
+            &store,
             &settings.into_options(ids),
         )),
         RenderJob::Evaluate {
             expression,
-            context,
+            store,
             output,
             value_wanted,
         } => {
             let scope = Scope {
-                context: &context,
+                store: &store,
                 output: output.as_ref(),
                 isolation: None,
             };

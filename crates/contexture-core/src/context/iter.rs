@@ -71,7 +71,7 @@ fn kind(value: &Value) -> &'static str {
 /// Selects the list to iterate over.
 pub fn select_items(
     iter_key: &str,
-    context: &ContextStore,
+    store: &ContextStore,
     last_output: Option<&Value>,
 ) -> Result<Vec<Value>, IterError> {
     let (found, place) = if iter_key.starts_with('/') {
@@ -84,7 +84,7 @@ pub fn select_items(
             iter_key: iter_key.to_owned(),
             reason: error.reason.to_owned(),
         })?;
-        (context.lookup(&path), "context")
+        (store.lookup(&path), "context")
     };
     match found {
         None => Err(IterError::NotFound {
@@ -106,35 +106,36 @@ pub struct IterationItem {
     pub index: usize,
     /// The item.
     pub value: Value,
-    /// The item's own copy of the context.
-    pub context: ContextStore,
+    /// The item's own copy of the context store (the key `context`).
+    #[serde(rename = "context")]
+    pub store: ContextStore,
 }
 
 /// Builds one [`IterationItem`] per item: a copy of `context` (only the `keep` keys when given)
 /// plus, for an object item, its root keys.
 pub fn plan_items(
     items: Vec<Value>,
-    context: &ContextStore,
+    store: &ContextStore,
     keep: Option<&[String]>,
 ) -> Vec<IterationItem> {
     let base = match keep {
-        Some(keys) => context.filtered(keys),
-        None => context.clone(),
+        Some(keys) => store.filtered(keys),
+        None => store.clone(),
     };
     items
         .into_iter()
         .enumerate()
         .map(|(index, value)| {
-            let mut context = base.clone();
+            let mut store = base.clone();
             if let Value::Object(map) = &value {
                 for (key, v) in map {
-                    context.insert(key.clone(), v.clone());
+                    store.insert(key.clone(), v.clone());
                 }
             }
             IterationItem {
                 index,
                 value,
-                context,
+                store,
             }
         })
         .collect()
@@ -159,7 +160,7 @@ pub enum MergePolicy {
 pub fn item_writes(item: &IterationItem, end: &ContextStore) -> Vec<(String, Value)> {
     end.as_map()
         .iter()
-        .filter(|(key, value)| item.context.get(key) != Some(*value))
+        .filter(|(key, value)| item.store.get(key) != Some(*value))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
 }

@@ -102,7 +102,7 @@ impl<S: Store> Executor<S> {
         let system = match &assistant.system_prompt {
             Some(prompt) => Some(Message::system(
                 prompt
-                    .render(&step.context, &step.options)
+                    .render(&step.store, &step.options)
                     .map_err(|error| StepError::Template {
                         place: format!("the system prompt of assistant `{}`", assistant.id),
                         error,
@@ -527,7 +527,7 @@ impl<S: Store> Executor<S> {
         let StepContext {
             info,
             workflow,
-            context,
+            store,
             options,
             ..
         } = setup.step;
@@ -548,7 +548,7 @@ impl<S: Store> Executor<S> {
             Ok(arguments) => arguments,
             Err(error) => return format!("error: {error}"),
         };
-        let configured = match configured_arguments(tool, None, context, options) {
+        let configured = match configured_arguments(tool, None, store, options) {
             Ok(configured) => configured,
             Err(error) => return format!("error: {error}"),
         };
@@ -567,7 +567,7 @@ impl<S: Store> Executor<S> {
                 .await
                 .unwrap_or_else(|error| format!("error: {error}"));
         }
-        match self.tools.run(tool, arguments, context, options).await {
+        match self.tools.run(tool, arguments, store, options).await {
             Ok(text) => text,
             Err(error) => format!("error: {error}"),
         }

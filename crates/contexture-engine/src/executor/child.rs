@@ -96,7 +96,7 @@ impl<S: Store> Executor<S> {
         };
         Ok(match state.result {
             SubResult::Output => outcome.output,
-            SubResult::Context => Value::Object(outcome.context.into_map()).to_string(),
+            SubResult::Context => Value::Object(outcome.store.into_map()).to_string(),
         })
     }
 

@@ -123,7 +123,7 @@ pub struct RunOutcome {
     /// The last step's output (for a final iteration, its items' outputs as a JSON list).
     pub output: String,
     /// The context store at the end.
-    pub context: ContextStore,
+    pub store: ContextStore,
     /// Tokens spent, as providers reported them.
     pub usage: Usage,
     /// Dollars spent; `None` when a call spent tokens at no known price.
@@ -329,7 +329,7 @@ fn outcome(execution_id: &str, log: &ExecutionLog) -> RunOutcome {
     RunOutcome {
         execution_id: execution_id.to_owned(),
         output: log.last_output().unwrap_or_default().to_owned(),
-        context: log.store(),
+        store: log.store(),
         usage: log.usage(),
         cost_usd: log.total_cost_usd(),
         steps: log.steps_started(),

@@ -96,8 +96,9 @@ pub(crate) struct StepContext<'a> {
     pub state: &'a State,
     /// What the state runs.
     pub kind: StepKind<'a>,
-    /// What the step's templates render against: an item's context, in an iteration.
-    pub context: ContextStore,
+    /// What the step's templates render against: an item's context store, in an
+    /// iteration.
+    pub store: ContextStore,
     /// How the step's templates render.
     pub options: RenderOptions,
 }
@@ -134,7 +135,7 @@ impl ChildPlan {
 /// output, or an object built from dotted paths into the parent's context. Nothing else.
 fn child_input(
     state: &State,
-    context: &ContextStore,
+    store: &ContextStore,
     log: &ExecutionLog,
 ) -> Result<Value, StepError> {
     let input = state.input.clone().unwrap_or_default();
@@ -144,13 +145,13 @@ fn child_input(
             let parsed = Path::parse(path).map_err(|error| {
                 StepError::SubWorkflowInput(format!("invalid path `{path}`: {}", error.reason))
             })?;
-            let value = context.lookup(&parsed).ok_or_else(|| {
+            let value = store.lookup(&parsed).ok_or_else(|| {
                 StepError::SubWorkflowInput(format!(
                     "`{key}` maps `{path}`, which is not in the context (its keys: {})",
-                    if context.is_empty() {
+                    if store.is_empty() {
                         "none".to_owned()
                     } else {
-                        context.keys().collect::<Vec<_>>().join(", ")
+                        store.keys().collect::<Vec<_>>().join(", ")
                     }
                 ))
             })?;
@@ -290,7 +291,7 @@ impl<S: Store> Executor<S> {
                 options = options.with_isolation(isolation.clone());
             }
         }
-        let context = match work {
+        let step_store = match work {
             Work::Item {
                 index, value, keys, ..
             } => {
@@ -299,7 +300,7 @@ impl<S: Store> Executor<S> {
                     .with_variable("item_index", Value::from(*index));
                 plan_items(vec![value.clone()], &store, keys.as_deref())
                     .pop()
-                    .map_or_else(|| store.clone(), |item| item.context)
+                    .map_or_else(|| store.clone(), |item| item.store)
             }
             _ => store.clone(),
         };
@@ -319,7 +320,7 @@ impl<S: Store> Executor<S> {
             workflow: &workflow,
             state,
             kind,
-            context,
+            store: step_store,
             options,
         };
         let prepared = self.prepare_step(&current, work, &run.log, &run.hooks);
@@ -339,11 +340,11 @@ impl<S: Store> Executor<S> {
             .map(|_| format!("{}{CHILD_SEPARATOR}{state_id}.fork.{step}", run.id));
         // The state's named context becomes the active one with the step's start (no
         // request is in flight between steps, so it applies at once).
-        let context = state.thread_context.as_deref().unwrap_or(DEFAULT_CONTEXT);
+        let named = state.thread_context.as_deref().unwrap_or(DEFAULT_CONTEXT);
         let mut started = Vec::with_capacity(2);
-        if run.log.thread().active_context() != context {
+        if run.log.thread().active_context() != named {
             let switch = EventKind::ContextSwitched {
-                context: context.to_owned(),
+                context: named.to_owned(),
                 op_id: Some(format!("{}/step-{step}/context", run.id)),
             };
             if run.staging.as_ref().is_some_and(|s| s.earlier_items > 0) {
@@ -519,7 +520,7 @@ impl<S: Store> Executor<S> {
         let StepContext {
             info,
             state,
-            context,
+            store,
             options,
             ..
         } = step;
@@ -537,7 +538,7 @@ impl<S: Store> Executor<S> {
             } else {
                 format!("{execution_id}{CHILD_SEPARATOR}{part}")
             };
-            let input_value = child_input(state, context, log)?;
+            let input_value = child_input(state, store, log)?;
             return Ok(StepInput {
                 task: None,
                 arguments: None,
@@ -546,7 +547,7 @@ impl<S: Store> Executor<S> {
         }
         let task = match (&state.task, work) {
             (Some(task), _) if state.resolve_dynamic_values_in_prompt => Some(
-                task.render(context, options)
+                task.render(store, options)
                     .map_err(|error| StepError::Template {
                         place: "the task".into(),
                         error,
@@ -567,7 +568,7 @@ impl<S: Store> Executor<S> {
         })?;
         let arguments = match step.kind {
             StepKind::Tool(tool) => Some(
-                configured_arguments(tool, state.tool_args.as_ref(), context, options).map_err(
+                configured_arguments(tool, state.tool_args.as_ref(), store, options).map_err(
                     |error| StepError::Template {
                         place: format!("argument `{}` of tool `{}`", error.argument, tool.id),
                         error: error.error,
@@ -594,7 +595,7 @@ impl<S: Store> Executor<S> {
     ) -> Result<String, Abort> {
         let StepContext {
             info,
-            context,
+            store,
             options,
             ..
         } = step;
@@ -637,7 +638,7 @@ impl<S: Store> Executor<S> {
                 let (id, seq) = run.cancel_source();
                 tokio::select! {
                     biased;
-                    result = self.tools.run(tool, arguments.unwrap_or_default(), context, options) => {
+                    result = self.tools.run(tool, arguments.unwrap_or_default(), store, options) => {
                         Ok(result.map_err(StepError::Tool)?)
                     }
                     request = self.cancellation(&id, seq) => {
@@ -645,7 +646,7 @@ impl<S: Store> Executor<S> {
                     }
                 }
             }
-            StepKind::Transform(values) => Ok(transform(values, context, options)?),
+            StepKind::Transform(values) => Ok(transform(values, store, options)?),
         }
     }
 
@@ -711,10 +712,10 @@ impl<S: Store> Executor<S> {
 /// `{{ path }}` keeps its JSON type), as one JSON object.
 fn transform(
     values: &Map<String, Value>,
-    context: &ContextStore,
+    store: &ContextStore,
     options: &RenderOptions,
 ) -> Result<String, StepError> {
-    let resolved = resolve_args(values, context, options).map_err(|error| StepError::Template {
+    let resolved = resolve_args(values, store, options).map_err(|error| StepError::Template {
         place: format!("transform value `{}`", error.argument),
         error: error.error,
     })?;

@@ -43,7 +43,7 @@ pub fn render(
 ) -> Result<Rendered, TemplateError> {
     let isolated = options.run_isolated(|| RenderJob::Render {
         template: template.to_owned(),
-        context: store.clone(),
+        store: store.clone(),
         settings: RenderSettings::of(options),
     });
     if let Some(outcome) = isolated {
@@ -108,7 +108,7 @@ pub fn render_value(
 ) -> Result<(Value, Rendered), TemplateError> {
     let isolated = options.run_isolated(|| RenderJob::RenderValue {
         template: template.to_owned(),
-        context: store.clone(),
+        store: store.clone(),
         settings: RenderSettings::of(options),
     });
     if let Some(outcome) = isolated {
