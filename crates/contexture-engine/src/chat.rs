@@ -214,10 +214,10 @@ pub struct ChatTurn<'a, S> {
     /// The model and the default fit policy (the thread's own takes its place).
     pub settings: FitSettings,
     /// The tool schemas sent with the request.
-    pub tools: Vec<Value>,
+    pub tools: &'a [Value],
     /// The structured-output schema sent with the request (`response_format`), counted
     /// with the tools: the provider counts it in the request's tokens.
-    pub response_format: Option<Value>,
+    pub response_format: Option<&'a Value>,
     /// The default compaction policy, when there is one (the thread's own takes its place).
     pub compaction: Option<&'a CompactionPolicy>,
     /// Who compacts.
@@ -254,9 +254,11 @@ impl<S: Store> ChatTurn<'_, S> {
     /// What the request's tokens are counted with besides its messages: the tool schemas
     /// and the structured-output schema.
     fn counted_schemas(&self) -> Vec<Value> {
-        let mut schemas = self.tools.clone();
-        schemas.extend(self.response_format.iter().cloned());
-        schemas
+        self.tools
+            .iter()
+            .chain(self.response_format)
+            .cloned()
+            .collect()
     }
 
     /// Steps 1 to 3 of the turn for the request's messages `requested`, holding the thread
@@ -378,7 +380,7 @@ impl<S: Store> ChatTurn<'_, S> {
                 max_output_tokens: fitted.limits.reserve_output,
                 input_tokens: fitted.breakdown.used,
             }),
-            tools: self.tools.clone(),
+            tools: self.tools.to_vec(),
             breakdown: Some(fitted.breakdown.clone()),
             fit: Some(fitted.fit.clone()),
             purpose: Some("chat".into()),

@@ -29,7 +29,6 @@ use contexture_llm::passthrough::{
 use contexture_llm::wire::{ChatCall, WireFormat};
 use contexture_store::{Scoped, Store, StoreError, Tenant, TurnQueueStore};
 use futures_util::StreamExt;
-use serde_json::Value;
 
 use crate::chat::{
     Attempt, ChatError, ChatTurn, CompletionRecord, StoredAnswer, TurnRecorder, previous_attempt,
@@ -228,8 +227,7 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
         let slot = self.parts.slots.take(tenant.name())?;
         let upstream = &self.parts.upstream;
         let response = if call.client.format == upstream.format() {
-            let body = Value::Object(call.client.body.clone());
-            upstream.forward(&body).await?
+            upstream.forward(&call.client.body).await?
         } else {
             upstream.send(call, messages).await?
         };
@@ -350,8 +348,8 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             store: &store,
             thread: &thread,
             settings,
-            tools: call.tools.clone(),
-            response_format: call.response_format.clone(),
+            tools: &call.tools,
+            response_format: call.response_format.as_ref(),
             compaction: parts.compaction.as_ref(),
             compactor: &parts.compactor,
             key: keyed.as_ref().map(|keyed| keyed.key.as_str()),

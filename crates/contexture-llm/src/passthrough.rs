@@ -27,7 +27,7 @@ use bytes::Bytes;
 use contexture_core::Message;
 use futures_core::Stream;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::error::retryable_status;
 use crate::http::join_url;
@@ -35,7 +35,7 @@ use crate::openai::{ChunkProblem, CompletionProblem, StreamAssembly, parse_compl
 use crate::provider::Usage;
 use crate::retry::{RetryPolicy, parse_retry_after};
 use crate::sse::{SseDecoder, SseEvent};
-use crate::wire::{ChatCall, WireFormat};
+use crate::wire::{ChatCall, RequestBody, WireFormat};
 
 /// Where the upstream provider is, which wire format it speaks, and how patiently it is
 /// called.
@@ -220,7 +220,7 @@ pub trait ChatUpstream: Send + Sync {
 
     /// Sends `body`, a request already in the upstream's own format, as it is (a request
     /// that keeps no thread, passed through).
-    fn forward<'a>(&'a self, body: &'a Value) -> UpstreamCall<'a>;
+    fn forward<'a>(&'a self, body: &'a Map<String, Value>) -> UpstreamCall<'a>;
 }
 
 impl ChatUpstream for Passthrough {
@@ -232,8 +232,11 @@ impl ChatUpstream for Passthrough {
         Box::pin(Passthrough::send(self, call, messages))
     }
 
-    fn forward<'a>(&'a self, body: &'a Value) -> UpstreamCall<'a> {
-        Box::pin(self.post(body))
+    fn forward<'a>(&'a self, body: &'a Map<String, Value>) -> UpstreamCall<'a> {
+        Box::pin(async move {
+            let body = RequestBody::as_sent(body);
+            self.post(&body, body.streams()).await
+        })
     }
 }
 
@@ -311,7 +314,7 @@ impl Passthrough {
         messages: &[Message],
     ) -> Result<UpstreamResponse, PassthroughError> {
         let body = call.body_for(self.format, messages)?;
-        self.post(&body).await
+        self.post(&body, body.streams()).await
     }
 
     /// POSTs `body` as it is (serialized once, its key order kept) to
@@ -338,13 +341,23 @@ impl Passthrough {
                 ),
             });
         }
-        self.post(body).await
+        let stream = body.get("stream").and_then(Value::as_bool) == Some(true);
+        self.post(body, stream).await
     }
 
-    /// POSTs `body`, a request in the upstream's own format, as it is.
-    async fn post(&self, body: &Value) -> Result<UpstreamResponse, PassthroughError> {
-        let stream = body.get("stream").and_then(Value::as_bool) == Some(true);
-        let payload = Bytes::from(body.to_string());
+    /// POSTs `body`, a request in the upstream's own format, serialized once; `stream` when
+    /// it asks for a stream.
+    async fn post(
+        &self,
+        body: &impl serde::Serialize,
+        stream: bool,
+    ) -> Result<UpstreamResponse, PassthroughError> {
+        let payload =
+            Bytes::from(
+                serde_json::to_vec(body).map_err(|error| PassthroughError::Malformed {
+                    detail: format!("the request body cannot be written: {error}"),
+                })?,
+            );
         let path = match self.format {
             WireFormat::OpenAiChat => "chat/completions",
             WireFormat::AnthropicMessages => "v1/messages",

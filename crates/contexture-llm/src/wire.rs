@@ -20,6 +20,7 @@
 
 use contexture_core::Message;
 use contexture_core::format::{anthropic, openai};
+use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Value, json};
 
 use crate::passthrough::PassthroughError;
@@ -81,6 +82,81 @@ pub struct ChatCall {
     pub client: ClientRequest,
 }
 
+/// A request body ready to be serialized: the client's own with some fields written over
+/// it, serialized in place (nothing of the client's body, a stateless client's whole
+/// history included, is copied), or one written from a call's parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RequestBody<'a> {
+    /// The client's body: each field of `over` in the place of the client's (after the
+    /// client's fields when it has none), the fields named in `dropped` left out.
+    Client {
+        /// The client's body.
+        body: &'a Map<String, Value>,
+        /// The fields written over it.
+        over: Map<String, Value>,
+        /// The client's fields left out (unless `over` writes them).
+        dropped: &'static [&'static str],
+    },
+    /// A body of its own.
+    Written(Map<String, Value>),
+}
+
+impl<'a> RequestBody<'a> {
+    /// The client's body as it came.
+    pub fn as_sent(body: &'a Map<String, Value>) -> RequestBody<'a> {
+        RequestBody::Client {
+            body,
+            over: Map::new(),
+            dropped: &[],
+        }
+    }
+
+    /// The value of the body's field `key`, as it is serialized.
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        match self {
+            RequestBody::Client {
+                body,
+                over,
+                dropped,
+            } => over
+                .get(key)
+                .or_else(|| body.get(key).filter(|_| !dropped.contains(&key))),
+            RequestBody::Written(body) => body.get(key),
+        }
+    }
+
+    /// True when the body asks for a stream (`"stream": true`).
+    pub fn streams(&self) -> bool {
+        self.get("stream").and_then(Value::as_bool) == Some(true)
+    }
+}
+
+impl Serialize for RequestBody<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            RequestBody::Written(body) => body.serialize(serializer),
+            RequestBody::Client {
+                body,
+                over,
+                dropped,
+            } => {
+                let mut map = serializer.serialize_map(None)?;
+                for (key, value) in body.iter() {
+                    match over.get(key) {
+                        Some(written) => map.serialize_entry(key, written)?,
+                        None if dropped.contains(&key.as_str()) => {}
+                        None => map.serialize_entry(key, value)?,
+                    }
+                }
+                for (key, value) in over.iter().filter(|(key, _)| !body.contains_key(*key)) {
+                    map.serialize_entry(key, value)?;
+                }
+                map.end()
+            }
+        }
+    }
+}
+
 impl ChatCall {
     /// The request body for an upstream of `format`, sending `messages` (see the module
     /// documentation).
@@ -88,18 +164,22 @@ impl ChatCall {
         &self,
         format: WireFormat,
         messages: &[Message],
-    ) -> Result<Value, PassthroughError> {
+    ) -> Result<RequestBody<'_>, PassthroughError> {
         match format {
             WireFormat::OpenAiChat => self.openai_body(messages),
             WireFormat::AnthropicMessages => self.anthropic_body(messages),
         }
     }
 
-    fn openai_body(&self, messages: &[Message]) -> Result<Value, PassthroughError> {
+    fn openai_body(&self, messages: &[Message]) -> Result<RequestBody<'_>, PassthroughError> {
         if self.client.format == WireFormat::OpenAiChat {
-            let mut body = self.client.body.clone();
-            body.insert("messages".into(), openai::to_values(messages));
-            return Ok(Value::Object(body));
+            let mut over = Map::new();
+            over.insert("messages".into(), openai::to_values(messages));
+            return Ok(RequestBody::Client {
+                body: &self.client.body,
+                over,
+                dropped: &[],
+            });
         }
         let client = &self.client.body;
         refuse(self.client.format, client, &["mcp_servers", "container"])?;
@@ -112,11 +192,7 @@ impl ChatCall {
         if let Some(tokens) = self.max_tokens {
             body.insert("max_tokens".into(), json!(tokens));
         }
-        copy(
-            client,
-            &mut body,
-            &[("temperature", "temperature"), ("top_p", "top_p")],
-        );
+        copy(client, &mut body, &["temperature", "top_p"]);
         if let Some(stop) = client.get("stop_sequences") {
             body.insert("stop".into(), stop.clone());
         }
@@ -141,10 +217,10 @@ impl ChatCall {
             // The usage is recorded with the answer.
             body.insert("stream_options".into(), json!({"include_usage": true}));
         }
-        Ok(Value::Object(body))
+        Ok(RequestBody::Written(body))
     }
 
-    fn anthropic_body(&self, messages: &[Message]) -> Result<Value, PassthroughError> {
+    fn anthropic_body(&self, messages: &[Message]) -> Result<RequestBody<'_>, PassthroughError> {
         let same = self.client.format == WireFormat::AnthropicMessages;
         let written = if same {
             anthropic::to_request(messages)
@@ -158,10 +234,12 @@ impl ChatCall {
             unreachable!("a request body is an object");
         };
         if same {
-            let mut body = self.client.body.clone();
-            body.remove("system");
-            body.extend(written);
-            return Ok(Value::Object(body));
+            // The client's system prompt, when the chosen messages have none, goes too.
+            return Ok(RequestBody::Client {
+                body: &self.client.body,
+                over: written,
+                dropped: &["system"],
+            });
         }
         let client = &self.client.body;
         refuse(
@@ -192,11 +270,7 @@ impl ChatCall {
             json!(self.max_tokens.unwrap_or(ANTHROPIC_DEFAULT_MAX_TOKENS)),
         );
         body.extend(written);
-        copy(
-            client,
-            &mut body,
-            &[("temperature", "temperature"), ("top_p", "top_p")],
-        );
+        copy(client, &mut body, &["temperature", "top_p"]);
         match client.get("stop") {
             Some(Value::String(stop)) => {
                 body.insert("stop_sequences".into(), json!([stop]));
@@ -235,7 +309,7 @@ impl ChatCall {
         if self.stream {
             body.insert("stream".into(), json!(true));
         }
-        Ok(Value::Object(body))
+        Ok(RequestBody::Written(body))
     }
 }
 
@@ -269,10 +343,11 @@ fn is_unset(value: &Value) -> bool {
     }
 }
 
-fn copy(from: &Map<String, Value>, to: &mut Map<String, Value>, fields: &[(&str, &str)]) {
-    for (source, target) in fields {
-        if let Some(value) = from.get(*source) {
-            to.insert((*target).to_owned(), value.clone());
+/// Copies the `fields` `from` has into `to`, under the same names.
+fn copy(from: &Map<String, Value>, to: &mut Map<String, Value>, fields: &[&str]) {
+    for field in fields {
+        if let Some(value) = from.get(*field) {
+            to.insert((*field).to_owned(), value.clone());
         }
     }
 }
@@ -383,6 +458,11 @@ mod tests {
         }
     }
 
+    /// A body as it is sent.
+    fn value(body: RequestBody<'_>) -> Value {
+        serde_json::to_value(&body).unwrap()
+    }
+
     fn chosen() -> Vec<Message> {
         vec![
             Message::system("Be brief."),
@@ -400,7 +480,10 @@ mod tests {
             "logprobs": true
         });
         let call = call(WireFormat::OpenAiChat, body.clone());
-        let sent = call.body_for(WireFormat::OpenAiChat, &chosen()).unwrap();
+        let sent = call
+            .body_for(WireFormat::OpenAiChat, &chosen())
+            .map(value)
+            .unwrap();
         let mut expected = body;
         expected["messages"] = openai::to_values(&chosen());
         assert_eq!(sent, expected);
@@ -420,6 +503,7 @@ mod tests {
         let call = call_anthropic(body);
         let sent = call
             .body_for(WireFormat::AnthropicMessages, &chosen())
+            .map(value)
             .unwrap();
         assert_eq!(
             sent,
@@ -431,6 +515,18 @@ mod tests {
                 "messages": [{"role": "user", "content": "Weather in Lisbon?"}]
             })
         );
+        assert_eq!(
+            sent.as_object().unwrap().keys().collect::<Vec<_>>(),
+            ["model", "max_tokens", "system", "messages", "top_k"],
+            "the chosen system prompt and messages take the client's places"
+        );
+        // Chosen messages without a system prompt leave the client's out.
+        let sent = call
+            .body_for(WireFormat::AnthropicMessages, &chosen()[1..])
+            .map(value)
+            .unwrap();
+        assert_eq!(sent.get("system"), None, "{sent}");
+        assert_eq!(sent["messages"][0]["content"], "Weather in Lisbon?");
     }
 
     fn call_anthropic(body: Value) -> ChatCall {
@@ -457,6 +553,7 @@ mod tests {
             "name": "lookup", "description": "Find", "parameters": {"type": "object"}}})];
         let sent = call
             .body_for(WireFormat::AnthropicMessages, &chosen())
+            .map(value)
             .unwrap();
         assert_eq!(
             sent,
@@ -489,7 +586,10 @@ mod tests {
             "stream": true
         }));
         call.max_tokens = Some(200);
-        let sent = call.body_for(WireFormat::OpenAiChat, &chosen()).unwrap();
+        let sent = call
+            .body_for(WireFormat::OpenAiChat, &chosen())
+            .map(value)
+            .unwrap();
         assert_eq!(
             sent,
             json!({
@@ -524,7 +624,8 @@ mod tests {
         ];
         for (body, refused) in table {
             let outcome = call(WireFormat::OpenAiChat, body.clone())
-                .body_for(WireFormat::AnthropicMessages, &chosen());
+                .body_for(WireFormat::AnthropicMessages, &chosen())
+                .map(value);
             match (refused, outcome) {
                 (None, Ok(_)) => {}
                 (Some(field), Err(PassthroughError::Unsupported { detail })) => {
@@ -554,6 +655,7 @@ mod tests {
         let messages = vec![Message::user("Weather?"), answer];
         let foreign = call(WireFormat::OpenAiChat, json!({"model": "m"}))
             .body_for(WireFormat::AnthropicMessages, &messages)
+            .map(value)
             .unwrap();
         assert_eq!(
             foreign["messages"][1],
@@ -561,6 +663,7 @@ mod tests {
         );
         let own = call(WireFormat::OpenAiChat, json!({"model": "m"}))
             .body_for(WireFormat::OpenAiChat, &messages)
+            .map(value)
             .unwrap();
         assert_eq!(own["messages"][1]["refusal"], Value::Null);
         assert!(

@@ -198,8 +198,6 @@ pub(super) fn sizes_through(
         let body: String = row.get(2).doing("read a body")?;
         messages_after += record::stored_message_bytes(current, seq, &kind, &body)?;
     }
-    drop(rows);
-    drop(later);
     Ok(walk.finish(bytes_after, messages_after))
 }
 
