@@ -427,23 +427,36 @@ impl<S: Store> Executor<S> {
         };
         staging
             .ledger
-            .reserve(staging.item, run.tree_spent(), |counted, spent| {
-                // The reply limit the spending alone allows; the others' calls in flight
-                // are waited for rather than allowed to shorten it.
-                let reply = room(spent)?;
-                if room(counted).is_ok_and(|left| left >= reply) {
-                    let most = Spent {
-                        tokens: request + u64::from(reply),
-                        cost_usd: model
-                            .pricing
-                            .map_or(0.0, |pricing| pricing.cost(request, u64::from(reply))),
-                        steps: 0,
+            .reserve(
+                staging.item,
+                run.tree_spent(),
+                |counted, spent, earliest| {
+                    // The reply limit the spending alone allows; the others' calls in flight
+                    // are waited for rather than allowed to shorten it.
+                    let reply = match room(spent) {
+                        Ok(reply) => reply,
+                        Err(error) if earliest => return Err(error),
+                        // An earlier item may still spend first, as it would one at a time.
+                        Err(_) => return Ok(Decision::Wait),
                     };
-                    Ok(Decision::Start(reply, most))
-                } else {
-                    Ok(Decision::Wait)
-                }
-            })
+                    if reply < wanted && !earliest {
+                        // A tight budget is spent in item order.
+                        return Ok(Decision::Wait);
+                    }
+                    if room(counted).is_ok_and(|left| left >= reply) {
+                        let most = Spent {
+                            tokens: request + u64::from(reply),
+                            cost_usd: model
+                                .pricing
+                                .map_or(0.0, |pricing| pricing.cost(request, u64::from(reply))),
+                            steps: 0,
+                        };
+                        Ok(Decision::Start(reply, most))
+                    } else {
+                        Ok(Decision::Wait)
+                    }
+                },
+            )
             .await
     }
 

@@ -10,8 +10,12 @@
 //!
 //! A call that the spending alone leaves room for, but the others' reservations do not,
 //! waits for one of them to end rather than fail or start with a shorter reply: each call
-//! then gets the reply limit it would get had the items run one at a time (in the order
-//! their calls started), and a budget is refused only when what was really spent fills it.
+//! then gets the reply limit it would get had the items run one at a time, and a budget is
+//! refused only when what was really spent fills it. Once the budget is tight (a call's
+//! reply would be shortened, or it has no room at all), a call goes ahead only for the
+//! earliest item still running and the later ones wait: near its end a budget is spent in
+//! item order, as one item at a time spends it, whichever item's call happened to come
+//! first.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -53,6 +57,8 @@ struct ItemSpending {
     unrecorded: Spent,
     /// What its call in flight may still spend.
     reserved: Spent,
+    /// It has stopped (it will spend nothing more).
+    done: bool,
 }
 
 impl ItemLedger {
@@ -93,16 +99,17 @@ impl ItemLedger {
     }
 
     /// Decides item `item`'s next call and reserves what it may spend, in one step:
-    /// `decide` gets the spending as [`ItemLedger::seen_by`] counts it and the spending
-    /// without the other calls' reservations, and starts the call, refuses it, or waits
-    /// until a reservation is released to decide again. A wait always ends: only a call in
-    /// flight holds a reservation, and when no other item holds one the two spendings are
-    /// the same, for which `decide` must start or refuse.
+    /// `decide` gets the spending as [`ItemLedger::seen_by`] counts it, the spending
+    /// without the other calls' reservations, and whether `item` is the earliest item
+    /// still running; it starts the call, refuses it, or waits until a reservation is
+    /// released or an item stops to decide again. A wait always ends when `decide` starts
+    /// or refuses the earliest item's call whenever no other item holds a reservation:
+    /// only a call in flight holds one, and an earlier item always stops.
     pub async fn reserve<T, E>(
         &self,
         item: usize,
         own: Spent,
-        mut decide: impl FnMut(Spent, Spent) -> Result<Decision<T>, E>,
+        mut decide: impl FnMut(Spent, Spent, bool) -> Result<Decision<T>, E>,
     ) -> Result<T, E> {
         loop {
             let released = self.released.notified();
@@ -113,7 +120,11 @@ impl ItemLedger {
                 let mut entries = self.entries();
                 let counted = seen_by(&entries, item, own);
                 let spent = counted.minus(reserved_by_others(&entries, item));
-                if let Decision::Start(answer, reserved) = decide(counted, spent)? {
+                let earliest = !entries
+                    .items
+                    .range(..item)
+                    .any(|(_, spending)| !spending.done);
+                if let Decision::Start(answer, reserved) = decide(counted, spent, earliest)? {
                     if let Some(spending) = entries.items.get_mut(&item) {
                         spending.reserved = reserved;
                     }
@@ -128,6 +139,7 @@ impl ItemLedger {
     pub fn finished(&self, item: usize) {
         if let Some(spending) = self.entries().items.get_mut(&item) {
             spending.reserved = Spent::default();
+            spending.done = true;
         }
         self.released.notify_waiters();
     }
@@ -204,7 +216,7 @@ mod tests {
         ledger.join(1);
         // Item 0 reserves 50 for a call; item 1 sees it.
         ledger
-            .reserve(0, tokens(100), |counted, spent| {
+            .reserve(0, tokens(100), |counted, spent, _| {
                 assert_eq!((counted.tokens, spent.tokens), (100, 100));
                 Ok::<_, ()>(Decision::Start((), tokens(50)))
             })
@@ -230,7 +242,7 @@ mod tests {
         let ledger = ItemLedger::new(tokens(0));
         ledger.join(0);
         ledger.join(1);
-        let refused: Result<(), &str> = ledger.reserve(0, tokens(0), |_, _| Err("over")).await;
+        let refused: Result<(), &str> = ledger.reserve(0, tokens(0), |_, _, _| Err("over")).await;
         assert!(refused.is_err());
         assert_eq!(ledger.seen_by(1, tokens(0)).tokens, 0);
     }
@@ -241,7 +253,7 @@ mod tests {
         ledger.join(0);
         ledger.join(1);
         // Budget 100: item 0 reserves 80; item 1 wants 40, so it waits.
-        let decide = |counted: Spent, spent: Spent| {
+        let decide = |counted: Spent, spent: Spent, _earliest: bool| {
             assert!(spent.tokens + 40 <= 100, "the spending alone leaves room");
             Ok::<_, ()>(if counted.tokens + 40 <= 100 {
                 Decision::Start(counted.tokens, tokens(40))
@@ -250,7 +262,7 @@ mod tests {
             })
         };
         ledger
-            .reserve(0, tokens(0), |_, _| {
+            .reserve(0, tokens(0), |_, _, _| {
                 Ok::<_, ()>(Decision::Start((), tokens(80)))
             })
             .await
@@ -265,5 +277,30 @@ mod tests {
         ledger.held(0, tokens(10), true);
         assert_eq!(waiting.await.unwrap(), Ok(10));
         assert_eq!(ledger.seen_by(0, tokens(10)).tokens, 50);
+    }
+
+    #[tokio::test]
+    async fn a_later_item_waits_for_the_earlier_ones_to_stop_when_it_asks() {
+        let ledger = ItemLedger::new(tokens(0));
+        ledger.join(0);
+        ledger.join(1);
+        let later = {
+            let ledger = ledger.clone();
+            tokio::spawn(async move {
+                ledger
+                    .reserve(1, tokens(0), |_, _, earliest| {
+                        Ok::<_, ()>(if earliest {
+                            Decision::Start((), tokens(5))
+                        } else {
+                            Decision::Wait
+                        })
+                    })
+                    .await
+            })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!later.is_finished(), "item 0 still runs");
+        ledger.finished(0);
+        assert_eq!(later.await.unwrap(), Ok(()));
     }
 }
