@@ -173,6 +173,38 @@ states:
     }
 }
 
+/// Runs the agent workflow `workflow` as execution `id` against the real model (with
+/// `extra` arguments) and reads its report: the model either answered or called its tools on
+/// every allowed call, so the run completed or stopped at `max_iterations`. Returns the run,
+/// the report and its status.
+fn run_agent(
+    dir: &TempDir,
+    base: &str,
+    workflow: &std::path::Path,
+    id: &str,
+    extra: &[&str],
+) -> (Outcome, Value, String) {
+    let run = common::contexture(["run", workflow.to_str().unwrap()])
+        .args(["--execution-id", id])
+        .args(extra)
+        .args(["--db", &sqlite_url(dir, "runs.db")])
+        .args(["--models", dir.join("models.toml").to_str().unwrap()])
+        .args(["--llm", "openai:smollm2", "--openai-base-url", base])
+        .args(["--llm-timeout", "120"])
+        .env("OPENAI_API_KEY", "unused-by-the-local-server")
+        .run();
+    let report: Value =
+        serde_json::from_slice(&contexture(dir, None, &["inspect", id, "--json"]).stdout).unwrap();
+    let status = report["status"].as_str().unwrap().to_owned();
+    if status == "failed" {
+        let error = report["error"].as_str().unwrap_or_default();
+        assert!(error.contains("max_iterations"), "{error}\n{}", run.stderr);
+    } else {
+        assert_eq!(status, "completed", "{}", run.stderr);
+    }
+    (run, report, status)
+}
+
 /// A small looping agent against the real model: the local server offers tools through a
 /// JSON grammar, and the 135M model keeps calling its search tool, so the loop runs until
 /// `max_iterations` (or the model answers). Its results (about 700 tokens each) are cut to
@@ -209,29 +241,7 @@ states:
 "#,
     )
     .unwrap();
-    let run = common::contexture(["run", workflow.to_str().unwrap()])
-        .args([
-            "--execution-id",
-            "loop",
-            "--db",
-            &sqlite_url(&dir, "runs.db"),
-        ])
-        .args(["--models", dir.join("models.toml").to_str().unwrap()])
-        .args(["--llm", "openai:smollm2", "--openai-base-url", &base])
-        .args(["--llm-timeout", "120"])
-        .env("OPENAI_API_KEY", "unused-by-the-local-server")
-        .run();
-    let report: Value =
-        serde_json::from_slice(&contexture(&dir, None, &["inspect", "loop", "--json"]).stdout)
-            .unwrap();
-    // The model either answered or called its tool on every allowed call.
-    let status = report["status"].as_str().unwrap();
-    if status == "failed" {
-        let error = report["error"].as_str().unwrap_or_default();
-        assert!(error.contains("max_iterations"), "{error}\n{}", run.stderr);
-    } else {
-        assert_eq!(status, "completed", "{}", run.stderr);
-    }
+    let (_, report, status) = run_agent(&dir, &base, &workflow, "loop", &[]);
     let calls = report["calls"].as_array().unwrap();
     let (mut cleared, mut cut, mut largest) = (0, 0, 0);
     for (n, call) in calls.iter().enumerate() {
@@ -271,4 +281,74 @@ states:
     if calls.len() >= 4 {
         assert!(cut > 0 && cleared > 0, "cut {cut}, cleared {cleared}");
     }
+}
+
+/// The real model with a real MCP tool: the Python `mcp` package's server over stdio, its
+/// `search` offered as `files__search` (the local server's grammar lets the model call it or
+/// answer). Every call offers the tool, counts it and fits the window; whatever the model
+/// asked the tool reached the server and its answer came back; the server is started once
+/// and closed with the run.
+#[test]
+fn an_mcp_tool_against_a_real_model() {
+    let Some(base) = base_url() else { return };
+    if !contexture_mcp::testing::python_mcp() {
+        return;
+    }
+    let dir = TempDir::new("contexture-real-model-mcp");
+    std::fs::write(dir.join("models.toml"), MODELS).unwrap();
+    let workflow = dir.join("mcp.yaml");
+    let server = contexture_mcp::testing::fixture("tools_server.py");
+    std::fs::write(
+        &workflow,
+        format!(
+            r#"
+mcp_servers:
+  - name: files
+    config: {{command: python3, args: ['{server}', '--name', files, '--tools', search]}}
+assistants:
+  - id: researcher
+    model: smollm2
+    system_prompt: You answer questions. Use the files__search tool to look things up.
+    mcp_servers: [files]
+    max_iterations: 3
+    context: {{window: 2048, reserve: 96}}
+states:
+  - {{id: ask, assistant_id: researcher, task: 'Which city is the capital of France? Search first.', next: {{end: true}}}}
+"#
+        ),
+    )
+    .unwrap();
+    let (run, report, status) = run_agent(&dir, &base, &workflow, "mcp", &["--trace"]);
+    assert_eq!(
+        run.stderr.matches("MCP server `files`: ready").count(),
+        1,
+        "{}",
+        run.stderr
+    );
+    let calls = report["calls"].as_array().unwrap();
+    let mut tool_results = 0;
+    for (n, call) in calls.iter().enumerate() {
+        let request = &call["request"];
+        assert!(
+            request["breakdown"]["tools"].as_u64().unwrap() > 0,
+            "call {n} counted the MCP tool's schema"
+        );
+        assert!(
+            request["fit"]["tokens_after"].as_u64().unwrap()
+                <= request["fit"]["limit"].as_u64().unwrap(),
+            "call {n}"
+        );
+        assert_eq!(call["end"]["outcome"], "completed", "call {n}");
+        for message in request["messages"].as_array().unwrap() {
+            if message["role"] == "tool" {
+                let text = message["content"].as_str().unwrap_or_default();
+                assert!(text.starts_with("files found: "), "call {n}: {text}");
+                tool_results += 1;
+            }
+        }
+    }
+    eprintln!(
+        "real-model MCP run: {} calls ({status}), {tool_results} tool results read back by later calls",
+        calls.len()
+    );
 }

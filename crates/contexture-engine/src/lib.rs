@@ -33,6 +33,7 @@ pub mod hooks;
 pub mod in_flight;
 pub mod keyed_turns;
 pub mod llm;
+mod mcp;
 mod per_key;
 pub mod render_workers;
 pub mod report;

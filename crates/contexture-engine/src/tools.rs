@@ -21,7 +21,7 @@ use contexture_llm::BoxFuture;
 use serde_json::{Map, Value};
 use tokio::io::AsyncWriteExt;
 
-use crate::workflow::Tool;
+use crate::workflow::{McpServerConfig, Tool};
 
 /// The built-in tool that compacts the shared history (Dynamiq's context manager tool): an
 /// assistant calls it with `notes` (kept verbatim, never summarized), `is_history_preserved`
@@ -90,16 +90,19 @@ impl ToolRunner for Echo {
     }
 }
 
-/// The named tool implementations a run can use.
+/// The named tool implementations a run can use, and the MCP servers the host declares
+/// (which a workflow names without saying how to reach them).
 #[derive(Clone)]
 pub struct Toolbox {
     runners: BTreeMap<String, Arc<dyn ToolRunner>>,
+    mcp_servers: BTreeMap<String, McpServerConfig>,
 }
 
 impl Default for Toolbox {
     fn default() -> Self {
         let mut toolbox = Toolbox {
             runners: BTreeMap::new(),
+            mcp_servers: BTreeMap::new(),
         };
         toolbox.register(ECHO, Arc::new(Echo));
         toolbox
@@ -108,7 +111,10 @@ impl Default for Toolbox {
 
 impl std::fmt::Debug for Toolbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.runners.keys()).finish()
+        f.debug_struct("Toolbox")
+            .field("tools", &self.runners.keys().collect::<Vec<_>>())
+            .field("mcp_servers", &self.mcp_servers.keys().collect::<Vec<_>>())
+            .finish()
     }
 }
 
@@ -116,6 +122,24 @@ impl Toolbox {
     /// Registers `runner` under `name` (replacing one of that name).
     pub fn register(&mut self, name: impl Into<String>, runner: Arc<dyn ToolRunner>) {
         self.runners.insert(name.into(), runner);
+    }
+
+    /// Declares the host's MCP server `name` (replacing one of that name): a workflow that
+    /// names it without a `command` or `url` of its own uses `config`, as given (its
+    /// values are not templates). A server started as a program sees only its `env` and
+    /// `PATH`, never the variables of the process that starts it (where API keys live).
+    pub fn declare_mcp_server(&mut self, name: impl Into<String>, config: McpServerConfig) {
+        self.mcp_servers.insert(name.into(), config);
+    }
+
+    /// The host's MCP server `name`, if it declared one.
+    pub fn mcp_server(&self, name: &str) -> Option<&McpServerConfig> {
+        self.mcp_servers.get(name)
+    }
+
+    /// The names of the host's MCP servers.
+    pub fn mcp_server_names(&self) -> impl Iterator<Item = &str> {
+        self.mcp_servers.keys().map(String::as_str)
     }
 
     /// The names of the registered implementations.

@@ -279,8 +279,10 @@ async fn workflows_that_cannot_run_are_refused_before_anything_is_recorded() {
     let workflow = r#"
 tools:
   - {id: db-query}
+assistants:
+  - {id: a, model: gpt-4o, mcp_servers: [search]}
 mcp_servers:
-  - {name: files, config: {command: mcp-files}}
+  - {name: files}
 states:
   - {id: s, tool_id: db-query}
 "#;
@@ -291,7 +293,11 @@ states:
         "{text}"
     );
     assert!(
-        text.contains("running MCP servers is not supported yet"),
+        text.contains("mcp_servers[0]: MCP server `files` has no `config.command` or `config.url`, and the host declares no server of that name (none is declared)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("assistant `a` names MCP server `search`"),
         "{text}"
     );
     assert!(store.list().await.unwrap().is_empty());

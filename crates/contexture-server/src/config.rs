@@ -13,6 +13,7 @@ use contexture_core::thread::RunLimits;
 use contexture_engine::hooks::{HookProgramSpec, ProgramHook};
 use contexture_engine::render_workers::{RenderWorkers, WorkerCommand, WorkerLimits};
 use contexture_engine::tools::{BUILT_IN_TOOLS, ProgramTool, Toolbox};
+use contexture_engine::workflow::{McpServer, McpServerConfig};
 use contexture_store::{RequestRetention, RetentionRules, Tenant};
 use serde::{Deserialize, Serialize};
 
@@ -64,6 +65,13 @@ pub struct ServerConfig {
     /// hooks. Operator configuration only: nothing a request sends names a hook program.
     /// Each sees only its `environment` and `PATH`, never the server's variables.
     pub hooks: Vec<HookProgramSpec>,
+    /// MCP servers the operator declares (`[mcp_servers.NAME]`: `command`, `args`, `env`,
+    /// or `url`, `headers`; `timeout_secs`, `start_timeout_secs`): a workflow on this
+    /// server, a client's included, uses one by naming it (`mcp_servers: [NAME]`), and a
+    /// client's workflow can use no other. Used as written (no templates); one started
+    /// as a program is a host program (it needs `[executions] allow_programs = true`) and
+    /// sees only its `env` and `PATH`.
+    pub mcp_servers: BTreeMap<String, McpServerConfig>,
 }
 
 impl Default for ServerConfig {
@@ -84,6 +92,7 @@ impl Default for ServerConfig {
             shutdown_grace_secs: 30,
             tools: BTreeMap::new(),
             hooks: Vec::new(),
+            mcp_servers: BTreeMap::new(),
         }
     }
 }
@@ -452,6 +461,14 @@ pub enum ConfigError {
         /// What was wrong.
         problem: String,
     },
+    /// An MCP server's declaration cannot be used.
+    #[error("mcp_servers.{name}: {problem}")]
+    McpServer {
+        /// The server's name.
+        name: String,
+        /// What was wrong.
+        problem: String,
+    },
     /// A hook program cannot be used.
     #[error("hooks[{index}].{problem}")]
     Hook {
@@ -608,6 +625,34 @@ impl ServerConfig {
             )
             .map_err(problem)?;
             toolbox.register(name.clone(), std::sync::Arc::new(runner));
+        }
+        for (name, config) in &self.mcp_servers {
+            let problem = |problem: String| ConfigError::McpServer {
+                name: name.clone(),
+                problem,
+            };
+            let declaration = McpServer {
+                name: name.clone(),
+                resolve_dynamic_values_in_arguments: false,
+                config: config.clone(),
+            };
+            if let Some(why) = declaration.name_problem() {
+                return Err(problem(why));
+            }
+            if let Some((field, why)) = config.problems().into_iter().next() {
+                return Err(problem(format!("{field}: {why}")));
+            }
+            if config.is_reference() {
+                return Err(problem(
+                    "give `command` (a program speaking MCP on its standard input and output) or `url` (streamable HTTP)".into(),
+                ));
+            }
+            if config.command.is_some() && !self.executions.allow_programs {
+                return Err(problem(
+                    "`command` starts a program on this host, which needs `[executions] allow_programs = true`".into(),
+                ));
+            }
+            toolbox.declare_mcp_server(name.clone(), config.clone());
         }
         Ok(toolbox)
     }
@@ -926,5 +971,48 @@ mod tests {
         assert_eq!(invalid(config).0, "executions.template_seconds");
         let config = ServerConfig::load(None, |_| None).unwrap();
         assert!(config.executions.render_workers().is_none());
+    }
+
+    #[test]
+    fn mcp_servers_are_checked_and_a_program_needs_programs_allowed() {
+        let parse = |text: &str| ServerConfig::parse(text, Path::new("serve.toml")).unwrap();
+        let http = parse(
+            "[mcp_servers.search]\nurl = \"http://127.0.0.1:9000/mcp\"\nheaders = {Authorization = \"Bearer t\"}\n",
+        );
+        let toolbox = http.toolbox().unwrap();
+        assert_eq!(
+            toolbox.mcp_server("search").unwrap().url.as_deref(),
+            Some("http://127.0.0.1:9000/mcp")
+        );
+        let program = "[mcp_servers.files]\ncommand = \"python3\"\nargs = [\"fs.py\"]\n";
+        let error = parse(program).toolbox().unwrap_err().to_string();
+        assert_eq!(
+            error,
+            "mcp_servers.files: `command` starts a program on this host, which needs `[executions] allow_programs = true`"
+        );
+        let mut allowed = parse(program);
+        allowed.executions.allow_programs = true;
+        assert!(allowed.toolbox().unwrap().mcp_server("files").is_some());
+        for (text, expected) in [
+            (
+                "[mcp_servers.\"a.b\"]\nurl = \"http://h/mcp\"\n",
+                "mcp_servers.a.b: `a.b` may hold",
+            ),
+            ("[mcp_servers.x]\n", "mcp_servers.x: give `command`"),
+            (
+                "[mcp_servers.x]\nurl = \"ftp://h\"\n",
+                "mcp_servers.x: url: `ftp://h` is not",
+            ),
+        ] {
+            let error = parse(text).toolbox().unwrap_err().to_string();
+            assert!(error.starts_with(expected), "{error}");
+        }
+        let unknown = ServerConfig::parse(
+            "[mcp_servers.x]\nurl = \"http://h\"\ncwd = \"/\"\n",
+            Path::new("serve.toml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(unknown.contains("unknown field `cwd`"), "{unknown}");
     }
 }

@@ -481,7 +481,10 @@ async fn a_requests_workflow_cannot_name_an_address_for_the_server_to_connect_to
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     let message = body["error"]["message"].as_str().unwrap_or_default();
-    assert!(message.contains("unknown field `url`"), "{body}");
+    assert!(
+        message.contains("mcp_servers[0].config.url: MCP server `metadata` names a URL (`config.url`), which is refused here"),
+        "{body}"
+    );
     let (status, _) = call(
         &server,
         &key,

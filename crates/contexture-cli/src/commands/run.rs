@@ -16,7 +16,7 @@ use contexture_core::format::openai;
 use contexture_core::thread::{Event, EventKind, RequestOutcome, RunLimits};
 use contexture_engine::conversation::ConversationKey;
 use contexture_engine::executor::{
-    ExecError, Executor, Observer, RunOutcome, RunRequest, parse_user_context,
+    ExecError, Executor, McpProgress, Observer, RunOutcome, RunRequest, parse_user_context,
 };
 use contexture_engine::hooks::{HookProgramSpec, ProgramHook};
 use contexture_engine::llm::LlmSpec;
@@ -421,6 +421,27 @@ impl Observer for Progress {
                 }
             }
             _ => {}
+        }
+    }
+
+    fn on_mcp_server(&self, _execution_id: &str, progress: &McpProgress) {
+        if !(self.steps || self.trace) {
+            return;
+        }
+        match progress {
+            McpProgress::Starting { server, endpoint } => {
+                eprintln!("MCP server `{server}`: starting ({endpoint}) ...");
+            }
+            McpProgress::Ready {
+                server,
+                tools,
+                elapsed,
+            } => eprintln!(
+                "MCP server `{server}`: ready in {:.1} s, {} tools ({})",
+                elapsed.as_secs_f64(),
+                tools.len(),
+                tools.join(", ")
+            ),
         }
     }
 

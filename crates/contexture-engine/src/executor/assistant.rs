@@ -19,7 +19,7 @@ use super::item_budget::Decision;
 use super::request::check_view;
 use super::step::{Abort, StepContext};
 use super::tree_budget::Spent;
-use super::{Executor, Run, cancel_text, cancelled_results};
+use super::{Executor, McpProgress, Run, cancel_text, cancelled_results};
 use crate::calls::request_end;
 use crate::compaction::LoopView;
 use crate::fitting::{
@@ -28,6 +28,7 @@ use crate::fitting::{
 };
 use crate::hooks::{BeforeCall, CallInfo, HistoryChange, HookError, HookFailed, HookPoint};
 use crate::llm::Route;
+use crate::mcp::OfferedTool;
 use crate::tools::{
     configured_arguments, is_context_manager, merge_arguments, parse_model_arguments, schema,
 };
@@ -44,8 +45,10 @@ pub(crate) struct AssistantSetup<'a> {
     pub route: Route,
     /// The model called, as the registry knows it (window, pricing, tokenizer).
     pub model: ModelInfo,
-    /// The schemas of its tools, sent with every call.
+    /// The schemas of its tools, sent with every call (its MCP servers' included).
     pub tools: Vec<Value>,
+    /// The tools of its MCP servers, by the names the model calls them.
+    pub mcp_tools: Vec<OfferedTool>,
     /// Its rendered system prompt; without one, the shared history's.
     pub system: Option<Message>,
 }
@@ -93,12 +96,14 @@ impl<S: Store> Executor<S> {
             }
         })?;
         let policy = settings.budget();
-        let tools: Vec<Value> = assistant
+        let mut tools: Vec<Value> = assistant
             .tools
             .iter()
             .filter_map(|id| step.workflow.tool(id))
             .map(schema)
             .collect();
+        let mcp_tools = self.mcp_tools(run, step, assistant).await?;
+        tools.extend(mcp_tools.iter().map(|offered| offered.schema.clone()));
         let system = match &assistant.system_prompt {
             Some(prompt) => Some(Message::system(
                 prompt
@@ -117,6 +122,7 @@ impl<S: Store> Executor<S> {
             route,
             model: settings.model.clone(),
             tools,
+            mcp_tools,
             system,
         };
         let target = settings.target(&policy, &setup.tools);
@@ -204,7 +210,7 @@ impl<S: Store> Executor<S> {
                 let (id, seq) = run.cancel_source();
                 let text = tokio::select! {
                     biased;
-                    text = self.run_tool_call(run, &setup, tool_call, &mut own) => text,
+                    text = self.run_tool_call(run, &setup, tool_call, &mut own) => text?,
                     request = self.cancellation(&id, seq) => {
                         return Err(self.cancel_step(run, info.step, own.own(), request).await);
                     }
@@ -527,15 +533,62 @@ impl<S: Store> Executor<S> {
         Ok(())
     }
 
-    /// Runs one tool call of the model. Whatever goes wrong becomes the result text, so the
-    /// model can see it and recover.
+    /// The tools of the MCP servers `assistant` names, starting the servers the run has
+    /// not started yet.
+    async fn mcp_tools(
+        &self,
+        run: &Run,
+        step: &StepContext<'_>,
+        assistant: &Assistant,
+    ) -> Result<Vec<OfferedTool>, StepError> {
+        if assistant.mcp_servers.is_empty() {
+            return Ok(Vec::new());
+        }
+        let names: Vec<&str> = assistant
+            .mcp_servers
+            .iter()
+            .map(|used| used.name())
+            .collect();
+        let execution = run.id.as_str();
+        let observer = self.observer.as_deref();
+        let progress = |progress: McpProgress| {
+            if let Some(observer) = observer {
+                observer.on_mcp_server(execution, &progress);
+            }
+        };
+        let offered = run
+            .mcp
+            .offer(
+                &names,
+                step.workflow,
+                &self.tools,
+                &step.store,
+                &step.options,
+                &progress,
+            )
+            .await?;
+        if let Some(clash) = offered.iter().find(|o| assistant.tools.contains(&o.name)) {
+            return Err(StepError::from(contexture_mcp::McpError::InvalidTool {
+                server: clash.session.server().to_owned(),
+                problem: format!(
+                    "tool `{}` is offered as `{}`, which is also the id of a tool of assistant `{}`",
+                    clash.tool, clash.name, assistant.id
+                ),
+            }));
+        }
+        Ok(offered)
+    }
+
+    /// Runs one tool call of the model. Whatever goes wrong with the call becomes the result
+    /// text, so the model can see it and recover; an MCP server that stopped or hung fails
+    /// the step.
     async fn run_tool_call(
         &self,
         run: &mut Run,
         setup: &AssistantSetup<'_>,
         call: &contexture_core::ToolCall,
         own: &mut LoopView,
-    ) -> String {
+    ) -> Result<String, Abort> {
         let assistant = setup.assistant;
         let StepContext {
             info,
@@ -551,24 +604,33 @@ impl<S: Store> Executor<S> {
             .then(|| workflow.tool(&call.name))
             .flatten();
         let Some(tool) = tool else {
-            return format!(
+            if let Some(offered) = setup.mcp_tools.iter().find(|o| *o.name == *call.name) {
+                return call_mcp_tool(offered, &call.arguments).await;
+            }
+            let available: Vec<&str> = assistant
+                .tools
+                .iter()
+                .map(String::as_str)
+                .chain(setup.mcp_tools.iter().map(|o| o.name.as_str()))
+                .collect();
+            return Ok(format!(
                 "error: there is no tool `{}` (available: {})",
                 call.name,
-                assistant.tools.join(", ")
-            );
+                available.join(", ")
+            ));
         };
         let model_arguments = match parse_model_arguments(&call.arguments) {
             Ok(arguments) => arguments,
-            Err(error) => return format!("error: {error}"),
+            Err(error) => return Ok(format!("error: {error}")),
         };
         let configured = match configured_arguments(tool, None, store, options) {
             Ok(configured) => configured,
-            Err(error) => return format!("error: {error}"),
+            Err(error) => return Ok(format!("error: {error}")),
         };
         let arguments = merge_arguments(model_arguments, configured);
         if is_context_manager(tool) {
             let model = self.router.route(&assistant.model).model;
-            return self
+            return Ok(self
                 .context_manager(
                     run,
                     assistant.compaction.as_ref(),
@@ -578,13 +640,35 @@ impl<S: Store> Executor<S> {
                     Some(own),
                 )
                 .await
-                .unwrap_or_else(|error| format!("error: {error}"));
+                .unwrap_or_else(|error| format!("error: {error}")));
         }
-        match self.tools.run(tool, arguments, store, options).await {
-            Ok(text) => text,
-            Err(error) => format!("error: {error}"),
-        }
+        Ok(
+            match self.tools.run(tool, arguments, store, options).await {
+                Ok(text) => text,
+                Err(error) => format!("error: {error}"),
+            },
+        )
     }
+}
+
+/// Calls an MCP server's tool with the model's arguments, as they are (no configured
+/// argument exists to keep). A result the server marks as failed reads as an error to the
+/// model; a server that stopped or hung fails the step.
+async fn call_mcp_tool(offered: &OfferedTool, arguments: &str) -> Result<String, Abort> {
+    let arguments = match parse_model_arguments(arguments) {
+        Ok(arguments) => arguments,
+        Err(error) => return Ok(format!("error: {error}")),
+    };
+    let output = offered
+        .session
+        .call(&offered.tool, arguments, offered.timeout)
+        .await
+        .map_err(StepError::from)?;
+    Ok(if output.is_error {
+        format!("error: {}", output.text)
+    } else {
+        output.text
+    })
 }
 
 /// The most tokens a reply may take after a request of `request` tokens, once the tree has

@@ -14,6 +14,13 @@ use super::{
 };
 
 impl<S: Store> Executor<S> {
+    /// Drives the run to its end, then closes the MCP servers it started, however it ended.
+    pub(super) async fn drive_and_close(&self, run: &mut Run) -> Result<RunOutcome, ExecError> {
+        let outcome = self.drive_within_time(run).await;
+        run.mcp.close().await;
+        outcome
+    }
+
     /// [`Executor::drive`] under the run's wall-clock limit: when it passes, the run is
     /// cancelled through the store like any cancellation, so its steps end the way a
     /// cancel ends them (open tool calls answered, `run_ended` recorded).

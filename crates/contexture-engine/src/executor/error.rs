@@ -63,6 +63,9 @@ pub enum StepError {
     /// A tool state's tool failed.
     #[error(transparent)]
     Tool(#[from] ToolError),
+    /// An MCP server could not start, or stopped or hung during a call.
+    #[error(transparent)]
+    Mcp(Box<contexture_mcp::McpError>),
     /// The assistant kept calling tools.
     #[error(
         "assistant `{assistant}` still called tools after {max} rounds (max_iterations {max}); it never gave a final answer"
@@ -267,5 +270,13 @@ impl ExecError {
             | ExecError::StepFailed { execution_id, .. } => Some(execution_id),
             _ => None,
         }
+    }
+}
+
+impl From<contexture_mcp::McpError> for StepError {
+    fn from(error: contexture_mcp::McpError) -> StepError {
+        // Boxed: its errors carry a server's standard error, and every step result would
+        // otherwise be as large.
+        StepError::Mcp(Box::new(error))
     }
 }

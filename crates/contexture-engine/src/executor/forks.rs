@@ -33,6 +33,7 @@ impl<S: Store> Executor<S> {
             hooks: run.hooks.clone(),
             staging: None,
             watch: Some(run.cancel_source()),
+            mcp: run.mcp.clone(),
         })
     }
 

@@ -123,9 +123,10 @@ impl<S: Store> Executor<S> {
             descendants: tree_budget::Spent::default(),
             staging: None,
             watch: None,
+            mcp: Arc::default(),
         };
         self.absorb(&mut run, &seqs, events).await?;
-        self.drive_within_time(&mut run).await
+        self.drive_and_close(&mut run).await
     }
 
     /// Continues a run from its log: finished steps are not run again; the step that was
@@ -180,6 +181,7 @@ impl<S: Store> Executor<S> {
             log,
             staging: None,
             watch: None,
+            mcp: Arc::default(),
         };
         if let Some(request_id) = run.log.thread().in_flight().map(str::to_owned) {
             let end = RequestEnd::failed(
@@ -189,7 +191,7 @@ impl<S: Store> Executor<S> {
             self.append(&mut run, vec![EventKind::RequestEnded(end)])
                 .await?;
         }
-        self.drive_within_time(&mut run).await
+        self.drive_and_close(&mut run).await
     }
 
     /// Cancels an execution and all its descendants (through the store, so a run in another
@@ -276,6 +278,50 @@ impl<S: Store> Executor<S> {
         Ok(hooks)
     }
 
+    /// The MCP servers `workflow` names that nobody declares: an assistant's name that is
+    /// neither the workflow's nor the host's, and a declaration without `command` or `url`
+    /// for which the host has no server.
+    fn mcp_problems(&self, workflow: &Workflow) -> Vec<String> {
+        let declared = || {
+            let mut names: Vec<&str> = workflow
+                .mcp_declarations()
+                .filter(|(_, server)| !server.config.is_reference())
+                .map(|(_, server)| &*server.name)
+                .chain(self.tools.mcp_server_names())
+                .collect();
+            names.sort_unstable();
+            names.dedup();
+            if names.is_empty() {
+                "none is declared".to_owned()
+            } else {
+                format!("declared: {}", names.join(", "))
+            }
+        };
+        let mut problems = Vec::new();
+        for (base, server) in workflow.mcp_declarations() {
+            if server.config.is_reference() && self.tools.mcp_server(&server.name).is_none() {
+                problems.push(format!(
+                    "{base}: MCP server `{}` has no `config.command` or `config.url`, and the host declares no server of that name ({})",
+                    server.name,
+                    declared()
+                ));
+            }
+        }
+        for assistant in &workflow.assistants {
+            for used in &assistant.mcp_servers {
+                let name = used.name();
+                if workflow.mcp_server(name).is_none() && self.tools.mcp_server(name).is_none() {
+                    problems.push(format!(
+                        "assistant `{}` names MCP server `{name}`, which neither the workflow's mcp_servers nor the host declares ({})",
+                        assistant.id,
+                        declared()
+                    ));
+                }
+            }
+        }
+        problems
+    }
+
     /// Problems that would stop the workflow before or during its run, found up front.
     pub(super) fn check_runnable(
         &self,
@@ -293,17 +339,7 @@ impl<S: Store> Executor<S> {
                 .into_iter()
                 .map(|(_, problem)| problem),
         );
-        if !workflow.mcp_servers.is_empty() {
-            problems.push(format!(
-                "mcp_servers are declared ({}), but running MCP servers is not supported yet; remove them to run",
-                workflow
-                    .mcp_servers
-                    .iter()
-                    .map(|m| &*m.name)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
-        }
+        problems.extend(self.mcp_problems(workflow));
         if problems.is_empty() {
             Ok(())
         } else {

@@ -68,6 +68,32 @@ pub trait Observer: Send + Sync {
     fn on_delta(&self, execution_id: &str, step: u64, delta: &StreamDelta) {
         let _ = (execution_id, step, delta);
     }
+
+    /// An MCP server of the run is starting, or has started.
+    fn on_mcp_server(&self, execution_id: &str, progress: &McpProgress) {
+        let _ = (execution_id, progress);
+    }
+}
+
+/// How the start of a run's MCP server goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum McpProgress {
+    /// It is being started (its program run, or its URL reached).
+    Starting {
+        /// The server's name.
+        server: String,
+        /// Its program and arguments, or its URL.
+        endpoint: String,
+    },
+    /// It answered the handshake and listed its tools.
+    Ready {
+        /// The server's name.
+        server: String,
+        /// Its tools' names, on the server.
+        tools: Vec<String>,
+        /// How long it took.
+        elapsed: Duration,
+    },
 }
 
 /// A run to start.
@@ -172,6 +198,8 @@ pub(crate) struct Run {
     /// For the fork a step runs on: the execution whose cancellation stops it, and the seq
     /// after which one is new there.
     pub watch: Option<(String, u64)>,
+    /// The MCP servers it started, shared with its items' and forks' copies.
+    pub mcp: Arc<crate::mcp::RunServers>,
 }
 
 /// One item of an iteration whose items run at once, as it runs in its own copy of the run:
@@ -286,6 +314,7 @@ impl Run {
                 item,
             }),
             watch: self.watch.clone(),
+            mcp: self.mcp.clone(),
         }
     }
 }

@@ -27,16 +27,22 @@ pub enum Programs {
     Allowed,
     /// They may not; the text says why and what would allow them (it ends each diagnostic).
     Refused(String),
+    /// The workflow came from a client: it starts no program and connects nowhere of its
+    /// own choosing (an MCP server's `url`); it may only name the host's MCP servers.
+    Client,
 }
 
 impl Programs {
     /// The reason a client's workflow is given when it declares a program.
     pub const CLIENT_REFUSAL: &'static str = "a workflow sent in a request never starts a program on the server (use a tool the operator registered, or ask the operator to add the workflow to the workflows directory)";
 
+    /// The reason a client's workflow is given when it declares where an MCP server is.
+    pub const CLIENT_CONNECTION_REFUSAL: &'static str = "a workflow sent in a request never picks where the server connects: name an MCP server the operator declared in the server's configuration ([mcp_servers.NAME]) and give it no `config`";
+
     /// The programs a run of `origin` may start when the host allows `host`.
     pub fn for_run(host: &Programs, origin: WorkflowOrigin) -> Programs {
         match origin {
-            WorkflowOrigin::Client => Programs::Refused(Programs::CLIENT_REFUSAL.to_owned()),
+            WorkflowOrigin::Client => Programs::Client,
             WorkflowOrigin::Operator => host.clone(),
         }
     }
@@ -58,13 +64,11 @@ pub fn program_declarations(workflow: &Workflow) -> Vec<(String, String)> {
             )
         });
     let servers = workflow
-        .mcp_servers
-        .iter()
-        .enumerate()
+        .mcp_declarations()
         .filter(|(_, server)| server.config.command.is_some())
-        .map(|(n, server)| {
+        .map(|(base, server)| {
             (
-                format!("mcp_servers[{n}].config.command"),
+                format!("{base}.config.command"),
                 format!(
                     "MCP server `{}` is started as a program (`config.command`)",
                     server.name
@@ -83,16 +87,37 @@ pub fn program_declarations(workflow: &Workflow) -> Vec<(String, String)> {
     tools.chain(servers).chain(hooks).collect()
 }
 
-/// Every program `workflow` declares, as `(path, problem)`, when `programs` refuses them;
-/// none when it allows them.
+/// Every program `workflow` declares, as `(path, problem)`, when `programs` refuses them,
+/// and for a client's workflow every MCP server it gives a URL; none when programs are
+/// allowed.
 pub fn program_refusals(workflow: &Workflow, programs: &Programs) -> Vec<(String, String)> {
-    let Programs::Refused(reason) = programs else {
-        return Vec::new();
+    let reason = match programs {
+        Programs::Allowed => return Vec::new(),
+        Programs::Refused(reason) => reason.as_str(),
+        Programs::Client => Programs::CLIENT_REFUSAL,
     };
-    program_declarations(workflow)
+    let mut refusals: Vec<(String, String)> = program_declarations(workflow)
         .into_iter()
         .map(|(path, what)| (path, format!("{what}, which is refused here: {reason}")))
-        .collect()
+        .collect();
+    if *programs == Programs::Client {
+        refusals.extend(
+            workflow
+                .mcp_declarations()
+                .filter(|(_, server)| server.config.url.is_some())
+                .map(|(base, server)| {
+                    (
+                        format!("{base}.config.url"),
+                        format!(
+                            "MCP server `{}` names a URL (`config.url`), which is refused here: {}",
+                            server.name,
+                            Programs::CLIENT_CONNECTION_REFUSAL
+                        ),
+                    )
+                }),
+        );
+    }
+    refusals
 }
 
 /// The diagnostics of `workflow` (read from `text`, named `file`) under `programs`: one per

@@ -36,6 +36,7 @@
 
 mod host;
 mod load;
+mod mcp;
 mod model;
 mod prompt_text;
 mod spans;
@@ -43,9 +44,13 @@ mod validate;
 
 pub use host::{Programs, WorkflowOrigin, program_declarations, program_refusals};
 pub use load::{Diagnostic, WorkflowError};
+pub use mcp::{
+    DEFAULT_MCP_CALL_TIMEOUT, DEFAULT_MCP_START_TIMEOUT, MAX_MCP_SERVER_NAME, McpServer,
+    McpServerConfig, McpServerUse,
+};
 pub use model::{
-    Assistant, ConversationPolicy, END, ForkSettings, MAX_ITEM_CONCURRENCY, McpServer,
-    McpServerConfig, Next, State, StepKind, SubInput, SubResult, Tool, Workflow, WorkflowRef,
+    Assistant, ConversationPolicy, END, ForkSettings, MAX_ITEM_CONCURRENCY, Next, State, StepKind,
+    SubInput, SubResult, Tool, Workflow, WorkflowRef,
 };
 pub use prompt_text::PromptText;
 pub use spans::Position;

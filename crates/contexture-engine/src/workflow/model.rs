@@ -13,6 +13,7 @@ use contexture_core::thread::{
 };
 use serde::{Deserialize, Serialize};
 
+use super::mcp::{McpServer, McpServerUse};
 use super::prompt_text::PromptText;
 use serde_json::{Map, Value};
 
@@ -38,9 +39,8 @@ pub struct Workflow {
     pub tools: Vec<Tool>,
     /// The states; the first one runs first.
     pub states: Vec<State>,
-    /// MCP servers the workflow declares. They are loaded and their
-    /// argument templates validated; running them is not implemented yet, and a run that
-    /// declares any is refused with an error saying so.
+    /// MCP servers whose tools the assistants may use (`Assistant::mcp_servers` names
+    /// them); each starts once per run, when a step first needs it.
     #[serde(default)]
     pub mcp_servers: Vec<McpServer>,
     /// The assistant of states that name none (`assistant_id`, `tool_id` and `transform`
@@ -81,6 +81,10 @@ pub struct Assistant {
     /// Ids of the tools it may call.
     #[serde(default)]
     pub tools: Vec<String>,
+    /// MCP servers whose tools it may call: names of the workflow's `mcp_servers` (or of
+    /// the host's), or declarations of its own.
+    #[serde(default)]
+    pub mcp_servers: Vec<McpServerUse>,
     /// How its requests are fitted to the model's window (the key `context`).
     #[serde(default, rename = "context")]
     pub fit: FitPolicy,
@@ -140,35 +144,6 @@ pub struct Tool {
     /// Render templates in the tool's output against the context before it is used.
     #[serde(default)]
     pub resolve_dynamic_values_in_response: bool,
-}
-
-/// An MCP server declaration, as on the CodeMie reference page.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct McpServer {
-    /// Its name, unique among MCP servers.
-    pub name: String,
-    /// Render templates in `config.args` against the context.
-    #[serde(default)]
-    pub resolve_dynamic_values_in_arguments: bool,
-    /// How to start it.
-    #[serde(default)]
-    pub config: McpServerConfig,
-}
-
-/// How an MCP server is started.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct McpServerConfig {
-    /// The program.
-    #[serde(default)]
-    pub command: Option<String>,
-    /// Its arguments (templates when `resolve_dynamic_values_in_arguments` is set).
-    #[serde(default)]
-    pub args: Vec<Value>,
-    /// Environment variables.
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
 }
 
 /// How a state run on a fork comes back: what the merge brings (`append-messages`, the
@@ -461,6 +436,40 @@ impl Workflow {
                 _ => None,
             },
         }
+    }
+
+    /// Every MCP server the workflow declares, with its node path: the workflow's
+    /// `mcp_servers`, then the assistants' own declarations.
+    pub fn mcp_declarations(&self) -> impl Iterator<Item = (String, &McpServer)> {
+        let top = self
+            .mcp_servers
+            .iter()
+            .enumerate()
+            .map(|(n, server)| (format!("mcp_servers[{n}]"), server));
+        let inline = self
+            .assistants
+            .iter()
+            .enumerate()
+            .flat_map(|(a, assistant)| {
+                assistant
+                    .mcp_servers
+                    .iter()
+                    .enumerate()
+                    .filter_map(move |(n, used)| match used {
+                        McpServerUse::Inline(server) => {
+                            Some((format!("assistants[{a}].mcp_servers[{n}]"), server))
+                        }
+                        McpServerUse::Name(_) => None,
+                    })
+            });
+        top.chain(inline)
+    }
+
+    /// The MCP server the workflow declares under `name` (at its top or in an assistant).
+    pub fn mcp_server(&self, name: &str) -> Option<&McpServer> {
+        self.mcp_declarations()
+            .map(|(_, server)| server)
+            .find(|server| server.name == name)
     }
 
     /// What `state` runs.

@@ -39,11 +39,6 @@ pub(super) fn problems(workflow: &Workflow) -> Problems {
         workflow.states.iter().map(|s| &*s.id),
         &mut problems,
     );
-    unique_ids(
-        "mcp_servers",
-        workflow.mcp_servers.iter().map(|m| &*m.name),
-        &mut problems,
-    );
     settings(workflow, &mut problems);
     assistants(workflow, &mut problems);
     tools(workflow, &mut problems);
@@ -55,11 +50,7 @@ pub(super) fn problems(workflow: &Workflow) -> Problems {
 }
 
 fn unique_ids<'a>(section: &str, ids: impl Iterator<Item = &'a str>, problems: &mut Problems) {
-    let field = if section == "mcp_servers" {
-        "name"
-    } else {
-        "id"
-    };
+    let field = "id";
     let mut seen: HashMap<&str, usize> = HashMap::new();
     for (index, id) in ids.enumerate() {
         let path = format!("{section}[{index}].{field}");
@@ -272,14 +263,55 @@ fn tools(workflow: &Workflow, problems: &mut Problems) {
 }
 
 fn mcp_servers(workflow: &Workflow, problems: &mut Problems) {
-    for (index, server) in workflow.mcp_servers.iter().enumerate() {
+    let mut seen: HashMap<&str, String> = HashMap::new();
+    for (base, server) in workflow.mcp_declarations() {
+        if let Some(problem) = server.name_problem() {
+            problems.push((format!("{base}.name"), problem));
+        } else if let Some(first) = seen.insert(&server.name, base.clone()) {
+            problems.push((
+                format!("{base}.name"),
+                format!(
+                    "duplicate MCP server name `{}` (first declared by {first})",
+                    server.name
+                ),
+            ));
+        }
+        let config = &server.config;
+        for (field, problem) in config.problems() {
+            problems.push((format!("{base}.config.{field}"), problem));
+        }
+        if config.is_reference() && server.resolve_dynamic_values_in_arguments {
+            problems.push((
+                format!("{base}.resolve_dynamic_values_in_arguments"),
+                format!(
+                    "`{}` declares no `command` or `url`, so it names the host's server, whose configuration is used as the host wrote it: there are no arguments of this workflow's to render",
+                    server.name
+                ),
+            ));
+        }
         if server.resolve_dynamic_values_in_arguments {
-            for (n, arg) in server.config.args.iter().enumerate() {
-                templates_in(
-                    arg,
-                    format!("mcp_servers[{index}].config.args[{n}]"),
-                    problems,
-                );
+            for (n, arg) in config.args.iter().enumerate() {
+                templates_in(arg, format!("{base}.config.args[{n}]"), problems);
+            }
+        }
+        for (name, value) in &config.env {
+            template(value, format!("{base}.config.env.{name}"), problems);
+        }
+        for (name, value) in &config.headers {
+            template(value, format!("{base}.config.headers.{name}"), problems);
+        }
+    }
+    for (a, assistant) in workflow.assistants.iter().enumerate() {
+        let mut named = HashMap::new();
+        for (n, used) in assistant.mcp_servers.iter().enumerate() {
+            if let Some(first) = named.insert(used.name(), n) {
+                problems.push((
+                    format!("assistants[{a}].mcp_servers[{n}]"),
+                    format!(
+                        "MCP server `{}` is named twice (first at mcp_servers[{first}])",
+                        used.name()
+                    ),
+                ));
             }
         }
     }
