@@ -154,3 +154,60 @@ fn a_failing_summarizer_exits_non_zero_and_replaces_nothing() {
     assert_eq!(report["calls"], 1);
     assert_eq!(report["summary"], "Maria lands in Lisbon Friday 9pm.");
 }
+
+/// While a request is in flight on the thread, a compaction is recorded but queued: the
+/// command says so, the messages stay as they were until the request ends, then the
+/// compaction applies.
+#[test]
+fn a_compaction_during_a_request_says_it_is_queued() {
+    use contexture_core::thread::{EventKind, RequestEnd, RequestOutcome, RequestRecord, Usage};
+    use contexture_store::{NewEvent, SqliteStore, Store};
+
+    let dir = TempDir::new("contexture-compact-cli-queued");
+    ok(
+        &dir,
+        &["append", "--thread", "demo", "examples/conversation.json"],
+    );
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let store = runtime
+        .block_on(SqliteStore::open(dir.join("t.db")))
+        .unwrap();
+    let record = RequestRecord {
+        request_id: "turn-1".into(),
+        ..RequestRecord::default()
+    };
+    runtime
+        .block_on(store.append(
+            "demo",
+            vec![NewEvent::new(EventKind::RequestStarted(record))],
+        ))
+        .unwrap();
+    let before = messages(&dir);
+    let printed = ok(
+        &dir,
+        &["compact", "--thread", "demo", "--keep-messages", "2"],
+    );
+    assert!(
+        printed.starts_with(
+            "queued a compaction of thread demo: a request is in flight, and seqs 2.."
+        ),
+        "{printed}"
+    );
+    assert_eq!(
+        messages(&dir),
+        before,
+        "nothing applies while the request runs"
+    );
+    runtime
+        .block_on(store.append(
+            "demo",
+            vec![NewEvent::new(EventKind::RequestEnded(RequestEnd::new(
+                "turn-1".to_owned(),
+                RequestOutcome::Completed,
+                Usage::new(1, 1),
+            )))],
+        ))
+        .unwrap();
+    let after = messages(&dir);
+    assert!(after.len() < before.len(), "{after:?}");
+}

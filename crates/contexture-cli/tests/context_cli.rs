@@ -124,15 +124,16 @@ fn template_render_prints_exactly_the_text() {
         .env_remove("USERNAME")
         .env_remove("LOGNAME")
         .run_with_input(
-            b"{{ current_month }} {{ current_year + 1 }} {{ current_datetime_plain }} {{ random_uuid | length }} {{ system_platform }} {{ username | length > 0 }}",
+            b"{{ current_month }} {{ current_year + 1 }} {{ current_datetime_plain }} {{ random_uuid | length }} {{ system_platform }} {{ username | length > 0 }} {{ system_os }}",
         );
     let expected = format!(
-        "February 2025 2024-02-29 23:59:59 36 {} true",
+        "February 2025 2024-02-29 23:59:59 36 {} true {}",
         if cfg!(target_os = "linux") {
             "Linux"
         } else {
             std::env::consts::OS
-        }
+        },
+        std::env::consts::OS
     );
     assert_eq!(
         String::from_utf8_lossy(&run.stdout),

@@ -575,7 +575,21 @@ states:
     assert!(!output.status.success());
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert!(stderr.contains("cancelled"), "{stderr}");
+    // Said once, clearly: no advice to resume what cannot be resumed.
+    assert_eq!(
+        stderr.matches("a cancelled run cannot be resumed").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(!stderr.contains("--resume"), "{stderr}");
     assert_eq!(upstream.call_count(), 2, "no call after the cancel");
+    let refused = failure(&dir, &["run", "--resume", "job"]);
+    assert!(
+        refused.contains(
+            "execution `job` was cancelled: user stopped it; a cancelled run cannot be resumed (start it again)"
+        ),
+        "{refused}"
+    );
     let inspect = ok(&dir, &["inspect", "job"]);
     assert!(
         inspect.contains("job (") && inspect.matches("cancelled").count() >= 2,

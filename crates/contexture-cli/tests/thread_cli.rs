@@ -269,7 +269,7 @@ fn switching_the_active_context() {
         }
         ok(db, &args, "")
     };
-    switch("drafts", "op-1", true);
+    let first = switch("drafts", "op-1", true);
     assert!(
         ok(
             db,
@@ -280,9 +280,27 @@ fn switching_the_active_context() {
         "a new context shows the whole history"
     );
     switch("main", "op-2", false);
-    switch("drafts", "op-1", false);
+    // A retry records nothing and answers as the first did.
+    assert_eq!(switch("drafts", "op-1", false), first);
     let events = ok(db, &["events", "--thread", "t1"], "");
-    assert_eq!(events.matches("context_switched").count(), 3, "{events}");
+    assert_eq!(events.matches("context_switched").count(), 2, "{events}");
+    let error = fail(
+        db,
+        &[
+            "switch",
+            "--thread",
+            "t1",
+            "--context",
+            "main",
+            "--op-id",
+            "op-1",
+        ],
+        "",
+    );
+    assert!(
+        error.contains("op_id `op-1` already switched this thread to context `drafts`, not `main`"),
+        "{error}"
+    );
 
     // An append in a context switches to it first (main is active after op-2), once.
     let note = r#"{"role": "user", "content": "a draft note"}"#;
@@ -299,7 +317,7 @@ fn switching_the_active_context() {
     let again = ok(db, &keyed, note);
     assert_eq!(seqs, again, "a retry with the same key stores nothing");
     let events = ok(db, &["events", "--thread", "t1"], "");
-    assert_eq!(events.matches("context_switched").count(), 4, "{events}");
+    assert_eq!(events.matches("context_switched").count(), 3, "{events}");
     ok(
         db,
         &["append", "--thread", "t1", "--context", "drafts"],
@@ -308,7 +326,7 @@ fn switching_the_active_context() {
     let events = ok(db, &["events", "--thread", "t1"], "");
     assert_eq!(
         events.matches("context_switched").count(),
-        4,
+        3,
         "no switch to the active context"
     );
     let error = fail(

@@ -378,6 +378,7 @@ impl Compactor {
         target.append(vec![EventKind::ContextReplaced(op)]).await?;
         report.outcome = CompactionOutcome::Compacted {
             replace_seq: target.thread().last_seq(),
+            queued: target.thread().in_flight().is_some(),
         };
         report.tokens_after = projection_tokens(target.thread(), &counter);
         self.after_compaction(&info, &report)?;
@@ -439,6 +440,7 @@ impl Compactor {
             .await?;
         report.outcome = CompactionOutcome::Compacted {
             replace_seq: target.thread().last_seq(),
+            queued: false,
         };
         self.after_compaction(&info, &report)?;
         Ok(report)

@@ -65,11 +65,13 @@ pub fn new_id(ids: &dyn IdSource) -> String {
     format_uuid(ids.next_id())
 }
 
-/// The system variables a render may use: `hostname`, `username`, `os`, `system_platform`,
-/// `working_directory` (each only when it can be found).
+/// The system variables a render may use: `hostname`, `username`, `os` (and `system_os`,
+/// AWorld's name for it), `system_platform`, `working_directory` (each only when it can be
+/// found).
 pub fn system_variables() -> Vec<(&'static str, String)> {
     let mut variables = vec![
         ("os", std::env::consts::OS.to_owned()),
+        ("system_os", std::env::consts::OS.to_owned()),
         (
             "system_platform",
             system_platform(std::env::consts::OS).to_owned(),

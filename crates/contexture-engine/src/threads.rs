@@ -57,6 +57,18 @@ pub enum ThreadOpError {
         /// What is wrong with it.
         problem: &'static str,
     },
+    /// An operation id already recorded a switch to another context.
+    #[error(
+        "op_id `{op_id}` already switched this thread to context `{first}`, not `{context}`: give a new op_id for another switch"
+    )]
+    OpIdReused {
+        /// The operation id.
+        op_id: String,
+        /// The context its first switch went to.
+        first: String,
+        /// The context asked for now.
+        context: String,
+    },
     /// The thread policy given cannot be used.
     #[error("invalid thread policy: {field}: {problem}")]
     Policy {
@@ -241,16 +253,38 @@ pub async fn switch_context<S: Store>(
 ) -> Result<Switched, ThreadOpError> {
     check_context_name(context)?;
     let thread = store.load(id).await?;
+    let key = op_id.as_ref().map(|op_id| format!("{op_id}:switch"));
+    if let (Some(op_id), Some(key)) = (&op_id, &key)
+        && let Some(first) = store.keyed_event(id, key).await?
+    {
+        // A retry: nothing more is recorded, and the answer is the first one's (its switch
+        // still waits while the same context is queued).
+        return match &first.event.kind {
+            EventKind::ContextSwitched { context: first, .. } if first != context => {
+                Err(ThreadOpError::OpIdReused {
+                    op_id: op_id.clone(),
+                    first: first.clone(),
+                    context: context.to_owned(),
+                })
+            }
+            _ => Ok(Switched {
+                seq: first.event.seq,
+                queued: thread.queued_switch() == Some(context),
+            }),
+        };
+    }
     if create {
         thread.check_room_for(context, max_contexts)?;
     } else {
         thread.check_context(context)?;
     }
     let queued = thread.in_flight().is_some();
-    let event = NewEvent::new(EventKind::ContextSwitched {
+    let mut event = NewEvent::new(EventKind::ContextSwitched {
         context: context.to_owned(),
         op_id,
     });
+    // Two retries at once store one switch: the store keeps the first of a key.
+    event.idempotency_key = key;
     let seq = store.append_one(id, event).await?;
     Ok(Switched { seq, queued })
 }

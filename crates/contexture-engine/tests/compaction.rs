@@ -501,7 +501,7 @@ async fn a_compaction_can_be_restored() {
     )
     .await
     .unwrap();
-    let CompactionOutcome::Compacted { replace_seq } = report.outcome else {
+    let CompactionOutcome::Compacted { replace_seq, .. } = report.outcome else {
         panic!("{report:?}");
     };
     store

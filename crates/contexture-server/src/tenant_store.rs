@@ -161,6 +161,12 @@ impl TenantStore<'_> {
             error @ ThreadOpError::ContextName { .. } => {
                 ApiError::invalid("context", format!("context: {error}"))
             }
+            error @ ThreadOpError::OpIdReused { .. } => ApiError {
+                status: StatusCode::CONFLICT,
+                code: "conflict",
+                message: format!("op_id: {error}"),
+                param: Some("op_id".into()),
+            },
         }
     }
 

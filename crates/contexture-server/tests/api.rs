@@ -851,10 +851,17 @@ async fn named_contexts_are_switched_to_and_appended_in_through_the_api() {
     assert_eq!(last_seq(&server, &key).await, (base + 1, json!("research")));
     let (status, _) = switch(json!({"context": "main", "op_id": "op-2"})).await;
     assert_eq!(status, StatusCode::OK);
-    // The first switch sent again: recorded, but it has no second effect.
-    let (status, _) = switch(json!({"context": "research", "op_id": "op-1"})).await;
+    // The first switch sent again: nothing recorded, answered as the first was.
+    let (status, again) = switch(json!({"context": "research", "op_id": "op-1"})).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(last_seq(&server, &key).await, (base + 3, json!("main")));
+    assert_eq!(
+        again,
+        json!({"seq": base + 1, "context": "research", "queued": false})
+    );
+    assert_eq!(last_seq(&server, &key).await, (base + 2, json!("main")));
+    let (status, reused) = switch(json!({"context": "main", "op_id": "op-1"})).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{reused}");
+    assert_eq!(reused["error"]["param"], "op_id");
 
     // An append in a context switches to it first, in the same transaction.
     let append = |query: &str, idempotency: Option<&str>, content: &str| {
@@ -875,15 +882,15 @@ async fn named_contexts_are_switched_to_and_appended_in_through_the_api() {
     assert_eq!(status, StatusCode::OK, "{appended}");
     assert_eq!(
         appended,
-        json!({"seqs": [base + 5], "switch_seq": base + 4})
+        json!({"seqs": [base + 4], "switch_seq": base + 3})
     );
     let (status, again) = append("?context=research", Some("k1"), "a finding").await;
     assert_eq!(status, StatusCode::OK, "{again}");
-    assert_eq!(again["seqs"], json!([base + 5]), "a retry stores nothing");
-    assert_eq!(last_seq(&server, &key).await, (base + 5, json!("research")));
+    assert_eq!(again["seqs"], json!([base + 4]), "a retry stores nothing");
+    assert_eq!(last_seq(&server, &key).await, (base + 4, json!("research")));
     // Already active: no switch is recorded.
     let (_, appended) = append("?context=research", None, "another").await;
-    assert_eq!(appended, json!({"seqs": [base + 6]}));
+    assert_eq!(appended, json!({"seqs": [base + 5]}));
 
     // Refused: an unknown context, bad names and bodies; nothing is written.
     let (status, error) = append("?context=nowhere", None, "lost?").await;
@@ -926,6 +933,6 @@ async fn named_contexts_are_switched_to_and_appended_in_through_the_api() {
     )
     .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
-    assert_eq!(last_seq(&server, &key).await, (base + 6, json!("research")));
+    assert_eq!(last_seq(&server, &key).await, (base + 5, json!("research")));
     server.shutdown().await;
 }

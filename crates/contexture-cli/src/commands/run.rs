@@ -263,13 +263,18 @@ fn print_output(text: &str) -> Result<()> {
     }
 }
 
-/// An execution error with how to go on.
+/// An execution error with how to go on: a failed run can be resumed, a cancelled one
+/// cannot (its own error says so when the run ended between steps).
 fn report(error: ExecError, execution_id: Option<String>) -> anyhow::Error {
-    let resumable = matches!(error, ExecError::StepFailed { .. });
+    let resumable = matches!(error, ExecError::StepFailed { .. }) && !error.is_cancelled();
+    let cancelled_in_a_step = matches!(error, ExecError::StepFailed { .. }) && error.is_cancelled();
     let error = anyhow::Error::new(error);
     match execution_id {
         Some(id) if resumable => {
             error.context(format!("the run stopped; resume it with `contexture run --resume {id}` (its log is in the store)"))
+        }
+        Some(_) if cancelled_in_a_step => {
+            error.context("the run was cancelled; a cancelled run cannot be resumed (start it again)")
         }
         _ => error,
     }

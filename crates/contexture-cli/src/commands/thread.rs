@@ -594,20 +594,27 @@ async fn compact(store: &AnyStore, args: CompactArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         match &report.outcome {
-            CompactionOutcome::Compacted { replace_seq } => {
+            CompactionOutcome::Compacted {
+                replace_seq,
+                queued,
+            } => {
                 let (from, to) = report.covered.unwrap_or_default();
-                println!(
-                    "compacted thread {}: seqs {from}..{to} ({} messages) replaced by {} (event {replace_seq}, summarizer {}, {} calls)",
-                    args.thread,
-                    report.covered_messages,
-                    if report.summary.is_some() {
-                        "a summary"
-                    } else {
-                        "the notes"
-                    },
-                    report.summarizer,
-                    report.calls
-                );
+                let replacement = if report.summary.is_some() {
+                    "a summary"
+                } else {
+                    "the notes"
+                };
+                if *queued {
+                    println!(
+                        "queued a compaction of thread {}: a request is in flight, and seqs {from}..{to} ({} messages) are replaced by {replacement} when it ends (event {replace_seq}, summarizer {}, {} calls)",
+                        args.thread, report.covered_messages, report.summarizer, report.calls
+                    );
+                } else {
+                    println!(
+                        "compacted thread {}: seqs {from}..{to} ({} messages) replaced by {replacement} (event {replace_seq}, summarizer {}, {} calls)",
+                        args.thread, report.covered_messages, report.summarizer, report.calls
+                    );
+                }
                 println!(
                     "tokens: {} -> {} ({})",
                     report.tokens_before, report.tokens_after, args.tokens_model

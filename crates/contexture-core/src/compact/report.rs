@@ -14,6 +14,10 @@ pub enum CompactionOutcome {
     Compacted {
         /// The seq of the replace event.
         replace_seq: u64,
+        /// A request was in flight: the replace is queued and applies when it ends (the
+        /// projection is unchanged until then).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        queued: bool,
     },
     /// Nothing was done, for this reason.
     Skipped {

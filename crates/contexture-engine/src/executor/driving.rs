@@ -213,7 +213,7 @@ impl<S: Store> Executor<S> {
         }
         ExecError::Cancelled {
             execution_id: run.id.clone(),
-            reason,
+            reason: request.reason.clone(),
         }
     }
 }

@@ -226,12 +226,12 @@ pub enum ExecError {
         state_id: String,
     },
     /// The execution was cancelled (or a cancellation was asked for); it does not resume.
-    #[error("execution `{execution_id}` was {reason}")]
+    #[error("execution `{execution_id}` was cancelled{}; a cancelled run cannot be resumed (start it again)", reason.as_deref().map(|reason| format!(": {reason}")).unwrap_or_default())]
     Cancelled {
         /// The execution.
         execution_id: String,
-        /// What its log says.
-        reason: String,
+        /// Why, as the cancellation said.
+        reason: Option<String>,
     },
     /// A step failed; the run stopped and can be resumed.
     #[error("execution `{execution_id}`, step {step} (`{state_id}`): {error}")]

@@ -152,10 +152,7 @@ impl<S: Store> Executor<S> {
             Some(RunStatus::Cancelled) => {
                 return Err(ExecError::Cancelled {
                     execution_id: execution_id.to_owned(),
-                    reason: log
-                        .cancel_requested()
-                        .and_then(|c| c.reason.clone())
-                        .unwrap_or_else(|| "cancelled".to_owned()),
+                    reason: log.cancel_requested().and_then(|c| c.reason.clone()),
                 });
             }
             _ => {}
