@@ -498,3 +498,54 @@ fn bad_input_and_bad_urls_are_reported() {
         "{error}"
     );
 }
+
+/// `thread search`: the messages that hold a text, case-insensitively, with their seq (a
+/// tool call's arguments included), oldest first, up to `--limit`; a fork finds its
+/// parent's; an empty query is refused.
+#[test]
+fn searching_a_threads_messages() {
+    let dir = TempDir::new("contexture-cli-search");
+    let db = &sqlite_url(&dir, "threads.db");
+    ok(db, &["append", "--thread", "t1"], HISTORY);
+    let hits: Vec<serde_json::Value> = ok(db, &["search", "--thread", "t1", "PARIS"], "")
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(
+        hits,
+        [
+            serde_json::json!({"seq": 4, "type": "message_appended", "index": 0, "role": "tool", "excerpt": "Paris"}),
+            serde_json::json!({"seq": 5, "type": "message_appended", "index": 0, "role": "assistant", "excerpt": "Paris."}),
+        ]
+    );
+    let france = ok(
+        db,
+        &["search", "--thread", "t1", "france", "--limit", "5"],
+        "",
+    );
+    let seqs: Vec<u64> = france
+        .lines()
+        .map(|line| {
+            serde_json::from_str::<serde_json::Value>(line).unwrap()["seq"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(seqs, [2, 3], "the question and the call's arguments");
+    assert_eq!(
+        ok(
+            db,
+            &["search", "--thread", "t1", "france", "--limit", "1"],
+            ""
+        )
+        .lines()
+        .count(),
+        1
+    );
+    ok(db, &["fork", "--thread", "t1", "--new", "t2"], "");
+    assert!(ok(db, &["search", "--thread", "t2", "Paris."], "").contains("\"seq\":5"));
+    let error = fail(db, &["search", "--thread", "t1", " "], "");
+    assert!(error.contains("the query is empty"), "{error}");
+    let error = fail(db, &["search", "--thread", "nowhere", "x"], "");
+    assert!(error.contains("nowhere"), "{error}");
+}

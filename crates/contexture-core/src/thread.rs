@@ -36,6 +36,7 @@ mod projection;
 
 pub mod event;
 pub mod execution;
+pub mod search;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 

@@ -1,9 +1,11 @@
 //! Operations on a stored thread that a caller asks for by name: create one, set its policy,
-//! fork it, merge a fork back, restore what a replace (a compaction, a clear) covered. The CLI and the HTTP
+//! fork it, merge a fork back, restore what a replace (a compaction, a clear) covered,
+//! search its messages. The CLI and the HTTP
 //! API both call these, so one request gives the same events whichever door it came through.
 
 use contexture_core::Message;
 use contexture_core::compact::{RestoreError, restore_before};
+use contexture_core::thread::search::{SearchHit, SearchQuery};
 use contexture_core::thread::{
     EventKind, MergeError, MergeSpec, PolicyChange, StoreChange, Thread, ThreadPolicy,
     TooManyContexts, UnknownContext, context_name_problem,
@@ -69,6 +71,9 @@ pub enum ThreadOpError {
         /// The context asked for now.
         context: String,
     },
+    /// A search's query holds nothing to look for.
+    #[error("the query is empty: give the text to look for")]
+    EmptyQuery,
     /// The thread policy given cannot be used.
     #[error("invalid thread policy: {field}: {problem}")]
     Policy {
@@ -287,6 +292,47 @@ pub async fn switch_context<S: Store>(
     event.idempotency_key = key;
     let seq = store.append_one(id, event).await?;
     Ok(Switched { seq, queued })
+}
+
+/// The most hits a search answers, whatever it asks for.
+pub const MAX_SEARCH_HITS: usize = 1_000;
+
+/// The messages of thread `id` (its fork prefix included) that hold `query`, oldest first,
+/// at most `limit` (capped at [`MAX_SEARCH_HITS`]); see [`SearchQuery`] for what is
+/// searched and how. The events are read a page at a time and the search stops at its
+/// limit, so it holds one page in memory, and reads as far into the log as its hits lie.
+pub async fn search_thread<S: Store>(
+    store: &S,
+    id: &str,
+    query: &str,
+    limit: usize,
+) -> Result<Vec<SearchHit>, ThreadOpError> {
+    const PAGE_EVENTS: usize = 256;
+    const PAGE_BYTES: usize = 4 << 20;
+    let query = SearchQuery::new(query).ok_or(ThreadOpError::EmptyQuery)?;
+    if !store.exists(id).await? {
+        return Err(StoreError::NotFound {
+            thread: id.to_owned(),
+        }
+        .into());
+    }
+    let limit = limit.min(MAX_SEARCH_HITS);
+    let mut hits = Vec::new();
+    let mut after = 0;
+    while hits.len() < limit {
+        let page = store
+            .events_page(id, after, PAGE_EVENTS, PAGE_BYTES)
+            .await?;
+        for event in &page.events {
+            hits.extend(query.hits(event));
+            after = event.seq;
+        }
+        if !page.more || page.events.is_empty() {
+            break;
+        }
+    }
+    hits.truncate(limit);
+    Ok(hits)
 }
 
 /// Where a fork was made.

@@ -161,6 +161,9 @@ impl TenantStore<'_> {
             error @ ThreadOpError::ContextName { .. } => {
                 ApiError::invalid("context", format!("context: {error}"))
             }
+            error @ ThreadOpError::EmptyQuery => {
+                ApiError::invalid("query", format!("query: {error}"))
+            }
             error @ ThreadOpError::OpIdReused { .. } => ApiError {
                 status: StatusCode::CONFLICT,
                 code: "conflict",

@@ -23,7 +23,8 @@ use contexture_engine::fitting::{
 };
 use contexture_engine::llm::LlmSpec;
 use contexture_engine::threads::{
-    append_messages, fork_thread, merge_thread, restore_thread, set_thread_policy, switch_context,
+    append_messages, fork_thread, merge_thread, restore_thread, search_thread, set_thread_policy,
+    switch_context,
 };
 use contexture_store::{AnyStore, RequestRetention, RetentionRules, Store, StoreError};
 use serde_json::Value;
@@ -106,6 +107,18 @@ pub enum ThreadCommand {
         /// The thread.
         #[arg(long)]
         thread: String,
+    },
+    /// Print the messages of a thread that hold QUERY (case-insensitive) as JSON lines, oldest
+    /// first: each with its event's seq and type, its role and an excerpt around the match.
+    Search {
+        /// The thread.
+        #[arg(long)]
+        thread: String,
+        /// At most this many hits (at most 1,000).
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        /// The text to look for.
+        query: String,
     },
     /// Fork a thread after event SEQ without copying; print the seq of the fork's first event.
     Fork {
@@ -387,6 +400,18 @@ async fn execute(args: ThreadArgs) -> Result<()> {
         ThreadCommand::Events { thread } => {
             for event in store.events(&thread).await? {
                 println!("{}", serde_json::to_string(&event)?);
+            }
+        }
+        ThreadCommand::Search {
+            thread,
+            limit,
+            query,
+        } => {
+            let hits = search_thread(&store, &thread, &query, limit)
+                .await
+                .with_context(|| format!("cannot search thread {thread}"))?;
+            for hit in hits {
+                println!("{}", serde_json::to_string(&hit)?);
             }
         }
         ThreadCommand::Fork { thread, at, new } => {
