@@ -7,6 +7,7 @@ pub mod input;
 pub mod inspect;
 pub mod keys;
 pub mod llm;
+pub mod mcp;
 pub mod models;
 pub mod output;
 pub mod run;

@@ -52,6 +52,8 @@ enum Command {
     Serve(commands::serve::ServeArgs),
     /// Make, list and revoke the server's API keys.
     Keys(commands::keys::KeysArgs),
+    /// Serve Contexture's thread and workflow tools to an MCP host over stdio.
+    Mcp(commands::mcp::McpArgs),
     /// Render templates for `contexture serve` under a memory limit (started by the server).
     #[command(hide = true)]
     TemplateWorker,
@@ -66,7 +68,10 @@ fn main() -> ExitCode {
     // the whole process down when one of them exits without reading all its input; those
     // handle a closed standard output themselves.
     #[cfg(unix)]
-    if !matches!(cli.command, Command::Run(_) | Command::Serve(_)) {
+    if !matches!(
+        cli.command,
+        Command::Run(_) | Command::Serve(_) | Command::Mcp(_)
+    ) {
         // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
         unsafe {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
@@ -86,6 +91,7 @@ fn main() -> ExitCode {
         Command::Cancel(args) => commands::cancel::run(args),
         Command::Serve(args) => commands::serve::run(args),
         Command::Keys(args) => commands::keys::run(args),
+        Command::Mcp(args) => commands::mcp::run(args),
         Command::TemplateWorker => commands::template_worker::run(),
     };
     match result {

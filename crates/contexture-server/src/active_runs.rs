@@ -43,6 +43,11 @@ impl ActiveRuns {
                 .any(|(at, _)| runs.contains_key(&thread[..at]))
     }
 
+    /// True when no execution runs here.
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
     /// A 409 when `thread` (shown to the client as `shown`) is a running execution's log.
     pub fn refuse_writes(&self, thread: &str, shown: &str) -> Result<(), ApiError> {
         if self.holds(thread) {

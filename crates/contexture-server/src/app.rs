@@ -80,8 +80,23 @@ pub enum StartError {
     },
 }
 
+/// Whom a server's doors serve: what they may touch on the host follows from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Audience {
+    /// Clients over the network (`contexture serve`): every request is untrusted, acts for
+    /// a tenant, names workflows under the workflows directory, and runs programs only when
+    /// the operator allowed them.
+    Clients,
+    /// The operator at a terminal (`contexture mcp` over stdio): the whole store, workflow
+    /// files by their path, programs and MCP servers as the workflows declare them, as
+    /// `contexture run` does.
+    Operator,
+}
+
 /// What every handler shares.
 pub struct Shared {
+    /// Whom the doors serve.
+    pub audience: Audience,
     /// The store.
     pub store: AnyStore,
     /// The model registry.
@@ -135,19 +150,34 @@ impl Deref for AppState {
 }
 
 impl AppState {
-    /// Opens the store and builds everything the configuration names.
+    /// Opens the store and builds everything the configuration names, for clients over
+    /// the network.
     pub async fn new(config: ServerConfig) -> Result<AppState, StartError> {
+        AppState::open(config, Audience::Clients).await
+    }
+
+    /// Opens the store and builds everything the configuration names, for `audience`.
+    pub async fn open(config: ServerConfig, audience: Audience) -> Result<AppState, StartError> {
         let store = AnyStore::open(&config.database)
             .await
             .map_err(|source| StartError::Store {
                 url: crate::config::redacted_database(&config.database),
                 source,
             })?;
-        AppState::with_store(config, store)
+        AppState::with_store_for(config, store, audience)
     }
 
-    /// Builds the state over an open store.
+    /// Builds the state over an open store, for clients over the network.
     pub fn with_store(config: ServerConfig, store: AnyStore) -> Result<AppState, StartError> {
+        AppState::with_store_for(config, store, Audience::Clients)
+    }
+
+    /// Builds the state over an open store, for `audience`.
+    pub fn with_store_for(
+        config: ServerConfig,
+        store: AnyStore,
+        audience: Audience,
+    ) -> Result<AppState, StartError> {
         store.set_max_thread_events(Some(config.limits.max_thread_events));
         store.set_max_thread_bytes(Some(config.limits.max_thread_bytes));
         let mut registry = Registry::builtin();
@@ -187,7 +217,7 @@ impl AppState {
             .workflows_dir
             .as_ref()
             .map(|dir| dir.canonicalize().unwrap_or_else(|_| dir.clone()));
-        let programs = if config.executions.allow_programs {
+        let programs = if config.executions.allow_programs || audience == Audience::Operator {
             Programs::Allowed
         } else {
             Programs::Refused(
@@ -202,13 +232,17 @@ impl AppState {
                     .toolbox()
                     .map_err(|error| StartError::Config(error.to_string()))?,
             )
-            .with_limit_caps(config.executions.limit_caps())
+            .with_limit_caps(config.executions.limit_caps());
+        if audience == Audience::Clients {
             // A client shapes an execution's requests: they read the operator's
-            // calibration of estimates and feed none.
-            .with_estimate_learner(contexture_engine::estimates::Learner::ReadOnly)
-            .with_workflow_source(Arc::new(ConfinedFiles {
-                root: workflows_dir.clone(),
-            }));
+            // calibration of estimates and feed none; its sub-workflows are the workflows
+            // directory's.
+            executor = executor
+                .with_estimate_learner(contexture_engine::estimates::Learner::ReadOnly)
+                .with_workflow_source(Arc::new(ConfinedFiles {
+                    root: workflows_dir.clone(),
+                }));
+        }
         for hook in config
             .hook_programs()
             .map_err(|error| StartError::Config(error.to_string()))?
@@ -223,6 +257,7 @@ impl AppState {
                 })?;
                 executor = executor.with_client_isolation(Arc::new(workers));
             }
+            None if audience == Audience::Operator => {}
             None => tracing::warn!(
                 "no executions.template_worker: the templates of workflows clients send render \
                  in this process, bounded only by fuel"
@@ -275,6 +310,7 @@ impl AppState {
             observer: metrics.clone(),
         });
         Ok(AppState(Arc::new(Shared {
+            audience,
             store,
             registry,
             executor: Arc::new(executor),
@@ -383,6 +419,7 @@ fn api_routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
         ),
         ("/v1/threads/{id}/context", get(threads::context)),
         ("/v1/threads/{id}/events", get(threads::events)),
+        ("/v1/threads/{id}/search", get(threads::search)),
         ("/v1/threads/{id}/fork", post(threads::fork)),
         ("/v1/threads/{id}/merge", post(threads::merge)),
         ("/v1/threads/{id}/switch", post(threads::switch)),
@@ -423,6 +460,8 @@ pub fn router(state: AppState) -> Router {
         .fold(Router::new(), |router, (path, handlers)| {
             router.route(path, handlers)
         })
+        // Contexture's MCP tools, behind the same keys: each call acts for the key's tenant.
+        .route_service("/mcp", crate::mcp::http_service(state.clone()))
         .route_layer(middleware::from_fn_with_state(state.clone(), authenticate));
     let open = open_routes()
         .into_iter()

@@ -72,6 +72,32 @@ pub struct ServerConfig {
     /// as a program is a host program (it needs `[executions] allow_programs = true`) and
     /// sees only its `env` and `PATH`.
     pub mcp_servers: BTreeMap<String, McpServerConfig>,
+    /// Contexture's own MCP endpoint, `/mcp` (`[mcp_endpoint]`).
+    pub mcp_endpoint: McpEndpointConfig,
+}
+
+/// Contexture's own MCP endpoint, `/mcp`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct McpEndpointConfig {
+    /// The `Host` names (or `host:port`) that `/mcp` answers; others get a 403, against
+    /// DNS rebinding (`CONTEXTURE_MCP_ALLOWED_HOSTS`, comma-separated). Empty (the default):
+    /// `localhost`, `127.0.0.1`, `::1` and the bind address; `["*"]`: any name (behind a
+    /// proxy that checks names itself).
+    pub allowed_hosts: Vec<String>,
+}
+
+impl McpEndpointConfig {
+    /// The names `/mcp` answers for a server bound to `bind`; `None`: any.
+    pub fn allowed_hosts(&self, bind: SocketAddr) -> Option<Vec<String>> {
+        if self.allowed_hosts.iter().any(|host| host == "*") {
+            None
+        } else if self.allowed_hosts.is_empty() {
+            Some(crate::mcp::default_allowed_hosts(bind))
+        } else {
+            Some(self.allowed_hosts.clone())
+        }
+    }
 }
 
 impl Default for ServerConfig {
@@ -93,6 +119,7 @@ impl Default for ServerConfig {
             tools: BTreeMap::new(),
             hooks: Vec::new(),
             mcp_servers: BTreeMap::new(),
+            mcp_endpoint: McpEndpointConfig::default(),
         }
     }
 }
@@ -554,6 +581,14 @@ impl ServerConfig {
                     });
                 }
             };
+        }
+        if let Some(hosts) = set("CONTEXTURE_MCP_ALLOWED_HOSTS") {
+            self.mcp_endpoint.allowed_hosts = hosts
+                .split(',')
+                .map(str::trim)
+                .filter(|host| !host.is_empty())
+                .map(str::to_owned)
+                .collect();
         }
         if let Some(file) = set("CONTEXTURE_MODELS") {
             self.models_file = Some(file.into());

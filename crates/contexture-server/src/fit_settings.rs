@@ -9,12 +9,6 @@ use contexture_engine::fitting::{
 
 use crate::app::AppState;
 use crate::error::ApiError;
-use crate::tenancy::Tenant;
-
-/// The calibration of token estimates a tenant's requests read and feed: its own.
-pub fn learner(tenant: &Tenant) -> Learner {
-    Learner::Tenant(tenant.clone())
-}
 
 /// The settings for `model` (as the request's `model` field names it, its estimate
 /// calibrated by what its family's providers reported to `tenant`'s requests, the
@@ -24,7 +18,7 @@ pub fn learner(tenant: &Tenant) -> Learner {
 /// default's place when the thread is read ([`FitSettings::adopt`]).
 pub async fn settings(
     state: &AppState,
-    tenant: &Tenant,
+    learner: &Learner,
     model: &str,
     strategy: Option<&str>,
     budget_ratio: Option<f64>,
@@ -49,7 +43,7 @@ pub async fn settings(
         Some(&state.store),
         &state.registry,
         ModelChoice::Named(model),
-        &learner(tenant),
+        learner,
         state.config.fit.clone(),
         overrides,
     )

@@ -20,12 +20,14 @@ mod config;
 mod error;
 mod fit_settings;
 mod json_shape;
+pub mod mcp;
 mod metrics;
 mod routes;
 mod tenancy;
 mod tenant_store;
 
-pub use app::{AppState, StartError, bind, router, serve, shutdown_signal};
+pub use app::{AppState, Audience, StartError, bind, router, serve, shutdown_signal};
 pub use auth::{IssuedKey, issue_key};
-pub use config::{RegisteredTool, ServerConfig, redacted_database};
+pub use config::{McpEndpointConfig, RegisteredTool, ServerConfig, redacted_database};
 pub use routes::chat::chat_request_digest;
+pub use tenancy::Tenant;

@@ -6,6 +6,38 @@
 
 pub use contexture_store::Tenant;
 
+use contexture_engine::estimates::Learner;
+
+/// Who an operation acts for: one tenant of the server (every request through HTTP), or
+/// the operator at a terminal (`contexture mcp` over stdio), who sees the whole store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Actor {
+    /// A tenant: its own view of the store, its own limits.
+    Tenant(Tenant),
+    /// The operator: the whole store, no per-tenant limits.
+    Operator,
+}
+
+impl Actor {
+    /// The key of the actor's share of the server's places (running executions, fitting
+    /// threads): the tenant's name, or a name no tenant can have.
+    pub fn key(&self) -> &str {
+        match self {
+            Actor::Tenant(tenant) => tenant.name(),
+            // Tenant names have no spaces.
+            Actor::Operator => "the operator",
+        }
+    }
+
+    /// Whose calibration of token estimates the actor's requests read and feed.
+    pub fn learner(&self) -> Learner {
+        match self {
+            Actor::Tenant(tenant) => Learner::Tenant(tenant.clone()),
+            Actor::Operator => Learner::Operator,
+        }
+    }
+}
+
 /// Checks a tenant name as configuration gives it (see [`Tenant::new`]).
 pub fn check_tenant(name: &str) -> Result<(), String> {
     Tenant::new(name)

@@ -5,15 +5,16 @@
 
 use axum::http::StatusCode;
 use contexture_core::Message;
+use contexture_core::thread::search::SearchHit;
 use contexture_core::thread::{MergeError, MergeSpec, ThreadPolicy};
 use contexture_core::tokens::Encoding;
 use contexture_engine::threads::{
     Appended, Forked, NewThread, Switched, ThreadOpError, append_messages, create_thread,
-    fork_thread, merge_thread, restore_thread, set_thread_policy, switch_context,
+    fork_thread, merge_thread, restore_thread, search_thread, set_thread_policy, switch_context,
 };
 use contexture_store::{
     AnyStore, EventPage, ProjectionTail, RequestRetention, Scoped, Store, StoreError, Tenant,
-    ThreadInfo,
+    ThreadInfo, TurnQueueStore,
 };
 
 use contexture_engine::executor::Executor;
@@ -26,10 +27,16 @@ use crate::error::{ApiError, ApiResult};
 /// What a client can do about a full thread.
 const THREAD_FULL_REMEDY: &str = "start a new thread (a fork shares its parent's events and counts them, or carry a summary over)";
 
-/// The store as one tenant sees it.
+/// A view of the store the doors act on: the whole store, or a tenant's view of it.
+pub(crate) trait StoreView: Store + TurnQueueStore + Clone + 'static {}
+
+impl<S: Store + TurnQueueStore + Clone + 'static> StoreView for S {}
+
+/// The store as one tenant sees it (or, for the operator's own door, the whole store: `S`
+/// is then the store itself).
 #[derive(Clone)]
-pub(crate) struct TenantStore<'a> {
-    store: Scoped<AnyStore>,
+pub(crate) struct TenantStore<'a, S: StoreView = Scoped<AnyStore>> {
+    store: S,
     active_runs: &'a ActiveRuns,
     /// The most named contexts a thread may have.
     max_contexts: usize,
@@ -45,18 +52,34 @@ impl AppState {
         }
     }
 
+    /// The whole store, as the operator's own door (`contexture mcp` at a terminal) sees it.
+    pub(crate) fn operator_store(&self) -> TenantStore<'_, AnyStore> {
+        TenantStore {
+            store: self.store.clone(),
+            active_runs: &self.active_runs,
+            max_contexts: self.config.limits.max_contexts_per_thread,
+        }
+    }
+
     /// The executor as it runs `tenant`'s workflows: on the tenant's view of the store, so
     /// that a run's sub-workflows and conversation are the tenant's too.
     pub(crate) fn tenant_executor(&self, tenant: &Tenant) -> Executor<Scoped<AnyStore>> {
-        self.executor
-            .on_store(self.store.clone().scoped(tenant.clone()))
+        self.tenant_store(tenant).executor(&self.executor)
     }
 }
 
-impl TenantStore<'_> {
+impl<S: StoreView> TenantStore<'_, S> {
+    /// `executor` as it runs workflows on this view of the store (the one place where
+    /// executions get their store): a run's sub-workflows and conversation are this view's.
+    pub(crate) fn executor(&self, executor: &Executor<AnyStore>) -> Executor<S> {
+        executor.on_store(self.store.clone())
+    }
+}
+
+impl<S: StoreView> TenantStore<'_, S> {
     /// The tenant's view of the store, for engine operations (whose store errors then go
     /// through [`TenantStore::error`]).
-    pub(crate) fn store(&self) -> &Scoped<AnyStore> {
+    pub(crate) fn store(&self) -> &S {
         &self.store
     }
 
@@ -350,6 +373,18 @@ impl TenantStore<'_> {
         create: bool,
     ) -> ApiResult<Switched> {
         switch_context(&self.store, id, context, op_id, create, self.max_contexts)
+            .await
+            .map_err(|error| self.op_error(error))
+    }
+
+    /// The first `limit` messages of thread `id` that hold `query` (see [`search_thread`]).
+    pub(crate) async fn search(
+        &self,
+        id: &str,
+        query: &str,
+        limit: usize,
+    ) -> ApiResult<Vec<SearchHit>> {
+        search_thread(&self.store, id, query, limit)
             .await
             .map_err(|error| self.op_error(error))
     }

@@ -155,15 +155,31 @@ impl Server {
         key: &str,
         body: Option<&str>,
     ) -> (String, String) {
+        self.request_with_host(method, path, key, &self.address, body.unwrap_or(""))
+    }
+
+    /// [`Server::request`] with `host` in the `Host` header (an MCP request also accepts
+    /// server-sent events).
+    pub fn request_with_host(
+        &self,
+        method: &str,
+        path: &str,
+        key: &str,
+        host: &str,
+        body: &str,
+    ) -> (String, String) {
         let mut stream = TcpStream::connect(&self.address).expect("connect to the server");
         stream
             .set_read_timeout(Some(Duration::from_secs(30)))
             .unwrap();
-        let body = body.unwrap_or("");
+        let authorization = if key.is_empty() {
+            String::new()
+        } else {
+            format!("Authorization: Bearer {key}\r\n")
+        };
         write!(
             stream,
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {key}\r\nAccept: application/json\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            self.address,
+            "{method} {path} HTTP/1.1\r\nHost: {host}\r\n{authorization}Accept: application/json, text/event-stream\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         )
         .unwrap();

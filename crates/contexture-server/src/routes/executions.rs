@@ -28,7 +28,8 @@ use crate::auth::Caller;
 use crate::body::{BodyBytes, JsonBody, QueryParams};
 use crate::error::{ApiError, ApiResult};
 use crate::routes::fresh_id;
-use crate::tenancy::{Tenant, check_id};
+use crate::tenancy::{Actor, Tenant, check_id};
+use crate::tenant_store::{StoreView, TenantStore};
 
 /// How often an event stream looks for new events.
 const POLL: Duration = Duration::from_millis(100);
@@ -60,9 +61,9 @@ pub struct StartExecution {
 #[serde(deny_unknown_fields)]
 pub struct ConversationBody {
     /// The user.
-    user: String,
+    pub(crate) user: String,
     /// A chat id, for several conversations of one user with one workflow.
-    chat: Option<String>,
+    pub(crate) chat: Option<String>,
 }
 
 /// The name a workflow sent as text is known by, in its diagnostics and its log.
@@ -99,33 +100,46 @@ fn diagnostics_text(error: &ExecError) -> String {
         .join("\n")
 }
 
-/// The run a start request asks for, its workflow read (from the workflows directory, or
-/// the request's text) and validated with its sub-workflows.
+/// The workflow a start names.
+#[derive(Debug, Clone)]
+pub(crate) enum WorkflowChoice {
+    /// A file under the server's workflows directory, by its relative name.
+    Named(String),
+    /// The workflow's YAML text, sent by a client.
+    Text(String),
+    /// A file of the host's, by its path: only the operator at a terminal names one.
+    HostFile(String),
+}
+
+/// The run a start asks for, its workflow read (from the workflows directory, the
+/// request's text, or the operator's file) and validated with its sub-workflows.
 fn validated_request(
     state: &AppState,
-    name: Option<String>,
-    yaml: Option<String>,
+    choice: WorkflowChoice,
 ) -> ApiResult<(RunRequest, Workflow)> {
-    let (file, text, origin) = match (name, yaml) {
-        (Some(name), None) => {
+    let (file, text, origin) = match choice {
+        WorkflowChoice::Named(name) => {
             let (file, text) = state
                 .read_workflow(&name)
                 .map_err(|problem| ApiError::invalid("workflow", problem))?;
             (file, text, WorkflowOrigin::Operator)
         }
-        (None, Some(text)) => (REQUEST_WORKFLOW.to_owned(), text, WorkflowOrigin::Client),
-        _ => {
-            return Err(ApiError::invalid(
-                "workflow",
-                "give exactly one of `workflow` (a file in the workflows directory) and `workflow_yaml`",
-            ));
+        WorkflowChoice::Text(text) => (REQUEST_WORKFLOW.to_owned(), text, WorkflowOrigin::Client),
+        WorkflowChoice::HostFile(path) => {
+            let text = std::fs::read_to_string(&path).map_err(|error| {
+                ApiError::invalid(
+                    "workflow",
+                    format!("cannot read workflow `{path}`: {error}"),
+                )
+            })?;
+            (path, text, WorkflowOrigin::Operator)
         }
     };
     let mut request = RunRequest::new(file.clone(), text, String::new());
     request.origin = origin;
     let workflow = state.executor.validate(&request).map_err(|error| {
         if origin == WorkflowOrigin::Operator {
-            tracing::warn!(workflow = %file, %error, "a workflow of the workflows directory is invalid");
+            tracing::warn!(workflow = %file, %error, "a workflow of the operator's is invalid");
         }
         let param = match origin {
             WorkflowOrigin::Operator => "workflow",
@@ -136,33 +150,80 @@ fn validated_request(
     Ok((request, workflow))
 }
 
+/// What a start asks for, besides its workflow.
+#[derive(Debug, Default)]
+pub(crate) struct StartSpec {
+    /// The input: a JSON object (its keys fill the context store) or a text.
+    pub(crate) input: Value,
+    /// The execution's id (default: a fresh UUID).
+    pub(crate) id: Option<String>,
+    /// Continue a conversation of this user (and chat); `param` names the field.
+    pub(crate) conversation: Option<(ConversationBody, &'static str)>,
+    /// The run's user context (a JSON object).
+    pub(crate) user_context: Option<Value>,
+}
+
 /// `POST /v1/executions`: validates the workflow (and its sub-workflows), then starts the
 /// run in the background and answers 202 with its id.
 pub async fn start(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    JsonBody(mut body): JsonBody<StartExecution>,
+    JsonBody(body): JsonBody<StartExecution>,
 ) -> ApiResult<Response> {
-    let tenant = caller.tenant.clone();
+    let choice = match (body.workflow, body.workflow_yaml) {
+        (Some(name), None) => WorkflowChoice::Named(name),
+        (None, Some(text)) => WorkflowChoice::Text(text),
+        _ => {
+            return Err(ApiError::invalid(
+                "workflow",
+                "give exactly one of `workflow` (a file in the workflows directory) and `workflow_yaml`",
+            ));
+        }
+    };
+    let spec = StartSpec {
+        input: body.input,
+        id: body.id,
+        conversation: body
+            .conversation
+            .map(|conversation| (conversation, "conversation")),
+        user_context: body.user_context,
+    };
+    let threads = state.tenant_store(&caller.tenant);
+    let actor = Actor::Tenant(caller.tenant.clone());
+    let id = start_execution(&state, &threads, &actor, choice, spec).await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({"id": id, "status": "running"})),
+    )
+        .into_response())
+}
+
+/// Validates the workflow (and its sub-workflows), then starts the run in the background
+/// on `threads`' store, and answers its id once its log exists.
+pub(crate) async fn start_execution<S: StoreView>(
+    state: &AppState,
+    threads: &TenantStore<'_, S>,
+    actor: &Actor,
+    choice: WorkflowChoice,
+    spec: StartSpec,
+) -> ApiResult<String> {
     // Checked before the workflow is read: a bad body is refused whatever it names.
-    let user_context = body
+    let user_context = spec
         .user_context
-        .take()
         .map(user_context_from_value)
         .transpose()
         .map_err(|error| ApiError::invalid("user_context", error.to_string()))?;
     let (mut request, workflow) = {
         let state = state.clone();
-        let (name, yaml) = (body.workflow.clone(), body.workflow_yaml.take());
         // Reading the workflow and its sub-workflows blocks on the disk: off the runtime.
-        tokio::task::spawn_blocking(move || validated_request(&state, name, yaml))
+        tokio::task::spawn_blocking(move || validated_request(&state, choice))
             .await
             .map_err(|error| {
                 ApiError::internal(format!("workflow validation stopped: {error}"))
             })??
     };
     let file = request.workflow_file.clone();
-    let id = body.id.unwrap_or_else(fresh_id);
+    let id = spec.id.unwrap_or_else(fresh_id);
     check_id("an execution id", &id).map_err(|problem| ApiError::invalid("id", problem))?;
     if id.contains([CHILD_SEPARATOR, '/']) {
         // Sub-workflow executions are named `PARENT~STATE.VISIT` (and were `PARENT/...`).
@@ -171,7 +232,6 @@ pub async fn start(
             format!("an execution id may not contain `{CHILD_SEPARATOR}` or `/`"),
         ));
     }
-    let threads = state.tenant_store(&tenant);
     // The run's name in the whole store, for this process's registry and logs.
     let global = threads.store().global_id(&id);
     if threads.exists(&id).await? {
@@ -179,15 +239,15 @@ pub async fn start(
             "execution `{id}` already exists"
         )));
     }
-    let input = match body.input {
+    let input = match spec.input {
         Value::String(text) => text,
         Value::Null => String::new(),
         other => other.to_string(),
     };
-    let conversation = match body.conversation {
-        Some(conversation) => {
+    let conversation = match spec.conversation {
+        Some((conversation, param)) => {
             check_id("conversation.user", &conversation.user)
-                .map_err(|problem| ApiError::invalid("conversation.user", problem))?;
+                .map_err(|problem| ApiError::invalid(format!("{param}.user"), problem))?;
             Some(ConversationKey::new(
                 &conversation.user,
                 conversation.chat,
@@ -197,7 +257,7 @@ pub async fn start(
         }
         None => None,
     };
-    let slot = state.running.take(tenant.name())?;
+    let slot = state.running.take(actor.key())?;
     let active = state.active_runs.enter(&global);
     let global_id = global.clone();
     request.input = input;
@@ -205,8 +265,8 @@ pub async fn start(
     request.llm = Some(state.config.llm.clone());
     request.conversation = conversation;
     request.user_context = user_context;
-    // The run sees the tenant's threads only.
-    let executor = state.tenant_executor(&tenant);
+    // The run sees the actor's threads only.
+    let executor = threads.executor(&state.executor);
     let run = tokio::spawn(async move {
         let _slot = slot;
         let _active = active;
@@ -231,25 +291,20 @@ pub async fn start(
     if logged.is_err() {
         tracing::warn!(execution = %global_id, "the run's log did not appear within 10 s");
     }
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(json!({"id": id, "status": "running"})),
-    )
-        .into_response())
+    Ok(id)
 }
 
 /// The first `limit` events of the tenant's execution `id` after seq `after` (a page, see
 /// [`Store::events_page`](contexture_store::Store::events_page)); a 404 for a thread that
 /// is not there.
-async fn execution_page(
+async fn execution_page<S: StoreView>(
     state: &AppState,
-    tenant: &Tenant,
+    threads: &TenantStore<'_, S>,
     id: &str,
     after: u64,
     limit: usize,
 ) -> ApiResult<Vec<Event>> {
-    let page = state
-        .tenant_store(tenant)
+    let page = threads
         .events_page(id, after, limit, state.config.limits.max_page_bytes)
         .await
         .map_err(|error| match error {
@@ -264,7 +319,7 @@ async fn execution_page(
 /// Checks that the tenant's thread `id` is an execution (it starts with a run's start),
 /// reading its first event only.
 async fn check_execution(state: &AppState, tenant: &Tenant, id: &str) -> ApiResult<()> {
-    let first = execution_page(state, tenant, id, 0, 1).await?;
+    let first = execution_page(state, &state.tenant_store(tenant), id, 0, 1).await?;
     match first.first().map(|event| &event.kind) {
         Some(EventKind::RunStarted(_)) => Ok(()),
         // A thread that is not an execution.
@@ -274,13 +329,12 @@ async fn check_execution(state: &AppState, tenant: &Tenant, id: &str) -> ApiResu
 
 /// The report of the tenant's execution `id`, read a page of events at a time, with the
 /// calls `kept` (the calls of its forked steps among them).
-async fn execution_report(
+async fn execution_report<S: StoreView>(
     state: &AppState,
-    tenant: &Tenant,
+    threads: &TenantStore<'_, S>,
     id: &str,
     kept: CallsKept,
 ) -> ApiResult<ReadReport> {
-    let threads = state.tenant_store(tenant);
     read_report(
         threads.store(),
         id,
@@ -302,11 +356,20 @@ pub async fn status(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    let tenant = &caller.tenant;
-    let report = execution_report(&state, tenant, &id, CallsKept::None)
+    let threads = state.tenant_store(&caller.tenant);
+    Ok(Json(execution_status(&state, &threads, &id).await?))
+}
+
+/// The status of execution `id`: status, output or error, steps, calls, usage, and the
+/// usage tree of the execution and its sub-executions.
+pub(crate) async fn execution_status<S: StoreView>(
+    state: &AppState,
+    threads: &TenantStore<'_, S>,
+    id: &str,
+) -> ApiResult<Value> {
+    let report = execution_report(state, threads, id, CallsKept::None)
         .await?
         .report;
-    let threads = state.tenant_store(tenant);
     let tree = usage_tree_of(threads.store(), &report, state.config.limits.max_page_bytes).await?;
     let mut value = json!({
         "id": id,
@@ -321,8 +384,8 @@ pub async fn status(
         "parent_execution_id": report.parent_execution_id,
         "usage_tree": tree,
     });
-    strip_workflow_paths(&state, &mut value);
-    Ok(Json(value))
+    strip_workflow_paths(state, &mut value);
+    Ok(value)
 }
 
 /// Workflow files are shown relative to the workflows directory.
@@ -366,13 +429,12 @@ pub async fn requests(
     Path(id): Path<String>,
     QueryParams(query): QueryParams<RequestsQuery>,
 ) -> ApiResult<Json<Value>> {
-    let tenant = &caller.tenant;
     let kept = CallsKept::Page {
         after: query.after,
         limit: crate::routes::threads::page_limit(query.limit)?,
         max_bytes: state.config.limits.max_page_bytes,
     };
-    let read = execution_report(&state, tenant, &id, kept).await?;
+    let read = execution_report(&state, &state.tenant_store(&caller.tenant), &id, kept).await?;
     Ok(Json(json!({
         "id": id,
         "requests": read.report.calls,
@@ -462,7 +524,7 @@ pub async fn events(
     let ended = match info {
         Some(info) if info.last_seq <= after => {
             let last =
-                execution_page(&state, &tenant, &id, info.last_seq.saturating_sub(1), 1).await?;
+                execution_page(&state, &threads, &id, info.last_seq.saturating_sub(1), 1).await?;
             last.first()
                 .is_some_and(|event| matches!(event.kind, EventKind::RunEnded(_)))
         }

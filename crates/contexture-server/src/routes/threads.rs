@@ -14,8 +14,9 @@ use contexture_core::thread::{
 };
 use contexture_core::tokens::Encoding;
 use contexture_engine::compaction::{CompactOptions, CompactionError, compact_stored};
-use contexture_engine::threads::NewThread;
-use contexture_store::{RequestRetention, Store};
+use contexture_engine::fitting::FittedRequest;
+use contexture_engine::threads::{MAX_SEARCH_HITS, NewThread};
+use contexture_store::RequestRetention;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -25,8 +26,8 @@ use crate::body::{JsonBody, QueryParams};
 use crate::error::{ApiError, ApiResult};
 use crate::fit_settings;
 use crate::routes::fresh_id;
-use crate::tenancy::check_id;
-use crate::tenant_store::TenantStore;
+use crate::tenancy::{Actor, check_id};
+use crate::tenant_store::{StoreView, TenantStore};
 use contexture_engine::fitting::{
     MessageView, ThreadFitError, ThreadReadError, fit_thread_on, thread_messages,
 };
@@ -131,12 +132,21 @@ pub async fn list(
     Extension(caller): Extension<Caller>,
     QueryParams(query): QueryParams<ListQuery>,
 ) -> ApiResult<Json<Value>> {
-    let limit = page_limit(query.limit)?;
-    let tenant = &caller.tenant;
-    let page = state
-        .tenant_store(tenant)
-        .list_page(query.after.as_deref(), limit + 1)
-        .await?;
+    let threads = state.tenant_store(&caller.tenant);
+    Ok(Json(
+        list_threads(&threads, query.after.as_deref(), query.limit).await?,
+    ))
+}
+
+/// A page of the threads `threads` holds, by id after `after`, at most `limit` (default
+/// 100, at most 1000): `{threads, next_after}`, where `next_after` continues it.
+pub(crate) async fn list_threads<S: StoreView>(
+    threads: &TenantStore<'_, S>,
+    after: Option<&str>,
+    limit: Option<usize>,
+) -> ApiResult<Value> {
+    let limit = page_limit(limit)?;
+    let page = threads.list_page(after, limit + 1).await?;
     let more = page.len() > limit;
     let mut threads = Vec::with_capacity(limit);
     for info in page.into_iter().take(limit) {
@@ -149,9 +159,7 @@ pub async fn list(
     } else {
         None
     };
-    Ok(Json(
-        json!({ "threads": threads, "next_after": next_after }),
-    ))
+    Ok(json!({ "threads": threads, "next_after": next_after }))
 }
 
 /// `GET /v1/threads/{id}`: the thread's summary.
@@ -219,7 +227,7 @@ pub async fn clear_retention(
 /// A thread's retention as the API shows it: its own policy and the one pruning applies.
 fn retention_answer(
     state: &AppState,
-    threads: &TenantStore<'_>,
+    threads: &TenantStore<'_, impl StoreView>,
     id: &str,
     own: Option<RequestRetention>,
 ) -> Value {
@@ -308,27 +316,47 @@ pub async fn append(
     JsonBody(body): JsonBody<AppendMessages>,
 ) -> ApiResult<Json<Value>> {
     let threads = state.tenant_store(&caller.tenant);
-    id_param("a thread id", &id)?;
-    threads.refuse_writes(&id)?;
-    let messages = parse_messages(&body.messages, "messages")?;
+    let key = crate::body::idempotency_key(&headers)?;
+    let answer = append_to(
+        &threads,
+        &id,
+        &body.messages,
+        key.as_deref(),
+        query.context.as_deref(),
+    )
+    .await?;
+    Ok(Json(answer))
+}
+
+/// Appends the OpenAI-format `messages` to thread `id` (created when missing) in one
+/// transaction, in the named `context` when one is given, each under idempotency key
+/// `KEY:i` when `key` is given: `{seqs, switch_seq?}`. Nothing is written when any of it is
+/// wrong.
+pub(crate) async fn append_to<S: StoreView>(
+    threads: &TenantStore<'_, S>,
+    id: &str,
+    messages: &Value,
+    key: Option<&str>,
+    context: Option<&str>,
+) -> ApiResult<Value> {
+    id_param("a thread id", id)?;
+    threads.refuse_writes(id)?;
+    let messages = parse_messages(messages, "messages")?;
     if messages.is_empty() {
         return Err(ApiError::invalid(
             "messages",
             "messages: the array is empty",
         ));
     }
-    if let Some(context) = &query.context {
+    if let Some(context) = context {
         check_context_param(context)?;
     }
-    let key = crate::body::idempotency_key(&headers)?;
-    let appended = threads
-        .append_messages(&id, messages, key.as_deref(), query.context.as_deref())
-        .await?;
+    let appended = threads.append_messages(id, messages, key, context).await?;
     let mut answer = json!({ "seqs": appended.seqs });
     if let Some(seq) = appended.switch_seq {
         answer["switch_seq"] = json!(seq);
     }
-    Ok(Json(answer))
+    Ok(answer)
 }
 
 /// `POST /v1/threads/{id}/switch` body.
@@ -382,15 +410,15 @@ fn check_context_param(context: &str) -> ApiResult<()> {
 #[serde(deny_unknown_fields)]
 pub struct ContextQuery {
     /// The model to fit for (its window and tokenizer).
-    model: String,
+    pub(crate) model: String,
     /// At most this many tokens for the request (default: the model's budget).
-    max_tokens: Option<u32>,
+    pub(crate) max_tokens: Option<u32>,
     /// `last`, `first`, `head-tail`, `head-tail:N`.
-    strategy: Option<String>,
+    pub(crate) strategy: Option<String>,
     /// The share of the window to use.
-    budget_ratio: Option<f64>,
+    pub(crate) budget_ratio: Option<f64>,
     /// Tokens reserved for the reply.
-    reserve_output: Option<u32>,
+    pub(crate) reserve_output: Option<u32>,
 }
 
 /// `GET /v1/threads/{id}/context`: the projection fitted to a model, with the budget
@@ -402,9 +430,23 @@ pub async fn context(
     QueryParams(query): QueryParams<ContextQuery>,
 ) -> ApiResult<Response> {
     let threads = state.tenant_store(&caller.tenant);
+    let actor = Actor::Tenant(caller.tenant.clone());
+    let fitted = fitted_context(&state, &threads, &actor, &id, &query).await?;
+    Ok(Json(fitted.answer(&id)).into_response())
+}
+
+/// Thread `id` fitted as `query` asks: the projection fitted to the model, with the budget
+/// breakdown and what fitting left out; each mistake in `query` names its field.
+pub(crate) async fn fitted_context<S: StoreView>(
+    state: &AppState,
+    threads: &TenantStore<'_, S>,
+    actor: &Actor,
+    id: &str,
+    query: &ContextQuery,
+) -> ApiResult<FittedContext> {
     let settings = fit_settings::settings(
-        &state,
-        &caller.tenant,
+        state,
+        &actor.learner(),
         &query.model,
         query.strategy.as_deref(),
         query.budget_ratio,
@@ -412,34 +454,42 @@ pub async fn context(
         query.max_tokens,
     )
     .await?;
-    let fitted = match fit_thread_on(
-        threads.store(),
-        &id,
-        &settings,
-        &state.cpu,
-        caller.tenant.name(),
-    )
-    .await
-    {
+    match fit_thread_on(threads.store(), id, &settings, &state.cpu, actor.key()).await {
         Ok(fitted) => {
-            fit_settings::metered(&state, &fitted);
-            fitted
+            fit_settings::metered(state, &fitted);
+            Ok(FittedContext {
+                model: settings.model.id.clone(),
+                fitted,
+            })
         }
-        Err(error) => return Err(thread_fit_error(&threads, error)),
-    };
-    Ok(Json(ContextAnswer {
-        thread: &id,
-        model: &settings.model.id,
-        messages: openai::WireMessages(&fitted.messages),
-        budget: &fitted.breakdown,
-        fit: &fitted.fit,
-    })
-    .into_response())
+        Err(error) => Err(thread_fit_error(threads, error)),
+    }
+}
+
+/// A thread fitted to a model.
+pub(crate) struct FittedContext {
+    /// The model's id.
+    model: String,
+    /// What fitting made.
+    fitted: FittedRequest,
+}
+
+impl FittedContext {
+    /// The answer of `GET /v1/threads/{id}/context` for thread `thread`.
+    pub(crate) fn answer<'a>(&'a self, thread: &'a str) -> ContextAnswer<'a> {
+        ContextAnswer {
+            thread,
+            model: &self.model,
+            messages: openai::WireMessages(&self.fitted.messages),
+            budget: &self.fitted.breakdown,
+            fit: &self.fitted.fit,
+        }
+    }
 }
 
 /// The answer of `GET /v1/threads/{id}/context`, written straight to the response body.
 #[derive(Serialize)]
-struct ContextAnswer<'a> {
+pub(crate) struct ContextAnswer<'a> {
     thread: &'a str,
     model: &'a str,
     messages: openai::WireMessages<'a>,
@@ -449,7 +499,7 @@ struct ContextAnswer<'a> {
 
 /// The answer to a thread that could not be read (a store error, told as the tenant sees
 /// it) or fitted.
-fn thread_fit_error(threads: &TenantStore<'_>, error: ThreadFitError) -> ApiError {
+fn thread_fit_error<S: StoreView>(threads: &TenantStore<'_, S>, error: ThreadFitError) -> ApiError {
     match error {
         ThreadFitError::Store(error) => threads.error(error),
         ThreadFitError::Fit(error) => fit_settings::fit_error(error),
@@ -512,6 +562,49 @@ struct MessagesAnswer<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     context: Option<&'a str>,
     messages: openai::WireMessages<'a>,
+}
+
+/// `GET /v1/threads/{id}/search` query.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SearchQuery {
+    /// The text to look for (case-insensitive).
+    query: String,
+    /// At most this many hits (default 20, at most 1000).
+    limit: Option<usize>,
+}
+
+/// `GET /v1/threads/{id}/search`: the thread's messages that hold a text, oldest first,
+/// each with its event's seq and type, its role and an excerpt around the match.
+pub async fn search(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    QueryParams(query): QueryParams<SearchQuery>,
+) -> ApiResult<Json<Value>> {
+    let threads = state.tenant_store(&caller.tenant);
+    Ok(Json(
+        search_in(&threads, &id, &query.query, query.limit).await?,
+    ))
+}
+
+/// The first `limit` (default 20, at most 1000) messages of thread `id` that hold `query`:
+/// `{thread, query, hits}`.
+pub(crate) async fn search_in<S: StoreView>(
+    threads: &TenantStore<'_, S>,
+    id: &str,
+    query: &str,
+    limit: Option<usize>,
+) -> ApiResult<Value> {
+    let limit = limit.unwrap_or(20);
+    if !(1..=MAX_SEARCH_HITS).contains(&limit) {
+        return Err(ApiError::invalid(
+            "limit",
+            format!("limit must be 1 to {MAX_SEARCH_HITS}"),
+        ));
+    }
+    let hits = threads.search(id, query, limit).await?;
+    Ok(json!({ "thread": id, "query": query, "hits": hits }))
 }
 
 /// `GET /v1/threads/{id}/events` query.
@@ -583,20 +676,30 @@ pub async fn fork(
     JsonBody(body): JsonBody<ForkThread>,
 ) -> ApiResult<Response> {
     let threads = state.tenant_store(&caller.tenant);
-    let child = body.id.unwrap_or_else(fresh_id);
-    id_param("a thread id", &child)?;
-    threads.refuse_writes(&id)?;
-    let forked = threads.fork(&id, body.at_seq, &child).await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(json!({
-            "id": child,
-            "parent": id,
-            "at_seq": forked.at_seq,
-            "forked_seq": forked.forked_seq
-        })),
-    )
-        .into_response())
+    let answer = fork_as(&threads, &id, body.id, body.at_seq, "id").await?;
+    Ok((StatusCode::CREATED, Json(answer)).into_response())
+}
+
+/// Forks thread `parent` at `at_seq` (default: its last event) as thread `child` (default:
+/// a fresh id; `child_param` is the field that named it): `{id, parent, at_seq,
+/// forked_seq}`.
+pub(crate) async fn fork_as<S: StoreView>(
+    threads: &TenantStore<'_, S>,
+    parent: &str,
+    child: Option<String>,
+    at_seq: Option<u64>,
+    child_param: &str,
+) -> ApiResult<Value> {
+    let child = child.unwrap_or_else(fresh_id);
+    check_id("a thread id", &child).map_err(|problem| ApiError::invalid(child_param, problem))?;
+    threads.refuse_writes(parent)?;
+    let forked = threads.fork(parent, at_seq, &child).await?;
+    Ok(json!({
+        "id": child,
+        "parent": parent,
+        "at_seq": forked.at_seq,
+        "forked_seq": forked.forked_seq
+    }))
 }
 
 /// `POST /v1/threads/{id}/merge` body.
@@ -663,17 +766,17 @@ pub async fn restore(
 pub struct CompactThread {
     /// The summarizer model (default: the configured policy's, else the offline
     /// extractive summarizer).
-    model: Option<String>,
+    pub(crate) model: Option<String>,
     /// Keep at most this many recent tokens verbatim.
-    keep_tokens: Option<u64>,
+    pub(crate) keep_tokens: Option<u64>,
     /// Keep at most this many recent messages verbatim.
-    keep_messages: Option<usize>,
+    pub(crate) keep_messages: Option<usize>,
     /// Notes kept verbatim before the summary, never sent to the summarizer.
-    notes: Option<String>,
+    pub(crate) notes: Option<String>,
     /// False keeps only the notes (default true).
-    preserve_history: Option<bool>,
+    pub(crate) preserve_history: Option<bool>,
     /// The model whose tokenizer measures before and after (default gpt-4o).
-    tokens_model: Option<String>,
+    pub(crate) tokens_model: Option<String>,
 }
 
 /// `POST /v1/threads/{id}/compact`: one recorded, reversible compaction; the report says
@@ -685,14 +788,31 @@ pub async fn compact(
     JsonBody(body): JsonBody<CompactThread>,
 ) -> ApiResult<Json<Value>> {
     let threads = state.tenant_store(&caller.tenant);
-    threads.ensure(&id).await?;
-    threads.refuse_writes(&id)?;
+    let actor = Actor::Tenant(caller.tenant.clone());
+    Ok(Json(
+        compact_thread(&state, &threads, &actor, &id, body).await?,
+    ))
+}
+
+/// Compacts thread `id` as `body` asks: one recorded, reversible compaction; its report.
+pub(crate) async fn compact_thread<S: StoreView>(
+    state: &AppState,
+    threads: &TenantStore<'_, S>,
+    actor: &Actor,
+    id: &str,
+    body: CompactThread,
+) -> ApiResult<Value> {
+    threads.ensure(id).await?;
+    threads.refuse_writes(id)?;
     // A compaction calls the summarizer for the tenant, as a chat turn calls the model: it
     // takes one of the tenant's places and waits for the thread's turns before it, so its
     // calls never overlap a turn's.
-    let _slot = state.chat.take_slot(&caller.tenant)?;
+    let _slot = match actor {
+        Actor::Tenant(tenant) => Some(state.chat.take_slot(tenant)?),
+        Actor::Operator => None,
+    };
     let _turn = threads
-        .wait_for_turn(&state.turns, &id, state.config.limits.thread_turn_wait())
+        .wait_for_turn(&state.turns, id, state.config.limits.thread_turn_wait())
         .await?;
     let options = CompactOptions {
         summarizer: body.model,
@@ -707,14 +827,14 @@ pub async fn compact(
     let request = options
         .request(policy, "api")
         .map_err(|invalid| ApiError::invalid(invalid.field, invalid.problem))?;
-    let report = compact_stored(&state.compactor, threads.store(), &id, &request)
+    let report = compact_stored(&state.compactor, threads.store(), id, &request)
         .await
         .map_err(|error| match error {
             CompactionError::Store(error) => threads.error(error),
             other => ApiError::unprocessable(other.to_string()),
         })?;
     state.metrics.compaction(&report.outcome);
-    Ok(Json(serde_json::to_value(&report).unwrap_or_default()))
+    Ok(serde_json::to_value(&report).unwrap_or_default())
 }
 
 /// `DELETE /v1/threads/{id}`: 204; 409 while forks of it exist.
