@@ -1,7 +1,7 @@
 //! `contexture thread compact` and `thread restore` on an SQLite file: what they print, what
 //! the log holds afterwards, and a failing summarizer that replaces nothing.
 
-mod common;
+use crate::common;
 
 use common::{Outcome, RunToEnd, contexture, sqlite_url};
 use contexture_store::testing::TempDir;

@@ -1,7 +1,7 @@
 //! End-to-end tests of `contexture output parse`, `contexture template render` and
 //! `contexture expr eval`: the real binary, real files, exact stdout, stderr and exit codes.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::process::Stdio;

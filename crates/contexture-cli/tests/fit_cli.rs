@@ -1,6 +1,6 @@
 //! End-to-end tests of `contexture fit`: the built binary on message files.
 
-mod common;
+use crate::common;
 
 use common::{RunToEnd, contexture, write_file};
 use contexture_core::format::openai;

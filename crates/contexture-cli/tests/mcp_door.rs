@@ -5,7 +5,7 @@
 //! with nothing written; another tenant's threads and executions are not found; a request
 //! without a key is a 401, one for another host name a 403.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -8,7 +8,7 @@
 //! within the real window, usage, recording, all-or-nothing compaction) and print how many
 //! facts a summary kept, as a measurement, never as a pass/fail condition.
 
-mod common;
+use crate::common;
 
 use common::{Outcome, RunToEnd, sqlite_url};
 use contexture_store::testing::{TempDir, in_ci};

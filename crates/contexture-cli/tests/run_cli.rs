@@ -3,7 +3,7 @@
 //! without re-running its finished steps, conversations carry turns across runs, and a cancel
 //! from another process stops a run and its sub-workflow.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -8,7 +8,7 @@
 //! Under CI (`CI=true`) a missing `schemathesis` fails the test; elsewhere the test says
 //! loudly that it skipped.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Stdio};
 use std::time::Instant;

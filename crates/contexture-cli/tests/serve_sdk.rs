@@ -7,7 +7,7 @@
 //! The client is `tests/python/three_turns.py`. Under CI (`CI=true`) a missing `openai`
 //! package fails the test; elsewhere the test says loudly that it skipped.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Stdio};
 use std::time::Instant;

@@ -4,7 +4,7 @@
 //! user would run it, on PostgreSQL with a password in its URL (trust authentication ignores
 //! it), with an upstream that cannot be reached and one that fails.
 
-mod common;
+use crate::common;
 
 use common::serving::{Server, create_key};
 use common::{RunToEnd, contexture};

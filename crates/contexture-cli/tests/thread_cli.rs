@@ -1,7 +1,7 @@
 //! `contexture thread`: append, messages (plain, limited and fitted), events, fork, list,
 //! delete and prune against an SQLite file, and the same round trip on PostgreSQL.
 
-mod common;
+use crate::common;
 
 use common::{Outcome, RunToEnd, contexture, sqlite_url};
 use contexture_core::Message;

@@ -1,6 +1,6 @@
 //! End-to-end tests of `contexture tokens` and `contexture models`, running the built binary.
 
-mod common;
+use crate::common;
 
 use common::{RunToEnd, contexture};
 use contexture_store::testing::TempDir;

@@ -2,7 +2,7 @@
 //! `tests/inputs/context/<kind>/` is one case (`insta::glob!`), and its result is pinned by an
 //! insta snapshot `tests/snapshots/context_data__<kind>@<file>.snap`. Bad inputs are cases too; their
 //! snapshot is the error. Regenerate after a deliberate change with
-//! `INSTA_UPDATE=always cargo test -p contexture-core --test context_data` and review the diff.
+//! `INSTA_UPDATE=always cargo test -p contexture-core --test integration context_data::` and review the diff.
 //!
 //! Kinds:
 //! - `parse/*.txt|*.bin`: a raw step output -> parsed value, format, what it stores, notes.

@@ -3,7 +3,7 @@
 //! truncation and clearing every call fits, keeps its task and its most recent tool uses,
 //! records what was cleared and cut, and the step's log keeps every result whole.
 
-mod common;
+use crate::common;
 
 use common::{events, executor, forty_call_workflow, requests, script, sqlite, start};
 use contexture_core::fit::{Rules, is_cleared_placeholder, validate};

@@ -3,7 +3,7 @@
 //! HTTP), whole and streamed, and the thread records the answer as it does for an
 //! OpenAI-compatible one.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

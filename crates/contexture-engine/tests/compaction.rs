@@ -2,7 +2,7 @@
 //! and with the fake upstream: what is covered, what stays verbatim, what the
 //! summarizer sees, and that a failed summary replaces nothing.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

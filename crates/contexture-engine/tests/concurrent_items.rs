@@ -4,7 +4,7 @@
 //! the iteration with the items before it recorded, and a resume runs only what is left;
 //! token and cost budgets hold with items at once as one at a time; bad values are named.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! history, loaded by count and by tokens; different keys never see each other's turns;
 //! a long conversation is compacted by its policy.
 
-mod common;
+use crate::common;
 
 use common::{executor, script, sqlite, texts};
 use contexture_core::budget::SUMMARY_TAG;

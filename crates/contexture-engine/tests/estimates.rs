@@ -3,7 +3,7 @@
 //! measured with it, never below what was reported; a report that makes no sense is refused;
 //! models counted exactly are left alone.
 
-mod common;
+use crate::common;
 
 use common::{events, http_executor, requests, sqlite};
 use contexture_engine::executor::{Executor, RunRequest};

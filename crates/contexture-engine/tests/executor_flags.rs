@@ -1,7 +1,7 @@
 //! The executor with the scripted provider: what each transition flag does to the shared
 //! history later requests see and to the context store.
 
-mod common;
+use crate::common;
 
 use common::{events, executor, kinds, requests, script, sqlite, start, texts};
 use contexture_core::thread::EventKind;

@@ -1,7 +1,7 @@
 //! Hooks: order, chaining, exactly one firing per step and per call, views
 //! for one call, recorded changes.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 

@@ -2,7 +2,7 @@
 //! (history flags, window, provider rules), failures on purpose (500, a slow answer), and
 //! streams.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! state the run ended with. Cases: `PROPTEST_CASES` (default 24; each case is a whole run,
 //! on SQLite, and on PostgreSQL for every third case).
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

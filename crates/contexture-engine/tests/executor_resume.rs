@@ -2,7 +2,7 @@
 //! or interrupted step runs anew, and the same workflow gives the same result on SQLite and
 //! on PostgreSQL.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! The executor's tools, iteration bound, budgets, template errors and refusals, with the
 //! scripted provider.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

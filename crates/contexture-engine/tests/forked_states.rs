@@ -4,7 +4,7 @@
 //! conflict policy), its usage and cost counted once. A merge that cannot be made fails the
 //! step; settings that cannot work are refused with their key.
 
-mod common;
+use crate::common;
 
 use common::{events, executor, script, sqlite, start, texts};
 use contexture_core::thread::{EventKind, StepFailure};

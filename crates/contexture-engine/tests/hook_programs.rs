@@ -3,7 +3,7 @@
 //! (non-zero exit, invalid JSON, an unknown key, a timeout), each failing the step with an
 //! error naming the hook, the point and what went wrong.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

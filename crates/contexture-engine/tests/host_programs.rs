@@ -3,7 +3,7 @@
 //! refusal comes at validation, before anything is recorded. Ceilings on run limits and the
 //! wall-clock limit.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -7,7 +7,7 @@
 //! Under CI (`CI=true`) a missing `mcp` package fails these tests; elsewhere they skip
 //! loudly.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! tools, take at most 3 bytes on disk per byte of the execution's messages, on SQLite and
 //! on PostgreSQL; and every request reads back exactly as the provider received it.
 
-mod common;
+use crate::common;
 
 use common::{executor, requests, script, start};
 use contexture_store::testing::{self, TempDir, message_length, prose};

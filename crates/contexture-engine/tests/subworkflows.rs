@@ -2,7 +2,7 @@
 //! parent scoped for it, runs as its own execution, returns structured data; cancelling a
 //! parent stops its running descendants with valid histories; subtree usage adds up.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! both places and counts it twice against the window; a models file and an assistant's
 //! `context` both declare it, and an unknown value is named.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

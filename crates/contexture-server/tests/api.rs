@@ -1,7 +1,7 @@
 //! The REST API end to end over real sockets: threads, tenant isolation, bad input, keys,
 //! limits, metrics, and the OpenAPI document against the router.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

@@ -2,7 +2,7 @@
 //! keeps the history, requests are fitted to the model's window, streaming is passed through,
 //! answers are stored, upstream errors come back as they were, keys stay secret.
 
-mod common;
+use crate::common;
 
 use common::{TestServer, client, config};
 use contexture_fake_upstream::{FakeUpstream, Reply};

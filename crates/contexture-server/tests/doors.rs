@@ -1,7 +1,7 @@
 //! The command line and the HTTP API are two doors to the same operations: for the same
 //! input they give the same result.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

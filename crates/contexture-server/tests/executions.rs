@@ -2,7 +2,7 @@
 //! two servers sharing one PostgreSQL database: concurrent appends through both stay
 //! gap-free, and a cancel sent to one stops a run on the other.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,7 @@
 //! time. Each gets a 4xx that names what was wrong (or a closed connection), nothing bad is
 //! stored, and the server stays healthy.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! automatic and requested compactions, restores, forks continued and merged back. Cases:
 //! `PROPTEST_CASES` (default 16; each case is a server on a fresh SQLite file).
 
-mod common;
+use crate::common;
 
 use common::{TestServer, client, config};
 use contexture_fake_upstream::{FakeUpstream, Reply};

@@ -3,7 +3,7 @@
 //! applying each thread's policy, else its tenant's, else the server's, to chat threads
 //! that go on answering as before.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! upstream, take at most 3 bytes on disk per byte of their messages, on SQLite and on
 //! PostgreSQL; and every request reads back through the API exactly as the upstream got it.
 
-mod common;
+use crate::common;
 
 use common::{TestServer, client, config};
 use contexture_fake_upstream::{FakeUpstream, Reply};

@@ -5,7 +5,7 @@
 //! conversation that executions continue is one of its tenant's threads: listed, readable
 //! and deletable by it, not found by another.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

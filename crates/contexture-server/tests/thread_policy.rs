@@ -6,7 +6,7 @@
 //! the task and the newest results, clears and truncates the rest, while the thread keeps
 //! every result whole; with hysteresis, most requests repeat the previous one at their start.
 
-mod common;
+use crate::common;
 
 use common::{TestServer, client, config};
 use contexture_core::fit::{Rules, is_cleared_placeholder, validate};

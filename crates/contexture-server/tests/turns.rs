@@ -3,7 +3,7 @@
 //! waits too long is refused with nothing stored; and a thread that an earlier release wrote
 //! with overlapping turns reads back whole.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

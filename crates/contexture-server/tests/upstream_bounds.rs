@@ -4,7 +4,7 @@
 //! another tenant unaffected); and a server that stops ends the work its requests started
 //! within its shutdown grace.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
