@@ -87,13 +87,9 @@ impl RunServers {
         let mut offered: Vec<OfferedTool> = Vec::new();
         for name in names {
             let declared = declaration(workflow, host, name).ok_or_else(|| {
-                StepError::from(McpError::Handshake {
+                StepError::UndeclaredMcpServer {
                     server: (*name).to_owned(),
-                    endpoint: String::new(),
-                    reason: "no such server is declared (by the workflow or the host)".into(),
-                    exit: None,
-                    stderr: None,
-                })
+                }
             })?;
             let session = self
                 .session(name, declared, store, options, progress)

@@ -66,6 +66,13 @@ pub enum StepError {
     /// An MCP server could not start, or stopped or hung during a call.
     #[error(transparent)]
     Mcp(Box<contexture_mcp::McpError>),
+    /// An assistant names an MCP server that neither the workflow nor the host declares
+    /// (validation refuses such a workflow; a run reaches this only from an older log).
+    #[error("MCP server `{server}` is declared neither by the workflow nor by the host")]
+    UndeclaredMcpServer {
+        /// The name.
+        server: String,
+    },
     /// The assistant kept calling tools.
     #[error(
         "assistant `{assistant}` still called tools after {max} rounds (max_iterations {max}); it never gave a final answer"
