@@ -1036,6 +1036,52 @@ async fn bad_merge_keys_are_refused_naming_the_field() {
 }
 
 #[tokio::test]
+async fn bad_searches_are_refused_naming_the_parameter_and_odd_ones_find_nothing() {
+    let dir = TempDir::new("contexture-hostile-search");
+    let (server, key) = hostile_server(&dir).await;
+    append_one(&server, &key, "t", "The launch code is TULIP-7.").await;
+    for (path, param, words) in [
+        ("/v1/threads/t/search?query=", "query", "empty"),
+        ("/v1/threads/t/search", "", "query"),
+        ("/v1/threads/t/search?query=x&limit=0", "limit", "1 to 1000"),
+        (
+            "/v1/threads/t/search?query=x&limit=1001",
+            "limit",
+            "1 to 1000",
+        ),
+        ("/v1/threads/t/search?query=x&limit=-1", "", "limit"),
+        ("/v1/threads/t/search?query=x&page=2", "", "page"),
+    ] {
+        refused(&server, &key, ("GET", path, Vec::new()), param, words).await;
+    }
+    // A long query, one of control characters, one that looks like a pattern: no hit, no
+    // error; and the text itself is still found whatever its case.
+    let long = "x".repeat(20_000);
+    for query in [long.as_str(), "%00%07%1B", ".*", "%25", "TULIP-7.%20"] {
+        let path = format!("/v1/threads/t/search?query={query}");
+        let (status, answer) = send(&server, &key, "GET", &path, None, vec![]).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        assert_eq!(
+            answer["hits"].as_array().unwrap().len(),
+            0,
+            "{query}: {answer}"
+        );
+    }
+    let (status, answer) = send(
+        &server,
+        &key,
+        "GET",
+        "/v1/threads/t/search?query=tulip-7",
+        None,
+        vec![],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(answer["hits"][0]["seq"], 1, "{answer}");
+    server.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_thread_has_at_most_its_share_of_named_contexts_and_errors_name_a_few() {
     let dir = TempDir::new("contexture-hostile-contexts");
     let mut config = config(None);

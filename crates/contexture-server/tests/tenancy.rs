@@ -153,6 +153,7 @@ async fn every_route_keeps_tenants_apart(store: AnyStore) {
     let not_found: Vec<(M, &str, Option<Value>, Option<&str>)> = vec![
         (M::GET, "/v1/threads/secret", None, None),
         (M::GET, "/v1/threads/secret/events", None, None),
+        (M::GET, "/v1/threads/secret/search?query=plans", None, None),
         (M::GET, "/v1/threads/secret/messages?limit=1", None, None),
         (
             M::GET,
