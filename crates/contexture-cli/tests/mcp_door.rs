@@ -10,8 +10,9 @@ use crate::common;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use common::serving::{Server, create_key, under_ci};
+use common::serving::{Server, create_key};
 use common::{RunToEnd, contexture, root, sqlite_url};
+use contexture_mcp::testing::python_mcp;
 use contexture_store::testing::TempDir;
 use serde_json::{Value, json};
 
@@ -26,36 +27,6 @@ const TOOLS: [&str; 8] = [
     "run_workflow",
     "execution_result",
 ];
-
-/// Whether `python3` can import the MCP client; `Err` says why not.
-fn client_available() -> Result<(), String> {
-    match Command::new("python3")
-        .args(["-c", "import mcp.client.streamable_http, httpx2"])
-        .stdin(Stdio::null())
-        .output()
-    {
-        Ok(output) if output.status.success() => Ok(()),
-        Ok(output) => Err(String::from_utf8_lossy(&output.stderr).trim().to_owned()),
-        Err(error) => Err(format!("cannot run python3: {error}")),
-    }
-}
-
-/// False (after saying so) when the test cannot run here; a panic under CI.
-fn can_run(test: &str) -> bool {
-    match client_available() {
-        Ok(()) => true,
-        Err(problem) => {
-            let advice = "install it with: python3 -m pip install 'mcp==2.3.0' (as .ci/run does)";
-            if under_ci() {
-                panic!("the Python package `mcp` is missing under CI ({problem}); {advice}");
-            }
-            eprintln!(
-                "\n\n*** SKIPPED {test}: the Python package `mcp` is missing ({problem}); {advice} ***\n\n"
-            );
-            false
-        }
-    }
-}
 
 /// Runs the Python client with `calls` and the connection arguments; its summary.
 fn drive(dir: &TempDir, name: &str, calls: &Value, connection: &[&str]) -> Value {
@@ -140,7 +111,7 @@ fn check_listing(summary: &Value) {
 
 #[test]
 fn contexture_mcp_over_stdio_serves_every_tool_to_the_python_client() {
-    if !can_run("contexture_mcp_over_stdio_serves_every_tool_to_the_python_client") {
+    if !python_mcp() {
         return;
     }
     let dir = TempDir::new("contexture-mcp-stdio");
@@ -235,7 +206,7 @@ fn contexture_mcp_over_stdio_serves_every_tool_to_the_python_client() {
 
 #[test]
 fn the_mcp_endpoint_of_contexture_serve_is_behind_keys_and_tenants() {
-    if !can_run("the_mcp_endpoint_of_contexture_serve_is_behind_keys_and_tenants") {
+    if !python_mcp() {
         return;
     }
     let dir = TempDir::new("contexture-mcp-http");

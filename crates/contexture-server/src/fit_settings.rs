@@ -11,8 +11,8 @@ use crate::app::AppState;
 use crate::error::ApiError;
 
 /// The settings for `model` (as the request's `model` field names it, its estimate
-/// calibrated by what its family's providers reported to `tenant`'s requests, the
-/// operator's calibration until the tenant has its own) under the server's default policy,
+/// calibrated as `learner` reads it: a tenant's own calibration, the operator's until the
+/// tenant has one) under the server's default policy,
 /// with the request's overrides of the strategy, the window share, the reply reserve and the
 /// request's size; each mistake is a 400 naming its field. A thread's own policy takes the
 /// default's place when the thread is read ([`FitSettings::adopt`]).

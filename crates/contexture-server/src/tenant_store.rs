@@ -45,17 +45,18 @@ pub(crate) struct TenantStore<'a, S: StoreView = Scoped<AnyStore>> {
 impl AppState {
     /// The store as `tenant` sees it.
     pub(crate) fn tenant_store(&self, tenant: &Tenant) -> TenantStore<'_> {
-        TenantStore {
-            store: self.store.clone().scoped(tenant.clone()),
-            active_runs: &self.active_runs,
-            max_contexts: self.config.limits.max_contexts_per_thread,
-        }
+        self.store_view(self.store.clone().scoped(tenant.clone()))
     }
 
     /// The whole store, as the operator's own door (`contexture mcp` at a terminal) sees it.
     pub(crate) fn operator_store(&self) -> TenantStore<'_, AnyStore> {
+        self.store_view(self.store.clone())
+    }
+
+    /// `store` (a view of this state's store) with the server's limits.
+    fn store_view<S: StoreView>(&self, store: S) -> TenantStore<'_, S> {
         TenantStore {
-            store: self.store.clone(),
+            store,
             active_runs: &self.active_runs,
             max_contexts: self.config.limits.max_contexts_per_thread,
         }
@@ -74,9 +75,7 @@ impl<S: StoreView> TenantStore<'_, S> {
     pub(crate) fn executor(&self, executor: &Executor<AnyStore>) -> Executor<S> {
         executor.on_store(self.store.clone())
     }
-}
 
-impl<S: StoreView> TenantStore<'_, S> {
     /// The tenant's view of the store, for engine operations (whose store errors then go
     /// through [`TenantStore::error`]).
     pub(crate) fn store(&self) -> &S {

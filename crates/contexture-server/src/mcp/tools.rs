@@ -377,9 +377,10 @@ async fn call_on<S: StoreView>(
         "thread_fork" => {
             let args: ForkArgs = arguments(args)?;
             required_text("thread", &args.thread)?;
-            fork_as(threads, &args.thread, Some(args.new), args.at_seq, "new")
+            // The fork's id is `id` to the HTTP route.
+            fork_as(threads, &args.thread, Some(args.new), args.at_seq)
                 .await
-                .map_err(|error| refusal(error, &[]))
+                .map_err(|error| refusal(error, &[("id", "new")]))
         }
         "run_workflow" => {
             let args: RunArgs = arguments(args)?;
@@ -390,9 +391,7 @@ async fn call_on<S: StoreView>(
             };
             let spec = StartSpec {
                 input: args.input,
-                conversation: args
-                    .conversation
-                    .map(|conversation| (conversation, "conversation")),
+                conversation: args.conversation,
                 ..StartSpec::default()
             };
             let id = start_execution(state, threads, actor, choice, spec)

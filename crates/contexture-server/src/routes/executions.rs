@@ -157,8 +157,8 @@ pub(crate) struct StartSpec {
     pub(crate) input: Value,
     /// The execution's id (default: a fresh UUID).
     pub(crate) id: Option<String>,
-    /// Continue a conversation of this user (and chat); `param` names the field.
-    pub(crate) conversation: Option<(ConversationBody, &'static str)>,
+    /// Continue a conversation of this user (and chat).
+    pub(crate) conversation: Option<ConversationBody>,
     /// The run's user context (a JSON object).
     pub(crate) user_context: Option<Value>,
 }
@@ -183,9 +183,7 @@ pub async fn start(
     let spec = StartSpec {
         input: body.input,
         id: body.id,
-        conversation: body
-            .conversation
-            .map(|conversation| (conversation, "conversation")),
+        conversation: body.conversation,
         user_context: body.user_context,
     };
     let threads = state.tenant_store(&caller.tenant);
@@ -245,9 +243,9 @@ pub(crate) async fn start_execution<S: StoreView>(
         other => other.to_string(),
     };
     let conversation = match spec.conversation {
-        Some((conversation, param)) => {
+        Some(conversation) => {
             check_id("conversation.user", &conversation.user)
-                .map_err(|problem| ApiError::invalid(format!("{param}.user"), problem))?;
+                .map_err(|problem| ApiError::invalid("conversation.user", problem))?;
             Some(ConversationKey::new(
                 &conversation.user,
                 conversation.chat,

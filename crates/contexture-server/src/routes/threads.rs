@@ -676,22 +676,20 @@ pub async fn fork(
     JsonBody(body): JsonBody<ForkThread>,
 ) -> ApiResult<Response> {
     let threads = state.tenant_store(&caller.tenant);
-    let answer = fork_as(&threads, &id, body.id, body.at_seq, "id").await?;
+    let answer = fork_as(&threads, &id, body.id, body.at_seq).await?;
     Ok((StatusCode::CREATED, Json(answer)).into_response())
 }
 
 /// Forks thread `parent` at `at_seq` (default: its last event) as thread `child` (default:
-/// a fresh id; `child_param` is the field that named it): `{id, parent, at_seq,
-/// forked_seq}`.
+/// a fresh id; a bad one is refused naming `id`): `{id, parent, at_seq, forked_seq}`.
 pub(crate) async fn fork_as<S: StoreView>(
     threads: &TenantStore<'_, S>,
     parent: &str,
     child: Option<String>,
     at_seq: Option<u64>,
-    child_param: &str,
 ) -> ApiResult<Value> {
     let child = child.unwrap_or_else(fresh_id);
-    check_id("a thread id", &child).map_err(|problem| ApiError::invalid(child_param, problem))?;
+    id_param("a thread id", &child)?;
     threads.refuse_writes(parent)?;
     let forked = threads.fork(parent, at_seq, &child).await?;
     Ok(json!({
