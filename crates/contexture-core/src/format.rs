@@ -5,6 +5,8 @@
 //! - [`anthropic`]: an Anthropic Messages API request body (`system` plus `messages`), where
 //!   one wire turn may become several neutral messages (tool results) and the system prompt
 //!   is lifted into a leading system message.
+//! - [`responses`]: OpenAI Responses API items, where one assistant turn is several items
+//!   (reasoning, message, function calls) and one neutral message.
 //! - [`WireFormat`]: either of them chosen by name (`openai`, `anthropic`), for callers that
 //!   take the format as a setting.
 //!
@@ -24,6 +26,7 @@ pub mod anthropic;
 pub mod openai;
 pub mod openai_completion;
 pub mod openai_request;
+pub mod responses;
 
 use serde_json::{Map, Value};
 

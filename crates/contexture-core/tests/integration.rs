@@ -10,6 +10,7 @@ mod fit_props;
 mod fit_table;
 mod format_errors;
 mod format_proptest;
+mod format_responses;
 mod format_roundtrip;
 mod loop_props;
 mod prompt_templates;
