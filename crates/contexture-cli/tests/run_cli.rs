@@ -227,6 +227,36 @@ fn the_examples_run_as_documented() {
 }
 
 #[test]
+fn validate_says_when_each_compaction_fires() {
+    let dir = TempDir::new("contexture-validate-compaction");
+    let workflow = dir.join("w.yaml");
+    std::fs::write(
+        &workflow,
+        "assistants:\n  - {id: a, model: gpt-4o-mini, compaction: {summarizer: gpt-4o-mini}}\n  - {id: b, model: gpt-4o-mini, compaction: {trigger: {}}}\nstates:\n  - {id: s, assistant_id: a, next: {end: true}}\n",
+    )
+    .unwrap();
+    let path = workflow.to_str().unwrap();
+    let printed = ok(
+        &dir,
+        &[
+            "validate",
+            path,
+            "examples/agent-loop-compaction/workflow.yaml",
+        ],
+    );
+    assert_eq!(
+        printed.lines().collect::<Vec<_>>(),
+        [
+            format!("{path}: ok (1 states)").as_str(),
+            "  assistant `a` compacts when the request is over 10000 tokens (the default: the policy names no trigger)",
+            "  assistant `b` compacts only when asked for (`trigger: {}`)",
+            "examples/agent-loop-compaction/workflow.yaml: ok (1 states)",
+            "  assistant `reader` compacts when the request is over 0.7 of the model's window",
+        ]
+    );
+}
+
+#[test]
 fn errors_say_where_and_how_to_go_on() {
     let dir = TempDir::new("contexture-run-cli");
     let workflow = dir.join("bad.yaml");

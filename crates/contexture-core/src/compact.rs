@@ -45,6 +45,16 @@ pub const SUMMARY_HEADING: &str = "Summary of the earlier conversation:";
 /// How a notes message begins.
 pub const NOTES_HEADING: &str = "Notes (kept verbatim):";
 
+/// The token trigger of a compaction policy that names no trigger: a request over 10,000
+/// tokens compacts (AWorld's `trigger_compress_token_length` default). A policy that sets
+/// `trigger: {}` on purpose never compacts on its own (only when asked: the `context_manager`
+/// tool, `contexture thread compact`, the compact route).
+pub const DEFAULT_TRIGGER_TOKENS: u64 = 10_000;
+
+/// The seconds a summarizer call may take when the policy sets none (Dynamiq's context
+/// manager's default).
+pub const DEFAULT_SUMMARIZER_TIMEOUT_SECS: u64 = 600;
+
 /// When a compaction fires: any trigger that is set and exceeded fires it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -62,6 +72,25 @@ impl Trigger {
     /// True when no trigger is set.
     pub fn is_empty(&self) -> bool {
         self.tokens.is_none() && self.window_share.is_none() && self.messages.is_none()
+    }
+
+    /// When it fires, in words: "when the request is over 10000 tokens", several joined by
+    /// "or"; for an empty trigger, that it never fires on its own.
+    pub fn describe(&self) -> String {
+        let mut when = Vec::new();
+        if let Some(tokens) = self.tokens {
+            when.push(format!("the request is over {tokens} tokens"));
+        }
+        if let Some(share) = self.window_share {
+            when.push(format!("the request is over {share} of the model's window"));
+        }
+        if let Some(messages) = self.messages {
+            when.push(format!("the history has more than {messages} messages"));
+        }
+        if when.is_empty() {
+            return "only when asked for (`trigger: {}`)".to_owned();
+        }
+        format!("when {}", when.join(" or "))
     }
 
     /// Why the compaction fires for a request to `model` made of `messages` (its system
@@ -135,6 +164,10 @@ impl Default for Keep {
 /// compaction makes.
 pub const MAX_RETRIES: u32 = 5;
 
+/// The longest a policy may let one summarizer call take (an hour): a policy may come from a
+/// client, and a compaction holds its thread's turn while it runs.
+pub const MAX_TIMEOUT_SECS: u64 = 3_600;
+
 /// A compaction policy: for an assistant (in a workflow) or a thread.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -156,17 +189,33 @@ pub struct CompactionPolicy {
     /// The most tokens the summary may take (default 1,024): the summarizer's reply limit,
     /// and the extractive summary's budget.
     pub summary_tokens: u32,
+    /// Above this many tokens, the covered part is summarized by map-reduce (chunks
+    /// summarized apart, then merged) instead of in one call (AWorld's
+    /// `trigger_mapreduce_compress_token_length`); default (`None`): whatever does not fit
+    /// the summarizer's window in one call. A chunk never exceeds it either.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mapreduce_tokens: Option<u64>,
+    /// The seconds one summarizer call may take, in place of the run's or the server's LLM
+    /// timeout (default 600, Dynamiq's).
+    pub timeout_secs: u64,
 }
 
 impl Default for CompactionPolicy {
     fn default() -> Self {
         CompactionPolicy {
-            trigger: Trigger::default(),
+            // A policy that names no trigger compacts past the default threshold: a policy
+            // that never fires unless told is asked for with `trigger: {}`.
+            trigger: Trigger {
+                tokens: Some(DEFAULT_TRIGGER_TOKENS),
+                ..Trigger::default()
+            },
             keep: Keep::default(),
             summarizer: None,
             prompt: None,
             max_retries: 2,
             summary_tokens: 1_024,
+            mapreduce_tokens: None,
+            timeout_secs: DEFAULT_SUMMARIZER_TIMEOUT_SECS,
         }
     }
 }
@@ -200,6 +249,25 @@ impl CompactionPolicy {
                 format!(
                     "max_retries must be at most {MAX_RETRIES} (each retry is another summarizer call), not {}",
                     self.max_retries
+                ),
+            ));
+        }
+        if let Some(tokens) = self.mapreduce_tokens
+            && tokens < 64
+        {
+            problems.push((
+                "mapreduce_tokens",
+                format!(
+                    "mapreduce_tokens must be at least 64 (each chunk is one summarizer call), not {tokens}"
+                ),
+            ));
+        }
+        if self.timeout_secs == 0 || self.timeout_secs > MAX_TIMEOUT_SECS {
+            problems.push((
+                "timeout_secs",
+                format!(
+                    "timeout_secs must be from 1 to {MAX_TIMEOUT_SECS}, not {}",
+                    self.timeout_secs
                 ),
             ));
         }

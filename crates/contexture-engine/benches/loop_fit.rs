@@ -72,6 +72,7 @@ fn loop_fit(c: &mut Criterion) {
         "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}),
     ];
     let target = FitTarget {
+        enabled: true,
         model: &model,
         policy: &policy,
         strategy: Strategy::Last,

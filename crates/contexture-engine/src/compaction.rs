@@ -1,6 +1,6 @@
 //! Running a compaction: plan it ([`contexture_core::compact`]), summarize
 //! the covered part (a model through the router, map-reduce when it exceeds the summarizer's
-//! window; or the offline extractive summarizer), and record the result as one replace event.
+//! window or the policy's `mapreduce_tokens`; or the offline extractive summarizer), and record the result as one replace event.
 //!
 //! It is all or nothing: every summarizer call is recorded (`request_started` /
 //! `request_ended`, purpose `compaction`), and when the summarizer fails, times out or
@@ -12,8 +12,9 @@ use std::sync::Arc;
 use contexture_core::Message;
 use contexture_core::budget::{BudgetBreakdown, BudgetPolicy};
 use contexture_core::compact::{
-    CompactionPolicy, DEFAULT_PROMPT, MAX_RETRIES, Plan, chunk_transcripts, extractive_summary,
-    merge_prompt, plan, prompt_hash, replacement, summary_prompt, summary_text, transcript,
+    CompactionPolicy, DEFAULT_PROMPT, MAX_RETRIES, MAX_TIMEOUT_SECS, Plan, chunk_transcripts,
+    extractive_summary, merge_prompt, plan, prompt_hash, replacement, summary_prompt, summary_text,
+    transcript,
 };
 use contexture_core::registry::{ModelInfo, Registry};
 use contexture_core::thread::{
@@ -100,6 +101,8 @@ pub struct CompactOptions {
     pub max_retries: Option<u32>,
     /// The summarizer's prompt (default: the policy's).
     pub prompt: Option<String>,
+    /// The seconds one summarizer call may take (default: the policy's).
+    pub timeout_secs: Option<u64>,
     /// Verbatim content kept before the summary, never shown to the summarizer.
     pub notes: Option<String>,
     /// `Some(false)` keeps only the notes (default: the history is summarized).
@@ -140,6 +143,9 @@ impl CompactOptions {
         }
         if self.prompt.is_some() {
             policy.prompt = self.prompt;
+        }
+        if let Some(seconds) = self.timeout_secs {
+            policy.timeout_secs = seconds;
         }
         if let Some((field, problem)) = policy.problems().into_iter().next() {
             return Err(InvalidCompaction { field, problem });
@@ -572,8 +578,8 @@ impl Compactor {
         }
     }
 
-    /// Summarizes with `model`: in one call when the covered part fits its window, else by
-    /// map-reduce. `Ok(Err(..))` when the summarizer failed.
+    /// Summarizes with `model`: in one call when the covered part fits its window (and the
+    /// policy's `mapreduce_tokens`), else by map-reduce. `Ok(Err(..))` when the summarizer failed.
     async fn summarize<T: CompactionTarget>(
         &self,
         target: &mut T,
@@ -600,15 +606,21 @@ impl Compactor {
                 .saturating_sub(policy.summary_tokens)
                 .saturating_sub(overhead)
         };
+        // The policy's map-reduce threshold bounds one call's transcript below the window.
+        let threshold = |room: u32| {
+            policy.mapreduce_tokens.map_or(room, |tokens| {
+                room.min(u32::try_from(tokens).unwrap_or(u32::MAX))
+            })
+        };
         let whole = transcript(&refs);
-        if counter.count_text(&whole) <= room(previous.as_deref()) {
+        if counter.count_text(&whole) <= threshold(room(previous.as_deref())) {
             let prompt = summary_prompt(template, &whole, previous.as_deref());
             return self
                 .call(target, model, &info, prompt, request, report)
                 .await;
         }
         // Map: each chunk summarized on its own.
-        let limit = room(None);
+        let limit = threshold(room(None));
         if limit < 64 {
             return Ok(Err(SummaryFailed {
                 error: format!(
@@ -720,6 +732,10 @@ impl Compactor {
                 .await?;
             let mut chat = ChatRequest::new(route.model.clone(), messages.clone());
             chat.max_tokens = Some(request.policy.summary_tokens);
+            // A policy stored before the bound was checked is held to it too.
+            chat.timeout = Some(std::time::Duration::from_secs(
+                request.policy.timeout_secs.clamp(1, MAX_TIMEOUT_SECS),
+            ));
             let response = route.provider.complete(&chat).await;
             let mut end = request_end(&request_id, &response, info, breakdown.used);
             let text = response

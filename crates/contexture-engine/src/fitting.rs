@@ -50,6 +50,23 @@ pub enum FitError {
     /// not fit the budget.
     #[error("the request cannot fit the model's window: {0}")]
     Trim(TrimError),
+    /// Fitting is off (`enabled: false`) and the request as it is does not fit the model's
+    /// window: it is not sent.
+    #[error(
+        "fitting is off (`context.enabled: false`) and the request needs {tokens} tokens, over the {limit} that model `{model}`'s {window}-token window leaves after {reserve} reserved for the reply; it was not sent (turn fitting on, or compact the history)"
+    )]
+    OverWindow {
+        /// The model.
+        model: String,
+        /// The request's tokens.
+        tokens: u64,
+        /// What the window leaves for the request.
+        limit: u32,
+        /// The model's window.
+        window: u32,
+        /// The tokens reserved for the reply.
+        reserve: u32,
+    },
     /// The fitted messages break the model's rules (only possible for a history that
     /// repair cannot mend).
     #[error("the fitted messages break the provider's rules: {}", violations.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
@@ -62,6 +79,8 @@ pub enum FitError {
 /// What one request is fitted for.
 #[derive(Debug, Clone)]
 pub struct FitTarget<'a> {
+    /// `false` sends the history as it is (fitting is off: see [`FitPolicy::enabled`]).
+    pub enabled: bool,
     /// The model (window, tokenizer, prices).
     pub model: &'a ModelInfo,
     /// The share of the window and the reply reserve.
@@ -167,6 +186,9 @@ pub fn fit_request_in_loop(
     target: &FitTarget<'_>,
     memory: &mut CutMemory,
 ) -> Result<FittedRequest, FitError> {
+    if !target.enabled {
+        return unfitted_request(system, history, own, target);
+    }
     let limits = target.policy.limits(target.model)?;
     let counter = &target.model.counter;
     let tools_tokens = counter.count_tools(target.tools);
@@ -379,6 +401,81 @@ pub fn fit_request_in_loop(
     })
 }
 
+/// `system + history + own` as they are, for a target whose fitting is off: nothing left
+/// out, cleared or truncated; repaired and validated for the provider's rules, and refused
+/// when it does not fit the model's whole window less the reply's reserve.
+fn unfitted_request(
+    system: Option<&Message>,
+    history: Vec<Message>,
+    own: &[Message],
+    target: &FitTarget<'_>,
+) -> Result<FittedRequest, FitError> {
+    // The real window: the share a policy asks for is a fitting choice, and fitting is off.
+    let budget = BudgetPolicy {
+        budget_ratio: 1.0,
+        reserve_output: target.policy.reserve_output,
+    };
+    let limits = budget.limits(target.model)?;
+    let counter = &target.model.counter;
+    let tools_tokens = counter.count_tools(target.tools);
+    let mut messages: Vec<Message> = system.cloned().into_iter().collect();
+    messages.extend(history);
+    messages.extend_from_slice(own);
+    let messages = place_system_prompt(messages, target.model.system_role);
+    let (messages, repairs) = if validate(&messages, target.rules).is_empty() {
+        (messages, Vec::new())
+    } else {
+        let (messages, repairs) = repair(messages, target.rules);
+        let violations = validate(&messages, target.rules);
+        if !violations.is_empty() {
+            return Err(FitError::Invalid { violations });
+        }
+        (messages, repairs)
+    };
+    let breakdown =
+        BudgetBreakdown::compute_with_tools_tokens(target.model, &budget, &messages, tools_tokens)?;
+    let tokens = u64::from(breakdown.used);
+    if tokens > u64::from(limits.limit) {
+        return Err(FitError::OverWindow {
+            model: target.model.id.clone(),
+            tokens,
+            limit: limits.limit,
+            window: limits.context_window,
+            reserve: limits.reserve_output,
+        });
+    }
+    let mut reasons =
+        vec!["fitting is off (`context.enabled: false`): the history is sent as it is".to_owned()];
+    if !repairs.is_empty() {
+        reasons.push(format!(
+            "{} change{} for {} rules (merged turns, answered or dropped tool messages)",
+            repairs.len(),
+            if repairs.len() == 1 { "" } else { "s" },
+            target.rules
+        ));
+    }
+    let fit = FitRecord {
+        limit: limits.limit,
+        tokens_before: Some(tokens),
+        tokens_after: tokens,
+        dropped: Vec::new(),
+        reason: Some(reasons.join("; ")),
+        cleared: Vec::new(),
+        truncated: Vec::new(),
+        prefix: None,
+    };
+    Ok(FittedRequest {
+        messages,
+        limits,
+        breakdown,
+        fit,
+        trim: TrimSummary {
+            tokens_before_at_least: tokens,
+            ..TrimSummary::default()
+        },
+    })
+}
+
 /// What a fit chooses: the model, the fit policy (a server's default, a thread's own, an
 /// assistant's) and what the request itself sets over it. The model's rules apply
 /// ([`ModelInfo::rules`]) unless the request names others. For a model a request names, a
@@ -509,6 +606,7 @@ impl FitSettings {
     /// [`FitSettings::budget`]) and the `tools` sent.
     pub fn target<'a>(&'a self, budget: &'a BudgetPolicy, tools: &'a [Value]) -> FitTarget<'a> {
         FitTarget {
+            enabled: self.policy.enabled,
             model: &self.model,
             policy: budget,
             strategy: self.policy.strategy,
@@ -586,8 +684,9 @@ impl FitSettings {
         own_tokens: u64,
         at_least: u64,
     ) -> Result<ProjectionTail, StoreError> {
-        // A strategy that keeps old history too reads all of it.
-        let tokens = if self.policy.strategy == Strategy::Last {
+        // A strategy that keeps old history too reads all of it, and so does a fit that is
+        // off: it sends the whole history.
+        let tokens = if self.policy.strategy == Strategy::Last && self.policy.enabled {
             self.tail_tokens().saturating_add(own_tokens).max(at_least)
         } else {
             u64::MAX
@@ -620,7 +719,9 @@ impl FitSettings {
     /// True when a read for these settings needs more of a thread than one for `other`: the
     /// whole of it where `other` read a tail, or a longer tail.
     pub fn reads_more_than(&self, other: &FitSettings) -> bool {
-        let whole = |settings: &FitSettings| settings.policy.strategy != Strategy::Last;
+        let whole = |settings: &FitSettings| {
+            settings.policy.strategy != Strategy::Last || !settings.policy.enabled
+        };
         (whole(self) && !whole(other)) || self.tail_tokens() > other.tail_tokens()
     }
 
@@ -965,6 +1066,7 @@ mod tests {
         let own = [Message::tool_result("b", "Rome: 2.8 million")];
         for rules in [fit::Rules::OpenAi, fit::Rules::Anthropic] {
             let target = FitTarget {
+                enabled: true,
                 model: &model,
                 policy: &budget,
                 strategy: Strategy::Last,

@@ -42,6 +42,14 @@ impl ChatObserver for Quiet {
 }
 
 fn service(store: SqliteStore, upstream: &FakeUpstream) -> ChatService<SqliteStore> {
+    service_fitting(store, upstream, FitPolicy::default())
+}
+
+fn service_fitting(
+    store: SqliteStore,
+    upstream: &FakeUpstream,
+    fit_policy: FitPolicy,
+) -> ChatService<SqliteStore> {
     let mut config = UpstreamConfig::speaking(
         WireFormat::AnthropicMessages,
         upstream.origin(),
@@ -54,7 +62,7 @@ fn service(store: SqliteStore, upstream: &FakeUpstream) -> ChatService<SqliteSto
         store,
         upstream: Arc::new(Passthrough::new(config).unwrap()),
         registry: registry.clone(),
-        fit_policy: FitPolicy::default(),
+        fit_policy,
         compactor: Arc::new(Compactor::new(summarizer as Arc<dyn Router>, registry)),
         compaction: None,
         cpu: Arc::new(CpuPool::new(2, 2)),
@@ -170,4 +178,62 @@ async fn turns_against_an_anthropic_upstream_are_recorded_whole_and_streamed() {
             (RequestOutcome::Completed, 5, false)
         ]
     );
+}
+
+/// With fitting off, a turn sends the whole stored history, and one whose history passes the
+/// window is refused with its true size (the whole thread read, not the tail a fit reads),
+/// before anything is sent or stored.
+#[tokio::test]
+async fn with_fitting_off_a_turn_sends_the_whole_thread_or_is_refused_whole() {
+    let off = FitPolicy {
+        enabled: false,
+        window: Some(3_000),
+        ..FitPolicy::default()
+    };
+    let tenant = Tenant::new("acme").unwrap();
+    for (turns, sent) in [(8, true), (40, false)] {
+        let (_dir, store) = sqlite().await;
+        // About 100 tokens per turn.
+        let history: Vec<contexture_store::NewEvent> = (0..turns)
+            .flat_map(|n| {
+                [
+                    Message::user(format!("Q{n} {}", "why is node-7 slow? ".repeat(9))),
+                    Message::assistant(format!("A{n} {}", "the disk queue grew. ".repeat(9))),
+                ]
+            })
+            .map(|message| contexture_store::NewEvent::new(EventKind::MessageAppended { message }))
+            .collect();
+        let thread = store.clone().scoped(tenant.clone());
+        thread.append("porto", history).await.unwrap();
+        let stored = thread.events("porto").await.unwrap().len();
+        let upstream = FakeUpstream::start().await;
+        upstream.push(Reply::text("Rainy.").usage(20, 3));
+        let chat = service_fitting(store.clone(), &upstream, off.clone());
+        let answer = chat.turn(turn("Weather in Porto?", false)).await;
+        if sent {
+            let Ok(TurnAnswer::Upstream(answer)) = answer else {
+                panic!("an upstream answer")
+            };
+            answer.body.collect().await.unwrap();
+            let messages = upstream.calls()[0].json["messages"]
+                .as_array()
+                .unwrap()
+                .len();
+            assert_eq!(messages, turns * 2 + 1);
+        } else {
+            let Err(error) = answer else {
+                panic!("a refusal")
+            };
+            let text = error.to_string();
+            let needs: u64 = text
+                .split("needs ")
+                .nth(1)
+                .and_then(|rest| rest.split(' ').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("{text}"));
+            assert!(needs > 3_800, "the whole thread is counted: {text}");
+            assert!(upstream.calls().is_empty());
+            assert_eq!(thread.events("porto").await.unwrap().len(), stored);
+        }
+    }
 }

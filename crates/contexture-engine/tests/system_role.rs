@@ -182,6 +182,7 @@ fn every_placement_follows_every_providers_rules() {
             };
             let policy = BudgetPolicy::default();
             let target = FitTarget {
+                enabled: true,
                 model: &model,
                 policy: &policy,
                 strategy: Strategy::Last,

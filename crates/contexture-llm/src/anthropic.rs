@@ -128,7 +128,7 @@ impl AnthropicProvider {
         let body = self.body(request, false)?;
         let (answer, attempts) = self
             .http
-            .post_json(&self.url(), &self.headers(), &body)
+            .post_json(&self.url(), &self.headers(), &body, request.timeout)
             .await?;
         self.response(&answer, attempts)
     }
@@ -141,11 +141,15 @@ impl AnthropicProvider {
         let body = self.body(request, true)?;
         let (mut response, attempts) = self
             .http
-            .post_stream(&self.url(), &self.headers(), &body)
+            .post_stream(&self.url(), &self.headers(), &body, request.timeout)
             .await?;
         let mut decoder = SseDecoder::default();
         let mut assembly = StreamAssembly::default();
-        while let Some(events) = self.http.events(&mut response, &mut decoder).await? {
+        while let Some(events) = self
+            .http
+            .events(&mut response, &mut decoder, request.timeout)
+            .await?
+        {
             for event in events {
                 let data: Value = serde_json::from_str(&event.data).map_err(|e| {
                     self.http

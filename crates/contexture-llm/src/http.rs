@@ -43,13 +43,16 @@ impl HttpClient {
         }
     }
 
-    /// Posts `body` and returns the answer's JSON, retrying as the policy says.
+    /// Posts `body` and returns the answer's JSON, retrying as the policy says; each attempt
+    /// may take `timeout` (`None`: the client's).
     pub async fn post_json(
         &self,
         url: &str,
         headers: &[(&str, String)],
         body: &Value,
+        timeout: Option<Duration>,
     ) -> Result<(Value, u32), LlmError> {
+        let timeout = timeout.unwrap_or(self.timeout);
         self.retry
             .run(|| async {
                 let attempt = async {
@@ -60,38 +63,44 @@ impl HttpClient {
                         detail: format!("the body is not JSON ({e})"),
                     })
                 };
-                tokio::time::timeout(self.timeout, attempt)
+                tokio::time::timeout(timeout, attempt)
                     .await
-                    .unwrap_or_else(|_| Err(self.timed_out()))
+                    .unwrap_or_else(|_| Err(self.timed_out(timeout)))
             })
             .await
     }
 
     /// Posts `body` and returns the response once its status is a success, retrying failed
-    /// attempts; the caller then reads the stream with [`HttpClient::events`].
+    /// attempts (each may take `timeout`; `None`: the client's); the caller then reads the
+    /// stream with [`HttpClient::events`].
     pub async fn post_stream(
         &self,
         url: &str,
         headers: &[(&str, String)],
         body: &Value,
+        timeout: Option<Duration>,
     ) -> Result<(reqwest::Response, u32), LlmError> {
+        let timeout = timeout.unwrap_or(self.timeout);
         self.retry
             .run(|| async {
-                tokio::time::timeout(self.timeout, self.send(url, headers, body))
+                tokio::time::timeout(timeout, self.send(url, headers, body))
                     .await
-                    .unwrap_or_else(|_| Err(self.timed_out()))
+                    .unwrap_or_else(|_| Err(self.timed_out(timeout)))
             })
             .await
     }
 
-    /// Reads the next chunk of a streamed body and decodes its events; `None` at the end.
+    /// Reads the next chunk of a streamed body and decodes its events, waiting at most
+    /// `timeout` (`None`: the client's); `None` at the end.
     pub async fn events(
         &self,
         response: &mut reqwest::Response,
         decoder: &mut SseDecoder,
+        timeout: Option<Duration>,
     ) -> Result<Option<Vec<SseEvent>>, LlmError> {
-        match tokio::time::timeout(self.timeout, response.chunk()).await {
-            Err(_) => Err(self.timed_out()),
+        let timeout = timeout.unwrap_or(self.timeout);
+        match tokio::time::timeout(timeout, response.chunk()).await {
+            Err(_) => Err(self.timed_out(timeout)),
             Ok(Err(error)) => Err(self.transport(error)),
             Ok(Ok(Some(chunk))) => Ok(Some(decoder.feed(&chunk))),
             Ok(Ok(None)) => Ok(decoder.finish().map(|event| vec![event])),
@@ -129,7 +138,7 @@ impl HttpClient {
 
     fn transport(&self, error: reqwest::Error) -> LlmError {
         if error.is_timeout() {
-            return self.timed_out();
+            return self.timed_out(self.timeout);
         }
         // The URL is kept out of the message: a proxy URL may embed credentials.
         LlmError::Connection {
@@ -138,10 +147,10 @@ impl HttpClient {
         }
     }
 
-    fn timed_out(&self) -> LlmError {
+    fn timed_out(&self, timeout: Duration) -> LlmError {
         LlmError::Timeout {
             provider: self.provider.to_owned(),
-            timeout: self.timeout,
+            timeout,
         }
     }
 

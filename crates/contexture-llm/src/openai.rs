@@ -86,7 +86,7 @@ impl OpenAiProvider {
         let body = request_body(request, false);
         let (answer, attempts) = self
             .http
-            .post_json(&self.url(), &self.headers(), &body)
+            .post_json(&self.url(), &self.headers(), &body, request.timeout)
             .await?;
         let completion = parse_completion(&answer)
             .map_err(|problem| self.http.decode_error(problem.to_string()))?;
@@ -107,11 +107,15 @@ impl OpenAiProvider {
         let body = request_body(request, true);
         let (mut response, attempts) = self
             .http
-            .post_stream(&self.url(), &self.headers(), &body)
+            .post_stream(&self.url(), &self.headers(), &body, request.timeout)
             .await?;
         let mut decoder = SseDecoder::default();
         let mut assembly = StreamAssembly::default();
-        while let Some(events) = self.http.events(&mut response, &mut decoder).await? {
+        while let Some(events) = self
+            .http
+            .events(&mut response, &mut decoder, request.timeout)
+            .await?
+        {
             for event in events {
                 assembly
                     .absorb_data(&event.data, on_delta)

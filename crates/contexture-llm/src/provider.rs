@@ -27,6 +27,10 @@ pub struct ChatRequest {
     pub temperature: Option<f64>,
     /// More body fields, sent as they are (e.g. `top_p`, `seed`, `response_format`).
     pub extra: Map<String, Value>,
+    /// The longest this call may take (each attempt, and any pause in a stream), in place of
+    /// the provider's own timeout (`None`: the provider's). A compaction's summarizer calls
+    /// set their policy's.
+    pub timeout: Option<std::time::Duration>,
 }
 
 impl ChatRequest {
@@ -39,6 +43,7 @@ impl ChatRequest {
             max_tokens: None,
             temperature: None,
             extra: Map::new(),
+            timeout: None,
         }
     }
 }

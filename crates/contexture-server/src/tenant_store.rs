@@ -167,12 +167,18 @@ impl<S: StoreView> TenantStore<'_, S> {
                     param: Some(param.into()),
                 }
             }
+            // A write into a context the thread does not have conflicts with the thread's
+            // state (the thread is there; a switch with `create` makes the context).
             ThreadOpError::UnknownContext(unknown) => {
                 let mut error = ApiError::unknown_context(&unknown.thread, &unknown);
                 error
                     .message
                     .push_str("; a switch with `create` starts a new one");
-                error
+                ApiError {
+                    status: StatusCode::CONFLICT,
+                    code: "unknown_context",
+                    ..error
+                }
             }
             ThreadOpError::TooManyContexts(error) => ApiError {
                 status: StatusCode::CONFLICT,

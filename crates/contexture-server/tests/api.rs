@@ -830,7 +830,8 @@ async fn named_contexts_are_switched_to_and_appended_in_through_the_api() {
     };
 
     let (status, error) = switch(json!({"context": "research"})).await;
-    assert_eq!(status, StatusCode::NOT_FOUND, "{error}");
+    assert_eq!(status, StatusCode::CONFLICT, "{error}");
+    assert_eq!(error["error"]["code"], "unknown_context");
     assert_eq!(error["error"]["param"], "context");
     assert!(
         error["error"]["message"]
@@ -894,7 +895,8 @@ async fn named_contexts_are_switched_to_and_appended_in_through_the_api() {
 
     // Refused: an unknown context, bad names and bodies; nothing is written.
     let (status, error) = append("?context=nowhere", None, "lost?").await;
-    assert_eq!(status, StatusCode::NOT_FOUND, "{error}");
+    assert_eq!(status, StatusCode::CONFLICT, "{error}");
+    assert_eq!(error["error"]["code"], "unknown_context");
     assert_eq!(error["error"]["param"], "context");
     for (body, param, words) in [
         (json!({"context": ""}), "context", "1 to 200 characters"),

@@ -274,6 +274,9 @@ pub struct CompactArgs {
     /// Summarizer attempts after a failed or empty summary (default 2).
     #[arg(long, value_name = "N")]
     retries: Option<u32>,
+    /// Seconds one summarizer call may take (default 600), in place of --llm-timeout.
+    #[arg(long, value_name = "SECONDS")]
+    summary_timeout: Option<u64>,
     /// A file holding the summarizer's prompt (with {transcript}, optionally
     /// {previous_summary}) instead of the default.
     #[arg(long, value_name = "FILE")]
@@ -600,6 +603,7 @@ async fn compact(store: &AnyStore, args: CompactArgs) -> Result<()> {
         keep_messages: args.keep_messages,
         summary_tokens: args.summary_tokens,
         max_retries: args.retries,
+        timeout_secs: args.summary_timeout,
         prompt: match &args.prompt {
             Some(path) => Some(input::read_text(Some(path))?),
             None => None,

@@ -18,14 +18,20 @@ pub struct ValidateArgs {
     files: Vec<PathBuf>,
 }
 
-/// Validates each file; prints `FILE: ok` per valid file and every problem of the others
-/// (with file, line and column), and fails when any file has a problem.
+/// Validates each file; prints `FILE: ok` per valid file, with when each compaction policy
+/// it declares fires, and every problem of the others (with file, line and column), and fails
+/// when any file has a problem.
 pub fn run(args: ValidateArgs) -> Result<()> {
     let mut failed = 0;
     for path in &args.files {
         let text = input::read_text(Some(path))?;
         match Workflow::load_tree(&text, &path.display().to_string(), &FileSource) {
-            Ok(workflow) => println!("{}: ok ({} states)", path.display(), workflow.states.len()),
+            Ok(workflow) => {
+                println!("{}: ok ({} states)", path.display(), workflow.states.len());
+                for (place, when) in workflow.compaction_triggers() {
+                    println!("  {place} compacts {when}");
+                }
+            }
             Err(error) => {
                 eprintln!("{error}");
                 failed += 1;

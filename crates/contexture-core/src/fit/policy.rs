@@ -19,6 +19,12 @@ use crate::registry::ModelInfo;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FitPolicy {
+    /// `false` switches fitting off (AWorld's `OptimizationConfig.enabled`): the history is
+    /// sent as it is, nothing trimmed, cleared or truncated; the request is still repaired
+    /// and validated for the provider's rules, and one over the model's window (less the
+    /// reply's reserve) is refused before it is sent. Default `true`.
+    #[serde(skip_serializing_if = "is_true")]
+    pub enabled: bool,
     /// Which messages trimming keeps: `last`, `first`, `head-tail` (the run's input and the
     /// newest turns) or `head-tail:N`.
     pub strategy: Strategy,
@@ -63,6 +69,7 @@ pub struct FitPolicy {
 impl Default for FitPolicy {
     fn default() -> Self {
         FitPolicy {
+            enabled: true,
             strategy: Strategy::Last,
             reserve: None,
             budget_ratio: 1.0,
@@ -207,6 +214,29 @@ impl FitPolicy {
                 problems.push((format!("hysteresis.{field}"), problem));
             }
         }
+        if !self.enabled {
+            // Settings that would never apply are a mistake to point out, not to ignore.
+            for (field, set) in [
+                ("clear_tool_results", self.clear_tool_results.is_some()),
+                (
+                    "truncate_tool_results",
+                    self.truncate_tool_results.is_some(),
+                ),
+                ("hysteresis", self.hysteresis.is_some()),
+            ] {
+                if set {
+                    problems.push((
+                        field.into(),
+                        format!("{field} has no effect with `enabled: false` (fitting is off): remove one of them"),
+                    ));
+                }
+            }
+        }
         problems
     }
+}
+
+/// For serde: `enabled` is written only when it is off.
+fn is_true(value: &bool) -> bool {
+    *value
 }

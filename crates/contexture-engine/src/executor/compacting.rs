@@ -1,7 +1,7 @@
 //! Compaction inside a run: the execution's thread as a compaction target, automatic
 //! compaction when an assistant's trigger fires, and the `context_manager` tool.
 
-use contexture_core::compact::CompactionPolicy;
+use contexture_core::compact::{CompactionPolicy, MAX_TIMEOUT_SECS};
 use contexture_core::thread::{EventKind, Thread};
 use contexture_store::Store;
 use serde_json::{Map, Value};
@@ -186,6 +186,14 @@ impl<S: Store> Executor<S> {
         }
         if let Some(messages) = positive("keep_messages")? {
             policy.keep.messages = Some(usize::try_from(messages).unwrap_or(usize::MAX));
+        }
+        if let Some(seconds) = positive("timeout_secs")? {
+            if seconds > MAX_TIMEOUT_SECS {
+                return Err(format!(
+                    "timeout_secs must be at most {MAX_TIMEOUT_SECS}, not {seconds}"
+                ));
+            }
+            policy.timeout_secs = seconds;
         }
         let mut request = CompactRequest::new(policy, "the context_manager tool");
         request.notes = notes;

@@ -32,6 +32,9 @@ pub enum StepError {
         "the request cannot fit the model's window: {0} (the step's task and its tool loop are kept whole; an assistant's `context.truncate_tool_results` and `context.clear_tool_results` make them smaller, and its `compaction` summarizes the loop's older iterations)"
     )]
     Fit(TrimError),
+    /// The assistant's fitting is off and its request does not fit the model's window.
+    #[error("{0}")]
+    Unfitted(String),
     /// A message list breaks the provider's rules.
     #[error("the messages from {by} break the provider's rules: {}", violations.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     InvalidRequest {
@@ -162,6 +165,9 @@ impl From<crate::fitting::FitError> for StepError {
         match error {
             crate::fitting::FitError::Budget(error) => StepError::Budget(error),
             crate::fitting::FitError::Trim(error) => StepError::Fit(error),
+            error @ crate::fitting::FitError::OverWindow { .. } => {
+                StepError::Unfitted(error.to_string())
+            }
             crate::fitting::FitError::Invalid { violations } => StepError::InvalidRequest {
                 by: "fitting".into(),
                 violations,

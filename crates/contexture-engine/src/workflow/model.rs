@@ -411,6 +411,33 @@ impl Workflow {
             .map_or(reference, |w| w.path.as_str())
     }
 
+    /// Where the workflow compacts on its own and when, in words, as `(where, when)`: each
+    /// assistant's `compaction` (before its requests) and the conversation's (when a run
+    /// loads it); a policy that names no trigger fires past
+    /// [`contexture_core::compact::DEFAULT_TRIGGER_TOKENS`], one with `trigger: {}` never.
+    pub fn compaction_triggers(&self) -> Vec<(String, String)> {
+        let describe = |policy: &CompactionPolicy| {
+            let when = policy.trigger.describe();
+            if policy.trigger == CompactionPolicy::default().trigger {
+                format!("{when} (the default: the policy names no trigger)")
+            } else {
+                when
+            }
+        };
+        let mut triggers: Vec<(String, String)> = self
+            .assistants
+            .iter()
+            .filter_map(|assistant| {
+                let policy = assistant.compaction.as_ref()?;
+                Some((format!("assistant `{}`", assistant.id), describe(policy)))
+            })
+            .collect();
+        if let Some(policy) = &self.conversation.compaction {
+            triggers.push(("the conversation".to_owned(), describe(policy)));
+        }
+        triggers
+    }
+
     /// The state with id `id`.
     pub fn state(&self, id: &str) -> Option<&State> {
         self.states.iter().find(|state| state.id == id)

@@ -363,6 +363,7 @@ async fn call_on<S: StoreView>(
                 keep_messages: None,
                 preserve_history: None,
                 tokens_model: None,
+                timeout_secs: None,
             };
             // The policy's settings, as this tool's arguments set them.
             let renames = [

@@ -775,6 +775,8 @@ pub struct CompactThread {
     pub(crate) preserve_history: Option<bool>,
     /// The model whose tokenizer measures before and after (default gpt-4o).
     pub(crate) tokens_model: Option<String>,
+    /// The seconds one summarizer call may take (default: the configured policy's, 600).
+    pub(crate) timeout_secs: Option<u64>,
 }
 
 /// `POST /v1/threads/{id}/compact`: one recorded, reversible compaction; the report says
@@ -819,6 +821,7 @@ pub(crate) async fn compact_thread<S: StoreView>(
         notes: body.notes,
         preserve_history: body.preserve_history,
         measure_model: body.tokens_model,
+        timeout_secs: body.timeout_secs,
         ..CompactOptions::default()
     };
     let policy = state.config.compaction.clone().unwrap_or_default();
