@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::sqlite;
+use contexture_core::compact::CompactionPolicy;
 use contexture_core::fit::FitPolicy;
 use contexture_core::registry::Registry;
 use contexture_core::thread::{EventKind, RequestOutcome};
@@ -42,13 +43,22 @@ impl ChatObserver for Quiet {
 }
 
 fn service(store: SqliteStore, upstream: &FakeUpstream) -> ChatService<SqliteStore> {
-    service_fitting(store, upstream, FitPolicy::default())
+    service_with(store, upstream, FitPolicy::default(), None)
 }
 
 fn service_fitting(
     store: SqliteStore,
     upstream: &FakeUpstream,
     fit_policy: FitPolicy,
+) -> ChatService<SqliteStore> {
+    service_with(store, upstream, fit_policy, None)
+}
+
+fn service_with(
+    store: SqliteStore,
+    upstream: &FakeUpstream,
+    fit_policy: FitPolicy,
+    compaction: Option<CompactionPolicy>,
 ) -> ChatService<SqliteStore> {
     let mut config = UpstreamConfig::speaking(
         WireFormat::AnthropicMessages,
@@ -64,7 +74,7 @@ fn service_fitting(
         registry: registry.clone(),
         fit_policy,
         compactor: Arc::new(Compactor::new(summarizer as Arc<dyn Router>, registry)),
-        compaction: None,
+        compaction,
         cpu: Arc::new(CpuPool::new(2, 2)),
         turns: Arc::new(TurnQueue::default()),
         slots: TenantSlots::new(4, "chat turns", "limits.max_chat_turns"),
@@ -180,6 +190,20 @@ async fn turns_against_an_anthropic_upstream_are_recorded_whole_and_streamed() {
     );
 }
 
+/// `turns` question-and-answer exchanges about node-7, each message the phrase repeated
+/// `repeat` times (five tokens a phrase).
+fn exchanges(turns: usize, repeat: usize) -> Vec<contexture_store::NewEvent> {
+    (0..turns)
+        .flat_map(|n| {
+            [
+                Message::user(format!("Q{n} {}", "why is node-7 slow? ".repeat(repeat))),
+                Message::assistant(format!("A{n} {}", "the disk queue grew. ".repeat(repeat))),
+            ]
+        })
+        .map(|message| contexture_store::NewEvent::new(EventKind::MessageAppended { message }))
+        .collect()
+}
+
 /// With fitting off, a turn sends the whole stored history, and one whose history passes the
 /// window is refused with its true size (the whole thread read, not the tail a fit reads),
 /// before anything is sent or stored.
@@ -194,17 +218,8 @@ async fn with_fitting_off_a_turn_sends_the_whole_thread_or_is_refused_whole() {
     for (turns, sent) in [(8, true), (40, false)] {
         let (_dir, store) = sqlite().await;
         // About 100 tokens per turn.
-        let history: Vec<contexture_store::NewEvent> = (0..turns)
-            .flat_map(|n| {
-                [
-                    Message::user(format!("Q{n} {}", "why is node-7 slow? ".repeat(9))),
-                    Message::assistant(format!("A{n} {}", "the disk queue grew. ".repeat(9))),
-                ]
-            })
-            .map(|message| contexture_store::NewEvent::new(EventKind::MessageAppended { message }))
-            .collect();
         let thread = store.clone().scoped(tenant.clone());
-        thread.append("porto", history).await.unwrap();
+        thread.append("porto", exchanges(turns, 9)).await.unwrap();
         let stored = thread.events("porto").await.unwrap().len();
         let upstream = FakeUpstream::start().await;
         upstream.push(Reply::text("Rainy.").usage(20, 3));
@@ -235,5 +250,42 @@ async fn with_fitting_off_a_turn_sends_the_whole_thread_or_is_refused_whole() {
             assert!(upstream.calls().is_empty());
             assert_eq!(thread.events("porto").await.unwrap().len(), stored);
         }
+    }
+}
+
+/// A server's `[compaction]` or a thread's policy that names no trigger compacts a turn whose
+/// request passes 10,000 tokens; with `trigger = {}` it never does on its own.
+#[tokio::test]
+async fn a_compaction_policy_without_a_trigger_compacts_a_turn_past_ten_thousand_tokens() {
+    let tenant = Tenant::new("acme").unwrap();
+    for (policy, compacts) in [
+        ("keep = { messages = 2 }", true),
+        ("keep = { messages = 2 }\ntrigger = {}", false),
+    ] {
+        let policy: CompactionPolicy = toml::from_str(policy).unwrap();
+        let (_dir, store) = sqlite().await;
+        // About 12,000 tokens of history.
+        let thread = store.clone().scoped(tenant.clone());
+        thread.append("porto", exchanges(60, 20)).await.unwrap();
+        let upstream = FakeUpstream::start().await;
+        upstream.push(Reply::text("Rainy.").usage(20, 3));
+        let chat = service_with(store.clone(), &upstream, FitPolicy::default(), Some(policy));
+        let Ok(TurnAnswer::Upstream(answer)) = chat.turn(turn("Weather in Porto?", false)).await
+        else {
+            panic!("an upstream answer")
+        };
+        answer.body.collect().await.unwrap();
+        let compacted = thread
+            .events("porto")
+            .await
+            .unwrap()
+            .iter()
+            .any(|event| matches!(&event.kind, EventKind::ContextReplaced(_)));
+        assert_eq!(compacted, compacts, "{compacts}");
+        let sent = upstream.calls()[0].json["messages"]
+            .as_array()
+            .unwrap()
+            .len();
+        assert_eq!(sent < 20, compacts, "{sent} messages sent");
     }
 }
