@@ -6,7 +6,9 @@
 //!   one wire turn may become several neutral messages (tool results) and the system prompt
 //!   is lifted into a leading system message.
 //! - [`responses`]: OpenAI Responses API items, where one assistant turn is several items
-//!   (reasoning, message, function calls) and one neutral message.
+//!   (reasoning, message, function calls) and one neutral message; [`responses_request`]
+//!   reads a Responses request body as a door needs it, [`responses_answer`] writes the
+//!   `response` object and [`responses_stream`] its stream of events.
 //! - [`WireFormat`]: either of them chosen by name (`openai`, `anthropic`), for callers that
 //!   take the format as a setting.
 //!
@@ -27,6 +29,9 @@ pub mod openai;
 pub mod openai_completion;
 pub mod openai_request;
 pub mod responses;
+pub mod responses_answer;
+pub mod responses_request;
+pub mod responses_stream;
 
 use serde_json::{Map, Value};
 

@@ -99,7 +99,7 @@ pub fn read_chat_body(body: &Map<String, Value>) -> Result<ChatBody, BodyError> 
 }
 
 /// `field` of `body`, unless absent or `null`.
-fn present<'a>(body: &'a Map<String, Value>, field: &str) -> Option<&'a Value> {
+pub(super) fn present<'a>(body: &'a Map<String, Value>, field: &str) -> Option<&'a Value> {
     body.get(field).filter(|value| !value.is_null())
 }
 
