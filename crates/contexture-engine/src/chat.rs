@@ -321,7 +321,15 @@ impl<S: Store> ChatTurn<'_, S> {
             messages: stored.messages,
         };
         let turns: Vec<Message> = new_turns.into_iter().cloned().collect();
-        settings.fit(preview, &turns, &schemas)?;
+        if settings.policy.enabled || compaction.is_none() {
+            settings.fit(preview, &turns, &schemas)?;
+        } else {
+            // With fitting off the whole history counts, and the compaction that runs before
+            // the request may still shrink it: only what it cannot shrink is checked here.
+            let mut trimming = settings.clone();
+            trimming.policy.enabled = true;
+            trimming.fit(preview, &turns, &schemas)?;
+        }
         let new_count = new.iter().filter(|m| !m.role.is_system_like()).count();
         let mut events: Vec<NewEvent> = abandoned.into_iter().map(abandoned_end).collect();
         events.extend(NewEvent::messages(new, self.key));

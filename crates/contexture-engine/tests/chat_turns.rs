@@ -206,7 +206,8 @@ fn exchanges(turns: usize, repeat: usize) -> Vec<contexture_store::NewEvent> {
 
 /// With fitting off, a turn sends the whole stored history, and one whose history passes the
 /// window is refused with its true size (the whole thread read, not the tail a fit reads),
-/// before anything is sent or stored.
+/// before anything is sent or stored; unless a compaction policy applies, which shrinks the
+/// history first.
 #[tokio::test]
 async fn with_fitting_off_a_turn_sends_the_whole_thread_or_is_refused_whole() {
     let off = FitPolicy {
@@ -251,6 +252,23 @@ async fn with_fitting_off_a_turn_sends_the_whole_thread_or_is_refused_whole() {
             assert_eq!(thread.events("porto").await.unwrap().len(), stored);
         }
     }
+    let (_dir, store) = sqlite().await;
+    let thread = store.clone().scoped(tenant.clone());
+    thread.append("porto", exchanges(40, 9)).await.unwrap();
+    let upstream = FakeUpstream::start().await;
+    upstream.push(Reply::text("Rainy.").usage(20, 3));
+    let compaction: CompactionPolicy =
+        toml::from_str("trigger = { tokens = 2000 }\nkeep = { messages = 2 }").unwrap();
+    let chat = service_with(store.clone(), &upstream, off, Some(compaction));
+    let Ok(TurnAnswer::Upstream(answer)) = chat.turn(turn("Weather in Porto?", false)).await else {
+        panic!("an upstream answer after the compaction")
+    };
+    answer.body.collect().await.unwrap();
+    let sent = upstream.calls()[0].json["messages"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert!(sent < 10, "{sent} messages sent");
 }
 
 /// A server's `[compaction]` or a thread's policy that names no trigger compacts a turn whose
