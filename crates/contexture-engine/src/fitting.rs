@@ -291,16 +291,7 @@ pub fn fit_request_in_loop(
     let messages = place_system_prompt(messages, system_role);
     // The kept history's last turn and the request's first may be of one role: mended when
     // the request breaks the rules (it seldom does, and a long loop is not copied for it).
-    let (messages, joined) = if validate(&messages, target.rules).is_empty() {
-        (messages, Vec::new())
-    } else {
-        let (messages, joined) = repair(messages, target.rules);
-        let violations = validate(&messages, target.rules);
-        if !violations.is_empty() {
-            return Err(FitError::Invalid { violations });
-        }
-        (messages, joined)
-    };
+    let (messages, joined) = mended(messages, target.rules)?;
     let breakdown = BudgetBreakdown::compute_with_tools_tokens(
         target.model,
         target.policy,
@@ -367,11 +358,7 @@ pub fn fit_request_in_loop(
     }
     let changes = repairs.len() + trimmed.repairs.len() + joined.len();
     if changes > 0 {
-        reasons.push(format!(
-            "{changes} change{} for {} rules (merged turns, answered or dropped tool messages)",
-            if changes == 1 { "" } else { "s" },
-            target.rules
-        ));
+        reasons.push(repairs_reason(changes, target.rules));
     }
     let fit = FitRecord {
         limit: limits.limit,
@@ -401,6 +388,32 @@ pub fn fit_request_in_loop(
     })
 }
 
+/// `messages` as they go out: as they are when they keep `rules` (the usual case, and a long
+/// loop's request is not copied for it), else repaired, and refused when repair cannot
+/// mend them; with the changes repair made.
+fn mended(
+    messages: Vec<Message>,
+    rules: fit::Rules,
+) -> Result<(Vec<Message>, Vec<fit::RepairChange>), FitError> {
+    if validate(&messages, rules).is_empty() {
+        return Ok((messages, Vec::new()));
+    }
+    let (messages, changes) = repair(messages, rules);
+    let violations = validate(&messages, rules);
+    if !violations.is_empty() {
+        return Err(FitError::Invalid { violations });
+    }
+    Ok((messages, changes))
+}
+
+/// What a fit record says of `changes` made for `rules`.
+fn repairs_reason(changes: usize, rules: fit::Rules) -> String {
+    format!(
+        "{changes} change{} for {rules} rules (merged turns, answered or dropped tool messages)",
+        if changes == 1 { "" } else { "s" },
+    )
+}
+
 /// `system + history + own` as they are, for a target whose fitting is off: nothing left
 /// out, cleared or truncated; repaired and validated for the provider's rules, and refused
 /// when it does not fit the model's whole window less the reply's reserve.
@@ -422,16 +435,7 @@ fn unfitted_request(
     messages.extend(history);
     messages.extend_from_slice(own);
     let messages = place_system_prompt(messages, target.model.system_role);
-    let (messages, repairs) = if validate(&messages, target.rules).is_empty() {
-        (messages, Vec::new())
-    } else {
-        let (messages, repairs) = repair(messages, target.rules);
-        let violations = validate(&messages, target.rules);
-        if !violations.is_empty() {
-            return Err(FitError::Invalid { violations });
-        }
-        (messages, repairs)
-    };
+    let (messages, repairs) = mended(messages, target.rules)?;
     let breakdown =
         BudgetBreakdown::compute_with_tools_tokens(target.model, &budget, &messages, tools_tokens)?;
     let tokens = u64::from(breakdown.used);
@@ -447,12 +451,7 @@ fn unfitted_request(
     let mut reasons =
         vec!["fitting is off (`context.enabled: false`): the history is sent as it is".to_owned()];
     if !repairs.is_empty() {
-        reasons.push(format!(
-            "{} change{} for {} rules (merged turns, answered or dropped tool messages)",
-            repairs.len(),
-            if repairs.len() == 1 { "" } else { "s" },
-            target.rules
-        ));
+        reasons.push(repairs_reason(repairs.len(), target.rules));
     }
     let fit = FitRecord {
         limit: limits.limit,

@@ -141,12 +141,10 @@ pub async fn create_thread<S: Store>(
         })));
     }
     let system = new.system.map(Message::system);
-    events.extend(
-        system
-            .into_iter()
-            .chain(new.messages)
-            .map(|message| NewEvent::new(EventKind::MessageAppended { message })),
-    );
+    events.extend(NewEvent::messages(
+        system.into_iter().chain(new.messages),
+        None,
+    ));
     let seqs = store.append(id, events).await?;
     if new.retention.is_some() {
         store.set_retention(id, new.retention).await?;

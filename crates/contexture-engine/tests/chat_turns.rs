@@ -193,15 +193,15 @@ async fn turns_against_an_anthropic_upstream_are_recorded_whole_and_streamed() {
 /// `turns` question-and-answer exchanges about node-7, each message the phrase repeated
 /// `repeat` times (five tokens a phrase).
 fn exchanges(turns: usize, repeat: usize) -> Vec<contexture_store::NewEvent> {
-    (0..turns)
-        .flat_map(|n| {
+    contexture_store::NewEvent::messages(
+        (0..turns).flat_map(|n| {
             [
                 Message::user(format!("Q{n} {}", "why is node-7 slow? ".repeat(repeat))),
                 Message::assistant(format!("A{n} {}", "the disk queue grew. ".repeat(repeat))),
             ]
-        })
-        .map(|message| contexture_store::NewEvent::new(EventKind::MessageAppended { message }))
-        .collect()
+        }),
+        None,
+    )
 }
 
 /// With fitting off, a turn sends the whole stored history, and one whose history passes the

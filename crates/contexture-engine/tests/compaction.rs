@@ -26,26 +26,7 @@ use contexture_llm::{OpenAiProvider, Provider, RetryPolicy, ScriptedProvider};
 use contexture_store::{NewEvent, SqliteStore, Store};
 
 fn registry() -> Arc<Registry> {
-    let mut registry = Registry::builtin();
-    registry
-        .apply_toml(
-            r#"
-[models."small-summarizer"]
-provider = "openai"
-context_window = 700
-max_output_tokens = 200
-encoding = "o200k_base"
-
-[models."small-window"]
-provider = "openai"
-context_window = 1500
-max_output_tokens = 200
-encoding = "o200k_base"
-"#,
-            "test-models.toml",
-        )
-        .unwrap();
-    Arc::new(registry)
+    Arc::new(common::small_models())
 }
 
 fn compactor(provider: Arc<dyn Provider>) -> Compactor {
@@ -88,13 +69,7 @@ async fn conversation(store: &SqliteStore, thread: &str, turns: usize) {
         )));
     }
     store
-        .append(
-            thread,
-            messages
-                .into_iter()
-                .map(|message| NewEvent::new(EventKind::MessageAppended { message }))
-                .collect(),
-        )
+        .append(thread, NewEvent::messages(messages, None))
         .await
         .unwrap();
 }
@@ -444,13 +419,7 @@ async fn map_reduce_splits_what_exceeds_the_summarizers_window() {
     messages.push(Message::assistant("ok"));
     messages.push(Message::user("What now?"));
     store
-        .append(
-            "t",
-            messages
-                .into_iter()
-                .map(|message| NewEvent::new(EventKind::MessageAppended { message }))
-                .collect(),
-        )
+        .append("t", NewEvent::messages(messages, None))
         .await
         .unwrap();
     let replies: Vec<String> = (0..40).map(|n| format!("partial-{n}")).collect();

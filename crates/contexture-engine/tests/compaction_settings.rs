@@ -143,13 +143,7 @@ async fn incident_thread(store: &SqliteStore) {
     }
     messages.push(Message::user("What now?"));
     store
-        .append(
-            "t",
-            messages
-                .into_iter()
-                .map(|message| NewEvent::new(EventKind::MessageAppended { message }))
-                .collect(),
-        )
+        .append("t", NewEvent::messages(messages, None))
         .await
         .unwrap();
 }

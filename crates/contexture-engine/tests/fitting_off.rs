@@ -14,20 +14,7 @@ use contexture_core::{Message, ToolCall};
 use contexture_engine::fitting::{FitError, FitOverrides, FitSettings};
 
 fn registry() -> Registry {
-    let mut registry = Registry::builtin();
-    registry
-        .apply_toml(
-            r#"
-[models."small-window"]
-provider = "openai"
-context_window = 1500
-max_output_tokens = 200
-encoding = "o200k_base"
-"#,
-            "test-models.toml",
-        )
-        .unwrap();
-    registry
+    common::small_models()
 }
 
 fn off() -> FitPolicy {

@@ -39,7 +39,8 @@ pub struct BodyError {
 }
 
 impl BodyError {
-    fn new(field: &str, message: impl Into<String>) -> BodyError {
+    /// An error about `field`.
+    pub(super) fn new(field: &str, message: impl Into<String>) -> BodyError {
         BodyError {
             field: field.to_owned(),
             message: message.into(),
@@ -49,12 +50,7 @@ impl BodyError {
 
 /// Reads a chat-completions body.
 pub fn read_chat_body(body: &Map<String, Value>) -> Result<ChatBody, BodyError> {
-    let model = match body.get("model") {
-        Some(Value::String(model)) if !model.is_empty() => model.clone(),
-        Some(Value::String(_)) => return Err(BodyError::new("model", "model: is empty")),
-        Some(_) => return Err(BodyError::new("model", "model: must be a string")),
-        None => return Err(BodyError::new("model", "model: missing")),
-    };
+    let model = read_model(body)?;
     let messages = openai::parse_messages(body.get("messages").unwrap_or(&Value::Null))
         .map_err(|error| BodyError::new("messages", error.to_string()))?;
     let tools: Vec<Value> = match body.get("tools") {
@@ -96,6 +92,16 @@ pub fn read_chat_body(body: &Map<String, Value>) -> Result<ChatBody, BodyError> 
         choices: present(body, "n").and_then(Value::as_u64),
         reply_budget,
     })
+}
+
+/// The `model` a body names: a string that is not empty.
+pub(super) fn read_model(body: &Map<String, Value>) -> Result<String, BodyError> {
+    match body.get("model") {
+        Some(Value::String(model)) if !model.is_empty() => Ok(model.clone()),
+        Some(Value::String(_)) => Err(BodyError::new("model", "model: is empty")),
+        Some(_) => Err(BodyError::new("model", "model: must be a string")),
+        None => Err(BodyError::new("model", "model: missing")),
+    }
 }
 
 /// `field` of `body`, unless absent or `null`.

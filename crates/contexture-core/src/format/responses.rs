@@ -165,30 +165,31 @@ fn parse_message(object: &Map<String, Value>, path: &str) -> Result<Message, For
         }
     };
     let mut message = Message::new(role, "");
-    message.content = match object.get("content") {
-        Some(Value::String(text)) => Some(Content::Text(text.as_str().into())),
-        Some(Value::Array(parts)) => Some(Content::Parts(
+    message.content = Some(parse_content(object, "content", role, path)?);
+    message.extra = extra_fields(object, MESSAGE_FIELDS);
+    Ok(message)
+}
+
+/// The required content field `field` of an item: a string, or parts whose text is `role`'s.
+fn parse_content(
+    object: &Map<String, Value>,
+    field: &str,
+    role: Role,
+    path: &str,
+) -> Result<Content, FormatError> {
+    let at = format!("{path}.{field}");
+    match object.get(field) {
+        Some(Value::String(text)) => Ok(Content::Text(text.as_str().into())),
+        Some(Value::Array(parts)) => Ok(Content::Parts(
             parts
                 .iter()
                 .enumerate()
-                .map(|(index, part)| parse_part(part, role, &format!("{path}.content[{index}]")))
+                .map(|(index, part)| parse_part(part, role, &format!("{at}[{index}]")))
                 .collect::<Result<_, _>>()?,
         )),
-        Some(other) => {
-            return Err(wrong_type(
-                format!("{path}.content"),
-                "a string or an array of parts",
-                other,
-            ));
-        }
-        None => {
-            return Err(FormatError::MissingField {
-                path: format!("{path}.content"),
-            });
-        }
-    };
-    message.extra = extra_fields(object, MESSAGE_FIELDS);
-    Ok(message)
+        Some(other) => Err(wrong_type(at, "a string or an array of parts", other)),
+        None => Err(FormatError::MissingField { path: at }),
+    }
 }
 
 /// The part type a role's text is written with.
@@ -250,30 +251,7 @@ fn parse_call(object: &Map<String, Value>, path: &str) -> Result<ToolCall, Forma
 fn parse_output(object: &Map<String, Value>, path: &str) -> Result<Message, FormatError> {
     let call_id = required_str(object, "call_id", path)?;
     let mut message = Message::tool_result(call_id, "");
-    message.content = match object.get("output") {
-        Some(Value::String(text)) => Some(Content::Text(text.as_str().into())),
-        Some(Value::Array(parts)) => Some(Content::Parts(
-            parts
-                .iter()
-                .enumerate()
-                .map(|(index, part)| {
-                    parse_part(part, Role::User, &format!("{path}.output[{index}]"))
-                })
-                .collect::<Result<_, _>>()?,
-        )),
-        Some(other) => {
-            return Err(wrong_type(
-                format!("{path}.output"),
-                "a string or an array of parts",
-                other,
-            ));
-        }
-        None => {
-            return Err(FormatError::MissingField {
-                path: format!("{path}.output"),
-            });
-        }
-    };
+    message.content = Some(parse_content(object, "output", Role::User, path)?);
     message.extra = extra_fields(object, OUTPUT_FIELDS);
     Ok(message)
 }

@@ -8,7 +8,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::openai_request::{BodyError, present};
+use super::openai_request::{BodyError, present, read_model};
 use super::responses;
 use crate::message::Message;
 
@@ -88,27 +88,15 @@ const FIELDS: &[&str] = &[
     "prompt",
 ];
 
-fn error(field: &str, message: impl Into<String>) -> BodyError {
-    BodyError {
-        field: field.to_owned(),
-        message: message.into(),
-    }
-}
-
 /// Reads a Responses body.
 pub fn read_responses_body(body: &Map<String, Value>) -> Result<ResponsesBody, BodyError> {
     if let Some(unknown) = body.keys().find(|key| !FIELDS.contains(&key.as_str())) {
-        return Err(error(
+        return Err(BodyError::new(
             unknown,
             format!("{unknown}: unknown parameter of a Responses request"),
         ));
     }
-    let model = match body.get("model") {
-        Some(Value::String(model)) if !model.is_empty() => model.clone(),
-        Some(Value::String(_)) => return Err(error("model", "model: is empty")),
-        Some(_) => return Err(error("model", "model: must be a string")),
-        None => return Err(error("model", "model: missing")),
-    };
+    let model = read_model(body)?;
     let input = match present(body, "input") {
         None => Vec::new(),
         Some(input) => responses::parse_input(input).map_err(|problem| {
@@ -128,7 +116,7 @@ pub fn read_responses_body(body: &Map<String, Value>) -> Result<ResponsesBody, B
         match present(body, field) {
             None => Ok(None),
             Some(Value::String(text)) => Ok(Some(text.clone())),
-            Some(_) => Err(error(field, format!("{field}: must be a string"))),
+            Some(_) => Err(BodyError::new(field, format!("{field}: must be a string"))),
         }
     };
     let instructions = text_field("instructions")?;
@@ -139,21 +127,21 @@ pub fn read_responses_body(body: &Map<String, Value>) -> Result<ResponsesBody, B
         Some(Value::Object(object)) => match object.get("id") {
             Some(Value::String(id)) => Some(id.clone()),
             _ => {
-                return Err(error(
+                return Err(BodyError::new(
                     "conversation",
                     "conversation: must be an id or an object with a string `id`",
                 ));
             }
         },
         Some(_) => {
-            return Err(error(
+            return Err(BodyError::new(
                 "conversation",
                 "conversation: must be an id or an object with a string `id`",
             ));
         }
     };
     if previous_response_id.is_some() && conversation.is_some() {
-        return Err(error(
+        return Err(BodyError::new(
             "conversation",
             "conversation: cannot be used together with previous_response_id",
         ));
@@ -162,19 +150,19 @@ pub fn read_responses_body(body: &Map<String, Value>) -> Result<ResponsesBody, B
         match present(body, field) {
             None => Ok(default),
             Some(Value::Bool(flag)) => Ok(*flag),
-            Some(_) => Err(error(field, format!("{field}: must be a boolean"))),
+            Some(_) => Err(BodyError::new(field, format!("{field}: must be a boolean"))),
         }
     };
     let store = flag("store", true)?;
     let stream = flag("stream", false)?;
     if flag("background", false)? {
-        return Err(error(
+        return Err(BodyError::new(
             "background",
             "background: responses are answered while the request waits; background mode is not supported",
         ));
     }
     if present(body, "prompt").is_some() {
-        return Err(error(
+        return Err(BodyError::new(
             "prompt",
             "prompt: stored prompt templates are OpenAI's own; send `instructions` and `input`",
         ));
@@ -195,13 +183,16 @@ pub fn read_responses_body(body: &Map<String, Value>) -> Result<ResponsesBody, B
         if let Some(value) = present(body, field)
             && !fits(value)
         {
-            return Err(error(field, format!("{field}: must be {expected}")));
+            return Err(BodyError::new(
+                field,
+                format!("{field}: must be {expected}"),
+            ));
         }
     }
     let max_output_tokens = match present(body, "max_output_tokens") {
         None => None,
         Some(value) => Some(value.as_u64().filter(|n| *n >= 1).ok_or_else(|| {
-            error(
+            BodyError::new(
                 "max_output_tokens",
                 "max_output_tokens: must be a whole number above 0",
             )
@@ -212,7 +203,7 @@ pub fn read_responses_body(body: &Map<String, Value>) -> Result<ResponsesBody, B
         Some(Value::String(mode)) if mode == "auto" => Truncation::Auto,
         Some(Value::String(mode)) if mode == "disabled" => Truncation::Disabled,
         Some(_) => {
-            return Err(error(
+            return Err(BodyError::new(
                 "truncation",
                 "truncation: must be \"auto\" or \"disabled\"",
             ));
@@ -244,19 +235,19 @@ fn tools(value: Option<&Value>) -> Result<Vec<Value>, BodyError> {
         return Ok(Vec::new());
     };
     let Value::Array(list) = value else {
-        return Err(error("tools", "tools: must be an array"));
+        return Err(BodyError::new("tools", "tools: must be an array"));
     };
     list.iter()
         .enumerate()
         .map(|(index, tool)| {
             let at = format!("tools[{index}]");
             let Value::Object(tool) = tool else {
-                return Err(error(&at, format!("{at}: must be an object")));
+                return Err(BodyError::new(&at, format!("{at}: must be an object")));
             };
             match tool.get("type") {
                 Some(Value::String(kind)) if kind == "function" => {}
                 Some(Value::String(kind)) => {
-                    return Err(error(
+                    return Err(BodyError::new(
                         &format!("{at}.type"),
                         format!(
                             "{at}.type: `{kind}` is a tool OpenAI hosts; only function tools run here"
@@ -264,7 +255,7 @@ fn tools(value: Option<&Value>) -> Result<Vec<Value>, BodyError> {
                     ));
                 }
                 _ => {
-                    return Err(error(
+                    return Err(BodyError::new(
                         &format!("{at}.type"),
                         format!("{at}.type: must be \"function\""),
                     ));
@@ -273,7 +264,7 @@ fn tools(value: Option<&Value>) -> Result<Vec<Value>, BodyError> {
             let name = match tool.get("name") {
                 Some(Value::String(name)) if !name.is_empty() => name.clone(),
                 _ => {
-                    return Err(error(
+                    return Err(BodyError::new(
                         &format!("{at}.name"),
                         format!("{at}.name: must be a non-empty string"),
                     ));
@@ -297,7 +288,7 @@ fn response_format(text: Option<&Value>) -> Result<Option<Value>, BodyError> {
         return Ok(None);
     };
     let bad = || {
-        error(
+        BodyError::new(
             "text.format",
             "text.format: must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or {\"type\": \"json_schema\", \"name\", \"schema\"}",
         )
@@ -315,7 +306,7 @@ fn response_format(text: Option<&Value>) -> Result<Option<Value>, BodyError> {
                     schema.insert("name".into(), json!(name));
                 }
                 _ => {
-                    return Err(error(
+                    return Err(BodyError::new(
                         "text.format.name",
                         "text.format.name: a json_schema format needs a string name",
                     ));
@@ -338,7 +329,7 @@ fn compact_threshold(value: Option<&Value>) -> Result<Option<u64>, BodyError> {
         return Ok(None);
     };
     let Value::Array(entries) = value else {
-        return Err(error(
+        return Err(BodyError::new(
             "context_management",
             "context_management: must be an array",
         ));
@@ -349,13 +340,13 @@ fn compact_threshold(value: Option<&Value>) -> Result<Option<u64>, BodyError> {
         match entry.get("type").and_then(Value::as_str) {
             Some("compaction") => {}
             Some(other) => {
-                return Err(error(
+                return Err(BodyError::new(
                     &format!("{at}.type"),
                     format!("{at}.type: `{other}` is not supported (only `compaction`)"),
                 ));
             }
             None => {
-                return Err(error(
+                return Err(BodyError::new(
                     &format!("{at}.type"),
                     format!("{at}.type: must be \"compaction\""),
                 ));
@@ -364,7 +355,7 @@ fn compact_threshold(value: Option<&Value>) -> Result<Option<u64>, BodyError> {
         threshold = match entry.get("compact_threshold") {
             None | Some(Value::Null) => None,
             Some(value) => Some(value.as_u64().filter(|n| *n >= 1).ok_or_else(|| {
-                error(
+                BodyError::new(
                     &format!("{at}.compact_threshold"),
                     format!("{at}.compact_threshold: must be a whole number above 0"),
                 )

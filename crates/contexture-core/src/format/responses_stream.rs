@@ -305,18 +305,23 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn text_and_calls_stream_in_the_documented_order_and_end_as_the_whole_answer_would() {
-        let request = serde_json::Map::new();
-        let header = ResponseHeader {
-            id: "resp_1",
+    /// The header of response `id` to a request with nothing set.
+    fn header<'a>(id: &'a str, request: &'a serde_json::Map<String, Value>) -> ResponseHeader<'a> {
+        ResponseHeader {
+            id,
             created_at: 0,
             model: "gpt-4o-mini",
             previous_response_id: None,
             conversation: None,
             instructions: None,
-            request: &request,
-        };
+            request,
+        }
+    }
+
+    #[test]
+    fn text_and_calls_stream_in_the_documented_order_and_end_as_the_whole_answer_would() {
+        let request = serde_json::Map::new();
+        let header = header("resp_1", &request);
         let mut stream = ResponseStream::new("resp_1");
         let mut text = stream.start(&header);
         text += &stream.text("Check");
@@ -368,15 +373,7 @@ mod tests {
     #[test]
     fn a_cut_answer_ends_incomplete() {
         let request = serde_json::Map::new();
-        let header = ResponseHeader {
-            id: "resp_2",
-            created_at: 0,
-            model: "m",
-            previous_response_id: None,
-            conversation: None,
-            instructions: None,
-            request: &request,
-        };
+        let header = header("resp_2", &request);
         let mut stream = ResponseStream::new("resp_2");
         let mut text = stream.start(&header);
         text += &stream.reasoning("Thinking");

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use contexture_core::Message;
 use contexture_core::context::RenderOptions;
+use contexture_core::registry::Registry;
 use contexture_core::thread::{Event, EventKind, RequestRecord};
 use contexture_engine::executor::{ExecError, Executor, RunOutcome, RunRequest};
 use contexture_engine::llm::FixedRouter;
@@ -153,4 +154,29 @@ pub fn library(entries: &[(&str, &str)]) -> Arc<Library> {
             .map(|(path, text)| (path.to_string(), text.to_string()))
             .collect(),
     ))
+}
+
+/// The built-in models and two small ones: `small-summarizer` (a 700-token window) and
+/// `small-window` (1,500 tokens), both answering at most 200 tokens.
+pub fn small_models() -> Registry {
+    let mut registry = Registry::builtin();
+    registry
+        .apply_toml(
+            r#"
+[models."small-summarizer"]
+provider = "openai"
+context_window = 700
+max_output_tokens = 200
+encoding = "o200k_base"
+
+[models."small-window"]
+provider = "openai"
+context_window = 1500
+max_output_tokens = 200
+encoding = "o200k_base"
+"#,
+            "test-models.toml",
+        )
+        .expect("the small models");
+    registry
 }
