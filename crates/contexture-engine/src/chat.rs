@@ -79,6 +79,12 @@ pub enum ChatError {
         /// The key.
         key: String,
     },
+    /// The point a turn continues from is not a request of the thread.
+    #[error("the thread has no request recorded at seq {seq}")]
+    UnknownPoint {
+        /// The seq named.
+        seq: u64,
+    },
     /// The turn's first attempt has not ended yet.
     #[error(
         "the request with Idempotency-Key `{key}` is still being answered; retry when it has ended"
@@ -119,6 +125,8 @@ pub struct StoredAnswer {
     pub end: Option<RequestEnd>,
     /// The model the request named.
     pub model: String,
+    /// The seq of the request's record in its thread.
+    pub request_seq: u64,
 }
 
 impl StoredAnswer {
@@ -182,6 +190,7 @@ pub async fn previous_attempt<S: Store>(
                 message,
                 end,
                 model: record.model.clone().unwrap_or_default(),
+                request_seq: first.seq,
             })))
         }
         (None, Some(end)) if end.outcome != RequestOutcome::Completed => Ok(Attempt::Again),
@@ -234,6 +243,12 @@ pub struct ChatTurn<'a, S> {
     /// Where the fit runs: on this pool under this key's share, or (`None`) on the
     /// caller's task.
     pub cpu: Option<(&'a crate::cpu::CpuPool, String)>,
+    /// A system prompt of this call only, sent before the thread's own and not stored.
+    pub instructions: Option<&'a str>,
+    /// Compact when the request passes this many tokens, whatever the policy's trigger,
+    /// keeping at most half of it verbatim (the policy's other settings, or the defaults,
+    /// apply).
+    pub compact_threshold: Option<u64>,
 }
 
 /// A turn ready to send: its fitted request, recorded, and its hold on the thread.
@@ -248,6 +263,22 @@ pub struct PreparedTurn {
     pub request_id: String,
     /// What compaction did, when its trigger fired.
     pub compaction: Option<Result<CompactionOutcome, CompactionError>>,
+    /// The messages a compaction of this turn put in the place of the history it covered.
+    pub summary: Option<Vec<Message>>,
+    /// The seq of the request's record.
+    pub request_seq: u64,
+}
+
+/// The system prompt a call is sent: its own instructions, then the thread's prompt.
+fn call_system(instructions: Option<&str>, system: Option<Message>) -> Option<Message> {
+    match (instructions, system) {
+        (None, system) => system,
+        (Some(instructions), None) => Some(Message::system(instructions)),
+        (Some(instructions), Some(system)) => Some(Message::system(format!(
+            "{instructions}\n\n{}",
+            system.text()
+        ))),
+    }
 }
 
 impl<S: Store> ChatTurn<'_, S> {
@@ -295,9 +326,21 @@ impl<S: Store> ChatTurn<'_, S> {
             Err(ThreadFitError::Store(error)) => return Err(error.into()),
             Err(ThreadFitError::Fit(error)) => return Err(error.into()),
         };
-        let compaction = policy
+        let mut compaction = policy
             .and_then(|policy| policy.compaction)
             .or_else(|| self.compaction.cloned());
+        if let Some(tokens) = self.compact_threshold {
+            let mut asked = compaction.unwrap_or_default();
+            asked.trigger = contexture_core::compact::Trigger {
+                tokens: Some(tokens),
+                ..Default::default()
+            };
+            // What stays verbatim leaves room under the threshold, so that the compacted
+            // request is well below it.
+            let half = tokens / 2;
+            asked.keep.tokens = Some(asked.keep.tokens.map_or(half, |kept| kept.min(half)));
+            compaction = Some(asked);
+        }
         // A cut thread must still be over the token trigger, as the whole thread is.
         let compaction_tokens = compaction
             .as_ref()
@@ -314,10 +357,13 @@ impl<S: Store> ChatTurn<'_, S> {
             .partition(|message| message.role.is_system_like());
         let preview = Projection {
             context: stored.context.clone(),
-            system: new_system
-                .last()
-                .map(|message| (*message).clone())
-                .or(stored.system),
+            system: call_system(
+                self.instructions,
+                new_system
+                    .last()
+                    .map(|message| (*message).clone())
+                    .or(stored.system),
+            ),
             messages: stored.messages,
         };
         let turns: Vec<Message> = new_turns.into_iter().cloned().collect();
@@ -338,7 +384,9 @@ impl<S: Store> ChatTurn<'_, S> {
         }
 
         let mut tail = load().await?;
+        tail.projection.system = call_system(self.instructions, tail.projection.system.take());
         let mut compacted = None;
+        let mut summary = None;
         if let Some(policy) = &compaction
             && let Some(reason) = policy.trigger.fires_for(
                 &settings.model,
@@ -354,8 +402,11 @@ impl<S: Store> ChatTurn<'_, S> {
             let outcome = compact_stored(self.compactor, self.store, self.thread, &request)
                 .await
                 .map(|report| report.outcome);
-            if matches!(outcome, Ok(CompactionOutcome::Compacted { .. })) {
+            if let Ok(CompactionOutcome::Compacted { replace_seq, .. }) = &outcome {
+                summary = self.replacement(*replace_seq).await?;
                 tail = load().await?;
+                tail.projection.system =
+                    call_system(self.instructions, tail.projection.system.take());
             }
             compacted = Some(outcome);
         }
@@ -400,13 +451,66 @@ impl<S: Store> ChatTurn<'_, S> {
             Some(key) if self.first_attempt => started.with_key(request_key(key)),
             _ => started,
         };
-        self.store.append_one(self.thread, started).await?;
+        let request_seq = self.store.append_one(self.thread, started).await?;
         Ok(PreparedTurn {
             lease: std::sync::Arc::new(lease),
             fitted,
             request_id,
             compaction: compacted,
+            summary,
+            request_seq,
         })
+    }
+
+    /// The messages the context replace at `seq` put in the place of what it covered.
+    async fn replacement(&self, seq: u64) -> Result<Option<Vec<Message>>, ChatError> {
+        let events = self.store.events_through(self.thread, seq - 1, seq).await?;
+        Ok(events.into_iter().find_map(|event| match event.kind {
+            EventKind::ContextReplaced(op) => Some(op.replacement),
+            _ => None,
+        }))
+    }
+
+    /// The turn for the request's messages `requested` with nothing stored: the thread
+    /// as it stands after its event `through` (`None`: all of it; a thread that does not
+    /// exist is empty) with the request's new messages, fitted and validated. Nothing is
+    /// compacted (a compaction writes).
+    pub async fn fit_unrecorded(
+        &self,
+        requested: Vec<Message>,
+        through: Option<u64>,
+    ) -> Result<FittedRequest, ChatError> {
+        let events = match through {
+            Some(seq) => self.store.events_through(self.thread, 0, seq).await,
+            None => self.store.events(self.thread).await,
+        };
+        let stored = match events {
+            Ok(events) => contexture_core::thread::Thread::replay(self.thread, events)
+                .map_err(|source| StoreError::Replay {
+                    thread: self.thread.to_owned(),
+                    source,
+                })?
+                .projection(),
+            Err(StoreError::NotFound { .. }) => Projection {
+                context: "main".into(),
+                system: None,
+                messages: Vec::new(),
+            },
+            Err(error) => return Err(error.into()),
+        };
+        let new = new_messages(&stored, requested);
+        check_tool_results(&stored, &new)?;
+        let (new_system, turns): (Vec<Message>, Vec<Message>) = new
+            .into_iter()
+            .partition(|message| message.role.is_system_like());
+        let mut projection = stored;
+        if let Some(system) = new_system.into_iter().last() {
+            projection.system = Some(system);
+        }
+        projection.system = call_system(self.instructions, projection.system.take());
+        Ok(self
+            .settings
+            .fit(projection, &turns, &self.counted_schemas())?)
     }
 
     /// What the thread's previous request cut, for a policy that cuts the same way from one

@@ -23,12 +23,14 @@ use contexture_core::compact::CompactionPolicy;
 use contexture_core::fit::FitPolicy;
 use contexture_core::message::Message;
 use contexture_core::registry::Registry;
+use contexture_core::thread::EventKind;
 use contexture_llm::passthrough::{
     ChatUpstream, PassthroughError, UpstreamBody, UpstreamResponse, record_stream,
 };
 use contexture_llm::wire::{ChatCall, WireFormat};
 use contexture_store::{Scoped, Store, StoreError, Tenant, TurnQueueStore};
 use futures_util::StreamExt;
+use sha2::{Digest, Sha256};
 
 use crate::chat::{
     Attempt, ChatError, ChatTurn, CompletionRecord, StoredAnswer, TurnRecorder, previous_attempt,
@@ -96,14 +98,71 @@ pub struct TurnRequest {
     pub choices: Option<u64>,
     /// Its idempotency key and the digest of what was sent with it, when it has one.
     pub key: Option<(String, String)>,
+    /// The earlier request of the thread the turn continues from (the seq of its record):
+    /// the turn sees the thread as it stood after that request's answer. When the thread
+    /// has gone on past it, the turn runs on a new branch of the thread forked there
+    /// (nothing copied). `None`: the thread's newest point.
+    pub continues: Option<u64>,
+    /// A system prompt of this call only: sent before the thread's own, not stored.
+    pub instructions: Option<String>,
+    /// False stores nothing of the turn: the thread (up to the point it continues from)
+    /// with the request's messages is fitted and sent, and nothing is compacted or
+    /// recorded.
+    pub store: bool,
+    /// Compact when the request passes this many tokens, whatever the policy's trigger.
+    pub compact_threshold: Option<u64>,
+}
+
+impl TurnRequest {
+    /// A turn of `tenant` on `thread` sending `messages` with `call`, stored, at the
+    /// thread's newest point, with nothing else asked.
+    pub fn new(tenant: Tenant, thread: String, messages: Vec<Message>, call: ChatCall) -> Self {
+        TurnRequest {
+            tenant,
+            thread,
+            overrides: FitOverrides::default(),
+            messages,
+            call,
+            reply_budget: None,
+            choices: None,
+            key: None,
+            continues: None,
+            instructions: None,
+            store: true,
+            compact_threshold: None,
+        }
+    }
 }
 
 /// A turn's answer.
 pub enum TurnAnswer {
-    /// A keyed turn sent again: the answer its first attempt stored.
-    Replayed(Box<StoredAnswer>),
+    /// A keyed turn sent again: the answer its first attempt stored, in `thread`.
+    Replayed {
+        /// The answer.
+        answer: Box<StoredAnswer>,
+        /// The thread that holds it.
+        thread: String,
+    },
     /// The upstream's response, as it came (whole or a stream), its recording attached.
-    Upstream(UpstreamResponse),
+    Upstream {
+        /// The response.
+        response: UpstreamResponse,
+        /// Where the turn was recorded.
+        place: TurnPlace,
+    },
+}
+
+/// Where a turn was recorded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TurnPlace {
+    /// The thread it ran on, as the tenant names it: the request's, or a branch of it.
+    pub thread: String,
+    /// The seq of its request's record (`None` when nothing was stored).
+    pub request_seq: Option<u64>,
+    /// When it ran on a new branch: the seq of the request's thread it was forked after.
+    pub branched_after: Option<u64>,
+    /// The messages a compaction of the turn put in the place of the history it covered.
+    pub summary: Option<Vec<Message>>,
 }
 
 /// What a chat service tells its operator about each turn (metrics, logs).
@@ -226,7 +285,7 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
     ) -> Result<UpstreamResponse, TurnError> {
         let slot = self.parts.slots.take(tenant.name())?;
         let upstream = &self.parts.upstream;
-        let response = if call.client.format == upstream.format() {
+        let response = if call.client.format.is(upstream.format()) {
             upstream.forward(&call.client.body).await?
         } else {
             upstream.send(call, messages).await?
@@ -278,26 +337,66 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
         // Turns on one thread run one at a time, in the order they arrived; a turn that
         // waits too long is refused with nothing stored. Waiting writes nothing to the
         // thread, so a client that leaves meanwhile only gives up its place.
-        let lease = self
+        if !request.store {
+            if request.key.is_some() {
+                return Err(ChatError::Invalid {
+                    field: "Idempotency-Key",
+                    message: "Idempotency-Key: a turn that stores nothing has nothing to answer a retry with; send it without a key, or store it".to_owned(),
+                }
+                .into());
+            }
+            return self.unrecorded_turn(store, request, settings, slot).await;
+        }
+        let mut request = request;
+        let mut lease = self
             .parts
             .turns
             .wait_for_turn(&store, &request.thread, self.parts.limits.turn_wait)
             .await?;
+        let mut branched_after = None;
         let keyed = match (&request.key, claim) {
             (Some((key, digest)), Some(claim)) => {
                 // Holding the thread, so an attempt another server answered while this one
                 // waited is found answered.
-                let attempt = previous_attempt(
+                let abandon_after = self.parts.limits.abandon_after_secs;
+                let mut attempt = previous_attempt(
                     &store,
                     &request.thread,
                     key,
                     digest,
-                    self.parts.limits.abandon_after_secs,
+                    abandon_after,
                     now_ms(),
                 )
                 .await?;
+                // A keyed turn continuing an earlier point runs where its first attempt ran:
+                // on the thread when the key is found there, else on the branch its key
+                // names.
+                if matches!(attempt, Attempt::First)
+                    && let Some(request_seq) = request.continues
+                {
+                    let placed = self
+                        .place(&store, &request.thread, request_seq, lease, Some(key))
+                        .await?;
+                    (request.thread, lease, branched_after) = placed;
+                    if branched_after.is_some() {
+                        attempt = previous_attempt(
+                            &store,
+                            &request.thread,
+                            key,
+                            digest,
+                            abandon_after,
+                            now_ms(),
+                        )
+                        .await?;
+                    }
+                }
                 let first_attempt = match attempt {
-                    Attempt::Answered(answer) => return Ok(TurnAnswer::Replayed(answer)),
+                    Attempt::Answered(answer) => {
+                        return Ok(TurnAnswer::Replayed {
+                            answer,
+                            thread: request.thread,
+                        });
+                    }
                     Attempt::First => true,
                     Attempt::Again => false,
                 };
@@ -310,6 +409,14 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             }
             _ => None,
         };
+        if keyed.is_none()
+            && let Some(request_seq) = request.continues
+        {
+            let placed = self
+                .place(&store, &request.thread, request_seq, lease, None)
+                .await?;
+            (request.thread, lease, branched_after) = placed;
+        }
         // The turn runs apart from the client's connection from here on: a client that
         // goes away does not cancel it halfway (its messages stored but never sent), nor
         // the call and its recording (the answer is stored, and a retry with the same key
@@ -319,14 +426,99 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
         let turn = tokio::spawn(async move {
             let _guard = guard;
             service
-                .run_turn(store, request, settings, keyed, lease, slot)
+                .run_turn(store, request, settings, keyed, lease, slot, branched_after)
                 .await
         });
         turn.await
             .map_err(|error| TurnError::Stopped(error.to_string()))?
     }
 
+    /// Where a turn continuing after the request recorded at `request_seq` in `thread`
+    /// runs, holding `thread` with `lease`: on the thread when nothing followed that
+    /// request's answer, else on a branch forked after it (named after the key of a keyed
+    /// turn, so that its retries find it). Returns the thread, the lease held on it, and
+    /// the fork point of a branch.
+    async fn place(
+        &self,
+        store: &Scoped<S>,
+        thread: &str,
+        request_seq: u64,
+        lease: TurnLease,
+        key: Option<&str>,
+    ) -> Result<(String, TurnLease, Option<u64>), TurnError> {
+        let point = answer_point(store, thread, request_seq).await?;
+        let after = store.events_page(thread, point, 1, usize::MAX).await;
+        if after.map_err(ChatError::Store)?.events.is_empty() {
+            return Ok((thread.to_owned(), lease, None));
+        }
+        let branch = branch_name(thread, point, key);
+        let exists = key.is_some() && store.exists(&branch).await.map_err(ChatError::Store)?;
+        if !exists {
+            store
+                .fork(thread, point, &branch)
+                .await
+                .map_err(ChatError::Store)?;
+        }
+        // The branch is new (or the key's own): its turn does not wait on the thread.
+        drop(lease);
+        let lease = self
+            .parts
+            .turns
+            .wait_for_turn(store, &branch, self.parts.limits.turn_wait)
+            .await?;
+        Ok((branch, lease, Some(point)))
+    }
+
+    /// A turn that stores nothing: fitted, sent, not recorded.
+    async fn unrecorded_turn(
+        &self,
+        store: Scoped<S>,
+        request: TurnRequest,
+        settings: FitSettings,
+        slot: Slot,
+    ) -> Result<TurnAnswer, TurnError> {
+        let through = match request.continues {
+            Some(request_seq) => Some(answer_point(&store, &request.thread, request_seq).await?),
+            None => None,
+        };
+        let turn = ChatTurn {
+            store: &store,
+            thread: &request.thread,
+            settings,
+            tools: &request.call.tools,
+            response_format: request.call.response_format.as_ref(),
+            compaction: None,
+            compactor: &self.parts.compactor,
+            key: None,
+            first_attempt: false,
+            client_digest: None,
+            learner: Learner::Tenant(request.tenant.clone()),
+            cpu: Some((&self.parts.cpu, request.tenant.name().to_owned())),
+            instructions: request.instructions.as_deref(),
+            compact_threshold: None,
+        };
+        let fitted = turn
+            .fit_unrecorded(request.messages.clone(), through)
+            .await?;
+        self.parts.observer.request_fitted(&fitted);
+        let response = self
+            .parts
+            .upstream
+            .send(&request.call, &fitted.messages)
+            .await?;
+        Ok(TurnAnswer::Upstream {
+            response: holding(response, slot),
+            place: TurnPlace {
+                thread: request.thread,
+                request_seq: None,
+                branched_after: None,
+                summary: None,
+            },
+        })
+    }
+
     /// The turn once it holds its thread: prepared, sent, and its end recorded.
+    #[allow(clippy::too_many_arguments)]
     async fn run_turn(
         self,
         store: Scoped<S>,
@@ -335,6 +527,7 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
         keyed: Option<Keyed>,
         lease: TurnLease,
         slot: Slot,
+        branched_after: Option<u64>,
     ) -> Result<TurnAnswer, TurnError> {
         let parts = &self.parts;
         let TurnRequest {
@@ -342,6 +535,8 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             thread,
             messages,
             call,
+            instructions,
+            compact_threshold,
             ..
         } = request;
         let turn = ChatTurn {
@@ -357,6 +552,8 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             client_digest: keyed.as_ref().map(|keyed| keyed.digest.clone()),
             learner: Learner::Tenant(tenant.clone()),
             cpu: Some((&parts.cpu, tenant.name().to_owned())),
+            instructions: instructions.as_deref(),
+            compact_threshold,
         };
         let request_id = format!(
             "{thread}/chat-{}",
@@ -380,9 +577,15 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             _keyed: keyed,
             _slot: slot,
         };
+        let place = TurnPlace {
+            thread: thread.clone(),
+            request_seq: Some(prepared.request_seq),
+            branched_after,
+            summary: prepared.summary.clone(),
+        };
         self.send_and_record(&call, &prepared.fitted.messages, recorder)
             .await
-            .map(TurnAnswer::Upstream)
+            .map(|response| TurnAnswer::Upstream { response, place })
     }
 
     /// Sends a fitted request and records how it ended (for a stream, once it has been
@@ -469,6 +672,53 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             }
         })
     }
+}
+
+/// The point of `thread` after the request recorded at `request_seq`: its answer's seq, or
+/// for a request that got none, its end's (or its own, when it has no end).
+async fn answer_point<S: Store>(
+    store: &S,
+    thread: &str,
+    request_seq: u64,
+) -> Result<u64, ChatError> {
+    // A request's end and answer are appended right after it, its turn holding the thread.
+    let events = store
+        .events_through(thread, request_seq.saturating_sub(1), request_seq + 2)
+        .await?;
+    let mut events = events.into_iter();
+    let request_id = match events.next().map(|event| (event.seq, event.kind)) {
+        Some((seq, EventKind::RequestStarted(record))) if seq == request_seq => record.request_id,
+        _ => {
+            return Err(ChatError::UnknownPoint { seq: request_seq });
+        }
+    };
+    let mut point = request_seq;
+    for event in events {
+        match event.kind {
+            EventKind::RequestEnded(end) if end.request_id == request_id => point = event.seq,
+            EventKind::MessageAppended { .. } if point > request_seq => return Ok(event.seq),
+            _ => break,
+        }
+    }
+    Ok(point)
+}
+
+/// The name of a new branch of `thread` forked after `point`: the thread's root name and a
+/// part of its own, made from the key of a keyed turn (the same for its retries), else new.
+fn branch_name(thread: &str, point: u64, key: Option<&str>) -> String {
+    let root = thread.split('~').next().unwrap_or(thread);
+    let own = match key {
+        Some(key) => {
+            let mut digest = Sha256::new();
+            digest.update(thread.as_bytes());
+            digest.update(point.to_be_bytes());
+            digest.update(key.as_bytes());
+            let hash = digest.finalize();
+            hash[..8].iter().map(|byte| format!("{byte:02x}")).collect()
+        }
+        None => crate::system::new_id(&crate::system::RandomIds::default()),
+    };
+    format!("{root}~{own}")
 }
 
 /// A thread keeps one answer per turn, so a request for several choices is refused rather

@@ -26,8 +26,8 @@ use contexture_engine::tenant_slots::TenantSlots;
 use contexture_engine::turns::TurnQueue;
 use contexture_fake_upstream::{FakeUpstream, Reply};
 use contexture_llm::{
-    ChatCall, ClientRequest, Passthrough, ScriptedProvider, UpstreamBody, UpstreamConfig,
-    WireFormat,
+    ChatCall, ClientFormat, ClientRequest, Passthrough, ScriptedProvider, UpstreamBody,
+    UpstreamConfig, WireFormat,
 };
 use contexture_store::{SqliteStore, Store, StoreError, Tenant};
 use serde_json::{Value, json};
@@ -42,7 +42,7 @@ impl ChatObserver for Quiet {
     }
 }
 
-fn service(store: SqliteStore, upstream: &FakeUpstream) -> ChatService<SqliteStore> {
+pub(crate) fn service(store: SqliteStore, upstream: &FakeUpstream) -> ChatService<SqliteStore> {
     service_with(store, upstream, FitPolicy::default(), None)
 }
 
@@ -54,7 +54,7 @@ fn service_fitting(
     service_with(store, upstream, fit_policy, None)
 }
 
-fn service_with(
+pub(crate) fn service_with(
     store: SqliteStore,
     upstream: &FakeUpstream,
     fit_policy: FitPolicy,
@@ -88,7 +88,7 @@ fn service_with(
 }
 
 /// A turn as the chat-completions door reads one.
-fn turn(question: &str, stream: bool) -> TurnRequest {
+pub(crate) fn turn(question: &str, stream: bool) -> TurnRequest {
     let messages = vec![Message::user(question)];
     let body = json!({
         "model": "claude-sonnet-4-5",
@@ -110,13 +110,17 @@ fn turn(question: &str, stream: bool) -> TurnRequest {
             max_tokens: None,
             stream,
             client: ClientRequest {
-                format: WireFormat::OpenAiChat,
+                format: ClientFormat::OPENAI_CHAT,
                 body,
             },
         },
         reply_budget: None,
         choices: None,
         key: None,
+        continues: None,
+        instructions: None,
+        store: true,
+        compact_threshold: None,
     }
 }
 
@@ -128,14 +132,19 @@ async fn turns_against_an_anthropic_upstream_are_recorded_whole_and_streamed() {
     upstream.push(Reply::text_in_pieces(["Take ", "an umbrella."]).usage(31, 5));
     let chat = service(store.clone(), &upstream);
 
-    let TurnAnswer::Upstream(first) = chat.turn(turn("Weather in Porto?", false)).await.unwrap()
+    let TurnAnswer::Upstream {
+        response: first, ..
+    } = chat.turn(turn("Weather in Porto?", false)).await.unwrap()
     else {
         panic!("an upstream answer")
     };
     assert_eq!(first.format, WireFormat::AnthropicMessages);
     first.body.collect().await.unwrap();
 
-    let TurnAnswer::Upstream(second) = chat.turn(turn("And tomorrow?", true)).await.unwrap() else {
+    let TurnAnswer::Upstream {
+        response: second, ..
+    } = chat.turn(turn("And tomorrow?", true)).await.unwrap()
+    else {
         panic!("an upstream answer")
     };
     assert!(matches!(second.body, UpstreamBody::Stream(_)));
@@ -227,7 +236,10 @@ async fn with_fitting_off_a_turn_sends_the_whole_thread_or_is_refused_whole() {
         let chat = service_fitting(store.clone(), &upstream, off.clone());
         let answer = chat.turn(turn("Weather in Porto?", false)).await;
         if sent {
-            let Ok(TurnAnswer::Upstream(answer)) = answer else {
+            let Ok(TurnAnswer::Upstream {
+                response: answer, ..
+            }) = answer
+            else {
                 panic!("an upstream answer")
             };
             answer.body.collect().await.unwrap();
@@ -260,7 +272,10 @@ async fn with_fitting_off_a_turn_sends_the_whole_thread_or_is_refused_whole() {
     let compaction: CompactionPolicy =
         toml::from_str("trigger = { tokens = 2000 }\nkeep = { messages = 2 }").unwrap();
     let chat = service_with(store.clone(), &upstream, off, Some(compaction));
-    let Ok(TurnAnswer::Upstream(answer)) = chat.turn(turn("Weather in Porto?", false)).await else {
+    let Ok(TurnAnswer::Upstream {
+        response: answer, ..
+    }) = chat.turn(turn("Weather in Porto?", false)).await
+    else {
         panic!("an upstream answer after the compaction")
     };
     answer.body.collect().await.unwrap();
@@ -288,7 +303,9 @@ async fn a_compaction_policy_without_a_trigger_compacts_a_turn_past_ten_thousand
         let upstream = FakeUpstream::start().await;
         upstream.push(Reply::text("Rainy.").usage(20, 3));
         let chat = service_with(store.clone(), &upstream, FitPolicy::default(), Some(policy));
-        let Ok(TurnAnswer::Upstream(answer)) = chat.turn(turn("Weather in Porto?", false)).await
+        let Ok(TurnAnswer::Upstream {
+            response: answer, ..
+        }) = chat.turn(turn("Weather in Porto?", false)).await
         else {
             panic!("an upstream answer")
         };

@@ -2,6 +2,7 @@
 //! (linking a binary per file took most of a clean build's time).
 
 mod agent_loop;
+mod chat_branches;
 mod chat_turns;
 mod common;
 mod compaction;

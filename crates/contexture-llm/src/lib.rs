@@ -38,4 +38,4 @@ pub use passthrough::{
 pub use provider::{BoxFuture, ChatRequest, ChatResponse, Provider, StreamDelta, Usage};
 pub use retry::RetryPolicy;
 pub use scripted::{ScriptError, ScriptedProvider};
-pub use wire::{ChatCall, ClientRequest, RequestBody, WireFormat};
+pub use wire::{ChatCall, ClientFormat, ClientRequest, RequestBody, WireFormat};

@@ -20,6 +20,7 @@
 
 use contexture_core::Message;
 use contexture_core::format::{anthropic, openai};
+use contexture_core::message::{Content, Part};
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Value, json};
 
@@ -54,11 +55,48 @@ impl std::fmt::Display for WireFormat {
     }
 }
 
+/// The format a client's request came in: one an upstream speaks too, or OpenAI's
+/// Responses, which only clients speak here (its state lives in Contexture's threads, and
+/// its calls go upstream as chat calls).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ClientFormat {
+    /// A format upstreams speak too.
+    Wire(WireFormat),
+    /// OpenAI's Responses (`POST /v1/responses`).
+    OpenAiResponses,
+}
+
+impl ClientFormat {
+    /// OpenAI's chat completions.
+    pub const OPENAI_CHAT: ClientFormat = ClientFormat::Wire(WireFormat::OpenAiChat);
+    /// Anthropic's messages.
+    pub const ANTHROPIC_MESSAGES: ClientFormat = ClientFormat::Wire(WireFormat::AnthropicMessages);
+
+    /// The format's name, for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            ClientFormat::Wire(format) => format.name(),
+            ClientFormat::OpenAiResponses => "OpenAI Responses",
+        }
+    }
+
+    /// True when an upstream of `format` can be sent the client's own request.
+    pub fn is(self, format: WireFormat) -> bool {
+        self == ClientFormat::Wire(format)
+    }
+}
+
+impl std::fmt::Display for ClientFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// A client's request as it sent it, in its wire format.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClientRequest {
     /// The format it came in.
-    pub format: WireFormat,
+    pub format: ClientFormat,
     /// Its body (without what only Contexture reads, such as the thread's name).
     pub body: Map<String, Value>,
 }
@@ -172,7 +210,7 @@ impl ChatCall {
     }
 
     fn openai_body(&self, messages: &[Message]) -> Result<RequestBody<'_>, PassthroughError> {
-        if self.client.format == WireFormat::OpenAiChat {
+        if self.client.format.is(WireFormat::OpenAiChat) {
             let mut over = Map::new();
             over.insert("messages".into(), openai::to_values(messages));
             return Ok(RequestBody::Client {
@@ -182,12 +220,17 @@ impl ChatCall {
             });
         }
         let client = &self.client.body;
-        refuse(self.client.format, client, &["mcp_servers", "container"])?;
+        let responses = self.client.format == ClientFormat::OpenAiResponses;
+        if responses {
+            refuse(self.client.format, client, &["top_logprobs"])?;
+        } else {
+            refuse(self.client.format, client, &["mcp_servers", "container"])?;
+        }
         let mut body = Map::new();
         body.insert("model".into(), json!(self.model));
         body.insert(
             "messages".into(),
-            openai::to_values(&without_extra(messages)),
+            openai::to_values(&for_another_format(messages, true)),
         );
         if let Some(tokens) = self.max_tokens {
             body.insert("max_tokens".into(), json!(tokens));
@@ -199,7 +242,21 @@ impl ChatCall {
         if !self.tools.is_empty() {
             body.insert("tools".into(), Value::Array(self.tools.clone()));
         }
-        if let Some(choice) = client.get("tool_choice") {
+        if responses {
+            if let Some(choice) = client.get("tool_choice").filter(|c| !c.is_null()) {
+                body.insert("tool_choice".into(), chat_tool_choice(choice)?);
+            }
+            if !self.tools.is_empty() {
+                copy(client, &mut body, &["parallel_tool_calls"]);
+            }
+            if let Some(effort) = client
+                .get("reasoning")
+                .and_then(|reasoning| reasoning.get("effort"))
+                .filter(|effort| !effort.is_null())
+            {
+                body.insert("reasoning_effort".into(), effort.clone());
+            }
+        } else if let Some(choice) = client.get("tool_choice") {
             let (choice, parallel) = openai_tool_choice(choice)?;
             body.insert("tool_choice".into(), choice);
             if parallel == Some(false) {
@@ -209,7 +266,7 @@ impl ChatCall {
         if let Some(format) = &self.response_format {
             body.insert("response_format".into(), format.clone());
         }
-        if let Some(user) = client.get("metadata").and_then(|m| m.get("user_id")) {
+        if let Some(user) = end_user(&self.client) {
             body.insert("user".into(), user.clone());
         }
         if self.stream {
@@ -221,11 +278,14 @@ impl ChatCall {
     }
 
     fn anthropic_body(&self, messages: &[Message]) -> Result<RequestBody<'_>, PassthroughError> {
-        let same = self.client.format == WireFormat::AnthropicMessages;
+        let same = self.client.format.is(WireFormat::AnthropicMessages);
         let written = if same {
             anthropic::to_request(messages)
         } else {
-            anthropic::to_request(&without_extra(messages))
+            anthropic::to_request(&for_another_format(
+                messages,
+                self.client.format == ClientFormat::OpenAiResponses,
+            ))
         }
         .map_err(|error| PassthroughError::Unsupported {
             detail: format!("the messages cannot be written for Anthropic's API: {error}"),
@@ -254,6 +314,7 @@ impl ChatCall {
                 "functions",
                 "function_call",
                 "web_search_options",
+                "top_logprobs",
             ],
         )?;
         if let Some(format) = &self.response_format
@@ -287,7 +348,7 @@ impl ChatCall {
             );
         }
         let parallel = client.get("parallel_tool_calls").and_then(Value::as_bool);
-        match client.get("tool_choice") {
+        match client.get("tool_choice").filter(|choice| !choice.is_null()) {
             Some(choice) => {
                 let mut choice = anthropic_tool_choice(choice)?;
                 if parallel == Some(false) {
@@ -303,7 +364,7 @@ impl ChatCall {
             }
             None => {}
         }
-        if let Some(user) = client.get("user") {
+        if let Some(user) = end_user(&self.client) {
             body.insert("metadata".into(), json!({"user_id": user}));
         }
         if self.stream {
@@ -316,7 +377,7 @@ impl ChatCall {
 /// Refuses a request that sets one of `fields`: settings of `format` that change what the
 /// answer is and have no counterpart in the upstream's format.
 fn refuse(
-    format: WireFormat,
+    format: ClientFormat,
     client: &Map<String, Value>,
     fields: &[&str],
 ) -> Result<(), PassthroughError> {
@@ -352,20 +413,71 @@ fn copy(from: &Map<String, Value>, to: &mut Map<String, Value>, fields: &[&str])
     }
 }
 
-/// The messages without the fields of one wire format their `extra` holds.
-fn without_extra(messages: &[Message]) -> Vec<Message> {
+/// The messages as another format takes them: without the fields of the client's format
+/// that their `extra` holds (the other API would reject them), their parts' fields of it
+/// (Responses' part types and annotations) included, without reasoning when
+/// `drop_reasoning` (chat completions has no reasoning input, and reasoning another
+/// provider signed or encrypted is refused by the next), and a content of text parts only
+/// written as one text, which every server reads.
+fn for_another_format(messages: &[Message], drop_reasoning: bool) -> Vec<Message> {
     messages
         .iter()
         .map(|message| {
-            if message.extra.is_empty() {
-                message.clone()
-            } else {
-                let mut message = message.clone();
-                message.extra.clear();
-                message
+            let rewritten_parts = match &message.content {
+                Some(Content::Parts(parts)) => parts.iter().any(|part| match part {
+                    Part::Reasoning { .. } if drop_reasoning => true,
+                    Part::Text { extra, .. }
+                    | Part::Image { extra, .. }
+                    | Part::Reasoning { extra, .. } => !extra.is_empty(),
+                    Part::Other { .. } => false,
+                }),
+                _ => false,
+            };
+            if message.extra.is_empty() && !rewritten_parts {
+                return message.clone();
             }
+            let mut message = message.clone();
+            message.extra.clear();
+            if let Some(Content::Parts(parts)) = &mut message.content {
+                if drop_reasoning {
+                    parts.retain(|part| !matches!(part, Part::Reasoning { .. }));
+                }
+                for part in parts.iter_mut() {
+                    match part {
+                        Part::Text { extra, .. }
+                        | Part::Image { extra, .. }
+                        | Part::Reasoning { extra, .. } => extra.clear(),
+                        Part::Other { .. } => {}
+                    }
+                }
+                let texts: Option<Vec<&str>> = parts
+                    .iter()
+                    .map(|part| match part {
+                        Part::Text { text, .. } => Some(text.as_str()),
+                        _ => None,
+                    })
+                    .collect();
+                if let Some(texts) = texts {
+                    message.content = Some(Content::Text(texts.concat().into()));
+                }
+            }
+            message
         })
         .collect()
+}
+
+/// The end user's id the client gave (`user`, Responses' `safety_identifier`, Anthropic's
+/// `metadata.user_id`).
+fn end_user(client: &ClientRequest) -> Option<&Value> {
+    let body = &client.body;
+    let user = match client.format {
+        ClientFormat::Wire(WireFormat::AnthropicMessages) => body
+            .get("metadata")
+            .and_then(|metadata| metadata.get("user_id")),
+        ClientFormat::Wire(WireFormat::OpenAiChat) => body.get("user"),
+        ClientFormat::OpenAiResponses => body.get("safety_identifier").or_else(|| body.get("user")),
+    };
+    user.filter(|user| !user.is_null())
 }
 
 /// An OpenAI function tool in Anthropic's shape (`name`, `description`, `input_schema`); a
@@ -399,9 +511,12 @@ fn anthropic_tool_choice(choice: &Value) -> Result<Map<String, Value>, Passthrou
             "none" => json!({"type": "none"}),
             _ => return Err(bad_tool_choice(choice)),
         },
+        // Chat completions' `{"type": "function", "function": {"name"}}`, or Responses'
+        // flat `{"type": "function", "name"}`.
         Value::Object(choice) => match choice
             .get("function")
             .and_then(|function| function.get("name"))
+            .or_else(|| choice.get("name"))
         {
             Some(name) => json!({"type": "tool", "name": name}),
             None => return Err(bad_tool_choice(&Value::Object(choice.clone()))),
@@ -434,6 +549,23 @@ fn openai_tool_choice(choice: &Value) -> Result<(Value, Option<bool>), Passthrou
     Ok((shaped, parallel))
 }
 
+/// A Responses `tool_choice` (`"auto"`, `"none"`, `"required"`, or
+/// `{"type": "function", "name"}`) in chat completions' shape.
+fn chat_tool_choice(choice: &Value) -> Result<Value, PassthroughError> {
+    match choice {
+        Value::String(mode) if ["auto", "none", "required"].contains(&mode.as_str()) => {
+            Ok(choice.clone())
+        }
+        Value::Object(object) if object.get("type").and_then(Value::as_str) == Some("function") => {
+            match object.get("name") {
+                Some(name) => Ok(json!({"type": "function", "function": {"name": name}})),
+                None => Err(bad_tool_choice(choice)),
+            }
+        }
+        _ => Err(bad_tool_choice(choice)),
+    }
+}
+
 fn bad_tool_choice(choice: &Value) -> PassthroughError {
     PassthroughError::Unsupported {
         detail: format!("tool_choice: {choice} has no counterpart in the upstream's format"),
@@ -445,6 +577,10 @@ mod tests {
     use super::*;
 
     fn call(format: WireFormat, body: Value) -> ChatCall {
+        client_call(ClientFormat::Wire(format), body)
+    }
+
+    fn client_call(format: ClientFormat, body: Value) -> ChatCall {
         let Value::Object(body) = body else {
             panic!("an object")
         };
@@ -671,6 +807,132 @@ mod tests {
                 .as_object()
                 .unwrap()
                 .contains_key("refusal")
+        );
+    }
+
+    /// A Responses-shaped assistant turn: reasoning, then text parts with their annotations.
+    fn responses_turn() -> Vec<Message> {
+        let mut answer = Message::assistant("");
+        let mut text = Part::text("Sunny.");
+        if let Part::Text { extra, .. } = &mut text {
+            extra.insert("type".into(), json!("output_text"));
+            extra.insert("annotations".into(), json!([]));
+        }
+        answer.content = Some(Content::Parts(vec![
+            Part::Reasoning {
+                text: "The user wants weather.".into(),
+                signature: None,
+                redacted: Some("gAAA-encrypted".into()),
+                extra: Map::new(),
+            },
+            text,
+        ]));
+        answer.extra.insert("id".into(), json!("msg_1"));
+        answer.extra.insert("status".into(), json!("completed"));
+        vec![Message::user("Weather?"), answer]
+    }
+
+    #[test]
+    fn a_responses_call_is_written_as_chat_completions() {
+        let mut call = client_call(
+            ClientFormat::OpenAiResponses,
+            json!({
+                "model": "local-llama",
+                "input": "ignored: the chosen messages go",
+                "temperature": 0.3,
+                "top_p": 0.8,
+                "tool_choice": {"type": "function", "name": "lookup"},
+                "parallel_tool_calls": false,
+                "reasoning": {"effort": "low"},
+                "safety_identifier": "carol",
+                "store": true,
+                "metadata": {"team": "ops"},
+                "stream": true
+            }),
+        );
+        call.tools = vec![json!({"type": "function", "function": {"name": "lookup"}})];
+        call.max_tokens = Some(120);
+        let sent = call
+            .body_for(WireFormat::OpenAiChat, &responses_turn())
+            .map(value)
+            .unwrap();
+        assert_eq!(
+            sent,
+            json!({
+                "model": "local-llama",
+                "messages": [
+                    {"role": "user", "content": "Weather?"},
+                    {"role": "assistant", "content": "Sunny."}
+                ],
+                "max_tokens": 120,
+                "temperature": 0.3,
+                "top_p": 0.8,
+                "tools": [{"type": "function", "function": {"name": "lookup"}}],
+                "tool_choice": {"type": "function", "function": {"name": "lookup"}},
+                "parallel_tool_calls": false,
+                "reasoning_effort": "low",
+                "user": "carol",
+                "stream": true,
+                "stream_options": {"include_usage": true}
+            }),
+            "reasoning, item ids and part annotations stay with the Responses format"
+        );
+        for choice in ["auto", "none", "required"] {
+            let sent = client_call(
+                ClientFormat::OpenAiResponses,
+                json!({"model": "m", "tool_choice": choice}),
+            )
+            .body_for(WireFormat::OpenAiChat, &chosen())
+            .map(value)
+            .unwrap();
+            assert_eq!(sent["tool_choice"], choice);
+        }
+        for (body, field) in [
+            (
+                json!({"model": "m", "tool_choice": {"type": "file_search"}}),
+                "tool_choice",
+            ),
+            (json!({"model": "m", "top_logprobs": 3}), "top_logprobs"),
+        ] {
+            let call = client_call(ClientFormat::OpenAiResponses, body.clone());
+            let refused = call.body_for(WireFormat::OpenAiChat, &chosen());
+            assert!(
+                matches!(&refused, Err(PassthroughError::Unsupported { detail }) if detail.starts_with(field)),
+                "{body}: {refused:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_responses_call_is_written_for_anthropic() {
+        let mut call = client_call(
+            ClientFormat::OpenAiResponses,
+            json!({
+                "model": "claude-sonnet-4-5",
+                "tool_choice": {"type": "function", "name": "lookup"},
+                "parallel_tool_calls": false,
+                "user": "dave"
+            }),
+        );
+        call.tools = vec![json!({"type": "function", "function": {"name": "lookup"}})];
+        let sent = call
+            .body_for(WireFormat::AnthropicMessages, &responses_turn())
+            .map(value)
+            .unwrap();
+        assert_eq!(
+            sent,
+            json!({
+                "model": "claude-sonnet-4-5",
+                "max_tokens": ANTHROPIC_DEFAULT_MAX_TOKENS,
+                "messages": [
+                    {"role": "user", "content": "Weather?"},
+                    {"role": "assistant", "content": "Sunny."}
+                ],
+                "tools": [{"name": "lookup", "input_schema": {"type": "object", "properties": {}}}],
+                "tool_choice": {"type": "tool", "name": "lookup", "disable_parallel_tool_use": true},
+                "metadata": {"user_id": "dave"}
+            }),
+            "reasoning OpenAI encrypted is not sent to Anthropic"
         );
     }
 }

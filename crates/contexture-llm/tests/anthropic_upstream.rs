@@ -8,8 +8,8 @@ use std::time::Duration;
 use contexture_core::{Content, Message, Part, ToolCall};
 use contexture_fake_upstream::{FakeUpstream, Reply};
 use contexture_llm::{
-    AnswerAccumulator, ChatCall, ChatUpstream, ClientRequest, Passthrough, PassthroughError,
-    UpstreamBody, UpstreamConfig, WireFormat, record_stream,
+    AnswerAccumulator, ChatCall, ChatUpstream, ClientFormat, ClientRequest, Passthrough,
+    PassthroughError, UpstreamBody, UpstreamConfig, WireFormat, record_stream,
 };
 use serde_json::{Value, json};
 
@@ -46,7 +46,7 @@ fn openai_call(stream: bool) -> ChatCall {
         max_tokens: Some(256),
         stream,
         client: ClientRequest {
-            format: WireFormat::OpenAiChat,
+            format: ClientFormat::OPENAI_CHAT,
             body,
         },
     }

@@ -17,7 +17,6 @@ use axum::{Extension, Json};
 use contexture_core::format::openai_completion;
 use contexture_engine::chat::{ChatError, SHUT_DOWN, StoredAnswer};
 use contexture_engine::chat_service::{TurnAnswer, TurnError, TurnRequest};
-use contexture_engine::fitting::FitOverrides;
 use contexture_llm::passthrough::{PassthroughError, UpstreamBody, UpstreamResponse};
 use contexture_llm::wire::WireFormat;
 use serde_json::{Map, Value};
@@ -62,19 +61,22 @@ pub async fn completions(
     threads.refuse_writes(&thread)?;
     let stream = request.call.stream;
     let digest = chat_request_digest(&request.call.client.body);
-    let turn = TurnRequest {
-        tenant: tenant.clone(),
-        thread: thread.clone(),
-        overrides: FitOverrides::default(),
-        messages: request.messages,
-        call: request.call,
-        reply_budget: request.reply_budget,
-        choices: request.choices,
-        key: key.map(|key| (key, digest)),
-    };
+    let mut turn = TurnRequest::new(
+        tenant.clone(),
+        thread.clone(),
+        request.messages,
+        request.call,
+    );
+    turn.reply_budget = request.reply_budget;
+    turn.choices = request.choices;
+    turn.key = key.map(|key| (key, digest));
     match state.chat.turn(turn).await {
-        Ok(TurnAnswer::Replayed(answer)) => Ok(with_thread(replayed(&answer, stream), &thread)),
-        Ok(TurnAnswer::Upstream(response)) => Ok(passthrough_response(response, Some(&thread))),
+        Ok(TurnAnswer::Replayed { answer, .. }) => {
+            Ok(with_thread(replayed(&answer, stream), &thread))
+        }
+        Ok(TurnAnswer::Upstream { response, .. }) => {
+            Ok(passthrough_response(response, Some(&thread)))
+        }
         Err(error) => Err(turn_error(threads, error)),
     }
 }
@@ -129,6 +131,10 @@ fn chat_error(threads: TenantStore<'_>, error: ChatError) -> ApiError {
         error @ (ChatError::KeyTaken { .. } | ChatError::InFlight { .. }) => {
             ApiError::conflict(error.to_string())
         }
+        error @ ChatError::UnknownPoint { .. } => ApiError {
+            message: error.to_string(),
+            ..ApiError::not_found("request", "")
+        },
     }
 }
 

@@ -5,7 +5,7 @@
 use axum::http::HeaderMap;
 use contexture_core::Message;
 use contexture_core::format::openai_request::{ChatBody, read_chat_body};
-use contexture_llm::wire::{ChatCall, ClientRequest, WireFormat};
+use contexture_llm::wire::{ChatCall, ClientFormat, ClientRequest};
 use serde_json::{Map, Value};
 
 use crate::error::{ApiError, ApiResult};
@@ -54,7 +54,7 @@ impl ChatCompletionsCall {
                 max_tokens: read.reply_budget.map(|(_, tokens)| tokens),
                 stream: read.stream,
                 client: ClientRequest {
-                    format: WireFormat::OpenAiChat,
+                    format: ClientFormat::OPENAI_CHAT,
                     body,
                 },
             },
