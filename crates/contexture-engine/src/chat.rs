@@ -249,6 +249,8 @@ pub struct ChatTurn<'a, S> {
     /// keeping at most half of it verbatim (the policy's other settings, or the defaults,
     /// apply).
     pub compact_threshold: Option<u64>,
+    /// What the door keeps with the request's record ([`RequestRecord::client`]).
+    pub client_record: Option<&'a Value>,
 }
 
 /// A turn ready to send: its fitted request, recorded, and its hold on the thread.
@@ -267,6 +269,93 @@ pub struct PreparedTurn {
     pub summary: Option<Vec<Message>>,
     /// The seq of the request's record.
     pub request_seq: u64,
+}
+
+/// A chat turn as its thread recorded it.
+#[derive(Debug, Clone)]
+pub struct RecordedTurn {
+    /// Its request's record.
+    pub record: RequestRecord,
+    /// How its call ended, when that was recorded.
+    pub end: Option<RequestEnd>,
+    /// Its answer, when it got one.
+    pub answer: Option<Message>,
+    /// The point of the thread after the turn: its answer's seq, or for a turn that got
+    /// none, its end's (or its request's, when it has no end).
+    pub point: u64,
+}
+
+/// The chat turn whose request `thread` recorded at `request_seq`
+/// ([`ChatError::UnknownPoint`] when no request was recorded there).
+pub async fn recorded_turn<S: Store>(
+    store: &S,
+    thread: &str,
+    request_seq: u64,
+) -> Result<RecordedTurn, ChatError> {
+    // A request's end and answer are appended right after it, its turn holding the thread.
+    let events = store
+        .events_through(thread, request_seq.saturating_sub(1), request_seq + 2)
+        .await?;
+    let mut events = events.into_iter();
+    let record = match events.next().map(|event| (event.seq, event.kind)) {
+        Some((seq, EventKind::RequestStarted(record))) if seq == request_seq => record,
+        _ => return Err(ChatError::UnknownPoint { seq: request_seq }),
+    };
+    let mut turn = RecordedTurn {
+        record,
+        end: None,
+        answer: None,
+        point: request_seq,
+    };
+    for event in events {
+        match event.kind {
+            EventKind::RequestEnded(end) if end.request_id == turn.record.request_id => {
+                turn.point = event.seq;
+                turn.end = Some(end);
+            }
+            EventKind::MessageAppended { message } if turn.end.is_some() => {
+                turn.point = event.seq;
+                turn.answer = Some(message);
+                break;
+            }
+            _ => break,
+        }
+    }
+    Ok(turn)
+}
+
+/// What a recorded turn brought: its input and what a compaction it ran put in the place
+/// of the history.
+#[derive(Debug, Clone, Default)]
+pub struct TurnInput {
+    /// The messages it brought, as its thread holds them.
+    pub messages: Vec<Message>,
+    /// The messages that stand for the history its compaction covered, when it compacted.
+    pub summary: Option<Vec<Message>>,
+}
+
+/// What the turn whose request `record` was recorded at `request_seq` of `thread` brought.
+pub async fn turn_input<S: Store>(
+    store: &S,
+    thread: &str,
+    request_seq: u64,
+    record: &RequestRecord,
+) -> Result<TurnInput, ChatError> {
+    let Some(from) = record.input_from else {
+        return Ok(TurnInput::default());
+    };
+    let events = store
+        .events_through(thread, from.saturating_sub(1), request_seq)
+        .await?;
+    let mut input = TurnInput::default();
+    for event in events {
+        match event.kind {
+            EventKind::MessageAppended { message } => input.messages.push(message),
+            EventKind::ContextReplaced(op) => input.summary = Some(op.replacement),
+            _ => {}
+        }
+    }
+    Ok(input)
 }
 
 /// The system prompt a call is sent: its own instructions, then the thread's prompt.
@@ -377,10 +466,14 @@ impl<S: Store> ChatTurn<'_, S> {
             trimming.fit(preview, &turns, &schemas)?;
         }
         let new_count = new.iter().filter(|m| !m.role.is_system_like()).count();
+        let ended = abandoned.len();
+        let brought = !new.is_empty();
         let mut events: Vec<NewEvent> = abandoned.into_iter().map(abandoned_end).collect();
         events.extend(NewEvent::messages(new, self.key));
+        let mut input_from = None;
         if !events.is_empty() {
-            self.store.append(self.thread, events).await?;
+            let seqs = self.store.append(self.thread, events).await?;
+            input_from = seqs.get(ended).copied().filter(|_| brought);
         }
 
         let mut tail = load().await?;
@@ -444,6 +537,8 @@ impl<S: Store> ChatTurn<'_, S> {
             fit: Some(fitted.fit.clone()),
             purpose: Some("chat".into()),
             client_digest: self.client_digest.clone(),
+            input_from,
+            client: self.client_record.cloned(),
             ..RequestRecord::default()
         };
         let started = NewEvent::new(EventKind::RequestStarted(record));

@@ -23,7 +23,6 @@ use contexture_core::compact::CompactionPolicy;
 use contexture_core::fit::FitPolicy;
 use contexture_core::message::Message;
 use contexture_core::registry::Registry;
-use contexture_core::thread::EventKind;
 use contexture_llm::passthrough::{
     ChatUpstream, PassthroughError, UpstreamBody, UpstreamResponse, record_stream,
 };
@@ -34,6 +33,7 @@ use sha2::{Digest, Sha256};
 
 use crate::chat::{
     Attempt, ChatError, ChatTurn, CompletionRecord, StoredAnswer, TurnRecorder, previous_attempt,
+    recorded_turn,
 };
 use crate::compaction::{CompactionError, CompactionOutcome, Compactor};
 use crate::cpu::CpuPool;
@@ -111,6 +111,9 @@ pub struct TurnRequest {
     pub store: bool,
     /// Compact when the request passes this many tokens, whatever the policy's trigger.
     pub compact_threshold: Option<u64>,
+    /// What the door keeps with the request's record to answer reads of it later
+    /// ([`contexture_core::thread::RequestRecord::client`]).
+    pub client_record: Option<serde_json::Value>,
 }
 
 impl TurnRequest {
@@ -130,6 +133,7 @@ impl TurnRequest {
             instructions: None,
             store: true,
             compact_threshold: None,
+            client_record: None,
         }
     }
 }
@@ -496,6 +500,7 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             cpu: Some((&self.parts.cpu, request.tenant.name().to_owned())),
             instructions: request.instructions.as_deref(),
             compact_threshold: None,
+            client_record: None,
         };
         let fitted = turn
             .fit_unrecorded(request.messages.clone(), through)
@@ -537,6 +542,7 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             call,
             instructions,
             compact_threshold,
+            client_record,
             ..
         } = request;
         let turn = ChatTurn {
@@ -554,6 +560,7 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             cpu: Some((&parts.cpu, tenant.name().to_owned())),
             instructions: instructions.as_deref(),
             compact_threshold,
+            client_record: client_record.as_ref(),
         };
         let request_id = format!(
             "{thread}/chat-{}",
@@ -674,33 +681,14 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
     }
 }
 
-/// The point of `thread` after the request recorded at `request_seq`: its answer's seq, or
-/// for a request that got none, its end's (or its own, when it has no end).
+/// The point of `thread` after the request recorded at `request_seq` (see
+/// [`RecordedTurn::point`]).
 async fn answer_point<S: Store>(
     store: &S,
     thread: &str,
     request_seq: u64,
 ) -> Result<u64, ChatError> {
-    // A request's end and answer are appended right after it, its turn holding the thread.
-    let events = store
-        .events_through(thread, request_seq.saturating_sub(1), request_seq + 2)
-        .await?;
-    let mut events = events.into_iter();
-    let request_id = match events.next().map(|event| (event.seq, event.kind)) {
-        Some((seq, EventKind::RequestStarted(record))) if seq == request_seq => record.request_id,
-        _ => {
-            return Err(ChatError::UnknownPoint { seq: request_seq });
-        }
-    };
-    let mut point = request_seq;
-    for event in events {
-        match event.kind {
-            EventKind::RequestEnded(end) if end.request_id == request_id => point = event.seq,
-            EventKind::MessageAppended { .. } if point > request_seq => return Ok(event.seq),
-            _ => break,
-        }
-    }
-    Ok(point)
+    Ok(recorded_turn(store, thread, request_seq).await?.point)
 }
 
 /// The name of a new branch of `thread` forked after `point`: the thread's root name and a

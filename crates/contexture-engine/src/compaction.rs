@@ -728,6 +728,8 @@ impl Compactor {
                     purpose: Some("compaction".to_owned()),
                     client_digest: None,
                     pruned: None,
+                    input_from: None,
+                    client: None,
                 })])
                 .await?;
             let mut chat = ChatRequest::new(route.model.clone(), messages.clone());

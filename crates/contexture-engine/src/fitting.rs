@@ -532,6 +532,9 @@ pub struct FitOverrides {
     pub rules: Option<fit::Rules>,
     /// How the kept history is shaped beyond the strategy.
     pub shape: HistoryShape,
+    /// `false` turns fitting off for the request: the history goes as it is, and a request
+    /// over the window is refused ([`FitPolicy::enabled`]).
+    pub enabled: Option<bool>,
 }
 
 /// Why fit settings cannot be made.
@@ -815,6 +818,9 @@ fn resolve(
     }
     if overrides.reserve.is_some() {
         policy.reserve = overrides.reserve;
+    }
+    if let Some(enabled) = overrides.enabled {
+        policy.enabled = enabled;
     }
     let model = match window {
         WindowRule::AtMost => policy.model_at_most(model.clone()),

@@ -121,6 +121,7 @@ pub(crate) fn turn(question: &str, stream: bool) -> TurnRequest {
         instructions: None,
         store: true,
         compact_threshold: None,
+        client_record: None,
     }
 }
 

@@ -32,7 +32,7 @@ use serde_json::{Map, Value};
 use crate::error::retryable_status;
 use crate::http::join_url;
 use crate::openai::{ChunkProblem, CompletionProblem, StreamAssembly, parse_completion};
-use crate::provider::Usage;
+use crate::provider::{StreamDelta, Usage};
 use crate::retry::{RetryPolicy, parse_retry_after};
 use crate::sse::{SseDecoder, SseEvent};
 use crate::wire::{ChatCall, RequestBody, WireFormat};
@@ -620,11 +620,22 @@ impl AnswerAccumulator {
     /// Feeds the next bytes of a `text/event-stream` body, split at any point. Never fails:
     /// a malformed chunk, or an error chunk, is reported by [`AnswerAccumulator::finish`].
     pub fn push_sse_bytes(&mut self, chunk: &[u8]) {
+        self.push_sse_bytes_telling(chunk, &mut |_| {});
+    }
+
+    /// [`AnswerAccumulator::push_sse_bytes`], telling `on_delta` each piece of the answer
+    /// as it arrives (text, reasoning, tool call fragments), for a door that writes the
+    /// stream again in its client's format.
+    pub fn push_sse_bytes_telling(
+        &mut self,
+        chunk: &[u8],
+        on_delta: &mut (dyn FnMut(StreamDelta) + Send),
+    ) {
         if self.problem.is_some() {
             return;
         }
         let events = self.decoder.feed(chunk);
-        self.absorb(events);
+        self.absorb(events, on_delta);
     }
 
     /// Reads a whole (non-streamed) `chat.completion` body.
@@ -647,7 +658,7 @@ impl AnswerAccumulator {
     pub fn finish(mut self) -> Result<Answer, PassthroughError> {
         if self.problem.is_none() {
             let last = self.decoder.finish();
-            self.absorb(last);
+            self.absorb(last, &mut |_| {});
         }
         if let Some(problem) = self.problem {
             return Err(problem);
@@ -698,7 +709,11 @@ impl AnswerAccumulator {
         }
     }
 
-    fn absorb(&mut self, events: impl IntoIterator<Item = SseEvent>) {
+    fn absorb(
+        &mut self,
+        events: impl IntoIterator<Item = SseEvent>,
+        on_delta: &mut (dyn FnMut(StreamDelta) + Send),
+    ) {
         let assembly = match &mut self.assembly {
             Assembly::OpenAi(assembly) => assembly,
             Assembly::Anthropic(assembly) => {
@@ -721,13 +736,13 @@ impl AnswerAccumulator {
                         });
                         return;
                     }
-                    assembly.absorb(&data, &mut |_| {});
+                    assembly.absorb(&data, on_delta);
                 }
                 return;
             }
         };
         for event in events {
-            if let Err(problem) = assembly.absorb_data(&event.data, &mut |_| {}) {
+            if let Err(problem) = assembly.absorb_data(&event.data, on_delta) {
                 self.problem = Some(match problem {
                     ChunkProblem::NotJson { .. } => PassthroughError::Malformed {
                         detail: problem.to_string(),

@@ -9,8 +9,8 @@ use bytes::Bytes;
 use contexture_core::{Content, Message, Part, ToolCall};
 use contexture_fake_upstream::{FakeUpstream, Reply};
 use contexture_llm::{
-    Answer, AnswerAccumulator, ClientFormat, Passthrough, PassthroughError, UpstreamBody,
-    UpstreamConfig, UpstreamResponse, UpstreamStream, Usage, WireFormat, record_stream,
+    Answer, AnswerAccumulator, Passthrough, PassthroughError, UpstreamBody, UpstreamConfig,
+    UpstreamResponse, UpstreamStream, Usage, WireFormat, record_stream,
 };
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -28,7 +28,7 @@ fn sse_chunks(chunks: impl IntoIterator<Item = Bytes>) -> Reply {
 fn config(base_url: &str, retries: u32) -> UpstreamConfig {
     UpstreamConfig {
         base_url: base_url.to_owned(),
-        format: ClientFormat::OPENAI_CHAT,
+        format: WireFormat::OpenAiChat,
         api_key: Some(KEY.to_owned()),
         timeout: Duration::from_secs(10),
         retries,

@@ -34,7 +34,7 @@ use crate::auth::{KeyCache, RateLimiter, authenticate};
 use crate::body::BodyTimeout;
 use crate::config::ServerConfig;
 use crate::metrics::{Metrics, track};
-use crate::routes::{chat, executions, ops, threads};
+use crate::routes::{chat, executions, ops, responses, threads};
 use crate::tenancy::Tenant;
 
 /// Why the server could not start.
@@ -439,6 +439,12 @@ fn api_routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
         ("/v1/executions/{id}/cancel", post(executions::cancel)),
         ("/v1/executions/{id}/requests", get(executions::requests)),
         ("/v1/chat/completions", post(chat::completions)),
+        ("/v1/responses", post(responses::create)),
+        ("/v1/responses/{id}", get(responses::retrieve)),
+        (
+            "/v1/responses/{id}/input_items",
+            get(responses::input_items),
+        ),
         ("/v1/models", get(chat::models)),
     ]
 }

@@ -4,6 +4,8 @@ pub mod chat;
 pub mod chat_request;
 pub mod executions;
 pub mod ops;
+pub mod responses;
+pub mod responses_call;
 pub mod threads;
 
 /// A fresh id for a thread, an execution or a request the client did not name.

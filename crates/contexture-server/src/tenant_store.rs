@@ -17,6 +17,7 @@ use contexture_store::{
     ThreadInfo, TurnQueueStore,
 };
 
+use contexture_engine::chat::{ChatError, RecordedTurn, TurnInput, recorded_turn, turn_input};
 use contexture_engine::executor::Executor;
 use contexture_engine::turns::{TurnLease, TurnQueue, TurnWaitError};
 
@@ -237,6 +238,30 @@ impl<S: StoreView> TenantStore<'_, S> {
             .events_page(id, after, limit, max_bytes)
             .await
             .map_err(|error| self.error(error))
+    }
+
+    /// The chat turn of the tenant's thread `id` whose request was recorded at
+    /// `request_seq`, with what it brought; `None` when there is no such thread or turn.
+    pub(crate) async fn recorded_turn(
+        &self,
+        id: &str,
+        request_seq: u64,
+    ) -> ApiResult<Option<(RecordedTurn, TurnInput)>> {
+        let turn = match recorded_turn(&self.store, id, request_seq).await {
+            Ok(turn) => turn,
+            Err(ChatError::UnknownPoint { .. } | ChatError::Store(StoreError::NotFound { .. })) => {
+                return Ok(None);
+            }
+            Err(ChatError::Store(error)) => return Err(self.error(error)),
+            Err(error) => return Err(ApiError::unprocessable(error.to_string())),
+        };
+        let input = turn_input(&self.store, id, request_seq, &turn.record)
+            .await
+            .map_err(|error| match error {
+                ChatError::Store(error) => self.error(error),
+                error => ApiError::unprocessable(error.to_string()),
+            })?;
+        Ok(Some((turn, input)))
     }
 
     /// The tail of the tenant's thread `id` (see [`Store::load_projection_tail`]).

@@ -10,6 +10,7 @@ mod doors;
 mod executions;
 mod hostile;
 mod request_records;
+mod responses;
 mod retention;
 mod storage;
 mod tenancy;

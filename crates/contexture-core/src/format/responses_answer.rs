@@ -140,6 +140,49 @@ fn output_content(content: Option<&Value>) -> Value {
     )
 }
 
+/// An item as a list of stored items shows it (`input_items`, a conversation's items):
+/// with its `id` (`id` when it has none), `status: completed`, and a message's text as a
+/// list of parts (`input_text`, or `output_text` for the assistant) as OpenAI lists them.
+pub fn listed_item(mut item: Value, id: &str) -> Value {
+    let Value::Object(fields) = &mut item else {
+        return item;
+    };
+    fields
+        .entry("id")
+        .or_insert_with(|| Value::String(id.to_owned()));
+    let is_message = fields.get("type").and_then(Value::as_str) == Some("message");
+    if is_message || fields.get("type").and_then(Value::as_str) == Some("function_call") {
+        fields.entry("status").or_insert_with(|| json!("completed"));
+    }
+    if is_message && let Some(Value::String(text)) = fields.get("content") {
+        let kind = match fields.get("role").and_then(Value::as_str) {
+            Some("assistant") => "output_text",
+            _ => "input_text",
+        };
+        let mut part = json!({"type": kind, "text": text});
+        if kind == "output_text" {
+            part["annotations"] = json!([]);
+        }
+        fields.insert("content".into(), json!([part]));
+    }
+    item
+}
+
+/// The `compaction` item a response's output begins with when its turn compacted the
+/// history: `summary`, the messages that stand for the history compacted, as readable text
+/// in the item's `encrypted_content` (OpenAI's own is encrypted; this one reads as it is and
+/// goes to any model), made by `created_by`.
+pub fn compaction_item(summary: &[Message], id_seed: &str) -> Value {
+    let text = summary
+        .iter()
+        .map(Message::text)
+        .filter(|text| !text.is_empty())
+        .collect::<Vec<_>>()
+        .join("\n\n");
+    json!({"id": format!("cmp_{id_seed}"), "type": "compaction",
+           "encrypted_content": text, "created_by": "contexture"})
+}
+
 /// The `response` object: `header`, the `output` items, `status` and `usage`.
 pub fn response_object(
     header: &ResponseHeader<'_>,

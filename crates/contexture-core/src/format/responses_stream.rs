@@ -31,6 +31,8 @@ enum Item {
         name: String,
         arguments: String,
     },
+    /// An item that arrives whole (a compaction item).
+    Whole(Value),
 }
 
 /// The events of one streamed response (see the module documentation).
@@ -64,6 +66,23 @@ impl ResponseStream {
         response["status"] = json!("in_progress");
         let mut out = self.event("response.created", json!({"response": response.clone()}));
         out.push_str(&self.event("response.in_progress", json!({"response": response})));
+        out
+    }
+
+    /// An item that arrives whole (the compaction item a compacted turn's output begins
+    /// with): `response.output_item.added` and `.done`.
+    pub fn whole_item(&mut self, item: Value) -> String {
+        let mut out = self.close();
+        let index = self.items.len();
+        out.push_str(&self.event(
+            "response.output_item.added",
+            json!({"output_index": index, "item": item.clone()}),
+        ));
+        out.push_str(&self.event(
+            "response.output_item.done",
+            json!({"output_index": index, "item": item.clone()}),
+        ));
+        self.items.push(Item::Whole(item));
         out
     }
 
@@ -238,7 +257,7 @@ impl ResponseStream {
                     json!({"item_id": id, "output_index": index, "arguments": arguments}),
                 ));
             }
-            Item::Reasoning { .. } => {}
+            Item::Reasoning { .. } | Item::Whole(_) => {}
         }
         let item = self.item_value(index);
         out.push_str(&self.event(
@@ -263,6 +282,7 @@ impl ResponseStream {
                 arguments,
             } => json!({"id": id, "type": "function_call", "status": "completed",
                 "call_id": call_id, "name": name, "arguments": arguments}),
+            Item::Whole(item) => item.clone(),
         }
     }
 

@@ -44,6 +44,9 @@ impl Event {
 }
 
 /// What an event records.
+// A request record is the largest event by far (its messages are on the heap either way);
+// a box would cost an allocation per record read for a few hundred bytes per event held.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum EventKind {
@@ -464,6 +467,14 @@ pub struct RequestRecord {
     /// then empty): the record keeps everything else.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pruned: Option<PrunedRequest>,
+    /// For a chat turn that brought new messages: the seq of the first (they run up to the
+    /// record), so that the turn's input can be read back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_from: Option<u64>,
+    /// What the door the request came through keeps of it to answer reads of it later (the
+    /// Responses door: the request's fields a response object echoes), as that door wrote it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<Value>,
 }
 
 /// What a retention policy removed from a request record.

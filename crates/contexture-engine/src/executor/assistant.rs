@@ -343,6 +343,8 @@ impl<S: Store> Executor<S> {
                 purpose: None,
                 client_digest: None,
                 pruned: None,
+                input_from: None,
+                client: None,
             })],
         )
         .await?;

@@ -104,7 +104,7 @@ fn replayed(answer: &StoredAnswer, stream: bool) -> Response {
 }
 
 /// A turn's refusal as the API answers it.
-fn turn_error(threads: TenantStore<'_>, error: TurnError) -> ApiError {
+pub(crate) fn turn_error(threads: TenantStore<'_>, error: TurnError) -> ApiError {
     match error {
         TurnError::Chat(error) => chat_error(threads, error),
         TurnError::Busy(full) => full.into(),

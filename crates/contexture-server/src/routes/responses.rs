@@ -1,0 +1,516 @@
+//! The OpenAI Responses door: `POST /v1/responses` is read into the engine's chat turn
+//! ([`ChatService::turn`]) and its answer written as a `response` object (or its stream of
+//! events); `GET /v1/responses/{id}` and `GET /v1/responses/{id}/input_items` read a stored
+//! response back from its thread.
+//!
+//! State lives in threads. A request that names neither `previous_response_id` nor
+//! `conversation` starts a new thread; `previous_response_id` continues from the response it
+//! names (on a branch of its thread when the thread went on past it); `conversation` names a
+//! thread. `instructions` are the call's own; `store: false` keeps nothing.
+//!
+//! [`ChatService::turn`]: contexture_engine::chat_service::ChatService::turn
+
+use axum::Extension;
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use contexture_core::format::responses;
+use contexture_core::format::responses_answer::{ResponseStatus, listed_item};
+use contexture_core::format::responses_stream::ResponseStream;
+use contexture_core::thread::RequestOutcome;
+use contexture_engine::chat::ChatError;
+use contexture_engine::chat_service::{TurnAnswer, TurnError, TurnPlace, TurnRequest};
+use contexture_engine::fitting::FitError;
+use contexture_llm::StreamDelta;
+use contexture_llm::passthrough::{
+    AnswerAccumulator, PassthroughError, UpstreamBody, UpstreamResponse, UpstreamStream,
+};
+use futures_util::StreamExt;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::body::JsonBody;
+use crate::error::{ApiError, ApiResult};
+use crate::routes::chat::{REPLAYED_HEADER, chat_request_digest, turn_error};
+use crate::routes::responses_call::{
+    ResponseFacts, ResponseId, ResponsesCall, new_token, no_response,
+};
+
+/// `POST /v1/responses`: read, run as the engine's chat turn, written as a response.
+pub async fn create(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<Value>,
+) -> ApiResult<Response> {
+    let key = crate::body::idempotency_key(&headers)?;
+    let tenant = &caller.tenant;
+    let threads = state.tenant_store(tenant);
+    let request = ResponsesCall::parse(body, now_secs())?;
+    let (thread, continues) = match (&request.previous, &request.read.conversation) {
+        (Some(previous), _) => (previous.thread.clone(), Some(previous.request_seq)),
+        (None, Some(conversation)) => {
+            if !threads.exists(conversation).await? {
+                return Err(ApiError::not_found("conversation", conversation));
+            }
+            (conversation.clone(), None)
+        }
+        (None, None) => (format!("responses-{}", new_token()), None),
+    };
+    if request.read.store {
+        threads.refuse_writes(&thread)?;
+    }
+    let digest = chat_request_digest(&request.call.client.body);
+    let stream = request.read.stream;
+    let refuses_overflow = request.refuses_overflow();
+    let previous_id = request.read.previous_response_id.clone();
+    let echo = request.echo;
+    let mut turn = TurnRequest::new(tenant.clone(), thread, request.read.input, request.call);
+    turn.reply_budget = request
+        .read
+        .max_output_tokens
+        .map(|tokens| ("max_output_tokens", tokens));
+    turn.key = key.map(|key| (key, digest));
+    turn.continues = continues;
+    turn.instructions = request.read.instructions;
+    turn.store = request.read.store;
+    turn.compact_threshold = request.read.compact_threshold;
+    if refuses_overflow {
+        turn.overrides.enabled = Some(false);
+    }
+    turn.client_record = Some(echo.clone());
+    let answer = state.chat.turn(turn).await.map_err(|error| {
+        responses_error(
+            &state,
+            tenant,
+            error,
+            previous_id.as_deref(),
+            refuses_overflow,
+        )
+    })?;
+    match answer {
+        TurnAnswer::Replayed { answer, thread } => {
+            let id = ResponseId::encode(&thread, answer.request_seq);
+            let end = answer.end.as_ref();
+            let status = ResponseStatus::from_finish_reason(
+                end.and_then(|end| end.finish_reason.as_deref()),
+            );
+            let facts = ResponseFacts { id, echo };
+            let object = facts.object(
+                &status,
+                None,
+                Some(&answer.message),
+                end.map(|end| end.usage),
+            );
+            let mut response = if stream {
+                event_stream(Body::from(whole_stream(&facts, &object)))
+            } else {
+                Json(object).into_response()
+            };
+            response
+                .headers_mut()
+                .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+            Ok(response)
+        }
+        TurnAnswer::Upstream { response, place } => {
+            let id = match place.request_seq {
+                Some(seq) => ResponseId::encode(&place.thread, seq),
+                None => ResponseId::unstored(),
+            };
+            let facts = ResponseFacts { id, echo };
+            answer_response(facts, response, place, stream).await
+        }
+    }
+}
+
+/// A turn's refusal as this door answers it: what the chat door answers, except that an
+/// input over the window with truncation disabled is OpenAI's `context_length_exceeded`,
+/// and a response id that names nothing is a 404 naming the response.
+fn responses_error(
+    state: &AppState,
+    tenant: &contexture_store::Tenant,
+    error: TurnError,
+    previous: Option<&str>,
+    refuses_overflow: bool,
+) -> ApiError {
+    match (&error, previous) {
+        (TurnError::Chat(ChatError::Fit(fit @ FitError::OverWindow { .. })), _)
+            if refuses_overflow =>
+        {
+            ApiError {
+                status: StatusCode::BAD_REQUEST,
+                code: "context_length_exceeded",
+                message: format!("truncation is disabled and the input does not fit: {fit}"),
+                param: Some("input".into()),
+            }
+        }
+        (
+            TurnError::Chat(
+                ChatError::UnknownPoint { .. }
+                | ChatError::Store(contexture_store::StoreError::NotFound { .. }),
+            ),
+            Some(previous),
+        ) => no_response(previous),
+        _ => turn_error(state.tenant_store(tenant), error),
+    }
+}
+
+/// The upstream's answer as a response object or a stream of events.
+async fn answer_response(
+    facts: ResponseFacts,
+    response: UpstreamResponse,
+    place: TurnPlace,
+    stream: bool,
+) -> ApiResult<Response> {
+    if !response.is_success() {
+        let status = response.status;
+        let body = response.body.collect().await.unwrap_or_default();
+        return Err(upstream_refusal(status, &body));
+    }
+    let format = response.format;
+    let summary = place.summary;
+    match response.body {
+        UpstreamBody::Full(bytes) => {
+            let object = match AnswerAccumulator::from_body(format, &bytes) {
+                Ok(answer) => facts.object(
+                    &ResponseStatus::from_finish_reason(answer.finish_reason.as_deref()),
+                    summary.as_deref(),
+                    Some(&answer.message),
+                    answer.usage.map(usage),
+                ),
+                Err(error) => facts.object(&failed(&error), summary.as_deref(), None, None),
+            };
+            Ok(if stream {
+                event_stream(Body::from(whole_stream(&facts, &object)))
+            } else {
+                Json(object).into_response()
+            })
+        }
+        UpstreamBody::Stream(upstream) => {
+            let events = translated(
+                facts,
+                upstream,
+                AnswerAccumulator::for_format(format),
+                summary,
+            );
+            Ok(event_stream(Body::from_stream(events)))
+        }
+    }
+}
+
+/// A failed call as a response's status.
+fn failed(error: &PassthroughError) -> ResponseStatus {
+    ResponseStatus::Failed {
+        code: "server_error".to_owned(),
+        message: error.to_string(),
+    }
+}
+
+/// The upstream's usage as a thread records it.
+fn usage(usage: contexture_llm::Usage) -> contexture_core::thread::Usage {
+    contexture_core::thread::Usage::new(usage.input_tokens, usage.output_tokens)
+}
+
+/// An upstream's refusal (a status that is not success), passed on with its status and
+/// what it said.
+fn upstream_refusal(status: u16, body: &[u8]) -> ApiError {
+    let said: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let message = said
+        .get("error")
+        .and_then(|error| error.get("message").or(Some(error)))
+        .map(|message| match message {
+            Value::String(text) => text.clone(),
+            other => other.to_string(),
+        })
+        .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(2_000)]).into_owned());
+    ApiError {
+        status: StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
+        code: "upstream_error",
+        message: format!("the upstream answered {status}: {message}"),
+        param: None,
+    }
+}
+
+/// A whole response object written as the events of a stream (a replayed answer, or an
+/// upstream that answered whole).
+fn whole_stream(facts: &ResponseFacts, object: &Value) -> String {
+    let header = facts.header();
+    let mut writer = ResponseStream::new(facts.seed());
+    let mut out = writer.start(&header);
+    let items = object["output"].as_array().cloned().unwrap_or_default();
+    let mut calls = 0;
+    for item in items {
+        match item.get("type").and_then(Value::as_str) {
+            Some("message") => {
+                let text = item["content"][0]["text"].as_str().unwrap_or_default();
+                out.push_str(&writer.text(text));
+            }
+            Some("function_call") => {
+                out.push_str(
+                    &writer.tool_call(
+                        calls,
+                        item.get("call_id").and_then(Value::as_str),
+                        item.get("name").and_then(Value::as_str),
+                        item.get("arguments")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default(),
+                    ),
+                );
+                calls += 1;
+            }
+            _ => out.push_str(&writer.whole_item(item)),
+        }
+    }
+    let status = match object["status"].as_str() {
+        Some("failed") => ResponseStatus::Failed {
+            code: object["error"]["code"]
+                .as_str()
+                .unwrap_or("server_error")
+                .to_owned(),
+            message: object["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        },
+        Some("incomplete") => ResponseStatus::Incomplete {
+            reason: object["incomplete_details"]["reason"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        },
+        _ => ResponseStatus::Completed,
+    };
+    let usage = object["usage"].as_object().map(|usage| {
+        contexture_core::thread::Usage::new(
+            usage["input_tokens"].as_u64().unwrap_or_default(),
+            usage["output_tokens"].as_u64().unwrap_or_default(),
+        )
+    });
+    out.push_str(&writer.finish(&header, &status, usage));
+    out
+}
+
+/// A `text/event-stream` response.
+fn event_stream(body: Body) -> Response {
+    ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response()
+}
+
+/// The upstream's stream of answer pieces (recorded as it passes) written again as the
+/// Responses events of `facts`' response.
+fn translated(
+    facts: ResponseFacts,
+    upstream: UpstreamStream,
+    accumulator: AnswerAccumulator,
+    summary: Option<Vec<contexture_core::Message>>,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send {
+    struct Translation {
+        facts: ResponseFacts,
+        upstream: UpstreamStream,
+        accumulator: AnswerAccumulator,
+        writer: ResponseStream,
+    }
+    let mut writer = ResponseStream::new(facts.seed());
+    let mut first = writer.start(&facts.header());
+    if let Some(summary) = &summary {
+        first.push_str(&writer.whole_item(
+            contexture_core::format::responses_answer::compaction_item(summary, facts.seed()),
+        ));
+    }
+    let translation = Translation {
+        facts,
+        upstream,
+        accumulator,
+        writer,
+    };
+    let rest = futures_util::stream::unfold(Some(translation), |state| async move {
+        let mut state = state?;
+        match state.upstream.next().await {
+            Some(Ok(bytes)) => {
+                let mut out = String::new();
+                let writer = &mut state.writer;
+                state
+                    .accumulator
+                    .push_sse_bytes_telling(&bytes, &mut |delta| {
+                        out.push_str(&match delta {
+                            StreamDelta::Text(text) => writer.text(&text),
+                            StreamDelta::Reasoning(text) => writer.reasoning(&text),
+                            StreamDelta::ToolCall {
+                                index,
+                                id,
+                                name,
+                                arguments,
+                            } => {
+                                writer.tool_call(index, id.as_deref(), name.as_deref(), &arguments)
+                            }
+                        });
+                    });
+                Some((Ok(Bytes::from(out)), Some(state)))
+            }
+            Some(Err(error)) => {
+                let header = state.facts.header();
+                let out = state.writer.finish(&header, &failed(&error), None);
+                Some((Ok(Bytes::from(out)), None))
+            }
+            None => {
+                let header = state.facts.header();
+                let accumulator = std::mem::take(&mut state.accumulator);
+                let out = match accumulator.finish() {
+                    Ok(answer) => state.writer.finish(
+                        &header,
+                        &ResponseStatus::from_finish_reason(answer.finish_reason.as_deref()),
+                        answer.usage.map(usage),
+                    ),
+                    Err(error) => state.writer.finish(&header, &failed(&error), None),
+                };
+                Some((Ok(Bytes::from(out)), None))
+            }
+        }
+    });
+    futures_util::stream::once(async move { Ok(Bytes::from(first)) }).chain(rest)
+}
+
+/// `GET /v1/responses/{id}`: a stored response as it was answered (or, while its call is
+/// in flight, `in_progress`).
+pub async fn retrieve(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let threads = state.tenant_store(&caller.tenant);
+    let found = ResponseId::decode(&id).ok_or_else(|| no_response(&id))?;
+    let (turn, input) = threads
+        .recorded_turn(&found.thread, found.request_seq)
+        .await?
+        .ok_or_else(|| no_response(&id))?;
+    let Some(echo) = turn.record.client.clone() else {
+        // A chat turn of another door: not a response.
+        return Err(no_response(&id));
+    };
+    let facts = ResponseFacts { id, echo };
+    let usage = turn.end.as_ref().map(|end| end.usage);
+    let mut object = match &turn.end {
+        Some(end) if end.outcome == RequestOutcome::Completed => facts.object(
+            &ResponseStatus::from_finish_reason(end.finish_reason.as_deref()),
+            input.summary.as_deref(),
+            turn.answer.as_ref(),
+            usage,
+        ),
+        Some(end) => facts.object(
+            &ResponseStatus::Failed {
+                code: "server_error".to_owned(),
+                message: end
+                    .error
+                    .clone()
+                    .unwrap_or_else(|| "the call failed".to_owned()),
+            },
+            input.summary.as_deref(),
+            None,
+            usage,
+        ),
+        None => {
+            let mut object = facts.object(
+                &ResponseStatus::Completed,
+                input.summary.as_deref(),
+                None,
+                None,
+            );
+            object["status"] = json!("in_progress");
+            object
+        }
+    };
+    if object["model"] == "" {
+        object["model"] = json!(turn.record.model);
+    }
+    Ok(Json(object))
+}
+
+/// The query of `GET /v1/responses/{id}/input_items`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputItemsQuery {
+    /// At most this many items (1 to 100, default 20).
+    limit: Option<usize>,
+    /// `asc` or `desc` (the default, newest first).
+    order: Option<String>,
+    /// Items after this id, in the order asked.
+    after: Option<String>,
+    /// Fields to include (accepted; items are always whole).
+    #[serde(rename = "include[]")]
+    include: Option<String>,
+}
+
+/// `GET /v1/responses/{id}/input_items`: the items the response's request brought, as its
+/// thread holds them.
+pub async fn input_items(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    Query(query): Query<InputItemsQuery>,
+) -> ApiResult<Json<Value>> {
+    let limit = query.limit.unwrap_or(20);
+    if !(1..=100).contains(&limit) {
+        return Err(ApiError::invalid("limit", "limit: must be 1 to 100"));
+    }
+    let ascending = match query.order.as_deref() {
+        None | Some("desc") => false,
+        Some("asc") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "order",
+                format!("order: must be asc or desc, not `{other}`"),
+            ));
+        }
+    };
+    let _ = query.include;
+    let threads = state.tenant_store(&caller.tenant);
+    let found = ResponseId::decode(&id).ok_or_else(|| no_response(&id))?;
+    let (turn, input) = threads
+        .recorded_turn(&found.thread, found.request_seq)
+        .await?
+        .ok_or_else(|| no_response(&id))?;
+    if turn.record.client.is_none() {
+        return Err(no_response(&id));
+    }
+    let mut items: Vec<Value> = responses::to_items(&input.messages)
+        .into_iter()
+        .enumerate()
+        .map(|(index, item)| listed_item(item, &format!("in_{}_{index}", facts_seed(&id))))
+        .collect();
+    if !ascending {
+        items.reverse();
+    }
+    if let Some(after) = &query.after {
+        let at = items
+            .iter()
+            .position(|item| item.get("id").and_then(Value::as_str) == Some(after))
+            .ok_or_else(|| ApiError::invalid("after", format!("after: no input item `{after}`")))?;
+        items.drain(..=at);
+    }
+    let has_more = items.len() > limit;
+    items.truncate(limit);
+    let first_id = items.first().and_then(|item| item.get("id")).cloned();
+    let last_id = items.last().and_then(|item| item.get("id")).cloned();
+    Ok(Json(json!({
+        "object": "list",
+        "data": items,
+        "first_id": first_id,
+        "last_id": last_id,
+        "has_more": has_more,
+    })))
+}
+
+fn facts_seed(id: &str) -> &str {
+    id.strip_prefix("resp_").unwrap_or(id)
+}
+
+/// Now, in seconds since the Unix epoch.
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_secs())
+}

@@ -1,0 +1,554 @@
+//! The Responses door over real sockets, against a fake OpenAI-compatible upstream: chained
+//! responses keep their history in a thread, an older response continues on a branch,
+//! instructions stay with their call, `store: false` keeps nothing, a stream is the documented
+//! events, truncation disabled refuses an input over the window, a compaction threshold puts
+//! a readable compaction item first; another tenant's ids are 404 and hostile bodies are
+//! refused naming the field.
+
+use crate::common;
+
+use common::{TestServer, client, config};
+use contexture_fake_upstream::{FakeUpstream, Reply};
+use contexture_store::testing::TempDir;
+use contexture_store::{AnyStore, SqliteStore};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+async fn server(upstream: &FakeUpstream) -> (TempDir, TestServer, String) {
+    let dir = TempDir::new("contexture-responses");
+    let store = SqliteStore::open(dir.join("responses.db")).await.unwrap();
+    let server =
+        TestServer::start(config(Some(&upstream.base_url())), AnyStore::Sqlite(store)).await;
+    let key = server.key("acme").await;
+    (dir, server, key)
+}
+
+async fn respond(server: &TestServer, key: &str, body: Value) -> (StatusCode, Value) {
+    server.call(key, "POST", "/v1/responses", Some(body)).await
+}
+
+/// The answer's text: the text of its message items.
+fn output_text(response: &Value) -> String {
+    response["output"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no output: {response}"))
+        .iter()
+        .filter(|item| item["type"] == "message")
+        .flat_map(|item| item["content"].as_array().cloned().unwrap_or_default())
+        .filter_map(|part| part["text"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// The (role, content) of each message the upstream's `index`th call was sent.
+fn sent(upstream: &FakeUpstream, index: usize) -> Vec<(String, Value)> {
+    upstream.call(index).json["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|message| {
+            (
+                message["role"].as_str().unwrap().to_owned(),
+                message["content"].clone(),
+            )
+        })
+        .collect()
+}
+
+fn said(pairs: &[(&str, &str)]) -> Vec<(String, Value)> {
+    pairs
+        .iter()
+        .map(|(role, text)| ((*role).to_owned(), json!(text)))
+        .collect()
+}
+
+#[tokio::test]
+async fn chained_responses_keep_their_history_and_an_older_one_continues_on_a_branch() {
+    let upstream = FakeUpstream::start().await;
+    let (_dir, server, key) = server(&upstream).await;
+    let (status, first) = respond(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "input": "What is Rust?", "instructions": "Be brief.",
+               "metadata": {"team": "docs"}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    assert_eq!(first["object"], "response");
+    assert_eq!(first["status"], "completed");
+    assert_eq!(first["instructions"], "Be brief.");
+    assert_eq!(first["metadata"]["team"], "docs");
+    assert_eq!(output_text(&first), "reply 1");
+    assert_eq!(first["usage"]["total_tokens"], 12);
+    let first_id = first["id"].as_str().unwrap().to_owned();
+    assert!(first_id.starts_with("resp_"), "{first_id}");
+    assert_eq!(
+        sent(&upstream, 0),
+        said(&[("system", "Be brief."), ("user", "What is Rust?")])
+    );
+
+    let (status, second) = respond(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "input": [{"role": "user", "content": "Who made it?"}],
+               "previous_response_id": first_id}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{second}");
+    assert_eq!(second["previous_response_id"], json!(first_id));
+    assert_eq!(second["instructions"], Value::Null);
+    assert_eq!(
+        sent(&upstream, 1),
+        said(&[
+            ("user", "What is Rust?"),
+            ("assistant", "reply 1"),
+            ("user", "Who made it?")
+        ]),
+        "the history came from the thread; the instructions stayed with their call"
+    );
+
+    // A retry from the first answer: a branch that does not see the second turn.
+    let (status, branch) = respond(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "input": "When was it released?",
+               "previous_response_id": first_id}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{branch}");
+    assert_eq!(
+        sent(&upstream, 2),
+        said(&[
+            ("user", "What is Rust?"),
+            ("assistant", "reply 1"),
+            ("user", "When was it released?")
+        ])
+    );
+    // Both can be continued, each with its own history.
+    let (_, after_second) = respond(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "input": "And then?", "previous_response_id": second["id"]}),
+    )
+    .await;
+    assert_eq!(after_second["status"], "completed", "{after_second}");
+    assert_eq!(sent(&upstream, 3).len(), 5);
+    let (_, after_branch) = respond(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "input": "And then?", "previous_response_id": branch["id"]}),
+    )
+    .await;
+    assert_eq!(after_branch["status"], "completed", "{after_branch}");
+    assert_eq!(sent(&upstream, 4)[2].1, json!("When was it released?"));
+
+    // Stored responses read back as they were answered, with their input.
+    let (status, read) = server
+        .call(&key, "GET", &format!("/v1/responses/{first_id}"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{read}");
+    for field in [
+        "id",
+        "status",
+        "output",
+        "instructions",
+        "metadata",
+        "usage",
+        "model",
+    ] {
+        assert_eq!(read[field], first[field], "{field}");
+    }
+    let second_id = second["id"].as_str().unwrap();
+    let (status, items) = server
+        .call(
+            &key,
+            "GET",
+            &format!("/v1/responses/{second_id}/input_items"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{items}");
+    assert_eq!(items["object"], "list");
+    assert_eq!(items["data"].as_array().unwrap().len(), 1, "{items}");
+    assert_eq!(items["data"][0]["role"], "user");
+    assert_eq!(items["data"][0]["content"][0]["text"], "Who made it?");
+}
+
+#[tokio::test]
+async fn a_function_call_and_its_output_make_a_round_trip() {
+    let upstream = FakeUpstream::start().await;
+    upstream.push(Reply::tool_call(
+        "call_1",
+        "weather",
+        json!({"city": "Porto"}),
+    ));
+    upstream.push(Reply::text("Rainy in Porto."));
+    let (_dir, server, key) = server(&upstream).await;
+    let tools = json!([{"type": "function", "name": "weather", "description": "Weather",
+                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]);
+    let (status, first) = respond(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "input": "Weather in Porto?", "tools": tools,
+               "tool_choice": "auto"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    let call = &first["output"][0];
+    assert_eq!(call["type"], "function_call", "{first}");
+    assert_eq!(call["call_id"], "call_1");
+    assert_eq!(call["name"], "weather");
+    assert_eq!(
+        serde_json::from_str::<Value>(call["arguments"].as_str().unwrap()).unwrap(),
+        json!({"city": "Porto"})
+    );
+    assert_eq!(
+        upstream.call(0).json["tools"][0]["function"]["name"],
+        "weather",
+        "tools go upstream in chat completions' shape"
+    );
+    let (status, second) = respond(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "previous_response_id": first["id"], "tools": tools,
+               "input": [{"type": "function_call_output", "call_id": "call_1", "output": "rain"}]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{second}");
+    assert_eq!(output_text(&second), "Rainy in Porto.");
+    let messages = upstream.call(1).json["messages"].clone();
+    assert_eq!(messages[1]["tool_calls"][0]["id"], "call_1", "{messages}");
+    assert_eq!(messages[2]["role"], "tool");
+    assert_eq!(messages[2]["tool_call_id"], "call_1");
+    assert_eq!(messages[2]["content"], "rain");
+}
+
+/// The events of a Responses stream: (event name, data).
+fn events(body: &str) -> Vec<(String, Value)> {
+    body.split("\n\n")
+        .filter(|event| !event.trim().is_empty())
+        .map(|event| {
+            let mut name = String::new();
+            let mut data = Value::Null;
+            for line in event.lines() {
+                if let Some(value) = line.strip_prefix("event: ") {
+                    name = value.to_owned();
+                } else if let Some(value) = line.strip_prefix("data: ") {
+                    data = serde_json::from_str(value).unwrap();
+                }
+            }
+            (name, data)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_streamed_response_is_the_documented_events_and_is_stored() {
+    let upstream = FakeUpstream::start().await;
+    upstream.push(Reply::text_in_pieces(["Rust is ", "a language."]));
+    let (_dir, server, key) = server(&upstream).await;
+    let response = client()
+        .post(server.url("/v1/responses"))
+        .bearer_auth(&key)
+        .json(&json!({"model": "gpt-4o-mini", "input": "What is Rust?", "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(
+        response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let events = events(&response.text().await.unwrap());
+    let names: Vec<&str> = events.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.output_text.delta",
+            "response.output_text.delta",
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.completed"
+        ]
+    );
+    for (index, (name, data)) in events.iter().enumerate() {
+        assert_eq!(data["type"], json!(name));
+        assert_eq!(data["sequence_number"], json!(index));
+    }
+    let completed = &events.last().unwrap().1["response"];
+    assert_eq!(output_text(completed), "Rust is a language.");
+    assert!(
+        upstream.call(0).json["stream"] == true,
+        "the upstream streamed too"
+    );
+    let id = completed["id"].as_str().unwrap();
+    let (status, read) = server
+        .call(&key, "GET", &format!("/v1/responses/{id}"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{read}");
+    assert_eq!(output_text(&read), "Rust is a language.");
+}
+
+#[tokio::test]
+async fn a_response_not_stored_keeps_nothing_and_cannot_be_continued() {
+    let upstream = FakeUpstream::start().await;
+    let (_dir, server, key) = server(&upstream).await;
+    let (_, first) = respond(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "input": "What is Rust?"}),
+    )
+    .await;
+    let (status, unstored) = respond(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "input": "Who made it?", "store": false,
+               "previous_response_id": first["id"]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{unstored}");
+    assert_eq!(unstored["store"], false);
+    assert_eq!(
+        sent(&upstream, 1),
+        said(&[
+            ("user", "What is Rust?"),
+            ("assistant", "reply 1"),
+            ("user", "Who made it?")
+        ])
+    );
+    let id = unstored["id"].as_str().unwrap();
+    let (status, _) = server
+        .call(&key, "GET", &format!("/v1/responses/{id}"), None)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, body) = respond(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "input": "And?", "previous_response_id": id}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    // The first response's thread did not take the unstored turn: continuing it sends
+    // only the first exchange.
+    respond(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "input": "When?", "previous_response_id": first["id"]}),
+    )
+    .await;
+    assert_eq!(sent(&upstream, 2).len(), 3);
+}
+
+#[tokio::test]
+async fn truncation_disabled_refuses_an_input_over_the_window_before_calling_upstream() {
+    let upstream = FakeUpstream::start().await;
+    let (_dir, server, key) = server(&upstream).await;
+    let long = "node-7 reports disk pressure again. ".repeat(20_000);
+    let (status, body) = respond(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "input": long, "truncation": "disabled"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["code"], "context_length_exceeded");
+    assert_eq!(body["error"]["param"], "input");
+    assert_eq!(upstream.calls().len(), 0);
+}
+
+#[tokio::test]
+async fn a_compaction_threshold_puts_a_readable_compaction_item_first() {
+    let upstream = FakeUpstream::start().await;
+    let (_dir, server, key) = server(&upstream).await;
+    let mut previous = Value::Null;
+    for question in ["First question about node-7?", "Second one?", "Third one?"] {
+        let (_, response) = respond(
+            &server,
+            &key,
+            json!({"model": "gpt-4o-mini", "input": question, "previous_response_id": previous}),
+        )
+        .await;
+        previous = response["id"].clone();
+    }
+    // The server's summarizer is the offline one: no call for the summary.
+    let (status, compacted) = respond(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "input": "Fourth?", "previous_response_id": previous,
+               "context_management": [{"type": "compaction", "compact_threshold": 20}]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{compacted}");
+    let item = &compacted["output"][0];
+    assert_eq!(item["type"], "compaction", "{compacted}");
+    let summary = item["encrypted_content"].as_str().unwrap();
+    assert!(
+        summary.contains("Summary of the earlier conversation") && summary.contains("reply 2"),
+        "readable: {summary}"
+    );
+    assert!(output_text(&compacted).starts_with("reply"), "{compacted}");
+    // The turn's request was sent the summary in place of the older turns.
+    let last = upstream.calls().len() - 1;
+    let sent = sent(&upstream, last);
+    assert!(
+        sent.iter()
+            .any(|(_, content)| content.to_string().contains("Summary of the earlier")),
+        "{sent:?}"
+    );
+    assert!(
+        sent.len() < 7,
+        "the older turns are not sent whole: {sent:?}"
+    );
+    // It reads back the same.
+    let id = compacted["id"].as_str().unwrap();
+    let (_, read) = server
+        .call(&key, "GET", &format!("/v1/responses/{id}"), None)
+        .await;
+    assert_eq!(read["output"][0], compacted["output"][0]);
+}
+
+#[tokio::test]
+async fn another_tenants_responses_and_conversations_are_not_found() {
+    let upstream = FakeUpstream::start().await;
+    let (_dir, server, key) = server(&upstream).await;
+    let other = server.key("globex").await;
+    let (_, first) = respond(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "input": "Secret plans?"}),
+    )
+    .await;
+    let id = first["id"].as_str().unwrap();
+    for path in [
+        format!("/v1/responses/{id}"),
+        format!("/v1/responses/{id}/input_items"),
+    ] {
+        let (status, body) = server.call(&other, "GET", &path, None).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {body}");
+        assert!(!body.to_string().contains("Secret"), "{body}");
+    }
+    let calls = upstream.calls().len();
+    let (status, body) = respond(
+        &server,
+        &other,
+        json!({"model": "gpt-4o-mini", "input": "More?", "previous_response_id": id}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert_eq!(upstream.calls().len(), calls, "nothing was sent");
+    // A thread of the tenant named as a conversation is found; another tenant's is not.
+    server
+        .call(&key, "POST", "/v1/threads", Some(json!({"id": "plans"})))
+        .await;
+    let (status, body) = respond(
+        &server,
+        &other,
+        json!({"model": "gpt-4o-mini", "input": "More?", "conversation": "plans"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    let (status, body) = respond(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "input": "More?", "conversation": "plans"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
+
+#[tokio::test]
+async fn hostile_requests_are_refused_naming_what_is_wrong() {
+    let upstream = FakeUpstream::start().await;
+    let (_dir, server, key) = server(&upstream).await;
+    let table = [
+        (json!([1, 2]), StatusCode::BAD_REQUEST, "body"),
+        (json!({"input": "hi"}), StatusCode::BAD_REQUEST, "model"),
+        (
+            json!({"model": "gpt-4o-mini", "input": 7}),
+            StatusCode::BAD_REQUEST,
+            "input",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": "hi", "tools": [{"type": "web_search"}]}),
+            StatusCode::BAD_REQUEST,
+            "tools",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": "hi", "background": true}),
+            StatusCode::BAD_REQUEST,
+            "background",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": "hi", "surprise": 1}),
+            StatusCode::BAD_REQUEST,
+            "surprise",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": "hi", "previous_response_id": "resp_1_x",
+                   "conversation": "c"}),
+            StatusCode::BAD_REQUEST,
+            "conversation",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": "hi", "previous_response_id": "resp_../../etc"}),
+            StatusCode::NOT_FOUND,
+            "",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": "hi", "previous_response_id": "resp_99_bm93aGVyZQ"}),
+            StatusCode::NOT_FOUND,
+            "",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": "hi", "conversation": "no-such-thread"}),
+            StatusCode::NOT_FOUND,
+            "",
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": [{"type": "function_call_output", "call_id": "nope", "output": "x"}]}),
+            StatusCode::BAD_REQUEST,
+            "messages",
+        ),
+    ];
+    for (body, expected, param) in table {
+        let (status, answer) = respond(&server, &key, body.clone()).await;
+        assert_eq!(status, expected, "{body}: {answer}");
+        if !param.is_empty() {
+            let named = answer["error"]["param"].as_str().unwrap_or_default();
+            assert!(named.starts_with(param), "{body}: {answer}");
+        }
+    }
+    for path in [
+        "/v1/responses/resp_1",
+        "/v1/responses/not-an-id",
+        "/v1/responses/resp_1_%00%01/input_items",
+    ] {
+        let (status, body) = server.call(&key, "GET", path, None).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {body}");
+    }
+    let (_, first) = respond(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "input": "What is Rust?"}),
+    )
+    .await;
+    let id = first["id"].as_str().unwrap();
+    for query in ["limit=0", "limit=101", "order=sideways", "after=nope"] {
+        let (status, body) = server
+            .call(
+                &key,
+                "GET",
+                &format!("/v1/responses/{id}/input_items?{query}"),
+                None,
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {body}");
+    }
+    assert_eq!(upstream.calls().len(), 1, "only the good request was sent");
+}
