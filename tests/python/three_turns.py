@@ -27,7 +27,7 @@ try:
     from openai import OpenAI
 except ImportError:
     print(
-        "the Python package `openai` is missing: python3 -m pip install 'openai>=1.40,<3'",
+        "the Python package `openai` is missing: python3 -m pip install 'openai==3.57.0'",
         file=sys.stderr,
     )
     sys.exit(3)

@@ -66,7 +66,7 @@ fn stored(server: &Server, key: &str, thread: &str) -> (Vec<(String, String)>, V
 #[test]
 fn the_openai_python_sdk_talks_to_contexture_serve() {
     if let Err(problem) = sdk_available() {
-        let advice = "install it with: python3 -m pip install 'openai>=1.40,<3' (as .ci/run does)";
+        let advice = "install it with: python3 -m pip install 'openai==3.57.0' (as .ci/run does)";
         if under_ci() {
             panic!("the Python package `openai` is missing under CI ({problem}); {advice}");
         }

@@ -13,7 +13,7 @@
 use axum::Extension;
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -34,7 +34,7 @@ use serde_json::{Value, json};
 
 use crate::app::AppState;
 use crate::auth::Caller;
-use crate::body::JsonBody;
+use crate::body::{JsonBody, QueryParams};
 use crate::error::{ApiError, ApiResult};
 use crate::routes::chat::{REPLAYED_HEADER, chat_request_digest, turn_error};
 use crate::routes::responses_call::{
@@ -440,7 +440,7 @@ pub struct InputItemsQuery {
     /// Items after this id, in the order asked.
     after: Option<String>,
     /// Fields to include (accepted; items are always whole).
-    #[serde(rename = "include[]")]
+    #[serde(rename = "include[]", alias = "include")]
     include: Option<String>,
 }
 
@@ -450,7 +450,7 @@ pub async fn input_items(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-    Query(query): Query<InputItemsQuery>,
+    QueryParams(query): QueryParams<InputItemsQuery>,
 ) -> ApiResult<Json<Value>> {
     let limit = query.limit.unwrap_or(20);
     if !(1..=100).contains(&limit) {
