@@ -508,6 +508,8 @@ impl Thread {
             | EventKind::CompactionFailed(_)
             | EventKind::CancelRequested(_) => {}
             EventKind::PolicySet(change) => self.policy = change.policy,
+            // A deleted response's turn stays in the conversation.
+            EventKind::RequestDeleted { .. } => {}
         }
         self.last_seq = seq;
         Ok(())
@@ -654,7 +656,8 @@ pub fn projection_watermark<'a>(events: impl IntoIterator<Item = (u64, &'a Event
             | EventKind::RunEnded(_)
             | EventKind::CompactionFailed(_)
             | EventKind::CancelRequested(_)
-            | EventKind::PolicySet(_) => {}
+            | EventKind::PolicySet(_)
+            | EventKind::RequestDeleted { .. } => {}
         }
     }
     bases.get(active.as_str()).copied().unwrap_or(0)

@@ -301,6 +301,13 @@ pub async fn recorded_turn<S: Store>(
         Some((seq, EventKind::RequestStarted(record))) if seq == request_seq => record,
         _ => return Err(ChatError::UnknownPoint { seq: request_seq }),
     };
+    if store
+        .keyed_event(thread, &deletion_key(request_seq))
+        .await?
+        .is_some()
+    {
+        return Err(ChatError::UnknownPoint { seq: request_seq });
+    }
     let mut turn = RecordedTurn {
         record,
         end: None,
@@ -322,6 +329,26 @@ pub async fn recorded_turn<S: Store>(
         }
     }
     Ok(turn)
+}
+
+/// The idempotency key of the deletion of the turn whose request was recorded at `seq`:
+/// a read of the turn finds it by its key, without reading the thread after it.
+fn deletion_key(seq: u64) -> String {
+    format!("deleted:{seq}")
+}
+
+/// Deletes the chat turn whose request `thread` recorded at `request_seq` (see
+/// [`EventKind::RequestDeleted`]): [`ChatError::UnknownPoint`] when there is none (or it was
+/// deleted already). The caller holds the thread, so that no turn of it is in flight.
+pub async fn delete_recorded_turn<S: Store>(
+    store: &S,
+    thread: &str,
+    request_seq: u64,
+) -> Result<u64, ChatError> {
+    recorded_turn(store, thread, request_seq).await?;
+    let deletion = NewEvent::new(EventKind::RequestDeleted { request_seq })
+        .with_key(deletion_key(request_seq));
+    Ok(store.append_one(thread, deletion).await?)
 }
 
 /// What a recorded turn brought: its input and what a compaction it ran put in the place

@@ -23,6 +23,7 @@ use contexture_core::compact::CompactionPolicy;
 use contexture_core::fit::FitPolicy;
 use contexture_core::message::Message;
 use contexture_core::registry::Registry;
+use contexture_core::thread::EventKind;
 use contexture_llm::passthrough::{
     ChatUpstream, PassthroughError, UpstreamBody, UpstreamResponse, record_stream,
 };
@@ -451,8 +452,7 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
         key: Option<&str>,
     ) -> Result<(String, TurnLease, Option<u64>), TurnError> {
         let point = answer_point(store, thread, request_seq).await?;
-        let after = store.events_page(thread, point, 1, usize::MAX).await;
-        if after.map_err(ChatError::Store)?.events.is_empty() {
+        if !went_on_after(store, thread, point).await? {
             return Ok((thread.to_owned(), lease, None));
         }
         let branch = branch_name(thread, point, key);
@@ -689,6 +689,27 @@ async fn answer_point<S: Store>(
     request_seq: u64,
 ) -> Result<u64, ChatError> {
     Ok(recorded_turn(store, thread, request_seq).await?.point)
+}
+
+/// True when `thread` went on after its event `point`: something of the conversation came
+/// after it (a deleted response's mark, or a request that brought nothing, does not count).
+async fn went_on_after<S: Store>(store: &S, thread: &str, point: u64) -> Result<bool, ChatError> {
+    const PAGE: usize = 16;
+    let mut after = point;
+    loop {
+        let page = store.events_page(thread, after, PAGE, usize::MAX).await?;
+        for event in &page.events {
+            match event.kind {
+                EventKind::RequestDeleted { .. }
+                | EventKind::RequestStarted(_)
+                | EventKind::RequestEnded(_) => after = event.seq,
+                _ => return Ok(true),
+            }
+        }
+        if !page.more {
+            return Ok(false);
+        }
+    }
 }
 
 /// The name of a new branch of `thread` forked after `point`: the thread's root name and a

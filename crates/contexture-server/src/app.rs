@@ -34,7 +34,7 @@ use crate::auth::{KeyCache, RateLimiter, authenticate};
 use crate::body::BodyTimeout;
 use crate::config::ServerConfig;
 use crate::metrics::{Metrics, track};
-use crate::routes::{chat, executions, ops, responses, threads};
+use crate::routes::{chat, conversations, executions, ops, responses, threads};
 use crate::tenancy::Tenant;
 
 /// Why the server could not start.
@@ -440,10 +440,22 @@ fn api_routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
         ("/v1/executions/{id}/requests", get(executions::requests)),
         ("/v1/chat/completions", post(chat::completions)),
         ("/v1/responses", post(responses::create)),
-        ("/v1/responses/{id}", get(responses::retrieve)),
+        (
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::delete),
+        ),
         (
             "/v1/responses/{id}/input_items",
             get(responses::input_items),
+        ),
+        ("/v1/conversations", post(conversations::create)),
+        (
+            "/v1/conversations/{id}",
+            get(conversations::retrieve).delete(conversations::delete),
+        ),
+        (
+            "/v1/conversations/{id}/items",
+            get(conversations::items).post(conversations::add_items),
         ),
         ("/v1/models", get(chat::models)),
     ]

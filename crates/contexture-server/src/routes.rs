@@ -2,6 +2,7 @@
 
 pub mod chat;
 pub mod chat_request;
+pub mod conversations;
 pub mod executions;
 pub mod ops;
 pub mod responses;

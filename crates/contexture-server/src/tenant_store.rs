@@ -17,7 +17,9 @@ use contexture_store::{
     ThreadInfo, TurnQueueStore,
 };
 
-use contexture_engine::chat::{ChatError, RecordedTurn, TurnInput, recorded_turn, turn_input};
+use contexture_engine::chat::{
+    ChatError, RecordedTurn, TurnInput, delete_recorded_turn, recorded_turn, turn_input,
+};
 use contexture_engine::executor::Executor;
 use contexture_engine::turns::{TurnLease, TurnQueue, TurnWaitError};
 
@@ -216,6 +218,14 @@ impl<S: StoreView> TenantStore<'_, S> {
             .map_err(|error| self.error(error))
     }
 
+    /// The summary of the tenant's thread `id`, when it exists.
+    pub(crate) async fn thread_info(&self, id: &str) -> ApiResult<Option<ThreadInfo>> {
+        self.store
+            .thread_info(id)
+            .await
+            .map_err(|error| self.error(error))
+    }
+
     /// Fails with 404 unless the tenant's thread `id` exists.
     pub(crate) async fn ensure(&self, id: &str) -> ApiResult<()> {
         if self.exists(id).await? {
@@ -262,6 +272,19 @@ impl<S: StoreView> TenantStore<'_, S> {
                 error => ApiError::unprocessable(error.to_string()),
             })?;
         Ok(Some((turn, input)))
+    }
+
+    /// Deletes the chat turn of the tenant's thread `id` whose request was recorded at
+    /// `request_seq`; false when there is no such thread or turn.
+    pub(crate) async fn delete_recorded_turn(&self, id: &str, request_seq: u64) -> ApiResult<bool> {
+        match delete_recorded_turn(&self.store, id, request_seq).await {
+            Ok(_) => Ok(true),
+            Err(ChatError::UnknownPoint { .. } | ChatError::Store(StoreError::NotFound { .. })) => {
+                Ok(false)
+            }
+            Err(ChatError::Store(error)) => Err(self.error(error)),
+            Err(error) => Err(ApiError::unprocessable(error.to_string())),
+        }
     }
 
     /// The tail of the tenant's thread `id` (see [`Store::load_projection_tail`]).

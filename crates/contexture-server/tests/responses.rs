@@ -552,3 +552,218 @@ async fn hostile_requests_are_refused_naming_what_is_wrong() {
     }
     assert_eq!(upstream.calls().len(), 1, "only the good request was sent");
 }
+
+#[tokio::test]
+async fn a_deleted_response_reads_as_gone_and_its_thread_goes_on() {
+    let upstream = FakeUpstream::start().await;
+    let (_dir, server, key) = server(&upstream).await;
+    let other = server.key("globex").await;
+    let (_, first) = respond(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "input": "What is Rust?"}),
+    )
+    .await;
+    let (_, second) = respond(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "input": "Who made it?", "previous_response_id": first["id"]}),
+    )
+    .await;
+    let first_id = first["id"].as_str().unwrap();
+    let path = format!("/v1/responses/{first_id}");
+    let (status, _) = server.call(&other, "DELETE", &path, None).await;
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "another tenant cannot delete it"
+    );
+    let (status, deleted) = server.call(&key, "DELETE", &path, None).await;
+    assert_eq!(status, StatusCode::OK, "{deleted}");
+    assert_eq!(
+        deleted,
+        json!({"id": first_id, "object": "response.deleted", "deleted": true})
+    );
+    for (method, path) in [
+        ("GET", path.clone()),
+        ("GET", format!("{path}/input_items")),
+        ("DELETE", path.clone()),
+    ] {
+        let (status, body) = server.call(&key, method, &path, None).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{method} {path}: {body}");
+    }
+    let (status, _) = respond(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "input": "And?", "previous_response_id": first_id}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    // The thread keeps the conversation: the second response goes on with it, on the
+    // thread itself (the deletion's mark is not a turn).
+    let (status, third) = respond(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "input": "When?", "previous_response_id": second["id"]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{third}");
+    let last = upstream.calls().len() - 1;
+    assert_eq!(
+        sent(&upstream, last),
+        said(&[
+            ("user", "What is Rust?"),
+            ("assistant", "reply 1"),
+            ("user", "Who made it?"),
+            ("assistant", "reply 2"),
+            ("user", "When?")
+        ])
+    );
+    let third_thread = ResponseIdThread::of(&third);
+    assert_eq!(
+        third_thread,
+        ResponseIdThread::of(&second),
+        "no branch was made"
+    );
+}
+
+/// The thread a response id names (its part after the seq), to compare two responses'.
+#[derive(Debug, PartialEq)]
+struct ResponseIdThread(String);
+
+impl ResponseIdThread {
+    fn of(response: &Value) -> ResponseIdThread {
+        let id = response["id"].as_str().unwrap();
+        let (_, thread) = id.strip_prefix("resp_").unwrap().split_once('_').unwrap();
+        ResponseIdThread(thread.to_owned())
+    }
+}
+
+#[tokio::test]
+async fn conversations_are_threads_with_items() {
+    let upstream = FakeUpstream::start().await;
+    let (_dir, server, key) = server(&upstream).await;
+    let other = server.key("globex").await;
+    let (status, created) = server
+        .call(
+            &key,
+            "POST",
+            "/v1/conversations",
+            Some(json!({"metadata": {"topic": "rust"},
+                        "items": [{"type": "message", "role": "user", "content": "Hello"}]})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{created}");
+    assert_eq!(created["object"], "conversation");
+    assert_eq!(created["metadata"], json!({"topic": "rust"}));
+    let id = created["id"].as_str().unwrap().to_owned();
+    assert!(id.starts_with("conv_"), "{id}");
+
+    let (status, read) = server
+        .call(&key, "GET", &format!("/v1/conversations/{id}"), None)
+        .await;
+    assert_eq!((status, &read), (StatusCode::OK, &created));
+
+    let (status, response) = respond(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "input": "What is Rust?", "conversation": id}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{response}");
+    assert_eq!(response["conversation"]["id"], json!(id));
+    assert_eq!(
+        sent(&upstream, 0),
+        said(&[("user", "Hello"), ("user", "What is Rust?")])
+    );
+    let (status, added) = server
+        .call(
+            &key,
+            "POST",
+            &format!("/v1/conversations/{id}/items"),
+            Some(json!({"items": [{"role": "user", "content": "Noted."}]})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{added}");
+    assert_eq!(added["data"].as_array().unwrap().len(), 1);
+
+    let (status, items) = server
+        .call(
+            &key,
+            "GET",
+            &format!("/v1/conversations/{id}/items?order=asc"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{items}");
+    let texts: Vec<&str> = items["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| item["content"][0]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(texts, ["Hello", "What is Rust?", "reply 1", "Noted."]);
+    let first = items["data"][0]["id"].as_str().unwrap();
+    let (_, page) = server
+        .call(
+            &key,
+            "GET",
+            &format!("/v1/conversations/{id}/items?order=asc&limit=2&after={first}"),
+            None,
+        )
+        .await;
+    assert_eq!(page["data"].as_array().unwrap().len(), 2, "{page}");
+    assert_eq!(page["has_more"], true);
+    assert_eq!(page["data"][0]["content"][0]["text"], "What is Rust?");
+
+    // Another tenant finds none of it.
+    for (method, path, body) in [
+        ("GET", format!("/v1/conversations/{id}"), None),
+        ("GET", format!("/v1/conversations/{id}/items"), None),
+        (
+            "POST",
+            format!("/v1/conversations/{id}/items"),
+            Some(json!({"items": [{"role": "user", "content": "x"}]})),
+        ),
+        ("DELETE", format!("/v1/conversations/{id}"), None),
+    ] {
+        let (status, answer) = server.call(&other, method, &path, body).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{method} {path}: {answer}");
+    }
+    // Hostile bodies are refused naming the field.
+    for (body, param) in [
+        (json!({"items": "nope"}), "items"),
+        (
+            json!({"items": [{"type": "message", "role": "pirate", "content": "x"}]}),
+            "items[0]",
+        ),
+        (json!({"metadata": {"n": 1}}), "metadata.n"),
+        (json!({"surprise": true}), ""),
+    ] {
+        let (status, answer) = server
+            .call(&key, "POST", "/v1/conversations", Some(body.clone()))
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
+        let named = answer["error"]["param"].as_str().unwrap_or_default();
+        assert!(named.starts_with(param), "{body}: {answer}");
+    }
+    let (status, _) = server
+        .call(
+            &key,
+            "POST",
+            &format!("/v1/conversations/{id}/items"),
+            Some(json!({"items": []})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    let (status, deleted) = server
+        .call(&key, "DELETE", &format!("/v1/conversations/{id}"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{deleted}");
+    assert_eq!(deleted["deleted"], true);
+    let (status, _) = server
+        .call(&key, "GET", &format!("/v1/conversations/{id}"), None)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}

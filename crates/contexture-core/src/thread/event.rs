@@ -110,6 +110,13 @@ pub enum EventKind {
     /// The thread's own policy for its requests was set (or, with none, cleared): the next
     /// requests on it are fitted and compacted by it instead of the server's defaults.
     PolicySet(PolicyChange),
+    /// A client deleted the chat turn whose request was recorded at `request_seq` (a stored
+    /// response): reads of it answer that there is none, and it cannot be continued. The
+    /// conversation's messages stay: later turns were fitted with them.
+    RequestDeleted {
+        /// The seq of the request's record.
+        request_seq: u64,
+    },
 }
 
 impl EventKind {
@@ -134,6 +141,7 @@ impl EventKind {
             EventKind::CompactionFailed(_) => "compaction_failed",
             EventKind::CancelRequested(_) => "cancel_requested",
             EventKind::PolicySet(_) => "policy_set",
+            EventKind::RequestDeleted { .. } => "request_deleted",
         }
     }
 
@@ -158,7 +166,8 @@ impl EventKind {
             | EventKind::RunEnded(_)
             | EventKind::CompactionFailed(_)
             | EventKind::CancelRequested(_)
-            | EventKind::PolicySet(_) => Vec::new(),
+            | EventKind::PolicySet(_)
+            | EventKind::RequestDeleted { .. } => Vec::new(),
         }
     }
 
@@ -193,7 +202,8 @@ impl EventKind {
             | EventKind::StepFailed(_)
             | EventKind::RunEnded(_)
             | EventKind::CompactionFailed(_)
-            | EventKind::PolicySet(_) => Vec::new(),
+            | EventKind::PolicySet(_)
+            | EventKind::RequestDeleted { .. } => Vec::new(),
         }
     }
 

@@ -37,6 +37,7 @@ use crate::auth::Caller;
 use crate::body::{JsonBody, QueryParams};
 use crate::error::{ApiError, ApiResult};
 use crate::routes::chat::{REPLAYED_HEADER, chat_request_digest, turn_error};
+use crate::routes::conversations::items_page;
 use crate::routes::responses_call::{
     ResponseFacts, ResponseId, ResponsesCall, new_token, no_response,
 };
@@ -429,6 +430,43 @@ pub async fn retrieve(
     Ok(Json(object))
 }
 
+/// `DELETE /v1/responses/{id}`: the response is deleted (it reads as not found and cannot
+/// be continued); its thread keeps the conversation.
+pub async fn delete(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let threads = state.tenant_store(&caller.tenant);
+    let found = ResponseId::decode(&id).ok_or_else(|| no_response(&id))?;
+    if !threads.exists(&found.thread).await? {
+        return Err(no_response(&id));
+    }
+    threads.refuse_writes(&found.thread)?;
+    // Not while a turn of the thread is in flight: its answer is being recorded.
+    let _turn = threads
+        .wait_for_turn(
+            &state.turns,
+            &found.thread,
+            state.config.limits.thread_turn_wait(),
+        )
+        .await?;
+    let is_response = threads
+        .recorded_turn(&found.thread, found.request_seq)
+        .await?
+        .is_some_and(|(turn, _)| turn.record.client.is_some());
+    if !is_response
+        || !threads
+            .delete_recorded_turn(&found.thread, found.request_seq)
+            .await?
+    {
+        return Err(no_response(&id));
+    }
+    Ok(Json(
+        json!({"id": id, "object": "response.deleted", "deleted": true}),
+    ))
+}
+
 /// The query of `GET /v1/responses/{id}/input_items`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -452,20 +490,6 @@ pub async fn input_items(
     Path(id): Path<String>,
     QueryParams(query): QueryParams<InputItemsQuery>,
 ) -> ApiResult<Json<Value>> {
-    let limit = query.limit.unwrap_or(20);
-    if !(1..=100).contains(&limit) {
-        return Err(ApiError::invalid("limit", "limit: must be 1 to 100"));
-    }
-    let ascending = match query.order.as_deref() {
-        None | Some("desc") => false,
-        Some("asc") => true,
-        Some(other) => {
-            return Err(ApiError::invalid(
-                "order",
-                format!("order: must be asc or desc, not `{other}`"),
-            ));
-        }
-    };
     let _ = query.include;
     let threads = state.tenant_store(&caller.tenant);
     let found = ResponseId::decode(&id).ok_or_else(|| no_response(&id))?;
@@ -476,32 +500,17 @@ pub async fn input_items(
     if turn.record.client.is_none() {
         return Err(no_response(&id));
     }
-    let mut items: Vec<Value> = responses::to_items(&input.messages)
+    let items: Vec<Value> = responses::to_items(&input.messages)
         .into_iter()
         .enumerate()
         .map(|(index, item)| listed_item(item, &format!("in_{}_{index}", facts_seed(&id))))
         .collect();
-    if !ascending {
-        items.reverse();
-    }
-    if let Some(after) = &query.after {
-        let at = items
-            .iter()
-            .position(|item| item.get("id").and_then(Value::as_str) == Some(after))
-            .ok_or_else(|| ApiError::invalid("after", format!("after: no input item `{after}`")))?;
-        items.drain(..=at);
-    }
-    let has_more = items.len() > limit;
-    items.truncate(limit);
-    let first_id = items.first().and_then(|item| item.get("id")).cloned();
-    let last_id = items.last().and_then(|item| item.get("id")).cloned();
-    Ok(Json(json!({
-        "object": "list",
-        "data": items,
-        "first_id": first_id,
-        "last_id": last_id,
-        "has_more": has_more,
-    })))
+    Ok(Json(items_page(
+        items,
+        query.limit,
+        query.order.as_deref(),
+        query.after.as_deref(),
+    )?))
 }
 
 fn facts_seed(id: &str) -> &str {
