@@ -14,7 +14,8 @@ What it does, in order: three chained turns (`previous_response_id`), the first 
 instructions; a branch from the first response; retrieve; the input items of the second; a
 streamed turn (the event types and the text); a turn with `store=False` (which cannot be
 retrieved or continued); an input over the window with `truncation="disabled"`; a turn that
-asks for compaction past a threshold; a conversation named by its thread.
+asks for compaction past a threshold; a window compacted on demand; a conversation named by
+its thread.
 
 Prints one JSON object (what it saw) on stdout; exits non-zero on any problem.
 """
@@ -102,6 +103,9 @@ def main():
         model=model, input="after the stream", previous_response_id=completed.id
     )
     seen["after_stream"] = after_stream.output_text
+    window = client.responses.compact(model=model, previous_response_id=after_stream.id)
+    seen["compact_object"] = window.object
+    seen["compact_first_item"] = window.output[0].type
 
     unstored = client.responses.create(
         model=model, input="not kept", store=False, previous_response_id=third.id

@@ -108,6 +108,8 @@ fn the_openai_sdks_responses_client_talks_to_contexture_serve() {
     assert_eq!(seen["stream"]["text"], "streamed reply 5");
     assert_eq!(seen["stream"]["completed_text"], "streamed reply 5");
     assert_eq!(seen["after_stream"], "reply 6");
+    assert_eq!(seen["compact_object"], "response.compaction");
+    assert_eq!(seen["compact_first_item"], "compaction");
     assert_eq!(seen["unstored_text"], "reply 7");
     assert_eq!(seen["unstored_retrieve"], "not found");
     assert_eq!(seen["unstored_continue"], "not found");

@@ -143,7 +143,7 @@ fn bad_items_are_named_by_their_place() {
         ),
         (
             json!([{"type": "web_search_call", "id": "ws_1"}]),
-            "input[0].type: item type `web_search_call` is not supported (supported: message, function_call, function_call_output, reasoning)",
+            "input[0].type: item type `web_search_call` is not supported (supported: message, function_call, function_call_output, reasoning, compaction)",
         ),
         (
             json!([{"type": "reasoning", "summary": [{"type": "summary_text"}]}]),
@@ -303,4 +303,23 @@ mod conversations {
             prop_assert_eq!(responses::to_items(&read), items);
         }
     }
+}
+
+#[test]
+fn a_compaction_item_is_its_summary_as_a_user_message_and_comes_back_whole() {
+    let items = json!([
+        {"id": "cmp_1", "type": "compaction", "encrypted_content": "Summary: node-7 was restarted.",
+         "created_by": "contexture"},
+        {"type": "message", "role": "user", "content": "And now?"}
+    ]);
+    let messages = responses::parse_items(&items, "input").unwrap();
+    assert_eq!(messages.len(), 2);
+    assert_eq!(messages[0].role, Role::User);
+    assert_eq!(messages[0].text(), "Summary: node-7 was restarted.");
+    assert_eq!(
+        responses::to_items(&messages),
+        items.as_array().unwrap().clone()
+    );
+    let missing = responses::parse_items(&json!([{"type": "compaction"}]), "input").unwrap_err();
+    assert_eq!(missing.path(), "input[0].encrypted_content");
 }

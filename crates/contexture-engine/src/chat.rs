@@ -331,6 +331,44 @@ pub async fn recorded_turn<S: Store>(
     Ok(turn)
 }
 
+/// True when nothing of the conversation followed the answer of the turn whose request
+/// `thread` recorded at `request_seq` (a deleted response's mark, a request that brought
+/// nothing, a compaction do not count): a turn continuing it continues the thread itself.
+pub async fn is_newest<S: Store>(
+    store: &S,
+    thread: &str,
+    request_seq: u64,
+) -> Result<bool, ChatError> {
+    let point = recorded_turn(store, thread, request_seq).await?.point;
+    Ok(!went_on_after(store, thread, point).await?)
+}
+
+/// True when `thread` went on after its event `point` (see [`is_newest`]).
+pub(crate) async fn went_on_after<S: Store>(
+    store: &S,
+    thread: &str,
+    point: u64,
+) -> Result<bool, ChatError> {
+    const PAGE: usize = 16;
+    let mut after = point;
+    loop {
+        let page = store.events_page(thread, after, PAGE, usize::MAX).await?;
+        for event in &page.events {
+            match event.kind {
+                EventKind::RequestDeleted { .. }
+                | EventKind::RequestStarted(_)
+                | EventKind::RequestEnded(_)
+                | EventKind::ContextReplaced(_)
+                | EventKind::CompactionFailed(_) => after = event.seq,
+                _ => return Ok(true),
+            }
+        }
+        if !page.more {
+            return Ok(false);
+        }
+    }
+}
+
 /// The idempotency key of the deletion of the turn whose request was recorded at `seq`:
 /// a read of the turn finds it by its key, without reading the thread after it.
 fn deletion_key(seq: u64) -> String {

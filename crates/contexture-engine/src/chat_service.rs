@@ -23,7 +23,6 @@ use contexture_core::compact::CompactionPolicy;
 use contexture_core::fit::FitPolicy;
 use contexture_core::message::Message;
 use contexture_core::registry::Registry;
-use contexture_core::thread::EventKind;
 use contexture_llm::passthrough::{
     ChatUpstream, PassthroughError, UpstreamBody, UpstreamResponse, record_stream,
 };
@@ -34,7 +33,7 @@ use sha2::{Digest, Sha256};
 
 use crate::chat::{
     Attempt, ChatError, ChatTurn, CompletionRecord, StoredAnswer, TurnRecorder, previous_attempt,
-    recorded_turn,
+    recorded_turn, went_on_after,
 };
 use crate::compaction::{CompactionError, CompactionOutcome, Compactor};
 use crate::cpu::CpuPool;
@@ -689,27 +688,6 @@ async fn answer_point<S: Store>(
     request_seq: u64,
 ) -> Result<u64, ChatError> {
     Ok(recorded_turn(store, thread, request_seq).await?.point)
-}
-
-/// True when `thread` went on after its event `point`: something of the conversation came
-/// after it (a deleted response's mark, or a request that brought nothing, does not count).
-async fn went_on_after<S: Store>(store: &S, thread: &str, point: u64) -> Result<bool, ChatError> {
-    const PAGE: usize = 16;
-    let mut after = point;
-    loop {
-        let page = store.events_page(thread, after, PAGE, usize::MAX).await?;
-        for event in &page.events {
-            match event.kind {
-                EventKind::RequestDeleted { .. }
-                | EventKind::RequestStarted(_)
-                | EventKind::RequestEnded(_) => after = event.seq,
-                _ => return Ok(true),
-            }
-        }
-        if !page.more {
-            return Ok(false);
-        }
-    }
 }
 
 /// The name of a new branch of `thread` forked after `point`: the thread's root name and a

@@ -198,6 +198,12 @@ impl LoopView {
         &self.view
     }
 
+    /// The messages that stand for the part an earlier compaction covered (none before
+    /// one).
+    pub fn replacement(&self) -> &[Message] {
+        &self.replacement
+    }
+
     /// The tokens of what requests send of the loop.
     pub fn tokens(&self, counter: &TokenCounter) -> u64 {
         self.view
@@ -254,6 +260,53 @@ impl<'s, S: Store> StoredThread<'s, S> {
     pub fn into_thread(self) -> Thread {
         self.thread
     }
+}
+
+/// A compaction target nothing stores: messages a stateless client sent, compacted in
+/// memory (the summarizer's calls are folded into a thread no one keeps).
+struct UnstoredLoop {
+    thread: Thread,
+}
+
+impl CompactionTarget for UnstoredLoop {
+    type Error = CompactionError;
+
+    fn thread_id(&self) -> &str {
+        self.thread.id()
+    }
+
+    fn thread(&self) -> &Thread {
+        &self.thread
+    }
+
+    async fn append(&mut self, events: Vec<EventKind>) -> Result<(), CompactionError> {
+        for kind in events {
+            let seq = self.thread.last_seq() + 1;
+            self.thread
+                .apply(Event::new(seq, kind))
+                .map_err(|source| CompactionError::Store(thread_error("unstored", source)))?;
+        }
+        Ok(())
+    }
+}
+
+/// Compacts `messages` (a stateless client's window: its task first) as `request` asks,
+/// storing nothing: the loop after it (its [`LoopView::replacement`], then the messages it
+/// does not cover, in [`LoopView::messages`]) and the report. A summarizer that fails
+/// leaves the messages as they were, the report saying why.
+pub async fn compact_unstored(
+    compactor: &Compactor,
+    messages: Vec<Message>,
+    request: &CompactRequest,
+) -> Result<(LoopView, CompactionReport), CompactionError> {
+    let mut target = UnstoredLoop {
+        thread: Thread::new("unstored"),
+    };
+    let mut view = LoopView::new(messages);
+    let report = compactor
+        .compact_loop(&mut target, &mut view, request)
+        .await?;
+    Ok((view, report))
 }
 
 impl<S: Store> CompactionTarget for StoredThread<'_, S> {

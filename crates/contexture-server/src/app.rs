@@ -34,7 +34,7 @@ use crate::auth::{KeyCache, RateLimiter, authenticate};
 use crate::body::BodyTimeout;
 use crate::config::ServerConfig;
 use crate::metrics::{Metrics, track};
-use crate::routes::{chat, conversations, executions, ops, responses, threads};
+use crate::routes::{chat, conversations, executions, ops, responses, responses_compact, threads};
 use crate::tenancy::Tenant;
 
 /// Why the server could not start.
@@ -440,6 +440,7 @@ fn api_routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
         ("/v1/executions/{id}/requests", get(executions::requests)),
         ("/v1/chat/completions", post(chat::completions)),
         ("/v1/responses", post(responses::create)),
+        ("/v1/responses/compact", post(responses_compact::compact)),
         (
             "/v1/responses/{id}",
             get(responses::retrieve).delete(responses::delete),

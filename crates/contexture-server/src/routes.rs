@@ -7,6 +7,7 @@ pub mod executions;
 pub mod ops;
 pub mod responses;
 pub mod responses_call;
+pub mod responses_compact;
 pub mod threads;
 
 /// A fresh id for a thread, an execution or a request the client did not name.

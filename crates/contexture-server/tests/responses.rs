@@ -767,3 +767,130 @@ async fn conversations_are_threads_with_items() {
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn compact_on_demand_compacts_a_thread_or_items_and_answers_the_window() {
+    let upstream = FakeUpstream::start().await;
+    let (_dir, server, key) = server(&upstream).await;
+    let other = server.key("globex").await;
+    let mut previous = Value::Null;
+    let mut ids = Vec::new();
+    for question in [
+        "First question about node-7?",
+        "Second one?",
+        "Third one?",
+        "Fourth one?",
+    ] {
+        let (_, response) = respond(
+            &server,
+            &key,
+            json!({"model": "gpt-4o-mini", "input": question, "previous_response_id": previous}),
+        )
+        .await;
+        previous = response["id"].clone();
+        ids.push(previous.clone());
+    }
+    let compact = |body: Value| server.call(&key, "POST", "/v1/responses/compact", Some(body));
+
+    // Not the newest response: the thread went on after it.
+    let (status, body) =
+        compact(json!({"model": "gpt-4o-mini", "previous_response_id": ids[1]})).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    // Another tenant's response is not found.
+    let (status, body) = server
+        .call(
+            &other,
+            "POST",
+            "/v1/responses/compact",
+            Some(json!({"model": "gpt-4o-mini", "previous_response_id": previous})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+
+    let (status, window) =
+        compact(json!({"model": "gpt-4o-mini", "previous_response_id": previous})).await;
+    assert_eq!(status, StatusCode::OK, "{window}");
+    assert_eq!(window["object"], "response.compaction");
+    let output = window["output"].as_array().unwrap();
+    assert_eq!(output[0]["type"], "compaction", "{window}");
+    assert!(
+        output[0]["encrypted_content"]
+            .as_str()
+            .unwrap()
+            .contains("Summary of the earlier conversation"),
+        "{window}"
+    );
+    let usage = &window["usage"];
+    assert_eq!(
+        usage["total_tokens"].as_u64(),
+        Some(usage["input_tokens"].as_u64().unwrap() + usage["output_tokens"].as_u64().unwrap()),
+        "the window's tokens before and after: {usage}"
+    );
+    // The next turn continues the compacted thread, on the thread itself.
+    let calls = upstream.calls().len();
+    let (status, next) = respond(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "input": "Fifth?", "previous_response_id": previous}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{next}");
+    assert_eq!(
+        ResponseIdThread::of(&next),
+        ResponseIdThread::of(&json!({"id": previous}))
+    );
+    let sent_now = sent(&upstream, calls);
+    assert!(
+        sent_now
+            .iter()
+            .any(|(_, content)| content.to_string().contains("Summary of the earlier")),
+        "{sent_now:?}"
+    );
+    assert!(sent_now.len() < 9, "{sent_now:?}");
+
+    // Items alone: compacted in memory, nothing stored.
+    let (_, before) = server.call(&key, "GET", "/v1/threads", None).await;
+    let mut items = Vec::new();
+    for n in 1..=6 {
+        items.push(json!({"role": "user", "content": format!("question {n} about node-7")}));
+        items.push(json!({"role": "assistant", "content": format!("answer {n}")}));
+    }
+    let (status, window) = compact(json!({"model": "gpt-4o-mini", "input": items})).await;
+    assert_eq!(status, StatusCode::OK, "{window}");
+    let output = window["output"].as_array().unwrap();
+    assert_eq!(output[0]["type"], "compaction", "{window}");
+    assert!(output.len() < 12, "{window}");
+    let (_, after) = server.call(&key, "GET", "/v1/threads", None).await;
+    assert_eq!(before, after, "nothing was stored");
+    // Its output is a next request's input.
+    let (status, answer) = respond(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "input": window["output"], "store": false}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+
+    for (body, expected) in [
+        (json!({"model": "gpt-4o-mini"}), StatusCode::BAD_REQUEST),
+        (
+            json!({"model": "gpt-4o-mini", "input": "x", "surprise": 1}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "input": 3}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "previous_response_id": "resp_nope"}),
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            json!({"model": "gpt-4o-mini", "conversation": "no-such-thread"}),
+            StatusCode::NOT_FOUND,
+        ),
+    ] {
+        let (status, answer) = compact(body.clone()).await;
+        assert_eq!(status, expected, "{body}: {answer}");
+    }
+}

@@ -9,6 +9,7 @@
 //! | `{"type": "function_call", "call_id", "name", "arguments"}` | a [`ToolCall`] of the assistant turn it follows (or of a new one) |
 //! | `{"type": "function_call_output", "call_id", "output"}` | a [`Role::Tool`] message |
 //! | `{"type": "reasoning", "summary", "encrypted_content", ...}` | a [`Part::Reasoning`] of the assistant turn it opens |
+//! | `{"type": "compaction", "encrypted_content", ...}` | a user message of that text (Contexture's compaction items hold their summary as readable text) |
 //!
 //! One assistant turn is several items in this API (its reasoning, its message, its function
 //! calls) and one [`Message`] here: consecutive assistant items are read into one message and
@@ -37,7 +38,7 @@ const OUTPUT_FIELDS: &[&str] = &["type", "call_id", "output"];
 const REASONING_FIELDS: &[&str] = &["type", "encrypted_content"];
 
 /// The item types this module reads, for error messages.
-const ITEM_TYPES: &str = "message, function_call, function_call_output, reasoning";
+const ITEM_TYPES: &str = "message, function_call, function_call_output, reasoning, compaction";
 
 /// Reads a request's `input`: a string (one user message) or a list of items. Errors name
 /// the place as `input[<index>].<field>`.
@@ -100,6 +101,10 @@ pub fn parse_items(items: &Value, path: &str) -> Result<Vec<Message>, FormatErro
             }
             "function_call_output" => {
                 messages.push(parse_output(object, &at)?);
+                open_turn = false;
+            }
+            "compaction" => {
+                messages.push(parse_compaction(object, &at)?);
                 open_turn = false;
             }
             "reasoning" => {
@@ -303,7 +308,22 @@ pub fn to_items(messages: &[Message]) -> Vec<Value> {
     items
 }
 
+/// A `compaction` item: a user message whose text is the item's content (Contexture writes
+/// its summary there as readable text), the item's other fields kept to write it back.
+fn parse_compaction(object: &Map<String, Value>, path: &str) -> Result<Message, FormatError> {
+    let text = required_str(object, "encrypted_content", path)?;
+    let mut message = Message::user(text);
+    message.extra = extra_fields(object, &["encrypted_content"]);
+    Ok(message)
+}
+
 fn write_message(message: &Message, items: &mut Vec<Value>) {
+    if message.extra.get("type").and_then(Value::as_str) == Some("compaction") {
+        let mut item = message.extra.clone();
+        item.insert("encrypted_content".into(), json!(message.text()));
+        items.push(Value::Object(item));
+        return;
+    }
     match message.role {
         Role::Tool => {
             let mut item = Map::new();

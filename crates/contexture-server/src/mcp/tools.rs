@@ -373,6 +373,7 @@ async fn call_on<S: StoreView>(
             ];
             compact_thread(state, threads, actor, &args.thread, body)
                 .await
+                .map(|report| serde_json::to_value(&report).unwrap_or_default())
                 .map_err(|error| refusal(error, &renames))
         }
         "thread_fork" => {

@@ -8,6 +8,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use contexture_core::budget::BudgetBreakdown;
+use contexture_core::compact::CompactionReport;
 use contexture_core::format::openai;
 use contexture_core::thread::{
     ConflictPolicy, FitRecord, MergeKeys, MergePolicy, MergeSpec, ThreadPolicy,
@@ -789,9 +790,8 @@ pub async fn compact(
 ) -> ApiResult<Json<Value>> {
     let threads = state.tenant_store(&caller.tenant);
     let actor = Actor::Tenant(caller.tenant.clone());
-    Ok(Json(
-        compact_thread(&state, &threads, &actor, &id, body).await?,
-    ))
+    let report = compact_thread(&state, &threads, &actor, &id, body).await?;
+    Ok(Json(serde_json::to_value(&report).unwrap_or_default()))
 }
 
 /// Compacts thread `id` as `body` asks: one recorded, reversible compaction; its report.
@@ -801,7 +801,7 @@ pub(crate) async fn compact_thread<S: StoreView>(
     actor: &Actor,
     id: &str,
     body: CompactThread,
-) -> ApiResult<Value> {
+) -> ApiResult<CompactionReport> {
     threads.ensure(id).await?;
     threads.refuse_writes(id)?;
     // A compaction calls the summarizer for the tenant, as a chat turn calls the model: it
@@ -835,7 +835,7 @@ pub(crate) async fn compact_thread<S: StoreView>(
             other => ApiError::unprocessable(other.to_string()),
         })?;
     state.metrics.compaction(&report.outcome);
-    Ok(serde_json::to_value(&report).unwrap_or_default())
+    Ok(report)
 }
 
 /// `DELETE /v1/threads/{id}`: 204; 409 while forks of it exist.
