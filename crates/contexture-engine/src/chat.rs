@@ -12,8 +12,9 @@
 //!    be fitted is refused first, with nothing stored.
 //! 2. The thread is compacted when the policy's trigger fires; a failed compaction replaces
 //!    nothing and the request is still trimmed to fit.
-//! 3. The projection is fitted to the model ([`crate::fitting`]) with the new turns kept
-//!    whole, and the request is recorded (`request_started`) as it will be sent.
+//! 3. The projection is fitted to the model ([`crate::fitting`]) with the newest turn (the
+//!    new messages after the last assistant message) kept whole, and the request is
+//!    recorded (`request_started`) as it will be sent.
 //! 4. However the call ends, [`TurnRecorder`] records it: the answer and its usage (counted
 //!    and priced as every call's are) with the assistant message, in one transaction; or
 //!    why it failed or was cut, with what had arrived.
@@ -423,6 +424,17 @@ pub async fn turn_input<S: Store>(
     Ok(input)
 }
 
+/// Where the newest turn of a request's new messages starts: after their last assistant
+/// message (at 0 when they hold none). Only it is kept whole; new messages before it (a
+/// history a stateless client sends whole for the first time) are history like the
+/// thread's own, fitted the same way.
+fn newest_turn_start(turns: &[Message]) -> usize {
+    turns
+        .iter()
+        .rposition(|message| message.role == Role::Assistant)
+        .map_or(0, |at| at + 1)
+}
+
 /// The system prompt a call is sent: its own instructions, then the thread's prompt.
 fn call_system(instructions: Option<&str>, system: Option<Message>) -> Option<Message> {
     match (instructions, system) {
@@ -509,6 +521,10 @@ impl<S: Store> ChatTurn<'_, S> {
         let (new_system, new_turns): (Vec<&Message>, Vec<&Message>) = new
             .iter()
             .partition(|message| message.role.is_system_like());
+        let mut earlier: Vec<Message> = new_turns.into_iter().cloned().collect();
+        let turns = earlier.split_off(newest_turn_start(&earlier));
+        let mut history = stored.messages;
+        history.extend(earlier);
         let preview = Projection {
             context: stored.context.clone(),
             system: call_system(
@@ -518,9 +534,8 @@ impl<S: Store> ChatTurn<'_, S> {
                     .map(|message| (*message).clone())
                     .or(stored.system),
             ),
-            messages: stored.messages,
+            messages: history,
         };
-        let turns: Vec<Message> = new_turns.into_iter().cloned().collect();
         if settings.policy.enabled || compaction.is_none() {
             settings.fit(preview, &turns, &schemas)?;
         } else {
@@ -530,7 +545,7 @@ impl<S: Store> ChatTurn<'_, S> {
             trimming.policy.enabled = true;
             trimming.fit(preview, &turns, &schemas)?;
         }
-        let new_count = new.iter().filter(|m| !m.role.is_system_like()).count();
+        let new_count = turns.len();
         let ended = abandoned.len();
         let brought = !new.is_empty();
         let mut events: Vec<NewEvent> = abandoned.into_iter().map(abandoned_end).collect();
@@ -667,6 +682,9 @@ impl<S: Store> ChatTurn<'_, S> {
         if let Some(system) = new_system.into_iter().last() {
             projection.system = Some(system);
         }
+        let mut earlier = turns;
+        let turns = earlier.split_off(newest_turn_start(&earlier));
+        projection.messages.extend(earlier);
         projection.system = call_system(self.instructions, projection.system.take());
         Ok(self
             .settings
