@@ -648,8 +648,8 @@ impl<S: Store> ChatTurn<'_, S> {
 
     /// The turn for the request's messages `requested` with nothing stored: the thread
     /// as it stands after its event `through` (`None`: all of it; a thread that does not
-    /// exist is empty) with the request's new messages, fitted and validated. Nothing is
-    /// compacted (a compaction writes).
+    /// exist is empty) with the request's new messages, fitted by the thread's own policy
+    /// (else the settings') and validated. Nothing is compacted (a compaction writes).
     pub async fn fit_unrecorded(
         &self,
         requested: Vec<Message>,
@@ -659,13 +659,21 @@ impl<S: Store> ChatTurn<'_, S> {
             Some(seq) => self.store.events_through(self.thread, 0, seq).await,
             None => self.store.events(self.thread).await,
         };
+        let mut settings = self.settings.clone();
         let stored = match events {
-            Ok(events) => contexture_core::thread::Thread::replay(self.thread, events)
-                .map_err(|source| StoreError::Replay {
-                    thread: self.thread.to_owned(),
-                    source,
-                })?
-                .projection(),
+            Ok(events) => {
+                let thread = contexture_core::thread::Thread::replay(self.thread, events).map_err(
+                    |source| StoreError::Replay {
+                        thread: self.thread.to_owned(),
+                        source,
+                    },
+                )?;
+                // The thread's own fit policy, as of the point continued, as a stored turn's.
+                if let Some(policy) = thread.policy().and_then(|policy| policy.fit.as_ref()) {
+                    settings.adopt(policy).map_err(FitError::from)?;
+                }
+                thread.projection()
+            }
             Err(StoreError::NotFound { .. }) => Projection {
                 context: "main".into(),
                 system: None,
@@ -686,9 +694,7 @@ impl<S: Store> ChatTurn<'_, S> {
         let turns = earlier.split_off(newest_turn_start(&earlier));
         projection.messages.extend(earlier);
         projection.system = call_system(self.instructions, projection.system.take());
-        Ok(self
-            .settings
-            .fit(projection, &turns, &self.counted_schemas())?)
+        Ok(settings.fit(projection, &turns, &self.counted_schemas())?)
     }
 
     /// What the thread's previous request cut, for a policy that cuts the same way from one

@@ -314,3 +314,41 @@ async fn a_compaction_threshold_compacts_the_turn_and_says_what_stands_for_the_h
         "the summarizer's text stands for the history: {texts:?}"
     );
 }
+
+#[tokio::test]
+async fn a_turn_that_stores_nothing_is_fitted_by_the_threads_own_policy() {
+    let (_dir, store) = sqlite().await;
+    let upstream = FakeUpstream::start().await;
+    upstream.push(Reply::text("Rainy."));
+    upstream.push(Reply::text("Not kept."));
+    let chat = service(store.clone(), &upstream);
+    answered(&chat, turn("Weather in Porto?", false)).await;
+    // The thread's own policy: its system prompt goes as a user message.
+    let policy: contexture_core::thread::ThreadPolicy =
+        serde_json::from_value(json!({"context": {"system_role": "user"}})).unwrap();
+    store
+        .clone()
+        .scoped(Tenant::new("acme").unwrap())
+        .append_one(
+            "porto",
+            contexture_store::NewEvent::new(EventKind::PolicySet(
+                contexture_core::thread::PolicyChange {
+                    policy: Some(policy),
+                },
+            )),
+        )
+        .await
+        .unwrap();
+    let mut request = turn("And tomorrow?", false);
+    request.store = false;
+    request.instructions = Some("Answer in Portuguese.".to_owned());
+    answered(&chat, request).await;
+    let call = &upstream.calls()[1].json;
+    assert_eq!(call.get("system"), None, "{call}");
+    assert!(
+        call["messages"][0]["content"]
+            .to_string()
+            .contains("Answer in Portuguese."),
+        "{call}"
+    );
+}
