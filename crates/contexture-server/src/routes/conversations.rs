@@ -6,8 +6,8 @@
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};
-use contexture_core::format::responses;
 use contexture_core::format::responses_answer::listed_item;
+use contexture_core::format::{FormatError, responses};
 use contexture_core::thread::EventKind;
 use contexture_core::tokens::Encoding;
 use contexture_engine::threads::NewThread;
@@ -63,17 +63,13 @@ fn check_metadata(metadata: &Map<String, Value>) -> ApiResult<()> {
 
 /// Items read as messages; errors name the item and field (`items[2].role`).
 fn read_items(items: &Value) -> ApiResult<Vec<contexture_core::Message>> {
-    responses::parse_items(items, "items").map_err(|problem| {
-        ApiError::invalid(
-            problem
-                .path()
-                .split('.')
-                .next()
-                .unwrap_or("items")
-                .to_owned(),
-            problem.to_string(),
-        )
-    })
+    responses::parse_items(items, "items").map_err(|problem| item_error(&problem, "items"))
+}
+
+/// A problem with Responses items as a 400 naming the item (`input[2]`), or `field`.
+pub(crate) fn item_error(problem: &FormatError, field: &str) -> ApiError {
+    let item = problem.path().split('.').next().unwrap_or(field);
+    ApiError::invalid(item, problem.to_string())
 }
 
 /// The conversation object of thread `id`.
@@ -151,7 +147,8 @@ pub async fn delete(
     ))
 }
 
-/// The query of `GET /v1/conversations/{id}/items`.
+/// The query of a list of items (`GET /v1/conversations/{id}/items`,
+/// `GET /v1/responses/{id}/input_items`).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ItemsQuery {
@@ -161,8 +158,9 @@ pub struct ItemsQuery {
     order: Option<String>,
     /// Items after this id, in the order asked.
     after: Option<String>,
-    /// Fields to include (accepted; items are always whole).
+    /// Fields to include (accepted: items are always whole).
     #[serde(rename = "include[]", alias = "include")]
+    #[allow(dead_code)]
     include: Option<String>,
 }
 
@@ -193,18 +191,13 @@ async fn items_of(threads: &TenantStore<'_>, id: &str) -> ApiResult<Vec<Value>> 
     }
 }
 
-/// A page of `items` as a list object, by the query.
-pub(crate) fn items_page(
-    mut items: Vec<Value>,
-    limit: Option<usize>,
-    order: Option<&str>,
-    after: Option<&str>,
-) -> ApiResult<Value> {
-    let limit = limit.unwrap_or(20);
+/// A page of `items` (oldest first) as a list object, by `query`.
+pub(crate) fn items_page(mut items: Vec<Value>, query: &ItemsQuery) -> ApiResult<Value> {
+    let limit = query.limit.unwrap_or(20);
     if !(1..=100).contains(&limit) {
         return Err(ApiError::invalid("limit", "limit: must be 1 to 100"));
     }
-    match order {
+    match query.order.as_deref() {
         None | Some("desc") => items.reverse(),
         Some("asc") => {}
         Some(other) => {
@@ -214,7 +207,7 @@ pub(crate) fn items_page(
             ));
         }
     }
-    if let Some(after) = after {
+    if let Some(after) = &query.after {
         let at = items
             .iter()
             .position(|item| item.get("id").and_then(Value::as_str) == Some(after))
@@ -241,18 +234,12 @@ pub async fn items(
     Path(id): Path<String>,
     QueryParams(query): QueryParams<ItemsQuery>,
 ) -> ApiResult<Json<Value>> {
-    let _ = query.include;
     let threads = state.tenant_store(&caller.tenant);
     if !threads.exists(&id).await? {
         return Err(ApiError::not_found("conversation", &id));
     }
     let items = items_of(&threads, &id).await?;
-    Ok(Json(items_page(
-        items,
-        query.limit,
-        query.order.as_deref(),
-        query.after.as_deref(),
-    )?))
+    Ok(Json(items_page(items, &query)?))
 }
 
 /// `POST /v1/conversations/{id}/items`: the items appended to the thread, listed back.
@@ -288,5 +275,11 @@ pub async fn add_items(
                 .map(move |(k, item)| listed_item(item, &format!("item_{seq}_{k}")))
         })
         .collect();
-    Ok(Json(items_page(added, Some(100), Some("asc"), None)?))
+    let all = ItemsQuery {
+        limit: Some(100),
+        order: Some("asc".to_owned()),
+        after: None,
+        include: None,
+    };
+    Ok(Json(items_page(added, &all)?))
 }

@@ -21,7 +21,7 @@ use contexture_core::format::responses;
 use contexture_core::format::responses_answer::{ResponseStatus, listed_item};
 use contexture_core::format::responses_stream::ResponseStream;
 use contexture_core::thread::RequestOutcome;
-use contexture_engine::chat::ChatError;
+use contexture_engine::chat::{ChatError, RecordedTurn, TurnInput};
 use contexture_engine::chat_service::{TurnAnswer, TurnError, TurnPlace, TurnRequest};
 use contexture_engine::fitting::FitError;
 use contexture_llm::StreamDelta;
@@ -29,7 +29,6 @@ use contexture_llm::passthrough::{
     AnswerAccumulator, PassthroughError, UpstreamBody, UpstreamResponse, UpstreamStream,
 };
 use futures_util::StreamExt;
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::app::AppState;
@@ -37,10 +36,11 @@ use crate::auth::Caller;
 use crate::body::{JsonBody, QueryParams};
 use crate::error::{ApiError, ApiResult};
 use crate::routes::chat::{REPLAYED_HEADER, chat_request_digest, turn_error};
-use crate::routes::conversations::items_page;
+use crate::routes::conversations::{ItemsQuery, items_page};
 use crate::routes::responses_call::{
-    ResponseFacts, ResponseId, ResponsesCall, new_token, no_response,
+    ResponseFacts, ResponseId, ResponsesCall, id_seed, new_token, no_response,
 };
+use crate::tenant_store::TenantStore;
 
 /// `POST /v1/responses`: read, run as the engine's chat turn, written as a response.
 pub async fn create(
@@ -383,15 +383,8 @@ pub async fn retrieve(
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let threads = state.tenant_store(&caller.tenant);
-    let found = ResponseId::decode(&id).ok_or_else(|| no_response(&id))?;
-    let (turn, input) = threads
-        .recorded_turn(&found.thread, found.request_seq)
-        .await?
-        .ok_or_else(|| no_response(&id))?;
-    let Some(echo) = turn.record.client.clone() else {
-        // A chat turn of another door: not a response.
-        return Err(no_response(&id));
-    };
+    let (_, turn, input) = stored_response(&threads, &id).await?;
+    let echo = turn.record.client.clone().unwrap_or_default();
     let facts = ResponseFacts { id, echo };
     let usage = turn.end.as_ref().map(|end| end.usage);
     let mut object = match &turn.end {
@@ -451,14 +444,10 @@ pub async fn delete(
             state.config.limits.thread_turn_wait(),
         )
         .await?;
-    let is_response = threads
-        .recorded_turn(&found.thread, found.request_seq)
+    stored_response(&threads, &id).await?;
+    if !threads
+        .delete_recorded_turn(&found.thread, found.request_seq)
         .await?
-        .is_some_and(|(turn, _)| turn.record.client.is_some());
-    if !is_response
-        || !threads
-            .delete_recorded_turn(&found.thread, found.request_seq)
-            .await?
     {
         return Err(no_response(&id));
     }
@@ -467,54 +456,38 @@ pub async fn delete(
     ))
 }
 
-/// The query of `GET /v1/responses/{id}/input_items`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct InputItemsQuery {
-    /// At most this many items (1 to 100, default 20).
-    limit: Option<usize>,
-    /// `asc` or `desc` (the default, newest first).
-    order: Option<String>,
-    /// Items after this id, in the order asked.
-    after: Option<String>,
-    /// Fields to include (accepted; items are always whole).
-    #[serde(rename = "include[]", alias = "include")]
-    include: Option<String>,
-}
-
 /// `GET /v1/responses/{id}/input_items`: the items the response's request brought, as its
 /// thread holds them.
 pub async fn input_items(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-    QueryParams(query): QueryParams<InputItemsQuery>,
+    QueryParams(query): QueryParams<ItemsQuery>,
 ) -> ApiResult<Json<Value>> {
-    let _ = query.include;
     let threads = state.tenant_store(&caller.tenant);
-    let found = ResponseId::decode(&id).ok_or_else(|| no_response(&id))?;
-    let (turn, input) = threads
-        .recorded_turn(&found.thread, found.request_seq)
-        .await?
-        .ok_or_else(|| no_response(&id))?;
-    if turn.record.client.is_none() {
-        return Err(no_response(&id));
-    }
+    let (_, _, input) = stored_response(&threads, &id).await?;
     let items: Vec<Value> = responses::to_items(&input.messages)
         .into_iter()
         .enumerate()
-        .map(|(index, item)| listed_item(item, &format!("in_{}_{index}", facts_seed(&id))))
+        .map(|(index, item)| listed_item(item, &format!("in_{}_{index}", id_seed(&id))))
         .collect();
-    Ok(Json(items_page(
-        items,
-        query.limit,
-        query.order.as_deref(),
-        query.after.as_deref(),
-    )?))
+    Ok(Json(items_page(items, &query)?))
 }
 
-fn facts_seed(id: &str) -> &str {
-    id.strip_prefix("resp_").unwrap_or(id)
+/// The stored response `id` names among the tenant's: its place, its turn and what the turn
+/// brought. 404 for an id that names nothing, or a turn of another door (not a response).
+async fn stored_response(
+    threads: &TenantStore<'_>,
+    id: &str,
+) -> ApiResult<(ResponseId, RecordedTurn, TurnInput)> {
+    let found = ResponseId::decode(id).ok_or_else(|| no_response(id))?;
+    match threads
+        .recorded_turn(&found.thread, found.request_seq)
+        .await?
+    {
+        Some((turn, input)) if turn.record.client.is_some() => Ok((found, turn, input)),
+        _ => Err(no_response(id)),
+    }
 }
 
 /// Now, in seconds since the Unix epoch.

@@ -140,6 +140,11 @@ impl ResponsesCall {
     }
 }
 
+/// The seed the ids of the items of response `id` are made from: the id without `resp_`.
+pub(crate) fn id_seed(id: &str) -> &str {
+    id.strip_prefix("resp_").unwrap_or(id)
+}
+
 /// 404 for a response id the tenant has no response under.
 pub(crate) fn no_response(id: &str) -> ApiError {
     ApiError::not_found("response", id)
@@ -183,7 +188,7 @@ impl ResponseFacts {
 
     /// The seed the ids of the response's output items are made from.
     pub fn seed(&self) -> &str {
-        self.id.strip_prefix("resp_").unwrap_or(&self.id)
+        id_seed(&self.id)
     }
 
     /// The whole response object for an answer: a compaction item first when `summary`

@@ -23,6 +23,7 @@ use crate::app::AppState;
 use crate::auth::Caller;
 use crate::body::JsonBody;
 use crate::error::{ApiError, ApiResult};
+use crate::routes::conversations::item_error;
 use crate::routes::responses_call::{ResponseId, new_token, no_response};
 use crate::routes::threads::{CompactThread, compact_thread};
 use crate::tenancy::{Actor, check_id};
@@ -66,17 +67,9 @@ pub async fn compact(
         return Err(ApiError::invalid("model", "model: must not be empty"));
     }
     let input = match &body.input {
-        Some(input) => responses::parse_input(input).map_err(|problem| {
-            ApiError::invalid(
-                problem
-                    .path()
-                    .split('.')
-                    .next()
-                    .unwrap_or("input")
-                    .to_owned(),
-                problem.to_string(),
-            )
-        })?,
+        Some(input) => {
+            responses::parse_input(input).map_err(|problem| item_error(&problem, "input"))?
+        }
         None => Vec::new(),
     };
     let conversation = match &body.conversation {
