@@ -155,6 +155,31 @@ fn run_agent(mode: &str) {
         }
     }
     assert!(trimmed > 0, "the log never overflowed the window ({mode})");
+
+    // Whichever way the client sends its history, the loop is one thread holding each
+    // message once: the task, thirty calls with their results, the answer. A client that
+    // sends its whole input continues the response whose output items it sends back.
+    let threads = server.get_json("/v1/threads", &key);
+    let threads = threads["threads"].as_array().unwrap();
+    assert_eq!(threads.len(), 1, "({mode}) {threads:#?}");
+    let thread = threads[0]["id"].as_str().unwrap();
+    let messages = server.get_json(&format!("/v1/threads/{thread}/messages"), &key);
+    let messages = messages["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 2 * ITERATIONS + 2, "({mode})");
+    let text_bytes: usize = messages
+        .iter()
+        .map(|message| message.to_string().len())
+        .sum();
+    let stored = threads[0]["message_bytes"].as_u64().unwrap();
+    assert!(
+        stored < 2 * text_bytes as u64,
+        "({mode}) the thread stores {stored} bytes of messages for {text_bytes} bytes of them"
+    );
+    eprintln!(
+        "{mode}: one thread, {} messages, {stored} message bytes stored for {text_bytes} bytes of messages as read, {} bytes in all",
+        messages.len(),
+        threads[0]["bytes"]
+    );
     server.stop();
 }
 

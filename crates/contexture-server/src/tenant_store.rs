@@ -274,6 +274,19 @@ impl<S: StoreView> TenantStore<'_, S> {
         Ok(Some((turn, input)))
     }
 
+    /// True when the tenant's thread `id` has a chat turn (not deleted) whose request was
+    /// recorded at `request_seq`.
+    pub(crate) async fn has_recorded_turn(&self, id: &str, request_seq: u64) -> ApiResult<bool> {
+        match recorded_turn(&self.store, id, request_seq).await {
+            Ok(_) => Ok(true),
+            Err(ChatError::UnknownPoint { .. } | ChatError::Store(StoreError::NotFound { .. })) => {
+                Ok(false)
+            }
+            Err(ChatError::Store(error)) => Err(self.error(error)),
+            Err(error) => Err(ApiError::unprocessable(error.to_string())),
+        }
+    }
+
     /// Deletes the chat turn of the tenant's thread `id` whose request was recorded at
     /// `request_seq`; false when there is no such thread or turn.
     pub(crate) async fn delete_recorded_turn(&self, id: &str, request_seq: u64) -> ApiResult<bool> {

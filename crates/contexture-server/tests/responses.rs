@@ -462,6 +462,129 @@ async fn another_tenants_responses_and_conversations_are_not_found() {
     assert_eq!(status, StatusCode::OK, "{body}");
 }
 
+/// The thread a stored response's id names (the part after `resp_<seq>_`).
+fn thread_part(id: &Value) -> String {
+    let id = id.as_str().unwrap();
+    id.splitn(3, '_').nth(2).unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn an_input_sent_whole_continues_the_response_whose_items_it_sends_back() {
+    let upstream = FakeUpstream::start().await;
+    let (_dir, server, key) = server(&upstream).await;
+    let (_, first) = respond(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "input": "What is Rust?"}),
+    )
+    .await;
+    let mut input = vec![json!({"role": "user", "content": "What is Rust?"})];
+    input.extend(first["output"].as_array().unwrap().iter().cloned());
+    input.push(json!({"role": "user", "content": "And Go?"}));
+    let (status, second) = respond(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "input": input}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{second}");
+    assert_eq!(second["previous_response_id"], Value::Null, "{second}");
+    assert_eq!(thread_part(&second["id"]), thread_part(&first["id"]));
+    assert_eq!(
+        sent(&upstream, 1),
+        said(&[
+            ("user", "What is Rust?"),
+            ("assistant", "reply 1"),
+            ("user", "And Go?")
+        ])
+    );
+    // The thread holds each message once, and the second response brought one item.
+    let (_, threads) = server.call(&key, "GET", "/v1/threads", None).await;
+    assert_eq!(threads["threads"].as_array().unwrap().len(), 1, "{threads}");
+    let id = second["id"].as_str().unwrap();
+    let (_, items) = server
+        .call(
+            &key,
+            "GET",
+            &format!("/v1/responses/{id}/input_items"),
+            None,
+        )
+        .await;
+    assert_eq!(items["data"].as_array().unwrap().len(), 1, "{items}");
+    let thread = threads["threads"][0]["id"].as_str().unwrap();
+    let (_, messages) = server
+        .call(&key, "GET", &format!("/v1/threads/{thread}/messages"), None)
+        .await;
+    assert_eq!(
+        messages["messages"].as_array().unwrap().len(),
+        4,
+        "{messages}"
+    );
+
+    // Another tenant sending the same items back continues nothing of this tenant's: its
+    // input starts a thread of its own, and its upstream call holds only what it sent.
+    let other = server.key("globex").await;
+    input.truncate(2);
+    input[0] = json!({"role": "user", "content": "Hello"});
+    input.push(json!({"role": "user", "content": "Next?"}));
+    let (status, body) = respond(
+        &server,
+        &other,
+        json!({"model": "gpt-4o-mini", "input": input}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_ne!(thread_part(&body["id"]), thread_part(&first["id"]));
+    assert_eq!(
+        sent(&upstream, 2),
+        said(&[
+            ("user", "Hello"),
+            ("assistant", "reply 1"),
+            ("user", "Next?")
+        ])
+    );
+    let (_, theirs) = server.call(&other, "GET", "/v1/threads", None).await;
+    assert_eq!(theirs["threads"].as_array().unwrap().len(), 1, "{theirs}");
+    let (_, ours) = server
+        .call(&key, "GET", &format!("/v1/threads/{thread}/messages"), None)
+        .await;
+    assert_eq!(ours["messages"].as_array().unwrap().len(), 4, "{ours}");
+
+    // Item ids that name no response of the tenant's (made up, or of a deleted response)
+    // start a thread too.
+    for made_up in ["msg_99_bm9uZQ_0", "fc_1_%%%_0", "msg_1_", "rs_x_y_z"] {
+        let (status, body) = respond(
+            &server,
+            &key,
+            json!({"model": "gpt-4o-mini", "input": [
+                {"role": "user", "content": "Hi"},
+                {"type": "message", "role": "assistant", "id": made_up,
+                 "content": [{"type": "output_text", "text": "Hello"}]},
+                {"role": "user", "content": "Again"}]}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{made_up}: {body}");
+        let calls = upstream.calls();
+        let last = &calls.last().unwrap().json;
+        assert_eq!(last["messages"].as_array().unwrap().len(), 3, "{made_up}");
+    }
+    let (status, _) = server
+        .call(&key, "DELETE", &format!("/v1/responses/{id}"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let mut input = vec![json!({"role": "user", "content": "What is Rust?"})];
+    input.extend(second["output"].as_array().unwrap().iter().cloned());
+    input.push(json!({"role": "user", "content": "And C?"}));
+    let (status, third) = respond(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "input": input}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{third}");
+    assert_ne!(thread_part(&third["id"]), thread_part(&first["id"]));
+}
+
 #[tokio::test]
 async fn hostile_requests_are_refused_naming_what_is_wrong() {
     let upstream = FakeUpstream::start().await;

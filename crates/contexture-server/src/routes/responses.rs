@@ -17,6 +17,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use contexture_core::Message;
 use contexture_core::format::responses;
 use contexture_core::format::responses_answer::{ResponseStatus, listed_item};
 use contexture_core::format::responses_stream::ResponseStream;
@@ -38,7 +39,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::routes::chat::{REPLAYED_HEADER, chat_request_digest, turn_error};
 use crate::routes::conversations::{ItemsQuery, items_page};
 use crate::routes::responses_call::{
-    ResponseFacts, ResponseId, ResponsesCall, id_seed, new_token, no_response,
+    ResponseFacts, ResponseId, ResponsesCall, continued_by_items, id_seed, new_token, no_response,
 };
 use crate::tenant_store::TenantStore;
 
@@ -52,7 +53,7 @@ pub async fn create(
     let key = crate::body::idempotency_key(&headers)?;
     let tenant = &caller.tenant;
     let threads = state.tenant_store(tenant);
-    let request = ResponsesCall::parse(body, now_secs())?;
+    let mut request = ResponsesCall::parse(body, now_secs())?;
     let (thread, continues) = match (&request.previous, &request.read.conversation) {
         (Some(previous), _) => (previous.thread.clone(), Some(previous.request_seq)),
         (None, Some(conversation)) => {
@@ -61,7 +62,13 @@ pub async fn create(
             }
             (conversation.clone(), None)
         }
-        (None, None) => (format!("responses-{}", new_token()), None),
+        (None, None) => match implicitly_continued(&threads, &request.read.input).await? {
+            Some((at, previous)) => {
+                request.read.input = after_continued(std::mem::take(&mut request.read.input), at);
+                (previous.thread, Some(previous.request_seq))
+            }
+            None => (format!("responses-{}", new_token()), None),
+        },
     };
     if request.read.store {
         threads.refuse_writes(&thread)?;
@@ -127,6 +134,35 @@ pub async fn create(
             answer_response(facts, response, place, stream).await
         }
     }
+}
+
+/// The stored response of the tenant's that an input sent whole continues (see
+/// [`continued_by_items`]), with the index of the input's last message from it. An id of
+/// a response the tenant does not have (deleted, or another tenant's) continues nothing:
+/// the input starts a thread as any other.
+async fn implicitly_continued(
+    threads: &TenantStore<'_>,
+    input: &[Message],
+) -> ApiResult<Option<(usize, ResponseId)>> {
+    let Some((at, previous)) = continued_by_items(input) else {
+        return Ok(None);
+    };
+    Ok(threads
+        .has_recorded_turn(&previous.thread, previous.request_seq)
+        .await?
+        .then_some((at, previous)))
+}
+
+/// What an input sent whole brings after the stored response it continues, whose last
+/// message is `input[at]`: the messages after it, and its system and developer messages
+/// (the thread compares them with its own prompt).
+fn after_continued(input: Vec<Message>, at: usize) -> Vec<Message> {
+    input
+        .into_iter()
+        .enumerate()
+        .filter(|(index, message)| *index > at || message.role.is_system_like())
+        .map(|(_, message)| message)
+        .collect()
 }
 
 /// A turn's refusal as this door answers it: what the chat door answers, except that an

@@ -7,12 +7,12 @@
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use contexture_core::Message;
 use contexture_core::format::responses_answer::{
     ResponseHeader, ResponseStatus, compaction_item, output_items, response_object,
 };
 use contexture_core::format::responses_request::{ResponsesBody, Truncation, read_responses_body};
 use contexture_core::thread::Usage;
+use contexture_core::{Content, Message, Part};
 use contexture_llm::wire::{ChatCall, ClientFormat, ClientRequest};
 use serde_json::{Map, Value, json};
 
@@ -51,7 +51,26 @@ impl ResponseId {
 
     /// The response an id names, when it is one this door made for a stored response.
     pub fn decode(id: &str) -> Option<ResponseId> {
-        let (seq, thread) = id.strip_prefix("resp_")?.split_once('_')?;
+        ResponseId::from_seed(id.strip_prefix("resp_")?)
+    }
+
+    /// The stored response whose output held the item `item_id` (`msg_…`, `fc_…`, `rs_…`:
+    /// see [`output_items`]), when a stored response of this door wrote it.
+    pub fn of_output_item(item_id: &str) -> Option<ResponseId> {
+        let (kind, rest) = item_id.split_once('_')?;
+        if !matches!(kind, "msg" | "fc" | "rs") {
+            return None;
+        }
+        let (seed, place) = rest.rsplit_once('_')?;
+        if place.is_empty() || !place.bytes().all(|byte| byte.is_ascii_digit()) {
+            return None;
+        }
+        ResponseId::from_seed(seed)
+    }
+
+    /// The response whose item seed (see [`id_seed`]) is `seed`.
+    fn from_seed(seed: &str) -> Option<ResponseId> {
+        let (seq, thread) = seed.split_once('_')?;
         let request_seq = seq.parse().ok().filter(|seq| *seq > 0)?;
         let thread = String::from_utf8(URL_SAFE_NO_PAD.decode(thread).ok()?).ok()?;
         check_id("the thread", &thread).ok()?;
@@ -138,6 +157,42 @@ impl ResponsesCall {
     pub fn refuses_overflow(&self) -> bool {
         self.read.truncation == Truncation::Disabled
     }
+}
+
+/// Where an input sent whole continues a stored response: the index of its last message
+/// holding an output item a stored response of this door wrote (a client that keeps its
+/// own history sends the earlier responses' items back as they came), and that response.
+/// The messages after it are what the request brings.
+pub(crate) fn continued_by_items(input: &[Message]) -> Option<(usize, ResponseId)> {
+    input.iter().enumerate().rev().find_map(|(index, message)| {
+        item_ids(message)
+            .filter_map(ResponseId::of_output_item)
+            .last()
+            .map(|id| (index, id))
+    })
+}
+
+/// The output item ids a message read from Responses items keeps: its own (a message
+/// item's), its reasoning's and its function calls', in item order.
+fn item_ids(message: &Message) -> impl Iterator<Item = &str> {
+    let reasoning = match &message.content {
+        Some(Content::Parts(parts)) => parts.as_slice(),
+        _ => &[],
+    }
+    .iter()
+    .filter_map(|part| match part {
+        Part::Reasoning { extra, .. } => extra.get("id"),
+        _ => None,
+    });
+    reasoning
+        .chain(message.extra.get("id"))
+        .chain(
+            message
+                .tool_calls
+                .iter()
+                .filter_map(|call| call.extra.get("id")),
+        )
+        .filter_map(Value::as_str)
 }
 
 /// The seed the ids of the items of response `id` are made from: the id without `resp_`.
