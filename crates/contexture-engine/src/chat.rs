@@ -36,7 +36,7 @@ use contexture_core::thread::{
     EventKind, Projection, RecordedBudget, RequestEnd, RequestOutcome, RequestRecord, Usage,
 };
 use contexture_core::tokens::message_tokens;
-use contexture_core::{Message, Role};
+use contexture_core::{Content, Message, Part, Role};
 use contexture_llm::passthrough::{Answer, PassthroughError};
 use contexture_llm::wire::WireFormat;
 use contexture_store::{KeyedEvent, NewEvent, Store, StoreError};
@@ -252,6 +252,10 @@ pub struct ChatTurn<'a, S> {
     pub compact_threshold: Option<u64>,
     /// What the door keeps with the request's record ([`RequestRecord::client`]).
     pub client_record: Option<&'a Value>,
+    /// False when the body the upstream gets leaves reasoning out (see
+    /// [`contexture_llm::wire::ChatCall::sends_reasoning_to`]): the record counts what it
+    /// left out.
+    pub sends_reasoning: bool,
 }
 
 /// A turn ready to send: its fitted request, recorded, and its hold on the thread.
@@ -433,6 +437,20 @@ fn newest_turn_start(turns: &[Message]) -> usize {
         .iter()
         .rposition(|message| message.role == Role::Assistant)
         .map_or(0, |at| at + 1)
+}
+
+/// How many reasoning parts `messages` hold, when they hold any.
+fn reasoning_parts(messages: &[Message]) -> Option<u32> {
+    let count = messages
+        .iter()
+        .filter_map(|message| match &message.content {
+            Some(Content::Parts(parts)) => Some(parts),
+            _ => None,
+        })
+        .flatten()
+        .filter(|part| matches!(part, Part::Reasoning { .. }))
+        .count();
+    (count > 0).then(|| u32::try_from(count).unwrap_or(u32::MAX))
 }
 
 /// The system prompt a call is sent: its own instructions, then the thread's prompt.
@@ -619,6 +637,11 @@ impl<S: Store> ChatTurn<'_, S> {
             client_digest: self.client_digest.clone(),
             input_from,
             client: self.client_record.cloned(),
+            reasoning_not_sent: if self.sends_reasoning {
+                None
+            } else {
+                reasoning_parts(&fitted.messages)
+            },
             ..RequestRecord::default()
         };
         let started = NewEvent::new(EventKind::RequestStarted(record));

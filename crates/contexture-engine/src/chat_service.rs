@@ -500,6 +500,7 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             instructions: request.instructions.as_deref(),
             compact_threshold: None,
             client_record: None,
+            sends_reasoning: true,
         };
         let fitted = turn
             .fit_unrecorded(request.messages.clone(), through)
@@ -560,6 +561,7 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             instructions: instructions.as_deref(),
             compact_threshold,
             client_record: client_record.as_ref(),
+            sends_reasoning: call.sends_reasoning_to(self.upstream_format()),
         };
         let request_id = format!(
             "{thread}/chat-{}",

@@ -783,6 +783,7 @@ impl Compactor {
                     pruned: None,
                     input_from: None,
                     client: None,
+                    reasoning_not_sent: None,
                 })])
                 .await?;
             let mut chat = ChatRequest::new(route.model.clone(), messages.clone());

@@ -196,6 +196,15 @@ impl Serialize for RequestBody<'_> {
 }
 
 impl ChatCall {
+    /// True when a body for an upstream of `format` carries the reasoning parts of the
+    /// messages it sends: the client's format is the upstream's own, or (an Anthropic
+    /// upstream) the client's reasoning is in a format Anthropic takes. Chat completions has
+    /// no reasoning input, and reasoning from a Responses client (signed or encrypted by
+    /// another provider) is refused by Anthropic, so those bodies leave it out.
+    pub fn sends_reasoning_to(&self, format: WireFormat) -> bool {
+        !drops_reasoning(self.client.format, format)
+    }
+
     /// The request body for an upstream of `format`, sending `messages` (see the module
     /// documentation).
     pub fn body_for(
@@ -230,7 +239,10 @@ impl ChatCall {
         body.insert("model".into(), json!(self.model));
         body.insert(
             "messages".into(),
-            openai::to_values(&for_another_format(messages, true)),
+            openai::to_values(&for_another_format(
+                messages,
+                drops_reasoning(self.client.format, WireFormat::OpenAiChat),
+            )),
         );
         if let Some(tokens) = self.max_tokens {
             body.insert("max_tokens".into(), json!(tokens));
@@ -284,7 +296,7 @@ impl ChatCall {
         } else {
             anthropic::to_request(&for_another_format(
                 messages,
-                self.client.format == ClientFormat::OpenAiResponses,
+                drops_reasoning(self.client.format, WireFormat::AnthropicMessages),
             ))
         }
         .map_err(|error| PassthroughError::Unsupported {
@@ -410,6 +422,15 @@ fn copy(from: &Map<String, Value>, to: &mut Map<String, Value>, fields: &[&str])
         if let Some(value) = from.get(*field) {
             to.insert((*field).to_owned(), value.clone());
         }
+    }
+}
+
+/// True when a body for an upstream of format `upstream` leaves out the reasoning of a
+/// client of format `client` (see [`ChatCall::sends_reasoning_to`]).
+fn drops_reasoning(client: ClientFormat, upstream: WireFormat) -> bool {
+    match upstream {
+        WireFormat::OpenAiChat => !client.is(WireFormat::OpenAiChat),
+        WireFormat::AnthropicMessages => client == ClientFormat::OpenAiResponses,
     }
 }
 

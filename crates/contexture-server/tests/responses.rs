@@ -222,6 +222,77 @@ async fn a_function_call_and_its_output_make_a_round_trip() {
     assert_eq!(messages[2]["content"], "rain");
 }
 
+#[tokio::test]
+async fn reasoning_items_stay_with_their_turn_and_the_record_counts_what_was_not_sent() {
+    let upstream = FakeUpstream::start().await;
+    let (_dir, server, key) = server(&upstream).await;
+    let input = json!([
+        {"role": "user", "content": "Plan the trip."},
+        {"type": "reasoning", "id": "rs_a", "summary": [{"type": "summary_text", "text": "Think of trains."}],
+         "encrypted_content": "gAAAA-opaque"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Take the train."}]},
+        {"role": "user", "content": "And back?"}
+    ]);
+    let (status, response) = respond(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "input": input}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{response}");
+    // Chat completions has no reasoning input: the upstream gets the turn's text only.
+    let sent = upstream.call(0).json["messages"].clone();
+    assert_eq!(
+        sent[1],
+        json!({"role": "assistant", "content": "Take the train."}),
+        "{sent}"
+    );
+    assert!(!sent.to_string().contains("trains"), "{sent}");
+    // The thread keeps it beside its turn, and the request's record says it was not sent.
+    let thread = response["id"]
+        .as_str()
+        .unwrap()
+        .splitn(3, '_')
+        .nth(2)
+        .unwrap();
+    let thread = String::from_utf8(
+        base64::Engine::decode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, thread).unwrap(),
+    )
+    .unwrap();
+    let (_, events) = server
+        .call(&key, "GET", &format!("/v1/threads/{thread}/events"), None)
+        .await;
+    let events = events["events"].as_array().unwrap();
+    let record = events
+        .iter()
+        .find(|event| event["type"] == "request_started")
+        .unwrap_or_else(|| panic!("{events:#?}"));
+    assert_eq!(record["reasoning_not_sent"], 1, "{record}");
+    assert!(record.to_string().contains("Think of trains."), "{record}");
+    // The next turn sends the thread's reasoning no more than the first did.
+    let (status, next) = respond(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "input": "Thanks", "conversation": thread}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{next}");
+    let (_, events) = server
+        .call(&key, "GET", &format!("/v1/threads/{thread}/events"), None)
+        .await;
+    let records: Vec<&Value> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|event| event["type"] == "request_started")
+        .collect();
+    assert_eq!(records.len(), 2);
+    assert_eq!(
+        records[1]["reasoning_not_sent"], 1,
+        "the thread's reasoning is still left out"
+    );
+}
+
 /// The events of a Responses stream: (event name, data).
 fn events(body: &str) -> Vec<(String, Value)> {
     body.split("\n\n")

@@ -485,6 +485,11 @@ pub struct RequestRecord {
     /// Responses door: the request's fields a response object echoes), as that door wrote it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client: Option<Value>,
+    /// How many reasoning parts of `messages` the upstream was not sent, when there were
+    /// any: its format has no place for them (chat completions has no reasoning input), so
+    /// the body left them out; the thread keeps them beside their turns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_not_sent: Option<u32>,
 }
 
 /// What a retention policy removed from a request record.

@@ -345,6 +345,7 @@ impl<S: Store> Executor<S> {
                 pruned: None,
                 input_from: None,
                 client: None,
+                reasoning_not_sent: None,
             })],
         )
         .await?;
