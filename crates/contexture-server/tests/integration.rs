@@ -11,6 +11,7 @@ mod executions;
 mod hostile;
 mod request_records;
 mod responses;
+mod responses_turns;
 mod retention;
 mod storage;
 mod tenancy;

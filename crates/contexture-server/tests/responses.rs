@@ -14,7 +14,7 @@ use contexture_store::{AnyStore, SqliteStore};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-async fn server(upstream: &FakeUpstream) -> (TempDir, TestServer, String) {
+pub(crate) async fn server(upstream: &FakeUpstream) -> (TempDir, TestServer, String) {
     let dir = TempDir::new("contexture-responses");
     let store = SqliteStore::open(dir.join("responses.db")).await.unwrap();
     let server =
@@ -23,12 +23,12 @@ async fn server(upstream: &FakeUpstream) -> (TempDir, TestServer, String) {
     (dir, server, key)
 }
 
-async fn respond(server: &TestServer, key: &str, body: Value) -> (StatusCode, Value) {
+pub(crate) async fn respond(server: &TestServer, key: &str, body: Value) -> (StatusCode, Value) {
     server.call(key, "POST", "/v1/responses", Some(body)).await
 }
 
 /// The answer's text: the text of its message items.
-fn output_text(response: &Value) -> String {
+pub(crate) fn output_text(response: &Value) -> String {
     response["output"]
         .as_array()
         .unwrap_or_else(|| panic!("no output: {response}"))
@@ -40,7 +40,7 @@ fn output_text(response: &Value) -> String {
 }
 
 /// The (role, content) of each message the upstream's `index`th call was sent.
-fn sent(upstream: &FakeUpstream, index: usize) -> Vec<(String, Value)> {
+pub(crate) fn sent(upstream: &FakeUpstream, index: usize) -> Vec<(String, Value)> {
     upstream.call(index).json["messages"]
         .as_array()
         .unwrap()
@@ -54,7 +54,7 @@ fn sent(upstream: &FakeUpstream, index: usize) -> Vec<(String, Value)> {
         .collect()
 }
 
-fn said(pairs: &[(&str, &str)]) -> Vec<(String, Value)> {
+pub(crate) fn said(pairs: &[(&str, &str)]) -> Vec<(String, Value)> {
     pairs
         .iter()
         .map(|(role, text)| ((*role).to_owned(), json!(text)))
@@ -249,16 +249,7 @@ async fn reasoning_items_stay_with_their_turn_and_the_record_counts_what_was_not
     );
     assert!(!sent.to_string().contains("trains"), "{sent}");
     // The thread keeps it beside its turn, and the request's record says it was not sent.
-    let thread = response["id"]
-        .as_str()
-        .unwrap()
-        .splitn(3, '_')
-        .nth(2)
-        .unwrap();
-    let thread = String::from_utf8(
-        base64::Engine::decode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, thread).unwrap(),
-    )
-    .unwrap();
+    let thread = thread_of(&response["id"]);
     let (_, events) = server
         .call(&key, "GET", &format!("/v1/threads/{thread}/events"), None)
         .await;
@@ -294,7 +285,7 @@ async fn reasoning_items_stay_with_their_turn_and_the_record_counts_what_was_not
 }
 
 /// The events of a Responses stream: (event name, data).
-fn events(body: &str) -> Vec<(String, Value)> {
+pub(crate) fn events(body: &str) -> Vec<(String, Value)> {
     body.split("\n\n")
         .filter(|event| !event.trim().is_empty())
         .map(|event| {
@@ -533,10 +524,19 @@ async fn another_tenants_responses_and_conversations_are_not_found() {
     assert_eq!(status, StatusCode::OK, "{body}");
 }
 
-/// The thread a stored response's id names (the part after `resp_<seq>_`).
-fn thread_part(id: &Value) -> String {
-    let id = id.as_str().unwrap();
+/// The thread a stored response's id names, as it is written in the id (the part after
+/// `resp_<seq>_`).
+pub(crate) fn thread_part(id: &Value) -> String {
+    let id = id.as_str().unwrap_or_else(|| panic!("not an id: {id}"));
     id.splitn(3, '_').nth(2).unwrap().to_owned()
+}
+
+/// The thread a stored response's id names.
+pub(crate) fn thread_of(id: &Value) -> String {
+    let written = thread_part(id);
+    let bytes =
+        base64::Engine::decode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, written).unwrap();
+    String::from_utf8(bytes).unwrap()
 }
 
 #[tokio::test]

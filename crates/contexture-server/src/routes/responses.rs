@@ -67,7 +67,7 @@ pub async fn create(
                 request.read.input = after_continued(std::mem::take(&mut request.read.input), at);
                 (previous.thread, Some(previous.request_seq))
             }
-            None => (format!("responses-{}", new_token()), None),
+            None => (new_chain(key.as_deref()), None),
         },
     };
     if request.read.store {
@@ -133,6 +133,16 @@ pub async fn create(
             let facts = ResponseFacts { id, echo };
             answer_response(facts, response, place, stream).await
         }
+    }
+}
+
+/// The thread a new chain of responses starts: named after the request's idempotency key
+/// when it has one, so that a retry finds the first attempt's record (and a key reused for
+/// another request is refused there), else new.
+fn new_chain(key: Option<&str>) -> String {
+    match key {
+        Some(key) => format!("responses-k{}", &crate::auth::sha256_hex(key.as_bytes())[..32]),
+        None => format!("responses-{}", new_token()),
     }
 }
 
