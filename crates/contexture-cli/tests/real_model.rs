@@ -1,6 +1,7 @@
 //! End to end against a real small model (SmolLM2-135M-Instruct, 8,192-token window) behind a
-//! local OpenAI-compatible endpoint: a workflow run and a compaction, over real HTTP, with the
-//! model's own usage. `.ci/run` starts the model (`tests/local-llm/start.sh`) and sets
+//! local OpenAI-compatible endpoint: a workflow run and a compaction, an agent loop, an MCP
+//! tool, and the Responses door of `contexture serve`, over real HTTP, with the model's own
+//! usage. `.ci/run` starts the model (`tests/local-llm/start.sh`) and sets
 //! `CONTEXTURE_TEST_LLM_URL`; under `CI=true` a missing model fails these tests, elsewhere they
 //! say loudly that they skipped.
 //!
@@ -351,4 +352,133 @@ states:
         "real-model MCP run: {} calls ({status}), {tool_results} tool results read back by later calls",
         calls.len()
     );
+}
+
+/// The Responses door of `contexture serve` in front of the real model: a response, one
+/// continuing it (streamed: the local server answers whole, and the door writes the
+/// documented events), and one continuing the first again, which runs on a branch. Each is
+/// answered by the model with its own usage, and each request sent the history of its own
+/// branch only.
+#[test]
+fn the_responses_door_against_a_real_model() {
+    use common::serving::{Server, create_key};
+    let Some(base) = base_url() else { return };
+    let dir = TempDir::new("contexture-real-model-responses");
+    let models = dir.join("models.toml");
+    std::fs::write(&models, MODELS).unwrap();
+    let db = sqlite_url(&dir, "serve.db");
+    let key = create_key(&db, "acme");
+    let mut server = Server::start_with(
+        &db,
+        &base,
+        "unused-by-the-local-server",
+        &[("CONTEXTURE_MODELS", models.to_str().unwrap())],
+    );
+    let respond = |body: Value| -> (String, String) {
+        let (head, body) = server.request("POST", "/v1/responses", &key, Some(&body.to_string()));
+        assert!(
+            head.starts_with("HTTP/1.1 200"),
+            "{head}\n{body}\n{}",
+            server.stderr()
+        );
+        (head, body)
+    };
+    let answered = |response: &Value| {
+        let status = response["status"].as_str().unwrap();
+        // `incomplete` when the model used all of `max_output_tokens`.
+        assert!(["completed", "incomplete"].contains(&status), "{response}");
+        assert!(
+            response["usage"]["input_tokens"].as_u64().unwrap() > 0,
+            "{response}"
+        );
+        let text: String = response["output"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|item| item["content"].as_array().cloned().unwrap_or_default())
+            .filter_map(|part| part["text"].as_str().map(str::to_owned))
+            .collect();
+        assert!(!text.trim().is_empty(), "{response}");
+        text
+    };
+
+    let (_, first) = respond(serde_json::json!({
+        "model": "smollm2", "input": "What is the capital of France?",
+        "instructions": "Answer in one sentence.", "max_output_tokens": 48}));
+    let first: Value = serde_json::from_str(&first).unwrap();
+    let first_text = answered(&first);
+
+    let (head, streamed) = respond(serde_json::json!({
+        "model": "smollm2", "input": "And of Italy?", "stream": true, "max_output_tokens": 48,
+        "previous_response_id": first["id"]}));
+    assert!(head.contains("text/event-stream"), "{head}");
+    let events: Vec<Value> = streamed
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .map(|data| serde_json::from_str(data).unwrap())
+        .collect();
+    let numbers: Vec<u64> = events
+        .iter()
+        .map(|event| event["sequence_number"].as_u64().unwrap())
+        .collect();
+    assert_eq!(numbers, (0..events.len() as u64).collect::<Vec<_>>());
+    assert_eq!(events[0]["type"], "response.created");
+    let last = events.last().unwrap();
+    assert!(
+        ["response.completed", "response.incomplete"].contains(&last["type"].as_str().unwrap()),
+        "{last}"
+    );
+    let second = &last["response"];
+    let second_text = answered(second);
+
+    let (_, third) = respond(serde_json::json!({
+        "model": "smollm2", "input": "And of Spain?", "max_output_tokens": 48,
+        "previous_response_id": first["id"]}));
+    let third: Value = serde_json::from_str(&third).unwrap();
+    let third_text = answered(&third);
+
+    // The first two are one thread; the third is a branch after the first.
+    let place = |response: &Value| {
+        let id = response["id"].as_str().unwrap().to_owned();
+        id.splitn(3, '_').nth(2).unwrap().to_owned()
+    };
+    assert_eq!(place(&second), place(&first));
+    assert_ne!(place(&third), place(&first));
+    let threads = server.get_json("/v1/threads", &key);
+    let threads = threads["threads"].as_array().unwrap();
+    assert_eq!(threads.len(), 2, "{threads:?}");
+    let branch = threads
+        .iter()
+        .find(|thread| thread["parent"].is_string())
+        .unwrap_or_else(|| panic!("no branch: {threads:?}"));
+    let events = server.get_json(
+        &format!("/v1/threads/{}/events", branch["id"].as_str().unwrap()),
+        &key,
+    );
+    let sent = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|event| event["type"] == "request_started")
+        .last()
+        .unwrap()["messages"]
+        .to_string();
+    assert!(
+        sent.contains("capital of France") && sent.contains("Spain"),
+        "{sent}"
+    );
+    assert!(
+        !sent.contains("Italy"),
+        "the branch does not see the thread's second turn: {sent}"
+    );
+    eprintln!(
+        "real-model Responses: {:?} / {:?} / {:?}; input tokens as the model counted them: {}, {}, {}",
+        first_text,
+        second_text,
+        third_text,
+        first["usage"]["input_tokens"],
+        second["usage"]["input_tokens"],
+        third["usage"]["input_tokens"]
+    );
+    server.stop();
 }

@@ -423,7 +423,17 @@ impl Passthrough {
                 .get(CONTENT_TYPE)
                 .and_then(|value| value.to_str().ok())
                 .map(str::to_owned);
-            let body = if stream && status.is_success() {
+            // A server that cannot stream answers a stream request whole (as JSON): its
+            // body is read whole, to be folded as the whole answer it is.
+            let answered_whole = content_type.as_deref().is_some_and(|content_type| {
+                content_type
+                    .split(';')
+                    .next()
+                    .unwrap_or_default()
+                    .trim()
+                    .eq_ignore_ascii_case("application/json")
+            });
+            let body = if stream && status.is_success() && !answered_whole {
                 UpstreamBody::Stream(Box::pin(BodyStream::new(response, self.timeout)))
             } else {
                 match read_whole(response, self.timeout).await {

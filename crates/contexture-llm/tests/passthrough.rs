@@ -217,6 +217,26 @@ async fn a_whole_answer_is_returned_byte_for_byte_and_folds_into_an_answer() {
 }
 
 #[tokio::test]
+async fn a_stream_request_answered_whole_is_read_whole() {
+    // A server that cannot stream (llama.cpp-style servers with streaming off, small local
+    // servers) answers a stream request with a whole completion.
+    let raw = r#"{"id": "c", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": "Whole."}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}"#;
+    let upstream = FakeUpstream::scripted([Reply::raw(200, "application/json", raw)]).await;
+    let base = upstream.base_url();
+    let response = client(&base, 0)
+        .chat_completions(&request_body(true))
+        .await
+        .unwrap();
+    assert!(!response.is_event_stream());
+    let UpstreamBody::Full(bytes) = &response.body else {
+        panic!("expected a whole body: {:?}", response.body);
+    };
+    let answer = AnswerAccumulator::from_completion(bytes).unwrap();
+    assert_eq!(answer.message, Message::assistant("Whole."));
+    assert_eq!(answer.usage, Some(Usage::new(3, 1)));
+}
+
+#[tokio::test]
 async fn a_streamed_answer_arrives_in_chunks_in_order_and_folds_at_any_split() {
     let bytes = sse_bytes(&stream_events());
     // Cut inside a `data:` line, inside the multi-byte `☀️`, and between `\n\n`.

@@ -141,7 +141,10 @@ pub async fn create(
 /// another request is refused there), else new.
 fn new_chain(key: Option<&str>) -> String {
     match key {
-        Some(key) => format!("responses-k{}", &crate::auth::sha256_hex(key.as_bytes())[..32]),
+        Some(key) => format!(
+            "responses-k{}",
+            &crate::auth::sha256_hex(key.as_bytes())[..32]
+        ),
         None => format!("responses-{}", new_token()),
     }
 }
