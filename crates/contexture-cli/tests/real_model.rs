@@ -442,7 +442,7 @@ fn the_responses_door_against_a_real_model() {
         let id = response["id"].as_str().unwrap().to_owned();
         id.splitn(3, '_').nth(2).unwrap().to_owned()
     };
-    assert_eq!(place(&second), place(&first));
+    assert_eq!(place(second), place(&first));
     assert_ne!(place(&third), place(&first));
     let threads = server.get_json("/v1/threads", &key);
     let threads = threads["threads"].as_array().unwrap();
@@ -459,8 +459,7 @@ fn the_responses_door_against_a_real_model() {
         .as_array()
         .unwrap()
         .iter()
-        .filter(|event| event["type"] == "request_started")
-        .last()
+        .rfind(|event| event["type"] == "request_started")
         .unwrap()["messages"]
         .to_string();
     assert!(
