@@ -963,6 +963,92 @@ async fn conversations_are_threads_with_items() {
 }
 
 #[tokio::test]
+async fn a_long_conversations_items_page_in_both_orders() {
+    let upstream = FakeUpstream::start().await;
+    let (_dir, server, key) = server(&upstream).await;
+    let (status, conversation) = server
+        .call(&key, "POST", "/v1/conversations", Some(json!({})))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{conversation}");
+    let id = conversation["id"].as_str().unwrap();
+    // 130 items, one with an id of its own.
+    for batch in 0..2 {
+        let items: Vec<Value> = (0..65)
+            .map(|n| {
+                let n = batch * 65 + n;
+                if n == 70 {
+                    json!({"type": "message", "role": "user", "id": "msg_own", "content": format!("item {n}")})
+                } else {
+                    json!({"role": "user", "content": format!("item {n}")})
+                }
+            })
+            .collect();
+        let (status, body) = server
+            .call(
+                &key,
+                "POST",
+                &format!("/v1/conversations/{id}/items"),
+                Some(json!({"items": items})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    let texts = |page: &Value| -> Vec<String> {
+        page["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|item| item["content"][0]["text"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    for order in ["asc", "desc"] {
+        let mut seen = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let mut path = format!("/v1/conversations/{id}/items?order={order}&limit=40");
+            if let Some(after) = &after {
+                path.push_str(&format!("&after={after}"));
+            }
+            let (status, page) = server.call(&key, "GET", &path, None).await;
+            assert_eq!(status, StatusCode::OK, "{path}: {page}");
+            seen.extend(texts(&page));
+            if page["has_more"] == false {
+                break;
+            }
+            after = Some(page["last_id"].as_str().unwrap().to_owned());
+        }
+        let mut expected: Vec<String> = (0..130).map(|n| format!("item {n}")).collect();
+        if order == "desc" {
+            expected.reverse();
+        }
+        assert_eq!(seen, expected, "{order}");
+    }
+    // After an item's own id, as after any other.
+    for (order, next) in [("asc", "item 71"), ("desc", "item 69")] {
+        let (status, page) = server
+            .call(
+                &key,
+                "GET",
+                &format!("/v1/conversations/{id}/items?order={order}&limit=1&after=msg_own"),
+                None,
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        assert_eq!(texts(&page), [next], "{order}");
+    }
+    let (status, page) = server
+        .call(
+            &key,
+            "GET",
+            &format!("/v1/conversations/{id}/items?after=item_9999_0"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{page}");
+    assert_eq!(page["error"]["param"], "after", "{page}");
+}
+
+#[tokio::test]
 async fn compact_on_demand_compacts_a_thread_or_items_and_answers_the_window() {
     let upstream = FakeUpstream::start().await;
     let (_dir, server, key) = server(&upstream).await;

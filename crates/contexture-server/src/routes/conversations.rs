@@ -164,48 +164,116 @@ pub struct ItemsQuery {
     include: Option<String>,
 }
 
-/// The items of thread `id`: its messages as Responses items, oldest first, each with its
-/// id (its own, else one made from its event's seq).
-async fn items_of(threads: &TenantStore<'_>, id: &str) -> ApiResult<Vec<Value>> {
-    const PAGE: usize = 500;
-    const PAGE_BYTES: usize = 8 << 20;
-    let mut items = Vec::new();
-    let mut after = 0;
-    loop {
-        let page = threads.events_page(id, after, PAGE, PAGE_BYTES).await?;
-        for event in &page.events {
-            after = event.seq;
-            if let EventKind::MessageAppended { message } = &event.kind {
-                let written = responses::to_items(std::slice::from_ref(message));
-                items.extend(
-                    written
-                        .into_iter()
-                        .enumerate()
-                        .map(|(k, item)| listed_item(item, &format!("item_{}_{k}", event.seq))),
-                );
-            }
+impl ItemsQuery {
+    /// The page's size: `limit`, 1 to 100, 20 when absent.
+    fn page_size(&self) -> ApiResult<usize> {
+        let limit = self.limit.unwrap_or(20);
+        if !(1..=100).contains(&limit) {
+            return Err(ApiError::invalid("limit", "limit: must be 1 to 100"));
         }
-        if !page.more {
-            return Ok(items);
+        Ok(limit)
+    }
+
+    /// True for newest first (`desc`, the default).
+    fn newest_first(&self) -> ApiResult<bool> {
+        match self.order.as_deref() {
+            None | Some("desc") => Ok(true),
+            Some("asc") => Ok(false),
+            Some(other) => Err(ApiError::invalid(
+                "order",
+                format!("order: must be asc or desc, not `{other}`"),
+            )),
         }
     }
 }
 
+/// The message of the event at `seq` as Responses items, each with its id (its own, else
+/// one made from the seq and its place).
+fn message_items(message: &contexture_core::Message, seq: u64) -> impl Iterator<Item = Value> {
+    responses::to_items(std::slice::from_ref(message))
+        .into_iter()
+        .enumerate()
+        .map(move |(k, item)| listed_item(item, &format!("item_{seq}_{k}")))
+}
+
+/// The seq of the event an item id made by [`message_items`] names.
+fn item_seq(id: &str) -> Option<u64> {
+    let (seq, place) = id.strip_prefix("item_")?.split_once('_')?;
+    place.parse::<usize>().ok()?;
+    seq.parse().ok()
+}
+
+/// One page of the items of thread `id` (its messages as Responses items) by `query`, read
+/// from the end of the thread for newest first and from where `after` points when it is an
+/// id made from a seq: a page costs the events it lists, not the thread.
+async fn thread_items_page(
+    threads: &TenantStore<'_>,
+    id: &str,
+    last_seq: u64,
+    query: &ItemsQuery,
+) -> ApiResult<Value> {
+    /// Events read at a time.
+    const WINDOW: u64 = 32;
+    let limit = query.page_size()?;
+    let newest_first = query.newest_first()?;
+    let after = query.after.as_deref();
+    // An id made from a seq says where to start; an item's own id is looked for.
+    let start = after.and_then(item_seq).filter(|seq| *seq <= last_seq);
+    let mut found_after = after.is_none();
+    let mut items = Vec::new();
+    // The range of seqs read next, `(low, high]`.
+    let mut range = if newest_first {
+        let high = start.unwrap_or(last_seq);
+        (high.saturating_sub(WINDOW), high)
+    } else {
+        let low = start.map_or(0, |seq| seq - 1);
+        (low, low.saturating_add(WINDOW))
+    };
+    while items.len() <= limit {
+        let (low, high) = range;
+        if high <= low || (!newest_first && low >= last_seq) {
+            break;
+        }
+        let page = threads
+            .events_page(id, low, (high - low) as usize, usize::MAX)
+            .await?;
+        let mut read: Vec<Value> = Vec::new();
+        for event in page.events.iter().filter(|event| event.seq <= high) {
+            if let EventKind::MessageAppended { message } = &event.kind {
+                read.extend(message_items(message, event.seq));
+            }
+        }
+        if newest_first {
+            read.reverse();
+        }
+        for item in read {
+            if found_after {
+                items.push(item);
+            } else if item.get("id").and_then(Value::as_str) == after {
+                found_after = true;
+            }
+        }
+        range = if newest_first {
+            (low.saturating_sub(WINDOW), low)
+        } else {
+            (high, high.saturating_add(WINDOW))
+        };
+    }
+    if !found_after {
+        let after = after.unwrap_or_default();
+        return Err(ApiError::invalid(
+            "after",
+            format!("after: no item `{after}`"),
+        ));
+    }
+    Ok(items_list(items, limit))
+}
+
 /// A page of `items` (oldest first) as a list object, by `query`.
 pub(crate) fn items_page(mut items: Vec<Value>, query: &ItemsQuery) -> ApiResult<Value> {
-    let limit = query.limit.unwrap_or(20);
-    if !(1..=100).contains(&limit) {
-        return Err(ApiError::invalid("limit", "limit: must be 1 to 100"));
-    }
-    match query.order.as_deref() {
-        None | Some("desc") => items.reverse(),
-        Some("asc") => {}
-        Some(other) => {
-            return Err(ApiError::invalid(
-                "order",
-                format!("order: must be asc or desc, not `{other}`"),
-            ));
-        }
+    let limit = query.page_size()?;
+    if query.newest_first()? {
+        items.reverse();
     }
     if let Some(after) = &query.after {
         let at = items
@@ -214,17 +282,22 @@ pub(crate) fn items_page(mut items: Vec<Value>, query: &ItemsQuery) -> ApiResult
             .ok_or_else(|| ApiError::invalid("after", format!("after: no item `{after}`")))?;
         items.drain(..=at);
     }
+    Ok(items_list(items, limit))
+}
+
+/// A list object of the first `limit` of `items` (the page's), saying whether more follow.
+fn items_list(mut items: Vec<Value>, limit: usize) -> Value {
     let has_more = items.len() > limit;
     items.truncate(limit);
     let first_id = items.first().and_then(|item| item.get("id")).cloned();
     let last_id = items.last().and_then(|item| item.get("id")).cloned();
-    Ok(json!({
+    json!({
         "object": "list",
         "data": items,
         "first_id": first_id,
         "last_id": last_id,
         "has_more": has_more,
-    }))
+    })
 }
 
 /// `GET /v1/conversations/{id}/items`.
@@ -235,11 +308,12 @@ pub async fn items(
     QueryParams(query): QueryParams<ItemsQuery>,
 ) -> ApiResult<Json<Value>> {
     let threads = state.tenant_store(&caller.tenant);
-    if !threads.exists(&id).await? {
+    let Some(info) = threads.thread_info(&id).await? else {
         return Err(ApiError::not_found("conversation", &id));
-    }
-    let items = items_of(&threads, &id).await?;
-    Ok(Json(items_page(items, &query)?))
+    };
+    Ok(Json(
+        thread_items_page(&threads, &id, info.last_seq, &query).await?,
+    ))
 }
 
 /// `POST /v1/conversations/{id}/items`: the items appended to the thread, listed back.
@@ -268,12 +342,7 @@ pub async fn add_items(
     let added: Vec<Value> = messages
         .iter()
         .zip(&appended.seqs)
-        .flat_map(|(message, seq)| {
-            responses::to_items(std::slice::from_ref(message))
-                .into_iter()
-                .enumerate()
-                .map(move |(k, item)| listed_item(item, &format!("item_{seq}_{k}")))
-        })
+        .flat_map(|(message, seq)| message_items(message, *seq))
         .collect();
     let all = ItemsQuery {
         limit: Some(100),
