@@ -10,16 +10,14 @@
 
 use crate::common;
 
-use std::process::{Command, Stdio};
-
-use common::root;
-use common::serving::{Server, create_key, under_ci};
+use common::python;
+use common::serving::{Server, create_key};
 use contexture_core::fit::{Rules, validate};
 use contexture_core::format::openai;
 use contexture_core::tokens::{Encoding, message_tokens};
 use contexture_fake_upstream::{FakeUpstream, Reply};
 use contexture_store::testing::TempDir;
-use serde_json::{Value, json};
+use serde_json::json;
 
 const MODEL: &str = "agent-16k";
 const WINDOW: u32 = 16_000;
@@ -28,18 +26,7 @@ const TASK: &str = "TASK: find out why node-7 fails. Read parts 1 to 30.";
 const FINAL: &str = "Node-7 fails on disk pressure.";
 
 fn run_agent(mode: &str) {
-    let import = Command::new("python3")
-        .args(["-c", "import agents"])
-        .stdin(Stdio::null())
-        .output();
-    if !import.as_ref().is_ok_and(|output| output.status.success()) {
-        let advice =
-            "install it with: python3 -m pip install 'openai-agents==0.24.0' (as .ci/run does)";
-        assert!(
-            !under_ci(),
-            "the Python package `openai-agents` is missing under CI; {advice}"
-        );
-        eprintln!("\n\n*** SKIPPED serve_agents_sdk: `openai-agents` is missing; {advice} ***\n\n");
+    if !python::has_package("serve_agents_sdk", "agents", "openai-agents==0.24.0") {
         return;
     }
     let runtime = tokio::runtime::Runtime::new().unwrap();
@@ -82,33 +69,12 @@ fn run_agent(mode: &str) {
         ],
     );
 
-    let script = root().join("tests/python/agents_loop.py");
-    let output = Command::new("python3")
-        .arg(&script)
-        .current_dir(root())
-        .env(
-            "CONTEXTURE_BASE_URL",
-            format!("http://{}/v1", server.address),
-        )
-        .env("CONTEXTURE_API_KEY", &key)
-        .env("CONTEXTURE_MODEL", MODEL)
-        .env("AGENT_MODE", mode)
-        .env_remove("OPENAI_BASE_URL")
-        .env_remove("OPENAI_API_KEY")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run python3");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "{} ({mode}) failed ({}):\n{stderr}\n{stdout}\nserver log:\n{}",
-        script.display(),
-        output.status,
-        server.stderr()
+    let seen = python::run_script(
+        "agents_loop.py",
+        &server,
+        &key,
+        &[("CONTEXTURE_MODEL", MODEL), ("AGENT_MODE", mode)],
     );
-    let seen: Value = serde_json::from_str(&stdout)
-        .unwrap_or_else(|error| panic!("the script's summary is not JSON ({error}): {stdout}"));
     assert_eq!(seen["final"], FINAL, "{seen}");
     assert_eq!(
         seen["tool_calls"],

@@ -8,10 +8,8 @@
 
 use crate::common;
 
-use std::process::{Command, Stdio};
-
-use common::root;
-use common::serving::{Server, create_key, start_upstream, under_ci};
+use common::python;
+use common::serving::{Server, create_key, start_upstream};
 use contexture_fake_upstream::MODEL;
 use contexture_store::testing::TempDir;
 use serde_json::{Value, json};
@@ -20,17 +18,7 @@ const CONVERSATION: &str = "sdk-conversation";
 
 #[test]
 fn the_openai_sdks_responses_client_talks_to_contexture_serve() {
-    let import = Command::new("python3")
-        .args(["-c", "import openai"])
-        .stdin(Stdio::null())
-        .output();
-    if !import.as_ref().is_ok_and(|output| output.status.success()) {
-        let advice = "install it with: python3 -m pip install 'openai==3.57.0' (as .ci/run does)";
-        assert!(
-            !under_ci(),
-            "the Python package `openai` is missing under CI; {advice}"
-        );
-        eprintln!("\n\n*** SKIPPED serve_responses_sdk: `openai` is missing; {advice} ***\n\n");
+    if !python::has_package("serve_responses_sdk", "openai", "openai==3.57.0") {
         return;
     }
     let runtime = tokio::runtime::Runtime::new().unwrap();
@@ -47,33 +35,12 @@ fn the_openai_sdks_responses_client_talks_to_contexture_serve() {
     );
     assert!(head.starts_with("HTTP/1.1 201"), "{head}\n{body}");
 
-    let script = root().join("tests/python/responses_sdk.py");
-    let output = Command::new("python3")
-        .arg(&script)
-        .current_dir(root())
-        .env(
-            "CONTEXTURE_BASE_URL",
-            format!("http://{}/v1", server.address),
-        )
-        .env("CONTEXTURE_API_KEY", &key)
-        .env("CONTEXTURE_MODEL", MODEL)
-        .env("CONVERSATION", CONVERSATION)
-        .env_remove("OPENAI_BASE_URL")
-        .env_remove("OPENAI_API_KEY")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run python3");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "{} failed ({}):\n{stderr}\n{stdout}\nserver log:\n{}",
-        script.display(),
-        output.status,
-        server.stderr()
+    let seen = python::run_script(
+        "responses_sdk.py",
+        &server,
+        &key,
+        &[("CONTEXTURE_MODEL", MODEL), ("CONVERSATION", CONVERSATION)],
     );
-    let seen: Value = serde_json::from_str(&stdout)
-        .unwrap_or_else(|error| panic!("the script's summary is not JSON ({error}): {stdout}"));
     eprintln!("openai SDK {}", seen["sdk_version"]);
 
     assert_eq!(

@@ -9,11 +9,11 @@
 
 use crate::common;
 
-use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use common::serving::{Server, create_key, start_upstream, under_ci};
-use common::{RunToEnd, contexture, root};
+use common::python;
+use common::serving::{Server, create_key, start_upstream};
+use common::{RunToEnd, contexture};
 use contexture_fake_upstream::MODEL;
 use contexture_store::testing::TempDir;
 use serde_json::{Value, json};
@@ -21,19 +21,6 @@ use serde_json::{Value, json};
 const UPSTREAM_KEY: &str = "sk-upstream-secret";
 const CHAT_THREAD: &str = "sdk-chat";
 const STREAM_THREAD: &str = "sdk-stream";
-
-/// Whether `python3` can import the SDK; `Err` says why not.
-fn sdk_available() -> Result<(), String> {
-    match Command::new("python3")
-        .args(["-c", "import openai"])
-        .stdin(Stdio::null())
-        .output()
-    {
-        Ok(output) if output.status.success() => Ok(()),
-        Ok(output) => Err(String::from_utf8_lossy(&output.stderr).trim().to_owned()),
-        Err(error) => Err(format!("cannot run python3: {error}")),
-    }
-}
 
 /// A message as (role, text).
 fn turn(message: &Value) -> (String, String) {
@@ -65,14 +52,7 @@ fn stored(server: &Server, key: &str, thread: &str) -> (Vec<(String, String)>, V
 
 #[test]
 fn the_openai_python_sdk_talks_to_contexture_serve() {
-    if let Err(problem) = sdk_available() {
-        let advice = "install it with: python3 -m pip install 'openai==3.57.0' (as .ci/run does)";
-        if under_ci() {
-            panic!("the Python package `openai` is missing under CI ({problem}); {advice}");
-        }
-        eprintln!(
-            "\n\n*** SKIPPED serve_sdk: the Python package `openai` is missing ({problem}); {advice} ***\n\n"
-        );
+    if !python::has_package("serve_sdk", "openai", "openai==3.57.0") {
         return;
     }
     let started = Instant::now();
@@ -89,34 +69,16 @@ fn the_openai_python_sdk_talks_to_contexture_serve() {
     let mut server = Server::start(&db, &upstream_url, UPSTREAM_KEY);
 
     // The SDK's conversation.
-    let script = root().join("tests/python/three_turns.py");
-    let output = Command::new("python3")
-        .arg(&script)
-        .current_dir(root())
-        .env(
-            "CONTEXTURE_BASE_URL",
-            format!("http://{}/v1", server.address),
-        )
-        .env("CONTEXTURE_API_KEY", &key)
-        .env("CONTEXTURE_MODEL", MODEL)
-        .env("THREAD_CHAT", CHAT_THREAD)
-        .env("THREAD_STREAM", STREAM_THREAD)
-        .env_remove("OPENAI_BASE_URL")
-        .env_remove("OPENAI_API_KEY")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run python3");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "{} failed ({}):\n{stderr}\n{stdout}\nserver log:\n{}",
-        script.display(),
-        output.status,
-        server.stderr()
+    let summary = python::run_script(
+        "three_turns.py",
+        &server,
+        &key,
+        &[
+            ("CONTEXTURE_MODEL", MODEL),
+            ("THREAD_CHAT", CHAT_THREAD),
+            ("THREAD_STREAM", STREAM_THREAD),
+        ],
     );
-    let summary: Value = serde_json::from_str(&stdout)
-        .unwrap_or_else(|error| panic!("the script's summary is not JSON ({error}): {stdout}"));
     eprintln!("openai SDK {}", summary["sdk_version"]);
 
     // The client got the upstream's answers, and the thread named in metadata.

@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod python;
 pub mod serving;
 
 use std::ffi::OsStr;
