@@ -33,7 +33,7 @@ use contexture_core::format::openai;
 use contexture_core::format::openai_completion::CompletionAnswer;
 use contexture_core::registry::ModelInfo;
 use contexture_core::thread::{
-    EventKind, Projection, RecordedBudget, RequestEnd, RequestOutcome, RequestRecord, Usage,
+    Event, EventKind, Projection, RecordedBudget, RequestEnd, RequestOutcome, RequestRecord, Usage,
 };
 use contexture_core::tokens::message_tokens;
 use contexture_core::{Content, Message, Part, Role};
@@ -297,11 +297,50 @@ pub async fn recorded_turn<S: Store>(
     thread: &str,
     request_seq: u64,
 ) -> Result<RecordedTurn, ChatError> {
+    Ok(read_turn(store, thread, request_seq, 0).await?.0)
+}
+
+/// Where a turn continuing the chat turn whose request `thread` recorded at `request_seq`
+/// goes on: the point after that turn ([`RecordedTurn::point`]), and whether the thread went
+/// on after it (see [`is_newest`]). The turn and what follows it are read together, so that
+/// continuing the newest turn costs one read of the log.
+pub async fn continued_point<S: Store>(
+    store: &S,
+    thread: &str,
+    request_seq: u64,
+) -> Result<(u64, bool), ChatError> {
+    const FOLLOWING: u64 = 8;
+    let (turn, following, read_through) = read_turn(store, thread, request_seq, FOLLOWING).await?;
+    let mut last = turn.point;
+    for event in &following {
+        if goes_on(&event.kind) {
+            return Ok((turn.point, true));
+        }
+        last = event.seq;
+    }
+    // Only what was not read yet is left to look at.
+    let went_on = following
+        .last()
+        .is_some_and(|event| event.seq >= read_through)
+        && went_on_after(store, thread, last).await?;
+    Ok((turn.point, went_on))
+}
+
+/// Reads the chat turn whose request `thread` recorded at `request_seq` and up to
+/// `following` events after it: the turn, the events after its point that were read, and
+/// the last seq the read covered.
+async fn read_turn<S: Store>(
+    store: &S,
+    thread: &str,
+    request_seq: u64,
+    following: u64,
+) -> Result<(RecordedTurn, Vec<Event>, u64), ChatError> {
     // A request's end and answer are appended right after it, its turn holding the thread.
+    let through = request_seq.saturating_add(2 + following);
     let events = store
-        .events_through(thread, request_seq.saturating_sub(1), request_seq + 2)
+        .events_through(thread, request_seq.saturating_sub(1), through)
         .await?;
-    let mut events = events.into_iter();
+    let mut events = events.into_iter().peekable();
     let record = match events.next().map(|event| (event.seq, event.kind)) {
         Some((seq, EventKind::RequestStarted(record))) if seq == request_seq => record,
         _ => return Err(ChatError::UnknownPoint { seq: request_seq }),
@@ -319,21 +358,21 @@ pub async fn recorded_turn<S: Store>(
         answer: None,
         point: request_seq,
     };
-    for event in events {
+    while let Some(event) = events.next_if(|event| match &event.kind {
+        EventKind::RequestEnded(end) => {
+            turn.end.is_none() && end.request_id == turn.record.request_id
+        }
+        EventKind::MessageAppended { .. } => turn.end.is_some() && turn.answer.is_none(),
+        _ => false,
+    }) {
+        turn.point = event.seq;
         match event.kind {
-            EventKind::RequestEnded(end) if end.request_id == turn.record.request_id => {
-                turn.point = event.seq;
-                turn.end = Some(end);
-            }
-            EventKind::MessageAppended { message } if turn.end.is_some() => {
-                turn.point = event.seq;
-                turn.answer = Some(message);
-                break;
-            }
-            _ => break,
+            EventKind::RequestEnded(end) => turn.end = Some(end),
+            EventKind::MessageAppended { message } => turn.answer = Some(message),
+            _ => unreachable!("next_if let only a turn's end and answer through"),
         }
     }
-    Ok(turn)
+    Ok((turn, events.collect(), through))
 }
 
 /// True when nothing of the conversation followed the answer of the turn whose request
@@ -344,8 +383,20 @@ pub async fn is_newest<S: Store>(
     thread: &str,
     request_seq: u64,
 ) -> Result<bool, ChatError> {
-    let point = recorded_turn(store, thread, request_seq).await?.point;
-    Ok(!went_on_after(store, thread, point).await?)
+    Ok(!continued_point(store, thread, request_seq).await?.1)
+}
+
+/// True when an event after a turn's answer carries the conversation on (see [`is_newest`]):
+/// anything but a request's record or end, a deletion mark, a compaction or its failure.
+fn goes_on(kind: &EventKind) -> bool {
+    !matches!(
+        kind,
+        EventKind::RequestDeleted { .. }
+            | EventKind::RequestStarted(_)
+            | EventKind::RequestEnded(_)
+            | EventKind::ContextReplaced(_)
+            | EventKind::CompactionFailed(_)
+    )
 }
 
 /// True when `thread` went on after its event `point` (see [`is_newest`]).
@@ -359,14 +410,10 @@ pub(crate) async fn went_on_after<S: Store>(
     loop {
         let page = store.events_page(thread, after, PAGE, usize::MAX).await?;
         for event in &page.events {
-            match event.kind {
-                EventKind::RequestDeleted { .. }
-                | EventKind::RequestStarted(_)
-                | EventKind::RequestEnded(_)
-                | EventKind::ContextReplaced(_)
-                | EventKind::CompactionFailed(_) => after = event.seq,
-                _ => return Ok(true),
+            if goes_on(&event.kind) {
+                return Ok(true);
             }
+            after = event.seq;
         }
         if !page.more {
             return Ok(false);

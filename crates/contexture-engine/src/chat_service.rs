@@ -32,8 +32,8 @@ use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 
 use crate::chat::{
-    Attempt, ChatError, ChatTurn, CompletionRecord, StoredAnswer, TurnRecorder, previous_attempt,
-    recorded_turn, went_on_after,
+    Attempt, ChatError, ChatTurn, CompletionRecord, StoredAnswer, TurnRecorder, continued_point,
+    previous_attempt, recorded_turn,
 };
 use crate::compaction::{CompactionError, CompactionOutcome, Compactor};
 use crate::cpu::CpuPool;
@@ -450,8 +450,8 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
         lease: TurnLease,
         key: Option<&str>,
     ) -> Result<(String, TurnLease, Option<u64>), TurnError> {
-        let point = answer_point(store, thread, request_seq).await?;
-        if !went_on_after(store, thread, point).await? {
+        let (point, went_on) = continued_point(store, thread, request_seq).await?;
+        if !went_on {
             return Ok((thread.to_owned(), lease, None));
         }
         let branch = branch_name(thread, point, key);

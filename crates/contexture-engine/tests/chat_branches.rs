@@ -352,3 +352,48 @@ async fn a_turn_that_stores_nothing_is_fitted_by_the_threads_own_policy() {
         "{call}"
     );
 }
+
+#[tokio::test]
+async fn an_answer_is_the_newest_until_the_conversation_goes_on_however_many_marks_follow_it() {
+    use contexture_core::Message;
+    use contexture_engine::chat::{continued_point, is_newest};
+    use contexture_store::NewEvent;
+    // (marks after the answer, then a message?) -> went on. Past 8 marks the read of the
+    // turn does not reach the message: the rest of the log is read after it.
+    let table = [
+        (0, false, false),
+        (0, true, true),
+        (3, false, false),
+        (3, true, true),
+        (8, true, true),
+        (20, false, false),
+        (20, true, true),
+    ];
+    for (marks, message, went_on) in table {
+        let (_dir, store) = sqlite().await;
+        let upstream = FakeUpstream::start().await;
+        let chat = service(store.clone(), &upstream);
+        let first = answered(&chat, turn("Weather in Porto?", false)).await;
+        let seq = first.request_seq.unwrap();
+        let scoped = store.clone().scoped(Tenant::new("acme").unwrap());
+        let mut events: Vec<NewEvent> = (0..marks)
+            .map(|n| {
+                NewEvent::new(EventKind::RequestDeleted {
+                    request_seq: 1_000 + n,
+                })
+            })
+            .collect();
+        if message {
+            events.push(NewEvent::new(EventKind::MessageAppended {
+                message: Message::user("And tomorrow?"),
+            }));
+        }
+        if !events.is_empty() {
+            scoped.append("porto", events).await.unwrap();
+        }
+        let (point, found) = continued_point(&scoped, "porto", seq).await.unwrap();
+        assert_eq!(found, went_on, "{marks} marks, message {message}");
+        assert_eq!(point, seq + 2, "the point is the answer's");
+        assert_eq!(is_newest(&scoped, "porto", seq).await.unwrap(), !went_on);
+    }
+}
