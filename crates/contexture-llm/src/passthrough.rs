@@ -425,14 +425,7 @@ impl Passthrough {
                 .map(str::to_owned);
             // A server that cannot stream answers a stream request whole (as JSON): its
             // body is read whole, to be folded as the whole answer it is.
-            let answered_whole = content_type.as_deref().is_some_and(|content_type| {
-                content_type
-                    .split(';')
-                    .next()
-                    .unwrap_or_default()
-                    .trim()
-                    .eq_ignore_ascii_case("application/json")
-            });
+            let answered_whole = is_media_type(content_type.as_deref(), "application/json");
             let body = if stream && status.is_success() && !answered_whole {
                 UpstreamBody::Stream(Box::pin(BodyStream::new(response, self.timeout)))
             } else {
@@ -508,15 +501,21 @@ impl UpstreamResponse {
     /// True when the content type is `text/event-stream`: fold the body with
     /// [`AnswerAccumulator::push_sse_bytes`] rather than [`AnswerAccumulator::from_completion`].
     pub fn is_event_stream(&self) -> bool {
-        self.content_type.as_deref().is_some_and(|content_type| {
-            content_type
-                .split(';')
-                .next()
-                .unwrap_or_default()
-                .trim()
-                .eq_ignore_ascii_case("text/event-stream")
-        })
+        is_media_type(self.content_type.as_deref(), "text/event-stream")
     }
+}
+
+/// True when the `Content-Type` value `content_type` names the media type `media` (its
+/// parameters, such as `charset`, aside; case does not count).
+fn is_media_type(content_type: Option<&str>, media: &str) -> bool {
+    content_type.is_some_and(|content_type| {
+        content_type
+            .split(';')
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .eq_ignore_ascii_case(media)
+    })
 }
 
 /// A response body: whole, or streamed chunk by chunk.

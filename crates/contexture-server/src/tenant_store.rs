@@ -257,47 +257,43 @@ impl<S: StoreView> TenantStore<'_, S> {
         id: &str,
         request_seq: u64,
     ) -> ApiResult<Option<(RecordedTurn, TurnInput)>> {
-        let turn = match recorded_turn(&self.store, id, request_seq).await {
-            Ok(turn) => turn,
-            Err(ChatError::UnknownPoint { .. } | ChatError::Store(StoreError::NotFound { .. })) => {
-                return Ok(None);
-            }
-            Err(ChatError::Store(error)) => return Err(self.error(error)),
-            Err(error) => return Err(ApiError::unprocessable(error.to_string())),
+        let Some(turn) = self.found(recorded_turn(&self.store, id, request_seq).await)? else {
+            return Ok(None);
         };
-        let input = turn_input(&self.store, id, request_seq, &turn.record)
-            .await
-            .map_err(|error| match error {
-                ChatError::Store(error) => self.error(error),
-                error => ApiError::unprocessable(error.to_string()),
-            })?;
-        Ok(Some((turn, input)))
+        let input = turn_input(&self.store, id, request_seq, &turn.record).await;
+        Ok(Some((turn, self.chat_result(input)?)))
     }
 
     /// True when the tenant's thread `id` has a chat turn (not deleted) whose request was
     /// recorded at `request_seq`.
     pub(crate) async fn has_recorded_turn(&self, id: &str, request_seq: u64) -> ApiResult<bool> {
-        match recorded_turn(&self.store, id, request_seq).await {
-            Ok(_) => Ok(true),
-            Err(ChatError::UnknownPoint { .. } | ChatError::Store(StoreError::NotFound { .. })) => {
-                Ok(false)
-            }
-            Err(ChatError::Store(error)) => Err(self.error(error)),
-            Err(error) => Err(ApiError::unprocessable(error.to_string())),
-        }
+        let turn = recorded_turn(&self.store, id, request_seq).await;
+        Ok(self.found(turn)?.is_some())
     }
 
     /// Deletes the chat turn of the tenant's thread `id` whose request was recorded at
     /// `request_seq`; false when there is no such thread or turn.
     pub(crate) async fn delete_recorded_turn(&self, id: &str, request_seq: u64) -> ApiResult<bool> {
-        match delete_recorded_turn(&self.store, id, request_seq).await {
-            Ok(_) => Ok(true),
+        let deleted = delete_recorded_turn(&self.store, id, request_seq).await;
+        Ok(self.found(deleted)?.is_some())
+    }
+
+    /// The result of a read of a chat turn: `None` when there is no such thread or turn.
+    fn found<T>(&self, result: Result<T, ChatError>) -> ApiResult<Option<T>> {
+        match result {
             Err(ChatError::UnknownPoint { .. } | ChatError::Store(StoreError::NotFound { .. })) => {
-                Ok(false)
+                Ok(None)
             }
-            Err(ChatError::Store(error)) => Err(self.error(error)),
-            Err(error) => Err(ApiError::unprocessable(error.to_string())),
+            other => self.chat_result(other).map(Some),
         }
+    }
+
+    /// The result of an operation on a chat turn, its errors as the API answers them.
+    fn chat_result<T>(&self, result: Result<T, ChatError>) -> ApiResult<T> {
+        result.map_err(|error| match error {
+            ChatError::Store(error) => self.error(error),
+            error => ApiError::unprocessable(error.to_string()),
+        })
     }
 
     /// The tail of the tenant's thread `id` (see [`Store::load_projection_tail`]).

@@ -432,7 +432,7 @@ pub async fn retrieve(
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let threads = state.tenant_store(&caller.tenant);
-    let (_, turn, input) = stored_response(&threads, &id).await?;
+    let (turn, input) = stored_response(&threads, &ResponseId::named(&id)?, &id).await?;
     let echo = turn.record.client.clone().unwrap_or_default();
     let facts = ResponseFacts { id, echo };
     let usage = turn.end.as_ref().map(|end| end.usage);
@@ -480,7 +480,7 @@ pub async fn delete(
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let threads = state.tenant_store(&caller.tenant);
-    let found = ResponseId::decode(&id).ok_or_else(|| no_response(&id))?;
+    let found = ResponseId::named(&id)?;
     if !threads.exists(&found.thread).await? {
         return Err(no_response(&id));
     }
@@ -493,7 +493,7 @@ pub async fn delete(
             state.config.limits.thread_turn_wait(),
         )
         .await?;
-    stored_response(&threads, &id).await?;
+    stored_response(&threads, &found, &id).await?;
     if !threads
         .delete_recorded_turn(&found.thread, found.request_seq)
         .await?
@@ -514,7 +514,7 @@ pub async fn input_items(
     QueryParams(query): QueryParams<ItemsQuery>,
 ) -> ApiResult<Json<Value>> {
     let threads = state.tenant_store(&caller.tenant);
-    let (_, _, input) = stored_response(&threads, &id).await?;
+    let (_, input) = stored_response(&threads, &ResponseId::named(&id)?, &id).await?;
     let items: Vec<Value> = responses::to_items(&input.messages)
         .into_iter()
         .enumerate()
@@ -523,18 +523,18 @@ pub async fn input_items(
     Ok(Json(items_page(items, &query)?))
 }
 
-/// The stored response `id` names among the tenant's: its place, its turn and what the turn
-/// brought. 404 for an id that names nothing, or a turn of another door (not a response).
+/// The stored response at `found` (named `id`) among the tenant's: its turn and what the
+/// turn brought. 404 when it names nothing, or a turn of another door (not a response).
 async fn stored_response(
     threads: &TenantStore<'_>,
+    found: &ResponseId,
     id: &str,
-) -> ApiResult<(ResponseId, RecordedTurn, TurnInput)> {
-    let found = ResponseId::decode(id).ok_or_else(|| no_response(id))?;
+) -> ApiResult<(RecordedTurn, TurnInput)> {
     match threads
         .recorded_turn(&found.thread, found.request_seq)
         .await?
     {
-        Some((turn, input)) if turn.record.client.is_some() => Ok((found, turn, input)),
+        Some((turn, input)) if turn.record.client.is_some() => Ok((turn, input)),
         _ => Err(no_response(id)),
     }
 }

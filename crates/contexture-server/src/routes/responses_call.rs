@@ -54,6 +54,11 @@ impl ResponseId {
         ResponseId::from_seed(id.strip_prefix("resp_")?)
     }
 
+    /// The response `id` names: 404 (naming the response) for an id this door did not make.
+    pub fn named(id: &str) -> ApiResult<ResponseId> {
+        ResponseId::decode(id).ok_or_else(|| no_response(id))
+    }
+
     /// The stored response whose output held the item `item_id` (`msg_…`, `fc_…`, `rs_…`:
     /// see [`output_items`]), when a stored response of this door wrote it.
     pub fn of_output_item(item_id: &str) -> Option<ResponseId> {
@@ -113,7 +118,7 @@ impl ResponsesCall {
         let read = read_responses_body(&body)
             .map_err(|error| ApiError::invalid(error.field, error.message))?;
         let previous = match &read.previous_response_id {
-            Some(id) => Some(ResponseId::decode(id).ok_or_else(|| no_response(id))?),
+            Some(id) => Some(ResponseId::named(id)?),
             None => None,
         };
         if let Some(conversation) = &read.conversation {

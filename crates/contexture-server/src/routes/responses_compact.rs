@@ -100,7 +100,7 @@ pub async fn compact(
             ));
         }
         (Some(id), None) => {
-            let found = ResponseId::decode(id).ok_or_else(|| no_response(id))?;
+            let found = ResponseId::named(id)?;
             match is_newest(threads.store(), &found.thread, found.request_seq).await {
                 Ok(true) => {}
                 Ok(false) => {
