@@ -8,8 +8,9 @@
 use crate::common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
+use common::python;
 use common::serving::{Server, create_key};
 use common::{RunToEnd, contexture, root, sqlite_url};
 use contexture_mcp::testing::python_mcp;
@@ -32,23 +33,12 @@ const TOOLS: [&str; 8] = [
 fn drive(dir: &TempDir, name: &str, calls: &Value, connection: &[&str]) -> Value {
     let file = dir.join(&format!("{name}.json"));
     std::fs::write(&file, calls.to_string()).unwrap();
-    let output = Command::new("python3")
+    let mut command = Command::new("python3");
+    command
         .arg(root().join("tests/mcp/contexture_client.py"))
         .arg(&file)
-        .args(connection)
-        .current_dir(root())
-        .stdin(Stdio::null())
-        .output()
-        .expect("run python3");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "the MCP client failed ({}):\n{stderr}\n{stdout}",
-        output.status
-    );
-    serde_json::from_str(&stdout)
-        .unwrap_or_else(|error| panic!("the client's summary is not JSON ({error}): {stdout}"))
+        .args(connection);
+    python::summary(command, "the MCP client", String::new)
 }
 
 /// The result of call `index`, checked to be a success.

@@ -524,6 +524,22 @@ async fn another_tenants_responses_and_conversations_are_not_found() {
     assert_eq!(status, StatusCode::OK, "{body}");
 }
 
+/// The messages of the tenant's thread `thread` (`GET /v1/threads/{id}/messages`, a 200).
+pub(crate) async fn thread_messages(server: &TestServer, key: &str, thread: &str) -> Vec<Value> {
+    let (status, body) = server
+        .call(key, "GET", &format!("/v1/threads/{thread}/messages"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{thread}: {body}");
+    body["messages"].as_array().unwrap().clone()
+}
+
+/// The tenant's threads (`GET /v1/threads`).
+pub(crate) async fn threads(server: &TestServer, key: &str) -> Vec<Value> {
+    let (status, body) = server.call(key, "GET", "/v1/threads", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    body["threads"].as_array().unwrap().clone()
+}
+
 /// The thread a stored response's id names, as it is written in the id (the part after
 /// `resp_<seq>_`).
 pub(crate) fn thread_part(id: &Value) -> String {
@@ -570,8 +586,8 @@ async fn an_input_sent_whole_continues_the_response_whose_items_it_sends_back() 
         ])
     );
     // The thread holds each message once, and the second response brought one item.
-    let (_, threads) = server.call(&key, "GET", "/v1/threads", None).await;
-    assert_eq!(threads["threads"].as_array().unwrap().len(), 1, "{threads}");
+    let listed = threads(&server, &key).await;
+    assert_eq!(listed.len(), 1, "{listed:?}");
     let id = second["id"].as_str().unwrap();
     let (_, items) = server
         .call(
@@ -582,15 +598,9 @@ async fn an_input_sent_whole_continues_the_response_whose_items_it_sends_back() 
         )
         .await;
     assert_eq!(items["data"].as_array().unwrap().len(), 1, "{items}");
-    let thread = threads["threads"][0]["id"].as_str().unwrap();
-    let (_, messages) = server
-        .call(&key, "GET", &format!("/v1/threads/{thread}/messages"), None)
-        .await;
-    assert_eq!(
-        messages["messages"].as_array().unwrap().len(),
-        4,
-        "{messages}"
-    );
+    let thread = listed[0]["id"].as_str().unwrap();
+    let messages = thread_messages(&server, &key, thread).await;
+    assert_eq!(messages.len(), 4, "{messages:?}");
 
     // Another tenant sending the same items back continues nothing of this tenant's: its
     // input starts a thread of its own, and its upstream call holds only what it sent.
@@ -614,12 +624,10 @@ async fn an_input_sent_whole_continues_the_response_whose_items_it_sends_back() 
             ("user", "Next?")
         ])
     );
-    let (_, theirs) = server.call(&other, "GET", "/v1/threads", None).await;
-    assert_eq!(theirs["threads"].as_array().unwrap().len(), 1, "{theirs}");
-    let (_, ours) = server
-        .call(&key, "GET", &format!("/v1/threads/{thread}/messages"), None)
-        .await;
-    assert_eq!(ours["messages"].as_array().unwrap().len(), 4, "{ours}");
+    let theirs = threads(&server, &other).await;
+    assert_eq!(theirs.len(), 1, "{theirs:?}");
+    let ours = thread_messages(&server, &key, thread).await;
+    assert_eq!(ours.len(), 4, "{ours:?}");
 
     // Item ids that name no response of the tenant's (made up, or of a deleted response)
     // start a thread too.

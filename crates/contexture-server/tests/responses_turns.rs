@@ -4,7 +4,9 @@
 //! and on a branch).
 
 use crate::common;
-use crate::responses::{events, output_text, respond, server, thread_of, thread_part};
+use crate::responses::{
+    events, output_text, respond, server, thread_messages, thread_of, thread_part, threads,
+};
 
 use std::time::{Duration, Instant};
 
@@ -194,15 +196,8 @@ async fn several_turns_continuing_one_response_at_once_are_each_answered_and_go_
         );
         // Every thread a race left behind reads whole.
         let thread = thread_of(&next["id"]);
-        let (status, messages) = server
-            .call(&key, "GET", &format!("/v1/threads/{thread}/messages"), None)
-            .await;
-        assert_eq!(status, StatusCode::OK, "{messages}");
-        assert_eq!(
-            messages["messages"].as_array().unwrap().len(),
-            6,
-            "{messages}"
-        );
+        let messages = thread_messages(&server, &key, &thread).await;
+        assert_eq!(messages.len(), 6, "{messages:?}");
         let (status, read) = server
             .call(
                 &key,
@@ -239,8 +234,10 @@ async fn a_client_that_leaves_loses_nothing_the_turn_records() {
         .send()
         .await;
     assert!(gone.is_err(), "the client timed out");
-    let (_, threads) = server.call(&key, "GET", "/v1/threads", None).await;
-    let thread = threads["threads"][0]["id"].as_str().unwrap().to_owned();
+    let thread = threads(&server, &key).await[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let ends = events_when(&server, &key, &thread, "request_ended", |ends| {
         !ends.is_empty()
     })
@@ -286,12 +283,9 @@ async fn a_client_that_leaves_loses_nothing_the_turn_records() {
     .await;
     assert_eq!(ends[0]["outcome"], "cancelled", "{ends:?}");
     assert_eq!(ends[0]["reply"]["content"], "streamed ", "{ends:?}");
-    let (_, messages) = server
-        .call(&key, "GET", &format!("/v1/threads/{thread}/messages"), None)
-        .await;
     assert_eq!(
-        messages["messages"],
-        json!([{"role": "user", "content": "Hello"}])
+        thread_messages(&server, &key, &thread).await,
+        [json!({"role": "user", "content": "Hello"})]
     );
     // The response it left reads as not completed, and the thread goes on from it.
     let (status, read) = server

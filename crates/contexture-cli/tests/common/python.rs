@@ -37,9 +37,9 @@ pub fn has_package(test: &str, module: &str, package: &str) -> bool {
 /// prints; fails with the script's output and the server's log when it does not succeed.
 pub fn run_script(script: &str, server: &Server, key: &str, env: &[(&str, &str)]) -> Value {
     let script = root().join("tests/python").join(script);
-    let output = Command::new("python3")
+    let mut command = Command::new("python3");
+    command
         .arg(&script)
-        .current_dir(root())
         .env(
             "CONTEXTURE_BASE_URL",
             format!("http://{}/v1", server.address),
@@ -47,19 +47,30 @@ pub fn run_script(script: &str, server: &Server, key: &str, env: &[(&str, &str)]
         .env("CONTEXTURE_API_KEY", key)
         .envs(env.iter().copied())
         .env_remove("OPENAI_BASE_URL")
-        .env_remove("OPENAI_API_KEY")
+        .env_remove("OPENAI_API_KEY");
+    summary(command, &script.display().to_string(), || {
+        format!("server log:\n{}", server.stderr())
+    })
+}
+
+/// Runs a Python client (`command`, from the repository's root, no standard input) and
+/// reads the one JSON object it prints; fails naming `client`, with its output and what
+/// `log` gives then (a server's log), when it does not succeed.
+pub fn summary(mut command: Command, client: &str, log: impl FnOnce() -> String) -> Value {
+    let output = command
+        .current_dir(root())
         .stdin(Stdio::null())
         .output()
         .expect("run python3");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "{} failed ({}):\n{stderr}\n{stdout}\nserver log:\n{}",
-        script.display(),
-        output.status,
-        server.stderr()
-    );
+    if !output.status.success() {
+        panic!(
+            "{client} failed ({}):\n{stderr}\n{stdout}\n{}",
+            output.status,
+            log()
+        );
+    }
     serde_json::from_str(&stdout)
-        .unwrap_or_else(|error| panic!("the script's summary is not JSON ({error}): {stdout}"))
+        .unwrap_or_else(|error| panic!("{client}'s summary is not JSON ({error}): {stdout}"))
 }
