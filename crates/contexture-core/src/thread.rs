@@ -46,8 +46,9 @@ use crate::message::Message;
 
 pub use event::{
     CancelRequest, CompactionFailure, ConflictPolicy, ContextReplace, DEFAULT_CONTEXT, Event,
-    EventKind, Merge, MergePolicy, PolicyChange, Provenance, PrunedRequest, RecordedBudget,
-    ReplaceReason, RequestEnd, RequestOutcome, RequestRecord, StoreChange, ThreadPolicy, Usage,
+    EventKind, EventType, Merge, MergePolicy, PolicyChange, Provenance, PrunedRequest,
+    RecordedBudget, ReplaceReason, RequestEnd, RequestOutcome, RequestRecord, StoreChange,
+    ThreadPolicy, Usage,
 };
 pub use execution::{
     FitRecord, PrefixReuse, RunEnd, RunLimits, RunStart, RunStatus, StepCompaction, StepEnd,

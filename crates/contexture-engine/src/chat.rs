@@ -33,13 +33,14 @@ use contexture_core::format::openai;
 use contexture_core::format::openai_completion::CompletionAnswer;
 use contexture_core::registry::ModelInfo;
 use contexture_core::thread::{
-    Event, EventKind, Projection, RecordedBudget, RequestEnd, RequestOutcome, RequestRecord, Usage,
+    EventKind, EventType, Projection, RecordedBudget, RequestEnd, RequestOutcome, RequestRecord,
+    Usage,
 };
 use contexture_core::tokens::message_tokens;
 use contexture_core::{Content, Message, Part, Role};
 use contexture_llm::passthrough::{Answer, PassthroughError};
 use contexture_llm::wire::WireFormat;
-use contexture_store::{KeyedEvent, NewEvent, Store, StoreError};
+use contexture_store::{EventOutline, KeyedEvent, NewEvent, Store, StoreError};
 use serde_json::Value;
 
 use crate::calls::{answered_end, priced_end};
@@ -291,58 +292,107 @@ pub struct RecordedTurn {
 }
 
 /// The chat turn whose request `thread` recorded at `request_seq`
-/// ([`ChatError::UnknownPoint`] when no request was recorded there).
+/// ([`ChatError::UnknownPoint`] when no request was recorded there, or it was deleted).
 pub async fn recorded_turn<S: Store>(
     store: &S,
     thread: &str,
     request_seq: u64,
 ) -> Result<RecordedTurn, ChatError> {
-    Ok(read_turn(store, thread, request_seq, 0).await?.0)
+    // Where the turn ends is found from outlines; only its own events are then decoded.
+    let point = outline_turn(store, thread, request_seq, 0).await?.point;
+    let mut events = store
+        .events_through(thread, request_seq.saturating_sub(1), point)
+        .await?
+        .into_iter();
+    let record = match events.next().map(|event| (event.seq, event.kind)) {
+        Some((seq, EventKind::RequestStarted(record))) if seq == request_seq => record,
+        _ => return Err(ChatError::UnknownPoint { seq: request_seq }),
+    };
+    let mut turn = RecordedTurn {
+        record,
+        end: None,
+        answer: None,
+        point,
+    };
+    for event in events {
+        match event.kind {
+            EventKind::RequestEnded(end) => turn.end = Some(end),
+            EventKind::MessageAppended { message } => turn.answer = Some(message),
+            _ => {}
+        }
+    }
+    Ok(turn)
+}
+
+/// The point of `thread` after the chat turn whose request it recorded at `request_seq`
+/// ([`RecordedTurn::point`]; [`ChatError::UnknownPoint`] when no request was recorded
+/// there, or it was deleted), read without decoding the turn.
+pub async fn turn_point<S: Store>(
+    store: &S,
+    thread: &str,
+    request_seq: u64,
+) -> Result<u64, ChatError> {
+    Ok(outline_turn(store, thread, request_seq, 0).await?.point)
 }
 
 /// Where a turn continuing the chat turn whose request `thread` recorded at `request_seq`
 /// goes on: the point after that turn ([`RecordedTurn::point`]), and whether the thread went
-/// on after it (see [`is_newest`]). The turn and what follows it are read together, so that
-/// continuing the newest turn costs one read of the log.
+/// on after it (see [`is_newest`]). The turn and what follows it are read together, as
+/// outlines (nothing of them decoded), so that continuing the newest turn costs one short
+/// read of the log whatever the thread's length.
 pub async fn continued_point<S: Store>(
     store: &S,
     thread: &str,
     request_seq: u64,
 ) -> Result<(u64, bool), ChatError> {
     const FOLLOWING: u64 = 8;
-    let (turn, following, read_through) = read_turn(store, thread, request_seq, FOLLOWING).await?;
+    let turn = outline_turn(store, thread, request_seq, FOLLOWING).await?;
     let mut last = turn.point;
-    for event in &following {
-        if goes_on(&event.kind) {
+    for outline in &turn.following {
+        if goes_on(outline.event_type) {
             return Ok((turn.point, true));
         }
-        last = event.seq;
+        last = outline.seq;
     }
     // Only what was not read yet is left to look at.
-    let went_on = following
+    let went_on = turn
+        .following
         .last()
-        .is_some_and(|event| event.seq >= read_through)
+        .is_some_and(|outline| outline.seq >= turn.read_through)
         && went_on_after(store, thread, last).await?;
     Ok((turn.point, went_on))
 }
 
-/// Reads the chat turn whose request `thread` recorded at `request_seq` and up to
-/// `following` events after it: the turn, the events after its point that were read, and
-/// the last seq the read covered.
-async fn read_turn<S: Store>(
+/// A chat turn found from the outlines of its events ([`outline_turn`]).
+struct TurnOutline {
+    /// The point of the thread after the turn ([`RecordedTurn::point`]).
+    point: u64,
+    /// The outlines read after the point.
+    following: Vec<EventOutline>,
+    /// The last seq the read covered.
+    read_through: u64,
+}
+
+/// Finds the chat turn whose request `thread` recorded at `request_seq` from the outlines of
+/// its events, reading up to `following` outlines after it.
+async fn outline_turn<S: Store>(
     store: &S,
     thread: &str,
     request_seq: u64,
     following: u64,
-) -> Result<(RecordedTurn, Vec<Event>, u64), ChatError> {
+) -> Result<TurnOutline, ChatError> {
     // A request's end and answer are appended right after it, its turn holding the thread.
     let through = request_seq.saturating_add(2 + following);
-    let events = store
-        .events_through(thread, request_seq.saturating_sub(1), through)
+    let outlines = store
+        .outlines_through(thread, request_seq.saturating_sub(1), through)
         .await?;
-    let mut events = events.into_iter().peekable();
-    let record = match events.next().map(|event| (event.seq, event.kind)) {
-        Some((seq, EventKind::RequestStarted(record))) if seq == request_seq => record,
+    let mut outlines = outlines.into_iter().peekable();
+    let request_id = match outlines.next() {
+        Some(EventOutline {
+            seq,
+            event_type: EventType::RequestStarted,
+            request_id: Some(request_id),
+        }) if seq == request_seq => request_id,
         _ => return Err(ChatError::UnknownPoint { seq: request_seq }),
     };
     if store
@@ -352,27 +402,26 @@ async fn read_turn<S: Store>(
     {
         return Err(ChatError::UnknownPoint { seq: request_seq });
     }
-    let mut turn = RecordedTurn {
-        record,
-        end: None,
-        answer: None,
-        point: request_seq,
-    };
-    while let Some(event) = events.next_if(|event| match &event.kind {
-        EventKind::RequestEnded(end) => {
-            turn.end.is_none() && end.request_id == turn.record.request_id
+    let mut point = request_seq;
+    let (mut ended, mut answered) = (false, false);
+    while let Some(outline) = outlines.next_if(|outline| match outline.event_type {
+        EventType::RequestEnded => {
+            !ended && outline.request_id.as_deref() == Some(request_id.as_str())
         }
-        EventKind::MessageAppended { .. } => turn.end.is_some() && turn.answer.is_none(),
+        EventType::MessageAppended => ended && !answered,
         _ => false,
     }) {
-        turn.point = event.seq;
-        match event.kind {
-            EventKind::RequestEnded(end) => turn.end = Some(end),
-            EventKind::MessageAppended { message } => turn.answer = Some(message),
-            _ => unreachable!("next_if let only a turn's end and answer through"),
+        point = outline.seq;
+        match outline.event_type {
+            EventType::RequestEnded => ended = true,
+            _ => answered = true,
         }
     }
-    Ok((turn, events.collect(), through))
+    Ok(TurnOutline {
+        point,
+        following: outlines.collect(),
+        read_through: through,
+    })
 }
 
 /// True when nothing of the conversation followed the answer of the turn whose request
@@ -388,14 +437,14 @@ pub async fn is_newest<S: Store>(
 
 /// True when an event after a turn's answer carries the conversation on (see [`is_newest`]):
 /// anything but a request's record or end, a deletion mark, a compaction or its failure.
-fn goes_on(kind: &EventKind) -> bool {
+fn goes_on(event_type: EventType) -> bool {
     !matches!(
-        kind,
-        EventKind::RequestDeleted { .. }
-            | EventKind::RequestStarted(_)
-            | EventKind::RequestEnded(_)
-            | EventKind::ContextReplaced(_)
-            | EventKind::CompactionFailed(_)
+        event_type,
+        EventType::RequestDeleted
+            | EventType::RequestStarted
+            | EventType::RequestEnded
+            | EventType::ContextReplaced
+            | EventType::CompactionFailed
     )
 }
 
@@ -405,19 +454,20 @@ pub(crate) async fn went_on_after<S: Store>(
     thread: &str,
     point: u64,
 ) -> Result<bool, ChatError> {
-    const PAGE: usize = 16;
+    const PAGE: u64 = 32;
     let mut after = point;
     loop {
-        let page = store.events_page(thread, after, PAGE, usize::MAX).await?;
-        for event in &page.events {
-            if goes_on(&event.kind) {
-                return Ok(true);
-            }
-            after = event.seq;
+        let page = store
+            .outlines_through(thread, after, after.saturating_add(PAGE))
+            .await?;
+        if page.iter().any(|outline| goes_on(outline.event_type)) {
+            return Ok(true);
         }
-        if !page.more {
+        // Seqs have no gaps: a page short of full is the thread's end.
+        if (page.len() as u64) < PAGE {
             return Ok(false);
         }
+        after = after.saturating_add(PAGE);
     }
 }
 
@@ -435,7 +485,7 @@ pub async fn delete_recorded_turn<S: Store>(
     thread: &str,
     request_seq: u64,
 ) -> Result<u64, ChatError> {
-    recorded_turn(store, thread, request_seq).await?;
+    turn_point(store, thread, request_seq).await?;
     let deletion = NewEvent::new(EventKind::RequestDeleted { request_seq })
         .with_key(deletion_key(request_seq));
     Ok(store.append_one(thread, deletion).await?)

@@ -33,7 +33,7 @@ use sha2::{Digest, Sha256};
 
 use crate::chat::{
     Attempt, ChatError, ChatTurn, CompletionRecord, StoredAnswer, TurnRecorder, continued_point,
-    previous_attempt, recorded_turn,
+    previous_attempt, turn_point,
 };
 use crate::compaction::{CompactionError, CompactionOutcome, Compactor};
 use crate::cpu::CpuPool;
@@ -481,7 +481,7 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
         slot: Slot,
     ) -> Result<TurnAnswer, TurnError> {
         let through = match request.continues {
-            Some(request_seq) => Some(answer_point(&store, &request.thread, request_seq).await?),
+            Some(request_seq) => Some(turn_point(&store, &request.thread, request_seq).await?),
             None => None,
         };
         let turn = ChatTurn {
@@ -680,16 +680,6 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             }
         })
     }
-}
-
-/// The point of `thread` after the request recorded at `request_seq` (see
-/// [`RecordedTurn::point`]).
-async fn answer_point<S: Store>(
-    store: &S,
-    thread: &str,
-    request_seq: u64,
-) -> Result<u64, ChatError> {
-    Ok(recorded_turn(store, thread, request_seq).await?.point)
 }
 
 /// The name of a new branch of `thread` forked after `point`: the thread's root name and a

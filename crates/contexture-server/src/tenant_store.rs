@@ -18,7 +18,7 @@ use contexture_store::{
 };
 
 use contexture_engine::chat::{
-    ChatError, RecordedTurn, TurnInput, delete_recorded_turn, recorded_turn, turn_input,
+    ChatError, RecordedTurn, TurnInput, delete_recorded_turn, recorded_turn, turn_input, turn_point,
 };
 use contexture_engine::executor::Executor;
 use contexture_engine::turns::{TurnLease, TurnQueue, TurnWaitError};
@@ -267,8 +267,8 @@ impl<S: StoreView> TenantStore<'_, S> {
     /// True when the tenant's thread `id` has a chat turn (not deleted) whose request was
     /// recorded at `request_seq`.
     pub(crate) async fn has_recorded_turn(&self, id: &str, request_seq: u64) -> ApiResult<bool> {
-        let turn = recorded_turn(&self.store, id, request_seq).await;
-        Ok(self.found(turn)?.is_some())
+        let point = turn_point(&self.store, id, request_seq).await;
+        Ok(self.found(point)?.is_some())
     }
 
     /// Deletes the chat turn of the tenant's thread `id` whose request was recorded at

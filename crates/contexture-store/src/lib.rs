@@ -131,6 +131,33 @@ pub struct KeyedEvent {
     pub appended_at_ms: i64,
 }
 
+/// An event's place and type, without what it holds ([`Store::outlines_through`]): what
+/// a read of where a thread's turns are needs, at a fraction of reading the events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventOutline {
+    /// The event's seq.
+    pub seq: u64,
+    /// Its type.
+    pub event_type: contexture_core::thread::EventType,
+    /// For a request's record or end, the request's id.
+    pub request_id: Option<String>,
+}
+
+impl EventOutline {
+    /// The outline of `event`.
+    pub fn of(event: &Event) -> EventOutline {
+        EventOutline {
+            seq: event.seq,
+            event_type: event.kind.event_type(),
+            request_id: match &event.kind {
+                EventKind::RequestStarted(record) => Some(record.request_id.clone()),
+                EventKind::RequestEnded(end) => Some(end.request_id.clone()),
+                _ => None,
+            },
+        }
+    }
+}
+
 /// A page of a thread's events ([`Store::events_page`]).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EventPage {
@@ -240,6 +267,17 @@ pub trait Store: Send + Sync {
         after: u64,
         through: u64,
     ) -> impl Future<Output = Result<Vec<Event>, StoreError>> + Send;
+
+    /// The outlines of the events [`Store::events_through`] reads (seq above `after`, at
+    /// most `through`, a fork's shared prefix included), oldest first, without decoding
+    /// what the events hold: a request record's messages are not resolved, a message not
+    /// even read.
+    fn outlines_through(
+        &self,
+        thread: &str,
+        after: u64,
+        through: u64,
+    ) -> impl Future<Output = Result<Vec<EventOutline>, StoreError>> + Send;
 
     /// A page of `thread`'s events with seq above `after`, oldest first: at most `limit`
     /// events, and no more of them than fit `max_bytes` as JSON, the first always (an event

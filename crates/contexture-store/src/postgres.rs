@@ -28,8 +28,8 @@ use tokio_postgres::NoTls;
 use crate::error::Action;
 use crate::record::ThreadLimits;
 use crate::{
-    KeyedEvent, NewEvent, ProjectionTail, PruneReport, RequestRetention, RequestsPruned, Store,
-    StoreError, ThreadInfo,
+    EventOutline, KeyedEvent, NewEvent, ProjectionTail, PruneReport, RequestRetention,
+    RequestsPruned, Store, StoreError, ThreadInfo,
 };
 
 /// Connections in the pool.
@@ -198,6 +198,15 @@ impl Store for PgStore {
         through: u64,
     ) -> Result<Vec<Event>, StoreError> {
         self.read_events_through(thread, after, through).await
+    }
+
+    async fn outlines_through(
+        &self,
+        thread: &str,
+        after: u64,
+        through: u64,
+    ) -> Result<Vec<EventOutline>, StoreError> {
+        self.read_outlines_through(thread, after, through).await
     }
 
     async fn load_projection(&self, thread: &str) -> Result<Projection, StoreError> {

@@ -9,7 +9,7 @@
 //!   `cl100k_base=12,o200k_base=11`). Counted once at append time, restored on load.
 
 use contexture_core::Message;
-use contexture_core::thread::{Event, EventKind, RequestEnd};
+use contexture_core::thread::{Event, EventKind, EventType, RequestEnd};
 use contexture_core::tokens::{Encoding, message_tokens};
 
 use crate::request_refs::{MESSAGE_EVENT_KINDS, REQUEST_STARTED, StoredRequest, Unresolved};
@@ -472,6 +472,46 @@ pub(crate) fn decode_row(
         restore_counts(tokens, event.messages()).map_err(corrupt)?;
     }
     Ok((Event::new(seq, event), None))
+}
+
+/// The bodies an outline read fetches ([`outline`]): a request's record's and end's, for
+/// the request's id. As SQL, for the reads' `CASE WHEN kind IN (...)`.
+pub(crate) const OUTLINED_BODIES: &str = "'request_started', 'request_ended'";
+
+/// The outline of a stored event ([`crate::EventOutline`]): its type, and for a request's
+/// record or end the request's id, read from `body` without decoding the rest of it (a
+/// record's messages and fields stay unread). `body` is only needed for those two kinds.
+pub(crate) fn outline(
+    thread: &str,
+    seq: u64,
+    kind: &str,
+    body: Option<&str>,
+) -> Result<crate::EventOutline, StoreError> {
+    /// The one field an outline reads of a request's record or end; serde skips the rest.
+    #[derive(serde::Deserialize)]
+    struct RequestId {
+        request_id: String,
+    }
+    let corrupt = |detail: String| StoreError::Corrupt {
+        thread: thread.to_string(),
+        seq,
+        detail,
+    };
+    let event_type = EventType::from_name(kind)
+        .ok_or_else(|| corrupt(format!("stored as `{kind}`, which is no event type")))?;
+    let request_id = match event_type {
+        EventType::RequestStarted | EventType::RequestEnded => {
+            let body = body.ok_or_else(|| corrupt(format!("a `{kind}` without a body")))?;
+            let read: RequestId = parse_stored(body).map_err(corrupt)?;
+            Some(read.request_id)
+        }
+        _ => None,
+    };
+    Ok(crate::EventOutline {
+        seq,
+        event_type,
+        request_id,
+    })
 }
 
 /// Puts the stored `tokens` column's counts into `messages`' caches.

@@ -20,8 +20,8 @@ use contexture_core::tokens::Encoding;
 
 use crate::retention::{RequestRetention, RequestsPruned};
 use crate::{
-    EventPage, KeyedEvent, NewEvent, ProjectionTail, PruneReport, Store, StoreError, ThreadInfo,
-    TurnQueueStore, TurnTicket,
+    EventOutline, EventPage, KeyedEvent, NewEvent, ProjectionTail, PruneReport, Store, StoreError,
+    ThreadInfo, TurnQueueStore, TurnTicket,
 };
 
 /// The separator between a tenant's name and the id the tenant knows, in stored ids.
@@ -209,6 +209,18 @@ impl<S: Store> Store for Scoped<S> {
             .events_through(&self.stored_id(thread), after, through)
             .await
             .map(|events| self.unscope_events(events))
+            .map_err(|e| self.unscope_error(e))
+    }
+
+    async fn outlines_through(
+        &self,
+        thread: &str,
+        after: u64,
+        through: u64,
+    ) -> Result<Vec<EventOutline>, StoreError> {
+        self.inner
+            .outlines_through(&self.stored_id(thread), after, through)
+            .await
             .map_err(|e| self.unscope_error(e))
     }
 

@@ -35,8 +35,8 @@ use self::writer::Writer;
 use crate::error::Action;
 use crate::record::{self, ThreadLimits};
 use crate::{
-    KeyedEvent, NewEvent, ProjectionTail, PruneReport, RequestRetention, RequestsPruned, Store,
-    StoreError, ThreadInfo, epoch_ms,
+    EventOutline, KeyedEvent, NewEvent, ProjectionTail, PruneReport, RequestRetention,
+    RequestsPruned, Store, StoreError, ThreadInfo, epoch_ms,
 };
 
 /// `PRAGMA auto_vacuum`'s value for incremental vacuum.
@@ -344,6 +344,17 @@ impl Store for SqliteStore {
     ) -> Result<Vec<Event>, StoreError> {
         let thread = thread.to_string();
         self.read(move |conn| reads::read_events(conn, &thread, after, through))
+            .await
+    }
+
+    async fn outlines_through(
+        &self,
+        thread: &str,
+        after: u64,
+        through: u64,
+    ) -> Result<Vec<EventOutline>, StoreError> {
+        let thread = thread.to_string();
+        self.read(move |conn| reads::read_outlines(conn, &thread, after, through))
             .await
     }
 

@@ -13,8 +13,8 @@ use crate::PgStore;
 #[cfg(feature = "sqlite")]
 use crate::SqliteStore;
 use crate::{
-    ApiKeyRecord, ApiKeyStore, KeyedEvent, NewEvent, ProjectionTail, PruneReport, RequestRetention,
-    RequestsPruned, Store, StoreError, ThreadInfo,
+    ApiKeyRecord, ApiKeyStore, EventOutline, KeyedEvent, NewEvent, ProjectionTail, PruneReport,
+    RequestRetention, RequestsPruned, Store, StoreError, ThreadInfo,
 };
 
 /// A parsed database URL.
@@ -127,6 +127,15 @@ impl Store for AnyStore {
         through: u64,
     ) -> Result<Vec<Event>, StoreError> {
         on_backend!(self, store => store.events_through(thread, after, through).await)
+    }
+
+    async fn outlines_through(
+        &self,
+        thread: &str,
+        after: u64,
+        through: u64,
+    ) -> Result<Vec<EventOutline>, StoreError> {
+        on_backend!(self, store => store.outlines_through(thread, after, through).await)
     }
 
     async fn list_page(

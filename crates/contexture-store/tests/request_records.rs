@@ -9,12 +9,12 @@ mod common;
 
 use common::Harness;
 use contexture_core::thread::{
-    ContextReplace, EventKind, Merge, RecordedBudget, ReplaceReason, RequestEnd, RequestOutcome,
-    RequestRecord, StepMessage, Usage,
+    ContextReplace, Event, EventKind, Merge, RecordedBudget, ReplaceReason, RequestEnd,
+    RequestOutcome, RequestRecord, StepMessage, Usage,
 };
 use contexture_core::{Message, ToolCall};
 use contexture_store::testing::{message_length, prose};
-use contexture_store::{NewEvent, RequestRetention, Store};
+use contexture_store::{EventOutline, NewEvent, RequestRetention, Store};
 use proptest::prelude::*;
 use serde_json::json;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -350,6 +350,18 @@ async fn run(
                 .map(|e| e.kind)
                 .collect();
             prop_assert_eq!(&tail[..], &model.events[after.min(model.events.len())..]);
+            // An outline read of the same events sees each one's type and request id.
+            let through = (after + 5) as u64;
+            let outlines = store
+                .outlines_through(thread, after as u64, through)
+                .await
+                .map_err(fail)?;
+            let expected: Vec<EventOutline> = (after..model.events.len().min(after + 5))
+                .map(|index| {
+                    EventOutline::of(&Event::new(index as u64 + 1, model.events[index].clone()))
+                })
+                .collect();
+            prop_assert_eq!(outlines, expected, "thread {} after {}", thread, after);
         }
         // A fork shares its parent's events, not their keys: each thread finds its own.
         for (key, seq) in &model.keys {

@@ -119,29 +119,133 @@ pub enum EventKind {
     },
 }
 
+/// The type of an [`EventKind`], without what the event holds: what a read that only needs
+/// a thread's shape (which events are where) decodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventType {
+    /// [`EventKind::MessageAppended`].
+    MessageAppended,
+    /// [`EventKind::ContextReplaced`].
+    ContextReplaced,
+    /// [`EventKind::ContextSwitched`].
+    ContextSwitched,
+    /// [`EventKind::StoreChanged`].
+    StoreChanged,
+    /// [`EventKind::Forked`].
+    Forked,
+    /// [`EventKind::Merged`].
+    Merged,
+    /// [`EventKind::RequestStarted`].
+    RequestStarted,
+    /// [`EventKind::RequestEnded`].
+    RequestEnded,
+    /// [`EventKind::RunStarted`].
+    RunStarted,
+    /// [`EventKind::StepStarted`].
+    StepStarted,
+    /// [`EventKind::StepMessage`].
+    StepMessage,
+    /// [`EventKind::StepCompacted`].
+    StepCompacted,
+    /// [`EventKind::StepFinished`].
+    StepFinished,
+    /// [`EventKind::StepFailed`].
+    StepFailed,
+    /// [`EventKind::RunEnded`].
+    RunEnded,
+    /// [`EventKind::CompactionFailed`].
+    CompactionFailed,
+    /// [`EventKind::CancelRequested`].
+    CancelRequested,
+    /// [`EventKind::PolicySet`].
+    PolicySet,
+    /// [`EventKind::RequestDeleted`].
+    RequestDeleted,
+}
+
+impl EventType {
+    /// Every type, in the order [`EventKind`] declares them.
+    pub const ALL: [EventType; 19] = [
+        EventType::MessageAppended,
+        EventType::ContextReplaced,
+        EventType::ContextSwitched,
+        EventType::StoreChanged,
+        EventType::Forked,
+        EventType::Merged,
+        EventType::RequestStarted,
+        EventType::RequestEnded,
+        EventType::RunStarted,
+        EventType::StepStarted,
+        EventType::StepMessage,
+        EventType::StepCompacted,
+        EventType::StepFinished,
+        EventType::StepFailed,
+        EventType::RunEnded,
+        EventType::CompactionFailed,
+        EventType::CancelRequested,
+        EventType::PolicySet,
+        EventType::RequestDeleted,
+    ];
+
+    /// The type's short name, as an event's `type` field holds it.
+    pub fn name(self) -> &'static str {
+        match self {
+            EventType::MessageAppended => "message_appended",
+            EventType::ContextReplaced => "context_replaced",
+            EventType::ContextSwitched => "context_switched",
+            EventType::StoreChanged => "store_changed",
+            EventType::Forked => "forked",
+            EventType::Merged => "merged",
+            EventType::RequestStarted => "request_started",
+            EventType::RequestEnded => "request_ended",
+            EventType::RunStarted => "run_started",
+            EventType::StepStarted => "step_started",
+            EventType::StepMessage => "step_message",
+            EventType::StepCompacted => "step_compacted",
+            EventType::StepFinished => "step_finished",
+            EventType::StepFailed => "step_failed",
+            EventType::RunEnded => "run_ended",
+            EventType::CompactionFailed => "compaction_failed",
+            EventType::CancelRequested => "cancel_requested",
+            EventType::PolicySet => "policy_set",
+            EventType::RequestDeleted => "request_deleted",
+        }
+    }
+
+    /// The type named `name` ([`EventType::name`]), if there is one.
+    pub fn from_name(name: &str) -> Option<EventType> {
+        EventType::ALL.into_iter().find(|kind| kind.name() == name)
+    }
+}
+
 impl EventKind {
     /// The short name of the event's type, as serialized in its `type` field.
     pub fn type_name(&self) -> &'static str {
+        self.event_type().name()
+    }
+
+    /// The event's type, without what it holds.
+    pub fn event_type(&self) -> EventType {
         match self {
-            EventKind::MessageAppended { .. } => "message_appended",
-            EventKind::ContextReplaced(_) => "context_replaced",
-            EventKind::ContextSwitched { .. } => "context_switched",
-            EventKind::StoreChanged(_) => "store_changed",
-            EventKind::Forked { .. } => "forked",
-            EventKind::Merged(_) => "merged",
-            EventKind::RequestStarted(_) => "request_started",
-            EventKind::RequestEnded(_) => "request_ended",
-            EventKind::RunStarted(_) => "run_started",
-            EventKind::StepStarted(_) => "step_started",
-            EventKind::StepMessage(_) => "step_message",
-            EventKind::StepCompacted(_) => "step_compacted",
-            EventKind::StepFinished(_) => "step_finished",
-            EventKind::StepFailed(_) => "step_failed",
-            EventKind::RunEnded(_) => "run_ended",
-            EventKind::CompactionFailed(_) => "compaction_failed",
-            EventKind::CancelRequested(_) => "cancel_requested",
-            EventKind::PolicySet(_) => "policy_set",
-            EventKind::RequestDeleted { .. } => "request_deleted",
+            EventKind::MessageAppended { .. } => EventType::MessageAppended,
+            EventKind::ContextReplaced(_) => EventType::ContextReplaced,
+            EventKind::ContextSwitched { .. } => EventType::ContextSwitched,
+            EventKind::StoreChanged(_) => EventType::StoreChanged,
+            EventKind::Forked { .. } => EventType::Forked,
+            EventKind::Merged(_) => EventType::Merged,
+            EventKind::RequestStarted(_) => EventType::RequestStarted,
+            EventKind::RequestEnded(_) => EventType::RequestEnded,
+            EventKind::RunStarted(_) => EventType::RunStarted,
+            EventKind::StepStarted(_) => EventType::StepStarted,
+            EventKind::StepMessage(_) => EventType::StepMessage,
+            EventKind::StepCompacted(_) => EventType::StepCompacted,
+            EventKind::StepFinished(_) => EventType::StepFinished,
+            EventKind::StepFailed(_) => EventType::StepFailed,
+            EventKind::RunEnded(_) => EventType::RunEnded,
+            EventKind::CompactionFailed(_) => EventType::CompactionFailed,
+            EventKind::CancelRequested(_) => EventType::CancelRequested,
+            EventKind::PolicySet(_) => EventType::PolicySet,
+            EventKind::RequestDeleted { .. } => EventType::RequestDeleted,
         }
     }
 
@@ -659,6 +763,44 @@ impl Usage {
         Usage {
             input_tokens: self.input_tokens.saturating_sub(other.input_tokens),
             output_tokens: self.output_tokens.saturating_sub(other.output_tokens),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_event_type_is_found_by_its_name_and_no_two_share_one() {
+        let mut names = std::collections::HashSet::new();
+        for kind in EventType::ALL {
+            assert_eq!(EventType::from_name(kind.name()), Some(kind));
+            assert!(names.insert(kind.name()), "{} twice", kind.name());
+        }
+        assert_eq!(EventType::from_name("message"), None);
+        assert_eq!(EventType::from_name(""), None);
+    }
+
+    #[test]
+    fn an_events_type_name_is_its_serialized_type() {
+        let kinds = [
+            EventKind::MessageAppended {
+                message: Message::user("hi"),
+            },
+            EventKind::ContextSwitched {
+                context: "other".into(),
+                op_id: None,
+            },
+            EventKind::Forked {
+                parent: "p".into(),
+                at_seq: 3,
+            },
+            EventKind::RequestDeleted { request_seq: 2 },
+        ];
+        for kind in kinds {
+            let value = serde_json::to_value(&kind).unwrap();
+            assert_eq!(value["type"], kind.event_type().name());
         }
     }
 }

@@ -15,7 +15,7 @@ use crate::error::Action;
 use crate::forks::ForkChain;
 use crate::record::{self, db_seq, seq_of};
 use crate::tail::{TailStart, fold_sparse, watermark_of};
-use crate::{KeyedEvent, ProjectionTail, StoreError, ThreadInfo};
+use crate::{EventOutline, KeyedEvent, ProjectionTail, StoreError, ThreadInfo};
 
 /// The segments to read for `thread`, root first (see the SQLite store).
 pub(super) async fn chain(
@@ -266,6 +266,45 @@ impl PgStore {
         let events = references::resolve(&tx, thread, &segments, rows, after).await?;
         tx.commit().await.doing("end the read")?;
         Ok(events)
+    }
+
+    pub(super) async fn read_outlines_through(
+        &self,
+        thread: &str,
+        after: u64,
+        through: u64,
+    ) -> Result<Vec<EventOutline>, StoreError> {
+        let mut client = self.pool.get().await?;
+        let tx = snapshot(&mut client).await?;
+        let segments = chain(&tx, thread).await?;
+        let sql = format!(
+            "SELECT seq, kind, CASE WHEN kind IN ({}) THEN body END FROM events
+             WHERE thread_id = $1 AND seq <= $2 AND seq > $3 ORDER BY seq",
+            record::OUTLINED_BODIES
+        );
+        let select = tx
+            .prepare_cached(&sql)
+            .await
+            .doing("prepare the outline query")?;
+        let mut outlines = Vec::new();
+        for (id, limit) in record::segments_through(&segments, through) {
+            let rows = tx
+                .query(
+                    &select,
+                    &[&id, &limit.map_or(i64::MAX, db_seq), &db_seq(after)],
+                )
+                .await
+                .doing("query event outlines")?;
+            outlines.reserve(rows.len());
+            for row in rows {
+                let seq = seq_of(thread, row.get(0))?;
+                let kind: &str = row.get(1);
+                let body: Option<&str> = row.get(2);
+                outlines.push(record::outline(thread, seq, kind, body)?);
+            }
+        }
+        tx.commit().await.doing("end the read")?;
+        Ok(outlines)
     }
 
     pub(super) async fn read_list_page(

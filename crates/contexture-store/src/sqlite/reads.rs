@@ -13,7 +13,7 @@ use crate::error::Action;
 use crate::forks::ForkChain;
 use crate::record::{self, db_seq, seq_of};
 use crate::tail::{TailStart, fold_sparse, watermark_of};
-use crate::{KeyedEvent, ProjectionTail, StoreError, ThreadInfo};
+use crate::{EventOutline, KeyedEvent, ProjectionTail, StoreError, ThreadInfo};
 
 /// The calibration stored for `model`, if any.
 pub(super) fn stored_calibration(
@@ -70,6 +70,46 @@ pub(super) fn read_events(
     let events = references::resolve(&tx, thread, &segments, rows, after)?;
     tx.commit().doing("end the read")?;
     Ok(events)
+}
+
+/// The outlines of `thread`'s events (its fork chain's shared prefix included) with seq
+/// above `after` and at most `through` (see [`record::outline`]): only a request's record
+/// or end has its body read.
+pub(super) fn read_outlines(
+    conn: &mut Connection,
+    thread: &str,
+    after: u64,
+    through: u64,
+) -> Result<Vec<EventOutline>, StoreError> {
+    let tx = conn.transaction().doing("begin a read")?;
+    let segments = chain(&tx, thread)?;
+    let sql = format!(
+        "SELECT seq, kind, CASE WHEN kind IN ({}) THEN body END FROM events
+         WHERE thread_id = ?1 AND seq <= ?2 AND seq > ?3 ORDER BY seq",
+        record::OUTLINED_BODIES
+    );
+    let mut select = tx.prepare_cached(&sql).doing("prepare the outline query")?;
+    let mut outlines = Vec::new();
+    for (id, limit) in record::segments_through(&segments, through) {
+        let mut rows = select
+            .query(params![id, limit.map_or(i64::MAX, db_seq), db_seq(after)])
+            .doing("query event outlines")?;
+        while let Some(row) = rows.next().doing("read an event outline")? {
+            let seq = seq_of(thread, row.get(0).doing("read a seq")?)?;
+            let kind = row
+                .get_ref(1)
+                .and_then(|v| Ok(v.as_str()?))
+                .doing("read a kind")?;
+            let body = row
+                .get_ref(2)
+                .and_then(|v| Ok(v.as_str_or_null()?))
+                .doing("read a body")?;
+            outlines.push(record::outline(thread, seq, kind, body)?);
+        }
+    }
+    drop(select);
+    tx.commit().doing("end the read")?;
+    Ok(outlines)
 }
 
 /// Every event of a segment: `?1` the segment's thread, `?2` its last seq to read, `?3`
