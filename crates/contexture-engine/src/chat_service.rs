@@ -23,8 +23,9 @@ use contexture_core::compact::CompactionPolicy;
 use contexture_core::fit::FitPolicy;
 use contexture_core::message::Message;
 use contexture_core::registry::Registry;
+use contexture_llm::Upstreams;
 use contexture_llm::passthrough::{
-    ChatUpstream, PassthroughError, UpstreamBody, UpstreamResponse, record_stream,
+    PassthroughError, UpstreamBody, UpstreamResponse, record_stream,
 };
 use contexture_llm::wire::{ChatCall, WireFormat};
 use contexture_store::{Scoped, Store, StoreError, Tenant, TurnQueueStore};
@@ -193,8 +194,8 @@ pub struct ChatLimits {
 pub struct ChatParts<S> {
     /// The store holding the threads.
     pub store: S,
-    /// Where requests go.
-    pub upstream: Arc<dyn ChatUpstream>,
+    /// Where requests go, by model.
+    pub upstreams: Upstreams,
     /// The models (window, tokenizer, rules) requests are fitted for.
     pub registry: Arc<Registry>,
     /// The default fit policy (a thread's own takes its place).
@@ -274,9 +275,14 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
         self.parts.slots.take(tenant.name())
     }
 
-    /// The wire format of the upstream, which its responses are in.
-    pub fn upstream_format(&self) -> WireFormat {
-        self.parts.upstream.format()
+    /// The wire format of the upstream `model`'s calls go to, which its responses are in.
+    pub fn upstream_format(&self, model: &str) -> WireFormat {
+        self.parts.upstreams.for_model(model).format()
+    }
+
+    /// Where requests go, by model.
+    pub fn upstreams(&self) -> &Upstreams {
+        &self.parts.upstreams
     }
 
     /// Sends a request that keeps no thread within the tenant's slots: `call` with its
@@ -288,7 +294,7 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
         messages: &[Message],
     ) -> Result<UpstreamResponse, TurnError> {
         let slot = self.parts.slots.take(tenant.name())?;
-        let upstream = &self.parts.upstream;
+        let upstream = self.parts.upstreams.for_model(&call.model);
         let response = if call.client.format.is(upstream.format()) {
             upstream.forward(&call.client.body).await?
         } else {
@@ -508,7 +514,8 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
         self.parts.observer.request_fitted(&fitted);
         let response = self
             .parts
-            .upstream
+            .upstreams
+            .for_model(&request.call.model)
             .send(&request.call, &fitted.messages)
             .await?;
         Ok(TurnAnswer::Upstream {
@@ -561,7 +568,7 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             instructions: instructions.as_deref(),
             compact_threshold,
             client_record: client_record.as_ref(),
-            sends_reasoning: call.sends_reasoning_to(self.upstream_format()),
+            sends_reasoning: call.sends_reasoning_to(self.upstream_format(&call.model)),
         };
         let request_id = format!(
             "{thread}/chat-{}",
@@ -606,7 +613,7 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
     ) -> Result<UpstreamResponse, TurnError> {
         let in_flight = &self.parts.in_flight;
         let forwarded = tokio::select! {
-            forwarded = self.parts.upstream.send(call, messages) => forwarded,
+            forwarded = self.parts.upstreams.for_model(&call.model).send(call, messages) => forwarded,
             () = in_flight.stopped() => {
                 recorder.logged(recorder.turn.stopped().await);
                 return Err(TurnError::ShutDown);

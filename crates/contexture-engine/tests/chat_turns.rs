@@ -27,7 +27,7 @@ use contexture_engine::turns::TurnQueue;
 use contexture_fake_upstream::{FakeUpstream, Reply};
 use contexture_llm::{
     ChatCall, ClientFormat, ClientRequest, Passthrough, ScriptedProvider, UpstreamBody,
-    UpstreamConfig, WireFormat,
+    UpstreamConfig, Upstreams, WireFormat,
 };
 use contexture_store::{SqliteStore, Store, StoreError, Tenant};
 use serde_json::{Value, json};
@@ -70,7 +70,7 @@ pub(crate) fn service_with(
     let summarizer = Arc::new(FixedRouter::new(Arc::new(ScriptedProvider::texts(["-"]))));
     ChatService::new(ChatParts {
         store,
-        upstream: Arc::new(Passthrough::new(config).unwrap()),
+        upstreams: Upstreams::new(Arc::new(Passthrough::new(config).unwrap())),
         registry: registry.clone(),
         fit_policy,
         compactor: Arc::new(Compactor::new(summarizer as Arc<dyn Router>, registry)),

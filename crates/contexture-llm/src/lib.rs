@@ -15,7 +15,8 @@
 //! Anthropic's), returning its response unchanged (streams chunk by chunk), for a server that
 //! proxies them, and folds the upstream's answer into the assistant's message
 //! ([`AnswerAccumulator`]). [`wire`] writes a wire-neutral call ([`ChatCall`]) in the
-//! upstream's format, whatever format its client spoke.
+//! upstream's format, whatever format its client spoke. [`Upstreams`] picks the upstream of
+//! a call by its model.
 
 mod anthropic;
 mod error;
@@ -26,6 +27,7 @@ mod provider;
 mod retry;
 mod scripted;
 mod sse;
+mod upstreams;
 pub mod wire;
 
 pub use anthropic::AnthropicProvider;
@@ -38,4 +40,5 @@ pub use passthrough::{
 pub use provider::{BoxFuture, ChatRequest, ChatResponse, Provider, StreamDelta, Usage};
 pub use retry::RetryPolicy;
 pub use scripted::{ScriptError, ScriptedProvider};
+pub use upstreams::{PatternError, Upstreams};
 pub use wire::{ChatCall, ClientFormat, ClientRequest, RequestBody, WireFormat};

@@ -221,6 +221,9 @@ pub trait ChatUpstream: Send + Sync {
     /// Sends `body`, a request already in the upstream's own format, as it is (a request
     /// that keeps no thread, passed through).
     fn forward<'a>(&'a self, body: &'a Map<String, Value>) -> UpstreamCall<'a>;
+
+    /// Its list of models, as it answered (see [`Passthrough::models`]).
+    fn models(&self) -> UpstreamCall<'_>;
 }
 
 impl ChatUpstream for Passthrough {
@@ -237,6 +240,10 @@ impl ChatUpstream for Passthrough {
             let body = RequestBody::as_sent(body);
             self.post(&body, body.streams()).await
         })
+    }
+
+    fn models(&self) -> UpstreamCall<'_> {
+        Box::pin(Passthrough::models(self))
     }
 }
 

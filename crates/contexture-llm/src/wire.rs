@@ -957,3 +957,74 @@ mod tests {
         );
     }
 }
+
+/// The entries of a model list an upstream speaking `format` answered (`GET models`), in
+/// OpenAI's shape (`{"id", "object": "model", "created", "owned_by"}`): an OpenAI-compatible
+/// list's as they are, an Anthropic list's read into it (`created` from its `created_at`,
+/// `display_name` kept). Entries without an id are left out: nothing could call them.
+pub fn openai_model_entries(format: WireFormat, list: &Value) -> Vec<Value> {
+    let entries = list
+        .get("data")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    entries
+        .iter()
+        .filter(|entry| entry.get("id").is_some_and(Value::is_string))
+        .map(|entry| match format {
+            WireFormat::OpenAiChat => entry.clone(),
+            WireFormat::AnthropicMessages => {
+                let created = entry
+                    .get("created_at")
+                    .and_then(Value::as_str)
+                    .and_then(|at| chrono::DateTime::parse_from_rfc3339(at).ok())
+                    .map_or(0, |at| at.timestamp());
+                let mut model = serde_json::json!({
+                    "id": entry["id"],
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "anthropic",
+                });
+                if let Some(name) = entry.get("display_name") {
+                    model["display_name"] = name.clone();
+                }
+                model
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod model_list_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn an_anthropic_model_list_reads_into_openais_shape() {
+        let list = json!({
+            "data": [
+                {"type": "model", "id": "claude-sonnet-4-5", "display_name": "Claude Sonnet 4.5",
+                 "created_at": "2025-09-29T00:00:00Z"},
+                {"type": "model", "display_name": "no id"},
+                {"type": "model", "id": "claude-haiku", "created_at": "not a date"},
+            ],
+            "has_more": false,
+        });
+        assert_eq!(
+            openai_model_entries(WireFormat::AnthropicMessages, &list),
+            vec![
+                json!({"id": "claude-sonnet-4-5", "object": "model", "created": 1_759_104_000,
+                       "owned_by": "anthropic", "display_name": "Claude Sonnet 4.5"}),
+                json!({"id": "claude-haiku", "object": "model", "created": 0,
+                       "owned_by": "anthropic"}),
+            ]
+        );
+        let openai = json!({"object": "list", "data": [
+            {"id": "gpt-4o", "object": "model", "created": 1, "owned_by": "openai"}]});
+        assert_eq!(
+            openai_model_entries(WireFormat::OpenAiChat, &openai),
+            vec![openai["data"][0].clone()]
+        );
+        assert!(openai_model_entries(WireFormat::OpenAiChat, &json!("nothing")).is_empty());
+    }
+}

@@ -22,7 +22,6 @@ use contexture_engine::tenant_slots::TenantSlots;
 use contexture_engine::turns::TurnQueue;
 use contexture_engine::workflow::Programs;
 use contexture_llm::RetryPolicy;
-use contexture_llm::passthrough::{Passthrough, UpstreamConfig as PassthroughConfig};
 use contexture_store::{AnyStore, RetentionRules, Store, StoreError};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -32,7 +31,7 @@ use tokio::net::TcpListener;
 use crate::active_runs::ActiveRuns;
 use crate::auth::{KeyCache, RateLimiter, authenticate};
 use crate::body::BodyTimeout;
-use crate::config::ServerConfig;
+use crate::config::{ServerConfig, UpstreamKind};
 use crate::metrics::{Metrics, track};
 use crate::routes::{chat, conversations, executions, ops, responses, responses_compact, threads};
 use crate::tenancy::Tenant;
@@ -64,8 +63,8 @@ pub enum StartError {
         /// What was wrong.
         message: String,
     },
-    /// The upstream client could not be built.
-    #[error("upstream: {0}")]
+    /// An upstream client could not be built (the message names its setting).
+    #[error("{0}")]
     Upstream(String),
     /// The configuration is invalid.
     #[error("{0}")]
@@ -105,8 +104,6 @@ pub struct Shared {
     pub executor: Arc<Executor<AnyStore>>,
     /// Runs compactions (its summarizer calls go through the executions' LLM).
     pub compactor: Arc<Compactor>,
-    /// The upstream of the chat endpoint.
-    pub upstream: Arc<Passthrough>,
     /// The chat turn operation of the chat endpoint.
     pub chat: ChatService<AnyStore>,
     /// The configuration.
@@ -204,7 +201,10 @@ impl AppState {
                 max_retries: config.upstream.retries,
                 ..RetryPolicy::default()
             },
-            openai_base_url: Some(config.upstream.base_url.clone()),
+            // Executions reach OpenAI-compatible models through the default upstream when
+            // it is one.
+            openai_base_url: (config.upstream.kind == UpstreamKind::Openai)
+                .then(|| config.upstream.base_url().to_owned()),
             openai_api_key: config.upstream.api_key.clone(),
         };
         let router = spec
@@ -264,14 +264,8 @@ impl AppState {
             ),
         }
         let compactor = Compactor::new(router, registry.clone());
-        let mut upstream_config = PassthroughConfig::new(
-            config.upstream.base_url.clone(),
-            config.upstream.api_key.clone(),
-        );
-        upstream_config.timeout = config.upstream.timeout();
-        upstream_config.retries = config.upstream.retries;
-        let upstream = Passthrough::new(upstream_config)
-            .map_err(|error| StartError::Upstream(error.to_string()))?;
+        let upstreams = crate::config::upstreams(&config.upstream, &config.upstreams)
+            .map_err(StartError::Upstream)?;
         let anonymous = match &config.auth.anonymous_tenant {
             Some(name) => Some(
                 Tenant::new(name.clone()).map_err(|error| StartError::Config(error.to_string()))?,
@@ -282,7 +276,6 @@ impl AppState {
             .retention
             .rules()
             .map_err(|error| StartError::Config(error.to_string()))?;
-        let upstream = Arc::new(upstream);
         let compactor = Arc::new(compactor);
         let metrics = Arc::new(Metrics::default());
         let in_flight = Arc::new(InFlight::default());
@@ -290,7 +283,7 @@ impl AppState {
         let cpu = Arc::new(CpuPool::for_this_machine());
         let chat = ChatService::new(ChatParts {
             store: store.clone(),
-            upstream: upstream.clone(),
+            upstreams,
             registry: registry.clone(),
             fit_policy: config.fit.clone(),
             compactor: compactor.clone(),
@@ -315,7 +308,6 @@ impl AppState {
             registry,
             executor: Arc::new(executor),
             compactor,
-            upstream,
             chat,
             rate_limiter: RateLimiter::new(config.limits.requests_per_second, config.limits.burst),
             key_cache: KeyCache::new(config.auth.key_cache()),

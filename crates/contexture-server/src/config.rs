@@ -17,6 +17,10 @@ use contexture_engine::workflow::{McpServer, McpServerConfig};
 use contexture_store::{RequestRetention, RetentionRules, Tenant};
 use serde::{Deserialize, Serialize};
 
+mod upstream;
+
+pub use upstream::{RoutedUpstream, UpstreamConfig, UpstreamKind, upstreams};
+
 /// Everything `contexture serve` can be told.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -38,8 +42,13 @@ pub struct ServerConfig {
     pub limits: LimitsConfig,
     /// What executions may do and spend.
     pub executions: ExecutionsConfig,
-    /// The OpenAI-compatible provider that chat completions are forwarded to.
+    /// The provider chat turns go to (`[upstream]`), for every model no entry of
+    /// `upstreams` takes.
     pub upstream: UpstreamConfig,
+    /// More providers, each for the models its patterns match (`[[upstreams]]`: `models`,
+    /// `kind`, `base_url`, `api_key`, `timeout_secs`, `retries`); the first entry whose
+    /// pattern matches a request's model takes it.
+    pub upstreams: Vec<RoutedUpstream>,
     /// The LLM of workflow executions: `auto`, `openai[:MODEL]`, `anthropic[:MODEL]` or
     /// `scripted:FILE` (`CONTEXTURE_LLM`).
     pub llm: String,
@@ -111,6 +120,7 @@ impl Default for ServerConfig {
             limits: LimitsConfig::default(),
             executions: ExecutionsConfig::default(),
             upstream: UpstreamConfig::default(),
+            upstreams: Vec::new(),
             llm: "auto".into(),
             fit: FitPolicy::default(),
             compaction: None,
@@ -321,58 +331,6 @@ fn default_tool_timeout_secs() -> f64 {
     contexture_engine::tools::DEFAULT_TOOL_TIMEOUT.as_secs_f64()
 }
 
-/// The upstream provider of `/v1/chat/completions` and `/v1/models`.
-#[derive(Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct UpstreamConfig {
-    /// Its base URL (`CONTEXTURE_UPSTREAM_URL`, else `OPENAI_BASE_URL`).
-    pub base_url: String,
-    /// Its API key (`CONTEXTURE_UPSTREAM_KEY`, else `OPENAI_API_KEY`). Never logged or
-    /// returned.
-    pub api_key: Option<String>,
-    /// Seconds to wait for a connection and for the response's start (and between two
-    /// chunks of a stream).
-    pub timeout_secs: f64,
-    /// Retries on connection failures, 429 and 5xx before any byte was returned.
-    pub retries: u32,
-    /// Seconds after which a chat turn sent with an `Idempotency-Key` whose answer never
-    /// ended, and that no server is seen answering, counts as abandoned (its server stopped
-    /// mid-call): a retry then records it as failed and calls the upstream again (default
-    /// 600). Before that, a retry answers 409.
-    pub abandon_after_secs: f64,
-}
-
-impl Default for UpstreamConfig {
-    fn default() -> Self {
-        UpstreamConfig {
-            base_url: "https://api.openai.com/v1".into(),
-            api_key: None,
-            timeout_secs: 120.0,
-            retries: 2,
-            abandon_after_secs: 600.0,
-        }
-    }
-}
-
-impl std::fmt::Debug for UpstreamConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UpstreamConfig")
-            .field("base_url", &self.base_url)
-            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
-            .field("timeout_secs", &self.timeout_secs)
-            .field("retries", &self.retries)
-            .field("abandon_after_secs", &self.abandon_after_secs)
-            .finish()
-    }
-}
-
-impl UpstreamConfig {
-    /// The timeout as a duration.
-    pub fn timeout(&self) -> Duration {
-        Duration::from_secs_f64(self.timeout_secs)
-    }
-}
-
 /// How long threads keep the messages of their request records (`[retention]`); message
 /// events are always kept. A thread's own policy (set through the API or `contexture
 /// thread retention`) comes first, then its tenant's (`[retention.tenants.NAME]`), then
@@ -496,6 +454,14 @@ pub enum ConfigError {
         /// What was wrong.
         problem: String,
     },
+    /// An entry of `upstreams` cannot be used.
+    #[error("upstreams[{index}].{problem}")]
+    Upstream {
+        /// Its position in `upstreams`.
+        index: usize,
+        /// What was wrong, starting with the setting.
+        problem: String,
+    },
     /// A hook program cannot be used.
     #[error("hooks[{index}].{problem}")]
     Hook {
@@ -600,7 +566,7 @@ impl ServerConfig {
             self.auth.anonymous_tenant = Some(tenant);
         }
         if let Some(url) = set("CONTEXTURE_UPSTREAM_URL").or_else(|| set("OPENAI_BASE_URL")) {
-            self.upstream.base_url = url;
+            self.upstream.base_url = Some(url);
         }
         if let Some(key) = set("CONTEXTURE_UPSTREAM_KEY").or_else(|| set("OPENAI_API_KEY")) {
             self.upstream.api_key = Some(key);
@@ -748,12 +714,7 @@ impl ServerConfig {
                 ),
             );
         }
-        if !(self.upstream.timeout_secs.is_finite() && self.upstream.timeout_secs > 0.0) {
-            return invalid(
-                "upstream.timeout_secs",
-                format!("must be above 0, not {}", self.upstream.timeout_secs),
-            );
-        }
+        upstream::check(&self.upstream, &self.upstreams)?;
         if !(self.upstream.abandon_after_secs.is_finite() && self.upstream.abandon_after_secs > 0.0)
         {
             return invalid(
@@ -894,7 +855,7 @@ mod tests {
             })
             .unwrap();
         assert_eq!(config.database, "postgres://x/y");
-        assert_eq!(config.upstream.base_url, "http://file");
+        assert_eq!(config.upstream.base_url(), "http://file");
         assert_eq!(config.upstream.api_key.as_deref(), Some("sk-secret"));
         assert!(!format!("{config:?}").contains("sk-secret"));
     }
@@ -907,6 +868,7 @@ mod tests {
         let config = ServerConfig::parse(text, Path::new("docs/server.md")).unwrap();
         config.check().unwrap();
         assert_eq!(config.upstream.retries, 2);
+        assert_eq!(config.upstreams[0].kind, UpstreamKind::Anthropic);
         assert!(config.compaction.is_some());
         assert_eq!(config.fit.reserve, Some(4096));
     }

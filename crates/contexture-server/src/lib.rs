@@ -28,6 +28,9 @@ mod tenant_store;
 
 pub use app::{AppState, Audience, StartError, bind, router, serve, shutdown_signal};
 pub use auth::{IssuedKey, issue_key};
-pub use config::{McpEndpointConfig, RegisteredTool, ServerConfig, redacted_database};
+pub use config::{
+    McpEndpointConfig, RegisteredTool, RoutedUpstream, ServerConfig, UpstreamConfig, UpstreamKind,
+    redacted_database,
+};
 pub use routes::chat::chat_request_digest;
 pub use tenancy::Tenant;

@@ -18,3 +18,4 @@ mod tenancy;
 mod thread_policy;
 mod turns;
 mod upstream_bounds;
+mod upstream_routes;

@@ -66,9 +66,16 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .local_addr()
             .context("cannot read the bound address")?;
         let database = redacted_database(&config.database);
-        let upstream = config.upstream.base_url.clone();
+        let upstream = config.upstream.base_url().to_owned();
+        let routed_upstreams = config.upstreams.len();
         let state = AppState::new(config).await?;
-        tracing::info!(%address, %database, %upstream, "contexture serve listening");
+        tracing::info!(
+            %address,
+            %database,
+            %upstream,
+            routed_upstreams,
+            "contexture serve listening"
+        );
         // The line a supervisor (or a test) waits for: the store is open, requests are served.
         eprintln!("listening on http://{address}");
         serve(state, listener, shutdown_signal())

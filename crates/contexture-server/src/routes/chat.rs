@@ -18,8 +18,8 @@ use contexture_core::format::openai_completion;
 use contexture_engine::chat::{ChatError, SHUT_DOWN, StoredAnswer};
 use contexture_engine::chat_service::{TurnAnswer, TurnError, TurnRequest};
 use contexture_llm::passthrough::{PassthroughError, UpstreamBody, UpstreamResponse};
-use contexture_llm::wire::WireFormat;
-use serde_json::{Map, Value};
+use contexture_llm::wire::{WireFormat, openai_model_entries};
+use serde_json::{Map, Value, json};
 
 use crate::app::AppState;
 use crate::auth::Caller;
@@ -43,10 +43,11 @@ pub async fn completions(
     let tenant = &caller.tenant;
     let request = ChatCompletionsCall::parse(&headers, body)?;
     // Answers go back as the upstream wrote them.
-    if state.chat.upstream_format() != WireFormat::OpenAiChat {
+    let format = state.chat.upstream_format(&request.call.model);
+    if format != WireFormat::OpenAiChat {
         return Err(ApiError::upstream(format!(
-            "the upstream speaks {}, whose answers this endpoint cannot write",
-            state.chat.upstream_format()
+            "the upstream of model `{}` speaks {format}, whose answers this endpoint cannot write",
+            request.call.model
         )));
     }
     let Some(thread) = request.thread else {
@@ -180,12 +181,48 @@ fn passthrough_response(response: UpstreamResponse, thread: Option<&str>) -> Res
     }
 }
 
-/// `GET /v1/models`: the upstream's list, as it answered.
+/// `GET /v1/models`: every upstream's models. With one upstream, its list as it answered;
+/// with several, their lists in one, in OpenAI's shape (an Anthropic list read into it),
+/// the routed upstreams' first and each model once. An upstream that cannot list its models
+/// fails the whole list, naming it: a list that left a provider's models out would say they
+/// are not there.
 pub async fn models(State(state): State<AppState>) -> ApiResult<Response> {
-    let response = state
-        .upstream
-        .models()
-        .await
-        .map_err(|error| upstream_error(&error))?;
-    Ok(passthrough_response(response, None))
+    let upstreams = state.chat.upstreams();
+    if upstreams.all().count() == 1 {
+        let response = upstreams
+            .default_upstream()
+            .models()
+            .await
+            .map_err(|error| upstream_error(&error))?;
+        return Ok(passthrough_response(response, None));
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut models = Vec::new();
+    for (index, upstream) in upstreams.all().enumerate() {
+        let which = format!("upstream {} ({})", index + 1, upstream.format());
+        let response = upstream
+            .models()
+            .await
+            .map_err(|error| ApiError::upstream(format!("{which}: {error}")))?;
+        let status = response.status;
+        let body = response
+            .body
+            .collect()
+            .await
+            .map_err(|error| ApiError::upstream(format!("{which}: {error}")))?;
+        if !(200..300).contains(&status) {
+            return Err(ApiError::upstream(format!(
+                "{which} answered {status} to the model list"
+            )));
+        }
+        let list: Value = serde_json::from_slice(&body).map_err(|error| {
+            ApiError::upstream(format!("{which}: its model list is not JSON: {error}"))
+        })?;
+        for model in openai_model_entries(upstream.format(), &list) {
+            if seen.insert(model["id"].as_str().unwrap_or_default().to_owned()) {
+                models.push(model);
+            }
+        }
+    }
+    Ok(Json(json!({"object": "list", "data": models})).into_response())
 }

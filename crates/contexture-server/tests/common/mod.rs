@@ -105,7 +105,7 @@ pub fn config(upstream: Option<&str>) -> ServerConfig {
         "template-worker".to_owned(),
     ]);
     if let Some(url) = upstream {
-        config.upstream.base_url = url.to_owned();
+        config.upstream.base_url = Some(url.to_owned());
         config.upstream.api_key = Some("sk-upstream-secret".into());
         config.upstream.timeout_secs = 10.0;
         config.upstream.retries = 0;
