@@ -133,7 +133,7 @@ pub struct StoredAnswer {
 
 impl StoredAnswer {
     /// The answer as a door renders it: the id of its request, and its finish reason as
-    /// recorded (else `tool_calls` or `stop`, by what the message holds).
+    /// recorded, in OpenAI's words (else `tool_calls` or `stop`, by what the message holds).
     pub fn completion(&self) -> CompletionAnswer<'_> {
         let end = self.end.as_ref();
         CompletionAnswer {
@@ -141,7 +141,7 @@ impl StoredAnswer {
             model: &self.model,
             message: &self.message,
             finish_reason: match end.and_then(|end| end.finish_reason.as_deref()) {
-                Some(reason) => reason,
+                Some(reason) => contexture_core::format::anthropic::openai_finish_reason(reason),
                 None if self.message.tool_calls.is_empty() => "stop",
                 None => "tool_calls",
             },

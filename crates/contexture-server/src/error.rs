@@ -108,6 +108,28 @@ impl ApiError {
         }
     }
 
+    /// An upstream's refusal (a status that is not success), passed on with its status and
+    /// what it said (the `error.message` of OpenAI's and Anthropic's error shapes alike).
+    pub fn upstream_refusal(status: u16, body: &[u8]) -> ApiError {
+        let said: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+        let message = said
+            .get("error")
+            .and_then(|error| error.get("message").or(Some(error)))
+            .map(|message| match message {
+                serde_json::Value::String(text) => text.clone(),
+                other => other.to_string(),
+            })
+            .unwrap_or_else(|| {
+                String::from_utf8_lossy(&body[..body.len().min(2_000)]).into_owned()
+            });
+        ApiError {
+            status: StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
+            code: "upstream_error",
+            message: format!("the upstream answered {status}: {message}"),
+            param: None,
+        }
+    }
+
     /// 500 for a failure of the server's own (a task that stopped); the detail is logged,
     /// the client gets a generic message.
     pub fn internal(detail: impl std::fmt::Display) -> ApiError {

@@ -11,7 +11,7 @@ use contexture_server::{RoutedUpstream, ServerConfig, UpstreamKind};
 use contexture_store::testing::TempDir;
 use contexture_store::{AnyStore, SqliteStore};
 use reqwest::StatusCode;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::responses::{events, output_text, respond};
 
@@ -183,4 +183,152 @@ async fn a_server_with_one_upstream_lists_its_models_as_it_answered() {
     let (status, list) = server.call(&key, "GET", "/v1/models", None).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(list, listed);
+}
+
+/// A chat-completions call to the server.
+async fn chat(
+    server: &TestServer,
+    key: &str,
+    thread: Option<&str>,
+    body: Value,
+) -> reqwest::Response {
+    let mut request = client()
+        .post(server.url("/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(&body);
+    if let Some(thread) = thread {
+        request = request.header("X-Contexture-Thread", thread);
+    }
+    request.send().await.unwrap()
+}
+
+#[tokio::test]
+async fn the_chat_endpoint_writes_an_anthropic_upstreams_answers_as_completions() {
+    let openai = FakeUpstream::start().await;
+    let anthropic = FakeUpstream::start().await;
+    anthropic.push(Reply::text("Claude here.").usage(30, 4));
+    anthropic.push(Reply::tool_call("toolu_1", "lookup", json!({"q": "rust"})));
+    anthropic.push(Reply::text("Without a thread."));
+    let (_dir, server, key) = routed_server(&openai, &anthropic).await;
+
+    let response = chat(
+        &server,
+        &key,
+        Some("talk"),
+        json!({"model": "claude-sonnet-4-5",
+               "messages": [{"role": "system", "content": "Be brief."},
+                            {"role": "user", "content": "Who are you?"}]}),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["x-contexture-thread"], "talk");
+    let completion: Value = response.json().await.unwrap();
+    assert_eq!(completion["object"], "chat.completion");
+    assert_eq!(
+        completion["choices"][0]["message"]["content"],
+        "Claude here."
+    );
+    assert_eq!(completion["choices"][0]["finish_reason"], "stop");
+    assert_eq!(completion["usage"]["prompt_tokens"], 30);
+    assert_eq!(completion["usage"]["total_tokens"], 34);
+    assert_eq!(anthropic.call(0).json["system"], "Be brief.");
+
+    // The thread goes on: the history reaches the upstream in its own format.
+    let response = chat(
+        &server,
+        &key,
+        Some("talk"),
+        json!({"model": "claude-sonnet-4-5",
+               "messages": [{"role": "user", "content": "Look up rust."}]}),
+    )
+    .await;
+    let completion: Value = response.json().await.unwrap();
+    let choice = &completion["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{completion}");
+    assert_eq!(choice["message"]["tool_calls"][0]["id"], "toolu_1");
+    assert_eq!(
+        choice["message"]["tool_calls"][0]["function"]["name"],
+        "lookup"
+    );
+    let sent = anthropic.call(1).json["messages"].clone();
+    assert_eq!(sent.as_array().unwrap().len(), 3, "{sent}");
+    assert_eq!(sent[1]["content"][0]["text"], "Claude here.");
+
+    // Without a thread the call is fitted and forwarded, and written back all the same.
+    let response = chat(
+        &server,
+        &key,
+        None,
+        json!({"model": "claude-haiku-4-5", "messages": [{"role": "user", "content": "Hi"}]}),
+    )
+    .await;
+    let completion: Value = response.json().await.unwrap();
+    assert_eq!(
+        completion["choices"][0]["message"]["content"],
+        "Without a thread."
+    );
+    assert_eq!(openai.call_count(), 0);
+}
+
+#[tokio::test]
+async fn a_streamed_chat_turn_from_an_anthropic_upstream_is_written_as_chunks() {
+    let openai = FakeUpstream::start().await;
+    let anthropic = FakeUpstream::start().await;
+    anthropic.push(Reply::text_in_pieces(["Claude ", "streams."]).usage(12, 3));
+    anthropic.push(Reply::error(400, "max_tokens: too large"));
+    let (_dir, server, key) = routed_server(&openai, &anthropic).await;
+    let response = chat(
+        &server,
+        &key,
+        Some("streamed"),
+        json!({"model": "claude-sonnet-4-5", "stream": true,
+               "stream_options": {"include_usage": true},
+               "messages": [{"role": "user", "content": "Stream, please."}]}),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(
+        response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let body = response.text().await.unwrap();
+    assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
+    let chunks: Vec<Value> = body
+        .split("\n\n")
+        .filter_map(|event| event.strip_prefix("data: "))
+        .filter(|data| *data != "[DONE]")
+        .map(|data| serde_json::from_str(data).unwrap())
+        .collect();
+    let text: String = chunks
+        .iter()
+        .filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, "Claude streams.");
+    let finish: Vec<&Value> = chunks
+        .iter()
+        .map(|chunk| &chunk["choices"][0]["finish_reason"])
+        .filter(|reason| !reason.is_null())
+        .collect();
+    assert_eq!(finish, [&json!("stop")]);
+    assert_eq!(chunks.last().unwrap()["usage"]["prompt_tokens"], 12);
+    assert!(anthropic.call(0).wants_stream());
+
+    // The answer was recorded: the next turn sends it back.
+    let response = chat(
+        &server,
+        &key,
+        Some("streamed"),
+        json!({"model": "claude-sonnet-4-5",
+               "messages": [{"role": "user", "content": "Again."}]}),
+    )
+    .await;
+    // The upstream's refusal keeps its status and says what the upstream said.
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let error: Value = response.json().await.unwrap();
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(message.contains("max_tokens: too large"), "{message}");
+    let sent = anthropic.call(1).json["messages"].clone();
+    assert_eq!(sent[1]["content"][0]["text"], "Claude streams.", "{sent}");
 }

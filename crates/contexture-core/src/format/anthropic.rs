@@ -559,9 +559,46 @@ fn split_data_url(url: &str) -> Option<(&str, &str)> {
     (!media_type.contains([';', ','])).then_some((media_type, data))
 }
 
+/// An answer's stop reason in OpenAI's words (`finish_reason`): Anthropic's `end_turn` and
+/// `stop_sequence` are `stop`, `max_tokens` and `model_context_window_exceeded` are
+/// `length`, `tool_use` is `tool_calls`, `refusal` is `content_filter`; a reason that is
+/// OpenAI's already, or that OpenAI has no word for (`pause_turn`), is kept as it is.
+pub fn openai_finish_reason(stop_reason: &str) -> &str {
+    match stop_reason {
+        "end_turn" | "stop_sequence" => "stop",
+        "max_tokens" | "model_context_window_exceeded" => "length",
+        "tool_use" => "tool_calls",
+        "refusal" => "content_filter",
+        other => other,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stop_reasons_read_in_openais_words() {
+        let table = [
+            ("end_turn", "stop"),
+            ("stop_sequence", "stop"),
+            ("max_tokens", "length"),
+            ("model_context_window_exceeded", "length"),
+            ("tool_use", "tool_calls"),
+            ("refusal", "content_filter"),
+            ("pause_turn", "pause_turn"),
+            ("stop", "stop"),
+            ("tool_calls", "tool_calls"),
+            ("length", "length"),
+        ];
+        for (stop_reason, finish_reason) in table {
+            assert_eq!(
+                openai_finish_reason(stop_reason),
+                finish_reason,
+                "{stop_reason}"
+            );
+        }
+    }
 
     #[test]
     fn data_urls_split_only_when_plain() {

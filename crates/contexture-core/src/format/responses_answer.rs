@@ -30,7 +30,8 @@ impl ResponseStatus {
     /// The status a chat completion's finish reason gives: `length` is incomplete
     /// (`max_output_tokens`), `content_filter` incomplete too, anything else completed.
     pub fn from_finish_reason(reason: Option<&str>) -> ResponseStatus {
-        match reason {
+        // An Anthropic upstream's stop reasons read as OpenAI's.
+        match reason.map(super::anthropic::openai_finish_reason) {
             Some("length") => ResponseStatus::Incomplete {
                 reason: "max_output_tokens".to_owned(),
             },

@@ -14,11 +14,18 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use contexture_core::format::openai_completion;
+use bytes::Bytes;
+use contexture_core::format::anthropic::openai_finish_reason;
+use contexture_core::format::openai_completion::{self, CompletionAnswer, CompletionStream};
 use contexture_engine::chat::{ChatError, SHUT_DOWN, StoredAnswer};
 use contexture_engine::chat_service::{TurnAnswer, TurnError, TurnRequest};
-use contexture_llm::passthrough::{PassthroughError, UpstreamBody, UpstreamResponse};
+use contexture_llm::StreamDelta;
+use contexture_llm::passthrough::{
+    Answer, AnswerAccumulator, PassthroughError, UpstreamBody, UpstreamResponse, UpstreamStream,
+};
+use contexture_llm::wire::ChatCall;
 use contexture_llm::wire::{WireFormat, openai_model_entries};
+use futures_util::StreamExt;
 use serde_json::{Map, Value, json};
 
 use crate::app::AppState;
@@ -27,6 +34,7 @@ use crate::body::JsonBody;
 use crate::error::{ApiError, ApiResult};
 use crate::fit_settings;
 use crate::routes::chat_request::{ChatCompletionsCall, THREAD_HEADER};
+use crate::routes::responses_call::new_token;
 use crate::tenant_store::TenantStore;
 
 /// The header a replayed answer carries.
@@ -42,21 +50,14 @@ pub async fn completions(
     let key = crate::body::idempotency_key(&headers)?;
     let tenant = &caller.tenant;
     let request = ChatCompletionsCall::parse(&headers, body)?;
-    // Answers go back as the upstream wrote them.
-    let format = state.chat.upstream_format(&request.call.model);
-    if format != WireFormat::OpenAiChat {
-        return Err(ApiError::upstream(format!(
-            "the upstream of model `{}` speaks {format}, whose answers this endpoint cannot write",
-            request.call.model
-        )));
-    }
+    let writing = AnswerWriting::of(&request.call);
     let Some(thread) = request.thread else {
         let response = state
             .chat
             .pass_through(tenant, &request.call, &request.messages)
             .await
             .map_err(|error| turn_error(state.tenant_store(tenant), error))?;
-        return Ok(passthrough_response(response, None));
+        return answer_response(response, &writing, None).await;
     };
     let threads = state.tenant_store(tenant);
     threads.refuse_writes(&thread)?;
@@ -76,10 +77,153 @@ pub async fn completions(
             Ok(with_thread(replayed(&answer, stream), &thread))
         }
         Ok(TurnAnswer::Upstream { response, .. }) => {
-            Ok(passthrough_response(response, Some(&thread)))
+            answer_response(response, &writing, Some(&thread)).await
         }
         Err(error) => Err(turn_error(threads, error)),
     }
+}
+
+/// What writing an answer of an upstream of another format as a completion needs of the
+/// request.
+struct AnswerWriting {
+    /// The model asked for (an answer that names none is this model's).
+    model: String,
+    /// True when the client asked for the usage chunk of a stream.
+    include_usage: bool,
+}
+
+impl AnswerWriting {
+    fn of(call: &ChatCall) -> AnswerWriting {
+        AnswerWriting {
+            model: call.model.clone(),
+            include_usage: call
+                .client
+                .body
+                .get("stream_options")
+                .and_then(|options| options.get("include_usage"))
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+        }
+    }
+}
+
+/// The upstream's answer as this endpoint writes it: as it came from an OpenAI-compatible
+/// upstream (status, body, a stream chunk by chunk), else read and written again as a
+/// `chat.completion` or its chunks (a refusal as an error of this API's shape).
+async fn answer_response(
+    response: UpstreamResponse,
+    writing: &AnswerWriting,
+    thread: Option<&str>,
+) -> ApiResult<Response> {
+    let format = response.format;
+    if format == WireFormat::OpenAiChat {
+        return Ok(passthrough_response(response, thread));
+    }
+    if !response.is_success() {
+        let status = response.status;
+        let body = response.body.collect().await.unwrap_or_default();
+        return Err(ApiError::upstream_refusal(status, &body));
+    }
+    let id = format!("chatcmpl-{}", new_token());
+    let out = match response.body {
+        UpstreamBody::Full(bytes) => {
+            let answer = AnswerAccumulator::from_body(format, &bytes)
+                .map_err(|error| upstream_error(&error))?;
+            let model = answer.model.as_deref().unwrap_or(&writing.model);
+            let finish_reason = finish_reason(&answer);
+            let completion = openai_completion::completion(&CompletionAnswer {
+                id: &id,
+                model,
+                message: &answer.message,
+                finish_reason: &finish_reason,
+                usage: answer.usage.map(thread_usage),
+            });
+            Json(completion).into_response()
+        }
+        UpstreamBody::Stream(upstream) => {
+            let writer = CompletionStream::new(id, writing.model.clone());
+            let chunks = translated_chunks(
+                upstream,
+                AnswerAccumulator::for_format(format),
+                writer,
+                writing.include_usage,
+            );
+            (
+                [(header::CONTENT_TYPE, "text/event-stream")],
+                Body::from_stream(chunks),
+            )
+                .into_response()
+        }
+    };
+    Ok(match thread {
+        Some(thread) => with_thread(out, thread),
+        None => out,
+    })
+}
+
+/// An answer's finish reason in OpenAI's words (else `tool_calls` or `stop`, by what the
+/// message holds).
+fn finish_reason(answer: &Answer) -> String {
+    match answer.finish_reason.as_deref() {
+        Some(reason) => openai_finish_reason(reason).to_owned(),
+        None if answer.message.tool_calls.is_empty() => "stop".to_owned(),
+        None => "tool_calls".to_owned(),
+    }
+}
+
+/// The upstream's usage as a thread records it.
+fn thread_usage(usage: contexture_llm::Usage) -> contexture_core::thread::Usage {
+    contexture_core::thread::Usage::new(usage.input_tokens, usage.output_tokens)
+}
+
+/// The upstream's stream of answer pieces (recorded as it passes) written again as
+/// `chat.completion.chunk` events.
+fn translated_chunks(
+    upstream: UpstreamStream,
+    accumulator: AnswerAccumulator,
+    mut writer: CompletionStream,
+    include_usage: bool,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send {
+    let first = writer.start();
+    let rest = futures_util::stream::unfold(
+        Some((upstream, accumulator, writer)),
+        move |state| async move {
+            let (mut upstream, mut accumulator, mut writer) = state?;
+            match upstream.next().await {
+                Some(Ok(bytes)) => {
+                    let mut out = String::new();
+                    accumulator.push_sse_bytes_telling(&bytes, &mut |delta| {
+                        out.push_str(&match delta {
+                            StreamDelta::Text(text) => writer.text(&text),
+                            StreamDelta::Reasoning(text) => writer.reasoning(&text),
+                            StreamDelta::ToolCall {
+                                index,
+                                id,
+                                name,
+                                arguments,
+                            } => {
+                                writer.tool_call(index, id.as_deref(), name.as_deref(), &arguments)
+                            }
+                        });
+                    });
+                    Some((Ok(Bytes::from(out)), Some((upstream, accumulator, writer))))
+                }
+                Some(Err(error)) => Some((Ok(Bytes::from(writer.fail(&error.to_string()))), None)),
+                None => {
+                    let out = match accumulator.finish() {
+                        Ok(answer) => writer.finish(
+                            &finish_reason(&answer),
+                            answer.usage.map(thread_usage),
+                            include_usage,
+                        ),
+                        Err(error) => writer.fail(&error.to_string()),
+                    };
+                    Some((Ok(Bytes::from(out)), None))
+                }
+            }
+        },
+    );
+    futures_util::stream::once(async move { Ok(Bytes::from(first)) }).chain(rest)
 }
 
 /// The digest of a request body (after the thread's name was taken out of it, so the header

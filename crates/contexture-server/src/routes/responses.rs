@@ -220,7 +220,7 @@ async fn answer_response(
     if !response.is_success() {
         let status = response.status;
         let body = response.body.collect().await.unwrap_or_default();
-        return Err(upstream_refusal(status, &body));
+        return Err(ApiError::upstream_refusal(status, &body));
     }
     let format = response.format;
     let summary = place.summary;
@@ -264,26 +264,6 @@ fn failed(error: &PassthroughError) -> ResponseStatus {
 /// The upstream's usage as a thread records it.
 fn usage(usage: contexture_llm::Usage) -> contexture_core::thread::Usage {
     contexture_core::thread::Usage::new(usage.input_tokens, usage.output_tokens)
-}
-
-/// An upstream's refusal (a status that is not success), passed on with its status and
-/// what it said.
-fn upstream_refusal(status: u16, body: &[u8]) -> ApiError {
-    let said: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-    let message = said
-        .get("error")
-        .and_then(|error| error.get("message").or(Some(error)))
-        .map(|message| match message {
-            Value::String(text) => text.clone(),
-            other => other.to_string(),
-        })
-        .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(2_000)]).into_owned());
-    ApiError {
-        status: StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
-        code: "upstream_error",
-        message: format!("the upstream answered {status}: {message}"),
-        param: None,
-    }
 }
 
 /// A whole response object written as the events of a stream (a replayed answer, or an
