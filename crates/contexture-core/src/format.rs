@@ -1,10 +1,12 @@
 //! Provider wire formats: lossless import and export of OpenAI chat and
 //! Anthropic messages.
 //!
-//! - [`openai`]: OpenAI chat-completions messages, one wire message per [`Message`].
+//! - [`openai`]: OpenAI chat-completions messages, one wire message per [`Message`];
+//!   [`openai_completion`] writes an answer as a `chat.completion` and its chunks.
 //! - [`anthropic`]: an Anthropic Messages API request body (`system` plus `messages`), where
 //!   one wire turn may become several neutral messages (tool results) and the system prompt
-//!   is lifted into a leading system message.
+//!   is lifted into a leading system message; [`anthropic_answer`] writes an answer as
+//!   Anthropic's `message` object and its stream of events.
 //! - [`responses`]: OpenAI Responses API items, where one assistant turn is several items
 //!   (reasoning, message, function calls) and one neutral message; [`responses_request`]
 //!   reads a Responses request body as a door needs it, [`responses_answer`] writes the
@@ -25,6 +27,7 @@
 //! [`Part::Other`]: crate::message::Part::Other
 
 pub mod anthropic;
+pub mod anthropic_answer;
 pub mod openai;
 pub mod openai_completion;
 pub mod openai_request;
