@@ -33,7 +33,9 @@ use crate::auth::{KeyCache, RateLimiter, authenticate};
 use crate::body::BodyTimeout;
 use crate::config::{ServerConfig, UpstreamKind};
 use crate::metrics::{Metrics, track};
-use crate::routes::{chat, conversations, executions, ops, responses, responses_compact, threads};
+use crate::routes::{
+    chat, conversations, executions, messages, ops, responses, responses_compact, threads,
+};
 use crate::tenancy::Tenant;
 
 /// Why the server could not start.
@@ -431,6 +433,7 @@ fn api_routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
         ("/v1/executions/{id}/cancel", post(executions::cancel)),
         ("/v1/executions/{id}/requests", get(executions::requests)),
         ("/v1/chat/completions", post(chat::completions)),
+        ("/v1/messages", post(messages::create)),
         ("/v1/responses", post(responses::create)),
         ("/v1/responses/compact", post(responses_compact::compact)),
         (
@@ -482,6 +485,7 @@ pub fn router(state: AppState) -> Router {
     api.merge(open)
         .fallback(ops::not_found)
         .layer(DefaultBodyLimit::max(state.config.limits.max_body_bytes))
+        .layer(middleware::from_fn(crate::error::anthropic_errors))
         .layer(Extension(BodyTimeout(Duration::from_secs_f64(
             state.config.limits.body_read_timeout_secs,
         ))))

@@ -1,6 +1,7 @@
 //! API errors: a status and a JSON body in the OpenAI error shape, so that clients written
 //! for OpenAI show the message: `{"error": {"message", "type", "param", "code"}}`. `param`
-//! names the field that was wrong, when one was.
+//! names the field that was wrong, when one was. The paths of Anthropic's API answer the same
+//! errors in Anthropic's shape instead ([`anthropic_errors`]).
 
 use axum::Json;
 use axum::http::StatusCode;
@@ -181,13 +182,65 @@ impl IntoResponse for ApiError {
                 "code": self.code,
             }
         });
+        let store_failure = self.code == "store_error";
         let mut response = (self.status, Json(body)).into_response();
-        if self.code == "store_error" {
+        if store_failure {
             // The metrics layer counts store errors by this mark.
             response.extensions_mut().insert(StoreFailure);
         }
+        // Kept so that a path answering in another API's shape writes the same error.
+        response.extensions_mut().insert(self);
         response
     }
+}
+
+impl ApiError {
+    /// The error in the shape of Anthropic's API:
+    /// `{"type": "error", "error": {"type": "invalid_request_error", "message": ...}}`.
+    pub fn anthropic_body(&self) -> serde_json::Value {
+        let kind = match self.status.as_u16() {
+            400 | 409 | 422 => "invalid_request_error",
+            401 => "authentication_error",
+            402 => "billing_error",
+            403 => "permission_error",
+            404 | 405 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            504 => "timeout_error",
+            529 => "overloaded_error",
+            _ => "api_error",
+        };
+        json!({"type": "error", "error": {"type": kind, "message": self.message}})
+    }
+}
+
+/// The paths of Anthropic's API this server answers.
+const ANTHROPIC_PATHS: &str = "/v1/messages";
+
+/// Middleware: an error answered on a path of Anthropic's API (`/v1/messages`, its
+/// `count_tokens`) is written in Anthropic's error shape, whichever layer refused (the
+/// key's check and the rate limit included), its status and headers kept.
+pub async fn anthropic_errors(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let path = request.uri().path();
+    let anthropic = path
+        .strip_prefix(ANTHROPIC_PATHS)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
+    let response = next.run(request).await;
+    let Some(error) = anthropic
+        .then(|| response.extensions().get::<ApiError>().cloned())
+        .flatten()
+    else {
+        return response;
+    };
+    let (mut parts, _) = response.into_parts();
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    Response::from_parts(
+        parts,
+        axum::body::Body::from(error.anthropic_body().to_string()),
+    )
 }
 
 /// Marks a response that a store error caused.

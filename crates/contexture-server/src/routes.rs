@@ -4,6 +4,7 @@ pub mod chat;
 pub mod chat_request;
 pub mod conversations;
 pub mod executions;
+pub mod messages;
 pub mod ops;
 pub mod responses;
 pub mod responses_call;

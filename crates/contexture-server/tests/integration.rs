@@ -9,6 +9,7 @@ mod common;
 mod doors;
 mod executions;
 mod hostile;
+mod messages;
 mod request_records;
 mod responses;
 mod responses_turns;

@@ -48,7 +48,9 @@ pub fn content_blocks(message: &Message) -> Vec<Value> {
         .and_then(|body| body["messages"][0].get("content").cloned());
     match written {
         Some(Value::Array(blocks)) => blocks,
-        Some(Value::String(text)) if !text.is_empty() => vec![json!({"type": "text", "text": text})],
+        Some(Value::String(text)) if !text.is_empty() => {
+            vec![json!({"type": "text", "text": text})]
+        }
         _ => Vec::new(),
     }
 }
@@ -288,11 +290,7 @@ mod tests {
                 extra: Default::default(),
             },
         ]));
-        message.tool_calls = vec![ToolCall::new(
-            "toolu_1",
-            "weather",
-            r#"{"city":"Lisbon"}"#,
-        )];
+        message.tool_calls = vec![ToolCall::new("toolu_1", "weather", r#"{"city":"Lisbon"}"#)];
         message
     }
 

@@ -284,7 +284,7 @@ fn chat_error(threads: TenantStore<'_>, error: ChatError) -> ApiError {
 }
 
 /// `response` with the thread's name in its header.
-fn with_thread(mut response: Response, thread: &str) -> Response {
+pub(crate) fn with_thread(mut response: Response, thread: &str) -> Response {
     if let Ok(value) = HeaderValue::from_str(thread) {
         response.headers_mut().insert(THREAD_HEADER, value);
     }
@@ -306,7 +306,7 @@ fn upstream_error(error: &PassthroughError) -> ApiError {
 }
 
 /// The upstream's response as it came (status, content type, body), plus the thread.
-fn passthrough_response(response: UpstreamResponse, thread: Option<&str>) -> Response {
+pub(crate) fn passthrough_response(response: UpstreamResponse, thread: Option<&str>) -> Response {
     let status = StatusCode::from_u16(response.status).unwrap_or(StatusCode::BAD_GATEWAY);
     let body = match response.body {
         UpstreamBody::Full(bytes) => Body::from(bytes),

@@ -65,7 +65,10 @@ impl ChatCompletionsCall {
 }
 
 /// The thread a request names, taken out of `metadata` (which is forwarded without it).
-fn thread_name(headers: &HeaderMap, body: &mut Map<String, Value>) -> ApiResult<Option<String>> {
+pub(crate) fn thread_name(
+    headers: &HeaderMap,
+    body: &mut Map<String, Value>,
+) -> ApiResult<Option<String>> {
     let from_metadata = match body.get_mut("metadata") {
         Some(Value::Object(metadata)) => {
             let name = metadata.remove(THREAD_METADATA_KEY);

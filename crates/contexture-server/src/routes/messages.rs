@@ -1,0 +1,244 @@
+//! The Anthropic Messages door: `POST /v1/messages` is read into the engine's chat turn
+//! ([`ChatService::turn`]) and its answer written as Anthropic's `message` object (or its
+//! stream of named events).
+//!
+//! A request is stateless unless it names a thread (`X-Contexture-Thread`, or
+//! `metadata.contexture_thread`): its history, as the client sent it, is fitted for the model
+//! and sent, and nothing is stored. Naming a thread makes it a turn of that thread as on the
+//! chat endpoint (the new messages found and stored, the call recorded, retries with an
+//! `Idempotency-Key` answered from the record). An Anthropic upstream's answer comes back as
+//! it was written; an OpenAI-compatible upstream's is written again in Anthropic's shape.
+//! Errors have Anthropic's shape ([`crate::error::anthropic_errors`]).
+//!
+//! [`ChatService::turn`]: contexture_engine::chat_service::ChatService::turn
+
+use axum::Extension;
+use axum::Json;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use contexture_core::format::anthropic_answer::{
+    MessageAnswer, MessageStream, anthropic_stop_reason, message_object, message_stream,
+};
+use contexture_core::format::anthropic_request::read_messages_body;
+use contexture_engine::chat::StoredAnswer;
+use contexture_engine::chat_service::{TurnAnswer, TurnRequest};
+use contexture_llm::StreamDelta;
+use contexture_llm::passthrough::{
+    Answer, AnswerAccumulator, UpstreamBody, UpstreamResponse, UpstreamStream,
+};
+use contexture_llm::wire::{ChatCall, ClientFormat, ClientRequest, WireFormat};
+use futures_util::StreamExt;
+use serde_json::Value;
+
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::body::JsonBody;
+use crate::error::{ApiError, ApiResult};
+use crate::routes::chat::{
+    REPLAYED_HEADER, chat_request_digest, passthrough_response, turn_error, with_thread,
+};
+use crate::routes::chat_request::{THREAD_HEADER, thread_name};
+use crate::routes::responses_call::new_token;
+use crate::tenancy::check_id;
+
+/// `POST /v1/messages`: read, run as the engine's chat turn, written as a message.
+pub async fn create(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<Value>,
+) -> ApiResult<Response> {
+    let key = crate::body::idempotency_key(&headers)?;
+    let tenant = &caller.tenant;
+    let Value::Object(mut body) = body else {
+        return Err(ApiError::invalid("body", "the body must be a JSON object"));
+    };
+    let thread = thread_name(&headers, &mut body)?;
+    if let Some(thread) = &thread {
+        check_id("the thread", thread)
+            .map_err(|problem| ApiError::invalid(THREAD_HEADER, problem))?;
+    }
+    if body.contains_key("context_management") {
+        return Err(ApiError::invalid(
+            "context_management",
+            "context_management: context editing through this door is not available yet; leave the field out (the thread's or the server's policy fits the request)",
+        ));
+    }
+    let read = read_messages_body(&body, false)
+        .map_err(|error| ApiError::invalid(error.field, error.message))?;
+    let model = read.model.clone();
+    let stream = read.stream;
+    let call = ChatCall {
+        model: read.model,
+        tools: read.tools,
+        response_format: None,
+        max_tokens: Some(read.max_tokens),
+        stream,
+        client: ClientRequest {
+            format: ClientFormat::Wire(WireFormat::AnthropicMessages),
+            body,
+        },
+    };
+    let threads = state.tenant_store(tenant);
+    let stored = thread.is_some();
+    let thread = match thread {
+        Some(thread) => {
+            threads.refuse_writes(&thread)?;
+            thread
+        }
+        // A turn that stores nothing reads no thread: this name is never written.
+        None => format!("messages-{}", new_token()),
+    };
+    let digest = chat_request_digest(&call.client.body);
+    let mut turn = TurnRequest::new(tenant.clone(), thread.clone(), read.messages, call);
+    turn.reply_budget = Some(("max_tokens", read.max_tokens));
+    turn.store = stored;
+    turn.key = key.map(|key| (key, digest));
+    let named = stored.then_some(thread.as_str());
+    match state.chat.turn(turn).await {
+        Ok(TurnAnswer::Replayed { answer, .. }) => Ok(replayed(&answer, stream, named)),
+        Ok(TurnAnswer::Upstream { response, .. }) => answer_response(response, &model, named).await,
+        Err(error) => Err(turn_error(threads, error)),
+    }
+}
+
+/// A keyed turn's stored answer as a message (or its events), marked as replayed.
+fn replayed(answer: &StoredAnswer, stream: bool, thread: Option<&str>) -> Response {
+    let completion = answer.completion();
+    let id = format!("msg_{}", new_token());
+    let written = MessageAnswer {
+        id: &id,
+        model: completion.model,
+        message: completion.message,
+        stop_reason: anthropic_stop_reason(completion.finish_reason),
+        usage: completion.usage,
+    };
+    let mut response = if stream {
+        event_stream(Body::from(message_stream(&written)))
+    } else {
+        Json(message_object(&written)).into_response()
+    };
+    response
+        .headers_mut()
+        .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+    named(response, thread)
+}
+
+/// `response` with the thread's name in its header, when the turn has a thread.
+fn named(response: Response, thread: Option<&str>) -> Response {
+    match thread {
+        Some(thread) => with_thread(response, thread),
+        None => response,
+    }
+}
+
+/// The upstream's answer as this door writes it: as it came from an Anthropic upstream,
+/// else read and written again as a message or its events.
+async fn answer_response(
+    response: UpstreamResponse,
+    model: &str,
+    thread: Option<&str>,
+) -> ApiResult<Response> {
+    let format = response.format;
+    if format == WireFormat::AnthropicMessages {
+        return Ok(passthrough_response(response, thread));
+    }
+    if !response.is_success() {
+        let status = response.status;
+        let body = response.body.collect().await.unwrap_or_default();
+        return Err(ApiError::upstream_refusal(status, &body));
+    }
+    let id = format!("msg_{}", new_token());
+    let out = match response.body {
+        UpstreamBody::Full(bytes) => {
+            let answer = AnswerAccumulator::from_body(format, &bytes)
+                .map_err(|error| ApiError::upstream(error.to_string()))?;
+            let stop_reason = stop_reason(&answer);
+            Json(message_object(&MessageAnswer {
+                id: &id,
+                model: answer.model.as_deref().unwrap_or(model),
+                message: &answer.message,
+                stop_reason: &stop_reason,
+                usage: answer.usage.map(thread_usage),
+            }))
+            .into_response()
+        }
+        UpstreamBody::Stream(upstream) => {
+            let events = translated_events(
+                upstream,
+                AnswerAccumulator::for_format(format),
+                MessageStream::new(id, model),
+            );
+            event_stream(Body::from_stream(events))
+        }
+    };
+    Ok(named(out, thread))
+}
+
+/// An answer's stop reason in Anthropic's words (else `tool_use` or `end_turn`, by what
+/// the message holds).
+fn stop_reason(answer: &Answer) -> String {
+    match answer.finish_reason.as_deref() {
+        Some(reason) => anthropic_stop_reason(reason).to_owned(),
+        None if answer.message.tool_calls.is_empty() => "end_turn".to_owned(),
+        None => "tool_use".to_owned(),
+    }
+}
+
+/// The upstream's usage as a thread records it.
+fn thread_usage(usage: contexture_llm::Usage) -> contexture_core::thread::Usage {
+    contexture_core::thread::Usage::new(usage.input_tokens, usage.output_tokens)
+}
+
+/// A `text/event-stream` response.
+fn event_stream(body: Body) -> Response {
+    ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response()
+}
+
+/// The upstream's stream of answer pieces (recorded as it passes) written again as
+/// Anthropic's named events.
+fn translated_events(
+    upstream: UpstreamStream,
+    accumulator: AnswerAccumulator,
+    mut writer: MessageStream,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send {
+    let first = writer.start(None);
+    let rest =
+        futures_util::stream::unfold(Some((upstream, accumulator, writer)), |state| async move {
+            let (mut upstream, mut accumulator, mut writer) = state?;
+            match upstream.next().await {
+                Some(Ok(bytes)) => {
+                    let mut out = String::new();
+                    accumulator.push_sse_bytes_telling(&bytes, &mut |delta| {
+                        out.push_str(&match delta {
+                            StreamDelta::Text(text) => writer.text(&text),
+                            StreamDelta::Reasoning(text) => writer.thinking(&text),
+                            StreamDelta::ToolCall {
+                                index,
+                                id,
+                                name,
+                                arguments,
+                            } => {
+                                writer.tool_call(index, id.as_deref(), name.as_deref(), &arguments)
+                            }
+                        });
+                    });
+                    Some((Ok(Bytes::from(out)), Some((upstream, accumulator, writer))))
+                }
+                Some(Err(error)) => Some((Ok(Bytes::from(writer.fail(&error.to_string()))), None)),
+                None => {
+                    let out = match accumulator.finish() {
+                        Ok(answer) => {
+                            writer.finish(&stop_reason(&answer), answer.usage.map(thread_usage))
+                        }
+                        Err(error) => writer.fail(&error.to_string()),
+                    };
+                    Some((Ok(Bytes::from(out)), None))
+                }
+            }
+        });
+    futures_util::stream::once(async move { Ok(Bytes::from(first)) }).chain(rest)
+}
