@@ -9,6 +9,7 @@ mod mcp_door;
 mod real_model;
 mod run_cli;
 mod serve_agents_sdk;
+mod serve_anthropic_sdk;
 mod serve_responses_sdk;
 mod serve_schemathesis;
 mod serve_sdk;
