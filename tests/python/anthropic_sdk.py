@@ -86,6 +86,13 @@ seen["thread"] = [
     for text in ["My name is Ada.", "What is my name?"]
 ]
 
+# The door's count of a request, through the SDK's own call.
+seen["count_tokens"] = client.messages.count_tokens(
+    model=OPENAI_MODEL,
+    system="Be brief.",
+    messages=[{"role": "user", "content": "How many tokens is this?"}],
+).input_tokens
+
 # Errors reach the SDK as its own exception types, with Anthropic's error body.
 try:
     client.messages.create(

@@ -1,8 +1,8 @@
 //! The official Anthropic Python SDK (PyPI `anthropic`, pinned and installed by `.ci/run`)
 //! against `contexture serve`'s Messages door: stateless turns, whole and streamed, to an
 //! OpenAI-compatible fake upstream and (for `claude-*` models) to an Anthropic-kind fake,
-//! a thinking block sent back byte for byte, turns of a named thread, and errors as the
-//! SDK's own exceptions.
+//! a thinking block sent back byte for byte, turns of a named thread, the token count, and
+//! errors as the SDK's own exceptions.
 //!
 //! The client is `tests/python/anthropic_sdk.py`. Under CI (`CI=true`) a missing
 //! `anthropic` package fails the test; elsewhere the test says loudly that it skipped.
@@ -80,6 +80,10 @@ fn the_anthropic_sdk_talks_to_the_messages_door() {
     assert_eq!(seen["claude"]["text"], "reply 1", "{seen}");
     assert_eq!(seen["claude_stream"], "streamed reply 2");
     assert_eq!(seen["thread"], json!(["reply 3", "reply 4"]));
+    assert!(
+        seen["count_tokens"].as_u64().is_some_and(|tokens| tokens > 5),
+        "{seen}"
+    );
     assert_eq!(seen["bad_model"]["status"], 400, "{seen}");
     assert_eq!(seen["bad_model"]["type"], "invalid_request_error");
     assert!(

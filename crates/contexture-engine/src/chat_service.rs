@@ -303,6 +303,29 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
         Ok(holding(response, slot))
     }
 
+    /// The tokens a request of `tenant` for `model` sending `messages` with the tool
+    /// schemas `tools` counts as when a turn fits it: each message, the reply's priming and
+    /// the schemas, by the model's counter (exact where its tokenizer is known, else the
+    /// estimate calibrated from the usage upstreams reported).
+    pub async fn count_request(
+        &self,
+        tenant: &Tenant,
+        model: &str,
+        messages: &[Message],
+        tools: &[serde_json::Value],
+    ) -> Result<u64, TurnError> {
+        let settings = FitSettings::for_model(
+            Some(&self.parts.store),
+            &self.parts.registry,
+            ModelChoice::Named(model),
+            &Learner::Tenant(tenant.clone()),
+            self.parts.fit_policy.clone(),
+            FitOverrides::default(),
+        )
+        .await?;
+        Ok(settings.model.counter.count_request_total(messages, tools))
+    }
+
     /// Runs a chat turn (see the module documentation).
     pub async fn turn(&self, request: TurnRequest) -> Result<TurnAnswer, TurnError> {
         check_one_choice(request.choices)?;

@@ -434,6 +434,7 @@ fn api_routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
         ("/v1/executions/{id}/requests", get(executions::requests)),
         ("/v1/chat/completions", post(chat::completions)),
         ("/v1/messages", post(messages::create)),
+        ("/v1/messages/count_tokens", post(messages::count_tokens)),
         ("/v1/responses", post(responses::create)),
         ("/v1/responses/compact", post(responses_compact::compact)),
         (

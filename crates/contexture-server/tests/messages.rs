@@ -378,3 +378,78 @@ async fn errors_have_anthropics_shape_and_name_the_field() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(error["error"]["code"].is_string(), "{error}");
 }
+
+#[tokio::test]
+async fn count_tokens_is_the_count_the_door_fits_with() {
+    let openai = FakeUpstream::start().await;
+    let (_dir, server, key) = server(&openai, None).await;
+    let request = json!({
+        "model": "gpt-4o-mini", "max_tokens": 100,
+        "system": "You answer questions about the weather.",
+        "tools": [{"name": "weather", "description": "Look the weather up.",
+                   "input_schema": {"type": "object",
+                                    "properties": {"city": {"type": "string"}}}}],
+        "messages": [{"role": "user", "content": "Weather in Lisbon tomorrow?"}],
+    });
+    let count = |body: Value| {
+        let server = &server;
+        let key = key.clone();
+        async move {
+            let response = client()
+                .post(server.url("/v1/messages/count_tokens"))
+                .header("x-api-key", key)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = response.status();
+            (status, response.json::<Value>().await.unwrap())
+        }
+    };
+    let (status, counted) = count(request.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{counted}");
+    let tokens = counted["input_tokens"].as_u64().unwrap();
+    assert!(tokens > 20, "{counted}");
+
+    // The same request as a thread's turn: its record's input tokens are that count.
+    let response = post(
+        &server,
+        &key,
+        &[("x-contexture-thread", "counted")],
+        request.clone(),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let (_, page) = server
+        .call(&key, "GET", "/v1/threads/counted/events", None)
+        .await;
+    let record = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|event| event["type"] == "request_started")
+        .unwrap_or_else(|| panic!("no request record: {page}"))
+        .clone();
+    assert_eq!(record["budget"]["input_tokens"], tokens, "{record}");
+
+    // Without the tools it is less; max_tokens may be left out; a bad body is named.
+    let mut bare = request.clone();
+    bare.as_object_mut().unwrap().remove("tools");
+    bare.as_object_mut().unwrap().remove("max_tokens");
+    let (status, fewer) = count(bare).await;
+    assert_eq!(status, StatusCode::OK, "{fewer}");
+    assert!(fewer["input_tokens"].as_u64().unwrap() < tokens);
+    let (status, error) = count(json!({"model": "no-such-model", "messages": []})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(error["error"]["type"], "invalid_request_error", "{error}");
+    let (status, error) = count(json!({"model": "gpt-4o-mini"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("messages: missing"),
+        "{error}"
+    );
+    assert_eq!(openai.call_count(), 1, "counting calls no upstream");
+}

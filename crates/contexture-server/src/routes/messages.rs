@@ -242,3 +242,26 @@ fn translated_events(
         });
     futures_util::stream::once(async move { Ok(Bytes::from(first)) }).chain(rest)
 }
+
+/// `POST /v1/messages/count_tokens`: the tokens of the request's system prompt, messages
+/// and tools as this door counts them when it fits the request for the model.
+pub async fn count_tokens(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<Value>,
+) -> ApiResult<Json<Value>> {
+    let Value::Object(mut body) = body else {
+        return Err(ApiError::invalid("body", "the body must be a JSON object"));
+    };
+    // A thread's name is the turn's, not something to count.
+    thread_name(&headers, &mut body)?;
+    let read = read_messages_body(&body, true)
+        .map_err(|error| ApiError::invalid(error.field, error.message))?;
+    let tokens = state
+        .chat
+        .count_request(&caller.tenant, &read.model, &read.messages, &read.tools)
+        .await
+        .map_err(|error| turn_error(state.tenant_store(&caller.tenant), error))?;
+    Ok(Json(serde_json::json!({ "input_tokens": tokens })))
+}
