@@ -81,7 +81,9 @@ fn the_anthropic_sdk_talks_to_the_messages_door() {
     assert_eq!(seen["claude_stream"], "streamed reply 2");
     assert_eq!(seen["thread"], json!(["reply 3", "reply 4"]));
     assert!(
-        seen["count_tokens"].as_u64().is_some_and(|tokens| tokens > 5),
+        seen["count_tokens"]
+            .as_u64()
+            .is_some_and(|tokens| tokens > 5),
         "{seen}"
     );
     assert_eq!(seen["bad_model"]["status"], 400, "{seen}");

@@ -10,6 +10,7 @@ pub mod responses;
 pub mod responses_call;
 pub mod responses_compact;
 pub mod threads;
+pub(crate) mod translation;
 
 /// A fresh id for a thread, an execution or a request the client did not name.
 pub(crate) fn fresh_id() -> String {

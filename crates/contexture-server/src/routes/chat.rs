@@ -14,18 +14,16 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use bytes::Bytes;
 use contexture_core::format::anthropic::openai_finish_reason;
 use contexture_core::format::openai_completion::{self, CompletionAnswer, CompletionStream};
 use contexture_engine::chat::{ChatError, SHUT_DOWN, StoredAnswer};
 use contexture_engine::chat_service::{TurnAnswer, TurnError, TurnRequest};
 use contexture_llm::StreamDelta;
 use contexture_llm::passthrough::{
-    Answer, AnswerAccumulator, PassthroughError, UpstreamBody, UpstreamResponse, UpstreamStream,
+    Answer, AnswerAccumulator, PassthroughError, UpstreamBody, UpstreamResponse,
 };
 use contexture_llm::wire::ChatCall;
 use contexture_llm::wire::{WireFormat, openai_model_entries};
-use futures_util::StreamExt;
 use serde_json::{Map, Value, json};
 
 use crate::app::AppState;
@@ -35,6 +33,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::fit_settings;
 use crate::routes::chat_request::{ChatCompletionsCall, THREAD_HEADER};
 use crate::routes::responses_call::new_token;
+use crate::routes::translation::{StreamWriter, translated_stream};
 use crate::tenant_store::TenantStore;
 
 /// The header a replayed answer carries.
@@ -136,17 +135,21 @@ async fn answer_response(
                 model,
                 message: &answer.message,
                 finish_reason: &finish_reason,
-                usage: answer.usage.map(thread_usage),
+                usage: answer.usage,
             });
             Json(completion).into_response()
         }
         UpstreamBody::Stream(upstream) => {
-            let writer = CompletionStream::new(id, writing.model.clone());
-            let chunks = translated_chunks(
+            let mut writer = CompletionStream::new(id, writing.model.clone());
+            let first = writer.start();
+            let chunks = translated_stream(
                 upstream,
                 AnswerAccumulator::for_format(format),
-                writer,
-                writing.include_usage,
+                ChunksWriter {
+                    writer,
+                    include_usage: writing.include_usage,
+                },
+                first,
             );
             (
                 [(header::CONTENT_TYPE, "text/event-stream")],
@@ -171,59 +174,36 @@ fn finish_reason(answer: &Answer) -> String {
     }
 }
 
-/// The upstream's usage as a thread records it.
-fn thread_usage(usage: contexture_llm::Usage) -> contexture_core::thread::Usage {
-    contexture_core::thread::Usage::new(usage.input_tokens, usage.output_tokens)
+/// The `chat.completion.chunk` events of an answer of another format.
+struct ChunksWriter {
+    writer: CompletionStream,
+    include_usage: bool,
 }
 
-/// The upstream's stream of answer pieces (recorded as it passes) written again as
-/// `chat.completion.chunk` events.
-fn translated_chunks(
-    upstream: UpstreamStream,
-    accumulator: AnswerAccumulator,
-    mut writer: CompletionStream,
-    include_usage: bool,
-) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send {
-    let first = writer.start();
-    let rest = futures_util::stream::unfold(
-        Some((upstream, accumulator, writer)),
-        move |state| async move {
-            let (mut upstream, mut accumulator, mut writer) = state?;
-            match upstream.next().await {
-                Some(Ok(bytes)) => {
-                    let mut out = String::new();
-                    accumulator.push_sse_bytes_telling(&bytes, &mut |delta| {
-                        out.push_str(&match delta {
-                            StreamDelta::Text(text) => writer.text(&text),
-                            StreamDelta::Reasoning(text) => writer.reasoning(&text),
-                            StreamDelta::ToolCall {
-                                index,
-                                id,
-                                name,
-                                arguments,
-                            } => {
-                                writer.tool_call(index, id.as_deref(), name.as_deref(), &arguments)
-                            }
-                        });
-                    });
-                    Some((Ok(Bytes::from(out)), Some((upstream, accumulator, writer))))
-                }
-                Some(Err(error)) => Some((Ok(Bytes::from(writer.fail(&error.to_string()))), None)),
-                None => {
-                    let out = match accumulator.finish() {
-                        Ok(answer) => writer.finish(
-                            &finish_reason(&answer),
-                            answer.usage.map(thread_usage),
-                            include_usage,
-                        ),
-                        Err(error) => writer.fail(&error.to_string()),
-                    };
-                    Some((Ok(Bytes::from(out)), None))
-                }
+impl StreamWriter for ChunksWriter {
+    fn delta(&mut self, delta: StreamDelta) -> String {
+        let writer = &mut self.writer;
+        match delta {
+            StreamDelta::Text(text) => writer.text(&text),
+            StreamDelta::Reasoning(text) => writer.reasoning(&text),
+            StreamDelta::ToolCall {
+                index,
+                id,
+                name,
+                arguments,
+            } => writer.tool_call(index, id.as_deref(), name.as_deref(), &arguments),
+        }
+    }
+
+    fn end(&mut self, answer: Result<Answer, PassthroughError>) -> String {
+        match answer {
+            Ok(answer) => {
+                self.writer
+                    .finish(&finish_reason(&answer), answer.usage, self.include_usage)
             }
-        },
-    );
-    futures_util::stream::once(async move { Ok(Bytes::from(first)) }).chain(rest)
+            Err(error) => self.writer.fail(&error.to_string()),
+        }
+    }
 }
 
 /// The digest of a request body (after the thread's name was taken out of it, so the header

@@ -18,7 +18,6 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
 use contexture_core::format::anthropic_answer::{
     MessageAnswer, MessageStream, anthropic_stop_reason, message_object, message_stream,
 };
@@ -27,10 +26,9 @@ use contexture_engine::chat::StoredAnswer;
 use contexture_engine::chat_service::{TurnAnswer, TurnRequest};
 use contexture_llm::StreamDelta;
 use contexture_llm::passthrough::{
-    Answer, AnswerAccumulator, UpstreamBody, UpstreamResponse, UpstreamStream,
+    Answer, AnswerAccumulator, PassthroughError, UpstreamBody, UpstreamResponse,
 };
 use contexture_llm::wire::{ChatCall, ClientFormat, ClientRequest, WireFormat};
-use futures_util::StreamExt;
 use serde_json::Value;
 
 use crate::app::AppState;
@@ -42,6 +40,7 @@ use crate::routes::chat::{
 };
 use crate::routes::chat_request::{THREAD_HEADER, thread_name};
 use crate::routes::responses_call::new_token;
+use crate::routes::translation::{StreamWriter, translated_stream};
 use crate::tenancy::check_id;
 
 /// `POST /v1/messages`: read, run as the engine's chat turn, written as a message.
@@ -162,15 +161,18 @@ async fn answer_response(
                 model: answer.model.as_deref().unwrap_or(model),
                 message: &answer.message,
                 stop_reason: &stop_reason,
-                usage: answer.usage.map(thread_usage),
+                usage: answer.usage,
             }))
             .into_response()
         }
         UpstreamBody::Stream(upstream) => {
-            let events = translated_events(
+            let mut writer = MessageStream::new(id, model);
+            let first = writer.start(None);
+            let events = translated_stream(
                 upstream,
                 AnswerAccumulator::for_format(format),
-                MessageStream::new(id, model),
+                EventsWriter(writer),
+                first,
             );
             event_stream(Body::from_stream(events))
         }
@@ -188,59 +190,35 @@ fn stop_reason(answer: &Answer) -> String {
     }
 }
 
-/// The upstream's usage as a thread records it.
-fn thread_usage(usage: contexture_llm::Usage) -> contexture_core::thread::Usage {
-    contexture_core::thread::Usage::new(usage.input_tokens, usage.output_tokens)
-}
-
 /// A `text/event-stream` response.
 fn event_stream(body: Body) -> Response {
     ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response()
 }
 
-/// The upstream's stream of answer pieces (recorded as it passes) written again as
-/// Anthropic's named events.
-fn translated_events(
-    upstream: UpstreamStream,
-    accumulator: AnswerAccumulator,
-    mut writer: MessageStream,
-) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send {
-    let first = writer.start(None);
-    let rest =
-        futures_util::stream::unfold(Some((upstream, accumulator, writer)), |state| async move {
-            let (mut upstream, mut accumulator, mut writer) = state?;
-            match upstream.next().await {
-                Some(Ok(bytes)) => {
-                    let mut out = String::new();
-                    accumulator.push_sse_bytes_telling(&bytes, &mut |delta| {
-                        out.push_str(&match delta {
-                            StreamDelta::Text(text) => writer.text(&text),
-                            StreamDelta::Reasoning(text) => writer.thinking(&text),
-                            StreamDelta::ToolCall {
-                                index,
-                                id,
-                                name,
-                                arguments,
-                            } => {
-                                writer.tool_call(index, id.as_deref(), name.as_deref(), &arguments)
-                            }
-                        });
-                    });
-                    Some((Ok(Bytes::from(out)), Some((upstream, accumulator, writer))))
-                }
-                Some(Err(error)) => Some((Ok(Bytes::from(writer.fail(&error.to_string()))), None)),
-                None => {
-                    let out = match accumulator.finish() {
-                        Ok(answer) => {
-                            writer.finish(&stop_reason(&answer), answer.usage.map(thread_usage))
-                        }
-                        Err(error) => writer.fail(&error.to_string()),
-                    };
-                    Some((Ok(Bytes::from(out)), None))
-                }
-            }
-        });
-    futures_util::stream::once(async move { Ok(Bytes::from(first)) }).chain(rest)
+/// Anthropic's named events of an answer of another format.
+struct EventsWriter(MessageStream);
+
+impl StreamWriter for EventsWriter {
+    fn delta(&mut self, delta: StreamDelta) -> String {
+        let writer = &mut self.0;
+        match delta {
+            StreamDelta::Text(text) => writer.text(&text),
+            StreamDelta::Reasoning(text) => writer.thinking(&text),
+            StreamDelta::ToolCall {
+                index,
+                id,
+                name,
+                arguments,
+            } => writer.tool_call(index, id.as_deref(), name.as_deref(), &arguments),
+        }
+    }
+
+    fn end(&mut self, answer: Result<Answer, PassthroughError>) -> String {
+        match answer {
+            Ok(answer) => self.0.finish(&stop_reason(&answer), answer.usage),
+            Err(error) => self.0.fail(&error.to_string()),
+        }
+    }
 }
 
 /// `POST /v1/messages/count_tokens`: the tokens of the request's system prompt, messages

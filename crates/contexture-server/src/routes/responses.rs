@@ -27,9 +27,8 @@ use contexture_engine::chat_service::{TurnAnswer, TurnError, TurnPlace, TurnRequ
 use contexture_engine::fitting::FitError;
 use contexture_llm::StreamDelta;
 use contexture_llm::passthrough::{
-    AnswerAccumulator, PassthroughError, UpstreamBody, UpstreamResponse, UpstreamStream,
+    Answer, AnswerAccumulator, PassthroughError, UpstreamBody, UpstreamResponse, UpstreamStream,
 };
-use futures_util::StreamExt;
 use serde_json::{Value, json};
 
 use crate::app::AppState;
@@ -41,6 +40,7 @@ use crate::routes::conversations::{ItemsQuery, items_page};
 use crate::routes::responses_call::{
     ResponseFacts, ResponseId, ResponsesCall, continued_by_items, id_seed, new_token, no_response,
 };
+use crate::routes::translation::{StreamWriter, translated_stream};
 use crate::tenant_store::TenantStore;
 
 /// `POST /v1/responses`: read, run as the engine's chat turn, written as a response.
@@ -231,7 +231,7 @@ async fn answer_response(
                     &ResponseStatus::from_finish_reason(answer.finish_reason.as_deref()),
                     summary.as_deref(),
                     Some(&answer.message),
-                    answer.usage.map(usage),
+                    answer.usage,
                 ),
                 Err(error) => facts.object(&failed(&error), summary.as_deref(), None, None),
             };
@@ -259,11 +259,6 @@ fn failed(error: &PassthroughError) -> ResponseStatus {
         code: "server_error".to_owned(),
         message: error.to_string(),
     }
-}
-
-/// The upstream's usage as a thread records it.
-fn usage(usage: contexture_llm::Usage) -> contexture_core::thread::Usage {
-    contexture_core::thread::Usage::new(usage.input_tokens, usage.output_tokens)
 }
 
 /// A whole response object written as the events of a stream (a replayed answer, or an
@@ -338,12 +333,6 @@ fn translated(
     accumulator: AnswerAccumulator,
     summary: Option<Vec<contexture_core::Message>>,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send {
-    struct Translation {
-        facts: ResponseFacts,
-        upstream: UpstreamStream,
-        accumulator: AnswerAccumulator,
-        writer: ResponseStream,
-    }
     let mut writer = ResponseStream::new(facts.seed());
     let mut first = writer.start(&facts.header());
     if let Some(summary) = &summary {
@@ -351,57 +340,46 @@ fn translated(
             contexture_core::format::responses_answer::compaction_item(summary, facts.seed()),
         ));
     }
-    let translation = Translation {
-        facts,
+    translated_stream(
         upstream,
         accumulator,
-        writer,
-    };
-    let rest = futures_util::stream::unfold(Some(translation), |state| async move {
-        let mut state = state?;
-        match state.upstream.next().await {
-            Some(Ok(bytes)) => {
-                let mut out = String::new();
-                let writer = &mut state.writer;
-                state
-                    .accumulator
-                    .push_sse_bytes_telling(&bytes, &mut |delta| {
-                        out.push_str(&match delta {
-                            StreamDelta::Text(text) => writer.text(&text),
-                            StreamDelta::Reasoning(text) => writer.reasoning(&text),
-                            StreamDelta::ToolCall {
-                                index,
-                                id,
-                                name,
-                                arguments,
-                            } => {
-                                writer.tool_call(index, id.as_deref(), name.as_deref(), &arguments)
-                            }
-                        });
-                    });
-                Some((Ok(Bytes::from(out)), Some(state)))
-            }
-            Some(Err(error)) => {
-                let header = state.facts.header();
-                let out = state.writer.finish(&header, &failed(&error), None);
-                Some((Ok(Bytes::from(out)), None))
-            }
-            None => {
-                let header = state.facts.header();
-                let accumulator = std::mem::take(&mut state.accumulator);
-                let out = match accumulator.finish() {
-                    Ok(answer) => state.writer.finish(
-                        &header,
-                        &ResponseStatus::from_finish_reason(answer.finish_reason.as_deref()),
-                        answer.usage.map(usage),
-                    ),
-                    Err(error) => state.writer.finish(&header, &failed(&error), None),
-                };
-                Some((Ok(Bytes::from(out)), None))
-            }
+        ResponsesWriter { facts, writer },
+        first,
+    )
+}
+
+/// The Responses events of a response's stream.
+struct ResponsesWriter {
+    facts: ResponseFacts,
+    writer: ResponseStream,
+}
+
+impl StreamWriter for ResponsesWriter {
+    fn delta(&mut self, delta: StreamDelta) -> String {
+        let writer = &mut self.writer;
+        match delta {
+            StreamDelta::Text(text) => writer.text(&text),
+            StreamDelta::Reasoning(text) => writer.reasoning(&text),
+            StreamDelta::ToolCall {
+                index,
+                id,
+                name,
+                arguments,
+            } => writer.tool_call(index, id.as_deref(), name.as_deref(), &arguments),
         }
-    });
-    futures_util::stream::once(async move { Ok(Bytes::from(first)) }).chain(rest)
+    }
+
+    fn end(&mut self, answer: Result<Answer, PassthroughError>) -> String {
+        let header = self.facts.header();
+        match answer {
+            Ok(answer) => self.writer.finish(
+                &header,
+                &ResponseStatus::from_finish_reason(answer.finish_reason.as_deref()),
+                answer.usage,
+            ),
+            Err(error) => self.writer.finish(&header, &failed(&error), None),
+        }
+    }
 }
 
 /// `GET /v1/responses/{id}`: a stored response as it was answered (or, while its call is
