@@ -93,6 +93,9 @@ seen["count_tokens"] = client.messages.count_tokens(
     messages=[{"role": "user", "content": "How many tokens is this?"}],
 ).input_tokens
 
+# The model list, as Anthropic's clients read it.
+seen["models"] = [model.id for model in client.models.list()]
+
 # Errors reach the SDK as its own exception types, with Anthropic's error body.
 try:
     client.messages.create(

@@ -1,7 +1,7 @@
 //! The official Anthropic Python SDK (PyPI `anthropic`, pinned and installed by `.ci/run`)
 //! against `contexture serve`'s Messages door: stateless turns, whole and streamed, to an
 //! OpenAI-compatible fake upstream and (for `claude-*` models) to an Anthropic-kind fake,
-//! a thinking block sent back byte for byte, turns of a named thread, the token count, and
+//! a thinking block sent back byte for byte, turns of a named thread, the token count, the model list, and
 //! errors as the SDK's own exceptions.
 //!
 //! The client is `tests/python/anthropic_sdk.py`. Under CI (`CI=true`) a missing
@@ -86,6 +86,7 @@ fn the_anthropic_sdk_talks_to_the_messages_door() {
             .is_some_and(|tokens| tokens > 5),
         "{seen}"
     );
+    assert_eq!(seen["models"], json!([MODEL]), "{seen}");
     assert_eq!(seen["bad_model"]["status"], 400, "{seen}");
     assert_eq!(seen["bad_model"]["type"], "invalid_request_error");
     assert!(

@@ -994,6 +994,28 @@ pub fn openai_model_entries(format: WireFormat, list: &Value) -> Vec<Value> {
         .collect()
 }
 
+/// Model entries in OpenAI's shape ([`openai_model_entries`]) as an Anthropic list holds
+/// them: `{"type": "model", "id", "display_name", "created_at"}` (`created_at` in RFC 3339
+/// from `created`; `display_name` kept, else the id).
+pub fn anthropic_model_entries(entries: &[Value]) -> Vec<Value> {
+    entries
+        .iter()
+        .map(|entry| {
+            let created = entry
+                .get("created")
+                .and_then(Value::as_i64)
+                .and_then(|seconds| chrono::DateTime::from_timestamp(seconds, 0))
+                .unwrap_or_default();
+            serde_json::json!({
+                "type": "model",
+                "id": entry["id"],
+                "display_name": entry.get("display_name").unwrap_or(&entry["id"]),
+                "created_at": created.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod model_list_tests {
     use super::*;
@@ -1026,5 +1048,19 @@ mod model_list_tests {
             vec![openai["data"][0].clone()]
         );
         assert!(openai_model_entries(WireFormat::OpenAiChat, &json!("nothing")).is_empty());
+        // And back into Anthropic's shape.
+        let read = openai_model_entries(WireFormat::AnthropicMessages, &list);
+        assert_eq!(
+            anthropic_model_entries(&read)[0],
+            json!({"type": "model", "id": "claude-sonnet-4-5", "display_name": "Claude Sonnet 4.5",
+                   "created_at": "2025-09-29T00:00:00Z"})
+        );
+        assert_eq!(
+            anthropic_model_entries(&openai["data"].as_array().unwrap().clone()),
+            vec![
+                json!({"type": "model", "id": "gpt-4o", "display_name": "gpt-4o",
+                        "created_at": "1970-01-01T00:00:01Z"})
+            ]
+        );
     }
 }

@@ -23,7 +23,7 @@ use contexture_llm::passthrough::{
     Answer, AnswerAccumulator, PassthroughError, UpstreamBody, UpstreamResponse,
 };
 use contexture_llm::wire::ChatCall;
-use contexture_llm::wire::{WireFormat, openai_model_entries};
+use contexture_llm::wire::{WireFormat, anthropic_model_entries, openai_model_entries};
 use serde_json::{Map, Value, json};
 
 use crate::app::AppState;
@@ -309,10 +309,12 @@ pub(crate) fn passthrough_response(response: UpstreamResponse, thread: Option<&s
 /// with several, their lists in one, in OpenAI's shape (an Anthropic list read into it),
 /// the routed upstreams' first and each model once. An upstream that cannot list its models
 /// fails the whole list, naming it: a list that left a provider's models out would say they
-/// are not there.
-pub async fn models(State(state): State<AppState>) -> ApiResult<Response> {
+/// are not there. A client of Anthropic's API (one that sends `anthropic-version`) gets the
+/// list in Anthropic's shape.
+pub async fn models(State(state): State<AppState>, headers: HeaderMap) -> ApiResult<Response> {
     let upstreams = state.chat.upstreams();
-    if upstreams.all().count() == 1 {
+    let anthropic_client = headers.contains_key("anthropic-version");
+    if upstreams.all().count() == 1 && !anthropic_client {
         let response = upstreams
             .default_upstream()
             .models()
@@ -347,6 +349,14 @@ pub async fn models(State(state): State<AppState>) -> ApiResult<Response> {
                 models.push(model);
             }
         }
+    }
+    if anthropic_client {
+        let models = anthropic_model_entries(&models);
+        let first_id = models.first().map(|model| model["id"].clone());
+        let last_id = models.last().map(|model| model["id"].clone());
+        return Ok(Json(json!({"data": models, "has_more": false,
+                              "first_id": first_id, "last_id": last_id}))
+        .into_response());
     }
     Ok(Json(json!({"object": "list", "data": models})).into_response())
 }
