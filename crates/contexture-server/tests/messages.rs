@@ -178,6 +178,7 @@ async fn a_stream_from_an_openai_upstream_is_written_as_anthropics_named_events(
         names,
         [
             "message_start",
+            "ping",
             "content_block_start",
             "content_block_delta",
             "content_block_delta",
@@ -192,7 +193,7 @@ async fn a_stream_from_an_openai_upstream_is_written_as_anthropics_named_events(
         .filter_map(|(_, data)| data["delta"]["text"].as_str())
         .collect();
     assert_eq!(text, "Sunny.");
-    let (_, delta) = &events[5];
+    let (_, delta) = &events[6];
     assert_eq!(delta["delta"]["stop_reason"], "end_turn");
     assert_eq!(delta["usage"]["output_tokens"], 2);
 }

@@ -96,7 +96,7 @@ enum OpenBlock {
 }
 
 /// A stream of Anthropic's named events written while an answer arrives piece by piece:
-/// `message_start`, then for each content block `content_block_start`, its
+/// `message_start` and a `ping`, then for each content block `content_block_start`, its
 /// `content_block_delta`s and `content_block_stop`, then `message_delta` with the stop
 /// reason and `message_stop`.
 #[derive(Debug, Clone)]
@@ -123,17 +123,20 @@ impl MessageStream {
         format!("event: {name}\ndata: {data}\n\n")
     }
 
-    /// The first event: the message without content (its input tokens when known).
+    /// The first events: the message without content (its input tokens when known), then a
+    /// `ping`, as Anthropic's API starts a stream.
     pub fn start(&mut self, input_tokens: Option<u64>) -> String {
         let message = json!({
             "id": self.id, "type": "message", "role": "assistant", "model": self.model,
             "content": [], "stop_reason": null, "stop_sequence": null,
             "usage": {"input_tokens": input_tokens.unwrap_or(0), "output_tokens": 0},
         });
-        Self::event(
+        let mut out = Self::event(
             "message_start",
             &json!({"type": "message_start", "message": message}),
-        )
+        );
+        out.push_str(&Self::event("ping", &json!({"type": "ping"})));
+        out
     }
 
     /// Closes the open block, if any.
