@@ -140,11 +140,10 @@ impl StoredAnswer {
             id: end.map_or("chatcmpl-replayed", |end| end.request_id.as_str()),
             model: &self.model,
             message: &self.message,
-            finish_reason: match end.and_then(|end| end.finish_reason.as_deref()) {
-                Some(reason) => contexture_core::format::anthropic::openai_finish_reason(reason),
-                None if self.message.tool_calls.is_empty() => "stop",
-                None => "tool_calls",
-            },
+            finish_reason: contexture_core::format::openai_completion::finish_reason(
+                end.and_then(|end| end.finish_reason.as_deref()),
+                &self.message,
+            ),
             usage: end.map(|end| end.usage),
         }
     }
@@ -298,12 +297,16 @@ pub async fn recorded_turn<S: Store>(
     thread: &str,
     request_seq: u64,
 ) -> Result<RecordedTurn, ChatError> {
-    // Where the turn ends is found from outlines; only its own events are then decoded.
-    let point = outline_turn(store, thread, request_seq, 0).await?.point;
-    let mut events = store
-        .events_through(thread, request_seq.saturating_sub(1), point)
-        .await?
-        .into_iter();
+    // A request's end and answer are appended right after it, its turn holding the thread:
+    // one read holds the whole turn, its outlines say where it ends.
+    let through = request_seq.saturating_add(2);
+    let events = store
+        .events_through(thread, request_seq.saturating_sub(1), through)
+        .await?;
+    let outlines = events.iter().map(EventOutline::of).collect();
+    let point = turn_outline(outlines, request_seq, through)?.point;
+    check_not_deleted(store, thread, request_seq).await?;
+    let mut events = events.into_iter().take_while(|event| event.seq <= point);
     let record = match events.next().map(|event| (event.seq, event.kind)) {
         Some((seq, EventKind::RequestStarted(record))) if seq == request_seq => record,
         _ => return Err(ChatError::UnknownPoint { seq: request_seq }),
@@ -386,6 +389,18 @@ async fn outline_turn<S: Store>(
     let outlines = store
         .outlines_through(thread, request_seq.saturating_sub(1), through)
         .await?;
+    let turn = turn_outline(outlines, request_seq, through)?;
+    check_not_deleted(store, thread, request_seq).await?;
+    Ok(turn)
+}
+
+/// The chat turn whose request was recorded at `request_seq`, found in `outlines` (the
+/// outlines from that seq on, read through `through`).
+fn turn_outline(
+    outlines: Vec<EventOutline>,
+    request_seq: u64,
+    through: u64,
+) -> Result<TurnOutline, ChatError> {
     let mut outlines = outlines.into_iter().peekable();
     let request_id = match outlines.next() {
         Some(EventOutline {
@@ -395,13 +410,6 @@ async fn outline_turn<S: Store>(
         }) if seq == request_seq => request_id,
         _ => return Err(ChatError::UnknownPoint { seq: request_seq }),
     };
-    if store
-        .keyed_event(thread, &deletion_key(request_seq))
-        .await?
-        .is_some()
-    {
-        return Err(ChatError::UnknownPoint { seq: request_seq });
-    }
     let mut point = request_seq;
     let (mut ended, mut answered) = (false, false);
     while let Some(outline) = outlines.next_if(|outline| match outline.event_type {
@@ -422,6 +430,22 @@ async fn outline_turn<S: Store>(
         following: outlines.collect(),
         read_through: through,
     })
+}
+
+/// [`ChatError::UnknownPoint`] when the turn whose request was recorded at `request_seq`
+/// was deleted (its mark is found by its key, without reading the thread after it).
+async fn check_not_deleted<S: Store>(
+    store: &S,
+    thread: &str,
+    request_seq: u64,
+) -> Result<(), ChatError> {
+    match store
+        .keyed_event(thread, &deletion_key(request_seq))
+        .await?
+    {
+        Some(_) => Err(ChatError::UnknownPoint { seq: request_seq }),
+        None => Ok(()),
+    }
 }
 
 /// True when nothing of the conversation followed the answer of the turn whose request
