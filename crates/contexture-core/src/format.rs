@@ -41,6 +41,29 @@ use serde_json::{Map, Value};
 
 use crate::message::Message;
 
+/// A writer of an answer's stream in one API's format, fed the answer's pieces as they
+/// arrive (whatever format they came in): [`responses_stream::ResponseStream`],
+/// [`openai_completion::CompletionStream`], [`anthropic_answer::MessageStream`]. Each
+/// returns the text of the events the piece becomes.
+pub trait AnswerPieces {
+    /// A piece of the answer's text.
+    fn text(&mut self, delta: &str) -> String;
+
+    /// A piece of its reasoning.
+    fn reasoning(&mut self, delta: &str) -> String;
+
+    /// A piece of the tool call at `index` (`index` orders the turn's calls; `id` and
+    /// `name` come with its first piece, `arguments` is the new piece of its JSON
+    /// arguments).
+    fn tool_call(
+        &mut self,
+        index: usize,
+        id: Option<&str>,
+        name: Option<&str>,
+        arguments: &str,
+    ) -> String;
+}
+
 /// A provider wire format, by the name used on command lines and in configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WireFormat {

@@ -24,7 +24,8 @@ async fn server(
     (dir, server, key)
 }
 
-async fn chat(
+/// A chat-completions call to the server, naming `thread` when given.
+pub(crate) async fn chat(
     server: &TestServer,
     key: &str,
     thread: Option<&str>,

@@ -14,6 +14,8 @@ use contexture_store::{AnyStore, SqliteStore};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+use crate::responses::events;
+
 /// A server over `openai`, its `claude-*` models routed to `anthropic` when given.
 async fn server(
     openai: &FakeUpstream,
@@ -69,25 +71,6 @@ fn text(message: &Value) -> String {
         .iter()
         .filter(|block| block["type"] == "text")
         .filter_map(|block| block["text"].as_str())
-        .collect()
-}
-
-/// The named events of a stream: (event, data).
-fn named_events(body: &str) -> Vec<(String, Value)> {
-    body.split("\n\n")
-        .filter(|event| !event.trim().is_empty())
-        .map(|event| {
-            let mut name = String::new();
-            let mut data = Value::Null;
-            for line in event.lines() {
-                if let Some(rest) = line.strip_prefix("event: ") {
-                    name = rest.to_owned();
-                } else if let Some(rest) = line.strip_prefix("data: ") {
-                    data = serde_json::from_str(rest).unwrap();
-                }
-            }
-            (name, data)
-        })
         .collect()
 }
 
@@ -172,7 +155,7 @@ async fn a_stream_from_an_openai_upstream_is_written_as_anthropics_named_events(
     .await;
     assert_eq!(response.status(), StatusCode::OK);
     let body = response.text().await.unwrap();
-    let events = named_events(&body);
+    let events = events(&body);
     let names: Vec<&str> = events.iter().map(|(name, _)| name.as_str()).collect();
     assert_eq!(
         names,

@@ -284,7 +284,8 @@ async fn reasoning_items_stay_with_their_turn_and_the_record_counts_what_was_not
     );
 }
 
-/// The events of a Responses stream: (event name, data).
+/// The named events of a server-sent event stream (the Responses door's, the Messages
+/// door's): (event name, data).
 pub(crate) fn events(body: &str) -> Vec<(String, Value)> {
     body.split("\n\n")
         .filter(|event| !event.trim().is_empty())

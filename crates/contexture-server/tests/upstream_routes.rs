@@ -13,6 +13,7 @@ use contexture_store::{AnyStore, SqliteStore};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+use crate::chat::chat;
 use crate::responses::{events, output_text, respond};
 
 /// A server whose default upstream is `openai` and whose `claude-*` models go to
@@ -183,23 +184,6 @@ async fn a_server_with_one_upstream_lists_its_models_as_it_answered() {
     let (status, list) = server.call(&key, "GET", "/v1/models", None).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(list, listed);
-}
-
-/// A chat-completions call to the server.
-async fn chat(
-    server: &TestServer,
-    key: &str,
-    thread: Option<&str>,
-    body: Value,
-) -> reqwest::Response {
-    let mut request = client()
-        .post(server.url("/v1/chat/completions"))
-        .bearer_auth(key)
-        .json(&body);
-    if let Some(thread) = thread {
-        request = request.header("X-Contexture-Thread", thread);
-    }
-    request.send().await.unwrap()
 }
 
 #[tokio::test]

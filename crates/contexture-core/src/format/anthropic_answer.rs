@@ -9,6 +9,7 @@
 
 use serde_json::{Value, json};
 
+use super::AnswerPieces;
 use super::anthropic;
 use crate::message::Message;
 use crate::thread::Usage;
@@ -174,44 +175,6 @@ impl MessageStream {
         )
     }
 
-    /// A piece of the answer's text.
-    pub fn text(&mut self, delta: &str) -> String {
-        let mut out = self.open(OpenBlock::Text, json!({"type": "text", "text": ""}));
-        out.push_str(&self.delta(json!({"type": "text_delta", "text": delta})));
-        out
-    }
-
-    /// A piece of its reasoning (a `thinking` block).
-    pub fn thinking(&mut self, delta: &str) -> String {
-        let mut out = self.open(
-            OpenBlock::Thinking,
-            json!({"type": "thinking", "thinking": "", "signature": ""}),
-        );
-        out.push_str(&self.delta(json!({"type": "thinking_delta", "thinking": delta})));
-        out
-    }
-
-    /// A piece of the tool call at `index`: the first opens its `tool_use` block (with its
-    /// id and name), each carries the new piece of its JSON input.
-    pub fn tool_call(
-        &mut self,
-        index: usize,
-        id: Option<&str>,
-        name: Option<&str>,
-        arguments: &str,
-    ) -> String {
-        let mut out = self.open(
-            OpenBlock::ToolUse(index),
-            json!({"type": "tool_use", "id": id.unwrap_or_default(),
-                   "name": name.unwrap_or_default(), "input": {}}),
-        );
-        if !arguments.is_empty() {
-            out.push_str(&self.delta(json!({"type": "input_json_delta",
-                                              "partial_json": arguments})));
-        }
-        out
-    }
-
     /// A whole content block (of a stored answer): started, given in one delta, stopped.
     pub fn whole_block(&mut self, block: Value) -> String {
         let mut out = self.close();
@@ -274,6 +237,46 @@ impl MessageStream {
     }
 }
 
+impl AnswerPieces for MessageStream {
+    /// A piece of the answer's text.
+    fn text(&mut self, delta: &str) -> String {
+        let mut out = self.open(OpenBlock::Text, json!({"type": "text", "text": ""}));
+        out.push_str(&self.delta(json!({"type": "text_delta", "text": delta})));
+        out
+    }
+
+    /// A piece of its reasoning (a `thinking` block).
+    fn reasoning(&mut self, delta: &str) -> String {
+        let mut out = self.open(
+            OpenBlock::Thinking,
+            json!({"type": "thinking", "thinking": "", "signature": ""}),
+        );
+        out.push_str(&self.delta(json!({"type": "thinking_delta", "thinking": delta})));
+        out
+    }
+
+    /// A piece of the tool call at `index`: the first opens its `tool_use` block (with its
+    /// id and name), each carries the new piece of its JSON input.
+    fn tool_call(
+        &mut self,
+        index: usize,
+        id: Option<&str>,
+        name: Option<&str>,
+        arguments: &str,
+    ) -> String {
+        let mut out = self.open(
+            OpenBlock::ToolUse(index),
+            json!({"type": "tool_use", "id": id.unwrap_or_default(),
+                   "name": name.unwrap_or_default(), "input": {}}),
+        );
+        if !arguments.is_empty() {
+            out.push_str(&self.delta(json!({"type": "input_json_delta",
+                                              "partial_json": arguments})));
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -318,7 +321,7 @@ mod tests {
     fn pieces_open_and_close_their_blocks_in_order() {
         let mut stream = MessageStream::new("msg_2", "local-llama");
         let mut out = stream.start(None);
-        out.push_str(&stream.thinking("Hmm."));
+        out.push_str(&stream.reasoning("Hmm."));
         out.push_str(&stream.text("Sun"));
         out.push_str(&stream.text("ny."));
         out.push_str(&stream.tool_call(0, Some("call_1"), Some("weather"), ""));

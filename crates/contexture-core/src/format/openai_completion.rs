@@ -5,6 +5,7 @@
 
 use serde_json::{Value, json};
 
+use super::AnswerPieces;
 use super::openai;
 use crate::message::{Content, Message, Part};
 use crate::thread::Usage;
@@ -22,6 +23,17 @@ pub struct CompletionAnswer<'a> {
     pub finish_reason: &'a str,
     /// Its tokens, when known.
     pub usage: Option<Usage>,
+}
+
+/// Why an answer ended, in OpenAI's words: the reason reported (an Anthropic upstream's read
+/// as OpenAI's, see [`super::anthropic::openai_finish_reason`]), else `tool_calls` or `stop`
+/// by what the message holds.
+pub fn finish_reason<'a>(reported: Option<&'a str>, message: &Message) -> &'a str {
+    match reported {
+        Some(reason) => super::anthropic::openai_finish_reason(reason),
+        None if message.tool_calls.is_empty() => "stop",
+        None => "tool_calls",
+    }
 }
 
 /// An assistant message as a completion's `message` (or a stream's delta), as an
@@ -127,36 +139,6 @@ impl CompletionStream {
         self.delta(json!({"role": "assistant", "content": ""}))
     }
 
-    /// A piece of the answer's text.
-    pub fn text(&mut self, delta: &str) -> String {
-        self.delta(json!({"content": delta}))
-    }
-
-    /// A piece of its reasoning (as `reasoning_content`, the field OpenAI-compatible
-    /// servers stream reasoning in).
-    pub fn reasoning(&mut self, delta: &str) -> String {
-        self.delta(json!({"reasoning_content": delta}))
-    }
-
-    /// A piece of the tool call at `index`: its first chunk names its id and function,
-    /// every chunk carries the new piece of its arguments.
-    pub fn tool_call(
-        &mut self,
-        index: usize,
-        id: Option<&str>,
-        name: Option<&str>,
-        arguments: &str,
-    ) -> String {
-        let call = if self.calls_started.contains(&index) {
-            json!({"index": index, "function": {"arguments": arguments}})
-        } else {
-            self.calls_started.push(index);
-            json!({"index": index, "id": id, "type": "function",
-                   "function": {"name": name, "arguments": arguments}})
-        };
-        self.delta(json!({"tool_calls": [call]}))
-    }
-
     /// The last chunks: the finish reason, then the usage when `include_usage` (the client
     /// asked with `stream_options.include_usage`) and it is known, then `[DONE]`.
     pub fn finish(
@@ -189,6 +171,38 @@ impl CompletionStream {
 fn usage_value(usage: Usage) -> Value {
     json!({"prompt_tokens": usage.input_tokens, "completion_tokens": usage.output_tokens,
            "total_tokens": usage.input_tokens + usage.output_tokens})
+}
+
+impl AnswerPieces for CompletionStream {
+    /// A piece of the answer's text.
+    fn text(&mut self, delta: &str) -> String {
+        self.delta(json!({"content": delta}))
+    }
+
+    /// A piece of its reasoning (as `reasoning_content`, the field OpenAI-compatible
+    /// servers stream reasoning in).
+    fn reasoning(&mut self, delta: &str) -> String {
+        self.delta(json!({"reasoning_content": delta}))
+    }
+
+    /// A piece of the tool call at `index`: its first chunk names its id and function,
+    /// every chunk carries the new piece of its arguments.
+    fn tool_call(
+        &mut self,
+        index: usize,
+        id: Option<&str>,
+        name: Option<&str>,
+        arguments: &str,
+    ) -> String {
+        let call = if self.calls_started.contains(&index) {
+            json!({"index": index, "function": {"arguments": arguments}})
+        } else {
+            self.calls_started.push(index);
+            json!({"index": index, "id": id, "type": "function",
+                   "function": {"name": name, "arguments": arguments}})
+        };
+        self.delta(json!({"tool_calls": [call]}))
+    }
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
+use super::AnswerPieces;
 use super::responses_answer::{ResponseHeader, ResponseStatus, response_object};
 use crate::thread::Usage;
 
@@ -83,131 +84,6 @@ impl ResponseStream {
             json!({"output_index": index, "item": item.clone()}),
         ));
         self.items.push(Item::Whole(item));
-        out
-    }
-
-    /// More reply text.
-    pub fn text(&mut self, delta: &str) -> String {
-        let mut out = String::new();
-        let index = match self.open {
-            Some(index) if matches!(self.items[index], Item::Message { .. }) => index,
-            _ => {
-                out.push_str(&self.close());
-                let id = self.item_id("msg");
-                out.push_str(&self.event(
-                    "response.output_item.added",
-                    json!({"output_index": self.items.len(), "item": {
-                        "id": id, "type": "message", "status": "in_progress",
-                        "role": "assistant", "content": []}}),
-                ));
-                out.push_str(&self.event(
-                    "response.content_part.added",
-                    json!({"item_id": id, "output_index": self.items.len(), "content_index": 0,
-                           "part": {"type": "output_text", "text": "", "annotations": []}}),
-                ));
-                self.items.push(Item::Message {
-                    id,
-                    text: String::new(),
-                });
-                self.open = Some(self.items.len() - 1);
-                self.items.len() - 1
-            }
-        };
-        if let Item::Message { id, text } = &mut self.items[index] {
-            text.push_str(delta);
-            let id = id.clone();
-            out.push_str(&self.event(
-                "response.output_text.delta",
-                json!({"item_id": id, "output_index": index, "content_index": 0, "delta": delta}),
-            ));
-        }
-        out
-    }
-
-    /// More reasoning text: one reasoning item, whose summary is written when it ends.
-    pub fn reasoning(&mut self, delta: &str) -> String {
-        let mut out = String::new();
-        let index = match self.open {
-            Some(index) if matches!(self.items[index], Item::Reasoning { .. }) => index,
-            _ => {
-                out.push_str(&self.close());
-                let id = self.item_id("rs");
-                out.push_str(&self.event(
-                    "response.output_item.added",
-                    json!({"output_index": self.items.len(),
-                           "item": {"id": id, "type": "reasoning", "summary": []}}),
-                ));
-                self.items.push(Item::Reasoning {
-                    id,
-                    text: String::new(),
-                });
-                self.open = Some(self.items.len() - 1);
-                self.items.len() - 1
-            }
-        };
-        if let Item::Reasoning { text, .. } = &mut self.items[index] {
-            text.push_str(delta);
-        }
-        out
-    }
-
-    /// A tool call started or grew: `index` orders the turn's calls; `id` and `name` come
-    /// with its first fragment, `arguments` is the new fragment of its JSON arguments.
-    pub fn tool_call(
-        &mut self,
-        index: usize,
-        id: Option<&str>,
-        name: Option<&str>,
-        arguments: &str,
-    ) -> String {
-        let mut out = String::new();
-        let position = match self.calls.get(&index) {
-            Some(&position) => {
-                if self.open != Some(position) {
-                    out.push_str(&self.close());
-                    self.open = Some(position);
-                }
-                position
-            }
-            None => {
-                out.push_str(&self.close());
-                let item_id = self.item_id("fc");
-                let call_id = id.unwrap_or_default().to_owned();
-                let name = name.unwrap_or_default().to_owned();
-                out.push_str(&self.event(
-                    "response.output_item.added",
-                    json!({"output_index": self.items.len(), "item": {
-                        "id": item_id, "type": "function_call", "status": "in_progress",
-                        "call_id": call_id, "name": name, "arguments": ""}}),
-                ));
-                self.items.push(Item::Call {
-                    id: item_id,
-                    call_id,
-                    name,
-                    arguments: String::new(),
-                });
-                let position = self.items.len() - 1;
-                self.calls.insert(index, position);
-                self.open = Some(position);
-                position
-            }
-        };
-        if let Item::Call {
-            id: item_id,
-            arguments: so_far,
-            ..
-        } = &mut self.items[position]
-        {
-            if arguments.is_empty() {
-                return out;
-            }
-            so_far.push_str(arguments);
-            let item_id = item_id.clone();
-            out.push_str(&self.event(
-                "response.function_call_arguments.delta",
-                json!({"item_id": item_id, "output_index": position, "delta": arguments}),
-            ));
-        }
         out
     }
 
@@ -300,6 +176,133 @@ impl ResponseStream {
         }
         self.sequence += 1;
         format!("event: {kind}\ndata: {}\n\n", Value::Object(data))
+    }
+}
+
+impl AnswerPieces for ResponseStream {
+    /// More reply text.
+    fn text(&mut self, delta: &str) -> String {
+        let mut out = String::new();
+        let index = match self.open {
+            Some(index) if matches!(self.items[index], Item::Message { .. }) => index,
+            _ => {
+                out.push_str(&self.close());
+                let id = self.item_id("msg");
+                out.push_str(&self.event(
+                    "response.output_item.added",
+                    json!({"output_index": self.items.len(), "item": {
+                        "id": id, "type": "message", "status": "in_progress",
+                        "role": "assistant", "content": []}}),
+                ));
+                out.push_str(&self.event(
+                    "response.content_part.added",
+                    json!({"item_id": id, "output_index": self.items.len(), "content_index": 0,
+                           "part": {"type": "output_text", "text": "", "annotations": []}}),
+                ));
+                self.items.push(Item::Message {
+                    id,
+                    text: String::new(),
+                });
+                self.open = Some(self.items.len() - 1);
+                self.items.len() - 1
+            }
+        };
+        if let Item::Message { id, text } = &mut self.items[index] {
+            text.push_str(delta);
+            let id = id.clone();
+            out.push_str(&self.event(
+                "response.output_text.delta",
+                json!({"item_id": id, "output_index": index, "content_index": 0, "delta": delta}),
+            ));
+        }
+        out
+    }
+
+    /// More reasoning text: one reasoning item, whose summary is written when it ends.
+    fn reasoning(&mut self, delta: &str) -> String {
+        let mut out = String::new();
+        let index = match self.open {
+            Some(index) if matches!(self.items[index], Item::Reasoning { .. }) => index,
+            _ => {
+                out.push_str(&self.close());
+                let id = self.item_id("rs");
+                out.push_str(&self.event(
+                    "response.output_item.added",
+                    json!({"output_index": self.items.len(),
+                           "item": {"id": id, "type": "reasoning", "summary": []}}),
+                ));
+                self.items.push(Item::Reasoning {
+                    id,
+                    text: String::new(),
+                });
+                self.open = Some(self.items.len() - 1);
+                self.items.len() - 1
+            }
+        };
+        if let Item::Reasoning { text, .. } = &mut self.items[index] {
+            text.push_str(delta);
+        }
+        out
+    }
+
+    /// A tool call started or grew: `index` orders the turn's calls; `id` and `name` come
+    /// with its first fragment, `arguments` is the new fragment of its JSON arguments.
+    fn tool_call(
+        &mut self,
+        index: usize,
+        id: Option<&str>,
+        name: Option<&str>,
+        arguments: &str,
+    ) -> String {
+        let mut out = String::new();
+        let position = match self.calls.get(&index) {
+            Some(&position) => {
+                if self.open != Some(position) {
+                    out.push_str(&self.close());
+                    self.open = Some(position);
+                }
+                position
+            }
+            None => {
+                out.push_str(&self.close());
+                let item_id = self.item_id("fc");
+                let call_id = id.unwrap_or_default().to_owned();
+                let name = name.unwrap_or_default().to_owned();
+                out.push_str(&self.event(
+                    "response.output_item.added",
+                    json!({"output_index": self.items.len(), "item": {
+                        "id": item_id, "type": "function_call", "status": "in_progress",
+                        "call_id": call_id, "name": name, "arguments": ""}}),
+                ));
+                self.items.push(Item::Call {
+                    id: item_id,
+                    call_id,
+                    name,
+                    arguments: String::new(),
+                });
+                let position = self.items.len() - 1;
+                self.calls.insert(index, position);
+                self.open = Some(position);
+                position
+            }
+        };
+        if let Item::Call {
+            id: item_id,
+            arguments: so_far,
+            ..
+        } = &mut self.items[position]
+        {
+            if arguments.is_empty() {
+                return out;
+            }
+            so_far.push_str(arguments);
+            let item_id = item_id.clone();
+            out.push_str(&self.event(
+                "response.function_call_arguments.delta",
+                json!({"item_id": item_id, "output_index": position, "delta": arguments}),
+            ));
+        }
+        out
     }
 }
 

@@ -14,11 +14,9 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use contexture_core::format::anthropic::openai_finish_reason;
 use contexture_core::format::openai_completion::{self, CompletionAnswer, CompletionStream};
 use contexture_engine::chat::{ChatError, SHUT_DOWN, StoredAnswer};
 use contexture_engine::chat_service::{TurnAnswer, TurnError, TurnRequest};
-use contexture_llm::StreamDelta;
 use contexture_llm::passthrough::{
     Answer, AnswerAccumulator, PassthroughError, UpstreamBody, UpstreamResponse,
 };
@@ -33,7 +31,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::fit_settings;
 use crate::routes::chat_request::{ChatCompletionsCall, THREAD_HEADER};
 use crate::routes::responses_call::new_token;
-use crate::routes::translation::{StreamWriter, translated_stream};
+use crate::routes::translation::{answer_to_write, translated_stream};
 use crate::tenant_store::TenantStore;
 
 /// The header a replayed answer carries.
@@ -114,27 +112,21 @@ async fn answer_response(
     writing: &AnswerWriting,
     thread: Option<&str>,
 ) -> ApiResult<Response> {
-    let format = response.format;
-    if format == WireFormat::OpenAiChat {
+    if response.format == WireFormat::OpenAiChat {
         return Ok(passthrough_response(response, thread));
     }
-    if !response.is_success() {
-        let status = response.status;
-        let body = response.body.collect().await.unwrap_or_default();
-        return Err(ApiError::upstream_refusal(status, &body));
-    }
+    let (format, body) = answer_to_write(response).await?;
     let id = format!("chatcmpl-{}", new_token());
-    let out = match response.body {
+    let out = match body {
         UpstreamBody::Full(bytes) => {
             let answer = AnswerAccumulator::from_body(format, &bytes)
                 .map_err(|error| upstream_error(&error))?;
             let model = answer.model.as_deref().unwrap_or(&writing.model);
-            let finish_reason = finish_reason(&answer);
             let completion = openai_completion::completion(&CompletionAnswer {
                 id: &id,
                 model,
                 message: &answer.message,
-                finish_reason: &finish_reason,
+                finish_reason: finish_reason(&answer),
                 usage: answer.usage,
             });
             Json(completion).into_response()
@@ -142,14 +134,18 @@ async fn answer_response(
         UpstreamBody::Stream(upstream) => {
             let mut writer = CompletionStream::new(id, writing.model.clone());
             let first = writer.start();
+            let include_usage = writing.include_usage;
             let chunks = translated_stream(
                 upstream,
                 AnswerAccumulator::for_format(format),
-                ChunksWriter {
-                    writer,
-                    include_usage: writing.include_usage,
-                },
+                writer,
                 first,
+                move |writer, answer| match answer {
+                    Ok(answer) => {
+                        writer.finish(finish_reason(&answer), answer.usage, include_usage)
+                    }
+                    Err(error) => writer.fail(&error.to_string()),
+                },
             );
             (
                 [(header::CONTENT_TYPE, "text/event-stream")],
@@ -158,52 +154,12 @@ async fn answer_response(
                 .into_response()
         }
     };
-    Ok(match thread {
-        Some(thread) => with_thread(out, thread),
-        None => out,
-    })
+    Ok(with_thread_if(out, thread))
 }
 
-/// An answer's finish reason in OpenAI's words (else `tool_calls` or `stop`, by what the
-/// message holds).
-fn finish_reason(answer: &Answer) -> String {
-    match answer.finish_reason.as_deref() {
-        Some(reason) => openai_finish_reason(reason).to_owned(),
-        None if answer.message.tool_calls.is_empty() => "stop".to_owned(),
-        None => "tool_calls".to_owned(),
-    }
-}
-
-/// The `chat.completion.chunk` events of an answer of another format.
-struct ChunksWriter {
-    writer: CompletionStream,
-    include_usage: bool,
-}
-
-impl StreamWriter for ChunksWriter {
-    fn delta(&mut self, delta: StreamDelta) -> String {
-        let writer = &mut self.writer;
-        match delta {
-            StreamDelta::Text(text) => writer.text(&text),
-            StreamDelta::Reasoning(text) => writer.reasoning(&text),
-            StreamDelta::ToolCall {
-                index,
-                id,
-                name,
-                arguments,
-            } => writer.tool_call(index, id.as_deref(), name.as_deref(), &arguments),
-        }
-    }
-
-    fn end(&mut self, answer: Result<Answer, PassthroughError>) -> String {
-        match answer {
-            Ok(answer) => {
-                self.writer
-                    .finish(&finish_reason(&answer), answer.usage, self.include_usage)
-            }
-            Err(error) => self.writer.fail(&error.to_string()),
-        }
-    }
+/// An answer's finish reason in OpenAI's words.
+pub(crate) fn finish_reason(answer: &Answer) -> &str {
+    openai_completion::finish_reason(answer.finish_reason.as_deref(), &answer.message)
 }
 
 /// The digest of a request body (after the thread's name was taken out of it, so the header
@@ -263,6 +219,14 @@ fn chat_error(threads: TenantStore<'_>, error: ChatError) -> ApiError {
     }
 }
 
+/// `response` with the thread's name in its header, when there is a thread.
+pub(crate) fn with_thread_if(response: Response, thread: Option<&str>) -> Response {
+    match thread {
+        Some(thread) => with_thread(response, thread),
+        None => response,
+    }
+}
+
 /// `response` with the thread's name in its header.
 pub(crate) fn with_thread(mut response: Response, thread: &str) -> Response {
     if let Ok(value) = HeaderValue::from_str(thread) {
@@ -299,10 +263,7 @@ pub(crate) fn passthrough_response(response: UpstreamResponse, thread: Option<&s
     {
         out.headers_mut().insert(header::CONTENT_TYPE, content_type);
     }
-    match thread {
-        Some(thread) => with_thread(out, thread),
-        None => out,
-    }
+    with_thread_if(out, thread)
 }
 
 /// `GET /v1/models`: every upstream's models. With one upstream, its list as it answered;

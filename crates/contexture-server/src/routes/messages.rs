@@ -24,10 +24,7 @@ use contexture_core::format::anthropic_answer::{
 use contexture_core::format::anthropic_request::read_messages_body;
 use contexture_engine::chat::StoredAnswer;
 use contexture_engine::chat_service::{TurnAnswer, TurnRequest};
-use contexture_llm::StreamDelta;
-use contexture_llm::passthrough::{
-    Answer, AnswerAccumulator, PassthroughError, UpstreamBody, UpstreamResponse,
-};
+use contexture_llm::passthrough::{Answer, AnswerAccumulator, UpstreamBody, UpstreamResponse};
 use contexture_llm::wire::{ChatCall, ClientFormat, ClientRequest, WireFormat};
 use serde_json::Value;
 
@@ -36,11 +33,12 @@ use crate::auth::Caller;
 use crate::body::JsonBody;
 use crate::error::{ApiError, ApiResult};
 use crate::routes::chat::{
-    REPLAYED_HEADER, chat_request_digest, passthrough_response, turn_error, with_thread,
+    REPLAYED_HEADER, chat_request_digest, finish_reason, passthrough_response, turn_error,
+    with_thread_if,
 };
 use crate::routes::chat_request::{THREAD_HEADER, thread_name};
 use crate::routes::responses_call::new_token;
-use crate::routes::translation::{StreamWriter, translated_stream};
+use crate::routes::translation::{answer_to_write, translated_stream};
 use crate::tenancy::check_id;
 
 /// `POST /v1/messages`: read, run as the engine's chat turn, written as a message.
@@ -123,15 +121,7 @@ fn replayed(answer: &StoredAnswer, stream: bool, thread: Option<&str>) -> Respon
     response
         .headers_mut()
         .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
-    named(response, thread)
-}
-
-/// `response` with the thread's name in its header, when the turn has a thread.
-fn named(response: Response, thread: Option<&str>) -> Response {
-    match thread {
-        Some(thread) => with_thread(response, thread),
-        None => response,
-    }
+    with_thread_if(response, thread)
 }
 
 /// The upstream's answer as this door writes it: as it came from an Anthropic upstream,
@@ -141,26 +131,20 @@ async fn answer_response(
     model: &str,
     thread: Option<&str>,
 ) -> ApiResult<Response> {
-    let format = response.format;
-    if format == WireFormat::AnthropicMessages {
+    if response.format == WireFormat::AnthropicMessages {
         return Ok(passthrough_response(response, thread));
     }
-    if !response.is_success() {
-        let status = response.status;
-        let body = response.body.collect().await.unwrap_or_default();
-        return Err(ApiError::upstream_refusal(status, &body));
-    }
+    let (format, body) = answer_to_write(response).await?;
     let id = format!("msg_{}", new_token());
-    let out = match response.body {
+    let out = match body {
         UpstreamBody::Full(bytes) => {
             let answer = AnswerAccumulator::from_body(format, &bytes)
                 .map_err(|error| ApiError::upstream(error.to_string()))?;
-            let stop_reason = stop_reason(&answer);
             Json(message_object(&MessageAnswer {
                 id: &id,
                 model: answer.model.as_deref().unwrap_or(model),
                 message: &answer.message,
-                stop_reason: &stop_reason,
+                stop_reason: stop_reason(&answer),
                 usage: answer.usage,
             }))
             .into_response()
@@ -171,54 +155,27 @@ async fn answer_response(
             let events = translated_stream(
                 upstream,
                 AnswerAccumulator::for_format(format),
-                EventsWriter(writer),
+                writer,
                 first,
+                |writer, answer| match answer {
+                    Ok(answer) => writer.finish(stop_reason(&answer), answer.usage),
+                    Err(error) => writer.fail(&error.to_string()),
+                },
             );
             event_stream(Body::from_stream(events))
         }
     };
-    Ok(named(out, thread))
+    Ok(with_thread_if(out, thread))
 }
 
-/// An answer's stop reason in Anthropic's words (else `tool_use` or `end_turn`, by what
-/// the message holds).
-fn stop_reason(answer: &Answer) -> String {
-    match answer.finish_reason.as_deref() {
-        Some(reason) => anthropic_stop_reason(reason).to_owned(),
-        None if answer.message.tool_calls.is_empty() => "end_turn".to_owned(),
-        None => "tool_use".to_owned(),
-    }
+/// An answer's stop reason in Anthropic's words.
+fn stop_reason(answer: &Answer) -> &str {
+    anthropic_stop_reason(finish_reason(answer))
 }
 
 /// A `text/event-stream` response.
 fn event_stream(body: Body) -> Response {
     ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response()
-}
-
-/// Anthropic's named events of an answer of another format.
-struct EventsWriter(MessageStream);
-
-impl StreamWriter for EventsWriter {
-    fn delta(&mut self, delta: StreamDelta) -> String {
-        let writer = &mut self.0;
-        match delta {
-            StreamDelta::Text(text) => writer.text(&text),
-            StreamDelta::Reasoning(text) => writer.thinking(&text),
-            StreamDelta::ToolCall {
-                index,
-                id,
-                name,
-                arguments,
-            } => writer.tool_call(index, id.as_deref(), name.as_deref(), &arguments),
-        }
-    }
-
-    fn end(&mut self, answer: Result<Answer, PassthroughError>) -> String {
-        match answer {
-            Ok(answer) => self.0.finish(&stop_reason(&answer), answer.usage),
-            Err(error) => self.0.fail(&error.to_string()),
-        }
-    }
 }
 
 /// `POST /v1/messages/count_tokens`: the tokens of the request's system prompt, messages

@@ -18,16 +18,15 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use contexture_core::Message;
-use contexture_core::format::responses;
 use contexture_core::format::responses_answer::{ResponseStatus, listed_item};
 use contexture_core::format::responses_stream::ResponseStream;
+use contexture_core::format::{AnswerPieces, responses};
 use contexture_core::thread::RequestOutcome;
 use contexture_engine::chat::{ChatError, RecordedTurn, TurnInput};
 use contexture_engine::chat_service::{TurnAnswer, TurnError, TurnPlace, TurnRequest};
 use contexture_engine::fitting::FitError;
-use contexture_llm::StreamDelta;
 use contexture_llm::passthrough::{
-    Answer, AnswerAccumulator, PassthroughError, UpstreamBody, UpstreamResponse, UpstreamStream,
+    AnswerAccumulator, PassthroughError, UpstreamBody, UpstreamResponse, UpstreamStream,
 };
 use serde_json::{Value, json};
 
@@ -40,7 +39,7 @@ use crate::routes::conversations::{ItemsQuery, items_page};
 use crate::routes::responses_call::{
     ResponseFacts, ResponseId, ResponsesCall, continued_by_items, id_seed, new_token, no_response,
 };
-use crate::routes::translation::{StreamWriter, translated_stream};
+use crate::routes::translation::{answer_to_write, translated_stream};
 use crate::tenant_store::TenantStore;
 
 /// `POST /v1/responses`: read, run as the engine's chat turn, written as a response.
@@ -217,14 +216,9 @@ async fn answer_response(
     place: TurnPlace,
     stream: bool,
 ) -> ApiResult<Response> {
-    if !response.is_success() {
-        let status = response.status;
-        let body = response.body.collect().await.unwrap_or_default();
-        return Err(ApiError::upstream_refusal(status, &body));
-    }
-    let format = response.format;
+    let (format, body) = answer_to_write(response).await?;
     let summary = place.summary;
-    match response.body {
+    match body {
         UpstreamBody::Full(bytes) => {
             let object = match AnswerAccumulator::from_body(format, &bytes) {
                 Ok(answer) => facts.object(
@@ -343,43 +337,20 @@ fn translated(
     translated_stream(
         upstream,
         accumulator,
-        ResponsesWriter { facts, writer },
+        writer,
         first,
+        move |writer, answer| {
+            let header = facts.header();
+            match answer {
+                Ok(answer) => writer.finish(
+                    &header,
+                    &ResponseStatus::from_finish_reason(answer.finish_reason.as_deref()),
+                    answer.usage,
+                ),
+                Err(error) => writer.finish(&header, &failed(&error), None),
+            }
+        },
     )
-}
-
-/// The Responses events of a response's stream.
-struct ResponsesWriter {
-    facts: ResponseFacts,
-    writer: ResponseStream,
-}
-
-impl StreamWriter for ResponsesWriter {
-    fn delta(&mut self, delta: StreamDelta) -> String {
-        let writer = &mut self.writer;
-        match delta {
-            StreamDelta::Text(text) => writer.text(&text),
-            StreamDelta::Reasoning(text) => writer.reasoning(&text),
-            StreamDelta::ToolCall {
-                index,
-                id,
-                name,
-                arguments,
-            } => writer.tool_call(index, id.as_deref(), name.as_deref(), &arguments),
-        }
-    }
-
-    fn end(&mut self, answer: Result<Answer, PassthroughError>) -> String {
-        let header = self.facts.header();
-        match answer {
-            Ok(answer) => self.writer.finish(
-                &header,
-                &ResponseStatus::from_finish_reason(answer.finish_reason.as_deref()),
-                answer.usage,
-            ),
-            Err(error) => self.writer.finish(&header, &failed(&error), None),
-        }
-    }
 }
 
 /// `GET /v1/responses/{id}`: a stored response as it was answered (or, while its call is
