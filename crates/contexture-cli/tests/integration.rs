@@ -10,6 +10,7 @@ mod real_model;
 mod run_cli;
 mod serve_agents_sdk;
 mod serve_anthropic_sdk;
+mod serve_anthropic_tool_loop;
 mod serve_responses_sdk;
 mod serve_schemathesis;
 mod serve_sdk;

@@ -9,6 +9,7 @@
 //!   (last, first, head+tail) with hysteresis, pinned messages and the system prompt kept.
 //! - [`clear_tool_results`] replaces old tool results with placeholders, and
 //!   [`truncate_tool_results`] cuts oversized ones to their start and end.
+//! - [`clear_thinking`] leaves the reasoning of older assistant turns out.
 //! - [`FitPolicy`] holds all of those choices, as workflows, chat threads and the command
 //!   line set them.
 //!
@@ -20,20 +21,22 @@ pub mod policy;
 pub mod repair;
 pub mod shrink;
 pub mod system_role;
+pub mod thinking;
 pub mod trim;
 pub mod truncate;
 pub mod units;
 pub mod validate;
 
 pub use clear::{
-    Carried, ClearOptions, ClearPolicy, ClearTrigger, Cleared, ClearedResult, Replacements,
-    carry_cleared, clear_tool_results, clear_tool_results_with, cleared_placeholder,
+    Carried, ClearInputs, ClearOptions, ClearPolicy, ClearTrigger, Cleared, ClearedResult,
+    Replacements, carry_cleared, clear_tool_results, clear_tool_results_with, cleared_placeholder,
     is_cleared_placeholder,
 };
 pub use policy::FitPolicy;
 pub use repair::{RepairChange, cancelled_result_text, repair};
 pub use shrink::{CutMemory, HistoryCut, Hysteresis, RequestParts, ShrinkPolicy, Shrunk, shrink};
 pub use system_role::{SystemRole, UnknownSystemRole, place_system_prompt};
+pub use thinking::{ClearedThinking, ThinkingPolicy, clear_thinking, reasoning_turns};
 pub use trim::{
     MARKER_TAG, Strategy, TrimError, TrimOptions, Trimmed, UnknownStrategy, marker_message, trim,
 };

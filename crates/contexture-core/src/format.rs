@@ -28,6 +28,7 @@
 
 pub mod anthropic;
 pub mod anthropic_answer;
+pub mod anthropic_edits;
 pub mod anthropic_request;
 pub mod openai;
 pub mod openai_completion;

@@ -391,7 +391,7 @@ proptest! {
             keep_tool_uses: keep,
             clear_at_least: at_least,
             exclude_tools: if exclude_search { vec!["search".into()] } else { vec![] },
-            clear_arguments,
+            clear_arguments: clear_arguments.into(),
             tools_tokens: 0,
         };
         let cleared = clear_tool_results(&input, &options, &COUNTER);

@@ -2,7 +2,7 @@
 //! setting, its rendered output an insta snapshot (`snapshots/fit_table__*.snap`).
 
 use contexture_core::fit::{
-    ClearOptions, ClearTrigger, Rules, Strategy, TrimError, TrimOptions, Trimmed,
+    ClearInputs, ClearOptions, ClearTrigger, Rules, Strategy, TrimError, TrimOptions, Trimmed,
     clear_tool_results, trim, validate,
 };
 use contexture_core::{Content, Encoding, Message, Part, Role, TokenCounter, ToolCall};
@@ -378,7 +378,15 @@ fn each_clear_option_is_pinned_by_a_snapshot() {
             "clear_arguments",
             ClearOptions {
                 keep_tool_uses: 1,
-                clear_arguments: true,
+                clear_arguments: true.into(),
+                ..ClearOptions::default()
+            },
+        ),
+        (
+            "clear_arguments_of_search_only",
+            ClearOptions {
+                keep_tool_uses: 0,
+                clear_arguments: ClearInputs::Tools(vec!["search".into()]),
                 ..ClearOptions::default()
             },
         ),

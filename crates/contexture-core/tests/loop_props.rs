@@ -7,8 +7,8 @@
 //! again with the same memory gives the same request.
 
 use contexture_core::fit::{
-    ClearPolicy, CutMemory, Hysteresis, RequestParts, Rules, ShrinkPolicy, TruncatePolicy,
-    is_cleared_placeholder, shrink, validate,
+    ClearInputs, ClearPolicy, CutMemory, Hysteresis, RequestParts, Rules, ShrinkPolicy,
+    TruncatePolicy, is_cleared_placeholder, shrink, validate,
 };
 use contexture_core::{Encoding, Message, Role, TokenCounter, ToolCall};
 use proptest::prelude::*;
@@ -70,15 +70,23 @@ proptest! {
         earlier in 0usize..30,
         limit in 1_500u32..12_000,
         trigger_share in 0.3f64..0.9,
+        // A token trigger, a tool-use trigger, or both.
+        triggers in (any::<bool>(), prop::option::of(0usize..12))
+            .prop_filter("one trigger at least", |(tokens, uses)| *tokens || uses.is_some()),
         keep in 0usize..4,
         at_least in prop::option::of(0u64..3_000),
         exclude in prop::option::of(0..TOOLS.len()),
-        clear_inputs in any::<bool>(),
+        clear_inputs in prop_oneof![
+            any::<bool>().prop_map(ClearInputs::from),
+            prop::sample::subsequence(TOOLS.to_vec(), 0..=TOOLS.len())
+                .prop_map(|tools| ClearInputs::Tools(tools.into_iter().map(String::from).collect())),
+        ],
         truncate in prop::option::of(100u32..2_000),
         marks in prop::option::of((0.5f64..1.0, 0.1f64..0.5)),
     ) {
         let clear = ClearPolicy {
-            trigger_tokens: (f64::from(limit) * trigger_share) as u64,
+            trigger_tokens: triggers.0.then_some((f64::from(limit) * trigger_share) as u64),
+            trigger_tool_uses: triggers.1,
             keep,
             clear_at_least: at_least.filter(|n| *n > 0),
             exclude_tools: exclude.map(|t| vec![TOOLS[t].to_string()]).unwrap_or_default(),

@@ -57,11 +57,12 @@ fn loop_fit(c: &mut Criterion) {
         reserve_output: Some(1_000),
     };
     let clear = ClearPolicy {
-        trigger_tokens: 9_000,
+        trigger_tokens: Some(9_000),
+        trigger_tool_uses: None,
         keep: 3,
         clear_at_least: Some(2_000),
         exclude_tools: Vec::new(),
-        clear_inputs: true,
+        clear_inputs: true.into(),
     };
     let hysteresis = Hysteresis {
         high: 0.9,
@@ -81,6 +82,7 @@ fn loop_fit(c: &mut Criterion) {
         clear: Some(&clear),
         truncate: None,
         hysteresis: Some(&hysteresis),
+        thinking: None,
         shape: None,
     };
     let system = Message::system("You are a research agent. Use the search tool.");

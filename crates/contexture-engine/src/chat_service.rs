@@ -23,6 +23,7 @@ use contexture_core::compact::CompactionPolicy;
 use contexture_core::fit::FitPolicy;
 use contexture_core::message::Message;
 use contexture_core::registry::Registry;
+use contexture_core::thread::FitRecord;
 use contexture_llm::Upstreams;
 use contexture_llm::passthrough::{
     PassthroughError, UpstreamBody, UpstreamResponse, record_stream,
@@ -168,6 +169,8 @@ pub struct TurnPlace {
     pub branched_after: Option<u64>,
     /// The messages a compaction of the turn put in the place of the history it covered.
     pub summary: Option<Vec<Message>>,
+    /// What fitting did to the request sent (what it left out, cleared, truncated).
+    pub fit: Box<FitRecord>,
 }
 
 /// What a chat service tells its operator about each turn (metrics, logs).
@@ -548,6 +551,7 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
                 request_seq: None,
                 branched_after: None,
                 summary: None,
+                fit: Box::new(fitted.fit),
             },
         })
     }
@@ -620,6 +624,7 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             request_seq: Some(prepared.request_seq),
             branched_after,
             summary: prepared.summary.clone(),
+            fit: Box::new(prepared.fitted.fit.clone()),
         };
         self.send_and_record(&call, &prepared.fitted.messages, recorder)
             .await

@@ -11,9 +11,10 @@
 use contexture_core::budget::{BudgetBreakdown, BudgetError, BudgetPolicy, Limits};
 use contexture_core::fit::units::last_units_start;
 use contexture_core::fit::{
-    self, ClearPolicy, CutMemory, FitPolicy, Hysteresis, RequestParts, ShrinkPolicy, Strategy,
-    SystemRole, TrimError, TrimOptions, TruncatePolicy, Violation, place_system_prompt, repair,
-    shrink, trim, validate,
+    self, ClearPolicy, ClearedThinking, CutMemory, FitPolicy, Hysteresis, RequestParts,
+    ShrinkPolicy, Strategy, SystemRole, ThinkingPolicy, TrimError, TrimOptions, TruncatePolicy,
+    Violation, clear_thinking, place_system_prompt, reasoning_turns, repair, shrink, trim,
+    validate,
 };
 use contexture_core::registry::{ModelInfo, Registry, RegistryError};
 use contexture_core::thread::{FitRecord, Projection, UnknownContext};
@@ -97,6 +98,8 @@ pub struct FitTarget<'a> {
     pub truncate: Option<&'a TruncatePolicy>,
     /// Cut from a high mark down to a low one, what was cut kept cut in a loop's next calls.
     pub hysteresis: Option<&'a Hysteresis>,
+    /// The reasoning of older assistant turns left out.
+    pub thinking: Option<ThinkingPolicy>,
     /// How the kept history is shaped beyond the strategy (`None`: the defaults).
     pub shape: Option<&'a HistoryShape>,
 }
@@ -191,6 +194,33 @@ pub fn fit_request_in_loop(
     }
     let limits = target.policy.limits(target.model)?;
     let counter = &target.model.counter;
+    let mut history = history;
+    let own_cleared: Vec<Message>;
+    let (own, cleared_thinking) = match target.thinking {
+        Some(policy) => {
+            // The newest turns are the request's own: the history keeps what they leave.
+            let in_own = reasoning_turns(own);
+            let mut cleared = clear_thinking(
+                &mut history,
+                ThinkingPolicy {
+                    keep_turns: policy.keep_turns.saturating_sub(in_own),
+                },
+                counter,
+            );
+            let own = if in_own > policy.keep_turns {
+                let mut copy = own.to_vec();
+                let more = clear_thinking(&mut copy, policy, counter);
+                cleared.turns += more.turns;
+                cleared.tokens += more.tokens;
+                own_cleared = copy;
+                &own_cleared[..]
+            } else {
+                own
+            };
+            (own, (!cleared.is_empty()).then_some(cleared))
+        }
+        None => (own, None),
+    };
     let tools_tokens = counter.count_tools(target.tools);
     let system_role = target.model.system_role;
     // A model that reads its system prompt in both places gets it twice: the second copy
@@ -356,6 +386,12 @@ pub fn fit_request_in_loop(
             if cleared.len() == 1 { "" } else { "s" },
         ));
     }
+    if let Some(ClearedThinking { turns, tokens }) = cleared_thinking {
+        reasons.push(format!(
+            "the reasoning of {turns} older assistant turn{} left out ({tokens} tokens freed)",
+            if turns == 1 { "" } else { "s" },
+        ));
+    }
     let changes = repairs.len() + trimmed.repairs.len() + joined.len();
     if changes > 0 {
         reasons.push(repairs_reason(changes, target.rules));
@@ -370,6 +406,7 @@ pub fn fit_request_in_loop(
         reason: (!reasons.is_empty()).then(|| reasons.join("; ")),
         cleared,
         truncated,
+        cleared_thinking,
         prefix: None,
     };
     let trim = TrimSummary {
@@ -461,6 +498,7 @@ fn unfitted_request(
         reason: Some(reasons.join("; ")),
         cleared: Vec::new(),
         truncated: Vec::new(),
+        cleared_thinking: None,
         prefix: None,
     };
     Ok(FittedRequest {
@@ -535,6 +573,19 @@ pub struct FitOverrides {
     /// `false` turns fitting off for the request: the history goes as it is, and a request
     /// over the window is refused ([`FitPolicy::enabled`]).
     pub enabled: Option<bool>,
+    /// The context edits the request named, in place of the policy's clearing.
+    pub edits: Option<RequestEdits>,
+}
+
+/// The context edits one request names (Anthropic's `context_management.edits`): they take
+/// the place of the policy's clearing of tool results and of reasoning, each with what it
+/// holds, none when it holds none.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RequestEdits {
+    /// Old tool results cleared.
+    pub clear_tool_results: Option<ClearPolicy>,
+    /// The reasoning of older assistant turns left out.
+    pub clear_thinking: Option<ThinkingPolicy>,
 }
 
 /// Why fit settings cannot be made.
@@ -617,6 +668,7 @@ impl FitSettings {
             clear: self.policy.clear_tool_results.as_ref(),
             truncate: self.policy.truncate_tool_results.as_ref(),
             hysteresis: self.policy.hysteresis.as_ref(),
+            thinking: self.policy.clear_thinking,
             shape: Some(&self.overrides.shape),
         }
     }
@@ -821,6 +873,10 @@ fn resolve(
     }
     if let Some(enabled) = overrides.enabled {
         policy.enabled = enabled;
+    }
+    if let Some(edits) = &overrides.edits {
+        policy.clear_tool_results = edits.clear_tool_results.clone();
+        policy.clear_thinking = edits.clear_thinking;
     }
     let model = match window {
         WindowRule::AtMost => policy.model_at_most(model.clone()),
@@ -1080,6 +1136,7 @@ mod tests {
                 clear: None,
                 truncate: None,
                 hysteresis: None,
+                thinking: None,
                 shape: None,
             };
             let fitted = fit_request(None, history.clone(), &own, &target).unwrap();

@@ -191,6 +191,7 @@ fn every_placement_follows_every_providers_rules() {
                 clear: None,
                 truncate: None,
                 hysteresis: None,
+                thinking: None,
                 shape: None,
             };
             let fitted = fit_request(Some(&system), history.clone(), &[], &target).unwrap();

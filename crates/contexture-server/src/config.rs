@@ -931,6 +931,34 @@ mod tests {
         assert_eq!(policy.reserve, Some(1_000));
         assert_eq!(policy.clear_tool_results.as_ref().unwrap().keep, 3);
         assert_eq!(policy.truncate_tool_results.unwrap().max_tokens, 4_000);
+        let text = "[context]\nclear_tool_results = { trigger_tool_uses = 12, clear_inputs = [\"search\"] }\n\
+                    clear_thinking = { keep_turns = 2 }\n";
+        let config = ServerConfig::parse(text, Path::new("c.toml")).unwrap();
+        config.check().unwrap();
+        let clear = config.fit.clear_tool_results.as_ref().unwrap();
+        assert_eq!(
+            (clear.trigger_tokens, clear.trigger_tool_uses, clear.keep),
+            (None, Some(12), 3)
+        );
+        assert_eq!(
+            clear.clear_inputs,
+            contexture_core::fit::ClearInputs::Tools(vec!["search".into()])
+        );
+        assert_eq!(config.fit.clear_thinking.unwrap().keep_turns, 2);
+        let config = ServerConfig::parse(
+            "[context]\nclear_tool_results = { keep = 2 }\n",
+            Path::new("c.toml"),
+        )
+        .unwrap();
+        match config.check() {
+            Err(ConfigError::Invalid { problem, .. }) => {
+                assert!(
+                    problem.starts_with("clear_tool_results.trigger_tokens: set trigger_tokens"),
+                    "{problem}"
+                );
+            }
+            other => panic!("not refused: {other:?}"),
+        }
         let error = ServerConfig::parse("[context]\nwindw = 1\n", Path::new("c.toml"))
             .unwrap_err()
             .to_string();

@@ -6,6 +6,7 @@ mod api;
 mod architecture;
 mod chat;
 mod common;
+mod context_editing;
 mod doors;
 mod executions;
 mod hostile;

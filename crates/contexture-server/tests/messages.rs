@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use crate::responses::events;
 
 /// A server over `openai`, its `claude-*` models routed to `anthropic` when given.
-async fn server(
+pub(crate) async fn server(
     openai: &FakeUpstream,
     anthropic: Option<&FakeUpstream>,
 ) -> (TempDir, TestServer, String) {
@@ -40,7 +40,7 @@ async fn server(
 }
 
 /// A `POST /v1/messages` with the key as `x-api-key`, as Anthropic's SDKs send it.
-async fn post(
+pub(crate) async fn post(
     server: &TestServer,
     key: &str,
     headers: &[(&str, &str)],
@@ -57,14 +57,14 @@ async fn post(
     request.send().await.unwrap()
 }
 
-async fn message(server: &TestServer, key: &str, body: Value) -> (StatusCode, Value) {
+pub(crate) async fn message(server: &TestServer, key: &str, body: Value) -> (StatusCode, Value) {
     let response = post(server, key, &[], body).await;
     let status = response.status();
     (status, response.json().await.unwrap_or(Value::Null))
 }
 
 /// The text of a message's text blocks.
-fn text(message: &Value) -> String {
+pub(crate) fn text(message: &Value) -> String {
     message["content"]
         .as_array()
         .unwrap_or_else(|| panic!("no content: {message}"))
@@ -292,8 +292,14 @@ async fn errors_have_anthropics_shape_and_name_the_field() {
         ),
         (
             json!({"model": "m", "max_tokens": 5, "messages": [],
-                   "context_management": {"edits": []}}),
-            "context_management",
+                   "context_management": {"edits": [{"type": "clear_everything"}]}}),
+            "context_management.edits[0].type: `clear_everything` is not a context edit",
+        ),
+        (
+            json!({"model": "m", "max_tokens": 5, "messages": [],
+                   "context_management": {"edits": [{"type": "clear_tool_uses_20250919",
+                                                     "keep": {"type": "tool_uses", "value": "3"}}]}}),
+            "context_management.edits[0].keep.value",
         ),
         (
             json!({"model": "m", "max_tokens": 5, "messages": [],

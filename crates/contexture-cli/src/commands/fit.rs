@@ -345,11 +345,12 @@ fn policy_of(args: &FitArgs) -> Result<FitPolicy> {
         policy.clear_tool_results = Some(ClearPolicy {
             // Without a trigger, every result but the newest `keep` is cleared: a request
             // of one token is past it.
-            trigger_tokens: args.clear_trigger_tokens.unwrap_or(1),
+            trigger_tokens: Some(args.clear_trigger_tokens.unwrap_or(1)),
+            trigger_tool_uses: None,
             keep,
             clear_at_least: args.clear_at_least,
             exclude_tools: args.clear_exclude.clone(),
-            clear_inputs: args.clear_arguments,
+            clear_inputs: args.clear_arguments.into(),
         });
     }
     if let Some((field, problem)) = policy.problems().into_iter().next() {

@@ -37,8 +37,9 @@ pub struct ClearOptions {
     pub clear_at_least: Option<u64>,
     /// Tools whose results are never cleared.
     pub exclude_tools: Vec<String>,
-    /// Also replace the cleared calls' arguments with `{}`.
-    pub clear_arguments: bool,
+    /// Also replace the cleared calls' arguments with `{}` (every tool's, or the listed
+    /// tools').
+    pub clear_arguments: ClearInputs,
     /// Tokens of the tool schemas, for [`ClearTrigger::Tokens`].
     pub tools_tokens: u32,
 }
@@ -52,32 +53,80 @@ impl Default for ClearOptions {
             keep_tool_uses: 3,
             clear_at_least: None,
             exclude_tools: Vec::new(),
-            clear_arguments: false,
+            clear_arguments: ClearInputs::default(),
             tools_tokens: 0,
         }
     }
 }
 
+/// Whose cleared calls also lose their inputs (arguments): `true` every tool's, `false`
+/// none (the default), or a list of the tools whose inputs go.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ClearInputs {
+    /// Every cleared call's inputs (`true`), or none (`false`).
+    All(bool),
+    /// The inputs of the cleared calls of these tools.
+    Tools(Vec<String>),
+}
+
+impl Default for ClearInputs {
+    fn default() -> Self {
+        ClearInputs::All(false)
+    }
+}
+
+impl From<bool> for ClearInputs {
+    fn from(all: bool) -> Self {
+        ClearInputs::All(all)
+    }
+}
+
+impl ClearInputs {
+    /// True when a cleared call of `tool` loses its inputs.
+    pub fn of(&self, tool: &str) -> bool {
+        match self {
+            ClearInputs::All(all) => *all,
+            ClearInputs::Tools(tools) => tools.iter().any(|listed| listed == tool),
+        }
+    }
+
+    /// True when no call loses its inputs.
+    pub fn is_none(&self) -> bool {
+        match self {
+            ClearInputs::All(all) => !*all,
+            ClearInputs::Tools(tools) => tools.is_empty(),
+        }
+    }
+}
+
 /// When and how a request's old tool results are cleared (`clear_tool_results:` of an
-/// assistant's context, or of a chat thread's policy).
+/// assistant's context, or of a chat thread's policy). Clearing starts once the request
+/// passes `trigger_tokens` or its history holds more than `trigger_tool_uses` tool uses
+/// (whichever is set; with both, whichever is passed first).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClearPolicy {
     /// Clear once the request (messages and tool schemas) is over this many tokens.
-    pub trigger_tokens: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger_tokens: Option<u64>,
+    /// Clear once the request holds more than this many tool uses (calls).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger_tool_uses: Option<usize>,
     /// How many of the most recent tool uses keep their results (default 3).
     #[serde(default = "default_keep")]
     pub keep: usize,
     /// Each time, clear at least this many tokens, oldest results first, and go on until
-    /// the request is back under the trigger (default: clear every older result).
+    /// the request is back under the token trigger (default: clear every older result).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clear_at_least: Option<u64>,
     /// Tools whose results are never cleared.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exclude_tools: Vec<String>,
-    /// Also replace the cleared calls' inputs (their arguments) with `{}`.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub clear_inputs: bool,
+    /// Also replace the cleared calls' inputs (their arguments) with `{}`: `true` for every
+    /// tool, or a list of tools.
+    #[serde(default, skip_serializing_if = "ClearInputs::is_none")]
+    pub clear_inputs: ClearInputs,
 }
 
 fn default_keep() -> usize {
@@ -85,25 +134,63 @@ fn default_keep() -> usize {
 }
 
 impl ClearPolicy {
+    /// Clearing once a request passes `tokens`, with the default settings otherwise (keep
+    /// the 3 newest tool uses, clear every older result, no tool excluded, inputs kept).
+    pub fn past_tokens(tokens: u64) -> ClearPolicy {
+        ClearPolicy {
+            trigger_tokens: Some(tokens),
+            trigger_tool_uses: None,
+            keep: default_keep(),
+            clear_at_least: None,
+            exclude_tools: Vec::new(),
+            clear_inputs: ClearInputs::default(),
+        }
+    }
+
     /// The clearing options of a request whose tool schemas take `tools_tokens`.
     pub fn options(&self, tools_tokens: u32) -> ClearOptions {
+        let trigger = match (self.trigger_tokens, self.trigger_tool_uses) {
+            (_, Some(uses)) if self.trigger_tokens.is_none() => ClearTrigger::ToolUses(uses),
+            (Some(tokens), _) => ClearTrigger::Tokens(tokens),
+            (None, _) => ClearTrigger::Always,
+        };
         ClearOptions {
-            trigger: ClearTrigger::Tokens(self.trigger_tokens),
+            trigger,
             keep_tool_uses: self.keep,
             clear_at_least: self.clear_at_least,
             exclude_tools: self.exclude_tools.clone(),
-            clear_arguments: self.clear_inputs,
+            clear_arguments: self.clear_inputs.clone(),
             tools_tokens,
         }
+    }
+
+    /// True when a request of `tokens` tokens holding `tool_uses` tool uses passes a
+    /// trigger.
+    pub fn fires(&self, tokens: u64, tool_uses: usize) -> bool {
+        self.trigger_tokens.is_some_and(|limit| tokens > limit)
+            || self
+                .trigger_tool_uses
+                .is_some_and(|limit| tool_uses > limit)
+    }
+
+    /// The token trigger, or no limit when clearing is set off by tool uses alone.
+    pub fn token_trigger(&self) -> u64 {
+        self.trigger_tokens.unwrap_or(u64::MAX)
     }
 
     /// What is wrong with the policy, as `(field, problem)` pairs.
     pub fn problems(&self) -> Vec<(&'static str, String)> {
         let mut problems = Vec::new();
-        if self.trigger_tokens == 0 {
+        if self.trigger_tokens == Some(0) {
             problems.push((
                 "trigger_tokens",
                 "must be at least 1 (the request's tokens past which results are cleared)".into(),
+            ));
+        }
+        if self.trigger_tokens.is_none() && self.trigger_tool_uses.is_none() {
+            problems.push((
+                "trigger_tokens",
+                "set trigger_tokens (the request's tokens past which results are cleared) or trigger_tool_uses (the tool uses past which they are)".into(),
             ));
         }
         if self.clear_at_least == Some(0) {
@@ -118,6 +205,11 @@ impl ClearPolicy {
             .find(|tool| tool.trim().is_empty())
         {
             problems.push(("exclude_tools", format!("`{blank}` is not a tool name")));
+        }
+        if let ClearInputs::Tools(tools) = &self.clear_inputs
+            && let Some(blank) = tools.iter().find(|tool| tool.trim().is_empty())
+        {
+            problems.push(("clear_inputs", format!("`{blank}` is not a tool name")));
         }
         problems
     }
@@ -287,7 +379,7 @@ pub fn clear_tool_results_with(
             continue;
         }
         out[result_index] = replacement;
-        if options.clear_arguments
+        if options.clear_arguments.of(&tool)
             && *out[tool_use.assistant].tool_calls[tool_use.call].arguments != *"{}"
         {
             let assistant = &out[tool_use.assistant];
@@ -348,7 +440,7 @@ pub fn carry_cleared<'a>(
     messages: impl IntoIterator<Item = &'a Message>,
     carried: &FxHashSet<Arc<str>>,
     replacements: &Replacements,
-    clear_arguments: bool,
+    clear_arguments: &ClearInputs,
 ) -> Carried {
     let messages = messages.into_iter();
     let mut out: Vec<Message> = Vec::with_capacity(messages.size_hint().0);
@@ -367,8 +459,8 @@ pub fn carry_cleared<'a>(
                 turn_clearable = message.tool_calls.len() == 1 && !message.is_pinned();
                 turn_saved = 0;
                 let made = match turn.first() {
-                    Some((id, _))
-                        if clear_arguments
+                    Some((id, tool))
+                        if clear_arguments.of(tool)
                             && turn_clearable
                             && carried.contains(&***id)
                             && *message.tool_calls[0].arguments != *"{}" =>
@@ -446,6 +538,15 @@ pub struct Carried {
     /// yet, a turn of several calls, or one kept for a reason clearing checks): it is for
     /// [`clear_tool_results_with`] to clear. False, nothing carried is left to clear.
     pub left: bool,
+}
+
+/// How many tool uses (calls) `messages` hold.
+pub(crate) fn tool_use_count(messages: &[Message]) -> usize {
+    messages
+        .iter()
+        .filter(|message| message.role == Role::Assistant)
+        .map(|message| message.tool_calls.len())
+        .sum()
 }
 
 /// Every tool call in order, with the index of its result in the tool results right after

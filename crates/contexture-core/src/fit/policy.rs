@@ -9,6 +9,7 @@ use crate::budget::BudgetPolicy;
 use crate::fit::clear::ClearPolicy;
 use crate::fit::shrink::Hysteresis;
 use crate::fit::system_role::SystemRole;
+use crate::fit::thinking::ThinkingPolicy;
 use crate::fit::trim::Strategy;
 use crate::fit::truncate::TruncatePolicy;
 use crate::registry::ModelInfo;
@@ -59,6 +60,13 @@ pub struct FitPolicy {
         deserialize_with = "crate::map_only::optional"
     )]
     pub hysteresis: Option<Hysteresis>,
+    /// The reasoning ("thinking") of all but the newest `keep_turns` assistant turns that
+    /// hold some left out of requests; default: every turn keeps its reasoning.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::map_only::optional"
+    )]
+    pub clear_thinking: Option<ThinkingPolicy>,
     /// Where the model reads its system prompt, in place of the registry's: `native`, `user`
     /// (sent as the first user message, for providers that ignore the system role) or
     /// `both`; default: the registry's.
@@ -77,6 +85,7 @@ impl Default for FitPolicy {
             clear_tool_results: None,
             truncate_tool_results: None,
             hysteresis: None,
+            clear_thinking: None,
             system_role: None,
         }
     }
@@ -164,14 +173,13 @@ impl FitPolicy {
             for (field, problem) in clear.problems() {
                 problems.push((format!("clear_tool_results.{field}"), problem));
             }
-            if let Some(window) = self.window
-                && clear.trigger_tokens >= u64::from(window)
+            if let (Some(window), Some(trigger)) = (self.window, clear.trigger_tokens)
+                && trigger >= u64::from(window)
             {
                 problems.push((
                     "clear_tool_results.trigger_tokens".into(),
                     format!(
-                        "trigger_tokens ({}) is not below the window ({window}): results would never be cleared",
-                        clear.trigger_tokens
+                        "trigger_tokens ({trigger}) is not below the window ({window}): results would never be cleared"
                     ),
                 ));
             }
@@ -223,6 +231,7 @@ impl FitPolicy {
                     self.truncate_tool_results.is_some(),
                 ),
                 ("hysteresis", self.hysteresis.is_some()),
+                ("clear_thinking", self.clear_thinking.is_some()),
             ] {
                 if set {
                     problems.push((

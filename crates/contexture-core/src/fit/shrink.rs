@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::fit::clear::{
     Carried, ClearPolicy, ClearedResult, Replacements, carry_cleared, clear_tool_results_with,
-    request_tokens,
+    request_tokens, tool_use_count,
 };
 use crate::fit::truncate::{TruncatePolicy, TruncatedResult, truncate_tool_results};
 use crate::fit::units::units;
@@ -182,7 +182,7 @@ pub fn shrink(
             system.into_iter().chain(&history[dropped..]).chain(own),
             &memory.cleared,
             &memory.replacements,
-            clear.clear_inputs,
+            &clear.clear_inputs,
         ),
         _ => Carried {
             messages: assemble(dropped),
@@ -215,18 +215,24 @@ pub fn shrink(
             cleared.sort_by_key(|result| result.index);
         }
         let total = tokens(&all);
+        let trigger = clear.token_trigger();
+        let uses = tool_use_count(&all);
         // The first cut of a loop comes past the trigger; under hysteresis, the next ones
-        // only past the high mark, so that the calls between share their prefix.
+        // only past the high mark, so that the calls between share their prefix. A
+        // tool-use trigger is passed whatever the marks.
         let fire = match high {
-            Some(high) if cut_before => total > high.max(clear.trigger_tokens),
-            Some(high) => total > high.min(clear.trigger_tokens),
-            None => total > clear.trigger_tokens,
+            Some(high) if cut_before => {
+                total > high.max(trigger) || clear.fires(0, uses) && total > high
+            }
+            Some(high) => total > high.min(trigger) || clear.fires(0, uses),
+            None => clear.fires(total, uses),
         };
         // Under hysteresis, down to the low mark (or the trigger, when lower); else to the
-        // trigger, or every older result when no least amount is set.
+        // token trigger, or every older result when no least amount (or no token trigger)
+        // is set.
         let stop_below = match low {
-            Some(low) => Some(low.min(clear.trigger_tokens)),
-            None => clear.clear_at_least.map(|_| clear.trigger_tokens),
+            Some(low) => Some(low.min(trigger)),
+            None => clear.clear_at_least.and(clear.trigger_tokens),
         };
         if fire {
             let more = clear_tool_results_with(
@@ -362,11 +368,12 @@ mod tests {
     #[test]
     fn hysteresis_cuts_down_to_the_low_mark_and_the_next_calls_keep_the_cut() {
         let clear = ClearPolicy {
-            trigger_tokens: 3_000,
+            trigger_tokens: Some(3_000),
+            trigger_tool_uses: None,
             keep: 1,
             clear_at_least: Some(400),
             exclude_tools: Vec::new(),
-            clear_inputs: false,
+            clear_inputs: false.into(),
         };
         let hysteresis = Hysteresis {
             high: 0.9,

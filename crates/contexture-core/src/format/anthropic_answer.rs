@@ -27,6 +27,9 @@ pub struct MessageAnswer<'a> {
     pub stop_reason: &'a str,
     /// Its tokens, when known.
     pub usage: Option<Usage>,
+    /// What the request's context edits did (`{"applied_edits": [...]}`), when it named
+    /// any.
+    pub context_management: Option<&'a Value>,
 }
 
 /// A finish reason in Anthropic's words (`stop_reason`): OpenAI's `stop` is `end_turn`,
@@ -63,7 +66,7 @@ fn usage_value(usage: Option<Usage>) -> Value {
 
 /// The answer as a `message` object.
 pub fn message_object(answer: &MessageAnswer<'_>) -> Value {
-    json!({
+    let mut object = json!({
         "id": answer.id,
         "type": "message",
         "role": "assistant",
@@ -72,7 +75,11 @@ pub fn message_object(answer: &MessageAnswer<'_>) -> Value {
         "stop_reason": answer.stop_reason,
         "stop_sequence": null,
         "usage": usage_value(answer.usage),
-    })
+    });
+    if let Some(management) = answer.context_management {
+        object["context_management"] = management.clone();
+    }
+    object
 }
 
 /// The answer as the text of an event stream, its blocks each whole (a stored answer
@@ -83,7 +90,7 @@ pub fn message_stream(answer: &MessageAnswer<'_>) -> String {
     for block in content_blocks(answer.message) {
         out.push_str(&stream.whole_block(block));
     }
-    out.push_str(&stream.finish(answer.stop_reason, answer.usage));
+    out.push_str(&stream.finish(answer.stop_reason, answer.usage, answer.context_management));
     out
 }
 
@@ -211,15 +218,22 @@ impl MessageStream {
     }
 
     /// The last events: the open block's stop, `message_delta` with the stop reason (in
-    /// Anthropic's words) and the output tokens, `message_stop`.
-    pub fn finish(&mut self, stop_reason: &str, usage: Option<Usage>) -> String {
+    /// Anthropic's words), the output tokens and what the request's context edits did
+    /// (when it named any), `message_stop`.
+    pub fn finish(
+        &mut self,
+        stop_reason: &str,
+        usage: Option<Usage>,
+        context_management: Option<&Value>,
+    ) -> String {
         let mut out = self.close();
-        out.push_str(&Self::event(
-            "message_delta",
-            &json!({"type": "message_delta",
-                    "delta": {"stop_reason": stop_reason, "stop_sequence": null},
-                    "usage": {"output_tokens": usage.map_or(0, |usage| usage.output_tokens)}}),
-        ));
+        let mut delta = json!({"type": "message_delta",
+                "delta": {"stop_reason": stop_reason, "stop_sequence": null},
+                "usage": {"output_tokens": usage.map_or(0, |usage| usage.output_tokens)}});
+        if let Some(management) = context_management {
+            delta["context_management"] = management.clone();
+        }
+        out.push_str(&Self::event("message_delta", &delta));
         out.push_str(&Self::event(
             "message_stop",
             &json!({"type": "message_stop"}),
@@ -234,6 +248,81 @@ impl MessageStream {
             "error",
             &json!({"type": "error", "error": {"type": "api_error", "message": message}}),
         )
+    }
+}
+
+/// `body`, a whole `message` object as an Anthropic upstream wrote it, with
+/// `context_management` set to `management`; every other field as it came. `None` when the
+/// body is not a JSON object.
+pub fn with_context_management(body: &[u8], management: &Value) -> Option<Vec<u8>> {
+    let mut object: serde_json::Map<String, Value> = serde_json::from_slice(body).ok()?;
+    object.insert("context_management".into(), management.clone());
+    serde_json::to_vec(&object).ok()
+}
+
+/// Sets `context_management` in the `message_delta` event of an Anthropic upstream's
+/// event stream as it passes, every other line kept byte for byte (a thinking block's
+/// signature among them). Fed the stream's chunks however they are cut.
+#[derive(Debug, Clone)]
+pub struct ContextManagementInserter {
+    management: Value,
+    /// The start of a line whose end has not come yet.
+    pending: Vec<u8>,
+}
+
+impl ContextManagementInserter {
+    /// An inserter of `management`.
+    pub fn new(management: Value) -> ContextManagementInserter {
+        ContextManagementInserter {
+            management,
+            pending: Vec::new(),
+        }
+    }
+
+    /// The bytes of `chunk` to pass on: its whole lines (a line whose end has not come
+    /// yet waits for the next chunk).
+    pub fn feed(&mut self, chunk: &[u8]) -> Vec<u8> {
+        self.pending.extend_from_slice(chunk);
+        let Some(last_newline) = self.pending.iter().rposition(|&byte| byte == b'\n') else {
+            return Vec::new();
+        };
+        let rest = self.pending.split_off(last_newline + 1);
+        let lines = std::mem::replace(&mut self.pending, rest);
+        let mut out = Vec::with_capacity(lines.len());
+        for line in lines.split_inclusive(|&byte| byte == b'\n') {
+            out.extend_from_slice(&self.line(line));
+        }
+        out
+    }
+
+    /// What is left at the stream's end (a last line without its newline).
+    pub fn finish(&mut self) -> Vec<u8> {
+        let rest = std::mem::take(&mut self.pending);
+        self.line(&rest)
+    }
+
+    /// `line` as it goes on: a `message_delta` event's data with the field set.
+    fn line(&self, line: &[u8]) -> Vec<u8> {
+        const DELTA: &[u8] = b"message_delta";
+        let Some(data) = line.strip_prefix(b"data:") else {
+            return line.to_vec();
+        };
+        // Only the one event is read: the deltas of a long answer pass unparsed.
+        if !data.windows(DELTA.len()).any(|window| window == DELTA) {
+            return line.to_vec();
+        }
+        let text = String::from_utf8_lossy(data);
+        let trimmed = text.trim_end_matches(['\r', '\n']);
+        let end = &text[trimmed.len()..];
+        let Ok(Value::Object(mut event)) = serde_json::from_str::<Value>(trimmed.trim_start())
+        else {
+            return line.to_vec();
+        };
+        if event.get("type").and_then(Value::as_str) != Some("message_delta") {
+            return line.to_vec();
+        }
+        event.insert("context_management".into(), self.management.clone());
+        format!("data: {}{end}", Value::Object(event)).into_bytes()
     }
 }
 
@@ -309,12 +398,42 @@ mod tests {
             message: &message,
             stop_reason: "tool_use",
             usage: Some(Usage::new(40, 12)),
+            context_management: None,
         };
         insta::assert_snapshot!(
             "message_object",
             serde_json::to_string_pretty(&message_object(&answer)).unwrap()
         );
         insta::assert_snapshot!("message_stream", message_stream(&answer));
+    }
+
+    #[test]
+    fn context_management_is_set_in_the_message_delta_however_the_stream_is_cut() {
+        let stream = concat!(
+            "event: message_start\r\ndata: {\"type\":\"message_start\",\"message\":{}}\r\n\r\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"signature_delta\",\"signature\":\"Eq  /+=message_delta\"}}\n\n",
+            "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":3}}\n\n",
+            "event: message_stop\ndata: {\"type\":\"message_stop\"}",
+        );
+        let management = json!({"applied_edits": [{"type": "clear_tool_uses_20250919"}]});
+        let expected = stream.replace(
+            "\"usage\":{\"output_tokens\":3}}",
+            "\"usage\":{\"output_tokens\":3},\"context_management\":{\"applied_edits\":[{\"type\":\"clear_tool_uses_20250919\"}]}}",
+        );
+        for cut in 0..stream.len() {
+            let mut inserter = ContextManagementInserter::new(management.clone());
+            let mut out = inserter.feed(&stream.as_bytes()[..cut]);
+            out.extend(inserter.feed(&stream.as_bytes()[cut..]));
+            out.extend(inserter.finish());
+            assert_eq!(String::from_utf8(out).unwrap(), expected, "cut at {cut}");
+        }
+        let body =
+            br#"{"id":"msg_1","content":[{"type":"thinking","thinking":"t","signature":"s=="}]}"#;
+        let written: Value =
+            serde_json::from_slice(&with_context_management(body, &management).unwrap()).unwrap();
+        assert_eq!(written["context_management"], management);
+        assert_eq!(written["content"][0]["signature"], "s==");
+        assert_eq!(with_context_management(b"[1]", &management), None);
     }
 
     #[test]
@@ -327,7 +446,7 @@ mod tests {
         out.push_str(&stream.tool_call(0, Some("call_1"), Some("weather"), ""));
         out.push_str(&stream.tool_call(0, None, None, r#"{"city":"#));
         out.push_str(&stream.tool_call(1, Some("call_2"), Some("time"), "{}"));
-        out.push_str(&stream.finish("tool_use", Some(Usage::new(5, 7))));
+        out.push_str(&stream.finish("tool_use", Some(Usage::new(5, 7)), None));
         insta::assert_snapshot!("message_stream_in_pieces", out);
         assert!(stream.fail("gone").starts_with("event: error\n"));
     }

@@ -11,6 +11,7 @@
 use serde_json::{Map, Value, json};
 
 use super::anthropic;
+use super::anthropic_edits::{ContextEdits, read_context_management};
 use super::openai_request::{BodyError, present, read_model};
 use crate::message::Message;
 
@@ -28,6 +29,8 @@ pub struct MessagesBody {
     pub max_tokens: u64,
     /// True when the client asked for a stream.
     pub stream: bool,
+    /// The context edits it named (`context_management`), when it named any.
+    pub edits: Option<ContextEdits>,
 }
 
 /// Reads a Messages body. `max_tokens` is required unless `counting` (a token count has
@@ -96,6 +99,7 @@ pub fn read_messages_body(
         tools,
         max_tokens,
         stream: present(body, "stream") == Some(&Value::Bool(true)),
+        edits: read_context_management(body)?,
     })
 }
 

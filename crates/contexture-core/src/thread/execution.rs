@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::context::MergePolicy;
-use crate::fit::{ClearedResult, TruncatedResult};
+use crate::fit::{ClearedResult, ClearedThinking, TruncatedResult};
 use crate::message::Message;
 
 /// A run began.
@@ -258,6 +258,9 @@ pub struct FitRecord {
     /// The tool results cut to their start and end.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub truncated: Vec<TruncatedResult>,
+    /// The assistant turns whose reasoning was left out, and the tokens that freed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cleared_thinking: Option<ClearedThinking>,
     /// For a call after the first of a loop: how much of the previous call's request this
     /// one sends again, unchanged, at its start (what a provider's prompt cache can reuse).
     #[serde(default, skip_serializing_if = "Option::is_none")]

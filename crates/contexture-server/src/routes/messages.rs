@@ -18,14 +18,19 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use contexture_core::format::anthropic_answer::{
-    MessageAnswer, MessageStream, anthropic_stop_reason, message_object, message_stream,
+    ContextManagementInserter, MessageAnswer, MessageStream, anthropic_stop_reason, message_object,
+    message_stream, with_context_management,
 };
+use contexture_core::format::anthropic_edits::{COMPACT, applied_edits};
 use contexture_core::format::anthropic_request::read_messages_body;
 use contexture_engine::chat::StoredAnswer;
 use contexture_engine::chat_service::{TurnAnswer, TurnRequest};
+use contexture_engine::fitting::RequestEdits;
 use contexture_llm::passthrough::{Answer, AnswerAccumulator, UpstreamBody, UpstreamResponse};
 use contexture_llm::wire::{ChatCall, ClientFormat, ClientRequest, WireFormat};
+use futures_util::StreamExt;
 use serde_json::Value;
 
 use crate::app::AppState;
@@ -58,14 +63,20 @@ pub async fn create(
         check_id("the thread", thread)
             .map_err(|problem| ApiError::invalid(THREAD_HEADER, problem))?;
     }
-    if body.contains_key("context_management") {
-        return Err(ApiError::invalid(
-            "context_management",
-            "context_management: context editing through this door is not available yet; leave the field out (the thread's or the server's policy fits the request)",
-        ));
-    }
     let read = read_messages_body(&body, false)
         .map_err(|error| ApiError::invalid(error.field, error.message))?;
+    let edits = read.edits.clone();
+    if edits.as_ref().is_some_and(|edits| edits.compact.is_some()) {
+        return Err(ApiError::invalid(
+            "context_management.edits",
+            format!(
+                "context_management.edits: `{COMPACT}` is not carried out by this server yet; leave it out (clearing tool uses and thinking are)"
+            ),
+        ));
+    }
+    // Anthropic's context management is carried out here, whatever the upstream: an
+    // Anthropic upstream never sees the field.
+    body.remove("context_management");
     let model = read.model.clone();
     let stream = read.stream;
     let call = ChatCall {
@@ -91,13 +102,27 @@ pub async fn create(
     };
     let digest = chat_request_digest(&call.client.body);
     let mut turn = TurnRequest::new(tenant.clone(), thread.clone(), read.messages, call);
+    turn.overrides.edits = edits.as_ref().map(|edits| RequestEdits {
+        clear_tool_results: edits.clear_tool_uses.clone(),
+        clear_thinking: edits.clear_thinking.flatten(),
+    });
     turn.reply_budget = Some(("max_tokens", read.max_tokens));
     turn.store = stored;
     turn.key = key.map(|key| (key, digest));
     let named = stored.then_some(thread.as_str());
     match state.chat.turn(turn).await {
         Ok(TurnAnswer::Replayed { answer, .. }) => Ok(replayed(&answer, stream, named)),
-        Ok(TurnAnswer::Upstream { response, .. }) => answer_response(response, &model, named).await,
+        Ok(TurnAnswer::Upstream { response, place }) => {
+            let management = edits.map(|edits| {
+                let applied = applied_edits(
+                    &edits,
+                    &place.fit.cleared,
+                    place.fit.cleared_thinking.as_ref(),
+                );
+                serde_json::json!({ "applied_edits": applied })
+            });
+            answer_response(response, &model, named, management).await
+        }
         Err(error) => Err(turn_error(threads, error)),
     }
 }
@@ -112,6 +137,7 @@ fn replayed(answer: &StoredAnswer, stream: bool, thread: Option<&str>) -> Respon
         message: completion.message,
         stop_reason: anthropic_stop_reason(completion.finish_reason),
         usage: completion.usage,
+        context_management: None,
     };
     let mut response = if stream {
         event_stream(Body::from(message_stream(&written)))
@@ -124,14 +150,20 @@ fn replayed(answer: &StoredAnswer, stream: bool, thread: Option<&str>) -> Respon
     with_thread_if(response, thread)
 }
 
-/// The upstream's answer as this door writes it: as it came from an Anthropic upstream,
-/// else read and written again as a message or its events.
+/// The upstream's answer as this door writes it: as it came from an Anthropic upstream
+/// (with `management`, what the request's context edits did, set in it), else read and
+/// written again as a message or its events.
 async fn answer_response(
     response: UpstreamResponse,
     model: &str,
     thread: Option<&str>,
+    management: Option<Value>,
 ) -> ApiResult<Response> {
     if response.format == WireFormat::AnthropicMessages {
+        let response = match management {
+            Some(management) if response.is_success() => with_management(response, management),
+            _ => response,
+        };
         return Ok(passthrough_response(response, thread));
     }
     let (format, body) = answer_to_write(response).await?;
@@ -146,6 +178,7 @@ async fn answer_response(
                 message: &answer.message,
                 stop_reason: stop_reason(&answer),
                 usage: answer.usage,
+                context_management: management.as_ref(),
             }))
             .into_response()
         }
@@ -157,8 +190,10 @@ async fn answer_response(
                 AnswerAccumulator::for_format(format),
                 writer,
                 first,
-                |writer, answer| match answer {
-                    Ok(answer) => writer.finish(stop_reason(&answer), answer.usage),
+                move |writer, answer| match answer {
+                    Ok(answer) => {
+                        writer.finish(stop_reason(&answer), answer.usage, management.as_ref())
+                    }
                     Err(error) => writer.fail(&error.to_string()),
                 },
             );
@@ -166,6 +201,35 @@ async fn answer_response(
         }
     };
     Ok(with_thread_if(out, thread))
+}
+
+/// An Anthropic upstream's answer with `management` set in it: in the message, or in its
+/// stream's `message_delta` event, everything else as it came.
+fn with_management(mut response: UpstreamResponse, management: Value) -> UpstreamResponse {
+    response.body = match response.body {
+        UpstreamBody::Full(bytes) => UpstreamBody::Full(
+            with_context_management(&bytes, &management)
+                .map(Bytes::from)
+                .unwrap_or(bytes),
+        ),
+        UpstreamBody::Stream(upstream) => {
+            let inserter = ContextManagementInserter::new(management);
+            let chunks =
+                futures_util::stream::unfold(Some((upstream, inserter)), |state| async move {
+                    let (mut upstream, mut inserter) = state?;
+                    match upstream.next().await {
+                        Some(Ok(chunk)) => {
+                            let out = Bytes::from(inserter.feed(&chunk));
+                            Some((Ok(out), Some((upstream, inserter))))
+                        }
+                        Some(Err(error)) => Some((Err(error), None)),
+                        None => Some((Ok(Bytes::from(inserter.finish())), None)),
+                    }
+                });
+            UpstreamBody::Stream(Box::pin(chunks))
+        }
+    };
+    response
 }
 
 /// An answer's stop reason in Anthropic's words.
