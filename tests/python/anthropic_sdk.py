@@ -116,4 +116,31 @@ try:
 except anthropic.AuthenticationError as error:
     seen["bad_key"] = {"status": error.status_code, "type": error.body["error"]["type"]}
 
+# Compaction (Anthropic's context editing, carried out by the door): a long history is
+# compacted in a streamed turn, whose compaction block the SDK assembles; the next turn
+# sends the whole history back with the block, which stands for what it covered.
+history = []
+for n in range(15):
+    history.append({"role": "user", "content": f"Question {n} about topic-{n}. " + "Context. " * 40})
+    history.append({"role": "assistant", "content": f"Answer {n}. " + "Detail. " * 40})
+history.append({"role": "user", "content": "Where are we?"})
+edits = {"edits": [{"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 2000}}]}
+with client.beta.messages.stream(
+    model=OPENAI_MODEL, max_tokens=100, messages=history, context_management=edits
+) as stream:
+    compacted = stream.get_final_message()
+blocks = [block.model_dump(exclude_none=True) for block in compacted.content]
+history.append({"role": "assistant", "content": blocks})
+history.append({"role": "user", "content": "Go on."})
+after = client.beta.messages.create(
+    model=OPENAI_MODEL, max_tokens=100, messages=history, context_management=edits
+)
+seen["compaction"] = {
+    "types": [block["type"] for block in blocks],
+    "summary": blocks[0].get("content"),
+    "text": blocks[-1].get("text"),
+    "stop_reason": compacted.stop_reason,
+    "after": [block.type for block in after.content],
+}
+
 print(json.dumps(seen))

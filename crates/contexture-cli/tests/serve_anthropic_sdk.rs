@@ -1,8 +1,9 @@
 //! The official Anthropic Python SDK (PyPI `anthropic`, pinned and installed by `.ci/run`)
 //! against `contexture serve`'s Messages door: stateless turns, whole and streamed, to an
 //! OpenAI-compatible fake upstream and (for `claude-*` models) to an Anthropic-kind fake,
-//! a thinking block sent back byte for byte, turns of a named thread, the token count, the model list, and
-//! errors as the SDK's own exceptions.
+//! a thinking block sent back byte for byte, turns of a named thread, the token count, the
+//! model list, errors as the SDK's own exceptions, and a compaction (Anthropic's context
+//! editing) whose block the SDK assembles from the stream and sends back.
 //!
 //! The client is `tests/python/anthropic_sdk.py`. Under CI (`CI=true`) a missing
 //! `anthropic` package fails the test; elsewhere the test says loudly that it skipped.
@@ -98,9 +99,53 @@ fn the_anthropic_sdk_talks_to_the_messages_door() {
     assert_eq!(seen["bad_key"]["status"], 401);
     assert_eq!(seen["bad_key"]["type"], "authentication_error");
 
+    let compaction = &seen["compaction"];
+    assert_eq!(
+        compaction["types"],
+        json!(["compaction", "text"]),
+        "{compaction}"
+    );
+    let summary = compaction["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("Summary of the earlier conversation"),
+        "{summary}"
+    );
+    assert_eq!(compaction["text"], "streamed reply 5");
+    assert_eq!(compaction["stop_reason"], "end_turn");
+    assert_eq!(compaction["after"], json!(["text"]), "no second compaction");
+
     // What the upstreams were sent.
     let openai_calls = openai.calls();
-    assert_eq!(openai_calls.len(), 4, "plain, streamed, two thread turns");
+    assert_eq!(
+        openai_calls.len(),
+        6,
+        "plain, streamed, two thread turns, two compaction turns"
+    );
+    for call in &openai_calls[4..] {
+        let sent = call.json["messages"].as_array().unwrap();
+        let texts: Vec<&str> = sent
+            .iter()
+            .filter_map(|message| message["content"].as_str())
+            .collect();
+        // The covered turns are not sent, only the summary that stands for them.
+        assert!(
+            !texts
+                .iter()
+                .any(|text| text.starts_with("Question 3 about")),
+            "{sent:?}"
+        );
+        assert!(
+            texts
+                .iter()
+                .any(|text| text.contains("Summary of the earlier conversation")),
+            "{sent:?}"
+        );
+    }
+    assert!(
+        openai_calls[5].json["messages"]
+            .to_string()
+            .contains("Go on.")
+    );
     assert_eq!(openai_calls[0].json["messages"][0]["content"], "Be brief.");
     let thread_turn = &openai_calls[3].json["messages"];
     assert_eq!(thread_turn.as_array().unwrap().len(), 3, "{thread_turn}");

@@ -26,7 +26,7 @@ pub use extractive::{extractive_summary, identifiers};
 pub use plan::{Plan, plan};
 pub use prompt::{
     DEFAULT_PROMPT, MERGE_PROMPT, PromptError, chunk_transcripts, cut_to_fit, merge_prompt,
-    prompt_hash, summary_prompt, transcript,
+    prompt_hash, summary_prompt, transcript, with_instructions,
 };
 pub use replace::{RestoreError, replacement, restore_before, summary_text};
 pub use report::{CompactionInfo, CompactionOutcome, CompactionReport};

@@ -37,7 +37,9 @@ use crate::chat::{
     Attempt, ChatError, ChatTurn, CompletionRecord, StoredAnswer, TurnRecorder, continued_point,
     previous_attempt, turn_point,
 };
-use crate::compaction::{CompactionError, CompactionOutcome, Compactor};
+use crate::compaction::{
+    CompactRequest, CompactionError, CompactionOutcome, Compactor, compact_unstored,
+};
 use crate::cpu::CpuPool;
 use crate::estimates::Learner;
 use crate::fitting::{
@@ -111,8 +113,15 @@ pub struct TurnRequest {
     /// with the request's messages is fitted and sent, and nothing is compacted or
     /// recorded.
     pub store: bool,
-    /// Compact when the request passes this many tokens, whatever the policy's trigger.
+    /// Compact when the request passes this many tokens, whatever the policy's trigger. A
+    /// turn that stores nothing compacts the request's own messages (nothing is stored):
+    /// [`TurnPlace::summary`] then holds what stands for the part it covered.
     pub compact_threshold: Option<u64>,
+    /// More instructions for the summary of that compaction.
+    pub compact_instructions: Option<String>,
+    /// True: a turn that stores nothing and compacts stops there, sending nothing upstream
+    /// ([`TurnAnswer::Compacted`]).
+    pub pause_after_compaction: bool,
     /// What the door keeps with the request's record to answer reads of it later
     /// ([`contexture_core::thread::RequestRecord::client`]).
     pub client_record: Option<serde_json::Value>,
@@ -135,6 +144,8 @@ impl TurnRequest {
             instructions: None,
             store: true,
             compact_threshold: None,
+            compact_instructions: None,
+            pause_after_compaction: false,
             client_record: None,
         }
     }
@@ -156,6 +167,12 @@ pub enum TurnAnswer {
         /// Where the turn was recorded.
         place: TurnPlace,
     },
+    /// A turn that stores nothing compacted its request and, as asked
+    /// ([`TurnRequest::pause_after_compaction`]), stopped there: nothing was sent upstream.
+    Compacted {
+        /// The compaction (in [`TurnPlace::summary`]).
+        place: TurnPlace,
+    },
 }
 
 /// Where a turn was recorded.
@@ -169,6 +186,9 @@ pub struct TurnPlace {
     pub branched_after: Option<u64>,
     /// The messages a compaction of the turn put in the place of the history it covered.
     pub summary: Option<Vec<Message>>,
+    /// For a turn that stores nothing and compacted: how many of the request's newest
+    /// messages the compaction kept as they were, after the summary.
+    pub summary_kept: usize,
     /// What fitting did to the request sent (what it left out, cleared, truncated).
     pub fit: Box<FitRecord>,
 }
@@ -516,6 +536,25 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             Some(request_seq) => Some(turn_point(&store, &request.thread, request_seq).await?),
             None => None,
         };
+        let (messages, summary, summary_kept) = match request.compact_threshold {
+            Some(threshold) => {
+                self.compacted_request(&request, &settings, threshold)
+                    .await?
+            }
+            None => (request.messages.clone(), None, 0),
+        };
+        if request.pause_after_compaction && summary.is_some() {
+            return Ok(TurnAnswer::Compacted {
+                place: TurnPlace {
+                    thread: request.thread,
+                    request_seq: None,
+                    branched_after: None,
+                    summary,
+                    summary_kept,
+                    fit: Box::default(),
+                },
+            });
+        }
         let turn = ChatTurn {
             store: &store,
             thread: &request.thread,
@@ -534,9 +573,7 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             client_record: None,
             sends_reasoning: true,
         };
-        let fitted = turn
-            .fit_unrecorded(request.messages.clone(), through)
-            .await?;
+        let fitted = turn.fit_unrecorded(messages, through).await?;
         self.parts.observer.request_fitted(&fitted);
         let response = self
             .parts
@@ -550,10 +587,75 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
                 thread: request.thread,
                 request_seq: None,
                 branched_after: None,
-                summary: None,
+                summary,
+                summary_kept,
                 fit: Box::new(fitted.fit),
             },
         })
+    }
+
+    /// The messages of `request`, a turn that stores nothing, compacted when they pass
+    /// `threshold` tokens for the model `settings` fit for: its system prompt, what stands
+    /// for the part the compaction covered, and the newest messages it kept (how many is
+    /// the third value). The server's compaction policy (or the default) chooses what stays
+    /// and who summarizes; at most half the threshold stays verbatim. A compaction that
+    /// fails leaves the messages as they were (the operator is told, the turn goes on).
+    async fn compacted_request(
+        &self,
+        request: &TurnRequest,
+        settings: &FitSettings,
+        threshold: u64,
+    ) -> Result<(Vec<Message>, Option<Vec<Message>>, usize), TurnError> {
+        let messages = request.messages.clone();
+        let tokens = settings
+            .model
+            .counter
+            .count_request_total(&messages, &request.call.tools);
+        if tokens <= threshold {
+            return Ok((messages, None, 0));
+        }
+        let (system, history): (Vec<Message>, Vec<Message>) = messages
+            .iter()
+            .cloned()
+            .partition(|message| message.role.is_system_like());
+        let mut policy = self.parts.compaction.clone().unwrap_or_default();
+        policy.trigger = contexture_core::compact::Trigger {
+            tokens: Some(threshold),
+            ..Default::default()
+        };
+        let half = threshold / 2;
+        policy.keep.tokens = Some(policy.keep.tokens.map_or(half, |kept| kept.min(half)));
+        if let Some(instructions) = &request.compact_instructions {
+            let template = policy
+                .prompt
+                .as_deref()
+                .unwrap_or(contexture_core::compact::DEFAULT_PROMPT);
+            policy.prompt = Some(contexture_core::compact::with_instructions(
+                template,
+                instructions,
+            ));
+        }
+        let mut compact = CompactRequest::new(
+            policy,
+            format!("the request's {tokens} tokens passed {threshold}"),
+        );
+        compact.measure_model = request.call.model.clone();
+        let (view, outcome) = match compact_unstored(&self.parts.compactor, history, &compact).await
+        {
+            Ok((view, report)) => (Some(view), Ok(report.outcome)),
+            Err(error) => (None, Err(error)),
+        };
+        self.parts.observer.compacted(&request.thread, &outcome);
+        match (view, outcome) {
+            (Some(view), Ok(CompactionOutcome::Compacted { .. })) => {
+                let summary = view.replacement().to_vec();
+                let kept = view.messages().len() - summary.len();
+                let mut sent = system;
+                sent.extend_from_slice(view.messages());
+                Ok((sent, Some(summary), kept))
+            }
+            _ => Ok((messages, None, 0)),
+        }
     }
 
     /// The turn once it holds its thread: prepared, sent, and its end recorded.
@@ -624,6 +726,7 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             request_seq: Some(prepared.request_seq),
             branched_after,
             summary: prepared.summary.clone(),
+            summary_kept: 0,
             fit: Box::new(prepared.fitted.fit.clone()),
         };
         self.send_and_record(&call, &prepared.fitted.messages, recorder)

@@ -22,6 +22,7 @@ async fn answered(chat: &ChatService<SqliteStore>, request: TurnRequest) -> Turn
             place
         }
         Ok(TurnAnswer::Replayed { .. }) => panic!("an upstream answer, not a replay"),
+        Ok(TurnAnswer::Compacted { .. }) => panic!("an upstream answer, not a pause"),
         Err(error) => panic!("the turn failed: {error}"),
     }
 }
@@ -185,7 +186,9 @@ async fn a_keyed_turn_on_a_branch_is_answered_from_the_branch_when_sent_again() 
             assert_eq!(answer.message.text(), "Branch answer.");
             assert_eq!(Some(answer.request_seq), branch.request_seq);
         }
-        Ok(TurnAnswer::Upstream { .. }) => panic!("sent again instead of replayed"),
+        Ok(TurnAnswer::Upstream { .. } | TurnAnswer::Compacted { .. }) => {
+            panic!("sent again instead of replayed")
+        }
         Err(error) => panic!("{error}"),
     }
     assert_eq!(upstream.calls().len(), 3, "the retry called nothing");

@@ -317,3 +317,291 @@ async fn on_a_named_thread_the_edits_shape_the_request_and_the_thread_keeps_ever
     assert_eq!(status, StatusCode::OK);
     assert_eq!(openai.call(1).json["messages"].as_array().unwrap().len(), 1);
 }
+
+/// A long conversation as a client sends it: `turns` questions and answers about distinct
+/// topics, then the newest question.
+fn long_conversation(turns: usize) -> Vec<Value> {
+    let mut messages = Vec::new();
+    for n in 0..turns {
+        messages.push(json!({"role": "user", "content": format!(
+            "Question {n}: tell me about topic-{n}. {}", "Some context for it. ".repeat(20))}));
+        messages.push(json!({"role": "assistant", "content": format!(
+            "Topic-{n} answer. {}", "A detailed explanation follows. ".repeat(20))}));
+    }
+    messages.push(json!({"role": "user", "content": "Now compare the last two topics."}));
+    messages
+}
+
+/// The text of every message an OpenAI-compatible upstream was sent.
+fn sent_texts(sent: &Value) -> Vec<String> {
+    sent["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|message| match &message["content"] {
+            Value::String(text) => text.clone(),
+            Value::Array(parts) => parts
+                .iter()
+                .filter_map(|part| part["text"].as_str())
+                .collect(),
+            other => other.to_string(),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn compaction_answers_a_block_that_a_later_request_sends_back_in_place_of_what_it_covered() {
+    let openai = FakeUpstream::start().await;
+    openai.extend([
+        Reply::text("Topics 18 and 19 differ."),
+        Reply::text("You're welcome."),
+    ]);
+    let (_dir, server, key) = server(&openai, None).await;
+    let mut history = long_conversation(20);
+    let edits = json!({"edits": [{"type": "compact_20260112",
+                                  "trigger": {"type": "input_tokens", "value": 3000}}]});
+    let (status, answer) = message(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "max_tokens": 300, "system": "Be precise.",
+               "messages": history, "context_management": edits}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let content = answer["content"].as_array().unwrap();
+    let block = &content[0];
+    assert_eq!(block["type"], "compaction", "{answer}");
+    let summary = block["content"].as_str().unwrap();
+    assert!(
+        summary.contains("Summary of the earlier conversation"),
+        "{summary}"
+    );
+    let kept: usize = block["encrypted_content"]
+        .as_str()
+        .unwrap()
+        .strip_prefix("contexture-compaction:kept=")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(kept >= 1);
+    assert_eq!(content[1]["text"], "Topics 18 and 19 differ.");
+    // Upstream: the system prompt, what stands for the covered part, the kept messages.
+    let first = sent_texts(&openai.call(0).json);
+    assert_eq!(first[0], "Be precise.");
+    assert!(
+        first
+            .iter()
+            .any(|text| text.contains(summary.lines().last().unwrap()))
+    );
+    assert!(
+        !first.iter().any(|text| text.starts_with("Question 3:")),
+        "{first:?}"
+    );
+    assert_eq!(first.last().unwrap(), "Now compare the last two topics.");
+    let kept_sent = &first[first.len() - kept..];
+
+    // The client sends its history with the answer (the block first) and a new question.
+    history.push(json!({"role": "assistant", "content": content}));
+    history.push(json!({"role": "user", "content": "Thanks!"}));
+    let (status, answer) = message(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "max_tokens": 300, "system": "Be precise.",
+               "messages": history, "context_management": edits}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(
+        answer["content"][0]["text"], "You're welcome.",
+        "no new compaction"
+    );
+    let second = sent_texts(&openai.call(1).json);
+    // What preceded the block is not sent: the summary, the kept messages, the answer, the
+    // new question.
+    assert!(
+        !second.iter().any(|text| text.starts_with("Question 3:")),
+        "{second:?}"
+    );
+    assert_eq!(second[0], "Be precise.");
+    assert!(
+        second[1].contains(summary.lines().last().unwrap()),
+        "{second:?}"
+    );
+    assert_eq!(
+        &second[second.len() - 2 - kept..second.len() - 2],
+        kept_sent
+    );
+    assert_eq!(second[second.len() - 2], "Topics 18 and 19 differ.");
+    assert_eq!(second[second.len() - 1], "Thanks!");
+}
+
+#[tokio::test]
+async fn a_paused_compaction_answers_the_block_alone_and_sends_nothing_upstream() {
+    let openai = FakeUpstream::start().await;
+    let (_dir, server, key) = server(&openai, None).await;
+    let body = json!({"model": "gpt-4o-mini", "max_tokens": 300,
+        "messages": long_conversation(20),
+        "context_management": {"edits": [{"type": "compact_20260112",
+            "trigger": {"type": "input_tokens", "value": 3000},
+            "pause_after_compaction": true}]}});
+    let (status, answer) = message(&server, &key, body.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["stop_reason"], "compaction");
+    let content = answer["content"].as_array().unwrap();
+    assert_eq!(content.len(), 1, "{answer}");
+    assert_eq!(content[0]["type"], "compaction");
+    // Streamed: the block's start, its delta, its stop, then the end.
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let response = post(&server, &key, &[], streamed).await;
+    let text = response.text().await.unwrap();
+    let events = events(&text);
+    let names: Vec<&str> = events.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "message_start",
+            "ping",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop"
+        ],
+        "{text}"
+    );
+    assert_eq!(events[3].1["delta"]["type"], "compaction_delta");
+    assert_eq!(events[3].1["delta"]["content"], content[0]["content"]);
+    assert_eq!(events[5].1["delta"]["stop_reason"], "compaction");
+    assert_eq!(openai.call_count(), 0);
+
+    // Under the trigger nothing is compacted and the turn goes on.
+    openai.push(Reply::text("Short."));
+    let (status, answer) = message(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "max_tokens": 300,
+               "messages": [{"role": "user", "content": "Hi"}],
+               "context_management": {"edits": [{"type": "compact_20260112",
+                   "pause_after_compaction": true}]}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(
+        answer["content"],
+        json!([{"type": "text", "text": "Short."}])
+    );
+}
+
+#[tokio::test]
+async fn an_anthropic_upstreams_stream_gets_the_compaction_block_first() {
+    let openai = FakeUpstream::start().await;
+    let anthropic = FakeUpstream::start().await;
+    anthropic.push(Reply::text_in_pieces(["Compared", "."]).usage(500, 2));
+    let (_dir, server, key) = server(&openai, Some(&anthropic)).await;
+    let response = post(
+        &server,
+        &key,
+        &[],
+        json!({"model": "claude-sonnet-4-5", "max_tokens": 300, "stream": true,
+               "messages": long_conversation(20),
+               "context_management": {"edits": [{"type": "compact_20260112",
+                   "trigger": {"type": "input_tokens", "value": 3000}}]}}),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let text = response.text().await.unwrap();
+    let events = events(&text);
+    let blocks: Vec<(u64, String)> = events
+        .iter()
+        .filter(|(name, _)| name == "content_block_start")
+        .map(|(_, data)| {
+            (
+                data["index"].as_u64().unwrap(),
+                data["content_block"]["type"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        blocks,
+        [(0, "compaction".to_owned()), (1, "text".to_owned())],
+        "{text}"
+    );
+    let said: String = events
+        .iter()
+        .filter(|(_, data)| data["index"] == 1)
+        .filter_map(|(_, data)| data["delta"]["text"].as_str())
+        .collect();
+    assert_eq!(said, "Compared.");
+    let sent = anthropic.call(0).json;
+    assert!(sent.get("context_management").is_none());
+    assert!(
+        sent["messages"][0]["content"]
+            .to_string()
+            .contains("Summary of the earlier conversation"),
+        "{sent}"
+    );
+}
+
+#[tokio::test]
+async fn compaction_on_a_named_thread_is_refused_naming_the_edit() {
+    let openai = FakeUpstream::start().await;
+    let (_dir, server, key) = server(&openai, None).await;
+    let (status, error) = message(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "max_tokens": 300,
+               "metadata": {"contexture_thread": "t"},
+               "messages": [{"role": "user", "content": "Hi"}],
+               "context_management": {"edits": [{"type": "compact_20260112"}]}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("context_management.edits: `compact_20260112`"),
+        "{message}"
+    );
+    assert_eq!(openai.call_count(), 0);
+}
+
+#[tokio::test]
+async fn a_summarizer_model_gets_the_edits_instructions_and_writes_the_blocks_summary() {
+    use contexture_store::{AnyStore, SqliteStore};
+    let openai = FakeUpstream::start().await;
+    openai.extend([
+        Reply::text("Goal: compare topics. Facts: topic-18, topic-19."),
+        Reply::text("They differ."),
+    ]);
+    let mut config = crate::common::config(Some(&openai.base_url()));
+    config.compaction = Some(contexture_core::compact::CompactionPolicy {
+        summarizer: Some("gpt-4o-mini".into()),
+        ..Default::default()
+    });
+    let dir = contexture_store::testing::TempDir::new("contexture-compaction-summarizer");
+    let store = SqliteStore::open(dir.join("c.db")).await.unwrap();
+    let server = crate::common::TestServer::start(config, AnyStore::Sqlite(store)).await;
+    let key = server.key("acme").await;
+    let (status, answer) = message(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "max_tokens": 300,
+               "messages": long_conversation(20),
+               "context_management": {"edits": [{"type": "compact_20260112",
+                   "trigger": {"type": "input_tokens", "value": 3000},
+                   "instructions": "Keep every topic number."}]}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let prompt = openai.call(0).json["messages"].to_string();
+    assert!(
+        prompt.contains("Additional instructions for this summary: Keep every topic number."),
+        "{prompt}"
+    );
+    let summary = answer["content"][0]["content"].as_str().unwrap();
+    assert!(
+        summary.contains("Goal: compare topics. Facts: topic-18, topic-19."),
+        "{summary}"
+    );
+    assert_eq!(answer["content"][1]["text"], "They differ.");
+}

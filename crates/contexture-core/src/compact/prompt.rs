@@ -54,6 +54,15 @@ pub(super) fn check_template(template: &str) -> Result<(), PromptError> {
     }
 }
 
+/// `template` with a caller's `instructions` for one summary after it. Placeholders in
+/// the instructions are not filled in: they are the caller's words, not the template's.
+pub fn with_instructions(template: &str, instructions: &str) -> String {
+    let instructions = instructions
+        .replace("{transcript}", "(transcript)")
+        .replace("{previous_summary}", "(previous summary)");
+    format!("{template}\n\nAdditional instructions for this summary: {instructions}")
+}
+
 /// The summarizer's prompt: `template` with the transcript and, for a running summary, the
 /// earlier summary to extend.
 pub fn summary_prompt(template: &str, transcript: &str, previous_summary: Option<&str>) -> String {
@@ -175,6 +184,17 @@ mod tests {
         TokenCounter::Exact {
             encoding: Encoding::O200kBase,
         }
+    }
+
+    #[test]
+    fn instructions_follow_the_template_and_fill_in_nothing() {
+        let prompt = with_instructions(DEFAULT_PROMPT, "Keep every {transcript} number.");
+        assert!(check_template(&prompt).is_ok());
+        let filled = summary_prompt(&prompt, "user: 42", None);
+        assert!(filled.ends_with(
+            "user: 42\n\nAdditional instructions for this summary: Keep every (transcript) number."
+        ));
+        assert_eq!(filled.matches("user: 42").count(), 1);
     }
 
     #[test]

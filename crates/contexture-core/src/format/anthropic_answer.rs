@@ -198,6 +198,13 @@ impl MessageStream {
                 Some(json!({"type": "input_json_delta",
                             "partial_json": block["input"].to_string()})),
             ),
+            Some("compaction") => (
+                json!({"type": "compaction", "content": null, "encrypted_content": null}),
+                Some(
+                    json!({"type": "compaction_delta", "content": block["content"],
+                            "encrypted_content": block["encrypted_content"]}),
+                ),
+            ),
             _ => (block, None),
         };
         out.push_str(&Self::event(
@@ -251,30 +258,61 @@ impl MessageStream {
     }
 }
 
-/// `body`, a whole `message` object as an Anthropic upstream wrote it, with
-/// `context_management` set to `management`; every other field as it came. `None` when the
-/// body is not a JSON object.
-pub fn with_context_management(body: &[u8], management: &Value) -> Option<Vec<u8>> {
+/// What a door adds to an Anthropic upstream's answer: what the request's context edits did
+/// (`context_management`), and a content block before the answer's own (a compaction's).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AnswerAdditions {
+    /// Set as the answer's `context_management`.
+    pub context_management: Option<Value>,
+    /// Put first among the answer's content blocks.
+    pub leading_block: Option<Value>,
+}
+
+impl AnswerAdditions {
+    /// True when there is nothing to add.
+    pub fn is_empty(&self) -> bool {
+        self.context_management.is_none() && self.leading_block.is_none()
+    }
+}
+
+/// `body`, a whole `message` object as an Anthropic upstream wrote it, with `additions`;
+/// every other field as it came. `None` when the body is not a JSON object.
+pub fn with_additions(body: &[u8], additions: &AnswerAdditions) -> Option<Vec<u8>> {
     let mut object: serde_json::Map<String, Value> = serde_json::from_slice(body).ok()?;
-    object.insert("context_management".into(), management.clone());
+    if let Some(block) = &additions.leading_block {
+        match object.get_mut("content") {
+            Some(Value::Array(content)) => content.insert(0, block.clone()),
+            _ => {
+                object.insert("content".into(), json!([block]));
+            }
+        }
+    }
+    if let Some(management) = &additions.context_management {
+        object.insert("context_management".into(), management.clone());
+    }
     serde_json::to_vec(&object).ok()
 }
 
-/// Sets `context_management` in the `message_delta` event of an Anthropic upstream's
-/// event stream as it passes, every other line kept byte for byte (a thinking block's
-/// signature among them). Fed the stream's chunks however they are cut.
+/// Makes [`AnswerAdditions`] to an Anthropic upstream's event stream as it passes: the
+/// leading block's events before the first block's (the later blocks' indexes one up), and
+/// `context_management` in the `message_delta` event; every other line is kept byte for
+/// byte (a thinking block's signature among them). Fed the stream's chunks however they are
+/// cut.
 #[derive(Debug, Clone)]
-pub struct ContextManagementInserter {
-    management: Value,
+pub struct AdditionsInserter {
+    additions: AnswerAdditions,
+    /// True once the leading block's events were written (or when there is none).
+    block_written: bool,
     /// The start of a line whose end has not come yet.
     pending: Vec<u8>,
 }
 
-impl ContextManagementInserter {
-    /// An inserter of `management`.
-    pub fn new(management: Value) -> ContextManagementInserter {
-        ContextManagementInserter {
-            management,
+impl AdditionsInserter {
+    /// An inserter of `additions`.
+    pub fn new(additions: AnswerAdditions) -> AdditionsInserter {
+        AdditionsInserter {
+            block_written: additions.leading_block.is_none(),
+            additions,
             pending: Vec::new(),
         }
     }
@@ -290,7 +328,7 @@ impl ContextManagementInserter {
         let lines = std::mem::replace(&mut self.pending, rest);
         let mut out = Vec::with_capacity(lines.len());
         for line in lines.split_inclusive(|&byte| byte == b'\n') {
-            out.extend_from_slice(&self.line(line));
+            self.line(line, &mut out);
         }
         out
     }
@@ -298,31 +336,68 @@ impl ContextManagementInserter {
     /// What is left at the stream's end (a last line without its newline).
     pub fn finish(&mut self) -> Vec<u8> {
         let rest = std::mem::take(&mut self.pending);
-        self.line(&rest)
+        let mut out = Vec::new();
+        self.line(&rest, &mut out);
+        out
     }
 
-    /// `line` as it goes on: a `message_delta` event's data with the field set.
-    fn line(&self, line: &[u8]) -> Vec<u8> {
-        const DELTA: &[u8] = b"message_delta";
+    /// Writes `line` to `out` as it goes on, the leading block's events before it when it
+    /// starts the first block's event (or the message's end).
+    fn line(&mut self, line: &[u8], out: &mut Vec<u8>) {
+        const STARTS: [&[u8]; 2] = [b"content_block_start", b"message_delta"];
+        if !self.block_written {
+            let opens = line
+                .strip_prefix(b"event:")
+                .or_else(|| line.strip_prefix(b"data:"))
+                .is_some_and(|rest| {
+                    STARTS
+                        .iter()
+                        .any(|name| rest.windows(name.len()).any(|window| window == *name))
+                });
+            if opens && let Some(block) = &self.additions.leading_block {
+                let mut stream = MessageStream::new("", "");
+                out.extend_from_slice(stream.whole_block(block.clone()).as_bytes());
+                self.block_written = true;
+            }
+        }
         let Some(data) = line.strip_prefix(b"data:") else {
-            return line.to_vec();
+            out.extend_from_slice(line);
+            return;
         };
-        // Only the one event is read: the deltas of a long answer pass unparsed.
-        if !data.windows(DELTA.len()).any(|window| window == DELTA) {
-            return line.to_vec();
+        let shifts = self.additions.leading_block.is_some()
+            && data.windows(13).any(|window| window == b"content_block");
+        let annotates = self.additions.context_management.is_some()
+            && data.windows(13).any(|window| window == b"message_delta");
+        if !shifts && !annotates {
+            out.extend_from_slice(line);
+            return;
         }
         let text = String::from_utf8_lossy(data);
         let trimmed = text.trim_end_matches(['\r', '\n']);
         let end = &text[trimmed.len()..];
         let Ok(Value::Object(mut event)) = serde_json::from_str::<Value>(trimmed.trim_start())
         else {
-            return line.to_vec();
+            out.extend_from_slice(line);
+            return;
         };
-        if event.get("type").and_then(Value::as_str) != Some("message_delta") {
-            return line.to_vec();
+        let kind = event
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if kind == "message_delta"
+            && let Some(management) = &self.additions.context_management
+        {
+            event.insert("context_management".into(), management.clone());
+        } else if kind.starts_with("content_block_")
+            && self.additions.leading_block.is_some()
+            && let Some(index) = event.get("index").and_then(Value::as_u64)
+        {
+            event.insert("index".into(), json!(index + 1));
+        } else {
+            out.extend_from_slice(line);
+            return;
         }
-        event.insert("context_management".into(), self.management.clone());
-        format!("data: {}{end}", Value::Object(event)).into_bytes()
+        out.extend_from_slice(format!("data: {}{end}", Value::Object(event)).as_bytes());
     }
 }
 
@@ -407,33 +482,75 @@ mod tests {
         insta::assert_snapshot!("message_stream", message_stream(&answer));
     }
 
+    /// Feeds `stream` to an inserter of `additions` cut at `cut`.
+    fn inserted(stream: &str, additions: &AnswerAdditions, cut: usize) -> String {
+        let mut inserter = AdditionsInserter::new(additions.clone());
+        let mut out = inserter.feed(&stream.as_bytes()[..cut]);
+        out.extend(inserter.feed(&stream.as_bytes()[cut..]));
+        out.extend(inserter.finish());
+        String::from_utf8(out).unwrap()
+    }
+
+    const UPSTREAM_STREAM: &str = concat!(
+        "event: message_start\r\ndata: {\"type\":\"message_start\",\"message\":{}}\r\n\r\n",
+        "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"thinking\",\"thinking\":\"\"}}\n\n",
+        "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"signature_delta\",\"signature\":\"Eq  /+=message_delta\"}}\n\n",
+        "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n",
+        "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":3}}\n\n",
+        "event: message_stop\ndata: {\"type\":\"message_stop\"}",
+    );
+
     #[test]
     fn context_management_is_set_in_the_message_delta_however_the_stream_is_cut() {
-        let stream = concat!(
-            "event: message_start\r\ndata: {\"type\":\"message_start\",\"message\":{}}\r\n\r\n",
-            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"signature_delta\",\"signature\":\"Eq  /+=message_delta\"}}\n\n",
-            "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":3}}\n\n",
-            "event: message_stop\ndata: {\"type\":\"message_stop\"}",
-        );
         let management = json!({"applied_edits": [{"type": "clear_tool_uses_20250919"}]});
-        let expected = stream.replace(
+        let additions = AnswerAdditions {
+            context_management: Some(management.clone()),
+            leading_block: None,
+        };
+        let expected = UPSTREAM_STREAM.replace(
             "\"usage\":{\"output_tokens\":3}}",
             "\"usage\":{\"output_tokens\":3},\"context_management\":{\"applied_edits\":[{\"type\":\"clear_tool_uses_20250919\"}]}}",
         );
-        for cut in 0..stream.len() {
-            let mut inserter = ContextManagementInserter::new(management.clone());
-            let mut out = inserter.feed(&stream.as_bytes()[..cut]);
-            out.extend(inserter.feed(&stream.as_bytes()[cut..]));
-            out.extend(inserter.finish());
-            assert_eq!(String::from_utf8(out).unwrap(), expected, "cut at {cut}");
+        for cut in 0..UPSTREAM_STREAM.len() {
+            assert_eq!(
+                inserted(UPSTREAM_STREAM, &additions, cut),
+                expected,
+                "cut at {cut}"
+            );
         }
         let body =
             br#"{"id":"msg_1","content":[{"type":"thinking","thinking":"t","signature":"s=="}]}"#;
         let written: Value =
-            serde_json::from_slice(&with_context_management(body, &management).unwrap()).unwrap();
+            serde_json::from_slice(&with_additions(body, &additions).unwrap()).unwrap();
         assert_eq!(written["context_management"], management);
         assert_eq!(written["content"][0]["signature"], "s==");
-        assert_eq!(with_context_management(b"[1]", &management), None);
+        assert_eq!(with_additions(b"[1]", &additions), None);
+    }
+
+    #[test]
+    fn a_leading_block_comes_first_and_the_upstreams_blocks_move_up_one() {
+        let block =
+            json!({"type": "compaction", "content": "Summary.", "encrypted_content": "k=1"});
+        let additions = AnswerAdditions {
+            context_management: None,
+            leading_block: Some(block.clone()),
+        };
+        let whole = inserted(UPSTREAM_STREAM, &additions, UPSTREAM_STREAM.len());
+        for cut in 0..UPSTREAM_STREAM.len() {
+            assert_eq!(
+                inserted(UPSTREAM_STREAM, &additions, cut),
+                whole,
+                "cut at {cut}"
+            );
+        }
+        insta::assert_snapshot!("stream_with_a_leading_block", whole);
+        let body = br#"{"id":"msg_1","content":[{"type":"text","text":"Hi"}]}"#;
+        let written: Value =
+            serde_json::from_slice(&with_additions(body, &additions).unwrap()).unwrap();
+        assert_eq!(
+            written["content"],
+            json!([block, {"type": "text", "text": "Hi"}])
+        );
     }
 
     #[test]

@@ -7,11 +7,23 @@
 //! Defaults are Anthropic's: tool uses are cleared past 100,000 input tokens keeping the 3
 //! newest; reasoning is kept for the newest assistant turn; compaction starts past 150,000
 //! input tokens.
+//!
+//! A compaction is answered as a `compaction` content block ([`compaction_block`]) whose
+//! `content` is the summary as readable text, and whose `encrypted_content` (which clients
+//! send back verbatim) says how many of the request's newest messages the compaction kept
+//! as they were. A later request that sends the block back is read as the summary, those
+//! kept messages, and what follows the block ([`resume_after_compaction`]): what else
+//! precedes the block is not sent on.
 
 use serde_json::{Map, Value, json};
 
 use super::openai_request::{BodyError, present};
 use crate::fit::{ClearInputs, ClearPolicy, ClearedResult, ClearedThinking, ThinkingPolicy};
+use crate::message::{Content, Message, Part, Role};
+
+/// How a compaction block's `encrypted_content` starts: the number that follows is how many
+/// of the compacted request's newest messages the compaction kept as they were.
+const KEPT_PREFIX: &str = "contexture-compaction:kept=";
 
 /// The type of the edit that clears old tool uses.
 pub const CLEAR_TOOL_USES: &str = "clear_tool_uses_20250919";
@@ -48,6 +60,94 @@ pub struct CompactEdit {
     pub pause_after_compaction: bool,
     /// What the summary should keep, in place of the default instructions.
     pub instructions: Option<String>,
+}
+
+/// The `compaction` content block of a compaction whose replacement is `summary` (the
+/// messages standing for what it covered) and which kept the request's newest `kept`
+/// messages as they were.
+pub fn compaction_block(summary: &[Message], kept: usize) -> Value {
+    let text = summary
+        .iter()
+        .map(Message::text)
+        .filter(|text| !text.trim().is_empty())
+        .collect::<Vec<_>>()
+        .join("\n\n");
+    json!({
+        "type": "compaction",
+        "content": text,
+        "encrypted_content": format!("{KEPT_PREFIX}{kept}"),
+    })
+}
+
+/// `messages` (a request as read, its system prompt first) resumed after the last
+/// compaction block it sends back: the block's summary as a user message, the messages the
+/// compaction kept (the block's `encrypted_content` says how many of those just before the
+/// block's turn), the rest of the block's turn, and what follows it. Everything else before
+/// the block is left out. A block without a summary (`content` null: a compaction that
+/// failed) is only taken out. Without a block, `messages` as they are.
+pub fn resume_after_compaction(mut messages: Vec<Message>) -> Vec<Message> {
+    let found = messages
+        .iter()
+        .enumerate()
+        .rev()
+        .find_map(|(index, message)| {
+            let Some(Content::Parts(parts)) = &message.content else {
+                return None;
+            };
+            let part = parts.iter().rposition(is_compaction_block)?;
+            (message.role == Role::Assistant).then_some((index, part))
+        });
+    let Some((index, part)) = found else {
+        return messages;
+    };
+    let mut turn = messages[index].clone();
+    let Some(Content::Parts(parts)) = &mut turn.content else {
+        return messages;
+    };
+    let Part::Other { value: block } = parts.remove(part) else {
+        return messages;
+    };
+    let summary = block.get("content").and_then(Value::as_str);
+    // What precedes the block in its own turn went with the compaction too.
+    let rest: Vec<Part> = parts.split_off(part);
+    turn.content = (!rest.is_empty()).then_some(Content::Parts(rest));
+    turn.touch();
+    let keeps_turn = turn.content.is_some() || !turn.tool_calls.is_empty();
+    let Some(summary) = summary.filter(|text| !text.trim().is_empty()) else {
+        if keeps_turn {
+            messages[index] = turn;
+        } else {
+            messages.remove(index);
+        }
+        return messages;
+    };
+    let kept = block
+        .get("encrypted_content")
+        .and_then(Value::as_str)
+        .and_then(|text| text.strip_prefix(KEPT_PREFIX))
+        .and_then(|count| count.parse::<usize>().ok())
+        .unwrap_or(0);
+    let after = messages.split_off(index + 1);
+    messages.truncate(index);
+    let system_len = messages
+        .iter()
+        .take_while(|message| message.role.is_system_like())
+        .count();
+    let kept_from = index.saturating_sub(kept).max(system_len);
+    let kept_messages = messages.split_off(kept_from);
+    messages.truncate(system_len);
+    messages.push(Message::user(summary));
+    messages.extend(kept_messages);
+    if keeps_turn {
+        messages.push(turn);
+    }
+    messages.extend(after);
+    messages
+}
+
+/// True for a `compaction` block kept as it came.
+fn is_compaction_block(part: &Part) -> bool {
+    matches!(part, Part::Other { value } if value.get("type").and_then(Value::as_str) == Some("compaction"))
 }
 
 /// What the edits did to one request, as the answer reports it
@@ -501,6 +601,91 @@ mod tests {
                 error.message
             );
         }
+    }
+
+    fn texts(messages: &[Message]) -> Vec<(Role, String)> {
+        messages
+            .iter()
+            .map(|message| (message.role, message.text()))
+            .collect()
+    }
+
+    #[test]
+    fn a_compaction_block_sent_back_stands_for_what_it_covered() {
+        let summary = vec![
+            Message::user("Audit the parser."),
+            Message::user("Summary: files 1 to 9 read, nothing unsafe."),
+        ];
+        let block = compaction_block(&summary, 2);
+        assert_eq!(
+            block["content"],
+            "Audit the parser.\n\nSummary: files 1 to 9 read, nothing unsafe."
+        );
+        // The client's history: what the compacted request held, then the answer with the
+        // block first, then its next question.
+        let body = json!({"system": "Be careful.", "messages": [
+            {"role": "user", "content": "Audit the parser."},
+            {"role": "assistant", "content": "Reading."},
+            {"role": "user", "content": "Go on with file 10."},
+            {"role": "assistant", "content": "File 10 read."},
+            {"role": "user", "content": "And file 11?"},
+            {"role": "assistant", "content": [block, {"type": "text", "text": "File 11 is safe."}]},
+            {"role": "user", "content": "Thanks. Report."}]});
+        let messages = crate::format::anthropic::parse_request(&body).unwrap();
+        let resumed = resume_after_compaction(messages);
+        assert_eq!(
+            texts(&resumed),
+            vec![
+                (Role::System, "Be careful.".to_owned()),
+                (
+                    Role::User,
+                    "Audit the parser.\n\nSummary: files 1 to 9 read, nothing unsafe.".to_owned()
+                ),
+                (Role::Assistant, "File 10 read.".to_owned()),
+                (Role::User, "And file 11?".to_owned()),
+                (Role::Assistant, "File 11 is safe.".to_owned()),
+                (Role::User, "Thanks. Report.".to_owned()),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_failed_compaction_block_is_only_taken_out_and_no_block_changes_nothing() {
+        let body = json!({"messages": [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": [{"type": "compaction", "content": null},
+                                              {"type": "text", "text": "Hello."}]},
+            {"role": "user", "content": "Bye"}]});
+        let messages = crate::format::anthropic::parse_request(&body).unwrap();
+        let resumed = resume_after_compaction(messages.clone());
+        assert_eq!(
+            texts(&resumed),
+            vec![
+                (Role::User, "Hi".to_owned()),
+                (Role::Assistant, "Hello.".to_owned()),
+                (Role::User, "Bye".to_owned()),
+            ]
+        );
+        let plain = crate::format::anthropic::parse_request(&json!({"messages": [
+            {"role": "user", "content": "Hi"}]}))
+        .unwrap();
+        assert_eq!(resume_after_compaction(plain.clone()), plain);
+        // A block whose count of kept messages is more than there were keeps them all, and
+        // a pause (the block alone) leaves no empty turn behind.
+        let body = json!({"messages": [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": [compaction_block(&[Message::user("S")], 99)]},
+            {"role": "user", "content": "Go on"}]});
+        let resumed =
+            resume_after_compaction(crate::format::anthropic::parse_request(&body).unwrap());
+        assert_eq!(
+            texts(&resumed),
+            vec![
+                (Role::User, "S".to_owned()),
+                (Role::User, "Hi".to_owned()),
+                (Role::User, "Go on".to_owned()),
+            ]
+        );
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! model, the system prompt and messages ([`super::anthropic::parse_request`]), the tools
 //! (in the OpenAI function shape every count and every upstream reads), the reply budget
 //! (`max_tokens`, which the API requires), and the shape of every other field a door acts
-//! on, each checked so a malformed request is refused naming the field.
+//! on, each checked so a malformed request is refused naming the field. A `compaction`
+//! block the client sends back is read as what it stands for
+//! ([`super::anthropic_edits::resume_after_compaction`]).
 //!
 //! Anthropic's server tools (`web_search_*`, `code_execution_*`, `bash_*`, ...) run on
 //! Anthropic's side and have no place in a turn Contexture fits and may send to any model:
@@ -11,7 +13,7 @@
 use serde_json::{Map, Value, json};
 
 use super::anthropic;
-use super::anthropic_edits::{ContextEdits, read_context_management};
+use super::anthropic_edits::{ContextEdits, read_context_management, resume_after_compaction};
 use super::openai_request::{BodyError, present, read_model};
 use crate::message::Message;
 
@@ -53,6 +55,8 @@ pub fn read_messages_body(
             message: error.to_string(),
         }
     })?;
+    // A compaction block sent back stands for what it covered.
+    let messages = resume_after_compaction(messages);
     let max_tokens = match present(body, "max_tokens") {
         Some(value) => value
             .as_u64()

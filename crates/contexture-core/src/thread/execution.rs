@@ -237,7 +237,7 @@ pub struct RunEnd {
 }
 
 /// What trimming did to one request.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FitRecord {
     /// The most tokens the request could use.
     pub limit: u32,

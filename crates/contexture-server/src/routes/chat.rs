@@ -76,6 +76,10 @@ pub async fn completions(
         Ok(TurnAnswer::Upstream { response, .. }) => {
             answer_response(response, &writing, Some(&thread)).await
         }
+        // This door never asks a turn to stop after compacting.
+        Ok(TurnAnswer::Compacted { .. }) => Err(ApiError::internal(
+            "a chat turn stopped after compacting, which this endpoint never asks for",
+        )),
         Err(error) => Err(turn_error(threads, error)),
     }
 }

@@ -20,13 +20,16 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use contexture_core::format::anthropic_answer::{
-    ContextManagementInserter, MessageAnswer, MessageStream, anthropic_stop_reason, message_object,
-    message_stream, with_context_management,
+    AdditionsInserter, AnswerAdditions, MessageAnswer, MessageStream, anthropic_stop_reason,
+    message_object, message_stream, with_additions,
 };
-use contexture_core::format::anthropic_edits::{COMPACT, applied_edits};
+use contexture_core::format::anthropic_edits::{
+    COMPACT, ContextEdits, applied_edits, compaction_block,
+};
 use contexture_core::format::anthropic_request::read_messages_body;
+use contexture_core::message::Message;
 use contexture_engine::chat::StoredAnswer;
-use contexture_engine::chat_service::{TurnAnswer, TurnRequest};
+use contexture_engine::chat_service::{TurnAnswer, TurnPlace, TurnRequest};
 use contexture_engine::fitting::RequestEdits;
 use contexture_llm::passthrough::{Answer, AnswerAccumulator, UpstreamBody, UpstreamResponse};
 use contexture_llm::wire::{ChatCall, ClientFormat, ClientRequest, WireFormat};
@@ -66,11 +69,12 @@ pub async fn create(
     let read = read_messages_body(&body, false)
         .map_err(|error| ApiError::invalid(error.field, error.message))?;
     let edits = read.edits.clone();
-    if edits.as_ref().is_some_and(|edits| edits.compact.is_some()) {
+    let compact = edits.as_ref().and_then(|edits| edits.compact.clone());
+    if compact.is_some() && thread.is_some() {
         return Err(ApiError::invalid(
             "context_management.edits",
             format!(
-                "context_management.edits: `{COMPACT}` is not carried out by this server yet; leave it out (clearing tool uses and thinking are)"
+                "context_management.edits: `{COMPACT}` compacts the history a request carries; a named thread compacts by its own policy (its `compaction`, or POST /v1/threads/{{id}}/compact): leave the edit or the thread out"
             ),
         ));
     }
@@ -106,6 +110,11 @@ pub async fn create(
         clear_tool_results: edits.clear_tool_uses.clone(),
         clear_thinking: edits.clear_thinking.flatten(),
     });
+    if let Some(compact) = compact {
+        turn.compact_threshold = Some(compact.trigger_tokens);
+        turn.compact_instructions = compact.instructions;
+        turn.pause_after_compaction = compact.pause_after_compaction;
+    }
     turn.reply_budget = Some(("max_tokens", read.max_tokens));
     turn.store = stored;
     turn.key = key.map(|key| (key, digest));
@@ -113,17 +122,61 @@ pub async fn create(
     match state.chat.turn(turn).await {
         Ok(TurnAnswer::Replayed { answer, .. }) => Ok(replayed(&answer, stream, named)),
         Ok(TurnAnswer::Upstream { response, place }) => {
-            let management = edits.map(|edits| {
-                let applied = applied_edits(
-                    &edits,
-                    &place.fit.cleared,
-                    place.fit.cleared_thinking.as_ref(),
-                );
-                serde_json::json!({ "applied_edits": applied })
-            });
-            answer_response(response, &model, named, management).await
+            let additions = additions(edits.as_ref(), &place);
+            answer_response(response, &model, named, additions).await
+        }
+        Ok(TurnAnswer::Compacted { place }) => {
+            let additions = additions(edits.as_ref(), &place);
+            Ok(compaction_alone(&model, stream, additions))
         }
         Err(error) => Err(turn_error(threads, error)),
+    }
+}
+
+/// What the door adds to the answer of a turn recorded at `place` for a request that named
+/// `edits`: what they did (when it named any), and the compaction's block first (when the
+/// turn compacted).
+fn additions(edits: Option<&ContextEdits>, place: &TurnPlace) -> AnswerAdditions {
+    AnswerAdditions {
+        context_management: edits.map(|edits| {
+            let applied = applied_edits(
+                edits,
+                &place.fit.cleared,
+                place.fit.cleared_thinking.as_ref(),
+            );
+            serde_json::json!({ "applied_edits": applied })
+        }),
+        leading_block: place
+            .summary
+            .as_deref()
+            .map(|summary| compaction_block(summary, place.summary_kept)),
+    }
+}
+
+/// The answer of a turn that compacted and paused there (`pause_after_compaction`): the
+/// compaction's block alone, stop reason `compaction`.
+fn compaction_alone(model: &str, stream: bool, additions: AnswerAdditions) -> Response {
+    let id = format!("msg_{}", new_token());
+    let message = Message::assistant("");
+    let answer = MessageAnswer {
+        id: &id,
+        model,
+        message: &message,
+        stop_reason: "compaction",
+        usage: None,
+        context_management: additions.context_management.as_ref(),
+    };
+    let block = additions.leading_block.unwrap_or(Value::Null);
+    if stream {
+        let mut writer = MessageStream::new(id.as_str(), model);
+        let mut events = writer.start(None);
+        events.push_str(&writer.whole_block(block));
+        events.push_str(&writer.finish("compaction", None, additions.context_management.as_ref()));
+        event_stream(Body::from(events))
+    } else {
+        let mut object = message_object(&answer);
+        object["content"] = serde_json::json!([block]);
+        Json(object).into_response()
     }
 }
 
@@ -150,41 +203,54 @@ fn replayed(answer: &StoredAnswer, stream: bool, thread: Option<&str>) -> Respon
     with_thread_if(response, thread)
 }
 
-/// The upstream's answer as this door writes it: as it came from an Anthropic upstream
-/// (with `management`, what the request's context edits did, set in it), else read and
-/// written again as a message or its events.
+/// The upstream's answer as this door writes it, with the door's `additions`: as it came
+/// from an Anthropic upstream (the additions made in it), else read and written again as a
+/// message or its events.
 async fn answer_response(
     response: UpstreamResponse,
     model: &str,
     thread: Option<&str>,
-    management: Option<Value>,
+    additions: AnswerAdditions,
 ) -> ApiResult<Response> {
     if response.format == WireFormat::AnthropicMessages {
-        let response = match management {
-            Some(management) if response.is_success() => with_management(response, management),
-            _ => response,
+        let response = if response.is_success() && !additions.is_empty() {
+            with_additions_made(response, additions)
+        } else {
+            response
         };
         return Ok(passthrough_response(response, thread));
     }
+    let AnswerAdditions {
+        context_management: management,
+        leading_block,
+    } = additions;
     let (format, body) = answer_to_write(response).await?;
     let id = format!("msg_{}", new_token());
     let out = match body {
         UpstreamBody::Full(bytes) => {
             let answer = AnswerAccumulator::from_body(format, &bytes)
                 .map_err(|error| ApiError::upstream(error.to_string()))?;
-            Json(message_object(&MessageAnswer {
+            let mut object = message_object(&MessageAnswer {
                 id: &id,
                 model: answer.model.as_deref().unwrap_or(model),
                 message: &answer.message,
                 stop_reason: stop_reason(&answer),
                 usage: answer.usage,
                 context_management: management.as_ref(),
-            }))
-            .into_response()
+            });
+            if let (Some(block), Some(Value::Array(content))) =
+                (leading_block, object.get_mut("content"))
+            {
+                content.insert(0, block);
+            }
+            Json(object).into_response()
         }
         UpstreamBody::Stream(upstream) => {
             let mut writer = MessageStream::new(id, model);
-            let first = writer.start(None);
+            let mut first = writer.start(None);
+            if let Some(block) = leading_block {
+                first.push_str(&writer.whole_block(block));
+            }
             let events = translated_stream(
                 upstream,
                 AnswerAccumulator::for_format(format),
@@ -203,17 +269,20 @@ async fn answer_response(
     Ok(with_thread_if(out, thread))
 }
 
-/// An Anthropic upstream's answer with `management` set in it: in the message, or in its
-/// stream's `message_delta` event, everything else as it came.
-fn with_management(mut response: UpstreamResponse, management: Value) -> UpstreamResponse {
+/// An Anthropic upstream's answer with `additions` made in it: in the message, or in its
+/// stream's events, everything else as it came.
+fn with_additions_made(
+    mut response: UpstreamResponse,
+    additions: AnswerAdditions,
+) -> UpstreamResponse {
     response.body = match response.body {
         UpstreamBody::Full(bytes) => UpstreamBody::Full(
-            with_context_management(&bytes, &management)
+            with_additions(&bytes, &additions)
                 .map(Bytes::from)
                 .unwrap_or(bytes),
         ),
         UpstreamBody::Stream(upstream) => {
-            let inserter = ContextManagementInserter::new(management);
+            let inserter = AdditionsInserter::new(additions);
             let chunks =
                 futures_util::stream::unfold(Some((upstream, inserter)), |state| async move {
                     let (mut upstream, mut inserter) = state?;

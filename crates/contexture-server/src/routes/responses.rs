@@ -132,6 +132,10 @@ pub async fn create(
             let facts = ResponseFacts { id, echo };
             answer_response(facts, response, place, stream).await
         }
+        // This door never asks a turn to stop after compacting.
+        TurnAnswer::Compacted { .. } => Err(ApiError::internal(
+            "a Responses turn stopped after compacting, which this door never asks for",
+        )),
     }
 }
 
