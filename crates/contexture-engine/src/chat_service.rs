@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use contexture_core::compact::CompactionPolicy;
-use contexture_core::fit::FitPolicy;
+use contexture_core::fit::{FitPolicy, clear_thinking, clear_tool_results};
 use contexture_core::message::Message;
 use contexture_core::registry::Registry;
 use contexture_core::thread::FitRecord;
@@ -43,7 +43,8 @@ use crate::compaction::{
 use crate::cpu::CpuPool;
 use crate::estimates::Learner;
 use crate::fitting::{
-    FitOverrides, FitSettings, FittedRequest, ModelChoice, ReplyReserveError, SettingsError,
+    FitOverrides, FitSettings, FittedRequest, ModelChoice, ReplyReserveError, RequestEdits,
+    SettingsError,
 };
 use crate::in_flight::InFlight;
 use crate::keyed_turns::{KeyedTurns, TurnClaim};
@@ -149,6 +150,15 @@ impl TurnRequest {
             client_record: None,
         }
     }
+}
+
+/// The tokens of a request ([`ChatService::count_request`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestTokens {
+    /// Its tokens, its edits made.
+    pub tokens: u64,
+    /// Its tokens before its edits, when it named any.
+    pub before_edits: Option<u64>,
 }
 
 /// A turn's answer.
@@ -329,14 +339,17 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
     /// The tokens a request of `tenant` for `model` sending `messages` with the tool
     /// schemas `tools` counts as when a turn fits it: each message, the reply's priming and
     /// the schemas, by the model's counter (exact where its tokenizer is known, else the
-    /// estimate calibrated from the usage upstreams reported).
+    /// estimate calibrated from the usage upstreams reported). With `edits`, the tokens
+    /// once they are made (old reasoning left out, old tool results cleared, as a turn
+    /// makes them before fitting), with the count before them.
     pub async fn count_request(
         &self,
         tenant: &Tenant,
         model: &str,
         messages: &[Message],
         tools: &[serde_json::Value],
-    ) -> Result<u64, TurnError> {
+        edits: Option<&RequestEdits>,
+    ) -> Result<RequestTokens, TurnError> {
         let settings = FitSettings::for_model(
             Some(&self.parts.store),
             &self.parts.registry,
@@ -346,7 +359,26 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             FitOverrides::default(),
         )
         .await?;
-        Ok(settings.model.counter.count_request_total(messages, tools))
+        let counter = &settings.model.counter;
+        let tokens = counter.count_request_total(messages, tools);
+        let Some(edits) = edits else {
+            return Ok(RequestTokens {
+                tokens,
+                before_edits: None,
+            });
+        };
+        let mut edited = messages.to_vec();
+        if let Some(policy) = edits.clear_thinking {
+            clear_thinking(&mut edited, policy, counter);
+        }
+        if let Some(clear) = &edits.clear_tool_results {
+            let options = clear.options(counter.count_tools(tools));
+            edited = clear_tool_results(&edited, &options, counter).messages;
+        }
+        Ok(RequestTokens {
+            tokens: counter.count_request_total(&edited, tools),
+            before_edits: Some(tokens),
+        })
     }
 
     /// Runs a chat turn (see the module documentation).

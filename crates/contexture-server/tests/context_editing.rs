@@ -605,3 +605,66 @@ async fn a_summarizer_model_gets_the_edits_instructions_and_writes_the_blocks_su
     );
     assert_eq!(answer["content"][1]["text"], "They differ.");
 }
+
+#[tokio::test]
+async fn count_tokens_counts_the_request_as_its_edits_leave_it_the_number_a_turn_fits_with() {
+    let openai = FakeUpstream::start().await;
+    openai.push(Reply::text("Done."));
+    let (_dir, server, key) = server(&openai, None).await;
+    let request = json!({"model": "gpt-4o-mini", "max_tokens": 200,
+        "messages": tool_loop(&["read_file"; 8]),
+        "context_management": {"edits": [{"type": "clear_tool_uses_20250919",
+            "trigger": {"type": "input_tokens", "value": 2000}}]}});
+    let counted: Value = crate::common::client()
+        .post(server.url("/v1/messages/count_tokens"))
+        .header("x-api-key", &key)
+        .json(&request)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let tokens = counted["input_tokens"].as_u64().unwrap();
+    let original = counted["context_management"]["original_input_tokens"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{counted}"));
+    assert!(tokens < original / 2, "{counted}");
+    // Without edits, the count is the whole request's and nothing else is said.
+    let mut unedited = request.clone();
+    unedited
+        .as_object_mut()
+        .unwrap()
+        .remove("context_management");
+    let plain: Value = crate::common::client()
+        .post(server.url("/v1/messages/count_tokens"))
+        .header("x-api-key", &key)
+        .json(&unedited)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(plain, json!({"input_tokens": original}));
+    // The same request as a thread's turn: its record's input tokens are the edited count.
+    let response = post(
+        &server,
+        &key,
+        &[("x-contexture-thread", "counted")],
+        request,
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let (_, page) = server
+        .call(&key, "GET", "/v1/threads/counted/events", None)
+        .await;
+    let record = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|event| event["type"] == "request_started")
+        .unwrap_or_else(|| panic!("no request record: {page}"))
+        .clone();
+    assert_eq!(record["budget"]["input_tokens"], tokens, "{record}");
+}

@@ -106,10 +106,7 @@ pub async fn create(
     };
     let digest = chat_request_digest(&call.client.body);
     let mut turn = TurnRequest::new(tenant.clone(), thread.clone(), read.messages, call);
-    turn.overrides.edits = edits.as_ref().map(|edits| RequestEdits {
-        clear_tool_results: edits.clear_tool_uses.clone(),
-        clear_thinking: edits.clear_thinking.flatten(),
-    });
+    turn.overrides.edits = edits.as_ref().map(request_edits);
     if let Some(compact) = compact {
         turn.compact_threshold = Some(compact.trigger_tokens);
         turn.compact_instructions = compact.instructions;
@@ -130,6 +127,15 @@ pub async fn create(
             Ok(compaction_alone(&model, stream, additions))
         }
         Err(error) => Err(turn_error(threads, error)),
+    }
+}
+
+/// The edits a turn makes for the context edits a request named: they take the place of
+/// the policy's clearing.
+fn request_edits(edits: &ContextEdits) -> RequestEdits {
+    RequestEdits {
+        clear_tool_results: edits.clear_tool_uses.clone(),
+        clear_thinking: edits.clear_thinking.flatten(),
     }
 }
 
@@ -312,7 +318,8 @@ fn event_stream(body: Body) -> Response {
 }
 
 /// `POST /v1/messages/count_tokens`: the tokens of the request's system prompt, messages
-/// and tools as this door counts them when it fits the request for the model.
+/// and tools as this door counts them when it fits the request for the model; with context
+/// edits, once they are made (`context_management.original_input_tokens` the count before).
 pub async fn count_tokens(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -326,10 +333,21 @@ pub async fn count_tokens(
     thread_name(&headers, &mut body)?;
     let read = read_messages_body(&body, true)
         .map_err(|error| ApiError::invalid(error.field, error.message))?;
-    let tokens = state
+    let edits = read.edits.as_ref().map(request_edits);
+    let count = state
         .chat
-        .count_request(&caller.tenant, &read.model, &read.messages, &read.tools)
+        .count_request(
+            &caller.tenant,
+            &read.model,
+            &read.messages,
+            &read.tools,
+            edits.as_ref(),
+        )
         .await
         .map_err(|error| turn_error(state.tenant_store(&caller.tenant), error))?;
-    Ok(Json(serde_json::json!({ "input_tokens": tokens })))
+    let mut answer = serde_json::json!({ "input_tokens": count.tokens });
+    if let Some(before) = count.before_edits {
+        answer["context_management"] = serde_json::json!({ "original_input_tokens": before });
+    }
+    Ok(Json(answer))
 }
