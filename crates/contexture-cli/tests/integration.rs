@@ -11,6 +11,7 @@ mod run_cli;
 mod serve_agents_sdk;
 mod serve_anthropic_sdk;
 mod serve_anthropic_tool_loop;
+mod serve_openai_sdk_anthropic_upstream;
 mod serve_responses_sdk;
 mod serve_schemathesis;
 mod serve_sdk;

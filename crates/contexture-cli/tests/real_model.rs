@@ -481,3 +481,89 @@ fn the_responses_door_against_a_real_model() {
     );
     server.stop();
 }
+
+/// The Messages door of `contexture serve` in front of the real model (an OpenAI-compatible
+/// upstream): a stateless turn sending a client's tool loop with Anthropic's context editing,
+/// answered as an Anthropic message with the clearing reported, then the same streamed,
+/// written as Anthropic's named events.
+#[test]
+fn the_messages_door_against_a_real_model() {
+    use common::serving::{Server, create_key};
+    let Some(base) = base_url() else { return };
+    let dir = TempDir::new("contexture-real-model-messages");
+    let models = dir.join("models.toml");
+    std::fs::write(&models, MODELS).unwrap();
+    let db = sqlite_url(&dir, "serve.db");
+    let key = create_key(&db, "acme");
+    let server = Server::start_with(
+        &db,
+        &base,
+        "unused-by-the-local-server",
+        &[("CONTEXTURE_MODELS", models.to_str().unwrap())],
+    );
+    let mut messages =
+        vec![serde_json::json!({"role": "user", "content": "List the cities you looked up."})];
+    for (n, city) in ["Paris", "Rome", "Madrid", "Lisbon", "Berlin"]
+        .iter()
+        .enumerate()
+    {
+        messages.push(serde_json::json!({"role": "assistant", "content": [
+            {"type": "tool_use", "id": format!("toolu_{n}"), "name": "lookup", "input": {"city": city}}]}));
+        messages.push(serde_json::json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": format!("toolu_{n}"),
+             "content": format!("{city}: {}", "a long description of the city. ".repeat(40))}]}));
+    }
+    let body = serde_json::json!({"model": "smollm2", "max_tokens": 48,
+        "system": "Answer in one sentence.",
+        "tools": [{"name": "lookup", "description": "Looks a city up.",
+                   "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+        "messages": messages,
+        "context_management": {"edits": [{"type": "clear_tool_uses_20250919",
+            "trigger": {"type": "input_tokens", "value": 600},
+            "keep": {"type": "tool_uses", "value": 1}}]}});
+    let (head, answer) = server.request("POST", "/v1/messages", &key, Some(&body.to_string()));
+    assert!(
+        head.starts_with("HTTP/1.1 200"),
+        "{head}\n{answer}\n{}",
+        server.stderr()
+    );
+    let answer: Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(answer["type"], "message", "{answer}");
+    assert!(
+        ["end_turn", "max_tokens", "tool_use"].contains(&answer["stop_reason"].as_str().unwrap()),
+        "{answer}"
+    );
+    assert!(
+        answer["usage"]["input_tokens"].as_u64().unwrap() > 0,
+        "{answer}"
+    );
+    assert!(
+        !answer["content"].as_array().unwrap().is_empty(),
+        "{answer}"
+    );
+    let applied = &answer["context_management"]["applied_edits"][0];
+    assert_eq!(applied["type"], "clear_tool_uses_20250919", "{answer}");
+    assert_eq!(applied["cleared_tool_uses"], 4, "{answer}");
+
+    let mut streamed = body;
+    streamed["stream"] = serde_json::json!(true);
+    let (head, events) = server.request("POST", "/v1/messages", &key, Some(&streamed.to_string()));
+    assert!(head.contains("text/event-stream"), "{head}\n{events}");
+    let names: Vec<&str> = events
+        .lines()
+        .filter_map(|line| line.strip_prefix("event: "))
+        .collect();
+    assert_eq!(names.first(), Some(&"message_start"), "{events}");
+    assert_eq!(names.last(), Some(&"message_stop"), "{events}");
+    assert!(names.contains(&"content_block_delta"), "{events}");
+    let delta = events
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .map(|data| serde_json::from_str::<Value>(data).unwrap())
+        .find(|event| event["type"] == "message_delta")
+        .unwrap_or_else(|| panic!("{events}"));
+    assert_eq!(
+        delta["context_management"]["applied_edits"][0]["cleared_tool_uses"], 4,
+        "{delta}"
+    );
+}

@@ -443,3 +443,41 @@ async fn count_tokens_is_the_count_the_door_fits_with() {
     );
     assert_eq!(openai.call_count(), 1, "counting calls no upstream");
 }
+
+#[tokio::test]
+async fn a_stream_asked_of_an_upstream_that_answers_whole_is_still_written_as_events() {
+    let openai = FakeUpstream::start().await;
+    // Some OpenAI-compatible servers ignore `stream` and answer with the whole completion.
+    openai.push(Reply::json(
+        200,
+        json!({"id": "chatcmpl-1", "object": "chat.completion", "model": "gpt-4o-mini",
+               "choices": [{"index": 0, "finish_reason": "stop",
+                            "message": {"role": "assistant", "content": "Whole."}}],
+               "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}}),
+    ));
+    let (_dir, server, key) = server(&openai, None).await;
+    let response = post(
+        &server,
+        &key,
+        &[],
+        json!({"model": "gpt-4o-mini", "max_tokens": 100, "stream": true,
+               "messages": [{"role": "user", "content": "Weather?"}]}),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response.headers()["content-type"],
+        "text/event-stream",
+        "the client asked for a stream"
+    );
+    let body = response.text().await.unwrap();
+    let events = events(&body);
+    let names: Vec<&str> = events.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(names.first(), Some(&"message_start"), "{body}");
+    assert_eq!(names.last(), Some(&"message_stop"), "{body}");
+    let text: String = events
+        .iter()
+        .filter_map(|(_, data)| data["delta"]["text"].as_str())
+        .collect();
+    assert_eq!(text, "Whole.");
+}

@@ -30,6 +30,17 @@ pub struct MessageAnswer<'a> {
     /// What the request's context edits did (`{"applied_edits": [...]}`), when it named
     /// any.
     pub context_management: Option<&'a Value>,
+    /// A content block before the message's own (a compaction's).
+    pub leading_block: Option<&'a Value>,
+}
+
+impl MessageAnswer<'_> {
+    /// The answer's content blocks: the leading one, then the message's.
+    fn blocks(&self) -> Vec<Value> {
+        let mut blocks: Vec<Value> = self.leading_block.into_iter().cloned().collect();
+        blocks.extend(content_blocks(self.message));
+        blocks
+    }
 }
 
 /// A finish reason in Anthropic's words (`stop_reason`): OpenAI's `stop` is `end_turn`,
@@ -71,7 +82,7 @@ pub fn message_object(answer: &MessageAnswer<'_>) -> Value {
         "type": "message",
         "role": "assistant",
         "model": answer.model,
-        "content": content_blocks(answer.message),
+        "content": answer.blocks(),
         "stop_reason": answer.stop_reason,
         "stop_sequence": null,
         "usage": usage_value(answer.usage),
@@ -87,7 +98,7 @@ pub fn message_object(answer: &MessageAnswer<'_>) -> Value {
 pub fn message_stream(answer: &MessageAnswer<'_>) -> String {
     let mut stream = MessageStream::new(answer.id, answer.model);
     let mut out = stream.start(answer.usage.map(|usage| usage.input_tokens));
-    for block in content_blocks(answer.message) {
+    for block in answer.blocks() {
         out.push_str(&stream.whole_block(block));
     }
     out.push_str(&stream.finish(answer.stop_reason, answer.usage, answer.context_management));
@@ -474,6 +485,7 @@ mod tests {
             stop_reason: "tool_use",
             usage: Some(Usage::new(40, 12)),
             context_management: None,
+            leading_block: None,
         };
         insta::assert_snapshot!(
             "message_object",

@@ -120,7 +120,7 @@ pub async fn create(
         Ok(TurnAnswer::Replayed { answer, .. }) => Ok(replayed(&answer, stream, named)),
         Ok(TurnAnswer::Upstream { response, place }) => {
             let additions = additions(edits.as_ref(), &place);
-            answer_response(response, &model, named, additions).await
+            answer_response(response, &model, stream, named, additions).await
         }
         Ok(TurnAnswer::Compacted { place }) => {
             let additions = additions(edits.as_ref(), &place);
@@ -171,18 +171,17 @@ fn compaction_alone(model: &str, stream: bool, additions: AnswerAdditions) -> Re
         stop_reason: "compaction",
         usage: None,
         context_management: additions.context_management.as_ref(),
+        leading_block: additions.leading_block.as_ref(),
     };
-    let block = additions.leading_block.unwrap_or(Value::Null);
+    written(&answer, stream)
+}
+
+/// `answer` as a `message` object, or as its events for a client that asked for a stream.
+fn written(answer: &MessageAnswer<'_>, stream: bool) -> Response {
     if stream {
-        let mut writer = MessageStream::new(id.as_str(), model);
-        let mut events = writer.start(None);
-        events.push_str(&writer.whole_block(block));
-        events.push_str(&writer.finish("compaction", None, additions.context_management.as_ref()));
-        event_stream(Body::from(events))
+        event_stream(Body::from(message_stream(answer)))
     } else {
-        let mut object = message_object(&answer);
-        object["content"] = serde_json::json!([block]);
-        Json(object).into_response()
+        Json(message_object(answer)).into_response()
     }
 }
 
@@ -190,19 +189,16 @@ fn compaction_alone(model: &str, stream: bool, additions: AnswerAdditions) -> Re
 fn replayed(answer: &StoredAnswer, stream: bool, thread: Option<&str>) -> Response {
     let completion = answer.completion();
     let id = format!("msg_{}", new_token());
-    let written = MessageAnswer {
+    let answer = MessageAnswer {
         id: &id,
         model: completion.model,
         message: completion.message,
         stop_reason: anthropic_stop_reason(completion.finish_reason),
         usage: completion.usage,
         context_management: None,
+        leading_block: None,
     };
-    let mut response = if stream {
-        event_stream(Body::from(message_stream(&written)))
-    } else {
-        Json(message_object(&written)).into_response()
-    };
+    let mut response = written(&answer, stream);
     response
         .headers_mut()
         .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
@@ -211,10 +207,11 @@ fn replayed(answer: &StoredAnswer, stream: bool, thread: Option<&str>) -> Respon
 
 /// The upstream's answer as this door writes it, with the door's `additions`: as it came
 /// from an Anthropic upstream (the additions made in it), else read and written again as a
-/// message or its events.
+/// message or, for a client that asked for a `stream`, its events (a whole answer too).
 async fn answer_response(
     response: UpstreamResponse,
     model: &str,
+    stream: bool,
     thread: Option<&str>,
     additions: AnswerAdditions,
 ) -> ApiResult<Response> {
@@ -236,20 +233,18 @@ async fn answer_response(
         UpstreamBody::Full(bytes) => {
             let answer = AnswerAccumulator::from_body(format, &bytes)
                 .map_err(|error| ApiError::upstream(error.to_string()))?;
-            let mut object = message_object(&MessageAnswer {
-                id: &id,
-                model: answer.model.as_deref().unwrap_or(model),
-                message: &answer.message,
-                stop_reason: stop_reason(&answer),
-                usage: answer.usage,
-                context_management: management.as_ref(),
-            });
-            if let (Some(block), Some(Value::Array(content))) =
-                (leading_block, object.get_mut("content"))
-            {
-                content.insert(0, block);
-            }
-            Json(object).into_response()
+            written(
+                &MessageAnswer {
+                    id: &id,
+                    model: answer.model.as_deref().unwrap_or(model),
+                    message: &answer.message,
+                    stop_reason: stop_reason(&answer),
+                    usage: answer.usage,
+                    context_management: management.as_ref(),
+                    leading_block: leading_block.as_ref(),
+                },
+                stream,
+            )
         }
         UpstreamBody::Stream(upstream) => {
             let mut writer = MessageStream::new(id, model);
