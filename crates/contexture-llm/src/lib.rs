@@ -40,5 +40,5 @@ pub use passthrough::{
 pub use provider::{BoxFuture, ChatRequest, ChatResponse, Provider, StreamDelta, Usage};
 pub use retry::RetryPolicy;
 pub use scripted::{ScriptError, ScriptedProvider};
-pub use upstreams::{PatternError, Upstreams};
+pub use upstreams::{ModelList, ModelListError, ModelListShape, PatternError, Upstreams};
 pub use wire::{ChatCall, ClientFormat, ClientRequest, RequestBody, WireFormat};

@@ -9,8 +9,46 @@
 use std::sync::Arc;
 
 use globset::{Glob, GlobSet, GlobSetBuilder};
+use serde_json::{Value, json};
 
-use crate::passthrough::ChatUpstream;
+use crate::passthrough::{ChatUpstream, PassthroughError, UpstreamResponse};
+use crate::wire::{anthropic_model_entries, openai_model_entries};
+
+/// Whose shape a model list is written in: the client's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelListShape {
+    /// OpenAI's (`{"object": "list", "data": [...]}`).
+    OpenAi,
+    /// Anthropic's (`{"data": [...], "has_more", "first_id", "last_id"}`).
+    Anthropic,
+}
+
+/// Every upstream's models ([`Upstreams::model_list`]).
+#[derive(Debug)]
+pub enum ModelList {
+    /// The one upstream's list as it answered (its status and body), for a client of its
+    /// own shape.
+    AsAnswered(UpstreamResponse),
+    /// The lists in one.
+    Merged(Value),
+}
+
+/// Why the model list could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelListError {
+    /// The one upstream could not be reached.
+    #[error(transparent)]
+    Upstream(#[from] PassthroughError),
+    /// An upstream of several could not list its models (`which` names it: its place and
+    /// kind).
+    #[error("{which}: {problem}")]
+    Listing {
+        /// The upstream.
+        which: String,
+        /// What went wrong.
+        problem: String,
+    },
+}
 
 /// A glob pattern of a route that cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -94,6 +132,56 @@ impl Upstreams {
             .iter()
             .map(|route| &route.upstream)
             .chain(std::iter::once(&self.default))
+    }
+
+    /// Every upstream's models, in `shape`. One upstream's list, for a client of OpenAI's
+    /// shape, as it answered; else the lists in one, the routed upstreams' first, each model
+    /// once (an Anthropic list read into OpenAI's shape, and back for a client of
+    /// Anthropic's). An upstream that cannot list its models fails the whole list, naming
+    /// it: a list that left a provider's models out would say they are not there.
+    pub async fn model_list(&self, shape: ModelListShape) -> Result<ModelList, ModelListError> {
+        if self.routes.is_empty() && shape == ModelListShape::OpenAi {
+            return Ok(ModelList::AsAnswered(self.default.models().await?));
+        }
+        let mut seen = std::collections::HashSet::new();
+        let mut models = Vec::new();
+        for (index, upstream) in self.all().enumerate() {
+            let which = format!("upstream {} ({})", index + 1, upstream.format());
+            let failed = |problem: String| ModelListError::Listing {
+                which: which.clone(),
+                problem,
+            };
+            let response = upstream
+                .models()
+                .await
+                .map_err(|error| failed(error.to_string()))?;
+            let status = response.status;
+            let body = response
+                .body
+                .collect()
+                .await
+                .map_err(|error| failed(error.to_string()))?;
+            if !(200..300).contains(&status) {
+                return Err(failed(format!("answered {status} to the model list")));
+            }
+            let list: Value = serde_json::from_slice(&body)
+                .map_err(|error| failed(format!("its model list is not JSON: {error}")))?;
+            for model in openai_model_entries(upstream.format(), &list) {
+                if seen.insert(model["id"].as_str().unwrap_or_default().to_owned()) {
+                    models.push(model);
+                }
+            }
+        }
+        Ok(ModelList::Merged(match shape {
+            ModelListShape::OpenAi => json!({"object": "list", "data": models}),
+            ModelListShape::Anthropic => {
+                let models = anthropic_model_entries(&models);
+                let first_id = models.first().map(|model| model["id"].clone());
+                let last_id = models.last().map(|model| model["id"].clone());
+                json!({"data": models, "has_more": false,
+                       "first_id": first_id, "last_id": last_id})
+            }
+        }))
     }
 }
 

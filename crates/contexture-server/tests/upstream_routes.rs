@@ -166,7 +166,7 @@ async fn the_model_list_holds_every_upstreams_models_once() {
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{error}");
     let message = error["error"]["message"].as_str().unwrap();
     assert!(
-        message.contains("upstream 1 (Anthropic messages) answered 503"),
+        message.contains("upstream 1 (Anthropic messages): answered 503"),
         "{message}"
     );
 }

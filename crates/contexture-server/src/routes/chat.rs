@@ -21,8 +21,9 @@ use contexture_llm::passthrough::{
     Answer, AnswerAccumulator, PassthroughError, UpstreamBody, UpstreamResponse,
 };
 use contexture_llm::wire::ChatCall;
-use contexture_llm::wire::{WireFormat, anthropic_model_entries, openai_model_entries};
-use serde_json::{Map, Value, json};
+use contexture_llm::wire::WireFormat;
+use contexture_llm::{ModelList, ModelListError, ModelListShape};
+use serde_json::{Map, Value};
 
 use crate::app::AppState;
 use crate::auth::Caller;
@@ -270,58 +271,20 @@ pub(crate) fn passthrough_response(response: UpstreamResponse, thread: Option<&s
     with_thread_if(out, thread)
 }
 
-/// `GET /v1/models`: every upstream's models. With one upstream, its list as it answered;
-/// with several, their lists in one, in OpenAI's shape (an Anthropic list read into it),
-/// the routed upstreams' first and each model once. An upstream that cannot list its models
-/// fails the whole list, naming it: a list that left a provider's models out would say they
-/// are not there. A client of Anthropic's API (one that sends `anthropic-version`) gets the
-/// list in Anthropic's shape.
+/// `GET /v1/models`: every upstream's models ([`Upstreams::model_list`]), in Anthropic's
+/// shape for a client of Anthropic's API (one that sends `anthropic-version`).
+///
+/// [`Upstreams::model_list`]: contexture_llm::Upstreams::model_list
 pub async fn models(State(state): State<AppState>, headers: HeaderMap) -> ApiResult<Response> {
-    let upstreams = state.chat.upstreams();
-    let anthropic_client = headers.contains_key("anthropic-version");
-    if upstreams.all().count() == 1 && !anthropic_client {
-        let response = upstreams
-            .default_upstream()
-            .models()
-            .await
-            .map_err(|error| upstream_error(&error))?;
-        return Ok(passthrough_response(response, None));
+    let shape = if headers.contains_key("anthropic-version") {
+        ModelListShape::Anthropic
+    } else {
+        ModelListShape::OpenAi
+    };
+    match state.chat.upstreams().model_list(shape).await {
+        Ok(ModelList::AsAnswered(response)) => Ok(passthrough_response(response, None)),
+        Ok(ModelList::Merged(list)) => Ok(Json(list).into_response()),
+        Err(ModelListError::Upstream(error)) => Err(upstream_error(&error)),
+        Err(error @ ModelListError::Listing { .. }) => Err(ApiError::upstream(error.to_string())),
     }
-    let mut seen = std::collections::HashSet::new();
-    let mut models = Vec::new();
-    for (index, upstream) in upstreams.all().enumerate() {
-        let which = format!("upstream {} ({})", index + 1, upstream.format());
-        let response = upstream
-            .models()
-            .await
-            .map_err(|error| ApiError::upstream(format!("{which}: {error}")))?;
-        let status = response.status;
-        let body = response
-            .body
-            .collect()
-            .await
-            .map_err(|error| ApiError::upstream(format!("{which}: {error}")))?;
-        if !(200..300).contains(&status) {
-            return Err(ApiError::upstream(format!(
-                "{which} answered {status} to the model list"
-            )));
-        }
-        let list: Value = serde_json::from_slice(&body).map_err(|error| {
-            ApiError::upstream(format!("{which}: its model list is not JSON: {error}"))
-        })?;
-        for model in openai_model_entries(upstream.format(), &list) {
-            if seen.insert(model["id"].as_str().unwrap_or_default().to_owned()) {
-                models.push(model);
-            }
-        }
-    }
-    if anthropic_client {
-        let models = anthropic_model_entries(&models);
-        let first_id = models.first().map(|model| model["id"].clone());
-        let last_id = models.last().map(|model| model["id"].clone());
-        return Ok(Json(json!({"data": models, "has_more": false,
-                              "first_id": first_id, "last_id": last_id}))
-        .into_response());
-    }
-    Ok(Json(json!({"object": "list", "data": models})).into_response())
 }
