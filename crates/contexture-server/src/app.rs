@@ -485,6 +485,7 @@ pub fn router(state: AppState) -> Router {
         });
     api.merge(open)
         .fallback(ops::not_found)
+        .method_not_allowed_fallback(ops::method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.limits.max_body_bytes))
         .layer(middleware::from_fn(crate::error::anthropic_errors))
         .layer(Extension(BodyTimeout(Duration::from_secs_f64(

@@ -74,18 +74,22 @@ fn every_route_served_has_its_row() {
 fn every_entry_point_named_exists() {
     let engine = sources(&repository().join("crates/contexture-engine/src"));
     let store = sources(&repository().join("crates/contexture-store/src"));
+    let llm = sources(&repository().join("crates/contexture-llm/src"));
     for row in operations() {
         for entry in row[3].split('`').skip(1).step_by(2) {
             let Some((owner, name)) = entry.rsplit_once("::") else {
                 continue;
             };
-            let crate_text = if owner == "Store" { &store } else { &engine };
+            let (crate_text, crate_name) = match owner {
+                "Store" => (&store, "store"),
+                "Upstreams" => (&llm, "LLM crate"),
+                _ => (&engine, "engine"),
+            };
             assert!(
                 crate_text.contains(&format!("fn {name}("))
                     || crate_text.contains(&format!("fn {name}<")),
-                "`{entry}` (ARCHITECTURE.md, {}) is not a function of the {}",
+                "`{entry}` (ARCHITECTURE.md, {}) is not a function of the {crate_name}",
                 row[0],
-                if owner == "Store" { "store" } else { "engine" }
             );
         }
     }

@@ -315,6 +315,18 @@ async fn errors_have_anthropics_shape_and_name_the_field() {
         let message = error["error"]["message"].as_str().unwrap();
         assert!(message.contains(expected), "{body}: {message}");
     }
+    // A method the path does not take.
+    let response = client()
+        .get(server.url("/v1/messages"))
+        .header("x-api-key", &key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+    let error: Value = response.json().await.unwrap();
+    assert_eq!(error["type"], "error", "{error}");
+    assert_eq!(error["error"]["type"], "not_found_error", "{error}");
+    assert_eq!(error["error"]["message"], "/v1/messages does not take GET");
     // A body nested past any sense, and one that is not JSON.
     let deep = format!("{}{}", "[".repeat(5000), "]".repeat(5000));
     let response = client()

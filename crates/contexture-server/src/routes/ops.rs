@@ -55,7 +55,17 @@ pub async fn openapi() -> Response {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
 }
 
-/// Any other path.
+/// A path of this server asked with a method it does not take: a 405 naming both.
+pub async fn method_not_allowed(method: axum::http::Method, uri: Uri) -> ApiError {
+    ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        code: "method_not_allowed",
+        message: format!("{} does not take {method}", uri.path()),
+        param: None,
+    }
+}
+
+/// Any path this server does not have: a 404 naming it.
 pub async fn not_found(uri: Uri) -> ApiError {
     ApiError {
         status: StatusCode::NOT_FOUND,
