@@ -250,6 +250,8 @@ pub struct ChatTurn<'a, S> {
     /// keeping at most half of it verbatim (the policy's other settings, or the defaults,
     /// apply).
     pub compact_threshold: Option<u64>,
+    /// More instructions for the summary of that compaction.
+    pub compact_instructions: Option<&'a str>,
     /// What the door keeps with the request's record ([`RequestRecord::client`]).
     pub client_record: Option<&'a Value>,
     /// False when the body the upstream gets leaves reasoning out (see
@@ -644,6 +646,15 @@ impl<S: Store> ChatTurn<'_, S> {
             // request is well below it.
             let half = tokens / 2;
             asked.keep.tokens = Some(asked.keep.tokens.map_or(half, |kept| kept.min(half)));
+            if let Some(instructions) = self.compact_instructions {
+                asked.prompt = Some(contexture_core::compact::with_instructions(
+                    asked
+                        .prompt
+                        .as_deref()
+                        .unwrap_or(contexture_core::compact::DEFAULT_PROMPT),
+                    instructions,
+                ));
+            }
             compaction = Some(asked);
         }
         // A cut thread must still be over the token trigger, as the whole thread is.
@@ -1118,7 +1129,30 @@ pub fn check_tool_results(stored: &Projection, new: &[Message]) -> Result<(), Ch
 
 /// Two messages are the same turn when they serialize alike in the OpenAI format.
 fn same_turn(a: &Message, b: &Message) -> bool {
-    a.role == b.role && openai::to_value(a) == openai::to_value(b)
+    a.role == b.role && comparable(a) == comparable(b)
+}
+
+/// `message` as turns are compared: its wire form with what a client may change when it
+/// sends a turn back taken out. Anthropic's clients send an answer back as a list of
+/// blocks (one text block for a plain answer) and mark blocks for their prompt cache
+/// (`cache_control`); neither makes it another turn.
+fn comparable(message: &Message) -> Value {
+    let mut value = openai::to_value(message);
+    if let Some(Value::Array(parts)) = value.get_mut("content") {
+        for part in parts.iter_mut() {
+            if let Value::Object(part) = part {
+                part.remove("cache_control");
+            }
+        }
+        if let [Value::Object(part)] = parts.as_slice()
+            && part.len() == 2
+            && part.get("type").and_then(Value::as_str) == Some("text")
+            && let Some(text) = part.get("text").cloned()
+        {
+            value["content"] = text;
+        }
+    }
+    value
 }
 
 /// The request's messages that the thread does not hold yet (see the module docs).
@@ -1156,6 +1190,40 @@ mod tests {
             system: system.map(Message::system),
             messages,
         }
+    }
+
+    #[test]
+    fn a_turn_sent_back_as_one_text_block_or_marked_for_caching_is_the_same_turn() {
+        let stored = projection(
+            None,
+            vec![Message::user("Hi"), Message::assistant("Hello!")],
+        );
+        let mut as_block = Message::assistant("");
+        as_block.content = Some(contexture_core::Content::Parts(vec![
+            contexture_core::Part::Text {
+                text: "Hello!".into(),
+                extra: serde_json::from_value(
+                    serde_json::json!({"cache_control": {"type": "ephemeral"}}),
+                )
+                .unwrap(),
+            },
+        ]));
+        let new = new_messages(
+            &stored,
+            vec![Message::user("Hi"), as_block, Message::user("Next?")],
+        );
+        assert_eq!(new.len(), 1, "{new:?}");
+        assert_eq!(new[0].text(), "Next?");
+        // Another text is another turn.
+        let new = new_messages(
+            &stored,
+            vec![
+                Message::user("Hi"),
+                Message::assistant("Hello?"),
+                Message::user("Next?"),
+            ],
+        );
+        assert_eq!(new.len(), 3);
     }
 
     #[test]

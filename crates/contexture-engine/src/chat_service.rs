@@ -602,6 +602,7 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             cpu: Some((&self.parts.cpu, request.tenant.name().to_owned())),
             instructions: request.instructions.as_deref(),
             compact_threshold: None,
+            compact_instructions: None,
             client_record: None,
             sends_reasoning: true,
         };
@@ -710,6 +711,7 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             call,
             instructions,
             compact_threshold,
+            compact_instructions,
             client_record,
             ..
         } = request;
@@ -728,6 +730,7 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             cpu: Some((&parts.cpu, tenant.name().to_owned())),
             instructions: instructions.as_deref(),
             compact_threshold,
+            compact_instructions: compact_instructions.as_deref(),
             client_record: client_record.as_ref(),
             sends_reasoning: call.sends_reasoning_to(self.upstream_format(&call.model)),
         };

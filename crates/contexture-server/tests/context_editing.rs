@@ -544,25 +544,94 @@ async fn an_anthropic_upstreams_stream_gets_the_compaction_block_first() {
 }
 
 #[tokio::test]
-async fn compaction_on_a_named_thread_is_refused_naming_the_edit() {
+async fn on_a_named_thread_compaction_compacts_the_stored_thread_and_the_block_sent_back_adds_nothing()
+ {
     let openai = FakeUpstream::start().await;
+    openai.extend([
+        Reply::text("Topics 18 and 19 differ."),
+        Reply::text("You're welcome."),
+    ]);
     let (_dir, server, key) = server(&openai, None).await;
+    let edits = json!({"edits": [{"type": "compact_20260112",
+                                  "trigger": {"type": "input_tokens", "value": 3000}}]});
+    let mut history = long_conversation(20);
+    let (status, answer) = message(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "max_tokens": 300,
+               "metadata": {"contexture_thread": "long"},
+               "messages": history, "context_management": edits}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let content = answer["content"].as_array().unwrap().clone();
+    assert_eq!(content[0]["type"], "compaction", "{answer}");
+    assert_eq!(content[1]["text"], "Topics 18 and 19 differ.");
+    let first = sent_texts(&openai.call(0).json);
+    assert!(
+        !first.iter().any(|text| text.starts_with("Question 3:")),
+        "{first:?}"
+    );
+    let stored = |page: Value| page["messages"].as_array().unwrap().len();
+    let (_, page) = server
+        .call(&key, "GET", "/v1/threads/long/messages", None)
+        .await;
+    let after_first = stored(page);
+
+    // The client sends its whole history back with the block: only the new question is
+    // new to the thread (a higher trigger, so that the thread is not compacted again).
+    let later_edits = json!({"edits": [{"type": "compact_20260112"}]});
+    history.push(json!({"role": "assistant", "content": content}));
+    history.push(json!({"role": "user", "content": "Thanks!"}));
+    let (status, answer) = message(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "max_tokens": 300,
+               "metadata": {"contexture_thread": "long"},
+               "messages": history, "context_management": later_edits}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["content"][0]["text"], "You're welcome.", "{answer}");
+    let (_, page) = server
+        .call(&key, "GET", "/v1/threads/long/messages", None)
+        .await;
+    assert_eq!(stored(page), after_first + 2, "the question and its answer");
+    let second = sent_texts(&openai.call(1).json);
+    assert!(
+        !second.iter().any(|text| text.starts_with("Question 3:")),
+        "{second:?}"
+    );
+    assert_eq!(second.last().unwrap(), "Thanks!");
+    assert_eq!(
+        second
+            .iter()
+            .filter(|text| text.contains("Topics 18 and 19 differ."))
+            .count(),
+        1,
+        "{second:?}"
+    );
+
+    // Pausing after compaction is for requests that carry their history.
     let (status, error) = message(
         &server,
         &key,
         json!({"model": "gpt-4o-mini", "max_tokens": 300,
-               "metadata": {"contexture_thread": "t"},
+               "metadata": {"contexture_thread": "long"},
                "messages": [{"role": "user", "content": "Hi"}],
-               "context_management": {"edits": [{"type": "compact_20260112"}]}}),
+               "context_management": {"edits": [{"type": "compact_20260112",
+                                                 "pause_after_compaction": true}]}}),
     )
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     let message = error["error"]["message"].as_str().unwrap();
     assert!(
-        message.starts_with("context_management.edits: `compact_20260112`"),
+        message.starts_with(
+            "context_management.edits: `compact_20260112` with pause_after_compaction"
+        ),
         "{message}"
     );
-    assert_eq!(openai.call_count(), 0);
+    assert_eq!(openai.call_count(), 2);
 }
 
 #[tokio::test]

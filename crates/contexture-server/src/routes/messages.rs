@@ -70,11 +70,15 @@ pub async fn create(
         .map_err(|error| ApiError::invalid(error.field, error.message))?;
     let edits = read.edits.clone();
     let compact = edits.as_ref().and_then(|edits| edits.compact.clone());
-    if compact.is_some() && thread.is_some() {
+    if compact
+        .as_ref()
+        .is_some_and(|compact| compact.pause_after_compaction)
+        && thread.is_some()
+    {
         return Err(ApiError::invalid(
             "context_management.edits",
             format!(
-                "context_management.edits: `{COMPACT}` compacts the history a request carries; a named thread compacts by its own policy (its `compaction`, or POST /v1/threads/{{id}}/compact): leave the edit or the thread out"
+                "context_management.edits: `{COMPACT}` with pause_after_compaction compacts the history a request carries and stops; a named thread's turn compacts the stored thread and goes on: leave pause_after_compaction or the thread out"
             ),
         ));
     }
@@ -140,9 +144,11 @@ fn request_edits(edits: &ContextEdits) -> RequestEdits {
 }
 
 /// What the door adds to the answer of a turn recorded at `place` for a request that named
-/// `edits`: what they did (when it named any), and the compaction's block first (when the
-/// turn compacted).
+/// `edits`: what they did (when it named any), and the compaction's block first (when it
+/// named compaction and the turn compacted: a thread's own policy compacting is not the
+/// client's to see).
 fn additions(edits: Option<&ContextEdits>, place: &TurnPlace) -> AnswerAdditions {
+    let compacting = edits.is_some_and(|edits| edits.compact.is_some());
     AnswerAdditions {
         context_management: edits.map(|edits| {
             let applied = applied_edits(
@@ -155,6 +161,7 @@ fn additions(edits: Option<&ContextEdits>, place: &TurnPlace) -> AnswerAdditions
         leading_block: place
             .summary
             .as_deref()
+            .filter(|_| compacting)
             .map(|summary| compaction_block(summary, place.summary_kept)),
     }
 }
