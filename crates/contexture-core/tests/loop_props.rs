@@ -75,6 +75,7 @@ proptest! {
             .prop_filter("one trigger at least", |(tokens, uses)| *tokens || uses.is_some()),
         keep in 0usize..4,
         at_least in prop::option::of(0u64..3_000),
+        min_cleared in prop::option::of(1u64..4_000),
         exclude in prop::option::of(0..TOOLS.len()),
         clear_inputs in prop_oneof![
             any::<bool>().prop_map(ClearInputs::from),
@@ -87,6 +88,7 @@ proptest! {
         let clear = ClearPolicy {
             trigger_tokens: triggers.0.then_some((f64::from(limit) * trigger_share) as u64),
             trigger_tool_uses: triggers.1,
+            min_cleared,
             keep,
             clear_at_least: at_least.filter(|n| *n > 0),
             exclude_tools: exclude.map(|t| vec![TOOLS[t].to_string()]).unwrap_or_default(),

@@ -59,6 +59,7 @@ fn loop_fit(c: &mut Criterion) {
     let clear = ClearPolicy {
         trigger_tokens: Some(9_000),
         trigger_tool_uses: None,
+        min_cleared: None,
         keep: 3,
         clear_at_least: Some(2_000),
         exclude_tools: Vec::new(),

@@ -114,10 +114,13 @@ pub struct TurnRequest {
     /// with the request's messages is fitted and sent, and nothing is compacted or
     /// recorded.
     pub store: bool,
-    /// Compact when the request passes this many tokens, whatever the policy's trigger. A
-    /// turn that stores nothing compacts the request's own messages (nothing is stored):
-    /// [`TurnPlace::summary`] then holds what stands for the part it covered.
+    /// Compact when the request passes this many tokens, whatever the policy's trigger (a
+    /// turn that stores nothing: only with [`TurnRequest::compacts_request`]).
     pub compact_threshold: Option<u64>,
+    /// True: a turn that stores nothing compacts the request's own messages past
+    /// `compact_threshold` (nothing is stored), [`TurnPlace::summary`] holding what stands
+    /// for the part it covered, for a client that sends it back in their place.
+    pub compacts_request: bool,
     /// More instructions for the summary of that compaction.
     pub compact_instructions: Option<String>,
     /// True: a turn that stores nothing and compacts stops there, sending nothing upstream
@@ -145,6 +148,7 @@ impl TurnRequest {
             instructions: None,
             store: true,
             compact_threshold: None,
+            compacts_request: false,
             compact_instructions: None,
             pause_after_compaction: false,
             client_record: None,
@@ -373,7 +377,14 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
         }
         if let Some(clear) = &edits.clear_tool_results {
             let options = clear.options(counter.count_tools(tools));
-            edited = clear_tool_results(&edited, &options, counter).messages;
+            let cleared = clear_tool_results(&edited, &options, counter);
+            // A clearing that frees less than the policy's least is not made.
+            if clear
+                .min_cleared
+                .is_none_or(|least| cleared.tokens_cleared >= least)
+            {
+                edited = cleared.messages;
+            }
         }
         Ok(RequestTokens {
             tokens: counter.count_request_total(&edited, tools),
@@ -569,11 +580,11 @@ impl<S: Store + TurnQueueStore + Clone + 'static> ChatService<S> {
             None => None,
         };
         let (messages, summary, summary_kept) = match request.compact_threshold {
-            Some(threshold) => {
+            Some(threshold) if request.compacts_request => {
                 self.compacted_request(&request, &settings, threshold)
                     .await?
             }
-            None => (request.messages.clone(), None, 0),
+            _ => (request.messages.clone(), None, 0),
         };
         if request.pause_after_compaction && summary.is_some() {
             return Ok(TurnAnswer::Compacted {

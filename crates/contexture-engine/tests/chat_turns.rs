@@ -121,6 +121,7 @@ pub(crate) fn turn(question: &str, stream: bool) -> TurnRequest {
         instructions: None,
         store: true,
         compact_threshold: None,
+        compacts_request: false,
         compact_instructions: None,
         pause_after_compaction: false,
         client_record: None,

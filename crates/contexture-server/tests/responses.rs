@@ -474,6 +474,32 @@ async fn a_compaction_threshold_puts_a_readable_compaction_item_first() {
         .call(&key, "GET", &format!("/v1/responses/{id}"), None)
         .await;
     assert_eq!(read["output"][0], compacted["output"][0]);
+
+    // A response that stores nothing compacts nothing: its input is sent as it came.
+    let long: String = "A long question about the thread. ".repeat(20);
+    let (status, unstored) = respond(
+        &server,
+        &key,
+        json!({"model": "gpt-4o-mini", "store": false,
+               "input": [{"role": "user", "content": long.clone()},
+                         {"role": "assistant", "content": "An answer."},
+                         {"role": "user", "content": "And?"}],
+               "context_management": [{"type": "compaction", "compact_threshold": 20}]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{unstored}");
+    assert!(
+        unstored["output"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|item| item["type"] != "compaction"),
+        "{unstored}"
+    );
+    let last = upstream.calls().len() - 1;
+    let sent = self::sent(&upstream, last);
+    assert_eq!(sent.len(), 3, "{sent:?}");
+    assert_eq!(sent[0].1, json!(long));
 }
 
 #[tokio::test]

@@ -347,6 +347,7 @@ fn policy_of(args: &FitArgs) -> Result<FitPolicy> {
             // of one token is past it.
             trigger_tokens: Some(args.clear_trigger_tokens.unwrap_or(1)),
             trigger_tool_uses: None,
+            min_cleared: None,
             keep,
             clear_at_least: args.clear_at_least,
             exclude_tools: args.clear_exclude.clone(),

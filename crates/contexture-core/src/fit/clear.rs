@@ -120,6 +120,11 @@ pub struct ClearPolicy {
     /// the request is back under the token trigger (default: clear every older result).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clear_at_least: Option<u64>,
+    /// Clear only when that frees at least this many tokens; a clearing that would free
+    /// less is not made (it would cost the provider's prompt cache for little). Default:
+    /// whatever it frees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_cleared: Option<u64>,
     /// Tools whose results are never cleared.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exclude_tools: Vec<String>,
@@ -142,6 +147,7 @@ impl ClearPolicy {
             trigger_tool_uses: None,
             keep: default_keep(),
             clear_at_least: None,
+            min_cleared: None,
             exclude_tools: Vec::new(),
             clear_inputs: ClearInputs::default(),
         }
@@ -197,6 +203,12 @@ impl ClearPolicy {
             problems.push((
                 "clear_at_least",
                 "must be at least 1, or left out to clear every older result".into(),
+            ));
+        }
+        if self.min_cleared == Some(0) {
+            problems.push((
+                "min_cleared",
+                "must be at least 1, or left out to clear whatever it frees".into(),
             ));
         }
         if let Some(blank) = self

@@ -218,23 +218,29 @@ pub fn shrink(
         let trigger = clear.token_trigger();
         let uses = tool_use_count(&all);
         // The first cut of a loop comes past the trigger; under hysteresis, the next ones
-        // only past the high mark, so that the calls between share their prefix. A
-        // tool-use trigger is passed whatever the marks.
-        let fire = match high {
-            Some(high) if cut_before => {
-                total > high.max(trigger) || clear.fires(0, uses) && total > high
-            }
-            Some(high) => total > high.min(trigger) || clear.fires(0, uses),
-            None => clear.fires(total, uses),
+        // only past the high mark, so that the calls between share their prefix (a
+        // tool-use trigger too, once a loop was cut).
+        let by_tokens = match high {
+            Some(high) if cut_before => total > high.max(trigger),
+            Some(high) => total > high.min(trigger),
+            None => clear.trigger_tokens.is_some_and(|limit| total > limit),
         };
-        // Under hysteresis, down to the low mark (or the trigger, when lower); else to the
-        // token trigger, or every older result when no least amount (or no token trigger)
-        // is set.
-        let stop_below = match low {
-            Some(low) => Some(low.min(trigger)),
-            None => clear.clear_at_least.and(clear.trigger_tokens),
+        let by_uses = clear.fires(0, uses)
+            && match high {
+                Some(high) if cut_before => total > high,
+                _ => true,
+            };
+        // Past a token mark: under hysteresis, down to the low mark (or the trigger, when
+        // lower); else to the token trigger, or every older result when no least amount is
+        // set. Past the tool-use trigger alone: every older result.
+        let stop_below = match (by_tokens, low) {
+            (false, _) => None,
+            (true, Some(low)) => Some(low.min(trigger)),
+            (true, None) => clear.clear_at_least.and(clear.trigger_tokens),
         };
-        if fire {
+        if by_tokens || by_uses {
+            // A clearing that would free less than the policy's least is not made.
+            let unchanged = clear.min_cleared.map(|_| all.clone());
             let more = clear_tool_results_with(
                 all,
                 &options,
@@ -243,15 +249,26 @@ pub fn shrink(
                 &mut memory.replacements,
                 counter,
             );
-            // Only calls cleared now are new to the memory: the others were carried.
-            memory.cleared.extend(
-                more.cleared
-                    .iter()
-                    .map(|result| Arc::clone(&result.tool_call_id)),
-            );
-            all = more.messages;
-            cleared.extend(more.cleared);
-            cleared.sort_by_key(|result| result.index);
+            match unchanged {
+                Some(unchanged)
+                    if clear
+                        .min_cleared
+                        .is_some_and(|least| more.tokens_cleared < least) =>
+                {
+                    all = unchanged;
+                }
+                _ => {
+                    // Only calls cleared now are new to the memory: the others were carried.
+                    memory.cleared.extend(
+                        more.cleared
+                            .iter()
+                            .map(|result| Arc::clone(&result.tool_call_id)),
+                    );
+                    all = more.messages;
+                    cleared.extend(more.cleared);
+                    cleared.sort_by_key(|result| result.index);
+                }
+            }
         }
     }
     // Still past the high mark: the oldest history goes, whole units, down to the low mark.
@@ -370,6 +387,7 @@ mod tests {
         let clear = ClearPolicy {
             trigger_tokens: Some(3_000),
             trigger_tool_uses: None,
+            min_cleared: None,
             keep: 1,
             clear_at_least: Some(400),
             exclude_tools: Vec::new(),
@@ -450,6 +468,68 @@ mod tests {
         let compacted = &history[10..];
         let third = shrink(&parts(compacted, &more), &policy, &mut memory, &counter);
         assert_ne!(third.messages[0], second.messages[0]);
+    }
+
+    /// What one request of a loop of `calls` tool uses clears under `clear`, with or
+    /// without the marks: the calls whose results it cleared.
+    fn cleared_by(clear: &ClearPolicy, marks: Option<&Hysteresis>, calls: usize) -> Vec<String> {
+        let system = Message::system("You read pages.");
+        let own = own(calls);
+        let request = RequestParts {
+            system: Some(&system),
+            history: &[],
+            own: &own,
+            limit: 100_000,
+            tools_tokens: 0,
+        };
+        let policy = ShrinkPolicy {
+            clear: Some(clear),
+            hysteresis: marks,
+            history_oldest_first: true,
+            ..ShrinkPolicy::default()
+        };
+        let shrunk = shrink(&request, &policy, &mut CutMemory::default(), &counter());
+        shrunk
+            .cleared
+            .iter()
+            .map(|result| result.tool_call_id.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn a_tool_use_trigger_clears_all_but_the_kept_under_the_marks_too() {
+        let clear = ClearPolicy {
+            trigger_tokens: None,
+            trigger_tool_uses: Some(4),
+            ..ClearPolicy::past_tokens(1)
+        };
+        let marks = Hysteresis {
+            high: 0.9,
+            low: 0.6,
+        };
+        // Five uses of a request far under the marks: the two oldest are cleared all the
+        // same (all but the newest three), with the marks or without.
+        for marks in [None, Some(&marks)] {
+            assert_eq!(cleared_by(&clear, marks, 5), ["call-0", "call-1"]);
+            assert_eq!(cleared_by(&clear, marks, 4), Vec::<String>::new());
+        }
+    }
+
+    #[test]
+    fn a_clearing_that_frees_less_than_the_least_is_not_made() {
+        let clear = |least| ClearPolicy {
+            min_cleared: Some(least),
+            ..ClearPolicy::past_tokens(1)
+        };
+        // Five uses, three kept: two results of about 500 tokens each can be freed.
+        assert_eq!(cleared_by(&clear(500), None, 5), ["call-0", "call-1"]);
+        assert_eq!(cleared_by(&clear(5_000), None, 5), Vec::<String>::new());
+        assert!(
+            clear(0)
+                .problems()
+                .iter()
+                .any(|(field, _)| *field == "min_cleared")
+        );
     }
 
     #[test]

@@ -58,7 +58,7 @@ pub struct CompactEdit {
     /// True: a request that compacts answers with the compaction alone (stop reason
     /// `compaction`), the client sending the next request itself.
     pub pause_after_compaction: bool,
-    /// What the summary should keep, in place of the default instructions.
+    /// More instructions for the summary, added to the summarizer's prompt.
     pub instructions: Option<String>,
 }
 
@@ -81,68 +81,141 @@ pub fn compaction_block(summary: &[Message], kept: usize) -> Value {
 
 /// `messages` (a request as read, its system prompt first) resumed after the last
 /// compaction block it sends back: the block's summary as a user message, the messages the
-/// compaction kept (the block's `encrypted_content` says how many of those just before the
-/// block's turn), the rest of the block's turn, and what follows it. Everything else before
-/// the block is left out. A block without a summary (`content` null: a compaction that
-/// failed) is only taken out. Without a block, `messages` as they are.
-pub fn resume_after_compaction(mut messages: Vec<Message>) -> Vec<Message> {
-    let found = messages
+/// compaction kept (the block's `encrypted_content` says how many: the last ones of the
+/// request it compacted, itself resumed after any earlier block), the rest of the block's
+/// turn, and what follows it. Everything else before the block is left out. A block
+/// without a summary (`content` null: a compaction that failed) is only taken out. Without
+/// a block, `messages` as they are.
+pub fn resume_after_compaction(messages: Vec<Message>) -> Vec<Message> {
+    let system_len = messages
         .iter()
-        .enumerate()
-        .rev()
-        .find_map(|(index, message)| {
-            let Some(Content::Parts(parts)) = &message.content else {
-                return None;
-            };
-            let part = parts.iter().rposition(is_compaction_block)?;
-            (message.role == Role::Assistant).then_some((index, part))
-        });
-    let Some((index, part)) = found else {
-        return messages;
-    };
-    let mut turn = messages[index].clone();
-    let Some(Content::Parts(parts)) = &mut turn.content else {
-        return messages;
-    };
-    let Part::Other { value: block } = parts.remove(part) else {
-        return messages;
-    };
-    let summary = block.get("content").and_then(Value::as_str);
-    // What precedes the block in its own turn went with the compaction too.
-    let rest: Vec<Part> = parts.split_off(part);
-    turn.content = (!rest.is_empty()).then_some(Content::Parts(rest));
-    turn.touch();
-    let keeps_turn = turn.content.is_some() || !turn.tool_calls.is_empty();
-    let Some(summary) = summary.filter(|text| !text.trim().is_empty()) else {
-        if keeps_turn {
-            messages[index] = turn;
-        } else {
-            messages.remove(index);
+        .take_while(|message| message.role.is_system_like())
+        .count();
+    let last = (system_len..messages.len()).rev().find_map(|index| {
+        block_turn(&messages[index])
+            .filter(|turn| turn.summary.is_some())
+            .map(|turn| (index, turn))
+    });
+    let Some((index, turn)) = last else {
+        if !messages.iter().any(|message| block_turn(message).is_some()) {
+            return messages;
         }
-        return messages;
+        return messages.iter().filter_map(without_failed_block).collect();
     };
+    let mut resumed: Vec<Message> = messages[..system_len].to_vec();
+    resumed.push(Message::user(turn.summary.unwrap_or_default()));
+    resumed.extend(kept_tail(&messages[..index], system_len, turn.kept));
+    resumed.extend(turn.rest);
+    resumed.extend(
+        messages[index + 1..]
+            .iter()
+            .filter_map(without_failed_block),
+    );
+    resumed
+}
+
+/// A turn holding a compaction block, taken apart.
+struct BlockTurn {
+    /// The turn without the block and what preceded it (`None`: nothing is left of it).
+    rest: Option<Message>,
+    /// The block's summary (`None`: the compaction failed).
+    summary: Option<String>,
+    /// How many of the compacted request's last messages the compaction kept.
+    kept: usize,
+}
+
+/// `message` taken apart when it is an assistant turn holding a compaction block (its last
+/// one).
+fn block_turn(message: &Message) -> Option<BlockTurn> {
+    if message.role != Role::Assistant {
+        return None;
+    }
+    let Some(Content::Parts(parts)) = &message.content else {
+        return None;
+    };
+    let at = parts.iter().rposition(is_compaction_block)?;
+    let Part::Other { value: block } = &parts[at] else {
+        return None;
+    };
+    let summary = block
+        .get("content")
+        .and_then(Value::as_str)
+        .filter(|text| !text.trim().is_empty())
+        .map(str::to_owned);
     let kept = block
         .get("encrypted_content")
         .and_then(Value::as_str)
         .and_then(|text| text.strip_prefix(KEPT_PREFIX))
         .and_then(|count| count.parse::<usize>().ok())
         .unwrap_or(0);
-    let after = messages.split_off(index + 1);
-    messages.truncate(index);
-    let system_len = messages
-        .iter()
-        .take_while(|message| message.role.is_system_like())
-        .count();
-    let kept_from = index.saturating_sub(kept).max(system_len);
-    let kept_messages = messages.split_off(kept_from);
-    messages.truncate(system_len);
-    messages.push(Message::user(summary));
-    messages.extend(kept_messages);
-    if keeps_turn {
-        messages.push(turn);
+    // What precedes the block in its own turn went with the compaction too.
+    let rest: Vec<Part> = parts[at + 1..].to_vec();
+    let mut turn = message.clone();
+    turn.content = (!rest.is_empty()).then_some(Content::Parts(rest));
+    turn.touch();
+    let rest = (turn.content.is_some() || !turn.tool_calls.is_empty()).then_some(turn);
+    Some(BlockTurn {
+        rest,
+        summary,
+        kept,
+    })
+}
+
+/// `message` with a failed compaction block taken out (`None`: nothing is left of it).
+fn without_failed_block(message: &Message) -> Option<Message> {
+    match block_turn(message) {
+        Some(turn) => turn.rest,
+        None => Some(message.clone()),
     }
-    messages.extend(after);
-    messages
+}
+
+/// The last `kept` messages (after the system prompt, `system_len` long) of `messages`
+/// resumed after their own compaction blocks, in order. Walked from the end, each message
+/// read at most once: a block met on the way starts the part it stands for (its summary,
+/// then what it kept), of which no more than it kept is taken, its summary only when the
+/// walk needs more than that part holds.
+fn kept_tail(messages: &[Message], system_len: usize, kept: usize) -> Vec<Message> {
+    /// A block the walk went past: its summary, how many messages the walk still needed
+    /// there, and how many it had taken before.
+    struct Passed {
+        summary: String,
+        needed: usize,
+        taken_before: usize,
+    }
+    let mut taken: Vec<Message> = Vec::new();
+    let mut passed: Vec<Passed> = Vec::new();
+    let mut need = kept;
+    let mut end = messages.len();
+    while need > 0 && end > system_len {
+        end -= 1;
+        let message = &messages[end];
+        let Some(turn) = block_turn(message) else {
+            taken.push(message.clone());
+            need -= 1;
+            continue;
+        };
+        if let Some(rest) = turn.rest {
+            taken.push(rest);
+            need -= 1;
+        }
+        if let (Some(summary), true) = (turn.summary, need > 0) {
+            passed.push(Passed {
+                summary,
+                needed: need,
+                taken_before: taken.len(),
+            });
+            need = need.min(turn.kept);
+        }
+    }
+    // Innermost first: a part that gave fewer messages than were needed of it starts with
+    // its summary.
+    while let Some(block) = passed.pop() {
+        if taken.len() - block.taken_before < block.needed {
+            taken.push(Message::user(block.summary));
+        }
+    }
+    taken.reverse();
+    taken
 }
 
 /// True for a `compaction` block kept as it came.
@@ -278,8 +351,10 @@ fn clear_tool_uses(edit: &Map<String, Value>, at: &str) -> Result<ClearPolicy, B
     if let Some((_, value)) = amount(edit, at, "keep", &["tool_uses"], 0)? {
         policy.keep = to_usize(value);
     }
+    // Anthropic's `clear_at_least` makes the edit all or nothing: every result older than
+    // `keep` is cleared, unless that frees less than this.
     if let Some((_, value)) = amount(edit, at, "clear_at_least", &["input_tokens"], 1)? {
-        policy.clear_at_least = Some(value);
+        policy.min_cleared = Some(value);
     }
     if let Some(tools) = present(edit, "exclude_tools") {
         policy.exclude_tools = tool_names(tools, &format!("{at}.exclude_tools"))?;
@@ -502,7 +577,8 @@ mod tests {
                 trigger_tokens: None,
                 trigger_tool_uses: Some(6),
                 keep: 2,
-                clear_at_least: Some(500),
+                clear_at_least: None,
+                min_cleared: Some(500),
                 exclude_tools: vec!["memory".into()],
                 clear_inputs: ClearInputs::Tools(vec!["search".into()]),
             }
@@ -646,6 +722,118 @@ mod tests {
                 (Role::Assistant, "File 11 is safe.".to_owned()),
                 (Role::User, "Thanks. Report.".to_owned()),
             ]
+        );
+    }
+
+    /// The block of a compaction that kept `kept` messages, with `summary`, then `text`.
+    fn answer(summary: &str, kept: usize, text: &str) -> Value {
+        json!({"role": "assistant", "content": [
+            compaction_block(&[Message::user(summary)], kept), {"type": "text", "text": text}]})
+    }
+
+    /// `history` (Anthropic messages) read and resumed, as (role, text) pairs.
+    fn resumed(history: Vec<Value>) -> Vec<(Role, String)> {
+        let messages =
+            crate::format::anthropic::parse_request(&json!({ "messages": history })).unwrap();
+        texts(&resume_after_compaction(messages))
+    }
+
+    fn user(text: &str) -> Value {
+        json!({"role": "user", "content": text})
+    }
+
+    fn assistant(text: &str) -> Value {
+        json!({"role": "assistant", "content": text})
+    }
+
+    fn said(pairs: &[(Role, &str)]) -> Vec<(Role, String)> {
+        pairs
+            .iter()
+            .map(|(role, text)| (*role, (*text).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn the_messages_a_later_compaction_kept_are_read_after_the_earlier_block() {
+        use Role::{Assistant as A, User as U};
+        // First: [u0 a0 u1 a1 u2] compacted keeping [a1 u2], answered a2 with block 1.
+        // Second: resumed [S1 a1 u2 a2 u3] compacted keeping `kept`, answered a3 with block 2.
+        let history = |kept: usize| {
+            vec![
+                user("u0"),
+                assistant("a0"),
+                user("u1"),
+                assistant("a1"),
+                user("u2"),
+                answer("S1", 2, "a2"),
+                user("u3"),
+                answer("S2", kept, "a3"),
+                user("u4"),
+            ]
+        };
+        assert_eq!(
+            resumed(history(2)),
+            said(&[(U, "S2"), (A, "a2"), (U, "u3"), (A, "a3"), (U, "u4")])
+        );
+        assert_eq!(
+            resumed(history(3)),
+            said(&[
+                (U, "S2"),
+                (U, "u2"),
+                (A, "a2"),
+                (U, "u3"),
+                (A, "a3"),
+                (U, "u4")
+            ])
+        );
+        // Keeping all five: the first summary is among them, before what it kept.
+        assert_eq!(
+            resumed(history(5)),
+            said(&[
+                (U, "S2"),
+                (U, "S1"),
+                (A, "a1"),
+                (U, "u2"),
+                (A, "a2"),
+                (U, "u3"),
+                (A, "a3"),
+                (U, "u4")
+            ])
+        );
+        // More than there were: the same.
+        assert_eq!(resumed(history(50)), resumed(history(5)));
+    }
+
+    #[test]
+    fn a_paused_compaction_before_a_later_one_leaves_no_message_out() {
+        use Role::{Assistant as A, User as U};
+        // Paused: [u0 a0 u1 a1 u2] compacted keeping [a1 u2], answered with block 1 alone;
+        // the client went on: a3 (its answer), u3. Resumed [S1 a1 u2 a3 u3] compacted keeping
+        // three: [u2 a3 u3].
+        let paused = json!({"role": "assistant", "content": [
+            compaction_block(&[Message::user("S1")], 2)]});
+        let history = vec![
+            user("u0"),
+            assistant("a0"),
+            user("u1"),
+            assistant("a1"),
+            user("u2"),
+            paused,
+            assistant("a3"),
+            user("u3"),
+            answer("S2", 3, "a4"),
+            user("u4"),
+        ];
+        assert_eq!(
+            resumed(history),
+            said(&[
+                (U, "S2"),
+                (U, "u2"),
+                (A, "a3"),
+                (U, "u3"),
+                (A, "a4"),
+                (U, "u4")
+            ])
         );
     }
 

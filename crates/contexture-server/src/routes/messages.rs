@@ -82,6 +82,8 @@ pub async fn create(
             ),
         ));
     }
+    // A retry with the same key must ask for the same edits.
+    let digest = chat_request_digest(&body);
     // Anthropic's context management is carried out here, whatever the upstream: an
     // Anthropic upstream never sees the field.
     body.remove("context_management");
@@ -108,11 +110,11 @@ pub async fn create(
         // A turn that stores nothing reads no thread: this name is never written.
         None => format!("messages-{}", new_token()),
     };
-    let digest = chat_request_digest(&call.client.body);
     let mut turn = TurnRequest::new(tenant.clone(), thread.clone(), read.messages, call);
     turn.overrides.edits = edits.as_ref().map(request_edits);
     if let Some(compact) = compact {
         turn.compact_threshold = Some(compact.trigger_tokens);
+        turn.compacts_request = true;
         turn.compact_instructions = compact.instructions;
         turn.pause_after_compaction = compact.pause_after_compaction;
     }
