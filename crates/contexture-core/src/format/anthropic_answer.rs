@@ -110,14 +110,23 @@ pub fn message_stream(answer: &MessageAnswer<'_>) -> String {
 enum OpenBlock {
     Text,
     Thinking,
-    /// A tool call's, by the call's index.
-    ToolUse(usize),
+}
+
+/// A tool call whose pieces have come so far.
+#[derive(Debug, Clone, Default)]
+struct PendingCall {
+    id: String,
+    name: String,
+    arguments: String,
 }
 
 /// A stream of Anthropic's named events written while an answer arrives piece by piece:
 /// `message_start` and a `ping`, then for each content block `content_block_start`, its
 /// `content_block_delta`s and `content_block_stop`, then `message_delta` with the stop
-/// reason and `message_stop`.
+/// reason and `message_stop`. Text and thinking are written as they come; tool calls are
+/// written whole once the answer ends, after them: the pieces of several calls may come in
+/// any order (an OpenAI-compatible stream names each piece's call by index), and a block,
+/// once stopped, takes no more.
 #[derive(Debug, Clone)]
 pub struct MessageStream {
     id: String,
@@ -125,6 +134,8 @@ pub struct MessageStream {
     /// The index the next block gets.
     next_index: usize,
     open: Option<OpenBlock>,
+    /// The tool calls so far, by their index in the answer.
+    calls: std::collections::BTreeMap<usize, PendingCall>,
 }
 
 impl MessageStream {
@@ -135,6 +146,7 @@ impl MessageStream {
             model: model.into(),
             next_index: 0,
             open: None,
+            calls: std::collections::BTreeMap::new(),
         }
     }
 
@@ -235,9 +247,9 @@ impl MessageStream {
         out
     }
 
-    /// The last events: the open block's stop, `message_delta` with the stop reason (in
-    /// Anthropic's words), the output tokens and what the request's context edits did
-    /// (when it named any), `message_stop`.
+    /// The last events: the open block's stop, each tool call's `tool_use` block, whole,
+    /// `message_delta` with the stop reason (in Anthropic's words), the output tokens and
+    /// what the request's context edits did (when it named any), `message_stop`.
     pub fn finish(
         &mut self,
         stop_reason: &str,
@@ -245,6 +257,26 @@ impl MessageStream {
         context_management: Option<&Value>,
     ) -> String {
         let mut out = self.close();
+        for call in std::mem::take(&mut self.calls).into_values() {
+            let block = json!({"type": "tool_use", "id": call.id, "name": call.name, "input": {}});
+            let index = self.next_index;
+            self.next_index += 1;
+            out.push_str(&Self::event(
+                "content_block_start",
+                &json!({"type": "content_block_start", "index": index, "content_block": block}),
+            ));
+            if !call.arguments.is_empty() {
+                out.push_str(&Self::event(
+                    "content_block_delta",
+                    &json!({"type": "content_block_delta", "index": index,
+                            "delta": {"type": "input_json_delta", "partial_json": call.arguments}}),
+                ));
+            }
+            out.push_str(&Self::event(
+                "content_block_stop",
+                &json!({"type": "content_block_stop", "index": index}),
+            ));
+        }
         let mut delta = json!({"type": "message_delta",
                 "delta": {"stop_reason": stop_reason, "stop_sequence": null},
                 "usage": {"output_tokens": usage.map_or(0, |usage| usage.output_tokens)}});
@@ -430,8 +462,8 @@ impl AnswerPieces for MessageStream {
         out
     }
 
-    /// A piece of the tool call at `index`: the first opens its `tool_use` block (with its
-    /// id and name), each carries the new piece of its JSON input.
+    /// A piece of the tool call at `index` (its id and name with its first piece), kept for
+    /// its `tool_use` block, written whole when the answer ends.
     fn tool_call(
         &mut self,
         index: usize,
@@ -439,16 +471,16 @@ impl AnswerPieces for MessageStream {
         name: Option<&str>,
         arguments: &str,
     ) -> String {
-        let mut out = self.open(
-            OpenBlock::ToolUse(index),
-            json!({"type": "tool_use", "id": id.unwrap_or_default(),
-                   "name": name.unwrap_or_default(), "input": {}}),
-        );
-        if !arguments.is_empty() {
-            out.push_str(&self.delta(json!({"type": "input_json_delta",
-                                              "partial_json": arguments})));
+        // Kept until the answer ends (see the type's documentation).
+        let call = self.calls.entry(index).or_default();
+        if let Some(id) = id.filter(|id| !id.is_empty()) {
+            call.id = id.to_owned();
         }
-        out
+        if let Some(name) = name.filter(|name| !name.is_empty()) {
+            call.name = name.to_owned();
+        }
+        call.arguments.push_str(arguments);
+        String::new()
     }
 }
 
@@ -575,6 +607,8 @@ mod tests {
         out.push_str(&stream.tool_call(0, Some("call_1"), Some("weather"), ""));
         out.push_str(&stream.tool_call(0, None, None, r#"{"city":"#));
         out.push_str(&stream.tool_call(1, Some("call_2"), Some("time"), "{}"));
+        // A piece of the first call after the second's: still the first call's.
+        out.push_str(&stream.tool_call(0, None, None, r#""Lisbon"}"#));
         out.push_str(&stream.finish("tool_use", Some(Usage::new(5, 7)), None));
         insta::assert_snapshot!("message_stream_in_pieces", out);
         assert!(stream.fail("gone").starts_with("event: error\n"));
