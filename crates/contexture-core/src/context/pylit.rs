@@ -37,33 +37,75 @@ pub struct PyLiteralError {
 /// Parses `text` as one Python literal (leading and trailing whitespace allowed). A top-level
 /// comma-separated sequence (`1, 2`) is a tuple, as in Python's eval mode.
 pub fn parse(text: &str) -> Result<Value, PyLiteralError> {
-    let mut parser = Parser { src: text, pos: 0 };
-    parser.skip_trivia();
-    if parser.at_end() {
-        return Err(parser.error("empty input"));
+    let mut parser = Parser {
+        src: text,
+        pos: 0,
+        infinity: infinity_mark(text),
+        infinities: Vec::new(),
+    };
+    let value = parser.literal()?;
+    // A float out of range has no JSON form, unless a later duplicate dict key replaced it
+    // (Python keeps a key's last value): only one still in the value is an error.
+    if let Some(&at) = parser.infinities.first()
+        && holds(&value, &parser.infinity)
+    {
+        return Err(parser.error_at(at, "float out of range (infinity has no JSON form)"));
     }
-    let first = parser.value(0)?;
-    parser.skip_trivia();
-    if parser.peek() == Some(b',') {
-        let mut items = vec![first];
-        while parser.eat(b',') {
-            parser.skip_trivia();
-            if parser.at_end() {
-                break;
-            }
-            items.push(parser.value(0)?);
-            parser.skip_trivia();
-        }
+    Ok(value)
+}
+
+/// What stands for a float out of range while `text` is parsed: a string no literal of
+/// `text` can hold (it names a hash of `text` itself, after a NUL).
+fn infinity_mark(text: &str) -> String {
+    use std::hash::Hasher;
+    let mut hasher = rustc_hash::FxHasher::default();
+    hasher.write(text.as_bytes());
+    format!("\u{0}pylit-infinity-{:016x}", hasher.finish())
+}
+
+/// True when `value` holds `mark`, as a string or an object key, at any depth.
+fn holds(value: &Value, mark: &str) -> bool {
+    match value {
+        Value::String(text) => text == mark,
+        Value::Array(items) => items.iter().any(|item| holds(item, mark)),
+        Value::Object(map) => map
+            .iter()
+            .any(|(key, item)| key == mark || holds(item, mark)),
+        _ => false,
+    }
+}
+
+impl Parser<'_> {
+    /// The whole text as one literal (a top-level comma-separated sequence is a tuple).
+    fn literal(&mut self) -> Result<Value, PyLiteralError> {
+        let parser = self;
         parser.skip_trivia();
+        if parser.at_end() {
+            return Err(parser.error("empty input"));
+        }
+        let first = parser.value(0)?;
+        parser.skip_trivia();
+        if parser.peek() == Some(b',') {
+            let mut items = vec![first];
+            while parser.eat(b',') {
+                parser.skip_trivia();
+                if parser.at_end() {
+                    break;
+                }
+                items.push(parser.value(0)?);
+                parser.skip_trivia();
+            }
+            parser.skip_trivia();
+            if !parser.at_end() {
+                return Err(parser.error("unexpected text after the literal"));
+            }
+            return Ok(Value::Array(items));
+        }
         if !parser.at_end() {
             return Err(parser.error("unexpected text after the literal"));
         }
-        return Ok(Value::Array(items));
+        Ok(first)
     }
-    if !parser.at_end() {
-        return Err(parser.error("unexpected text after the literal"));
-    }
-    Ok(first)
 }
 
 /// A dict key before it is turned into a JSON object key.
@@ -75,6 +117,10 @@ enum Key {
 struct Parser<'a> {
     src: &'a str,
     pos: usize,
+    /// What stands for a float out of range until the whole value is read.
+    infinity: String,
+    /// Where floats out of range were read.
+    infinities: Vec<usize>,
 }
 
 impl Parser<'_> {
@@ -587,9 +633,13 @@ impl Parser<'_> {
             .parse()
             .map_err(|_| self.error_at(start, "invalid float literal"))?;
         let value = if negative { -value } else { value };
-        Number::from_f64(value)
-            .map(Value::Number)
-            .ok_or_else(|| self.error_at(start, "float out of range (infinity has no JSON form)"))
+        match Number::from_f64(value) {
+            Some(number) => Ok(Value::Number(number)),
+            None => {
+                self.infinities.push(start);
+                Ok(Value::String(self.infinity.clone()))
+            }
+        }
     }
 
     /// Reads digits accepted by `accept`, with single underscores between them.
@@ -651,6 +701,26 @@ impl Parser<'_> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_float_out_of_range_is_an_error_unless_a_later_duplicate_key_replaced_it() {
+        // Python keeps a dict key's last value: the infinity is gone, as in CPython.
+        assert_eq!(parse("{'': -1e999, '': 'x'}").unwrap(), json!({"": "x"}));
+        for text in [
+            "1e999",
+            "[1, -2e400]",
+            "{'a': {'b': 1e999}}",
+            "{1e999: 1}",
+            "{1e999, 2}",
+        ] {
+            let error = parse(text).unwrap_err();
+            assert_eq!(
+                error.message, "float out of range (infinity has no JSON form)",
+                "{text}"
+            );
+        }
+        assert_eq!(parse("[1, -2e400]").unwrap_err().column, 5);
+    }
 
     #[test]
     fn parses_the_common_shapes() {
