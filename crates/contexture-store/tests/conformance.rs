@@ -1996,6 +1996,39 @@ async fn turns_hold_a_thread_one_at_a_time_in_the_order_they_joined(h: &impl Har
     assert_eq!(any.turns_ahead("t", d).await.unwrap(), Some(0));
 }
 
+async fn turns_joining_at_once_from_two_processes_let_one_hold_the_thread(h: &impl Harness) {
+    // Joins at once from two processes: however their writes interleave, exactly one
+    // ticket finds no turn ahead of it while nobody leaves (a ticket numbered earlier but
+    // made visible later must not let a later one hold the thread beside it).
+    let other = h.reopen().await;
+    for round in 0..40 {
+        let thread = format!("race-{round}");
+        let mut joins = tokio::task::JoinSet::new();
+        for i in 0..6 {
+            let store = if i % 2 == 0 {
+                h.store().clone()
+            } else {
+                other.clone()
+            };
+            let thread = thread.clone();
+            joins.spawn(async move {
+                let ticket = store.join_turn_queue(&thread).await.unwrap();
+                store.turns_ahead(&thread, ticket).await.unwrap()
+            });
+        }
+        let mut holding = 0;
+        while let Some(ahead) = joins.join_next().await {
+            if ahead.unwrap() == Some(0) {
+                holding += 1;
+            }
+        }
+        assert_eq!(
+            holding, 1,
+            "round {round}: {holding} turns held the thread at once"
+        );
+    }
+}
+
 /// Every page of `thread` after 0, with at most `limit` events and `max_bytes` bytes each.
 async fn pages_of(s: &impl Store, thread: &str, limit: usize, max_bytes: usize) -> Vec<Vec<Event>> {
     let mut pages = Vec::new();
@@ -2140,6 +2173,7 @@ conformance!(
     pruning_while_requests_are_appended_leaves_every_record_readable,
     calibrations_take_every_observation_once_and_stay_bounded,
     turns_hold_a_thread_one_at_a_time_in_the_order_they_joined,
+    turns_joining_at_once_from_two_processes_let_one_hold_the_thread,
     event_pages_hold_every_event_once_within_their_count_and_bytes,
     ],
     before_api_keys: [api_key_migration_applies_to_an_older_database],

@@ -14,8 +14,23 @@ const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
 
 impl TurnQueueStore for PgStore {
     async fn join_turn_queue(&self, thread: &str) -> Result<TurnTicket, StoreError> {
-        let client = self.pool.get().await?;
-        let row = client
+        let mut client = self.pool.get().await?;
+        // Tickets come from a sequence, and a sequence hands out numbers before their rows
+        // commit: two joins could commit in the other order, and the later ticket, counting
+        // the turns ahead before the earlier one's row is visible, would hold the thread
+        // together with it. Joins of one thread take a lock held until their commit, so
+        // tickets become visible in the order they were numbered.
+        let tx = client
+            .transaction()
+            .await
+            .doing("begin joining a thread's turn queue")?;
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(hashtext('contexture-turns:' || current_schema() || ':' || $1))",
+            &[&thread],
+        )
+        .await
+        .doing("order the joins of a thread's turn queue")?;
+        let row = tx
             .query_one(
                 &format!(
                     "INSERT INTO turn_queue (thread_id, heartbeat_at) VALUES ($1, {NOW_MS}) \
@@ -25,6 +40,9 @@ impl TurnQueueStore for PgStore {
             )
             .await
             .doing("join a thread's turn queue")?;
+        tx.commit()
+            .await
+            .doing("commit joining a thread's turn queue")?;
         Ok(row.get(0))
     }
 
