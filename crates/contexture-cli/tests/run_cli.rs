@@ -46,6 +46,27 @@ fn the_agent_loop_example_cuts_and_clears_its_tool_results_and_inspect_shows_eac
     );
     assert_eq!(output, "Pages 1 to 6 each list 300 numbered lines.\n");
     insta::assert_snapshot!("agent_loop_inspect", ok(&dir, &["inspect", "agent-loop"]));
+    // The same execution as one self-contained page, for a bug report.
+    let page = dir.join("agent-loop.html");
+    let page_arg = page.to_str().unwrap();
+    ok(&dir, &["inspect", "agent-loop", "--html", page_arg]);
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.starts_with("<!doctype html>"), "{html}");
+    assert_eq!(html.matches("<article class=\"call").count(), 7);
+    assert!(html.contains("Against call #3 of the same step"));
+    assert!(!html.contains("<script"));
+    assert_eq!(
+        ok(&dir, &["inspect", "agent-loop", "--html", "-"]),
+        html,
+        "`-` writes the page to standard output"
+    );
+    let refused = failure(
+        &dir,
+        &["inspect", "agent-loop", "--html", page_arg, "--json"],
+    );
+    assert!(refused.contains("cannot be used with"), "{refused}");
+    let missing = failure(&dir, &["inspect", "no-such-run", "--html", page_arg]);
+    assert!(missing.contains("no-such-run"), "{missing}");
 }
 
 #[test]

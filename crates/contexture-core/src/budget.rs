@@ -179,6 +179,79 @@ impl BudgetBreakdown {
     }
 }
 
+/// A request's window in the five parts an inspector draws: system, tools, history (pinned,
+/// summary, messages and reply priming), the reserve for the reply, and what is free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BudgetParts {
+    /// System and developer messages.
+    pub system: u64,
+    /// Tool schemas.
+    pub tools: u64,
+    /// Everything else sent: pinned, summary and other messages, and the reply priming.
+    pub history: u64,
+    /// Held back for the reply.
+    pub reserve: u64,
+    /// Usable and unused (0 when the request is over its limit).
+    pub free: u64,
+}
+
+impl BudgetParts {
+    /// The parts of `budget`.
+    pub fn of(budget: &BudgetBreakdown) -> BudgetParts {
+        let system = u64::from(budget.system);
+        let tools = u64::from(budget.tools);
+        let history = u64::from(budget.pinned)
+            + u64::from(budget.summary)
+            + u64::from(budget.messages)
+            + u64::from(budget.reply_priming);
+        let reserve = u64::from(budget.limits.reserve_output);
+        let free =
+            u64::from(budget.limits.usable).saturating_sub(system + tools + history + reserve);
+        BudgetParts {
+            system,
+            tools,
+            history,
+            reserve,
+            free,
+        }
+    }
+
+    /// The parts in drawing order: system, tools, history, reserve, free.
+    pub fn in_order(&self) -> [u64; 5] {
+        [
+            self.system,
+            self.tools,
+            self.history,
+            self.reserve,
+            self.free,
+        ]
+    }
+
+    /// The parts as `width` cells of a bar, in drawing order: proportional, and every part
+    /// that is not empty gets at least one cell (the largest part gives or takes what
+    /// rounding leaves over).
+    pub fn cells(&self, width: usize) -> [usize; 5] {
+        let values = self.in_order();
+        let total: u64 = values.iter().sum::<u64>().max(1);
+        let mut cells = values.map(|v| {
+            let share = (v as f64 / total as f64 * width as f64).round() as usize;
+            if v > 0 { share.max(1) } else { 0 }
+        });
+        while cells.iter().sum::<usize>() != width {
+            let largest = (0..cells.len()).max_by_key(|&i| cells[i]).unwrap_or(0);
+            if cells.iter().sum::<usize>() > width {
+                if cells[largest] <= 1 {
+                    break;
+                }
+                cells[largest] -= 1;
+            } else {
+                cells[largest] += 1;
+            }
+        }
+        cells
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

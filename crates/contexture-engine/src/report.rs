@@ -2,8 +2,12 @@
 //! and its budget, and its totals. The data behind `contexture inspect` and
 //! the server's execution log.
 
+use std::collections::{HashMap, VecDeque};
+
+use contexture_core::message::Message;
 use contexture_core::thread::{
-    Event, EventKind, RequestEnd, RequestRecord, RunStatus, StepCompaction, StepStart, Usage,
+    Event, EventKind, PrefixReuse, RequestEnd, RequestRecord, RunStatus, StepCompaction, StepStart,
+    Usage,
 };
 use contexture_store::{Store, StoreError};
 use serde::Serialize;
@@ -43,6 +47,8 @@ pub struct StepReport {
 /// One LLM call.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CallReport {
+    /// Its place among the execution's calls, from 1.
+    pub number: usize,
     /// The state whose step made it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub state_id: Option<String>,
@@ -54,6 +60,79 @@ pub struct CallReport {
     /// The compactions of its step's own tool loop made just before it.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub loop_compactions: Vec<StepCompaction>,
+    /// How its messages differ from the previous call of its step (for the step's first
+    /// call, and when a retention policy removed either call's messages, none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub diff: Option<CallDiff>,
+}
+
+/// How a call's messages differ from those of the previous call its step made for the
+/// same purpose: what entered, what left, and how much of the previous request it sent
+/// again unchanged at its start (what a provider's prompt cache can reuse).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CallDiff {
+    /// The previous call's number.
+    pub previous_call: usize,
+    /// How many messages the previous call sent.
+    pub previous_messages: usize,
+    /// How many of them this call sends first, unchanged.
+    pub prefix_kept: usize,
+    /// Whether the whole previous request starts this one (its prefix was kept).
+    pub prefix_stable: bool,
+    /// The positions (from 0) of this call's messages the previous call did not send.
+    pub entered: Vec<usize>,
+    /// The previous call's messages this call does not send.
+    pub left: Vec<LeftMessage>,
+}
+
+/// A message the previous call sent and a call no longer sends.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LeftMessage {
+    /// Its position (from 0) in the previous call.
+    pub index: usize,
+    /// The message.
+    pub message: Message,
+}
+
+impl CallDiff {
+    /// How `current` differs from `previous`, the messages of call `previous_call`: each
+    /// message matched to an equal one at most once, in order.
+    pub fn between(previous_call: usize, previous: &[Message], current: &[Message]) -> CallDiff {
+        let prefix = PrefixReuse::between(previous, current);
+        let fingerprint = |message: &Message| serde_json::to_string(message).unwrap_or_default();
+        let mut unmatched: HashMap<String, VecDeque<usize>> = HashMap::new();
+        for (index, message) in previous.iter().enumerate() {
+            unmatched
+                .entry(fingerprint(message))
+                .or_default()
+                .push_back(index);
+        }
+        let mut entered = Vec::new();
+        for (index, message) in current.iter().enumerate() {
+            let matched = unmatched
+                .get_mut(&fingerprint(message))
+                .and_then(VecDeque::pop_front);
+            if matched.is_none() {
+                entered.push(index);
+            }
+        }
+        let mut left: Vec<usize> = unmatched.into_values().flatten().collect();
+        left.sort_unstable();
+        CallDiff {
+            previous_call,
+            previous_messages: previous.len(),
+            prefix_kept: prefix.shared as usize,
+            prefix_stable: prefix.stable(),
+            entered,
+            left: left
+                .into_iter()
+                .map(|index| LeftMessage {
+                    index,
+                    message: previous[index].clone(),
+                })
+                .collect(),
+        }
+    }
 }
 
 /// An execution's log, summarized.
@@ -126,6 +205,8 @@ pub struct ReadReport {
     pub report: ExecutionReport,
     /// With [`CallsKept::Page`]: the `after` of the next page, when calls are left.
     pub next_after: Option<usize>,
+    /// How many calls the execution made (kept or not).
+    pub calls_made: usize,
 }
 
 /// Events read at once by [`read_report`].
@@ -165,6 +246,7 @@ pub async fn read_report<S: Store>(
     }
     Ok(folding.map(|folding| ReadReport {
         next_after: folding.next_after,
+        calls_made: folding.calls_met,
         report: folding.report,
     }))
 }
@@ -237,6 +319,10 @@ enum Source {
     Fork,
 }
 
+/// The step that made a call, and why (a step's own call, or its loop's summarizer's): a
+/// call's diff is against the previous call of the same place.
+type CallPlace = (Option<u64>, Option<String>);
+
 /// A report being folded from an execution's events.
 struct Folding {
     report: ExecutionReport,
@@ -248,6 +334,10 @@ struct Folding {
     /// Bytes of the calls kept.
     kept_bytes: usize,
     next_after: Option<usize>,
+    /// The last call of each step and purpose so far: its number and messages (shared, not
+    /// copied), for the next one's diff.
+    /// `None` for a call whose messages a retention policy removed.
+    last_calls: HashMap<CallPlace, (usize, Option<Vec<Message>>)>,
 }
 
 impl Folding {
@@ -277,6 +367,7 @@ impl Folding {
             calls_met: 0,
             kept_bytes: 0,
             next_after: None,
+            last_calls: HashMap::new(),
         })
     }
 
@@ -327,13 +418,28 @@ impl Folding {
                     .drain(..)
                     .partition(|c| request.purpose.is_none() && Some(c.step) == request.step);
                 self.compactions = later;
-                let call = CallReport {
+                let number = self.calls_met + 1;
+                let mut call = CallReport {
+                    number,
                     state_id,
                     request: request.clone(),
                     end: None,
                     loop_compactions: before,
+                    diff: None,
                 };
+                let place = (request.step, request.purpose.clone());
+                let messages = request.pruned.is_none().then(|| request.messages.clone());
+                let previous = self.last_calls.insert(place, (number, messages));
                 if self.keeps(&call) {
+                    if let Some((previous_call, Some(previous))) = previous
+                        && request.pruned.is_none()
+                    {
+                        call.diff = Some(CallDiff::between(
+                            previous_call,
+                            &previous,
+                            &request.messages,
+                        ));
+                    }
                     self.report.calls.push(call);
                 }
             }
@@ -485,4 +591,62 @@ pub async fn usage_tree_of<S: Store>(
         total_cost_usd,
         children,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn texts(messages: &[&str]) -> Vec<Message> {
+        messages.iter().map(|text| Message::user(*text)).collect()
+    }
+
+    #[test]
+    fn a_calls_diff_names_what_entered_what_left_and_the_prefix_kept() {
+        /// Previous messages, current ones, the prefix kept, entered and left positions.
+        type Case = (
+            &'static [&'static str],
+            &'static [&'static str],
+            usize,
+            &'static [usize],
+            &'static [usize],
+        );
+        let table: [Case; 6] = [
+            // A loop's next call: the previous request and two new messages.
+            (
+                &["s", "u", "a"],
+                &["s", "u", "a", "t", "a2"],
+                3,
+                &[3, 4],
+                &[],
+            ),
+            // A result cleared: the prefix breaks where it was replaced.
+            (
+                &["s", "u", "r1", "r2"],
+                &["s", "u", "x", "r2", "a"],
+                2,
+                &[2, 4],
+                &[2],
+            ),
+            // Trimmed from the front: everything after the system prompt moved.
+            (&["s", "1", "2", "3"], &["s", "2", "3", "4"], 1, &[3], &[1]),
+            // Equal messages are matched once each.
+            (&["s", "x", "x"], &["s", "x"], 2, &[], &[2]),
+            (&["s", "x"], &["s", "x", "x"], 2, &[2], &[]),
+            (&[], &["s"], 0, &[0], &[]),
+        ];
+        for (previous, current, prefix, entered, left) in table {
+            let diff = CallDiff::between(4, &texts(previous), &texts(current));
+            assert_eq!(diff.previous_call, 4);
+            assert_eq!(diff.previous_messages, previous.len());
+            assert_eq!(diff.prefix_kept, prefix, "{previous:?} -> {current:?}");
+            assert_eq!(diff.prefix_stable, prefix == previous.len());
+            assert_eq!(diff.entered, entered, "{previous:?} -> {current:?}");
+            let left_at: Vec<usize> = diff.left.iter().map(|left| left.index).collect();
+            assert_eq!(left_at, left, "{previous:?} -> {current:?}");
+            for message in &diff.left {
+                assert_eq!(message.message.text(), previous[message.index]);
+            }
+        }
+    }
 }

@@ -1,15 +1,18 @@
 //! `contexture inspect`: an execution's steps and each LLM call's token budget drawn as a bar
 //! (system, tools, history, reserve, free), from the execution's log.
 
+use std::io::Write;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow};
 use clap::Args;
-use contexture_core::budget::BudgetBreakdown;
+use contexture_core::budget::{BudgetBreakdown, BudgetParts};
 use contexture_core::thread::RequestOutcome;
 use contexture_engine::report::{
     CallsKept, ExecutionReport, UsageTree, read_report, usage_tree_of,
 };
+use contexture_inspector::{ExecutionView, Inspector};
 
 use super::runtime;
 use super::store_args::StoreArgs;
@@ -22,8 +25,13 @@ pub struct InspectArgs {
     #[command(flatten)]
     store: StoreArgs,
     /// Print the report as JSON (every request's messages included).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "html")]
     json: bool,
+    /// Write the report as one self-contained HTML page to FILE (`-`: standard output):
+    /// every call with its messages as sent, budget bar, fitting and usage; it loads
+    /// nothing from the network, for attaching to a bug report.
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
     /// Width of the budget bars, in characters.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u16).range(10..=400))]
     width: u16,
@@ -39,7 +47,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
 
 async fn execute(args: InspectArgs) -> Result<()> {
     let store = Arc::new(args.store.open().await?);
-    let report = read_report(
+    let read = read_report(
         store.as_ref(),
         &args.execution_id,
         CallsKept::All,
@@ -52,17 +60,33 @@ async fn execute(args: InspectArgs) -> Result<()> {
             "`{}` is a thread but not an execution (it has no run_started event)",
             args.execution_id
         )
-    })?
-    .report;
-    let tree = usage_tree_of(store.as_ref(), &report, PAGE_BYTES)
+    })?;
+    let report = &read.report;
+    let tree = usage_tree_of(store.as_ref(), report, PAGE_BYTES)
         .await
         .with_context(|| format!("cannot read the sub-executions of {}", args.execution_id))?;
-    if args.json {
-        let mut value = serde_json::to_value(&report)?;
+    if let Some(path) = &args.html {
+        let page = Inspector::new().execution_page(&ExecutionView::new(&read, &tree, 0))?;
+        if path.as_os_str() == "-" {
+            std::io::stdout()
+                .write_all(page.as_bytes())
+                .context("cannot write the page to standard output")?;
+        } else {
+            std::fs::write(path, page)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            eprintln!(
+                "wrote {} ({} steps, {} LLM calls)",
+                path.display(),
+                report.steps.len(),
+                read.calls_made
+            );
+        }
+    } else if args.json {
+        let mut value = serde_json::to_value(report)?;
         value["usage_tree"] = serde_json::to_value(&tree)?;
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
-        print!("{}", render(&report, usize::from(args.width)));
+        print!("{}", render(report, usize::from(args.width)));
         if !tree.children.is_empty() {
             println!("\nexecution tree (own tokens / subtree tokens):");
             print_tree(&tree, 0);
@@ -200,7 +224,13 @@ fn render(report: &ExecutionReport, width: usize) -> String {
         }
         if let Some(budget) = &request.breakdown {
             out += &format!("   [{}]\n", bar(budget, width));
-            let (system, tools, history, reserve, free) = parts(budget);
+            let BudgetParts {
+                system,
+                tools,
+                history,
+                reserve,
+                free,
+            } = BudgetParts::of(budget);
             out += &format!(
                 "   window {} x {} = {}: system {system}, tools {tools}, history {history}, reserve {reserve}, free {free}\n",
                 budget.limits.context_window, budget.limits.budget_ratio, budget.limits.usable
@@ -216,49 +246,12 @@ fn render(report: &ExecutionReport, width: usize) -> String {
     out
 }
 
-/// The request's tokens in the bar's five parts: system, tools, history (pinned, summary,
-/// messages and reply priming), reserve, free.
-fn parts(budget: &BudgetBreakdown) -> (u64, u64, u64, u64, u64) {
-    let system = u64::from(budget.system);
-    let tools = u64::from(budget.tools);
-    let history = u64::from(budget.pinned)
-        + u64::from(budget.summary)
-        + u64::from(budget.messages)
-        + u64::from(budget.reply_priming);
-    let reserve = u64::from(budget.limits.reserve_output);
-    let free = u64::from(budget.limits.usable).saturating_sub(system + tools + history + reserve);
-    (system, tools, history, reserve, free)
-}
-
 /// Draws the budget as `width` characters; every part that is not empty gets at least one.
 fn bar(budget: &BudgetBreakdown, width: usize) -> String {
-    let (system, tools, history, reserve, free) = parts(budget);
-    let values = [system, tools, history, reserve, free];
-    let symbols = ['S', 'T', 'H', 'R', '.'];
-    let total: u64 = values.iter().sum::<u64>().max(1);
-    let mut cells: Vec<usize> = values
-        .iter()
-        .map(|&v| {
-            let share = (v as f64 / total as f64 * width as f64).round() as usize;
-            if v > 0 { share.max(1) } else { 0 }
-        })
-        .collect();
-    // Rounding and the one-cell minimum can overshoot or undershoot: the largest part gives
-    // or takes the difference.
-    while cells.iter().sum::<usize>() != width {
-        let largest = (0..cells.len()).max_by_key(|&i| cells[i]).unwrap_or(0);
-        if cells.iter().sum::<usize>() > width {
-            if cells[largest] <= 1 {
-                break;
-            }
-            cells[largest] -= 1;
-        } else {
-            cells[largest] += 1;
-        }
-    }
+    let cells = BudgetParts::of(budget).cells(width);
     cells
         .iter()
-        .zip(symbols)
+        .zip(['S', 'T', 'H', 'R', '.'])
         .map(|(&n, symbol)| symbol.to_string().repeat(n))
         .collect()
 }

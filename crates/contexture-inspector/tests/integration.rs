@@ -1,0 +1,3 @@
+//! The inspector's tests, one binary.
+
+mod execution_views;
