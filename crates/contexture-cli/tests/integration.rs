@@ -5,6 +5,7 @@ mod common;
 mod compact_cli;
 mod context_cli;
 mod fit_cli;
+mod inspector_browser;
 mod mcp_door;
 mod real_model;
 mod run_cli;

@@ -476,10 +476,15 @@ pub fn router(state: AppState) -> Router {
             router.route(path, handlers)
         })
         // Contexture's MCP tools, behind the same keys: each call acts for the key's tenant.
-        .route_service("/mcp", crate::mcp::http_service(state.clone()))
+        .route_service("/mcp", crate::mcp::http_service(state.clone()));
+    // The inspector's views, behind the same keys as the API.
+    let api = crate::ui::view_routes()
+        .into_iter()
+        .fold(api, |router, (path, handlers)| router.route(path, handlers))
         .route_layer(middleware::from_fn_with_state(state.clone(), authenticate));
     let open = open_routes()
         .into_iter()
+        .chain(crate::ui::open_routes())
         .fold(Router::new(), |router, (path, handlers)| {
             router.route(path, handlers)
         });
@@ -488,6 +493,7 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(ops::method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.limits.max_body_bytes))
         .layer(middleware::from_fn(crate::error::anthropic_errors))
+        .layer(middleware::from_fn(crate::ui::security_headers))
         .layer(Extension(BodyTimeout(Duration::from_secs_f64(
             state.config.limits.body_read_timeout_secs,
         ))))

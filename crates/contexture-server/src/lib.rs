@@ -25,6 +25,7 @@ mod metrics;
 mod routes;
 mod tenancy;
 mod tenant_store;
+mod ui;
 
 pub use app::{AppState, Audience, StartError, bind, router, serve, shutdown_signal};
 pub use auth::{IssuedKey, issue_key};

@@ -10,6 +10,7 @@ mod context_editing;
 mod doors;
 mod executions;
 mod hostile;
+mod inspector_page;
 mod messages;
 mod request_records;
 mod responses;

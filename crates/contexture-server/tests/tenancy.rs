@@ -50,6 +50,7 @@ async fn acme_view(server: &TestServer, key: &str) -> Vec<String> {
         "/v1/threads/run-1/events",
         "/v1/executions/run-1",
         "/v1/executions/run-1/requests",
+        "/ui/views/executions/run-1",
         "/v1/threads/conversation:alice:support",
         "/v1/threads/conversation:alice:support/events",
     ] {
@@ -213,6 +214,8 @@ async fn every_route_keeps_tenants_apart(store: AnyStore) {
         (M::GET, "/v1/executions/run-1/events", None, Some("2")),
         (M::GET, "/v1/executions/run-1/events?after=1", None, None),
         (M::GET, "/v1/executions/run-1/requests", None, None),
+        (M::GET, "/ui/views/executions/run-1", None, None),
+        (M::GET, "/ui/views/executions/run-1?after=1", None, None),
         (
             M::POST,
             "/v1/executions/run-1/cancel",

@@ -70,7 +70,7 @@ pub struct ConversationBody {
 const REQUEST_WORKFLOW: &str = "request.yaml";
 
 /// Older logs recorded workflow files with the server's directory; responses never show it.
-fn relative_text(state: &AppState, text: String) -> String {
+pub(crate) fn relative_text(state: &AppState, text: String) -> String {
     match &state.workflows_dir {
         Some(dir) => text.replace(&format!("{}/", dir.display()), ""),
         None => text,
@@ -327,7 +327,7 @@ async fn check_execution(state: &AppState, tenant: &Tenant, id: &str) -> ApiResu
 
 /// The report of the tenant's execution `id`, read a page of events at a time, with the
 /// calls `kept` (the calls of its forked steps among them).
-async fn execution_report<S: StoreView>(
+pub(crate) async fn execution_report<S: StoreView>(
     state: &AppState,
     threads: &TenantStore<'_, S>,
     id: &str,
