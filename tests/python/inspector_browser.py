@@ -26,6 +26,12 @@ BASE = os.environ["CONTEXTURE_BASE_URL"].removesuffix("/v1")
 KEY = os.environ["CONTEXTURE_API_KEY"]
 OTHER_KEY = os.environ["OTHER_API_KEY"]
 DONE = os.environ["DONE_EXECUTION"]
+THREAD = os.environ["THREAD"]
+FORK = THREAD + "-branch"
+FORK2 = THREAD + "-branch-2"
+BIG_THREAD = os.environ["BIG_THREAD"]
+BIG_EVENTS = int(os.environ["BIG_EVENTS"])
+BIG_RUN = os.environ["BIG_EXECUTION"]
 SHOTS = os.environ["SCREENSHOT_DIR"]
 CHROMIUM_FLAGS = [
     "--headless",
@@ -67,6 +73,20 @@ def parts(budget):
     reserve = budget["reserve_output"]
     free = max(0, budget["usable"] - (system + tools + history + reserve))
     return {"system": system, "tools": tools, "history": history, "reserve": reserve, "free": free}
+
+
+def check_context(page, thread, model):
+    """The context shown equals what the API answers: budget parts and what was left out."""
+    answer = api("GET", f"/v1/threads/{thread}/context?model={model}")
+    for name, tokens in parts(answer["budget"]).items():
+        shown = page.locator(f"[data-context-budget] dd[data-part='{name}'], figure.budget dd[data-part='{name}']").first.inner_text()
+        assert int(shown) == tokens, (thread, name, shown, tokens)
+    dropped = sum(end - start for start, end in answer["fit"].get("dropped", []))
+    assert int(page.locator("[data-field=dropped-count]").inner_text()) == dropped, (thread, dropped)
+    ranges = page.locator("[data-dropped]").all_inner_texts()
+    assert len(ranges) == len(answer["fit"].get("dropped", [])), (ranges, answer["fit"])
+    sent = page.locator("details.sent li.message").count()
+    assert sent == len(answer["messages"]), (sent, len(answer["messages"]))
 
 
 def sign_in(page, key):
@@ -214,6 +234,60 @@ def main():
         page.locator("#cancel-yes").click()
         expect(page.locator("[data-view=execution]")).to_have_attribute("data-status", "cancelled", timeout=30_000)
         assert api("GET", f"/v1/executions/{doomed}")["status"] == "cancelled"
+
+        # The list: newest first, searched by id.
+        page.goto(BASE + "/ui#/")
+        expect(page.locator("[data-view=home]")).to_be_visible()
+        listed = page.locator("tr[data-row]").evaluate_all("rows => rows.map(r => r.dataset.row)")
+        for wanted in [DONE, THREAD, FORK, BIG_THREAD, BIG_RUN]:
+            assert wanted in listed, (wanted, listed)
+        page.locator("#search-id").fill("branch")
+        page.keyboard.press("Enter")
+        expect(page.locator("tr[data-row]")).to_have_count(2)
+        page.screenshot(path=os.path.join(SHOTS, "list-1280.png"))
+
+        # A thread: its fork tree, its context fitted as the API fits it, its timeline.
+        page.locator(f"tr[data-row='{FORK}'] a").click()
+        expect(page.locator(f"[data-view=thread][data-thread='{FORK}']")).to_be_visible()
+        forks = page.locator("li[data-fork]").evaluate_all("rows => rows.map(r => [r.dataset.fork, r.dataset.depth])")
+        assert forks == [[THREAD, "0"], [FORK, "1"], [FORK2, "2"]], forks
+        page.locator(f"li[data-fork='{THREAD}'] a").click()
+        expect(page.locator(f"[data-view=thread][data-thread='{THREAD}']")).to_be_visible()
+        expect(page.locator("li[data-kind=context_replaced]")).to_have_count(1)
+        expect(page.locator("li[data-kind=forked]")).to_have_count(0)
+        page.locator("li[data-kind=message_appended]").first.wait_for()
+        assert page.evaluate("window.pwned === undefined")
+        check_context(page, THREAD, "gpt-4o")
+        page.screenshot(path=os.path.join(SHOTS, "thread-1280.png"))
+        page.set_viewport_size({"width": 390, "height": 844})
+        page.screenshot(path=os.path.join(SHOTS, "thread-390.png"))
+        page.set_viewport_size({"width": 1280, "height": 900})
+
+        # Large ones open in under a second: a thread of 100,000 events (a page of its
+        # timeline, its context fitted), an execution of 500 calls (a page of its calls).
+        timings = {}
+        for name, route, ready in [
+            ("thread_100k_events", f"#/threads/{BIG_THREAD}", f"[data-view=thread][data-thread='{BIG_THREAD}']"),
+            ("execution_500_calls", f"#/executions/{BIG_RUN}", f"[data-view=execution][data-execution='{BIG_RUN}']"),
+        ]:
+            runs = []
+            for _ in range(3):
+                page.evaluate("location.hash = '#/'")
+                expect(page.locator("[data-view=home]")).to_be_visible()
+                started = time.monotonic()
+                page.evaluate(f"location.hash = {json.dumps(route)}")
+                page.locator(ready).wait_for()
+                runs.append(round(time.monotonic() - started, 3))
+            timings[name] = runs
+            assert min(runs) < 1.0, (name, runs)
+        summary["open_seconds"] = timings
+        # The big thread's context left most of it out, exactly as the API says.
+        page.evaluate(f"location.hash = {json.dumps('#/threads/' + BIG_THREAD)}")
+        page.locator(f"[data-view=thread][data-thread='{BIG_THREAD}']").wait_for()
+        check_context(page, BIG_THREAD, "gpt-4o")
+        expect(page.locator("li.event")).to_have_count(50)
+        page.locator("[data-page=last]").first.click()
+        expect(page.locator("li.event").last).to_have_attribute("data-seq", str(BIG_EVENTS))
 
         context.close()
     assert not errors, errors

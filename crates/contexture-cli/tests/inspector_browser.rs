@@ -8,6 +8,7 @@ use crate::common;
 use std::path::Path;
 use std::time::Duration;
 
+use common::RunToEnd;
 use common::python;
 use common::serving::{Server, create_key, under_ci};
 use contexture_fake_upstream::{FakeUpstream, Reply};
@@ -51,6 +52,15 @@ states:
   - {id: s8, assistant_id: slow, task: Eight, next: {state_id: s9}}
   - {id: s9, assistant_id: slow, task: Nine, next: {state_id: s10}}
   - {id: s10, assistant_id: slow, task: Ten, next: {end: true}}
+"#;
+
+/// One step per item of a list (500 of them: 500 calls).
+const BIG_WORKFLOW: &str = r#"
+name: big
+assistants: [{id: a, model: gpt-4o-mini, system_prompt: Be brief.}]
+states:
+  - {id: plan, transform: {count: '{{ items | length }}'}, next: {state_id: each, iter_key: items}}
+  - {id: each, assistant_id: a, task: 'Item {{ n }}', next: {state_id: end}}
 "#;
 
 /// True when Debian's Chromium is installed; under CI its absence fails the test.
@@ -105,6 +115,94 @@ fn the_inspector_page_shows_follows_and_cancels_executions_in_a_real_browser() {
         std::thread::sleep(Duration::from_millis(50));
     }
 
+    // A thread with a compaction and two forks, one forked from the other.
+    let thread = "notes-thread";
+    let append = |thread: &str, messages: serde_json::Value| {
+        let body = json!({ "messages": messages }).to_string();
+        let (head, answer) = server.request(
+            "POST",
+            &format!("/v1/threads/{thread}/messages"),
+            &key,
+            Some(&body),
+        );
+        assert!(head.starts_with("HTTP/1.1 20"), "{head}\n{answer}");
+    };
+    append(
+        thread,
+        json!([
+            {"role": "system", "content": "You keep notes."},
+            {"role": "user", "content": HOSTILE},
+            {"role": "assistant", "content": "Noted."},
+            {"role": "user", "content": "And the second point?"},
+            {"role": "assistant", "content": "Also noted."},
+            {"role": "user", "content": "Summarize."},
+        ]),
+    );
+    let post = |path: &str, body: serde_json::Value| {
+        let (head, answer) = server.request("POST", path, &key, Some(&body.to_string()));
+        assert!(head.starts_with("HTTP/1.1 20"), "{path}: {head}\n{answer}");
+    };
+    post(
+        &format!("/v1/threads/{thread}/compact"),
+        json!({"keep_messages": 2}),
+    );
+    post(
+        &format!("/v1/threads/{thread}/fork"),
+        json!({"id": format!("{thread}-branch")}),
+    );
+    append(
+        &format!("{thread}-branch"),
+        json!([{"role": "user", "content": "On the branch."}]),
+    );
+    post(
+        &format!("/v1/threads/{thread}-branch/fork"),
+        json!({"id": format!("{thread}-branch-2")}),
+    );
+
+    // A thread of 100,000 events (the server's most), appended 1,000 messages at a time.
+    let big_thread = "big-thread";
+    for batch in 0..100 {
+        let messages: Vec<serde_json::Value> = (0..1000)
+            .map(|i| {
+                let role = if i % 2 == 0 { "user" } else { "assistant" };
+                json!({"role": role, "content": format!("message {} of batch {batch}: a few words to count", i)})
+            })
+            .collect();
+        append(big_thread, json!(messages));
+    }
+    let big_events = server.get_json(&format!("/v1/threads/{big_thread}"), &key)["last_seq"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(big_events, 100_000);
+
+    // An execution of 500 calls, run by the CLI as tenant acme on the same database: one
+    // step per item of a 500-item list, then a report.
+    let big_run = "big-run";
+    let items: Vec<serde_json::Value> = (0..500).map(|n| json!({ "n": n })).collect();
+    std::fs::write(dir.join("big.yaml"), BIG_WORKFLOW).unwrap();
+    let replies: String = (0..500)
+        .map(|i| format!("- content: answer {i}\n"))
+        .collect();
+    std::fs::write(dir.join("big-replies.yaml"), replies).unwrap();
+    common::contexture([
+        "run",
+        dir.join("big.yaml").to_str().unwrap(),
+        "--input",
+        &json!({ "items": items }).to_string(),
+        "--llm",
+        &format!("scripted:{}", dir.join("big-replies.yaml").display()),
+        "--execution-id",
+        big_run,
+        "--tenant",
+        "acme",
+        "--db",
+        &db,
+    ])
+    .run()
+    .expect_success();
+    let calls = server.get_json(&format!("/v1/executions/{big_run}"), &key);
+    assert_eq!(calls["status"], "completed", "{calls}");
+
     let shots = common::root().join("target/screenshots");
     std::fs::create_dir_all(&shots).unwrap();
     let summary = python::run_script(
@@ -114,6 +212,10 @@ fn the_inspector_page_shows_follows_and_cancels_executions_in_a_real_browser() {
         &[
             ("OTHER_API_KEY", &other_key),
             ("DONE_EXECUTION", "notes-run"),
+            ("THREAD", thread),
+            ("BIG_THREAD", big_thread),
+            ("BIG_EVENTS", &big_events.to_string()),
+            ("BIG_EXECUTION", big_run),
             ("LIVE_WORKFLOW", LIVE_WORKFLOW),
             ("CANCEL_WORKFLOW", CANCEL_WORKFLOW),
             ("SCREENSHOT_DIR", shots.to_str().unwrap()),
@@ -122,7 +224,14 @@ fn the_inspector_page_shows_follows_and_cancels_executions_in_a_real_browser() {
     eprintln!("inspector in the browser: {summary}");
     assert_eq!(summary["calls_checked"], 2, "{summary}");
     assert_eq!(summary["console_errors"], json!([]), "{summary}");
-    for shot in ["execution-1280.png", "execution-390.png", "cancel-1280.png"] {
+    for shot in [
+        "execution-1280.png",
+        "execution-390.png",
+        "cancel-1280.png",
+        "list-1280.png",
+        "thread-1280.png",
+        "thread-390.png",
+    ] {
         assert!(shots.join(shot).exists(), "{shot} was not saved");
     }
     // The key never reached the server's log (nor a URL it logged).

@@ -2,7 +2,7 @@
 //! steps, and each LLM call with the messages exactly as sent, the budget bar, what fitting
 //! changed and why, the usage reported, and how it differs from its step's previous call.
 
-use contexture_core::thread::RequestOutcome;
+use contexture_core::thread::{FitRecord, RequestOutcome};
 use contexture_engine::report::{
     CallReport, ExecutionReport, ExecutionStatus, ReadReport, StepReport, UsageTree,
 };
@@ -236,6 +236,31 @@ impl StepView {
     }
 }
 
+/// A fit in words: its tokens before and after against its limit, the ranges it left out,
+/// and the tool results it cleared or cut (then how much of the previous call's request it
+/// sent again).
+pub(crate) fn fit_lines(fit: &FitRecord) -> (String, Vec<String>, Vec<String>) {
+    let tokens = match fit.tokens_before {
+        Some(before) => format!(
+            "{before} tokens before fitting, {} sent, of a limit of {}",
+            fit.tokens_after, fit.limit
+        ),
+        None => format!(
+            "{} tokens sent, of a limit of {}",
+            fit.tokens_after, fit.limit
+        ),
+    };
+    let dropped = fit
+        .dropped
+        .iter()
+        .map(|[start, end]| match end - start {
+            1 => format!("message {start}"),
+            _ => format!("messages {start} to {}", end - 1),
+        })
+        .collect();
+    (tokens, dropped, fit.tool_result_changes())
+}
+
 impl CallView {
     fn of(call: &CallReport) -> CallView {
         let request = &call.request;
@@ -249,6 +274,7 @@ impl CallView {
         };
         let completed = end.is_some_and(|end| end.outcome == RequestOutcome::Completed);
         let fit = request.fit.as_ref();
+        let fit_view = fit.map(fit_lines);
         let entered: Vec<usize> = call
             .diff
             .as_ref()
@@ -278,32 +304,15 @@ impl CallView {
             cost: end.map(|end| dollars(end.known_cost_usd())),
             budget: request.breakdown.as_ref().map(BudgetBar::of),
             fit_reason: fit.and_then(|fit| fit.reason.clone()),
-            fit_tokens: fit.map(|fit| match fit.tokens_before {
-                Some(before) => format!(
-                    "{before} tokens before fitting, {} sent, of a limit of {}",
-                    fit.tokens_after, fit.limit
-                ),
-                None => format!(
-                    "{} tokens sent, of a limit of {}",
-                    fit.tokens_after, fit.limit
-                ),
-            }),
-            dropped: fit
-                .map(|fit| {
-                    fit.dropped
-                        .iter()
-                        .map(|[start, end]| match end - start {
-                            1 => format!("message {start}"),
-                            _ => format!("messages {start} to {}", end - 1),
-                        })
-                        .collect()
-                })
+            fit_tokens: fit_view.as_ref().map(|(tokens, _, _)| tokens.clone()),
+            dropped: fit_view
+                .as_ref()
+                .map(|(_, dropped, _)| dropped.clone())
                 .unwrap_or_default(),
-            changes: fit
-                .map(|fit| {
-                    let mut changes = fit.tool_result_changes();
+            changes: fit_view
+                .map(|(_, _, mut changes)| {
                     // The prefix's line comes last; the diff says it with more.
-                    if call.diff.is_some() && fit.prefix.is_some() {
+                    if call.diff.is_some() && fit.is_some_and(|fit| fit.prefix.is_some()) {
                         changes.pop();
                     }
                     changes

@@ -8,13 +8,17 @@
 
 mod budget_bar;
 mod execution;
+mod home;
 mod message_view;
+mod thread;
 
 use minijinja::{AutoEscape, Environment, Value};
 
 pub use budget_bar::BudgetBar;
 pub use execution::{CallView, ExecutionView, StepView, TreeRow};
+pub use home::{HomeView, ListRow, cursor_text, parse_cursor};
 pub use message_view::MessageView;
+pub use thread::{ContextView, EventRow, ForkRow, ThreadFacts, ThreadView};
 
 /// The inspector's style sheet (served as a file by `/ui`, inlined into a saved page).
 pub const STYLE: &str = include_str!("../templates/inspector.css");
@@ -52,6 +56,8 @@ const TEMPLATES: &[(&str, &str)] = &[
         "execution.html",
         include_str!("../templates/execution.html"),
     ),
+    ("thread.html", include_str!("../templates/thread.html")),
+    ("home.html", include_str!("../templates/home.html")),
     (
         "execution_page.html",
         include_str!("../templates/execution_page.html"),
@@ -85,6 +91,22 @@ impl Inspector {
         self.render(
             "execution.html",
             minijinja::context! { execution => Value::from(minijinja::value::Serde(view)) },
+        )
+    }
+
+    /// The list of threads and executions as a fragment of the `/ui` page.
+    pub fn home_fragment(&self, view: &HomeView) -> Result<String, InspectorError> {
+        self.render(
+            "home.html",
+            minijinja::context! { home => Value::from(minijinja::value::Serde(view)) },
+        )
+    }
+
+    /// A thread's view as a fragment of the `/ui` page.
+    pub fn thread_fragment(&self, view: &ThreadView) -> Result<String, InspectorError> {
+        self.render(
+            "thread.html",
+            minijinja::context! { thread => Value::from(minijinja::value::Serde(view)) },
         )
     }
 

@@ -5,7 +5,9 @@
 use contexture_core::budget::BudgetParts;
 use contexture_core::thread::{Event, Usage};
 use contexture_engine::report::{ExecutionStatus, ReadReport, UsageTree, report};
-use contexture_inspector::{ExecutionView, Inspector};
+use contexture_inspector::{
+    ContextView, ExecutionView, ForkRow, HomeView, Inspector, ThreadFacts, ThreadView,
+};
 
 /// The agent-loop example's log: one step, seven calls that cut, clear and keep prefixes.
 fn events() -> Vec<Event> {
@@ -160,5 +162,118 @@ fn poison(value: &mut serde_json::Value, hostile: &str) {
         }
         Value::Array(items) => items.iter_mut().for_each(|item| poison(item, hostile)),
         _ => {}
+    }
+}
+
+/// The agent-loop log read as a thread: its facts, a page of its events, a fork tree and
+/// its last request's messages as a fitted context.
+fn thread_view(events: &[Event], hostile: &str) -> ThreadView {
+    let facts = ThreadFacts {
+        id: format!("agent-loop{hostile}"),
+        execution: true,
+        parent: None,
+        fork_seq: None,
+        last_seq: events.last().unwrap().seq,
+        created_at_ms: 1_764_000_000_000,
+        updated_at_ms: 1_764_000_060_000,
+        bytes: 82_000,
+        message_bytes: 40_000,
+    };
+    let record = events
+        .iter()
+        .rev()
+        .find_map(|event| match &event.kind {
+            contexture_core::thread::EventKind::RequestStarted(record) => Some(record),
+            _ => None,
+        })
+        .unwrap();
+    let context = ContextView::new(
+        "gpt-4o-mini",
+        &record.messages,
+        record.breakdown.as_ref().unwrap(),
+        record.fit.as_ref().unwrap(),
+    );
+    let forks = vec![
+        ForkRow {
+            depth: 0,
+            id: facts.id.clone(),
+            fork_seq: None,
+            last_seq: facts.last_seq,
+            current: true,
+            more: false,
+        },
+        ForkRow {
+            depth: 1,
+            id: format!("branch{hostile}"),
+            fork_seq: Some(3),
+            last_seq: 9,
+            current: false,
+            more: false,
+        },
+    ];
+    ThreadView::new(
+        facts,
+        &events[..10],
+        0,
+        true,
+        10,
+        forks,
+        Ok(context),
+        "gpt-4o-mini",
+    )
+}
+
+#[test]
+fn a_thread_renders_its_timeline_forks_and_fitted_context() {
+    let events = events();
+    let html = Inspector::new()
+        .thread_fragment(&thread_view(&events, ""))
+        .unwrap();
+    assert!(html.contains("data-view=\"thread\""));
+    assert_eq!(html.matches("<li class=\"event ").count(), 10);
+    assert!(html.contains("data-fork=\"branch\""));
+    assert!(html.contains("href=\"#/threads/branch\""));
+    assert!(html.contains("data-page=\"next\""));
+    assert!(
+        html.contains("href=\"#/executions/agent-loop\""),
+        "an execution's log links to its view"
+    );
+    // The context's numbers are the breakdown's.
+    let record = events
+        .iter()
+        .rev()
+        .find_map(|event| match &event.kind {
+            contexture_core::thread::EventKind::RequestStarted(record) => Some(record),
+            _ => None,
+        })
+        .unwrap();
+    let parts = BudgetParts::of(record.breakdown.as_ref().unwrap());
+    assert!(html.contains(&format!("data-part=\"history\">{}<", parts.history)));
+}
+
+#[test]
+fn markup_in_thread_and_list_views_is_shown_as_text() {
+    let hostile = "<script>window.pwned = 1</script>";
+    let events: Vec<Event> = include_str!("data/agent_loop.jsonl")
+        .lines()
+        .map(|line| {
+            let mut value: serde_json::Value = serde_json::from_str(line).unwrap();
+            poison(&mut value, hostile);
+            serde_json::from_value(value).expect("an event")
+        })
+        .collect();
+    let inspector = Inspector::new();
+    let thread = inspector
+        .thread_fragment(&thread_view(&events, hostile))
+        .unwrap();
+    let facts = thread_view(&events, hostile).facts;
+    let home = inspector
+        .home_fragment(&HomeView::new(hostile, vec![facts], true, false))
+        .unwrap();
+    for html in [thread, home] {
+        assert!(html.contains("&lt;script&gt;"), "{html}");
+        assert!(!html.contains("<script"), "{html}");
+        // In a link, an id is percent-encoded: it cannot end the attribute or the route.
+        assert!(!html.contains("href=\"#/threads/agent-loop<"), "{html}");
     }
 }

@@ -14,7 +14,10 @@ use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{MethodRouter, get};
 use contexture_engine::report::{CallsKept, usage_tree_of};
-use contexture_inspector::{ExecutionView, Inspector};
+use contexture_inspector::{
+    ContextView, ExecutionView, ForkRow, HomeView, Inspector, ThreadFacts, ThreadView, parse_cursor,
+};
+use contexture_store::{RecentCursor, Store, ThreadInfo};
 use serde::Deserialize;
 use std::sync::LazyLock;
 
@@ -23,6 +26,9 @@ use crate::auth::Caller;
 use crate::body::QueryParams;
 use crate::error::{ApiError, ApiResult};
 use crate::routes::executions::{execution_report, relative_text};
+use crate::routes::threads::{ContextQuery, fitted_context};
+use crate::tenancy::Actor;
+use crate::tenant_store::{StoreView, TenantStore};
 
 /// The inspector's templates, compiled once per process.
 static INSPECTOR: LazyLock<Inspector> = LazyLock::new(Inspector::new);
@@ -52,7 +58,11 @@ pub(crate) fn open_routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
 
 /// The views, behind authentication.
 pub(crate) fn view_routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
-    vec![("/ui/views/executions/{id}", get(execution))]
+    vec![
+        ("/ui/views/home", get(home)),
+        ("/ui/views/executions/{id}", get(execution)),
+        ("/ui/views/threads/{id}", get(thread)),
+    ]
 }
 
 /// Middleware for every `/ui` answer: the page's security headers.
@@ -105,6 +115,68 @@ async fn style() -> impl IntoResponse {
     )
 }
 
+/// Threads listed on one page of the first view.
+const THREADS_PER_PAGE: usize = 50;
+
+/// The longest text searched for in ids.
+const MAX_SEARCH_CHARS: usize = 200;
+
+/// `GET /ui/views/home` query.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HomeQuery {
+    /// Text the ids hold (default: every id).
+    #[serde(default)]
+    q: String,
+    /// The page after this place (`MILLISECONDS:ID`, from the previous page's link).
+    before: Option<String>,
+}
+
+/// `GET /ui/views/home`: the tenant's threads and executions, newest first, searchable by
+/// id, a page at a time.
+async fn home(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    QueryParams(query): QueryParams<HomeQuery>,
+) -> ApiResult<Html<String>> {
+    if query.q.chars().count() > MAX_SEARCH_CHARS {
+        return Err(ApiError::invalid(
+            "q",
+            format!("q: search for at most {MAX_SEARCH_CHARS} characters"),
+        ));
+    }
+    let cursor = match &query.before {
+        Some(text) => {
+            let (updated_at_ms, id) = parse_cursor(text).ok_or_else(|| {
+                ApiError::invalid(
+                    "before",
+                    "before: not a place in the list (MILLISECONDS:ID, as the list's links give it)",
+                )
+            })?;
+            Some(RecentCursor { updated_at_ms, id })
+        }
+        None => None,
+    };
+    let threads = state.tenant_store(&caller.tenant);
+    let mut page = threads
+        .store()
+        .list_recent("", &query.q, cursor.as_ref(), THREADS_PER_PAGE + 1)
+        .await
+        .map_err(|error| threads.error(error))?;
+    let more = page.len() > THREADS_PER_PAGE;
+    page.truncate(THREADS_PER_PAGE);
+    let view = HomeView::new(
+        &query.q,
+        page.iter().map(facts).collect(),
+        more,
+        cursor.is_none(),
+    );
+    let html = INSPECTOR
+        .home_fragment(&view)
+        .map_err(|error| ApiError::internal(error.to_string()))?;
+    Ok(Html(html))
+}
+
 /// `GET /ui/views/executions/{id}` query.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -145,4 +217,146 @@ async fn execution(
         .execution_fragment(&view)
         .map_err(|error| ApiError::internal(error.to_string()))?;
     Ok(Html(html))
+}
+
+/// Events shown on one page of a thread's timeline.
+const EVENTS_PER_PAGE: usize = 50;
+
+/// The model a thread's context is fitted for when the page names none.
+const DEFAULT_MODEL: &str = "gpt-4o";
+
+/// The most threads a fork tree shows, and how deep it goes below the thread's root.
+const FORK_TREE_ROWS: usize = 200;
+const FORK_TREE_DEPTH: usize = 8;
+
+/// `GET /ui/views/threads/{id}` query.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ThreadViewQuery {
+    /// The timeline's events after this seq (default 0: from the first).
+    #[serde(default)]
+    after: u64,
+    /// The model to fit the context for (default `gpt-4o`).
+    model: Option<String>,
+}
+
+/// `GET /ui/views/threads/{id}`: the tenant's thread as the inspector shows it: a page of
+/// its timeline, its forks, and its context fitted for a model.
+async fn thread(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    QueryParams(query): QueryParams<ThreadViewQuery>,
+) -> ApiResult<Html<String>> {
+    let threads = state.tenant_store(&caller.tenant);
+    let info = threads
+        .store()
+        .thread_info(&id)
+        .await
+        .map_err(|error| threads.error(error))?
+        .ok_or_else(|| ApiError::not_found("thread", &id))?;
+    let page = threads
+        .events_page(
+            &id,
+            query.after,
+            EVENTS_PER_PAGE,
+            state.config.limits.max_page_bytes,
+        )
+        .await?;
+    let forks = fork_tree(&threads, &info).await?;
+    let model = query.model.unwrap_or_else(|| DEFAULT_MODEL.to_owned());
+    let context_query = ContextQuery {
+        model: model.clone(),
+        max_tokens: None,
+        strategy: None,
+        budget_ratio: None,
+        reserve_output: None,
+    };
+    let actor = Actor::Tenant(caller.tenant.clone());
+    // A context that cannot be fitted as asked (an unknown model) is said on the page: the
+    // rest of the thread is still worth showing.
+    let context = match fitted_context(&state, &threads, &actor, &id, &context_query).await {
+        Ok(fitted) => Ok(ContextView::new(
+            &fitted.model,
+            &fitted.fitted.messages,
+            &fitted.fitted.breakdown,
+            &fitted.fitted.fit,
+        )),
+        Err(error) if error.status.is_client_error() => Err(error.message),
+        Err(error) => return Err(error),
+    };
+    let view = ThreadView::new(
+        facts(&info),
+        &page.events,
+        query.after,
+        page.more,
+        EVENTS_PER_PAGE as u64,
+        forks,
+        context,
+        &model,
+    );
+    let html = INSPECTOR
+        .thread_fragment(&view)
+        .map_err(|error| ApiError::internal(error.to_string()))?;
+    Ok(Html(html))
+}
+
+fn facts(info: &ThreadInfo) -> ThreadFacts {
+    ThreadFacts {
+        id: info.id.clone(),
+        execution: info.execution,
+        parent: info.parent.clone(),
+        fork_seq: info.fork_seq,
+        last_seq: info.last_seq,
+        created_at_ms: info.created_at_ms,
+        updated_at_ms: info.updated_at_ms,
+        bytes: info.bytes,
+        message_bytes: info.message_bytes,
+    }
+}
+
+/// The fork tree `info` belongs to: from its root (its oldest ancestor), each thread's forks
+/// below it, depth first; at most [`FORK_TREE_ROWS`] threads, [`FORK_TREE_DEPTH`] deep.
+async fn fork_tree<S: StoreView>(
+    threads: &TenantStore<'_, S>,
+    info: &ThreadInfo,
+) -> ApiResult<Vec<ForkRow>> {
+    let mut root = info.clone();
+    let mut climbed = 0;
+    while let Some(parent) = root.parent.clone() {
+        match threads.store().thread_info(&parent).await {
+            Ok(Some(parent)) if climbed < FORK_TREE_DEPTH => root = parent,
+            // An ancestor deleted (or too far up): the tree starts below it.
+            Ok(_) | Err(contexture_store::StoreError::NotFound { .. }) => break,
+            Err(error) => return Err(threads.error(error)),
+        }
+        climbed += 1;
+    }
+    let mut rows = Vec::new();
+    let mut stack = vec![(root, 0usize)];
+    while let Some((thread, depth)) = stack.pop() {
+        if rows.len() >= FORK_TREE_ROWS {
+            break;
+        }
+        let forks = if depth < FORK_TREE_DEPTH {
+            threads
+                .store()
+                .forks_of(&thread.id)
+                .await
+                .map_err(|error| threads.error(error))?
+        } else {
+            Vec::new()
+        };
+        rows.push(ForkRow {
+            depth,
+            id: thread.id.clone(),
+            fork_seq: thread.fork_seq,
+            last_seq: thread.last_seq,
+            current: thread.id == info.id,
+            more: depth >= FORK_TREE_DEPTH,
+        });
+        // Depth first, oldest fork first.
+        stack.extend(forks.into_iter().rev().map(|fork| (fork, depth + 1)));
+    }
+    Ok(rows)
 }

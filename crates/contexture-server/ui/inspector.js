@@ -78,7 +78,8 @@
   /** The view's address on the server for `route`. */
   function viewUrl(route) {
     const query = route.params.toString();
-    return "/ui/views/" + route.kind + "/" + encodeURIComponent(route.id) + (query ? "?" + query : "");
+    const path = route.kind === "home" ? "home" : route.kind + "/" + encodeURIComponent(route.id);
+    return "/ui/views/" + path + (query ? "?" + query : "");
   }
 
   /** Shows `route`; `quiet` keeps the focus and what is open (a live refresh). */
@@ -88,12 +89,6 @@
       return;
     }
     showSignedIn();
-    if (route.kind === "home") {
-      stopFollowing();
-      showMessage("Open a thread or an execution", "Enter its id above: the inspector shows what each call was sent, why, and what it cost.");
-      $("open-id").focus();
-      return;
-    }
     let response;
     try {
       response = await fetch(viewUrl(route), authorized());
@@ -119,7 +114,8 @@
     content.innerHTML = html;
     reopen(opened);
     if (!quiet) {
-      content.focus();
+      window.scrollTo(0, 0);
+      content.focus({ preventScroll: true });
     }
     afterShow(route);
   }
@@ -274,6 +270,8 @@
     if (shown.id !== null) {
       $("open-kind").value = shown.kind;
       $("open-id").value = shown.id;
+    } else {
+      $("open-id").value = "";
     }
     show(shown, false);
   }
@@ -306,6 +304,30 @@
     if (id) {
       location.hash = "#/" + $("open-kind").value + "/" + encodeURIComponent(id);
     }
+  });
+  // The list's search: its text in the address, from the newest.
+  content.addEventListener("submit", (event) => {
+    const form = event.target.closest("[data-search-form]");
+    if (!form) {
+      return;
+    }
+    event.preventDefault();
+    const text = form.querySelector("input[name=q]").value.trim();
+    location.hash = text ? "#/?q=" + encodeURIComponent(text) : "#/";
+  });
+  // A thread's view: fitting its context for another model keeps its timeline's page.
+  content.addEventListener("submit", (event) => {
+    const form = event.target.closest("[data-model-form]");
+    if (!form) {
+      return;
+    }
+    event.preventDefault();
+    const shown = parseRoute();
+    const model = form.querySelector("input[name=model]").value.trim();
+    if (model) {
+      shown.params.set("model", model);
+    }
+    location.hash = "#/" + shown.kind + "/" + encodeURIComponent(shown.id) + "?" + shown.params.toString();
   });
   $("cancel-run").addEventListener("click", () => {
     $("cancel-confirm").hidden = false;

@@ -209,6 +209,45 @@ pub struct ThreadInfo {
     /// Its own retention policy for request records, when it has one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retention: Option<RequestRetention>,
+    /// True when it is an execution's log: its own first event (seq 1, it not being a fork)
+    /// is a `run_started` event. False for forks and plain threads. Left out of the JSON, so
+    /// that what the HTTP API answers does not change.
+    #[serde(skip)]
+    pub execution: bool,
+}
+
+/// Where a page of [`Store::list_recent`] continues: after the thread last appended to at
+/// `updated_at_ms` with id `id` (the last of the previous page).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecentCursor {
+    /// The last thread's [`ThreadInfo::updated_at_ms`].
+    pub updated_at_ms: i64,
+    /// The last thread's id.
+    pub id: String,
+}
+
+impl RecentCursor {
+    /// The cursor that continues after `info`.
+    pub fn after(info: &ThreadInfo) -> RecentCursor {
+        RecentCursor {
+            updated_at_ms: info.updated_at_ms,
+            id: info.id.clone(),
+        }
+    }
+}
+
+/// `text` with ASCII letters lowercased: what [`Store::list_recent`] matches `contains`
+/// against (other letters keep their case, the same in every store).
+pub(crate) fn ascii_folded(text: &str) -> String {
+    text.to_ascii_lowercase()
+}
+
+/// The 1-based character position where an id under `prefix` goes on past it: where
+/// [`Store::list_recent`] looks for `contains` (SQL's `substr` counts characters).
+pub(crate) fn past_prefix(prefix: &str) -> i64 {
+    i64::try_from(prefix.chars().count())
+        .unwrap_or(i64::MAX)
+        .saturating_add(1)
 }
 
 /// The least string above every string that starts with `prefix` (`None`: there is none
@@ -354,6 +393,29 @@ pub trait Store: Send + Sync {
         prefix: &str,
         after: &str,
         limit: usize,
+    ) -> impl Future<Output = Result<Vec<ThreadInfo>, StoreError>> + Send;
+
+    /// A page of the threads whose ids start with `prefix` and whose id, past the prefix,
+    /// holds `contains` as a literal substring (empty: every one; case-insensitive for ASCII
+    /// letters, other letters compared as they are), newest first: by last append
+    /// (`updated_at_ms`) descending, then id (its bytes) descending; those after `before`
+    /// (none: from the newest), at most `limit`. Pages follow each other with
+    /// [`RecentCursor::after`] the last of a page; a thread appended to meanwhile moves to
+    /// the front, so a walk of pages may miss or repeat it.
+    fn list_recent(
+        &self,
+        prefix: &str,
+        contains: &str,
+        before: Option<&RecentCursor>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<ThreadInfo>, StoreError>> + Send;
+
+    /// The forks of `thread` (the threads whose parent it is; not their own forks), oldest
+    /// first (by creation, then id). Empty when it has none; [`StoreError::NotFound`] when
+    /// `thread` does not exist.
+    fn forks_of(
+        &self,
+        thread: &str,
     ) -> impl Future<Output = Result<Vec<ThreadInfo>, StoreError>> + Send;
 
     /// The summary of `thread` (its sizes, fork point, retention policy), when it exists.

@@ -28,8 +28,8 @@ use tokio_postgres::NoTls;
 use crate::error::Action;
 use crate::record::ThreadLimits;
 use crate::{
-    EventOutline, KeyedEvent, NewEvent, ProjectionTail, PruneReport, RequestRetention,
-    RequestsPruned, Store, StoreError, ThreadInfo,
+    EventOutline, KeyedEvent, NewEvent, ProjectionTail, PruneReport, RecentCursor,
+    RequestRetention, RequestsPruned, Store, StoreError, ThreadInfo,
 };
 
 /// Connections in the pool.
@@ -235,6 +235,20 @@ impl Store for PgStore {
         limit: usize,
     ) -> Result<Vec<ThreadInfo>, StoreError> {
         self.read_list_page(prefix, after, limit).await
+    }
+
+    async fn list_recent(
+        &self,
+        prefix: &str,
+        contains: &str,
+        before: Option<&RecentCursor>,
+        limit: usize,
+    ) -> Result<Vec<ThreadInfo>, StoreError> {
+        self.read_list_recent(prefix, contains, before, limit).await
+    }
+
+    async fn forks_of(&self, thread: &str) -> Result<Vec<ThreadInfo>, StoreError> {
+        self.read_forks_of(thread).await
     }
 
     async fn delete(&self, thread: &str) -> Result<(), StoreError> {

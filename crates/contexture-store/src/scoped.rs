@@ -20,8 +20,8 @@ use contexture_core::tokens::Encoding;
 
 use crate::retention::{RequestRetention, RequestsPruned};
 use crate::{
-    EventOutline, EventPage, KeyedEvent, NewEvent, ProjectionTail, PruneReport, Store, StoreError,
-    ThreadInfo, TurnQueueStore, TurnTicket,
+    EventOutline, EventPage, KeyedEvent, NewEvent, ProjectionTail, PruneReport, RecentCursor,
+    Store, StoreError, ThreadInfo, TurnQueueStore, TurnTicket,
 };
 
 /// The separator between a tenant's name and the id the tenant knows, in stored ids.
@@ -278,6 +278,42 @@ impl<S: Store> Store for Scoped<S> {
             .await
             .map_err(|e| self.unscope_error(e))?;
         Ok(page
+            .into_iter()
+            .map(|info| self.unscope_info(info))
+            .collect())
+    }
+
+    /// The tenant's threads newest first. `contains` is looked for past the scoped prefix
+    /// (the tenant's and the caller's), so the tenant's name never matches it.
+    async fn list_recent(
+        &self,
+        prefix: &str,
+        contains: &str,
+        before: Option<&RecentCursor>,
+        limit: usize,
+    ) -> Result<Vec<ThreadInfo>, StoreError> {
+        let before = before.map(|cursor| RecentCursor {
+            updated_at_ms: cursor.updated_at_ms,
+            id: self.stored_id(&cursor.id),
+        });
+        let page = self
+            .inner
+            .list_recent(&self.stored_id(prefix), contains, before.as_ref(), limit)
+            .await
+            .map_err(|e| self.unscope_error(e))?;
+        Ok(page
+            .into_iter()
+            .map(|info| self.unscope_info(info))
+            .collect())
+    }
+
+    async fn forks_of(&self, thread: &str) -> Result<Vec<ThreadInfo>, StoreError> {
+        let forks = self
+            .inner
+            .forks_of(&self.stored_id(thread))
+            .await
+            .map_err(|e| self.unscope_error(e))?;
+        Ok(forks
             .into_iter()
             .map(|info| self.unscope_info(info))
             .collect())

@@ -35,8 +35,8 @@ use self::writer::Writer;
 use crate::error::Action;
 use crate::record::{self, ThreadLimits};
 use crate::{
-    EventOutline, KeyedEvent, NewEvent, ProjectionTail, PruneReport, RequestRetention,
-    RequestsPruned, Store, StoreError, ThreadInfo, epoch_ms,
+    EventOutline, KeyedEvent, NewEvent, ProjectionTail, PruneReport, RecentCursor,
+    RequestRetention, RequestsPruned, Store, StoreError, ThreadInfo, epoch_ms,
 };
 
 /// `PRAGMA auto_vacuum`'s value for incremental vacuum.
@@ -402,6 +402,25 @@ impl Store for SqliteStore {
     ) -> Result<Vec<ThreadInfo>, StoreError> {
         let (prefix, after) = (prefix.to_string(), after.to_string());
         self.read(move |conn| reads::list_page(conn, &prefix, &after, limit))
+            .await
+    }
+
+    async fn list_recent(
+        &self,
+        prefix: &str,
+        contains: &str,
+        before: Option<&RecentCursor>,
+        limit: usize,
+    ) -> Result<Vec<ThreadInfo>, StoreError> {
+        let (prefix, contains) = (prefix.to_string(), contains.to_string());
+        let before = before.cloned();
+        self.read(move |conn| reads::list_recent(conn, &prefix, &contains, before.as_ref(), limit))
+            .await
+    }
+
+    async fn forks_of(&self, thread: &str) -> Result<Vec<ThreadInfo>, StoreError> {
+        let thread = thread.to_string();
+        self.read(move |conn| reads::fork_infos(conn, &thread))
             .await
     }
 

@@ -14,7 +14,7 @@ use crate::PgStore;
 use crate::SqliteStore;
 use crate::{
     ApiKeyRecord, ApiKeyStore, EventOutline, KeyedEvent, NewEvent, ProjectionTail, PruneReport,
-    RequestRetention, RequestsPruned, Store, StoreError, ThreadInfo,
+    RecentCursor, RequestRetention, RequestsPruned, Store, StoreError, ThreadInfo,
 };
 
 /// A parsed database URL.
@@ -145,6 +145,20 @@ impl Store for AnyStore {
         limit: usize,
     ) -> Result<Vec<ThreadInfo>, StoreError> {
         on_backend!(self, store => store.list_page(prefix, after, limit).await)
+    }
+
+    async fn list_recent(
+        &self,
+        prefix: &str,
+        contains: &str,
+        before: Option<&RecentCursor>,
+        limit: usize,
+    ) -> Result<Vec<ThreadInfo>, StoreError> {
+        on_backend!(self, store => store.list_recent(prefix, contains, before, limit).await)
+    }
+
+    async fn forks_of(&self, thread: &str) -> Result<Vec<ThreadInfo>, StoreError> {
+        on_backend!(self, store => store.forks_of(thread).await)
     }
 
     async fn keyed_event(&self, thread: &str, key: &str) -> Result<Option<KeyedEvent>, StoreError> {

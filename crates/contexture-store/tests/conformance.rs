@@ -19,8 +19,8 @@ use contexture_core::thread::{
 use contexture_core::tokens::{Encoding, message_tokens};
 use contexture_core::{Message, Role, ToolCall};
 use contexture_store::{
-    ApiKeyRecord, ApiKeyStore, NewEvent, PruneReport, RequestRetention, RetentionRules, Store,
-    StoreError, TurnQueueStore,
+    ApiKeyRecord, ApiKeyStore, NewEvent, PruneReport, RecentCursor, RequestRetention,
+    RetentionRules, Store, StoreError, ThreadInfo, TurnQueueStore,
 };
 use serde_json::json;
 
@@ -2090,6 +2090,320 @@ async fn event_pages_hold_every_event_once_within_their_count_and_bytes(h: &impl
     ));
 }
 
+/// A `run_started` event, as an execution's log begins.
+fn run_started() -> NewEvent {
+    NewEvent::new(EventKind::RunStarted(RunStart {
+        workflow_file: "wf.yaml".into(),
+        workflow_text: "states: [{id: a}]".into(),
+        input: "go".into(),
+        llm: None,
+        parent_execution_id: None,
+        limits: RunLimits::default(),
+        conversation: None,
+        from_client: false,
+        user_context: None,
+    }))
+}
+
+/// The ids of `page`, in order.
+fn ids_of(page: &[ThreadInfo]) -> Vec<&str> {
+    page.iter().map(|info| info.id.as_str()).collect()
+}
+
+/// Every page of `list_recent(prefix, contains, ..)`, `limit` threads a page, each after the
+/// last of the one before, until a short page.
+async fn recent_pages(
+    s: &impl Store,
+    prefix: &str,
+    contains: &str,
+    limit: usize,
+) -> Vec<Vec<ThreadInfo>> {
+    let mut pages: Vec<Vec<ThreadInfo>> = Vec::new();
+    loop {
+        let before = pages
+            .last()
+            .and_then(|page| page.last())
+            .map(RecentCursor::after);
+        let page = s
+            .list_recent(prefix, contains, before.as_ref(), limit)
+            .await
+            .unwrap();
+        let done = page.len() < limit;
+        pages.push(page);
+        if done {
+            return pages;
+        }
+        assert!(pages.len() <= 100, "pages never end");
+    }
+}
+
+/// Threads newest first: by last append, ties by id in byte order, descending; pages from
+/// a cursor cover every thread once; `contains` is a literal, ASCII-case-insensitive
+/// substring of the id past the prefix; the prefix bounds the list. The same through
+/// `AnyStore`, and each summary as `list_page` gives it.
+async fn recent_threads_are_listed_newest_first_a_page_at_a_time(h: &impl Harness) {
+    let s = h.store();
+    // (id, last append): several in one millisecond, ids that hold LIKE's wildcards and
+    // its usual escape, letters of both cases, ids around the prefix.
+    let threads = [
+        ("acme/a", 1000),
+        ("acme/b", 1000),
+        ("acme/c", 1000),
+        ("acme/d", 3000),
+        ("acme/MiXeD", 2000),
+        ("acme/100%", 500),
+        ("acme/1000", 400),
+        ("acme/a_b", 300),
+        ("acme/axb", 300),
+        ("acme/back\\slash", 200),
+        ("acme/Été", 100),
+        ("acme0", 5000),
+        ("acmeX/z", 5000),
+        ("globex/acme", 4000),
+    ];
+    for (id, _) in threads {
+        s.append_one(id, user("x")).await.unwrap();
+    }
+    // The times are written directly: the store's clock cannot be stopped.
+    let times: String = threads
+        .iter()
+        .map(|(id, at)| format!("UPDATE threads SET updated_at = {at} WHERE id = '{id}';"))
+        .collect();
+    h.execute_raw(&times).await;
+    let newest_first = [
+        "acme/d",
+        "acme/MiXeD",
+        "acme/c",
+        "acme/b",
+        "acme/a",
+        "acme/100%",
+        "acme/1000",
+        // `x` is above `_` in byte order, whatever the database's collation says.
+        "acme/axb",
+        "acme/a_b",
+        "acme/back\\slash",
+        "acme/Été",
+    ];
+    let all = s.list_recent("acme/", "", None, 100).await.unwrap();
+    assert_eq!(ids_of(&all), newest_first);
+    for info in &all {
+        let listed = s.list_page(&info.id, "", 1).await.unwrap();
+        assert_eq!(listed.first(), Some(info), "{}", info.id);
+    }
+    let any = h.any();
+    assert_eq!(any.list_recent("acme/", "", None, 100).await.unwrap(), all);
+    // Pages of any size cover every thread once, in the same order.
+    for limit in [1, 2, 3, 5, 11, 12] {
+        let pages = recent_pages(s, "acme/", "", limit).await;
+        assert!(pages.iter().all(|page| page.len() <= limit));
+        let walked: Vec<ThreadInfo> = pages.into_iter().flatten().collect();
+        assert_eq!(walked, all, "pages of {limit}");
+    }
+    assert!(
+        s.list_recent("acme/", "", None, 0)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // A cursor among threads of one millisecond goes on with the next id down.
+    let cursor = RecentCursor {
+        updated_at_ms: 1000,
+        id: "acme/b".into(),
+    };
+    assert_eq!(
+        ids_of(&s.list_recent("acme/", "", Some(&cursor), 2).await.unwrap()),
+        ["acme/a", "acme/100%"]
+    );
+    let past_the_end = RecentCursor {
+        updated_at_ms: 100,
+        id: "acme/Été".into(),
+    };
+    assert!(
+        s.list_recent("acme/", "", Some(&past_the_end), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // `contains` is a literal substring: wildcards and escapes are characters like others.
+    let matching = async |prefix: &str, contains: &str| -> Vec<String> {
+        let page = s.list_recent(prefix, contains, None, 100).await.unwrap();
+        page.into_iter().map(|info| info.id).collect()
+    };
+    assert_eq!(matching("acme/", "%").await, ["acme/100%"]);
+    assert_eq!(matching("acme/", "_").await, ["acme/a_b"]);
+    assert_eq!(matching("acme/", "\\").await, ["acme/back\\slash"]);
+    assert_eq!(matching("acme/", "0%").await, ["acme/100%"]);
+    // ASCII letters match in either case; other letters as they are.
+    assert_eq!(matching("acme/", "mixed").await, ["acme/MiXeD"]);
+    assert_eq!(matching("acme/", "MIXED").await, ["acme/MiXeD"]);
+    assert_eq!(matching("acme/", "Été").await, ["acme/Été"]);
+    assert_eq!(matching("acme/", "ÉTé").await, ["acme/Été"]);
+    assert!(matching("acme/", "été").await.is_empty());
+    assert!(matching("acme/", "TÉ").await.is_empty());
+    assert_eq!(
+        matching("acme/", "A").await,
+        ["acme/a", "acme/axb", "acme/a_b", "acme/back\\slash"]
+    );
+    // Only the part past the prefix is searched.
+    assert!(matching("acme/", "acme").await.is_empty());
+    assert!(matching("acme/", "/").await.is_empty());
+    assert_eq!(matching("globex/", "acme").await, ["globex/acme"]);
+    assert_eq!(matching("", "acme").await.len(), threads.len());
+    assert!(matching("acme/", "nothing").await.is_empty());
+    // Pages of a search follow each other too.
+    let pages = recent_pages(s, "acme/", "a", 1).await;
+    let walked: Vec<ThreadInfo> = pages.into_iter().flatten().collect();
+    assert_eq!(
+        ids_of(&walked),
+        ["acme/a", "acme/axb", "acme/a_b", "acme/back\\slash"]
+    );
+    // The prefix bounds the list, and is a prefix of ids, not of path segments.
+    assert_eq!(
+        matching("acme", "").await,
+        [&["acmeX/z", "acme0"][..], &newest_first[..]].concat()
+    );
+    assert_eq!(
+        matching("acme/a", "").await,
+        ["acme/a", "acme/axb", "acme/a_b"]
+    );
+    assert_eq!(
+        matching("", "").await,
+        [&["acmeX/z", "acme0", "globex/acme"][..], &newest_first[..],].concat()
+    );
+    assert!(matching("nobody/", "").await.is_empty());
+}
+
+/// A thread is an execution's log when its own first event starts a run: not when a run
+/// starts later, not for a fork of an execution. Every read of a summary says the same,
+/// and the flag stays out of the JSON.
+async fn an_execution_is_a_thread_whose_first_event_starts_a_run(h: &impl Harness) {
+    let s = h.store();
+    s.append("run", vec![run_started(), user("step")])
+        .await
+        .unwrap();
+    s.append("late", vec![user("first"), run_started()])
+        .await
+        .unwrap();
+    s.append_one("chat", user("hello")).await.unwrap();
+    s.fork("run", 1, "run-fork").await.unwrap();
+    s.fork("run", 0, "run-fork-0").await.unwrap();
+    let expected = [
+        ("chat", false),
+        ("late", false),
+        ("run", true),
+        ("run-fork", false),
+        ("run-fork-0", false),
+    ];
+    let flags = |page: &[ThreadInfo]| -> Vec<(String, bool)> {
+        let mut flags: Vec<(String, bool)> = page
+            .iter()
+            .map(|info| (info.id.clone(), info.execution))
+            .collect();
+        flags.sort();
+        flags
+    };
+    let expected: Vec<(String, bool)> = expected
+        .iter()
+        .map(|(id, execution)| (id.to_string(), *execution))
+        .collect();
+    let any = h.any();
+    assert_eq!(flags(&s.list().await.unwrap()), expected);
+    assert_eq!(flags(&any.list().await.unwrap()), expected);
+    assert_eq!(
+        flags(&s.list_recent("", "", None, 100).await.unwrap()),
+        expected
+    );
+    assert_eq!(
+        flags(&any.list_recent("", "", None, 100).await.unwrap()),
+        expected
+    );
+    for (id, execution) in &expected {
+        let info = s.thread_info(id).await.unwrap().unwrap();
+        assert_eq!(info.execution, *execution, "{id}");
+        assert_eq!(any.thread_info(id).await.unwrap().unwrap(), info);
+    }
+    assert_eq!(
+        flags(&s.forks_of("run").await.unwrap()),
+        expected[3..].to_vec()
+    );
+    // A page of ids that starts inside the list reads the flag too.
+    assert_eq!(
+        flags(&s.list_page("", "late", 1).await.unwrap()),
+        [("run".to_string(), true)]
+    );
+    let json = serde_json::to_value(s.thread_info("run").await.unwrap().unwrap()).unwrap();
+    assert!(json.get("execution").is_none(), "{json}");
+    assert_eq!(json["id"], "run");
+}
+
+/// A thread's forks oldest first (by creation, ties by id), each summarized as
+/// `thread_info` does; a fork of a fork is its parent's, not its grandparent's; none for a
+/// thread without forks; `NotFound` for a thread that does not exist. The same through
+/// `AnyStore`.
+async fn forks_are_listed_oldest_first(h: &impl Harness) {
+    let s = h.store();
+    s.append("p", vec![user("1"), user("2")]).await.unwrap();
+    s.fork("p", 2, "p-z").await.unwrap();
+    s.fork("p", 1, "p-a").await.unwrap();
+    s.fork("p", 0, "p-m").await.unwrap();
+    s.fork("p-z", 3, "p-z-1").await.unwrap();
+    s.append_one("p-z", user("3")).await.unwrap();
+    s.append_one("lonely", user("x")).await.unwrap();
+    s.append_one("p2", user("x")).await.unwrap();
+    s.fork("p2", 1, "p2-fork").await.unwrap();
+    // Creation times written directly (the store's clock cannot be stopped): two forks of
+    // one millisecond, and a grandchild older than them all.
+    h.execute_raw(
+        "UPDATE threads SET created_at = 1000 WHERE id IN ('p-z', 'p-m');
+         UPDATE threads SET created_at = 2000 WHERE id = 'p-a';
+         UPDATE threads SET created_at = 500 WHERE id = 'p-z-1';",
+    )
+    .await;
+    let forks = s.forks_of("p").await.unwrap();
+    assert_eq!(ids_of(&forks), ["p-m", "p-z", "p-a"]);
+    for fork in &forks {
+        assert_eq!(fork.parent.as_deref(), Some("p"));
+        assert_eq!(Some(fork), s.thread_info(&fork.id).await.unwrap().as_ref());
+    }
+    assert_eq!(
+        forks
+            .iter()
+            .map(|f| (f.fork_seq, f.last_seq))
+            .collect::<Vec<_>>(),
+        [(Some(0), 1), (Some(2), 4), (Some(1), 2)]
+    );
+    let nested = s.forks_of("p-z").await.unwrap();
+    assert_eq!(ids_of(&nested), ["p-z-1"]);
+    assert_eq!(nested[0].parent.as_deref(), Some("p-z"));
+    assert_eq!(nested[0].fork_seq, Some(3));
+    assert_eq!(ids_of(&s.forks_of("p2").await.unwrap()), ["p2-fork"]);
+    for leaf in ["lonely", "p-a", "p-z-1", "p2-fork"] {
+        assert!(s.forks_of(leaf).await.unwrap().is_empty(), "{leaf}");
+    }
+    for missing in ["missing", "p-", "P", ""] {
+        match s.forks_of(missing).await {
+            Err(StoreError::NotFound { thread }) => assert_eq!(thread, missing),
+            other => panic!("{missing:?}: expected NotFound, got {other:?}"),
+        }
+    }
+    let any = h.any();
+    assert_eq!(any.forks_of("p").await.unwrap(), forks);
+    assert!(matches!(
+        any.forks_of("missing").await,
+        Err(StoreError::NotFound { .. })
+    ));
+    // Once its forks are gone, a thread has none; once it is gone, it is not found.
+    for fork in ["p-z-1", "p-z", "p-a", "p-m"] {
+        s.delete(fork).await.unwrap();
+    }
+    assert!(s.forks_of("p").await.unwrap().is_empty());
+    s.delete("p").await.unwrap();
+    assert!(matches!(
+        s.forks_of("p").await,
+        Err(StoreError::NotFound { .. })
+    ));
+}
+
 macro_rules! conformance {
     (
         fresh: [$($name:ident),* $(,)?],
@@ -2175,6 +2489,9 @@ conformance!(
     turns_hold_a_thread_one_at_a_time_in_the_order_they_joined,
     turns_joining_at_once_from_two_processes_let_one_hold_the_thread,
     event_pages_hold_every_event_once_within_their_count_and_bytes,
+    recent_threads_are_listed_newest_first_a_page_at_a_time,
+    an_execution_is_a_thread_whose_first_event_starts_a_run,
+    forks_are_listed_oldest_first,
     ],
     before_api_keys: [api_key_migration_applies_to_an_older_database],
 );

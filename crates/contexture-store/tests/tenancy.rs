@@ -4,9 +4,15 @@
 //! operations, so nothing one tenant writes is visible to the other; and the ids inside
 //! events come back as the tenant wrote them while the shared store holds them scoped.
 
+mod common;
+
+use common::Harness;
 use contexture_core::Message;
-use contexture_core::thread::{CancelRequest, Event, EventKind};
-use contexture_store::{NewEvent, Scoped, SqliteStore, Store, StoreError, Tenant, TurnQueueStore};
+use contexture_core::thread::{CancelRequest, Event, EventKind, RunLimits, RunStart};
+use contexture_store::{
+    NewEvent, RecentCursor, Scoped, SqliteStore, Store, StoreError, Tenant, ThreadInfo,
+    TurnQueueStore,
+};
 use proptest::prelude::*;
 
 use contexture_store::testing::TempDir;
@@ -84,11 +90,36 @@ async fn everything(store: &impl Store) -> Vec<String> {
             info.id, info.parent, info.fork_seq, info.last_seq
         ));
     }
+    // Searched past the tenant's prefix: the tenants' names (`acme`, `acme2`) match nothing
+    // of theirs, `t` what holds it. Compared as sets, as the forks below.
+    for contains in ["t", "acme", "/"] {
+        let mut recent: Vec<String> = store
+            .list_recent("", contains, None, 100)
+            .await
+            .expect("list recent")
+            .into_iter()
+            .map(|i| format!("{} parent {:?}", i.id, i.parent))
+            .collect();
+        recent.sort();
+        seen.push(format!("recent holding {contains:?}: {recent:?}"));
+    }
     for id in IDS {
         seen.push(format!("{id} exists {}", answer(store.exists(id).await)));
         seen.push(format!("{id} events {}", answer(store.events(id).await)));
         let info = store.thread_info(id).await.expect("thread info");
-        seen.push(format!("{id} info {:?}", info.map(|i| (i.id, i.parent))));
+        seen.push(format!(
+            "{id} info {:?}",
+            info.map(|i| (i.id, i.parent, i.execution))
+        ));
+        // Forks made in one millisecond are in id order: compared as sets, so that the
+        // two stores' clocks need not agree.
+        let forks = store.forks_of(id).await.map(|forks| {
+            let mut forks: Vec<(String, Option<String>)> =
+                forks.into_iter().map(|f| (f.id, f.parent)).collect();
+            forks.sort();
+            forks
+        });
+        seen.push(format!("{id} forks {}", answer(forks)));
         seen.push(format!(
             "{id} tail {}",
             answer(
@@ -337,4 +368,186 @@ async fn postgres_conversation_threads_move_under_their_tenant() {
             .unwrap();
     check_moved_under_the_tenant(&new, events, bytes).await;
     new.drop_schema().await.unwrap();
+}
+
+/// A `run_started` event, as an execution's log begins.
+fn run_started() -> NewEvent {
+    NewEvent::new(EventKind::RunStarted(RunStart {
+        workflow_file: "wf.yaml".into(),
+        workflow_text: "states: [{id: a}]".into(),
+        input: "go".into(),
+        llm: None,
+        parent_execution_id: None,
+        limits: RunLimits::default(),
+        conversation: None,
+        from_client: false,
+        user_context: None,
+    }))
+}
+
+fn ids_of(page: &[ThreadInfo]) -> Vec<&str> {
+    page.iter().map(|info| info.id.as_str()).collect()
+}
+
+/// Through a tenant's view (over the store itself and over `AnyStore`), the recent threads
+/// and the forks are the tenant's only, their ids and parents as the tenant knows them;
+/// `contains` is looked for past the tenant's prefix, so the tenant's name matches only the
+/// ids that hold it themselves; a cursor is given and taken in the tenant's ids.
+async fn a_tenants_recent_threads_and_forks_are_its_own(h: &impl Harness) {
+    let shared = h.store().clone();
+    let say = || {
+        vec![NewEvent::new(EventKind::MessageAppended {
+            message: Message::user("hi"),
+        })]
+    };
+    // `acme2` starts with `acme`: the other tenant's stored ids hold the first's name.
+    let acme = shared.clone().scoped(Tenant::new("acme").unwrap());
+    let other = shared.clone().scoped(Tenant::new("acme2").unwrap());
+    for view in [&acme, &other] {
+        view.append("t1", say()).await.unwrap();
+        view.append("t2", say()).await.unwrap();
+        view.append("run", vec![run_started()]).await.unwrap();
+        view.fork("t1", 1, "t1/fork").await.unwrap();
+    }
+    acme.append("acme-notes", say()).await.unwrap();
+    // Times written directly (the store's clock cannot be stopped), the other tenant's
+    // threads between the tenant's.
+    let mut times = String::new();
+    for (tenant, offset) in [("acme", 0), ("acme2", 5)] {
+        for (id, at) in [("t1", 100), ("t2", 300), ("run", 200), ("t1/fork", 400)] {
+            times += &format!(
+                "UPDATE threads SET updated_at = {} WHERE id = '{tenant}/{id}';",
+                at + offset
+            );
+        }
+    }
+    times += "UPDATE threads SET updated_at = 250 WHERE id = 'acme/acme-notes';";
+    h.execute_raw(&times).await;
+
+    let any = h.any().scoped(Tenant::new("acme").unwrap());
+    let newest_first = ["t1/fork", "t2", "acme-notes", "run", "t1"];
+    let all = acme.list_recent("", "", None, 100).await.unwrap();
+    assert_eq!(ids_of(&all), newest_first);
+    assert_eq!(any.list_recent("", "", None, 100).await.unwrap(), all);
+    let fork = &all[0];
+    assert_eq!(fork.parent.as_deref(), Some("t1"));
+    let executions: Vec<&str> = all
+        .iter()
+        .filter(|info| info.execution)
+        .map(|info| info.id.as_str())
+        .collect();
+    assert_eq!(executions, ["run"]);
+    for info in &all {
+        assert_eq!(
+            acme.thread_info(&info.id).await.unwrap().as_ref(),
+            Some(info)
+        );
+    }
+    // Pages follow each other in the tenant's ids, a thread at a time.
+    let mut walked: Vec<ThreadInfo> = Vec::new();
+    loop {
+        let before = walked.last().map(RecentCursor::after);
+        let page = acme.list_recent("", "", before.as_ref(), 1).await.unwrap();
+        if page.is_empty() {
+            break;
+        }
+        walked.extend(page);
+    }
+    assert_eq!(walked, all);
+    let cursor = RecentCursor {
+        updated_at_ms: 250,
+        id: "acme-notes".into(),
+    };
+    assert_eq!(
+        ids_of(&any.list_recent("", "", Some(&cursor), 10).await.unwrap()),
+        ["run", "t1"]
+    );
+    // The tenant's name matches what holds it past the prefix, nothing else of the
+    // tenant's; the other tenant, whose stored ids all hold `acme`, finds nothing.
+    searches_past_the_tenant(&acme).await;
+    searches_past_the_tenant(&any).await;
+    assert!(
+        other
+            .list_recent("", "acme", None, 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        ids_of(&other.list_recent("", "", None, 100).await.unwrap()),
+        ["t1/fork", "t2", "run", "t1"]
+    );
+    // The whole store sees both tenants' threads, their names in their ids.
+    assert_eq!(
+        shared
+            .list_recent("", "acme", None, 100)
+            .await
+            .unwrap()
+            .len(),
+        9
+    );
+    // Forks: the tenant's, named as it knows them; another tenant's thread is not found.
+    forks_through_the_view(&acme).await;
+    forks_through_the_view(&any).await;
+    assert!(matches!(
+        other.forks_of("acme-notes").await,
+        Err(StoreError::NotFound { .. })
+    ));
+    assert!(matches!(
+        other.forks_of("../acme/t1").await,
+        Err(StoreError::NotFound { .. })
+    ));
+}
+
+/// What `acme`'s view (of [`a_tenants_recent_threads_and_forks_are_its_own`]) finds by
+/// searching: only past its prefix.
+async fn searches_past_the_tenant(view: &impl Store) {
+    assert_eq!(
+        ids_of(&view.list_recent("", "acme", None, 100).await.unwrap()),
+        ["acme-notes"]
+    );
+    assert!(
+        view.list_recent("", "ACME/", None, 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        ids_of(&view.list_recent("t", "/", None, 100).await.unwrap()),
+        ["t1/fork"]
+    );
+    assert!(
+        view.list_recent("t1", "t1", None, 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+/// The forks `acme`'s view (of [`a_tenants_recent_threads_and_forks_are_its_own`]) lists.
+async fn forks_through_the_view(view: &impl Store) {
+    let forks = view.forks_of("t1").await.unwrap();
+    assert_eq!(ids_of(&forks), ["t1/fork"]);
+    assert_eq!(forks[0].parent.as_deref(), Some("t1"));
+    assert!(!forks[0].execution);
+    assert!(view.forks_of("run").await.unwrap().is_empty());
+    match view.forks_of("missing").await {
+        Err(StoreError::NotFound { thread }) => assert_eq!(thread, "missing"),
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_tenants_recent_threads_and_forks_are_its_own() {
+    let harness = common::Sqlite::new().await;
+    a_tenants_recent_threads_and_forks_are_its_own(&harness).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_tenants_recent_threads_and_forks_are_its_own() {
+    let Some(harness) = common::Pg::new().await else {
+        return;
+    };
+    a_tenants_recent_threads_and_forks_are_its_own(&harness).await;
+    harness.cleanup().await;
 }

@@ -470,9 +470,9 @@ pub(crate) async fn fitted_context<S: StoreView>(
 /// A thread fitted to a model.
 pub(crate) struct FittedContext {
     /// The model's id.
-    model: String,
+    pub(crate) model: String,
     /// What fitting made.
-    fitted: FittedRequest,
+    pub(crate) fitted: FittedRequest,
 }
 
 impl FittedContext {

@@ -15,7 +15,7 @@ use crate::error::Action;
 use crate::forks::ForkChain;
 use crate::record::{self, db_seq, seq_of};
 use crate::tail::{TailStart, fold_sparse, watermark_of};
-use crate::{EventOutline, KeyedEvent, ProjectionTail, StoreError, ThreadInfo};
+use crate::{EventOutline, KeyedEvent, ProjectionTail, RecentCursor, StoreError, ThreadInfo};
 
 /// The segments to read for `thread`, root first (see the SQLite store).
 pub(super) async fn chain(
@@ -202,6 +202,41 @@ pub(super) async fn tail_start(
     Ok((start, usize::try_from(unread).unwrap_or(usize::MAX)))
 }
 
+/// The columns a [`ThreadInfo`] is read from, in the order [`thread_info`] reads them, of
+/// the threads table (or a page of it) named `t`; the last says whether the thread is an
+/// execution's log. Its first event is found through the events' primary key, one lookup
+/// for each thread read.
+macro_rules! thread_columns {
+    () => {
+        "t.id, t.parent_id, t.fork_seq, t.last_seq, t.created_at, t.updated_at, t.bytes,
+         t.message_bytes, t.retention,
+         t.parent_id IS NULL AND EXISTS (
+             SELECT 1 FROM events e
+             WHERE e.thread_id = t.id AND e.seq = 1 AND e.kind = 'run_started')"
+    };
+}
+
+/// The summary a row of [`thread_columns`] gives.
+fn thread_info(row: &tokio_postgres::Row) -> Result<ThreadInfo, StoreError> {
+    let id: String = row.get(0);
+    let retention: Option<String> = row.get(8);
+    Ok(ThreadInfo {
+        retention: crate::retention::parse_stored(&id, retention.as_deref())?,
+        parent: row.get(1),
+        fork_seq: row
+            .get::<_, Option<i64>>(2)
+            .map(|s| seq_of(&id, s))
+            .transpose()?,
+        last_seq: seq_of(&id, row.get(3))?,
+        created_at_ms: row.get(4),
+        updated_at_ms: row.get(5),
+        bytes: u64::try_from(row.get::<_, i64>(6)).unwrap_or(0),
+        message_bytes: u64::try_from(row.get::<_, i64>(7)).unwrap_or(0),
+        execution: row.get(9),
+        id,
+    })
+}
+
 impl PgStore {
     pub(super) async fn read_keyed_event(
         &self,
@@ -317,38 +352,117 @@ impl PgStore {
         let end = crate::prefix_end(prefix);
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         // Byte order (the "C" collation), whatever the database's collation, so that a prefix
-        // is one range and pages follow each other.
+        // is one range and pages follow each other. The page is chosen before its threads'
+        // first events are looked up, so that the lookups are made for its threads only.
         let rows = client
             .query(
-                r#"SELECT id, parent_id, fork_seq, last_seq, created_at, updated_at, bytes,
-                          message_bytes, retention
-                   FROM threads
-                   WHERE id COLLATE "C" >= $1 AND id COLLATE "C" > $2
-                     AND ($3::text IS NULL OR id COLLATE "C" < $3)
-                   ORDER BY id COLLATE "C" LIMIT $4"#,
+                concat!(
+                    "SELECT ",
+                    thread_columns!(),
+                    r#" FROM (SELECT id, parent_id, fork_seq, last_seq, created_at, updated_at,
+                                     bytes, message_bytes, retention
+                              FROM threads
+                              WHERE id COLLATE "C" >= $1 AND id COLLATE "C" > $2
+                                AND ($3::text IS NULL OR id COLLATE "C" < $3)
+                              ORDER BY id COLLATE "C" LIMIT $4) t
+                        ORDER BY t.id COLLATE "C""#
+                ),
                 &[&prefix, &after, &end, &limit],
             )
             .await
             .doing("list threads")?;
-        rows.into_iter()
-            .map(|row| {
-                let id: String = row.get(0);
-                let retention: Option<String> = row.get(8);
-                Ok(ThreadInfo {
-                    retention: crate::retention::parse_stored(&id, retention.as_deref())?,
-                    parent: row.get(1),
-                    fork_seq: row
-                        .get::<_, Option<i64>>(2)
-                        .map(|s| seq_of(&id, s))
-                        .transpose()?,
-                    last_seq: seq_of(&id, row.get(3))?,
-                    created_at_ms: row.get(4),
-                    updated_at_ms: row.get(5),
-                    bytes: u64::try_from(row.get::<_, i64>(6)).unwrap_or(0),
-                    message_bytes: u64::try_from(row.get::<_, i64>(7)).unwrap_or(0),
-                    id,
-                })
-            })
+        rows.iter().map(thread_info).collect()
+    }
+
+    /// The page of threads [`Store::list_recent`] describes, chosen before its threads'
+    /// first events are looked up (as for [`PgStore::read_list_page`]).
+    pub(super) async fn read_list_recent(
+        &self,
+        prefix: &str,
+        contains: &str,
+        before: Option<&RecentCursor>,
+        limit: usize,
+    ) -> Result<Vec<ThreadInfo>, StoreError> {
+        let client = self.pool.get().await?;
+        let end = crate::prefix_end(prefix);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let contains = crate::ascii_folded(contains);
+        let past_prefix = i32::try_from(crate::past_prefix(prefix)).unwrap_or(i32::MAX);
+        // `translate` folds ASCII letters only, whatever the database's locale (`lower`
+        // would fold others too, unlike the SQLite store); `strpos` takes `contains` as it
+        // is, wildcards and all. The cursor is a row value in the `threads_recent` index's
+        // collation, so that the index starts right after it.
+        let cursor = if before.is_some() {
+            r#"AND (updated_at, id COLLATE "C") < ($6::bigint, $7::text)"#
+        } else {
+            ""
+        };
+        let sql = format!(
+            r#"SELECT {columns}
+               FROM (SELECT id, parent_id, fork_seq, last_seq, created_at, updated_at,
+                            bytes, message_bytes, retention
+                     FROM threads
+                     WHERE id COLLATE "C" >= $1 AND ($2::text IS NULL OR id COLLATE "C" < $2)
+                       AND ($4::text = '' OR strpos(translate(substr(id, $3::int),
+                               'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz'),
+                               $4::text) > 0)
+                       {cursor}
+                     ORDER BY updated_at DESC, id COLLATE "C" DESC LIMIT $5) t
+               ORDER BY t.updated_at DESC, t.id COLLATE "C" DESC"#,
+            columns = thread_columns!(),
+        );
+        let rows = match before {
+            Some(cursor) => {
+                client
+                    .query(
+                        &sql,
+                        &[
+                            &prefix,
+                            &end,
+                            &past_prefix,
+                            &contains,
+                            &limit,
+                            &cursor.updated_at_ms,
+                            &cursor.id,
+                        ],
+                    )
+                    .await
+            }
+            None => {
+                client
+                    .query(&sql, &[&prefix, &end, &past_prefix, &contains, &limit])
+                    .await
+            }
+        }
+        .doing("list recent threads")?;
+        rows.iter().map(thread_info).collect()
+    }
+
+    /// The forks of `thread`, oldest first ([`Store::forks_of`]), in one query: the thread
+    /// itself is the outer row, so that a thread without forks (one row of NULLs) is told
+    /// apart from one that does not exist (no row).
+    pub(super) async fn read_forks_of(&self, thread: &str) -> Result<Vec<ThreadInfo>, StoreError> {
+        let client = self.pool.get().await?;
+        // A fork is never an execution's log: its own first event is the fork's, so the
+        // execution column is plain false.
+        let rows = client
+            .query(
+                r#"SELECT t.id, t.parent_id, t.fork_seq, t.last_seq, t.created_at, t.updated_at,
+                          t.bytes, t.message_bytes, t.retention, false
+                   FROM threads p LEFT JOIN threads t ON t.parent_id = p.id
+                   WHERE p.id = $1 ORDER BY t.created_at, t.id COLLATE "C""#,
+                &[&thread],
+            )
+            .await
+            .doing("list forks")?;
+        if rows.is_empty() {
+            return Err(StoreError::NotFound {
+                thread: thread.to_owned(),
+            });
+        }
+        rows.iter()
+            .filter(|row| row.get::<_, Option<&str>>(0).is_some())
+            .map(thread_info)
             .collect()
     }
 

@@ -53,6 +53,10 @@ pub(super) const MIGRATIONS: &[(u32, &str)] = &[
         11,
         include_str!("../../migrations/postgres/0011_tenant_conversations.sql"),
     ),
+    (
+        12,
+        include_str!("../../migrations/postgres/0012_recent_threads.sql"),
+    ),
 ];
 
 impl PgStore {

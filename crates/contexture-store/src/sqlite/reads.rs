@@ -1,5 +1,6 @@
 //! The SQLite store's reads: a thread's events along its fork chain, its projection (whole,
-//! or read from its end), its forks, and the stored calibrations.
+//! or read from its end), its forks, the thread list (by id or newest first) and the stored
+//! calibrations.
 
 use contexture_core::calibration::Calibration;
 use contexture_core::thread::Event;
@@ -13,7 +14,7 @@ use crate::error::Action;
 use crate::forks::ForkChain;
 use crate::record::{self, db_seq, seq_of};
 use crate::tail::{TailStart, fold_sparse, watermark_of};
-use crate::{EventOutline, KeyedEvent, ProjectionTail, StoreError, ThreadInfo};
+use crate::{EventOutline, KeyedEvent, ProjectionTail, RecentCursor, StoreError, ThreadInfo};
 
 /// The calibration stored for `model`, if any.
 pub(super) fn stored_calibration(
@@ -381,6 +382,50 @@ pub(super) fn exists(conn: &Connection, thread: &str) -> Result<bool, StoreError
         .doing("read the thread")
 }
 
+/// The columns a [`ThreadInfo`] is read from, in the order [`thread_info`] reads them, of
+/// the threads table (or a page of it) named `t`; the last says whether the thread is an
+/// execution's log. Its first event is found through the events' primary key, one lookup
+/// for each thread read.
+macro_rules! thread_columns {
+    () => {
+        "t.id, t.parent_id, t.fork_seq, t.last_seq, t.created_at, t.updated_at, t.bytes,
+         t.message_bytes, t.retention,
+         t.parent_id IS NULL AND EXISTS (
+             SELECT 1 FROM events e
+             WHERE e.thread_id = t.id AND e.seq = 1 AND e.kind = 'run_started')"
+    };
+}
+
+/// The summary a row of [`thread_columns`] gives.
+fn thread_info(row: &rusqlite::Row<'_>) -> Result<ThreadInfo, StoreError> {
+    let id: String = row.get(0).doing("read a thread's id")?;
+    let retention: Option<String> = row.get(8).doing("read a thread")?;
+    let fork_seq: Option<i64> = row.get(2).doing("read a thread")?;
+    let bytes: i64 = row.get(6).doing("read a thread")?;
+    let message_bytes: i64 = row.get(7).doing("read a thread")?;
+    Ok(ThreadInfo {
+        retention: crate::retention::parse_stored(&id, retention.as_deref())?,
+        fork_seq: fork_seq.map(|s| seq_of(&id, s)).transpose()?,
+        last_seq: seq_of(&id, row.get(3).doing("read a thread")?)?,
+        parent: row.get(1).doing("read a thread")?,
+        created_at_ms: row.get(4).doing("read a thread")?,
+        updated_at_ms: row.get(5).doing("read a thread")?,
+        bytes: u64::try_from(bytes).unwrap_or(0),
+        message_bytes: u64::try_from(message_bytes).unwrap_or(0),
+        execution: row.get(9).doing("read a thread")?,
+        id,
+    })
+}
+
+/// The summaries of every row `rows` holds.
+fn thread_infos(mut rows: rusqlite::Rows<'_>) -> Result<Vec<ThreadInfo>, StoreError> {
+    let mut infos = Vec::new();
+    while let Some(row) = rows.next().doing("read a thread")? {
+        infos.push(thread_info(row)?);
+    }
+    Ok(infos)
+}
+
 /// The threads whose ids start with `prefix`, after `after`, `limit` at most, in id order.
 pub(super) fn list_page(
     conn: &Connection,
@@ -390,56 +435,105 @@ pub(super) fn list_page(
 ) -> Result<Vec<ThreadInfo>, StoreError> {
     let end = crate::prefix_end(prefix);
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    // Read in id order from the primary key's index, so the first-event lookups are made
+    // for the page's threads only.
+    let mut select = conn
+        .prepare_cached(concat!(
+            "SELECT ",
+            thread_columns!(),
+            " FROM threads t WHERE t.id >= ?1 AND t.id > ?2 AND (?3 IS NULL OR t.id < ?3)
+             ORDER BY t.id LIMIT ?4"
+        ))
+        .doing("prepare the thread list")?;
+    thread_infos(
+        select
+            .query(params![prefix, after, end, limit])
+            .doing("list threads")?,
+    )
+}
+
+/// The page of threads [`Store::list_recent`] describes. The page is chosen first and its
+/// threads' first events looked up after (a materialized page): were the lookups in the
+/// query that sorts, they would be made for every thread under the prefix.
+pub(super) fn list_recent(
+    conn: &Connection,
+    prefix: &str,
+    contains: &str,
+    before: Option<&RecentCursor>,
+    limit: usize,
+) -> Result<Vec<ThreadInfo>, StoreError> {
+    let end = crate::prefix_end(prefix);
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let contains = crate::ascii_folded(contains);
+    let past_prefix = crate::past_prefix(prefix);
+    // `lower` folds ASCII letters only (SQLite built without its ICU extension, as the
+    // bundled one is), as the PostgreSQL store does; `instr` takes `contains` as it is,
+    // wildcards and all. The cursor is a row value, so that the `threads_recent`
+    // index starts right after it; without one the query has no such bound.
+    let sql = format!(
+        "WITH page AS MATERIALIZED (
+             SELECT id, parent_id, fork_seq, last_seq, created_at, updated_at, bytes,
+                    message_bytes, retention
+             FROM threads
+             WHERE id >= ?1 AND (?2 IS NULL OR id < ?2)
+               AND (?4 = '' OR instr(lower(substr(id, ?3)), ?4) > 0)
+               {}
+             ORDER BY updated_at DESC, id DESC LIMIT ?5)
+         SELECT {} FROM page t ORDER BY t.updated_at DESC, t.id DESC",
+        if before.is_some() {
+            "AND (updated_at, id) < (?6, ?7)"
+        } else {
+            ""
+        },
+        thread_columns!(),
+    );
+    let mut select = conn
+        .prepare_cached(&sql)
+        .doing("prepare the recent threads' list")?;
+    let rows = match before {
+        Some(cursor) => select.query(params![
+            prefix,
+            end,
+            past_prefix,
+            contains,
+            limit,
+            cursor.updated_at_ms,
+            cursor.id
+        ]),
+        None => select.query(params![prefix, end, past_prefix, contains, limit]),
+    }
+    .doing("list recent threads")?;
+    thread_infos(rows)
+}
+
+/// The forks of `thread`, oldest first ([`Store::forks_of`]), in one query: the thread
+/// itself is the outer row, so that a thread without forks (one row of NULLs) is told apart
+/// from one that does not exist (no row).
+pub(super) fn fork_infos(conn: &Connection, thread: &str) -> Result<Vec<ThreadInfo>, StoreError> {
+    // A fork is never an execution's log: its own first event is the fork's, so the
+    // execution column is plain false.
     let mut select = conn
         .prepare_cached(
-            "SELECT id, parent_id, fork_seq, last_seq, created_at, updated_at, bytes,
-                    message_bytes, retention
-             FROM threads WHERE id >= ?1 AND id > ?2 AND (?3 IS NULL OR id < ?3)
-             ORDER BY id LIMIT ?4",
+            "SELECT t.id, t.parent_id, t.fork_seq, t.last_seq, t.created_at, t.updated_at,
+                    t.bytes, t.message_bytes, t.retention, 0
+             FROM threads p LEFT JOIN threads t ON t.parent_id = p.id
+             WHERE p.id = ?1 ORDER BY t.created_at, t.id",
         )
-        .doing("prepare the thread list")?;
-    let rows = select
-        .query_map(params![prefix, after, end, limit], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, Option<String>>(1)?,
-                r.get::<_, Option<i64>>(2)?,
-                r.get::<_, i64>(3)?,
-                r.get::<_, i64>(4)?,
-                r.get::<_, i64>(5)?,
-                r.get::<_, i64>(6)?,
-                r.get::<_, i64>(7)?,
-                r.get::<_, Option<String>>(8)?,
-            ))
-        })
-        .doing("list threads")?
-        .collect::<Result<Vec<_>, _>>()
-        .doing("read a thread")?;
-    rows.into_iter()
-        .map(
-            |(
-                id,
-                parent,
-                fork_seq,
-                last_seq,
-                created,
-                updated,
-                bytes,
-                message_bytes,
-                retention,
-            )| {
-                Ok(ThreadInfo {
-                    retention: crate::retention::parse_stored(&id, retention.as_deref())?,
-                    fork_seq: fork_seq.map(|s| seq_of(&id, s)).transpose()?,
-                    last_seq: seq_of(&id, last_seq)?,
-                    id,
-                    parent,
-                    created_at_ms: created,
-                    updated_at_ms: updated,
-                    bytes: u64::try_from(bytes).unwrap_or(0),
-                    message_bytes: u64::try_from(message_bytes).unwrap_or(0),
-                })
-            },
-        )
-        .collect()
+        .doing("prepare the fork list")?;
+    let mut rows = select.query([thread]).doing("list forks")?;
+    let mut forks = Vec::new();
+    let mut found = false;
+    while let Some(row) = rows.next().doing("read a fork")? {
+        found = true;
+        let fork: Option<String> = row.get(0).doing("read a fork's id")?;
+        if fork.is_some() {
+            forks.push(thread_info(row)?);
+        }
+    }
+    if !found {
+        return Err(StoreError::NotFound {
+            thread: thread.to_owned(),
+        });
+    }
+    Ok(forks)
 }

@@ -53,6 +53,10 @@ pub(super) const MIGRATIONS: &[(u32, &str)] = &[
         12,
         include_str!("../../migrations/sqlite/0012_tenant_conversations.sql"),
     ),
+    (
+        13,
+        include_str!("../../migrations/sqlite/0013_recent_threads.sql"),
+    ),
 ];
 
 /// Creates the database file at `path`, when it does not exist, readable and writable by
