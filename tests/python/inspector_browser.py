@@ -258,10 +258,14 @@ def main():
         page.locator("li[data-kind=message_appended]").first.wait_for()
         assert page.evaluate("window.pwned === undefined")
         check_context(page, THREAD, "gpt-4o")
+        page.evaluate("window.scrollTo(0, 0)")
         page.screenshot(path=os.path.join(SHOTS, "thread-1280.png"))
         page.set_viewport_size({"width": 390, "height": 844})
         page.screenshot(path=os.path.join(SHOTS, "thread-390.png"))
         page.set_viewport_size({"width": 1280, "height": 900})
+        stops = tab_stops(page)
+        for wanted in ["input#context-model", "button|Fit", f"a|{FORK}", "summary|Messages as they would be sent"]:
+            assert any(stop.startswith(wanted) for stop in stops), (wanted, stops)
 
         # Large ones open in under a second: a thread of 100,000 events (a page of its
         # timeline, its context fitted), an execution of 500 calls (a page of its calls).

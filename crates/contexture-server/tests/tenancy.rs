@@ -51,6 +51,8 @@ async fn acme_view(server: &TestServer, key: &str) -> Vec<String> {
         "/v1/executions/run-1",
         "/v1/executions/run-1/requests",
         "/ui/views/executions/run-1",
+        "/ui/views/threads/secret?model=gpt-4o-mini",
+        "/ui/views/threads/secret-fork",
         "/v1/threads/conversation:alice:support",
         "/v1/threads/conversation:alice:support/events",
     ] {
@@ -216,6 +218,8 @@ async fn every_route_keeps_tenants_apart(store: AnyStore) {
         (M::GET, "/v1/executions/run-1/requests", None, None),
         (M::GET, "/ui/views/executions/run-1", None, None),
         (M::GET, "/ui/views/executions/run-1?after=1", None, None),
+        (M::GET, "/ui/views/threads/secret", None, None),
+        (M::GET, "/ui/views/threads/secret-fork?after=2", None, None),
         (
             M::POST,
             "/v1/executions/run-1/cancel",
@@ -237,6 +241,16 @@ async fn every_route_keeps_tenants_apart(store: AnyStore) {
         assert_eq!(status, StatusCode::NOT_FOUND, "{method} {path}: {text}");
         assert!(!text.contains("acme"), "{method} {path}: {text}");
     }
+    // The inspector's list shows globex none of acme's threads, whatever it searches for.
+    for search in ["", "?q=secret", "?q=acme", "?q=run"] {
+        let path = format!("/ui/views/home{search}");
+        let (status, text) = call(&server, &globex, M::GET, &path, None, None).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {text}");
+        assert!(!text.contains("data-row="), "{path}: {text}");
+    }
+    let (status, text) = call(&server, &acme, M::GET, "/ui/views/home?q=secret", None, None).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert!(text.contains("data-row=\"secret\"") && text.contains("data-row=\"secret-fork\""), "{text}");
     // Merging acme's fork into a thread of globex's own finds no such fork (the path's thread
     // exists, so the body's `from` is what is wrong).
     call(
