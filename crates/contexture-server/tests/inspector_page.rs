@@ -180,6 +180,32 @@ async fn hostile_view_requests_get_errors_that_name_what_was_wrong() {
         ),
         ("/ui/views/nothing/run-1", StatusCode::NOT_FOUND, "no route"),
         (
+            "/ui/views/threads/%3Cimg%20src%3Dx%3E",
+            StatusCode::NOT_FOUND,
+            "thread",
+        ),
+        (
+            "/ui/views/threads/t?after=x",
+            StatusCode::BAD_REQUEST,
+            "after",
+        ),
+        (
+            "/ui/views/threads/t?model=",
+            StatusCode::NOT_FOUND,
+            "thread",
+        ),
+        (
+            "/ui/views/threads/t?token=1",
+            StatusCode::BAD_REQUEST,
+            "token",
+        ),
+        (
+            "/ui/views/home?before=yesterday",
+            StatusCode::BAD_REQUEST,
+            "before",
+        ),
+        ("/ui/views/home?limit=5", StatusCode::BAD_REQUEST, "limit"),
+        (
             "/ui/views/executions/%00",
             StatusCode::NOT_FOUND,
             "execution",
@@ -196,6 +222,39 @@ async fn hostile_view_requests_get_errors_that_name_what_was_wrong() {
         let text = response.text().await.unwrap();
         assert!(text.to_lowercase().contains(says), "{path}: {text}");
     }
+    // A search longer than the limit is refused, naming it; markup searched for is shown
+    // as text.
+    let long = format!("/ui/views/home?q={}", "a".repeat(201));
+    let response = get(&server, Some(&acme), &long).await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert!(response.text().await.unwrap().contains("q:"));
+    let response = get(&server, Some(&acme), "/ui/views/home?q=%3Cscript%3E").await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let html = response.text().await.unwrap();
+    assert!(
+        html.contains("&lt;script&gt;") && !html.contains("<script"),
+        "{html}"
+    );
+    // A thread fitted for a model the registry does not know still shows, saying why its
+    // context cannot be fitted.
+    server
+        .call(
+            &acme,
+            "POST",
+            "/v1/threads/t/messages",
+            Some(json!({"messages": [{"role": "user", "content": "hi"}]})),
+        )
+        .await;
+    let response = get(
+        &server,
+        Some(&acme),
+        "/ui/views/threads/t?model=no-such-model%3Cb%3E",
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let html = response.text().await.unwrap();
+    assert!(html.contains("data-field=\"context-error\""), "{html}");
+    assert!(!html.contains("<b>"), "{html}");
     // The server is still well.
     assert_eq!(
         get(&server, None, "/healthz").await.status(),

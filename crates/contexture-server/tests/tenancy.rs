@@ -248,9 +248,20 @@ async fn every_route_keeps_tenants_apart(store: AnyStore) {
         assert_eq!(status, StatusCode::OK, "{path}: {text}");
         assert!(!text.contains("data-row="), "{path}: {text}");
     }
-    let (status, text) = call(&server, &acme, M::GET, "/ui/views/home?q=secret", None, None).await;
+    let (status, text) = call(
+        &server,
+        &acme,
+        M::GET,
+        "/ui/views/home?q=secret",
+        None,
+        None,
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{text}");
-    assert!(text.contains("data-row=\"secret\"") && text.contains("data-row=\"secret-fork\""), "{text}");
+    assert!(
+        text.contains("data-row=\"secret\"") && text.contains("data-row=\"secret-fork\""),
+        "{text}"
+    );
     // Merging acme's fork into a thread of globex's own finds no such fork (the path's thread
     // exists, so the body's `from` is what is wrong).
     call(
