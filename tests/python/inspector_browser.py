@@ -84,7 +84,11 @@ def check_context(page, thread, model):
     dropped = sum(end - start for start, end in answer["fit"].get("dropped", []))
     assert int(page.locator("[data-field=dropped-count]").inner_text()) == dropped, (thread, dropped)
     ranges = page.locator("[data-dropped]").all_inner_texts()
-    assert len(ranges) == len(answer["fit"].get("dropped", [])), (ranges, answer["fit"])
+    wanted = [
+        f"message {start}" if end - start == 1 else f"messages {start} to {end - 1}"
+        for start, end in answer["fit"].get("dropped", [])
+    ]
+    assert ranges == wanted, (ranges, wanted)
     sent = page.locator("details.sent li.message").count()
     assert sent == len(answer["messages"]), (sent, len(answer["messages"]))
 

@@ -23,6 +23,8 @@ pub struct MessageView {
     pub tool_call_id: Option<String>,
     /// Whether it is pinned (kept by every fit).
     pub pinned: bool,
+    /// Its tags (`summary` for a compaction's summary, `notes` for notes it kept).
+    pub tags: Vec<String>,
     /// Whether the previous call of its step did not send it.
     pub entered: bool,
 }
@@ -53,6 +55,7 @@ impl MessageView {
             tool_calls: (!message.tool_calls.is_empty()).then(|| pretty(&message.tool_calls)),
             tool_call_id: message.tool_call_id.as_deref().map(str::to_owned),
             pinned: message.metadata.pinned,
+            tags: message.metadata.tags.clone(),
             entered: false,
         }
     }
