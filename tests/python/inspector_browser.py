@@ -89,8 +89,12 @@ def check_context(page, thread, model):
         for start, end in answer["fit"].get("dropped", [])
     ]
     assert ranges == wanted, (ranges, wanted)
-    sent = page.locator("details.sent li.message").count()
-    assert sent == len(answer["messages"]), (sent, len(answer["messages"]))
+    total = int(page.locator("[data-field=sent-count]").inner_text())
+    assert total == len(answer["messages"]), (total, len(answer["messages"]))
+    # The newest of them are drawn (at most 200), each at its place in the request.
+    shown = page.locator("details.sent li.message")
+    assert shown.count() == min(200, total), (shown.count(), total)
+    assert shown.last.get_attribute("value") == str(total - 1)
 
 
 def sign_in(page, key):
@@ -141,6 +145,10 @@ def main():
             headless=True,
             viewport={"width": 1280, "height": 900},
         )
+        # CI runs this beside other tests on two cores: waits for a view are generous, and
+        # the open times are judged by the fastest of several opens.
+        context.set_default_timeout(30_000)
+        expect.set_options(timeout=30_000)
         page = context.new_page()
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e: errors.append(str(e)))
@@ -279,7 +287,7 @@ def main():
             ("execution_500_calls", f"#/executions/{BIG_RUN}", f"[data-view=execution][data-execution='{BIG_RUN}']"),
         ]:
             runs = []
-            for _ in range(3):
+            for _ in range(5):
                 page.evaluate("location.hash = '#/'")
                 expect(page.locator("[data-view=home]")).to_be_visible()
                 started = time.monotonic()
@@ -287,6 +295,7 @@ def main():
                 page.locator(ready).wait_for()
                 runs.append(round(time.monotonic() - started, 3))
             timings[name] = runs
+            print(f"opened {name} in {runs} s", file=sys.stderr)
             assert min(runs) < 1.0, (name, runs)
         summary["open_seconds"] = timings
         # The big thread's context left most of it out, exactly as the API says.

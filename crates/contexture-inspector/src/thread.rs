@@ -72,9 +72,15 @@ pub struct ContextView {
     pub dropped_count: usize,
     /// The tool results cleared or cut.
     pub changes: Vec<String>,
-    /// The messages as they would be sent.
+    /// How many messages would be sent.
+    pub messages_total: usize,
+    /// The newest of them (at most [`CONTEXT_MESSAGES_SHOWN`]), as they would be sent.
     pub messages: Vec<MessageView>,
 }
+
+/// The most messages of a fitted context the view holds: a large window holds thousands,
+/// and a page that draws them all opens slowly (the context API answers them all).
+pub const CONTEXT_MESSAGES_SHOWN: usize = 200;
 
 impl ContextView {
     /// The view of a context fitted for `model`.
@@ -93,9 +99,11 @@ impl ContextView {
             dropped,
             dropped_count: fit.dropped.iter().map(|[start, end]| end - start).sum(),
             changes,
+            messages_total: messages.len(),
             messages: messages
                 .iter()
                 .enumerate()
+                .skip(messages.len().saturating_sub(CONTEXT_MESSAGES_SHOWN))
                 .map(|(index, message)| MessageView::of(index, message))
                 .collect(),
         }
