@@ -330,3 +330,68 @@ mod tests {
         assert!(budget.remaining < 0);
     }
 }
+
+/// A chat request counted part by part for a model: each message's tokens, the reply
+/// priming, the tool schemas, the total, and the model's budget for it. What `contexture
+/// tokens count --messages --json` prints and the Python package's `count_messages` returns.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RequestReport {
+    /// The encoding the counts come from.
+    pub encoding: &'static str,
+    /// Whether the counts are exact (the model's own encoding) or estimated.
+    pub exact: bool,
+    /// Each message's tokens, in order, overhead included.
+    pub messages: Vec<MessageTokens>,
+    /// The tokens that prime the reply.
+    pub reply_priming: u32,
+    /// The tokens of the tool schemas.
+    pub tools: u32,
+    /// Everything together.
+    pub total: u32,
+    /// The model's budget, part by part.
+    pub budget: BudgetBreakdown,
+}
+
+/// One message's tokens in a [`RequestReport`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MessageTokens {
+    /// Its place in the request.
+    pub index: usize,
+    /// Its role.
+    pub role: &'static str,
+    /// Its tokens, overhead included.
+    pub tokens: u32,
+}
+
+impl RequestReport {
+    /// Counts `messages` and `tools` as `model` does (its counter), with the budget
+    /// `policy` gives it.
+    pub fn count(
+        model: &ModelInfo,
+        policy: &BudgetPolicy,
+        messages: &[Message],
+        tools: &[Value],
+    ) -> Result<RequestReport, BudgetError> {
+        let counter = model.counter;
+        let request = counter.count_request(messages, tools);
+        let budget = BudgetBreakdown::compute(model, policy, messages, tools)?;
+        Ok(RequestReport {
+            encoding: counter.encoding().name(),
+            exact: counter.is_exact(),
+            messages: messages
+                .iter()
+                .zip(&request.per_message)
+                .enumerate()
+                .map(|(index, (message, &tokens))| MessageTokens {
+                    index,
+                    role: message.role.as_str(),
+                    tokens,
+                })
+                .collect(),
+            reply_priming: request.reply_priming,
+            tools: request.tools,
+            total: request.total,
+            budget,
+        })
+    }
+}

@@ -28,6 +28,7 @@ pub mod conversation;
 pub mod cpu;
 pub mod estimates;
 pub mod executor;
+pub mod fit_report;
 pub mod fitting;
 pub mod hooks;
 pub mod in_flight;

@@ -29,18 +29,15 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
-use contexture_core::fit::{
-    ClearPolicy, ClearedResult, FitPolicy, Hysteresis, RepairChange, Rules, Strategy,
-    TruncatePolicy, TruncatedResult,
-};
+use contexture_core::fit::{ClearPolicy, FitPolicy, Hysteresis, Rules, Strategy, TruncatePolicy};
 use contexture_core::format::openai;
-use contexture_core::thread::{DEFAULT_CONTEXT, Projection};
+use contexture_core::thread::Projection;
 use contexture_core::{Message, Role};
 use contexture_engine::estimates::Learner;
+use contexture_engine::fit_report::FitReport;
 use contexture_engine::fitting::{
     FitOverrides, FitSettings, HistoryShape, ModelChoice, SettingsError,
 };
-use serde::Serialize;
 use serde_json::Value;
 
 use super::input;
@@ -149,37 +146,6 @@ impl From<RoleArg> for Role {
     }
 }
 
-/// The JSON report written to standard error with `--report`.
-#[derive(Debug, Serialize)]
-struct Report<'a> {
-    model: &'a str,
-    rules: Rules,
-    max_tokens: u32,
-    low_water: Option<u32>,
-    messages_in: usize,
-    messages_out: usize,
-    over_budget: bool,
-    /// Dropped original indices as half-open ranges.
-    dropped: Vec<Range>,
-    dropped_count: usize,
-    partial: Option<usize>,
-    marker: Option<usize>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    truncated: Vec<TruncatedResult>,
-    cleared: Vec<ClearedResult>,
-    tokens_cleared: u64,
-    tokens_before: Option<u64>,
-    tokens_before_at_least: u64,
-    tokens_after: u64,
-    repairs: Vec<RepairChange>,
-}
-
-#[derive(Debug, Serialize)]
-struct Range {
-    start: usize,
-    end: usize,
-}
-
 /// Runs `contexture fit`.
 pub fn run(args: FitArgs) -> Result<()> {
     runtime::on_current_thread(execute(args))
@@ -245,7 +211,7 @@ async fn execute(args: FitArgs) -> Result<()> {
         settings.adopt(&policy)?;
     }
     let messages_in = messages.len();
-    let projection = projection_of(messages);
+    let projection = Projection::from_messages(messages);
     let fitted = settings.fit(projection, &[], &tools).with_context(|| {
         format!(
             "cannot fit {source} into {limit} tokens for {}",
@@ -258,53 +224,10 @@ async fn execute(args: FitArgs) -> Result<()> {
         serde_json::to_string_pretty(&openai::to_values(&fitted.messages))?
     );
     if args.report {
-        let record = &fitted.fit;
-        let report = Report {
-            model: &settings.model.id,
-            rules: settings.rules(),
-            max_tokens: limit,
-            low_water: settings
-                .policy
-                .hysteresis
-                .map(|hysteresis| (f64::from(limit) * hysteresis.low).floor() as u32),
-            messages_in,
-            messages_out: fitted.messages.len(),
-            over_budget: fitted.trim.over_budget,
-            dropped_count: record.dropped.iter().map(|[start, end]| end - start).sum(),
-            dropped: record
-                .dropped
-                .iter()
-                .map(|&[start, end]| Range { start, end })
-                .collect(),
-            partial: fitted.trim.partial,
-            marker: fitted.trim.marker,
-            truncated: record.truncated.clone(),
-            tokens_cleared: record.cleared.iter().map(|result| result.tokens).sum(),
-            cleared: record.cleared.clone(),
-            tokens_before: record.tokens_before,
-            tokens_before_at_least: fitted.trim.tokens_before_at_least,
-            tokens_after: record.tokens_after,
-            repairs: fitted.trim.repairs.clone(),
-        };
+        let report = FitReport::new(&settings, &fitted, messages_in)?;
         eprintln!("{}", serde_json::to_string_pretty(&report)?);
     }
     Ok(())
-}
-
-/// The messages as a thread's projection holds them: a leading system (or developer)
-/// message is the system prompt, the rest the history.
-fn projection_of(mut messages: Vec<Message>) -> Projection {
-    let system = match messages.first() {
-        Some(first) if matches!(first.role, Role::System | Role::Developer) => {
-            Some(messages.remove(0))
-        }
-        _ => None,
-    };
-    Projection {
-        context: DEFAULT_CONTEXT.to_owned(),
-        system,
-        messages,
-    }
 }
 
 /// `--low-water`'s mark as the policy's hysteresis: cut down to `low_water` tokens of the

@@ -4,11 +4,10 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use contexture_core::budget::{BudgetBreakdown, BudgetPolicy};
+use contexture_core::budget::{BudgetPolicy, RequestReport};
 use contexture_core::format::openai;
 use contexture_core::registry::ModelInfo;
 use contexture_core::{Encoding, TokenCounter};
-use serde::Serialize;
 use serde_json::Value;
 
 use super::input;
@@ -85,9 +84,8 @@ fn count(args: CountArgs) -> Result<()> {
         Some(path) => input::read_json(Some(path))?,
         None => Vec::new(),
     };
-    let request = counter.count_request(&messages, &tools);
     if !args.json {
-        println!("{}", request.total);
+        println!("{}", counter.count_request(&messages, &tools).total);
         return Ok(());
     }
     let model = match model {
@@ -98,44 +96,7 @@ fn count(args: CountArgs) -> Result<()> {
         reserve_output: args.reserve,
         ..BudgetPolicy::default()
     };
-    let budget =
-        BudgetBreakdown::compute(&ModelInfo { counter, ..model }, &policy, &messages, &tools)?;
-    let report = CountReport {
-        encoding: counter.encoding().name(),
-        exact: counter.is_exact(),
-        messages: messages
-            .iter()
-            .zip(&request.per_message)
-            .enumerate()
-            .map(|(index, (message, &tokens))| MessageCount {
-                index,
-                role: message.role.as_str(),
-                tokens,
-            })
-            .collect(),
-        reply_priming: request.reply_priming,
-        tools: request.tools,
-        total: request.total,
-        budget,
-    };
+    let report = RequestReport::count(&ModelInfo { counter, ..model }, &policy, &messages, &tools)?;
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
-}
-
-#[derive(Serialize)]
-struct CountReport {
-    encoding: &'static str,
-    exact: bool,
-    messages: Vec<MessageCount>,
-    reply_priming: u32,
-    tools: u32,
-    total: u32,
-    budget: BudgetBreakdown,
-}
-
-#[derive(Serialize)]
-struct MessageCount {
-    index: usize,
-    role: &'static str,
-    tokens: u32,
 }

@@ -41,6 +41,21 @@ impl Projection {
             .collect()
     }
 
+    /// A message list (a request's, a file's) as a projection of the default context: a
+    /// leading system (or developer) message is the system prompt, the rest the
+    /// conversation (the inverse of [`Projection::into_messages`]).
+    pub fn from_messages(mut messages: Vec<Message>) -> Projection {
+        let system = match messages.first() {
+            Some(first) if first.role.is_system_like() => Some(messages.remove(0)),
+            _ => None,
+        };
+        Projection {
+            context: crate::thread::DEFAULT_CONTEXT.to_owned(),
+            system,
+            messages,
+        }
+    }
+
     /// Like [`Projection::to_messages`], consuming the projection.
     pub fn into_messages(self) -> Vec<Message> {
         let mut messages = Vec::with_capacity(self.messages.len() + 1);

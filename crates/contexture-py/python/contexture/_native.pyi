@@ -1,0 +1,80 @@
+"""Type hints of the native module (see the ``contexture`` package for the documented API)."""
+
+from typing import Any, Dict, List, Optional, Tuple
+
+__version__: str
+
+def count_tokens(
+    text: str, encoding: Optional[str] = None, model: Optional[str] = None
+) -> int:
+    """The exact tokens of ``text`` in ``encoding`` (``cl100k_base`` or ``o200k_base``),
+    or as ``model`` counts; ``o200k_base`` when neither is given."""
+
+def count_messages(
+    messages: Any,
+    model: str,
+    tools: Optional[List[Dict[str, Any]]] = None,
+    reserve: Optional[int] = None,
+    format: str = "openai",
+) -> Dict[str, Any]:
+    """A chat request counted as ``model`` does: ``messages`` (each ``index``, ``role``,
+    ``tokens``), ``reply_priming``, ``tools``, ``total``, ``encoding``, ``exact`` and the
+    model's ``budget`` part by part."""
+
+def fit(
+    messages: Any,
+    model: str,
+    max_tokens: Optional[int] = None,
+    strategy: Optional[str] = None,
+    rules: Optional[str] = None,
+    policy: Optional[Dict[str, Any]] = None,
+    tools: Optional[List[Dict[str, Any]]] = None,
+    *,
+    pin: List[int] = ...,
+    start_on: List[str] = ...,
+    end_on: List[str] = ...,
+    include_system: bool = True,
+    allow_partial: bool = False,
+    format: str = "openai",
+) -> Tuple[Any, Dict[str, Any]]: ...
+def validate(
+    messages: Any, rules: str = "openai", *, format: str = "openai"
+) -> List[Dict[str, Any]]:
+    """Every place ``messages`` breaks the provider's rules: dicts with ``index``,
+    ``kind``, the kind's fields and ``message``."""
+
+def repair(
+    messages: Any, rules: str = "openai", *, format: str = "openai"
+) -> Tuple[Any, List[Dict[str, Any]]]: ...
+
+class Template:
+    """A prompt template: its text in Jinja (``{{ name }}``) or the simple syntax
+    (``{name}``), with partial variables filled in ahead of time. ``a + b`` joins two
+    templates, keeping both sides' partials (a conflict raises ``TemplateError``)."""
+
+    def __init__(
+        self, source: str, format: str = "jinja", partials: Optional[Dict[str, Any]] = None
+    ) -> None: ...
+    def render(
+        self, context: Optional[Dict[str, Any]] = None, *, missing: str = "keep", **variables: Any
+    ) -> str:
+        """Renders against ``context`` and the keyword arguments (which win over the
+        context's keys; both win over partials). ``missing``: ``"keep"``, ``"empty"`` or
+        ``"error"``."""
+    def __add__(self, other: "Template") -> "Template": ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def format(self) -> str: ...
+    @property
+    def partials(self) -> Dict[str, Any]: ...
+    @property
+    def input_variables(self) -> List[str]: ...
+
+def parse_output(text: str) -> Dict[str, Any]:
+    """A step's output parsed as a workflow parses it: ``value``, ``format``, ``notes``."""
+
+def eval_condition(
+    expression: str, context: Optional[Dict[str, Any]] = None, output: Any = None
+) -> Any:
+    """The value of a workflow condition or expression against ``context`` and ``output``."""

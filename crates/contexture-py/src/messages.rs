@@ -1,0 +1,93 @@
+//! Message lists in and out, in the OpenAI chat format (a list of message dicts) or the
+//! Anthropic Messages format (a list of turns, or a dict with `system` and `messages`).
+
+use contexture_core::Message;
+use contexture_core::format::{anthropic, openai};
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+use serde_json::{Map, Value};
+
+use crate::errors::{Kind, error, from_error};
+use crate::json::{to_json, to_python};
+
+/// The wire format of a message list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// OpenAI chat completions: a list of `{"role", "content", ...}` dicts.
+    OpenAi,
+    /// Anthropic Messages: a list of turns, or `{"system": ..., "messages": [...]}`.
+    Anthropic,
+}
+
+impl Format {
+    /// The format a `format=` argument names.
+    pub fn parse(name: &str) -> PyResult<Format> {
+        match name {
+            "openai" => Ok(Format::OpenAi),
+            "anthropic" => Ok(Format::Anthropic),
+            other => Err(error(
+                Kind::Input,
+                format!("format: unknown message format `{other}` (expected openai or anthropic)"),
+            )),
+        }
+    }
+}
+
+/// A message list read from Python, with the shape it came in (written back the same way).
+pub struct Read {
+    /// The messages, a system prompt first when there is one.
+    pub messages: Vec<Message>,
+    /// The format.
+    pub format: Format,
+    /// True when an Anthropic list came as a body dict (`system` + `messages`).
+    pub body: bool,
+}
+
+/// Reads `messages` in `format`; errors name the message and field.
+pub fn read(messages: &Bound<'_, PyAny>, format: Format) -> PyResult<Read> {
+    let value = to_json(messages, "messages")?;
+    let (parsed, body) = match format {
+        Format::OpenAi => (openai::parse_messages(&value), false),
+        Format::Anthropic => match value {
+            Value::Array(_) => {
+                let mut body = Map::new();
+                body.insert("messages".into(), value);
+                (anthropic::parse_request(&Value::Object(body)), false)
+            }
+            body => (anthropic::parse_request(&body), true),
+        },
+    };
+    let messages = parsed.map_err(|problem| from_error(Kind::Input, &problem))?;
+    Ok(Read {
+        messages,
+        format,
+        body,
+    })
+}
+
+/// Writes `messages` back in the format and shape `read` came in.
+pub fn write<'py>(
+    py: Python<'py>,
+    messages: &[Message],
+    shape: &Read,
+) -> PyResult<Bound<'py, PyAny>> {
+    match shape.format {
+        Format::OpenAi => {
+            let list = PyList::empty(py);
+            for message in messages {
+                list.append(to_python(py, &openai::to_value(message))?)?;
+            }
+            Ok(list.into_any())
+        }
+        Format::Anthropic => {
+            let body = anthropic::to_request(messages)
+                .map_err(|problem| from_error(Kind::Input, &problem))?;
+            match (&body, shape.body) {
+                (Value::Object(map), false) if !map.contains_key("system") => {
+                    to_python(py, map.get("messages").unwrap_or(&Value::Null))
+                }
+                _ => to_python(py, &body),
+            }
+        }
+    }
+}
