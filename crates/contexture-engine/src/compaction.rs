@@ -393,6 +393,15 @@ impl Compactor {
         }
     }
 
+    /// A compactor with no model to call: only the offline extractive summarizer
+    /// ([`CompactOptions::summarizer`] `None`); a request that names a summarizer model
+    /// fails its call and replaces nothing.
+    pub fn offline(registry: Arc<Registry>) -> Compactor {
+        let nobody: Arc<dyn contexture_llm::Provider> =
+            Arc::new(contexture_llm::ScriptedProvider::texts(Vec::<String>::new()));
+        Compactor::new(Arc::new(crate::llm::FixedRouter::new(nobody)), registry)
+    }
+
     /// Builder: the hooks told before and after each compaction.
     pub fn with_hooks(mut self, hooks: Vec<Arc<dyn Hook>>) -> Compactor {
         self.hooks = hooks;

@@ -934,8 +934,19 @@ pub async fn fit_thread<S: Store>(
     thread: &str,
     settings: &FitSettings,
 ) -> Result<FittedRequest, ThreadFitError> {
+    Ok(fit_thread_reporting(store, thread, settings).await?.1)
+}
+
+/// [`fit_thread`], with the settings the fit was made by (the thread's own fit policy
+/// adopted over `settings`), which its report needs.
+pub async fn fit_thread_reporting<S: Store>(
+    store: &S,
+    thread: &str,
+    settings: &FitSettings,
+) -> Result<(FitSettings, FittedRequest), ThreadFitError> {
     let (settings, tail) = load_for_fit(store, thread, settings).await?;
-    Ok(settings.fit_tail(tail, &[], &[])?)
+    let fitted = settings.fit_tail(tail, &[], &[])?;
+    Ok((settings, fitted))
 }
 
 /// [`fit_thread`] with the fit run on `pool` under `key`'s share (see [`crate::cpu`]): the

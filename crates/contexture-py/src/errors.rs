@@ -14,6 +14,8 @@ pub enum Kind {
     Fit,
     /// A template that does not parse or does not render.
     Template,
+    /// The store failed, or has no such thread.
+    Store,
 }
 
 impl Kind {
@@ -22,6 +24,7 @@ impl Kind {
             Kind::Input => "InputError",
             Kind::Fit => "FitError",
             Kind::Template => "TemplateError",
+            Kind::Store => "StoreError",
         }
     }
 }

@@ -171,7 +171,7 @@ fn parse_rules(name: &str) -> PyResult<Rules> {
         .map_err(|problem| error(Kind::Input, format!("rules: {problem}")))
 }
 
-fn parse_strategy(name: &str) -> PyResult<Strategy> {
+pub fn parse_strategy(name: &str) -> PyResult<Strategy> {
     name.parse()
         .map_err(|problem| error(Kind::Input, format!("strategy: {problem}")))
 }

@@ -8,6 +8,7 @@ mod fitting;
 mod json;
 mod messages;
 mod templates;
+mod threads;
 mod tokens;
 
 use pyo3::prelude::*;
@@ -22,6 +23,8 @@ fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(fitting::validate, module)?)?;
     module.add_function(wrap_pyfunction!(fitting::repair, module)?)?;
     module.add_class::<templates::Template>()?;
+    module.add_class::<threads::Store>()?;
+    module.add_class::<threads::Thread>()?;
     module.add_function(wrap_pyfunction!(templates::parse_output, module)?)?;
     module.add_function(wrap_pyfunction!(templates::eval_condition, module)?)?;
     module.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -43,6 +43,18 @@ pub struct Read {
     pub body: bool,
 }
 
+impl Read {
+    /// The shape of a list written in `format` that was not read first (a thread's
+    /// messages): a plain list.
+    pub fn shape(format: Format) -> Read {
+        Read {
+            messages: Vec::new(),
+            format,
+            body: false,
+        }
+    }
+}
+
 /// Reads `messages` in `format`; errors name the message and field.
 pub fn read(messages: &Bound<'_, PyAny>, format: Format) -> PyResult<Read> {
     let value = to_json(messages, "messages")?;

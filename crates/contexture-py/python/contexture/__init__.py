@@ -23,6 +23,8 @@ validate = _native.validate
 Template = _native.Template
 parse_output = _native.parse_output
 eval_condition = _native.eval_condition
+Store = _native.Store
+Thread = _native.Thread
 
 
 class Fitted(NamedTuple):
@@ -113,9 +115,11 @@ __all__ = [
     "Fitted",
     "InputError",
     "Repaired",
+    "Store",
     "StoreError",
     "Template",
     "TemplateError",
+    "Thread",
     "count_messages",
     "count_tokens",
     "eval_condition",

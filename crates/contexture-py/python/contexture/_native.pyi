@@ -78,3 +78,66 @@ def eval_condition(
     expression: str, context: Optional[Dict[str, Any]] = None, output: Any = None
 ) -> Any:
     """The value of a workflow condition or expression against ``context`` and ``output``."""
+
+class Store:
+    """A thread store: ``sqlite:PATH`` (made when missing; the CLI's file format) or a
+    PostgreSQL URL."""
+
+    def __init__(self, url: str = "sqlite:contexture.db") -> None: ...
+    def thread(self, id: str) -> "Thread":
+        """The thread ``id`` (the first append makes it)."""
+    def threads(self) -> List[Dict[str, Any]]:
+        """Every thread: ``id``, ``last_seq``, ``parent``, ``fork_seq``, sizes."""
+    @property
+    def url(self) -> str: ...
+
+class Thread:
+    """A durable, append-only thread on a store."""
+
+    def __init__(self, id: str, db: str = "sqlite:contexture.db") -> None: ...
+    @property
+    def id(self) -> str: ...
+    def append(
+        self,
+        messages: Any,
+        *,
+        key: Optional[str] = None,
+        context: Optional[str] = None,
+        format: str = "openai",
+    ) -> List[int]:
+        """Appends a message or a list in one transaction; returns their seqs."""
+    def messages(
+        self, *, limit: Optional[int] = None, context: Optional[str] = None, format: str = "openai"
+    ) -> Any:
+        """The projection (system prompt, then the conversation), or its last ``limit``
+        units."""
+    def context(
+        self,
+        model: str,
+        *,
+        max_tokens: Optional[int] = None,
+        strategy: Optional[str] = None,
+        format: str = "openai",
+    ) -> Any:
+        """``Fitted(messages, report)``: what a request to ``model`` would be sent."""
+    def events(self) -> List[Dict[str, Any]]: ...
+    def exists(self) -> bool: ...
+    def fork(self, new_id: str, at: Optional[int] = None) -> "Thread": ...
+    def merge(
+        self,
+        source: Any,
+        *,
+        policy: str = "append-messages",
+        conflict: str = "child-wins",
+        keys: List[str] = ...,
+        all_keys: bool = False,
+    ) -> int: ...
+    def compact(
+        self,
+        *,
+        keep_tokens: Optional[int] = None,
+        keep_messages: Optional[int] = None,
+        summary_tokens: Optional[int] = None,
+        notes: Optional[str] = None,
+    ) -> Dict[str, Any]:
+        """Summarizes the older part offline into one recorded replace; the report."""
