@@ -19,5 +19,7 @@ pub mod registry;
 pub mod thread;
 pub mod tokens;
 
-pub use message::{Content, Message, MessageFields, Metadata, Part, Role, ToolCall};
+pub use message::{
+    Content, Message, MessageFields, MessageIdentity, Metadata, Part, Role, ToolCall,
+};
 pub use tokens::{Encoding, TokenCounter};

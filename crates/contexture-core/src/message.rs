@@ -235,6 +235,11 @@ impl Metadata {
     }
 }
 
+/// The identity of a message's unchanged copies ([`Message::identity`]), valid while one of
+/// them lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MessageIdentity(usize);
+
 /// One chat message in Contexture's neutral model.
 ///
 /// Its fields ([`MessageFields`]) are read and written through the message as if they were
@@ -388,6 +393,13 @@ impl Message {
     pub fn set_text(&mut self, text: impl Into<String>) {
         self.content = Some(Content::Text(text.into().into()));
         self.touch();
+    }
+
+    /// What the unchanged copies of this message share, and no other live message: a fit's
+    /// output traced back to the messages it kept as they were given (a copy that was
+    /// changed has an identity of its own).
+    pub fn identity(&self) -> MessageIdentity {
+        MessageIdentity(Arc::as_ptr(&self.0) as usize)
     }
 
     /// True when this message is pinned.

@@ -28,7 +28,7 @@ const DETACH_ABOVE_MESSAGES: usize = 256;
 #[pyo3(signature = (
     messages, model, max_tokens=None, strategy=None, rules=None, policy=None, tools=None,
     *, pin=Vec::new(), start_on=Vec::new(), end_on=Vec::new(), include_system=true,
-    allow_partial=false, format="openai"
+    allow_partial=false, counts=None, format="openai"
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn fit<'py>(
@@ -45,6 +45,7 @@ pub fn fit<'py>(
     end_on: Vec<String>,
     include_system: bool,
     allow_partial: bool,
+    counts: Option<Vec<u32>>,
     format: &str,
 ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
     let mut read = messages::read(messages, Format::parse(format)?)?;
@@ -60,6 +61,7 @@ pub fn fit<'py>(
             }
         }
     }
+    read.refresh_given();
     let overrides = FitOverrides {
         max_tokens,
         strategy: strategy.as_deref().map(parse_strategy).transpose()?,
@@ -78,6 +80,21 @@ pub fn fit<'py>(
     };
     let settings = FitSettings::new(tokens::model(&model)?, policy, overrides)
         .map_err(|problem| from_error(Kind::Input, &problem))?;
+    if let Some(counts) = counts {
+        if counts.len() != count {
+            return Err(error(
+                Kind::Input,
+                format!(
+                    "counts: {} counts for {count} messages (one per message)",
+                    counts.len()
+                ),
+            ));
+        }
+        let encoding = settings.model.counter.encoding();
+        for (message, tokens) in read.messages.iter().zip(counts) {
+            message.set_cached_tokens(encoding, tokens);
+        }
+    }
     let tools = tokens::tools(tools)?;
     let projection = Projection::from_messages(std::mem::take(&mut read.messages));
     let fitted = if count > DETACH_ABOVE_MESSAGES {
@@ -100,8 +117,16 @@ pub fn fit<'py>(
     })?;
     let report = FitReport::new(&settings, &fitted, count)
         .map_err(|problem| from_error(Kind::Input, &problem))?;
-    let report =
+    let mut report =
         serde_json::to_value(&report).map_err(|problem| from_error(Kind::Input, &problem))?;
+    if let (Some(given), Value::Object(fields)) = (&read.given, &mut report) {
+        // Each output message's index among those given, when it is one of them unchanged.
+        let sources = given.sources(&fitted.messages);
+        fields.insert(
+            "sources".into(),
+            serde_json::to_value(sources).unwrap_or_default(),
+        );
+    }
     Ok((
         messages::write(py, &fitted.messages, &read)?,
         to_python(py, &report)?,

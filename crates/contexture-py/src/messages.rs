@@ -4,8 +4,9 @@
 use contexture_core::Message;
 use contexture_core::format::{anthropic, openai};
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyList, PyTuple};
 use serde_json::{Map, Value};
+use std::collections::HashMap;
 
 use crate::errors::{Kind, error, from_error};
 use crate::json::{to_json, to_python};
@@ -41,9 +42,43 @@ pub struct Read {
     pub format: Format,
     /// True when an Anthropic list came as a body dict (`system` + `messages`).
     pub body: bool,
+    /// The objects given, one per message, when each message came as one object (an
+    /// OpenAI list): a message written back unchanged is its own object again.
+    pub given: Option<Given>,
+}
+
+/// The message objects a list was read from, and the messages read from them.
+pub struct Given {
+    objects: Py<PyTuple>,
+    messages: Vec<Message>,
+}
+
+impl Given {
+    /// For each of `written`, the index of the given message it is, unchanged (`None` for
+    /// one the operation made or changed).
+    pub fn sources(&self, written: &[Message]) -> Vec<Option<usize>> {
+        let index: HashMap<_, usize> = self
+            .messages
+            .iter()
+            .enumerate()
+            .map(|(place, message)| (message.identity(), place))
+            .collect();
+        written
+            .iter()
+            .map(|message| index.get(&message.identity()).copied())
+            .collect()
+    }
 }
 
 impl Read {
+    /// Takes the messages as they are now as the given ones (after marking some pinned,
+    /// which gives them fields of their own).
+    pub fn refresh_given(&mut self) {
+        if let Some(given) = &mut self.given {
+            given.messages = self.messages.clone();
+        }
+    }
+
     /// The shape of a list written in `format` that was not read first (a thread's
     /// messages): a plain list.
     pub fn shape(format: Format) -> Read {
@@ -51,13 +86,23 @@ impl Read {
             messages: Vec::new(),
             format,
             body: false,
+            given: None,
         }
     }
 }
 
 /// Reads `messages` in `format`; errors name the message and field.
 pub fn read(messages: &Bound<'_, PyAny>, format: Format) -> PyResult<Read> {
-    let value = to_json(messages, "messages")?;
+    // A list is read from a snapshot of its items: the objects written back are the ones
+    // read, whatever another thread does to the list meanwhile.
+    let snapshot = match messages.cast::<PyList>() {
+        Ok(list) if format == Format::OpenAi => Some(list.to_tuple()),
+        _ => None,
+    };
+    let value = match &snapshot {
+        Some(items) => to_json(items.as_any(), "messages")?,
+        None => to_json(messages, "messages")?,
+    };
     let (parsed, body) = match format {
         Format::OpenAi => (openai::parse_messages(&value), false),
         Format::Anthropic => match value {
@@ -70,10 +115,15 @@ pub fn read(messages: &Bound<'_, PyAny>, format: Format) -> PyResult<Read> {
         },
     };
     let messages = parsed.map_err(|problem| from_error(Kind::Input, &problem))?;
+    let given = snapshot.map(|objects| Given {
+        objects: objects.unbind(),
+        messages: messages.clone(),
+    });
     Ok(Read {
         messages,
         format,
         body,
+        given,
     })
 }
 
@@ -86,8 +136,15 @@ pub fn write<'py>(
     match shape.format {
         Format::OpenAi => {
             let list = PyList::empty(py);
-            for message in messages {
-                list.append(to_python(py, &openai::to_value(message))?)?;
+            let sources = shape.given.as_ref().map(|given| given.sources(messages));
+            for (place, message) in messages.iter().enumerate() {
+                let source = sources.as_ref().and_then(|sources| sources[place]);
+                match (source, &shape.given) {
+                    (Some(index), Some(given)) => {
+                        list.append(given.objects.bind(py).get_item(index)?)?
+                    }
+                    _ => list.append(to_python(py, &openai::to_value(message))?)?,
+                }
             }
             Ok(list.into_any())
         }

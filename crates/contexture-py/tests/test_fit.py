@@ -280,3 +280,37 @@ def test_a_system_prompt_over_the_budget_is_a_fit_error():
             "gpt-4o",
             max_tokens=50,
         )
+
+
+def test_kept_messages_are_the_objects_given_and_the_report_says_which():
+    messages = [{"role": "system", "content": "s", "extra": "kept as given"}]
+    for turn in range(30):
+        messages.append({"role": "user", "content": f"question {turn} " * 20})
+        messages.append({"role": "assistant", "content": f"answer {turn} " * 20})
+    fitted, report = contexture.fit(messages, "gpt-4o", max_tokens=400, pin=[5])
+    assert fitted[0] is messages[0]
+    for message, source in zip(fitted, report["sources"]):
+        assert source is not None and message is messages[source]
+    assert 5 in report["sources"]
+    # A changed message is a new dict, and its source is None.
+    tools = [
+        {"role": "user", "content": "go"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+        },
+        {"role": "tool", "tool_call_id": "a", "content": "big " * 500},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "b", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+        },
+        {"role": "tool", "tool_call_id": "b", "content": "new"},
+    ]
+    cleared, report = contexture.fit(
+        tools, "gpt-4o", policy={"clear_tool_results": {"keep": 1, "trigger_tokens": 1}}
+    )
+    assert report["sources"] == [0, 1, None, 3, 4]
+    assert cleared[2] is not tools[2] and cleared[2]["tool_call_id"] == "a"
+    assert tools[2]["content"] == "big " * 500

@@ -61,6 +61,7 @@ def fit(
     end_on: Sequence[str] = (),
     include_system: bool = True,
     allow_partial: bool = False,
+    counts: Optional[Sequence[int]] = None,
     format: str = "openai",
 ) -> Fitted:
     """Fit ``messages`` into ``model``'s window, exactly as Contexture fits a request.
@@ -73,7 +74,11 @@ def fit(
     ``"head-tail:N"``; default the policy's, else ``"last"``), never separating a tool
     call from its results, and mended for ``rules`` (``"openai"``, ``"anthropic"`` or
     ``"gemini"``; default the model's provider's). A leading system message is kept
-    unless ``include_system`` is false; ``pin`` lists indexes always kept.
+    unless ``include_system`` is false; ``pin`` lists indexes always kept. ``counts``
+    gives each message's tokens (its overhead included) in place of counting them.
+
+    Kept messages are the objects given (``report["sources"][i]`` is the index of output
+    message ``i`` among those given, ``None`` for one the fit changed or made).
 
     ``policy`` is a fit policy dict, the shape of a workflow assistant's ``context:``
     (``window``, ``reserve``, ``budget_ratio``, ``strategy``, ``truncate_tool_results``,
@@ -95,6 +100,7 @@ def fit(
         end_on=list(end_on),
         include_system=include_system,
         allow_partial=allow_partial,
+        counts=None if counts is None else list(counts),
         format=format,
     )
     return Fitted(fitted, report)

@@ -35,6 +35,7 @@ def fit(
     end_on: List[str] = ...,
     include_system: bool = True,
     allow_partial: bool = False,
+    counts: Optional[List[int]] = None,
     format: str = "openai",
 ) -> Tuple[Any, Dict[str, Any]]: ...
 def validate(
