@@ -7,8 +7,8 @@ use contexture_core::Message;
 use contexture_core::compact::{RestoreError, restore_before};
 use contexture_core::thread::search::{SearchHit, SearchQuery};
 use contexture_core::thread::{
-    EventKind, MergeError, MergeSpec, PolicyChange, StoreChange, Thread, ThreadPolicy,
-    TooManyContexts, UnknownContext, context_name_problem,
+    ContextReplace, EventKind, MergeError, MergeSpec, PolicyChange, ReplaceReason, StoreChange,
+    Thread, ThreadPolicy, TooManyContexts, UnknownContext, context_name_problem,
 };
 use contexture_core::tokens::Encoding;
 use contexture_store::{NewEvent, RequestRetention, RetentionError, Store, StoreError};
@@ -408,4 +408,53 @@ pub async fn restore_thread<S: Store>(
     Ok(store
         .append_one(thread, NewEvent::new(EventKind::ContextReplaced(restore)))
         .await?)
+}
+
+/// Rewrites the last message of thread `id`'s active conversation into what `rewrite`
+/// returns for it (nothing: it is removed), as one replace event based on the thread's last
+/// seq, so messages appended meanwhile stay after it; the log keeps the message as it was.
+/// Returns the message rewritten, or `None` (and writes nothing) when the conversation is
+/// empty. A thread that does not exist is [`StoreError::NotFound`].
+pub async fn rewrite_last_message<S: Store>(
+    store: &S,
+    id: &str,
+    rewrite: impl FnOnce(&Message) -> Vec<Message>,
+) -> Result<Option<Message>, ThreadOpError> {
+    let thread = store.load(id).await?;
+    let mut messages = thread.projection().messages;
+    let Some(last) = messages.pop() else {
+        return Ok(None);
+    };
+    messages.extend(rewrite(&last));
+    let based_on = thread.last_seq();
+    let replace = ContextReplace::new(
+        format!("rewrite-last:{based_on}"),
+        ReplaceReason::Manual,
+        based_on,
+        messages,
+    )
+    .in_context(thread.active_context());
+    store
+        .append_one(id, NewEvent::new(EventKind::ContextReplaced(replace)))
+        .await?;
+    Ok(Some(last))
+}
+
+/// Empties thread `id`'s active conversation as one replace event (its system prompt and
+/// pinned messages stay; the log keeps every message) and returns the event's seq, or
+/// `None` when there was nothing to clear. A thread that does not exist is
+/// [`StoreError::NotFound`].
+pub async fn clear_thread<S: Store>(store: &S, id: &str) -> Result<Option<u64>, ThreadOpError> {
+    let thread = store.load(id).await?;
+    let messages = thread.projection().messages;
+    if messages.is_empty() {
+        return Ok(None);
+    }
+    let based_on = thread.last_seq();
+    let replace = ContextReplace::clear(format!("clear:{based_on}"), based_on, &messages)
+        .in_context(thread.active_context());
+    let seq = store
+        .append_one(id, NewEvent::new(EventKind::ContextReplaced(replace)))
+        .await?;
+    Ok(Some(seq))
 }

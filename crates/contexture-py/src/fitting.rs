@@ -219,18 +219,26 @@ fn roles(argument: &str, names: &[String]) -> PyResult<Vec<Role>> {
 
 /// A fit policy dict (the shape of an assistant's `context:`); a problem names its key.
 pub fn parse_policy(policy: &Bound<'_, PyAny>) -> PyResult<FitPolicy> {
-    let value = to_json(policy, "policy")?;
-    let policy: FitPolicy = serde_path_to_error::deserialize(value).map_err(|problem| {
-        let path = problem.path().to_string();
-        let place = if path == "." {
-            "policy".to_owned()
-        } else {
-            format!("policy.{path}")
-        };
-        error(Kind::Input, format!("{place}: {}", problem.inner()))
-    })?;
+    let policy: FitPolicy = deserialize("policy", policy)?;
     if let Some((field, problem)) = policy.problems().into_iter().next() {
         return Err(error(Kind::Input, format!("policy.{field}: {problem}")));
     }
     Ok(policy)
+}
+
+/// The argument `name` read as a `T`; a problem names its key (`policy.context.reserve`).
+pub fn deserialize<T: serde::de::DeserializeOwned>(
+    name: &str,
+    value: &Bound<'_, PyAny>,
+) -> PyResult<T> {
+    let value = to_json(value, name)?;
+    serde_path_to_error::deserialize(value).map_err(|problem| {
+        let path = problem.path().to_string();
+        let place = if path == "." {
+            name.to_owned()
+        } else {
+            format!("{name}.{path}")
+        };
+        error(Kind::Input, format!("{place}: {}", problem.inner()))
+    })
 }

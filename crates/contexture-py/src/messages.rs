@@ -2,7 +2,7 @@
 //! Anthropic Messages format (a list of turns, or a dict with `system` and `messages`).
 
 use contexture_core::Message;
-use contexture_core::format::{anthropic, openai};
+use contexture_core::format::{anthropic, openai, responses};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 use serde_json::{Map, Value};
@@ -18,6 +18,9 @@ pub enum Format {
     OpenAi,
     /// Anthropic Messages: a list of turns, or `{"system": ..., "messages": [...]}`.
     Anthropic,
+    /// OpenAI Responses items (`message`, `function_call`, `function_call_output`,
+    /// `reasoning`, ...): what the Agents SDK's sessions hold.
+    Responses,
 }
 
 impl Format {
@@ -26,9 +29,12 @@ impl Format {
         match name {
             "openai" => Ok(Format::OpenAi),
             "anthropic" => Ok(Format::Anthropic),
+            "responses" => Ok(Format::Responses),
             other => Err(error(
                 Kind::Input,
-                format!("format: unknown message format `{other}` (expected openai or anthropic)"),
+                format!(
+                    "format: unknown message format `{other}` (expected openai, anthropic or responses)"
+                ),
             )),
         }
     }
@@ -105,6 +111,7 @@ pub fn read(messages: &Bound<'_, PyAny>, format: Format) -> PyResult<Read> {
     };
     let (parsed, body) = match format {
         Format::OpenAi => (openai::parse_messages(&value), false),
+        Format::Responses => (responses::parse_items(&value, "messages"), false),
         Format::Anthropic => match value {
             Value::Array(_) => {
                 let mut body = Map::new();
@@ -134,6 +141,13 @@ pub fn write<'py>(
     shape: &Read,
 ) -> PyResult<Bound<'py, PyAny>> {
     match shape.format {
+        Format::Responses => {
+            let list = PyList::empty(py);
+            for item in responses::to_items(messages) {
+                list.append(to_python(py, &item)?)?;
+            }
+            Ok(list.into_any())
+        }
         Format::OpenAi => {
             let list = PyList::empty(py);
             let sources = shape.given.as_ref().map(|given| given.sources(messages));
@@ -158,5 +172,27 @@ pub fn write<'py>(
                 _ => to_python(py, &body),
             }
         }
+    }
+}
+
+/// `message` split into what stays and its last item in `format`: a Responses turn is
+/// several items (its reasoning, its text, each function call), and the item is the last
+/// of them; in the OpenAI format the message is one item and nothing stays.
+pub fn split_last_item(message: &Message, format: Format) -> PyResult<(Vec<Message>, Value)> {
+    match format {
+        Format::OpenAi => Ok((Vec::new(), openai::to_value(message))),
+        Format::Responses => {
+            let mut items = responses::to_items(std::slice::from_ref(message));
+            let Some(last) = items.pop() else {
+                return Ok((Vec::new(), Value::Null));
+            };
+            let rest = responses::parse_items(&Value::Array(items), "items")
+                .map_err(|problem| from_error(Kind::Input, &problem))?;
+            Ok((rest, last))
+        }
+        Format::Anthropic => Err(error(
+            Kind::Input,
+            "format: items are popped in the openai or responses format",
+        )),
     }
 }

@@ -10,15 +10,18 @@ use std::future::Future;
 use std::sync::{Arc, OnceLock};
 
 use contexture_core::compact::{CompactionOutcome, CompactionPolicy};
-use contexture_core::thread::{ConflictPolicy, MergeKeys, MergePolicy, MergeSpec};
+use contexture_core::thread::{ConflictPolicy, MergeKeys, MergePolicy, MergeSpec, ThreadPolicy};
 use contexture_engine::compaction::{CompactOptions, Compactor, compact_stored};
 use contexture_engine::estimates::Learner;
 use contexture_engine::fit_report::FitReport;
 use contexture_engine::fitting::{
     FitOverrides, FitSettings, MessageView, ModelChoice, fit_thread_reporting, thread_messages,
 };
-use contexture_engine::threads::{append_messages, fork_thread, merge_thread};
-use contexture_store::{AnyStore, Store as _};
+use contexture_engine::threads::{
+    NewThread, ThreadOpError, append_messages, clear_thread, create_thread, fork_thread,
+    merge_thread, rewrite_last_message, set_thread_policy,
+};
+use contexture_store::{AnyStore, Store as _, StoreError};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use serde::de::DeserializeOwned;
@@ -384,6 +387,94 @@ impl Thread {
         }
         let value = serde_json::to_value(&report).map_err(|problem| store_error(&problem))?;
         to_python(py, &value)
+    }
+
+    /// Removes the newest item of the conversation and returns it (`None` when it is
+    /// empty): in the `responses` format the last item of the last turn (its last function
+    /// call, say; the rest of the turn stays), in the `openai` format the last message. One
+    /// replace event: the log keeps the item.
+    #[pyo3(signature = (*, format="responses"))]
+    fn pop_item<'py>(&self, py: Python<'py>, format: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let format = Format::parse(format)?;
+        if format == Format::Anthropic {
+            return Err(error(
+                Kind::Input,
+                "format: items are popped in the openai or responses format",
+            ));
+        }
+        let store = self.store.clone();
+        let id = self.id.clone();
+        let mut popped: Option<PyResult<Value>> = None;
+        let slot = &mut popped;
+        block_on(py, async move {
+            rewrite_last_message(&*store, &id, |last| {
+                match messages::split_last_item(last, format) {
+                    Ok((rest, item)) => {
+                        *slot = Some(Ok(item));
+                        rest
+                    }
+                    Err(problem) => {
+                        *slot = Some(Err(problem));
+                        vec![last.clone()]
+                    }
+                }
+            })
+            .await
+        })?
+        .map_err(|problem| store_error(&problem))?;
+        match popped {
+            None => Ok(None),
+            Some(item) => Ok(Some(to_python(py, &item?)?)),
+        }
+    }
+
+    /// Empties the conversation (its system prompt and pinned messages stay) as one
+    /// replace event; the log keeps every message. Returns the event's seq, or `None` when
+    /// there was nothing to clear.
+    fn clear(&self, py: Python<'_>) -> PyResult<Option<u64>> {
+        let store = self.store.clone();
+        let id = self.id.clone();
+        block_on(py, async move { clear_thread(&*store, &id).await })?
+            .map_err(|problem| store_error(&problem))
+    }
+
+    /// Sets the thread's own policy for its requests (`{"context": fit policy,
+    /// "compaction": compaction policy}`), which `context()` and the server follow in
+    /// place of the defaults; `None` removes it. A thread not there yet starts with it.
+    /// Returns the event's seq.
+    #[pyo3(signature = (policy))]
+    fn set_policy(&self, py: Python<'_>, policy: Option<&Bound<'_, PyAny>>) -> PyResult<u64> {
+        let policy: Option<ThreadPolicy> = match policy {
+            Some(policy) if !policy.is_none() => {
+                Some(crate::fitting::deserialize("policy", policy)?)
+            }
+            _ => None,
+        };
+        let store = self.store.clone();
+        let id = self.id.clone();
+        block_on(py, async move {
+            match set_thread_policy(&*store, &id, policy.clone()).await {
+                // A thread that is not there yet starts with the policy.
+                Err(ThreadOpError::Store(StoreError::NotFound { .. })) => {
+                    let new = NewThread {
+                        policy,
+                        ..NewThread::default()
+                    };
+                    match create_thread(&*store, &id, new.clone()).await {
+                        // Another writer made it meanwhile.
+                        Err(ThreadOpError::Store(StoreError::AlreadyExists { .. })) => {
+                            set_thread_policy(&*store, &id, new.policy).await
+                        }
+                        made => made,
+                    }
+                }
+                done => done,
+            }
+        })?
+        .map_err(|problem| match problem {
+            ThreadOpError::Store(store) => store_error(&store),
+            other => from_error(Kind::Input, &other),
+        })
     }
 
     fn __repr__(&self) -> String {

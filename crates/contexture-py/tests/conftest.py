@@ -12,7 +12,9 @@ import json
 import os
 import pathlib
 import shutil
+import socket
 import subprocess
+import time
 
 import pytest
 
@@ -55,3 +57,91 @@ _seed_tiktoken_cache()
 def workspace() -> pathlib.Path:
     """The repository's root."""
     return WORKSPACE
+
+
+@pytest.fixture(scope="session")
+def binaries() -> pathlib.Path:
+    """The folder of the workspace's binaries (`contexture`, `contexture-fake-upstream`),
+    built from this checkout."""
+    subprocess.run(
+        [
+            "cargo",
+            "build",
+            "--quiet",
+            "-p",
+            "contexture-cli",
+            "-p",
+            "contexture-fake-upstream",
+        ],
+        cwd=WORKSPACE,
+        check=True,
+    )
+    return WORKSPACE / "target" / "debug"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_for_port(port: int, process: subprocess.Popen, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with {process.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{what} did not listen on port {port} within 30 s")
+
+
+class FakeUpstream:
+    """The workspace's fake OpenAI-compatible provider in a process of its own, answering
+    from a script and recording what it was sent."""
+
+    def __init__(self, binaries: pathlib.Path, folder: pathlib.Path, script: list):
+        self.port = free_port()
+        self.record = folder / f"upstream-{self.port}.jsonl"
+        script_file = folder / f"script-{self.port}.json"
+        script_file.write_text(json.dumps(script))
+        self.process = subprocess.Popen(
+            [
+                str(binaries / "contexture-fake-upstream"),
+                f"127.0.0.1:{self.port}",
+                "--script",
+                str(script_file),
+                "--record",
+                str(self.record),
+            ],
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for_port(self.port, self.process, "the fake upstream")
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+
+    def requests(self) -> list:
+        """Every call's request body, in order."""
+        if not self.record.exists():
+            return []
+        return [json.loads(line) for line in self.record.read_text().splitlines() if line]
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+@pytest.fixture
+def fake_upstream(binaries, tmp_path):
+    """Starts fake upstreams: `fake_upstream(script)`; each is stopped after the test."""
+    started = []
+
+    def start(script):
+        upstream = FakeUpstream(binaries, tmp_path, script)
+        started.append(upstream)
+        return upstream
+
+    yield start
+    for upstream in started:
+        upstream.stop()

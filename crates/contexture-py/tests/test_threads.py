@@ -15,12 +15,9 @@ def db(tmp_path):
 
 
 @pytest.fixture(scope="session")
-def cli(workspace):
+def cli(binaries):
     """The `contexture` binary, built from this checkout."""
-    subprocess.run(
-        ["cargo", "build", "--quiet", "-p", "contexture-cli"], cwd=workspace, check=True
-    )
-    return str(workspace / "target" / "debug" / "contexture")
+    return str(binaries / "contexture")
 
 
 def conversation(turns):

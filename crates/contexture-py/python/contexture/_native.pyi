@@ -123,6 +123,13 @@ class Thread:
         """``Fitted(messages, report)``: what a request to ``model`` would be sent."""
     def events(self) -> List[Dict[str, Any]]: ...
     def exists(self) -> bool: ...
+    def pop_item(self, *, format: str = "responses") -> Optional[Dict[str, Any]]:
+        """Removes the newest item (the last item of the last turn in the ``responses``
+        format, the last message in ``openai``) and returns it; one replace event."""
+    def clear(self) -> Optional[int]:
+        """Empties the conversation (system prompt and pinned messages stay); one event."""
+    def set_policy(self, policy: Optional[Dict[str, Any]]) -> int:
+        """Sets the thread's own policy (``{"context": ..., "compaction": ...}``)."""
     def fork(self, new_id: str, at: Optional[int] = None) -> "Thread": ...
     def merge(
         self,
