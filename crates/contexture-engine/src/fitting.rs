@@ -738,12 +738,9 @@ impl FitSettings {
         own_tokens: u64,
         at_least: u64,
     ) -> Result<ProjectionTail, StoreError> {
-        // A strategy that keeps old history too reads all of it, and so does a fit that is
-        // off: it sends the whole history.
-        let tokens = if self.policy.strategy == Strategy::Last && self.policy.enabled {
-            self.tail_tokens().saturating_add(own_tokens).max(at_least)
-        } else {
-            u64::MAX
+        let tokens = match self.history_needed() {
+            Some(tokens) => tokens.saturating_add(own_tokens).max(at_least),
+            None => u64::MAX,
         };
         store
             .load_projection_tail(thread, self.model.counter.encoding(), tokens)
@@ -770,6 +767,78 @@ impl FitSettings {
         Ok(tail)
     }
 
+    /// How much of a history a fit with these settings can need: its newest messages
+    /// until their counts in the model's encoding pass this many tokens (older ones cannot
+    /// change the fit); `None` when it needs all of it (a strategy that keeps old history
+    /// too, or fitting off: the whole history is sent).
+    pub fn history_needed(&self) -> Option<u64> {
+        (self.policy.strategy == Strategy::Last && self.policy.enabled).then(|| self.tail_tokens())
+    }
+
+    /// Fits a history of `history_len` messages after `system` that is read from its end:
+    /// `read(index)` gives the history's message `index`, asked newest first and only as
+    /// far back as the fit can need, so a long history costs about what the fit keeps. What
+    /// was not read is reported left out, with the input's indices (the system prompt
+    /// first). The fit is the one of the whole history: a policy that makes messages
+    /// smaller before trimming (cleared or cut tool results, cleared reasoning) can keep
+    /// older history than the window's worth of their sizes, so with one every message is
+    /// read.
+    pub fn fit_read_back<E>(
+        &self,
+        system: Option<Message>,
+        history_len: usize,
+        mut read: impl FnMut(usize) -> Result<Message, E>,
+        tools: &[Value],
+    ) -> Result<Result<FittedRequest, FitError>, E> {
+        let encoding = self.model.counter.encoding();
+        let shrinks = self.policy.clear_tool_results.is_some()
+            || self.policy.truncate_tool_results.is_some()
+            || self.policy.clear_thinking.is_some();
+        // These settings are the fit's own (a stored thread's read is also made for
+        // settings that may change after it, so it reads the window's worth): what the
+        // request may hold, the limit, is all that can be kept.
+        let needed = match self.history_needed() {
+            Some(_) if !shrinks => self.in_encoding(self.limit_tokens()),
+            _ => u64::MAX,
+        };
+        let mut tail: Vec<Message> = Vec::new();
+        let mut counted = 0u64;
+        for index in (0..history_len).rev() {
+            // The newest messages until their counts pass what is needed (a stored thread's
+            // tail rule), and on to the start of the unit there: a tool result is read with
+            // the call it answers, so the fit leaves out whole units as it would of the
+            // whole history.
+            let complete =
+                counted > needed && tail.last().is_none_or(|oldest| oldest.role != Role::Tool);
+            if complete {
+                break;
+            }
+            let message = read(index)?;
+            counted = counted.saturating_add(u64::from(contexture_core::tokens::message_tokens(
+                &message, encoding,
+            )));
+            tail.push(message);
+        }
+        tail.reverse();
+        let unread = history_len - tail.len();
+        let has_system = system.is_some();
+        let projection = Projection {
+            context: contexture_core::thread::DEFAULT_CONTEXT.to_owned(),
+            system,
+            messages: tail,
+        };
+        Ok(self.fit(projection, &[], tools).map(|mut fitted| {
+            count_unread(&mut fitted.fit, unread, has_system);
+            let start = usize::from(has_system);
+            if let Some(partial) = &mut fitted.trim.partial
+                && *partial >= start
+            {
+                *partial += unread;
+            }
+            fitted
+        }))
+    }
+
     /// True when a read for these settings needs more of a thread than one for `other`: the
     /// whole of it where `other` read a tail, or a longer tail.
     pub fn reads_more_than(&self, other: &FitSettings) -> bool {
@@ -783,16 +852,25 @@ impl FitSettings {
     /// counter that counts fewer tokens than its encoding needs more of them).
     fn tail_tokens(&self) -> u64 {
         let window = u64::from(self.model.context_window);
-        let limit = self
-            .budget()
+        self.in_encoding(window.max(self.limit_tokens()))
+    }
+
+    /// The most tokens a request may use (the window when the budget does not work).
+    fn limit_tokens(&self) -> u64 {
+        let window = u64::from(self.model.context_window);
+        self.budget()
             .limits(&self.model)
-            .map_or(window, |limits| u64::from(limits.limit));
-        let needed = window.max(limit);
+            .map_or(window, |limits| u64::from(limits.limit))
+    }
+
+    /// `tokens` as the counter counts them, in its encoding's tokens (an estimating counter
+    /// that counts fewer tokens than its encoding needs more of them).
+    fn in_encoding(&self, tokens: u64) -> u64 {
         let ratio = self.model.counter.effective_ratio();
         if ratio < 1.0 && ratio > 0.0 {
-            (needed as f64 / ratio).ceil() as u64
+            (tokens as f64 / ratio).ceil() as u64
         } else {
-            needed
+            tokens
         }
     }
 

@@ -16,6 +16,7 @@ mod executor_http;
 mod executor_props;
 mod executor_resume;
 mod executor_tools_budgets;
+mod fit_read_back;
 mod fitting_off;
 mod forked_states;
 mod hook_programs;

@@ -6,7 +6,9 @@ use contexture_core::Role;
 use contexture_core::fit::{self as rules, FitPolicy, Rules, Strategy};
 use contexture_core::thread::Projection;
 use contexture_engine::fit_report::FitReport;
-use contexture_engine::fitting::{FitOverrides, FitSettings, HistoryShape};
+use contexture_engine::fitting::{
+    FitError, FitOverrides, FitSettings, FittedRequest, HistoryShape,
+};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use serde_json::Value;
@@ -28,7 +30,7 @@ const DETACH_ABOVE_MESSAGES: usize = 256;
 #[pyo3(signature = (
     messages, model, max_tokens=None, strategy=None, rules=None, policy=None, tools=None,
     *, pin=Vec::new(), start_on=Vec::new(), end_on=Vec::new(), include_system=true,
-    allow_partial=false, counts=None, format="openai"
+    allow_partial=false, counts=None, format="openai", convert=None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn fit<'py>(
@@ -47,21 +49,15 @@ pub fn fit<'py>(
     allow_partial: bool,
     counts: Option<Vec<u32>>,
     format: &str,
+    convert: Option<Bound<'py, PyAny>>,
 ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
-    let mut read = messages::read(messages, Format::parse(format)?)?;
-    let count = read.messages.len();
-    for index in pin {
-        match read.messages.get_mut(index) {
-            Some(message) => message.metadata.pinned = true,
-            None => {
-                return Err(error(
-                    Kind::Input,
-                    format!("pin: there is no message {index} (the list has {count})"),
-                ));
-            }
-        }
+    let format = Format::parse(format)?;
+    if convert.is_some() && (format != Format::OpenAi || !pin.is_empty()) {
+        return Err(error(
+            Kind::Input,
+            "convert: only for a list in the openai format, without pins",
+        ));
     }
-    read.refresh_given();
     let overrides = FitOverrides {
         max_tokens,
         strategy: strategy.as_deref().map(parse_strategy).transpose()?,
@@ -80,29 +76,9 @@ pub fn fit<'py>(
     };
     let settings = FitSettings::new(tokens::model(&model)?, policy, overrides)
         .map_err(|problem| from_error(Kind::Input, &problem))?;
-    if let Some(counts) = counts {
-        if counts.len() != count {
-            return Err(error(
-                Kind::Input,
-                format!(
-                    "counts: {} counts for {count} messages (one per message)",
-                    counts.len()
-                ),
-            ));
-        }
-        let encoding = settings.model.counter.encoding();
-        for (message, tokens) in read.messages.iter().zip(counts) {
-            message.set_cached_tokens(encoding, tokens);
-        }
-    }
     let tools = tokens::tools(tools)?;
-    let projection = Projection::from_messages(std::mem::take(&mut read.messages));
-    let fitted = if count > DETACH_ABOVE_MESSAGES {
-        py.detach(|| settings.fit(projection, &[], &tools))
-    } else {
-        settings.fit(projection, &[], &tools)
-    }
-    .map_err(|problem| {
+    let encoding = settings.model.counter.encoding();
+    let cannot_fit = |problem: FitError| {
         let limit = settings
             .budget()
             .limits(&settings.model)
@@ -114,12 +90,70 @@ pub fn fit<'py>(
                 settings.model.id
             ),
         )
-    })?;
-    let report = FitReport::new(&settings, &fitted, count)
+    };
+    let (fitted, count, given) = match messages.cast::<PyList>() {
+        // An OpenAI list is read from its end, one message at a time, only as far back as
+        // the fit needs: a long history costs what the fit keeps. Pinned messages can be
+        // anywhere, so a fit with pins reads every message.
+        Ok(list) if format == Format::OpenAi && pin.is_empty() => {
+            let mut reader = messages::Reader::new(list, counts, encoding, convert)?;
+            let count = reader.len();
+            let system = reader.system()?;
+            let history = count - usize::from(system.is_some());
+            let fitted = settings
+                .fit_read_back(system, history, |index| reader.history(index), &tools)?
+                .map_err(cannot_fit)?;
+            (fitted, count, reader.into_given())
+        }
+        _ => {
+            let mut read = messages::read(messages, format)?;
+            let count = read.messages.len();
+            for index in pin {
+                match read.messages.get_mut(index) {
+                    Some(message) => message.metadata.pinned = true,
+                    None => {
+                        return Err(error(
+                            Kind::Input,
+                            format!("pin: there is no message {index} (the list has {count})"),
+                        ));
+                    }
+                }
+            }
+            if let Some(counts) = counts {
+                messages::check_counts(&counts, count)?;
+                for (message, tokens) in read.messages.iter().zip(counts) {
+                    message.set_cached_tokens(encoding, tokens);
+                }
+            }
+            read.refresh_given();
+            let projection = Projection::from_messages(std::mem::take(&mut read.messages));
+            let fitted = if count > DETACH_ABOVE_MESSAGES {
+                py.detach(|| settings.fit(projection, &[], &tools))
+            } else {
+                settings.fit(projection, &[], &tools)
+            }
+            .map_err(cannot_fit)?;
+            let shape = read;
+            return finish(py, &settings, &fitted, count, &shape);
+        }
+    };
+    let shape = messages::Read::from_given(given);
+    finish(py, &settings, &fitted, count, &shape)
+}
+
+/// The fitted messages written back as `shape` was read, and the report.
+fn finish<'py>(
+    py: Python<'py>,
+    settings: &FitSettings,
+    fitted: &FittedRequest,
+    count: usize,
+    shape: &messages::Read,
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+    let report = FitReport::new(settings, fitted, count)
         .map_err(|problem| from_error(Kind::Input, &problem))?;
     let mut report =
         serde_json::to_value(&report).map_err(|problem| from_error(Kind::Input, &problem))?;
-    if let (Some(given), Value::Object(fields)) = (&read.given, &mut report) {
+    if let (Some(given), Value::Object(fields)) = (&shape.given, &mut report) {
         // Each output message's index among those given, when it is one of them unchanged.
         let sources = given.sources(&fitted.messages);
         fields.insert(
@@ -128,7 +162,7 @@ pub fn fit<'py>(
         );
     }
     Ok((
-        messages::write(py, &fitted.messages, &read)?,
+        messages::write(py, &fitted.messages, shape)?,
         to_python(py, &report)?,
     ))
 }

@@ -1,8 +1,8 @@
 //! Message lists in and out, in the OpenAI chat format (a list of message dicts) or the
 //! Anthropic Messages format (a list of turns, or a dict with `system` and `messages`).
 
-use contexture_core::Message;
 use contexture_core::format::{anthropic, openai, responses};
+use contexture_core::{Encoding, Message};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 use serde_json::{Map, Value};
@@ -53,10 +53,11 @@ pub struct Read {
     pub given: Option<Given>,
 }
 
-/// The message objects a list was read from, and the messages read from them.
+/// The message objects a list was read from, and the messages read from them with their
+/// places in it.
 pub struct Given {
     objects: Py<PyTuple>,
-    messages: Vec<Message>,
+    messages: Vec<(usize, Message)>,
 }
 
 impl Given {
@@ -66,8 +67,7 @@ impl Given {
         let index: HashMap<_, usize> = self
             .messages
             .iter()
-            .enumerate()
-            .map(|(place, message)| (message.identity(), place))
+            .map(|(place, message)| (message.identity(), *place))
             .collect();
         written
             .iter()
@@ -77,11 +77,21 @@ impl Given {
 }
 
 impl Read {
+    /// The shape of an OpenAI list read message by message.
+    pub fn from_given(given: Given) -> Read {
+        Read {
+            messages: Vec::new(),
+            format: Format::OpenAi,
+            body: false,
+            given: Some(given),
+        }
+    }
+
     /// Takes the messages as they are now as the given ones (after marking some pinned,
     /// which gives them fields of their own).
     pub fn refresh_given(&mut self) {
         if let Some(given) = &mut self.given {
-            given.messages = self.messages.clone();
+            given.messages = self.messages.iter().cloned().enumerate().collect();
         }
     }
 
@@ -124,7 +134,7 @@ pub fn read(messages: &Bound<'_, PyAny>, format: Format) -> PyResult<Read> {
     let messages = parsed.map_err(|problem| from_error(Kind::Input, &problem))?;
     let given = snapshot.map(|objects| Given {
         objects: objects.unbind(),
-        messages: messages.clone(),
+        messages: messages.iter().cloned().enumerate().collect(),
     });
     Ok(Read {
         messages,
@@ -194,5 +204,117 @@ pub fn split_last_item(message: &Message, format: Format) -> PyResult<(Vec<Messa
             Kind::Input,
             "format: items are popped in the openai or responses format",
         )),
+    }
+}
+
+/// Refuses `counts` that do not give one count per message.
+pub fn check_counts(counts: &[u32], messages: usize) -> PyResult<()> {
+    if counts.len() == messages {
+        return Ok(());
+    }
+    Err(error(
+        Kind::Input,
+        format!(
+            "counts: {} counts for {messages} messages (one per message)",
+            counts.len()
+        ),
+    ))
+}
+
+/// An OpenAI message list read one message at a time, from a snapshot of its items, each
+/// message when it is asked for (a fit reads a long history from its end and stops where
+/// older messages can no longer matter).
+pub struct Reader<'py> {
+    objects: Bound<'py, PyTuple>,
+    counts: Option<Vec<u32>>,
+    encoding: Encoding,
+    /// Turns an object of the list into a message dict when it is read (the LangChain
+    /// adapter's messages).
+    convert: Option<Bound<'py, PyAny>>,
+    /// The first message, read to know whether it is the system prompt and kept for when
+    /// it is history.
+    first: Option<Message>,
+    system: bool,
+    read: Vec<(usize, Message)>,
+}
+
+impl<'py> Reader<'py> {
+    /// A reader of `list`; `counts`, when given, are the messages' tokens in `encoding`;
+    /// `convert`, when given, turns each object read into a message dict.
+    pub fn new(
+        list: &Bound<'py, PyList>,
+        counts: Option<Vec<u32>>,
+        encoding: Encoding,
+        convert: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Reader<'py>> {
+        let objects = list.to_tuple();
+        if let Some(counts) = &counts {
+            check_counts(counts, objects.len())?;
+        }
+        Ok(Reader {
+            objects,
+            counts,
+            encoding,
+            convert,
+            first: None,
+            system: false,
+            read: Vec::new(),
+        })
+    }
+
+    /// How many messages the list holds.
+    pub fn len(&self) -> usize {
+        self.objects.len()
+    }
+
+    /// The system prompt: the first message when it is a system or developer message.
+    pub fn system(&mut self) -> PyResult<Option<Message>> {
+        if self.objects.is_empty() {
+            return Ok(None);
+        }
+        let first = self.at(0)?;
+        if first.role.is_system_like() {
+            self.system = true;
+            Ok(Some(first))
+        } else {
+            self.first = Some(first);
+            Ok(None)
+        }
+    }
+
+    /// The history's message `index` (the history starts after the system prompt).
+    pub fn history(&mut self, index: usize) -> PyResult<Message> {
+        let place = index + usize::from(self.system);
+        match (place, self.first.take()) {
+            (0, Some(first)) => Ok(first),
+            (_, first) => {
+                self.first = first;
+                self.at(place)
+            }
+        }
+    }
+
+    /// What was read, for writing kept messages back as the objects given.
+    pub fn into_given(self) -> Given {
+        Given {
+            objects: self.objects.unbind(),
+            messages: self.read,
+        }
+    }
+
+    fn at(&mut self, place: usize) -> PyResult<Message> {
+        let path = format!("messages[{place}]");
+        let mut object = self.objects.get_item(place)?;
+        if let Some(convert) = &self.convert {
+            object = convert.call1((object,))?;
+        }
+        let value = to_json(&object, &path)?;
+        let message = openai::parse_message_at(&value, &path)
+            .map_err(|problem| from_error(Kind::Input, &problem))?;
+        if let Some(counts) = &self.counts {
+            message.set_cached_tokens(self.encoding, counts[place]);
+        }
+        self.read.push((place, message.clone()));
+        Ok(message)
     }
 }

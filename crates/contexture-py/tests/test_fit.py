@@ -314,3 +314,24 @@ def test_kept_messages_are_the_objects_given_and_the_report_says_which():
     assert report["sources"] == [0, 1, None, 3, 4]
     assert cleared[2] is not tools[2] and cleared[2]["tool_call_id"] == "a"
     assert tools[2]["content"] == "big " * 500
+
+
+def test_a_long_history_is_read_only_as_far_back_as_the_fit_needs():
+    history = []
+    for turn in range(2_000):
+        history.append({"role": "user", "content": f"question {turn} " * 10})
+        history.append({"role": "assistant", "content": f"answer {turn} " * 10})
+    # A message the fit never reaches is never read: this one would be an error.
+    history[10] = {"role": "wizard", "content": b"not even text"}
+    fitted, report = contexture.fit(history, "gpt-4o", max_tokens=500)
+    assert fitted == history[-len(fitted) :]
+    assert report["tokens_before"] is None and report["tokens_before_at_least"] > 500
+    assert report["dropped"] == [{"start": 0, "end": len(history) - len(fitted)}]
+    # What reads every message finds it.
+    with pytest.raises(TypeError, match=r"messages\[10\]\.content"):
+        contexture.validate(history)
+    # So does a fit that needs every message: the oldest first, or pins anywhere.
+    with pytest.raises(TypeError, match=r"messages\[10\]\.content"):
+        contexture.fit(history, "gpt-4o", max_tokens=500, strategy="first")
+    with pytest.raises((TypeError, contexture.InputError), match=r"messages\[10\]"):
+        contexture.fit(history, "gpt-4o", max_tokens=500, pin=[0])

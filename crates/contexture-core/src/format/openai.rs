@@ -167,7 +167,9 @@ impl Serialize for Field<'_> {
     }
 }
 
-fn parse_message_at(value: &Value, path: &str) -> Result<Message, FormatError> {
+/// Reads one chat-completions message found at `path` (errors name the place as
+/// `<path>.<field>`, such as `messages[7].role`).
+pub fn parse_message_at(value: &Value, path: &str) -> Result<Message, FormatError> {
     let object = expect_object(value, path)?;
     let role_name = required_str(object, "role", path)?;
     let role = Role::parse(role_name).ok_or_else(|| FormatError::UnknownRole {

@@ -1,6 +1,6 @@
 """Type hints of the native module (see the ``contexture`` package for the documented API)."""
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 __version__: str
 
@@ -37,7 +37,10 @@ def fit(
     allow_partial: bool = False,
     counts: Optional[List[int]] = None,
     format: str = "openai",
-) -> Tuple[Any, Dict[str, Any]]: ...
+    convert: Optional[Callable[[Any], Dict[str, Any]]] = None,
+) -> Tuple[Any, Dict[str, Any]]:
+    """``contexture.fit``; ``convert`` turns each object of the list into an OpenAI
+    message dict when the fit reads it (kept objects come back as they were given)."""
 def validate(
     messages: Any, rules: str = "openai", *, format: str = "openai"
 ) -> List[Dict[str, Any]]:

@@ -17,7 +17,7 @@ from typing import Any, Callable, List, Optional, Sequence, Union
 from langchain_core.messages import BaseMessage, convert_to_messages
 from langchain_core.messages.utils import convert_to_openai_messages
 
-from . import fit
+from . import _native
 
 __all__ = ["trim_messages"]
 
@@ -95,7 +95,6 @@ def trim_messages(
     given: List[BaseMessage] = convert_to_messages(messages)
     if not given:
         return []
-    dicts = convert_to_openai_messages(given)
     counts = None
     budget = max_tokens
     if token_counter is not None:
@@ -108,8 +107,10 @@ def trim_messages(
     if budget < 3:
         # Not even an empty request fits.
         return []
-    fitted, report = fit(
-        dicts,
+    # Each message is turned into an OpenAI dict only when the fit reads it: from the
+    # newest, as far back as the budget can reach.
+    fitted, report = _native.fit(
+        given,
         model,
         max_tokens=budget,
         strategy=strategy,
@@ -119,6 +120,7 @@ def trim_messages(
         include_system=include_system,
         allow_partial=allow_partial,
         counts=counts,
+        convert=convert_to_openai_messages,
     )
     return [
         given[source] if source is not None else convert_to_messages([message])[0]
