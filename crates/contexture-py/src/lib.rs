@@ -22,6 +22,7 @@ fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(fitting::fit, module)?)?;
     module.add_function(wrap_pyfunction!(fitting::validate, module)?)?;
     module.add_function(wrap_pyfunction!(fitting::repair, module)?)?;
+    module.add_function(wrap_pyfunction!(messages::convert, module)?)?;
     module.add_class::<templates::Template>()?;
     module.add_class::<threads::Store>()?;
     module.add_class::<threads::Thread>()?;

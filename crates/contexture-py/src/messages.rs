@@ -186,19 +186,15 @@ pub fn write<'py>(
 }
 
 /// `message` split into what stays and its last item in `format`: a Responses turn is
-/// several items (its reasoning, its text, each function call), and the item is the last
-/// of them; in the OpenAI format the message is one item and nothing stays.
+/// several items, and the item is the last of them; in the OpenAI format the message is
+/// one item and nothing stays.
 pub fn split_last_item(message: &Message, format: Format) -> PyResult<(Vec<Message>, Value)> {
     match format {
         Format::OpenAi => Ok((Vec::new(), openai::to_value(message))),
         Format::Responses => {
-            let mut items = responses::to_items(std::slice::from_ref(message));
-            let Some(last) = items.pop() else {
-                return Ok((Vec::new(), Value::Null));
-            };
-            let rest = responses::parse_items(&Value::Array(items), "items")
+            let (rest, item) = responses::split_last_item(message)
                 .map_err(|problem| from_error(Kind::Input, &problem))?;
-            Ok((rest, last))
+            Ok((rest, item.unwrap_or(Value::Null)))
         }
         Format::Anthropic => Err(error(
             Kind::Input,
@@ -317,4 +313,20 @@ impl<'py> Reader<'py> {
         self.read.push((place, message.clone()));
         Ok(message)
     }
+}
+
+/// Converts `messages` from the `source` format to the `target` one (`openai`,
+/// `anthropic` or `responses`): read as the source's wire format, written as the target's,
+/// with what one format holds and the other has no place for kept where the target can
+/// carry it.
+#[pyfunction]
+#[pyo3(signature = (messages, *, source="openai", target="openai"))]
+pub fn convert<'py>(
+    py: Python<'py>,
+    messages: &Bound<'py, PyAny>,
+    source: &str,
+    target: &str,
+) -> PyResult<Bound<'py, PyAny>> {
+    let read = read(messages, Format::parse(source)?)?;
+    write(py, &read.messages, &Read::shape(Format::parse(target)?))
 }

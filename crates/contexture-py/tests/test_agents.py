@@ -154,3 +154,30 @@ def test_bad_items_are_input_errors(tmp_path):
         asyncio.run(session.add_items([{"type": "teleport", "to": "mars"}]))
     with pytest.raises(contexture.InputError, match="policy.context"):
         ContextureSession("p", db=f"sqlite:{tmp_path / 's.db'}", policy={"context": {"strategy": 7}})
+
+
+def test_a_session_kept_in_contexture_serve(server, fake_upstream):
+    upstream = fake_upstream([call("call_1", 1), {"text": "Item 1 is in stock."}])
+    session = ContextureSession(
+        "remote-customer",
+        url=server["url"],
+        api_key=server["keys"]["acme"],
+        model="gpt-4o",
+        policy={"context": {"clear_tool_results": {"keep": 1, "trigger_tokens": 1}}},
+    )
+    assert isinstance(session, Session)
+    result = asyncio.run(Runner.run(agent_for(upstream), "Is item 1 in stock?", session=session))
+    assert result.final_output == "Item 1 is in stock."
+    items = asyncio.run(session.get_items())
+    kinds = [item.get("type", "message") for item in items]
+    assert kinds.count("function_call") == kinds.count("function_call_output") == 1
+    assert asyncio.run(session.get_items(limit=1))[-1]["content"][0]["text"] == "Item 1 is in stock."
+    popped = asyncio.run(session.pop_item())
+    assert popped["role"] == "assistant"
+    assert len(asyncio.run(session.get_items())) == len(items) - 1
+    # Another tenant's session of the same id is its own, empty.
+    other = ContextureSession("remote-customer", url=server["url"], api_key=server["keys"]["globex"])
+    assert asyncio.run(other.get_items()) == []
+    assert asyncio.run(other.pop_item()) is None
+    asyncio.run(session.clear_session())
+    assert asyncio.run(session.get_items()) == []

@@ -2,12 +2,9 @@
 test (its upstream the workspace's fake provider)."""
 
 import asyncio
-import os
-import subprocess
 
 import pytest
 
-from conftest import free_port, wait_for_port
 from contexture.client import (
     ApiError,
     Appended,
@@ -34,51 +31,6 @@ states:
     assistant_id: greeter
     task: Say it again.
 """
-
-
-@pytest.fixture(scope="module")
-def server(binaries, tmp_path_factory, request):
-    folder = tmp_path_factory.mktemp("serve")
-    db = f"sqlite:{folder / 'serve.db'}"
-    keys = {}
-    for tenant in ("acme", "globex"):
-        printed = subprocess.run(
-            [str(binaries / "contexture"), "keys", "create", "--tenant", tenant, "--db", db],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
-        keys[tenant] = printed.split()[0]
-    upstream_port = free_port()
-    upstream = subprocess.Popen(
-        [str(binaries / "contexture-fake-upstream"), f"127.0.0.1:{upstream_port}"],
-        stderr=subprocess.DEVNULL,
-    )
-    wait_for_port(upstream_port, upstream, "the fake upstream")
-    port = free_port()
-    environment = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("OPENAI_", "CONTEXTURE_"))
-    }
-    environment.update(
-        CONTEXTURE_UPSTREAM_URL=f"http://127.0.0.1:{upstream_port}/v1",
-        CONTEXTURE_UPSTREAM_KEY="upstream-key",
-    )
-    process = subprocess.Popen(
-        [str(binaries / "contexture"), "serve", "--db", db, "--bind", f"127.0.0.1:{port}"],
-        env=environment,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_for_port(port, process, "contexture serve")
-        yield {"url": f"http://127.0.0.1:{port}", "keys": keys}
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-        upstream.kill()
-        upstream.wait()
 
 
 @pytest.fixture

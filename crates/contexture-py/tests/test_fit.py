@@ -335,3 +335,38 @@ def test_a_long_history_is_read_only_as_far_back_as_the_fit_needs():
         contexture.fit(history, "gpt-4o", max_tokens=500, strategy="first")
     with pytest.raises((TypeError, contexture.InputError), match=r"messages\[10\]"):
         contexture.fit(history, "gpt-4o", max_tokens=500, pin=[0])
+
+
+def test_convert_between_formats_round_trips():
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "assistant", "content": "Sunny."},
+    ]
+    items = contexture.convert(messages, target="responses")
+    assert [item.get("type") for item in items] == [
+        "message",
+        "message",
+        "function_call",
+        "function_call_output",
+        "message",
+    ]
+    assert contexture.convert(items, source="responses") == messages
+    body = contexture.convert(messages, target="anthropic")
+    assert body["system"] == "Be brief."
+    back = contexture.convert(body, source="anthropic")
+    # Anthropic holds a call's arguments as an object: they come back as equal JSON.
+    assert [message["role"] for message in back] == [message["role"] for message in messages]
+    call = back[2]["tool_calls"][0]
+    assert call["id"] == "c1" and json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    assert back[3] == messages[3] and back[4] == messages[4]
+    with pytest.raises(contexture.InputError, match=r"messages\[0\]"):
+        contexture.convert([{"type": "teleport"}], source="responses")

@@ -419,6 +419,8 @@ fn api_routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
         ("/v1/threads/{id}/switch", post(threads::switch)),
         ("/v1/threads/{id}/compact", post(threads::compact)),
         ("/v1/threads/{id}/restore", post(threads::restore)),
+        ("/v1/threads/{id}/pop", post(threads::pop)),
+        ("/v1/threads/{id}/clear", post(threads::clear)),
         (
             "/v1/threads/{id}/retention",
             put(threads::set_retention).delete(threads::clear_retention),

@@ -9,8 +9,9 @@ use contexture_core::thread::search::SearchHit;
 use contexture_core::thread::{MergeError, MergeSpec, ThreadPolicy};
 use contexture_core::tokens::Encoding;
 use contexture_engine::threads::{
-    Appended, Forked, NewThread, Switched, ThreadOpError, append_messages, create_thread,
-    fork_thread, merge_thread, restore_thread, search_thread, set_thread_policy, switch_context,
+    Appended, Forked, NewThread, Switched, ThreadOpError, append_messages, clear_thread,
+    create_thread, fork_thread, merge_thread, restore_thread, rewrite_last_message, search_thread,
+    set_thread_policy, switch_context,
 };
 use contexture_store::{
     AnyStore, EventPage, ProjectionTail, RequestRetention, Scoped, Store, StoreError, Tenant,
@@ -451,11 +452,78 @@ impl<S: StoreView> TenantStore<'_, S> {
             .map_err(|error| self.op_error(error))
     }
 
+    /// Empties the active conversation of the tenant's thread `id` (its system prompt and
+    /// pinned messages stay) as one replace event; its seq, `None` when there was nothing.
+    pub(crate) async fn clear(&self, id: &str) -> ApiResult<Option<u64>> {
+        clear_thread(&self.store, id)
+            .await
+            .map_err(|error| self.op_error(error))
+    }
+
+    /// Takes the newest item off the tenant's thread `id` as one replace event and returns
+    /// it: in `format`, the last message (`openai`) or the last item of the last turn
+    /// (`responses`, whose turn keeps its other items); `None` when the conversation is
+    /// empty.
+    pub(crate) async fn pop(
+        &self,
+        id: &str,
+        format: ItemFormat,
+    ) -> ApiResult<Option<serde_json::Value>> {
+        let mut popped: Option<Result<serde_json::Value, ApiError>> = None;
+        let slot = &mut popped;
+        rewrite_last_message(&self.store, id, |last| match format.split(last) {
+            Ok((rest, item)) => {
+                *slot = Some(Ok(item));
+                rest
+            }
+            Err(problem) => {
+                *slot = Some(Err(problem));
+                vec![last.clone()]
+            }
+        })
+        .await
+        .map_err(|error| self.op_error(error))?;
+        popped.transpose()
+    }
+
     /// Puts back what the replace event `before` of the tenant's thread `id` covered; the
     /// restore event's seq.
     pub(crate) async fn restore(&self, id: &str, before: u64) -> ApiResult<u64> {
         restore_thread(&self.store, id, before)
             .await
             .map_err(|error| self.op_error(error))
+    }
+}
+
+/// The format an item is taken off a thread in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum ItemFormat {
+    /// Chat completions: an item is a message.
+    #[default]
+    Openai,
+    /// The Responses API: an item is one of a turn's items.
+    Responses,
+}
+
+impl ItemFormat {
+    /// `message` split into what stays of it and its last item.
+    fn split(self, message: &Message) -> ApiResult<(Vec<Message>, serde_json::Value)> {
+        match self {
+            ItemFormat::Openai => Ok((
+                Vec::new(),
+                contexture_core::format::openai::to_value(message),
+            )),
+            ItemFormat::Responses => {
+                let (rest, item) = contexture_core::format::responses::split_last_item(message)
+                    .map_err(|problem| ApiError {
+                        status: StatusCode::UNPROCESSABLE_ENTITY,
+                        code: "unprocessable",
+                        message: format!("the last message has no items to take: {problem}"),
+                        param: None,
+                    })?;
+                Ok((rest, item.unwrap_or(serde_json::Value::Null)))
+            }
+        }
     }
 }

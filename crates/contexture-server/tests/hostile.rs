@@ -1137,3 +1137,93 @@ async fn a_thread_has_at_most_its_share_of_named_contexts_and_errors_name_a_few(
     healthy(&server).await;
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_pop_and_a_clear_take_what_they_say_and_refuse_bad_bodies() {
+    let dir = TempDir::new("contexture-hostile");
+    let (server, key) = hostile_server(&dir).await;
+    let body = |value: Value| serde_json::to_vec(&value).unwrap();
+    let post = |path: &'static str, value: Value| {
+        let server = &server;
+        let key = &key;
+        async move {
+            send(
+                server,
+                key,
+                "POST",
+                path,
+                Some("application/json"),
+                body(value),
+            )
+            .await
+        }
+    };
+    // Bad bodies name the field and change nothing.
+    append_one(&server, &key, "t", "one").await;
+    for (request, param, words) in [
+        (json!({"format": "xml"}), "format", "unknown variant"),
+        (json!({"format": 7}), "format", "expected"),
+        (json!({"items": 2}), "items", "unknown field"),
+    ] {
+        let (status, error) = post("/v1/threads/t/pop", request.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{request}: {error}");
+        assert_eq!(error["error"]["param"], param, "{request}: {error}");
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(message.contains(words), "{request}: {message}");
+    }
+    let (status, error) = post("/v1/threads/t/clear", json!({"all": true})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+    let (_, thread) = send(&server, &key, "GET", "/v1/threads/t", None, vec![]).await;
+    assert_eq!(thread["last_seq"], 1, "{thread}");
+    // A missing thread is not found.
+    for path in ["/v1/threads/ghost/pop", "/v1/threads/ghost/clear"] {
+        let (status, error) = post(path, json!({})).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {error}");
+    }
+    // A pop takes the newest message; a Responses pop one item of the last turn.
+    let (status, _) = send(
+        &server,
+        &key,
+        "POST",
+        "/v1/threads/t/messages",
+        Some("application/json"),
+        body(
+            json!({"messages": [{"role": "assistant", "content": null, "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+                {"id": "b", "type": "function", "function": {"name": "g", "arguments": "{}"}}
+            ]}]}),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, popped) = post("/v1/threads/t/pop", json!({"format": "responses"})).await;
+    assert_eq!(status, StatusCode::OK, "{popped}");
+    assert_eq!(popped["item"]["type"], "function_call", "{popped}");
+    assert_eq!(popped["item"]["call_id"], "b", "{popped}");
+    let (_, messages) = send(&server, &key, "GET", "/v1/threads/t/messages", None, vec![]).await;
+    let calls = &messages["messages"][1]["tool_calls"];
+    assert_eq!(calls.as_array().map(Vec::len), Some(1), "{messages}");
+    assert_eq!(calls[0]["id"], "a", "{messages}");
+    let (_, popped) = post("/v1/threads/t/pop", json!({})).await;
+    assert_eq!(popped["item"]["role"], "assistant", "{popped}");
+    // Clearing, then nothing left to clear or pop; a restore brings the message back.
+    let (_, cleared) = post("/v1/threads/t/clear", json!({})).await;
+    let clear_seq = cleared["seq"].as_u64().expect("a seq");
+    let (_, again) = post("/v1/threads/t/clear", json!({})).await;
+    assert_eq!(again["seq"], Value::Null, "{again}");
+    let (_, empty) = post("/v1/threads/t/pop", json!({})).await;
+    assert_eq!(empty["item"], Value::Null, "{empty}");
+    let (status, _) = send(
+        &server,
+        &key,
+        "POST",
+        "/v1/threads/t/restore",
+        Some("application/json"),
+        body(json!({"before": clear_seq})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, messages) = send(&server, &key, "GET", "/v1/threads/t/messages", None, vec![]).await;
+    assert_eq!(messages["messages"][0]["content"], "one", "{messages}");
+    server.shutdown().await;
+}

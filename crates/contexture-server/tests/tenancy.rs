@@ -183,6 +183,14 @@ async fn every_route_keeps_tenants_apart(store: AnyStore) {
             Some(json!({"before": 1})),
             None,
         ),
+        (M::POST, "/v1/threads/secret/pop", Some(json!({})), None),
+        (
+            M::POST,
+            "/v1/threads/secret/pop",
+            Some(json!({"format": "responses"})),
+            None,
+        ),
+        (M::POST, "/v1/threads/secret/clear", Some(json!({})), None),
         (
             M::POST,
             "/v1/threads/secret/merge",

@@ -40,6 +40,18 @@ const REASONING_FIELDS: &[&str] = &["type", "encrypted_content"];
 /// The item types this module reads, for error messages.
 const ITEM_TYPES: &str = "message, function_call, function_call_output, reasoning, compaction";
 
+/// `message` as its items with the last one taken off: what stays of it (the rest of its
+/// turn, read back as messages: its reasoning, its text, its other calls) and that item
+/// (`None` for a message of no item). One assistant turn is several items in this API, and
+/// an item is what a client of it removes one at a time.
+pub fn split_last_item(message: &Message) -> Result<(Vec<Message>, Option<Value>), FormatError> {
+    let mut items = to_items(std::slice::from_ref(message));
+    let Some(last) = items.pop() else {
+        return Ok((Vec::new(), None));
+    };
+    Ok((parse_items(&Value::Array(items), "items")?, Some(last)))
+}
+
 /// Reads a request's `input`: a string (one user message) or a list of items. Errors name
 /// the place as `input[<index>].<field>`.
 pub fn parse_input(input: &Value) -> Result<Vec<Message>, FormatError> {

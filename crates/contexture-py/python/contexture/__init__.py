@@ -20,6 +20,7 @@ __version__: str = _native.__version__
 count_tokens = _native.count_tokens
 count_messages = _native.count_messages
 validate = _native.validate
+convert = _native.convert
 Template = _native.Template
 parse_output = _native.parse_output
 eval_condition = _native.eval_condition
@@ -126,6 +127,7 @@ __all__ = [
     "Template",
     "TemplateError",
     "Thread",
+    "convert",
     "count_messages",
     "count_tokens",
     "eval_condition",

@@ -41,6 +41,10 @@ def fit(
 ) -> Tuple[Any, Dict[str, Any]]:
     """``contexture.fit``; ``convert`` turns each object of the list into an OpenAI
     message dict when the fit reads it (kept objects come back as they were given)."""
+def convert(messages: Any, *, source: str = "openai", target: str = "openai") -> Any:
+    """``messages`` read in the ``source`` format and written in the ``target`` one
+    (``openai``, ``anthropic`` or ``responses``)."""
+
 def validate(
     messages: Any, rules: str = "openai", *, format: str = "openai"
 ) -> List[Dict[str, Any]]:

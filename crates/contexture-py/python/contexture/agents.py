@@ -2,7 +2,8 @@
 
 ``ContextureSession`` implements the SDK's ``Session`` protocol (``get_items``,
 ``add_items``, ``pop_item``, ``clear_session``). Its items live in a Contexture thread, in
-an SQLite file (``db="sqlite:PATH"``, the CLI's format) or a PostgreSQL database. What an agent is given back is the history *fitted* for its
+an SQLite file (``db="sqlite:PATH"``, the CLI's format) or a PostgreSQL database, or in
+``contexture serve`` (``url=..., api_key=...``). What an agent is given back is the history *fitted* for its
 model by the thread's policy: tool calls kept with their results, old tool results cleared
 when the policy says so, the newest history within the window; not the SDK's plain last N
 items.
@@ -16,8 +17,9 @@ items.
 import asyncio
 from typing import Any, Dict, List, Optional
 
+from . import Fitted
 from ._errors import StoreError
-from ._native import Store
+from ._native import Store, convert
 
 __all__ = ["ContextureSession"]
 
@@ -27,7 +29,8 @@ class ContextureSession:
 
     - ``session_id``: the thread's id.
     - ``db``: the store, ``sqlite:PATH`` (default ``sqlite:contexture.db``) or a
-      PostgreSQL URL.
+      PostgreSQL URL; or ``url`` and ``api_key`` of a ``contexture serve`` (a tenant's
+      key: the session is that tenant's thread), which needs ``httpx``.
     - ``model``: the model the history is fitted for (default ``gpt-4o``).
     - ``policy``: the thread's own policy, set when given: ``{"context": {...},
       "compaction": {...}}``, the shape a thread's policy has everywhere (for example
@@ -45,12 +48,17 @@ class ContextureSession:
         *,
         model: str = "gpt-4o",
         policy: Optional[Dict[str, Any]] = None,
+        url: Optional[str] = None,
+        api_key: Optional[str] = None,
         session_settings: Any = None,
     ) -> None:
         self.session_id = session_id
         self.session_settings = session_settings
         self.model = model
-        self._thread: Any = Store(db).thread(session_id)
+        if url is not None:
+            self._thread: Any = _RemoteThread(url, api_key, session_id)
+        else:
+            self._thread = Store(db).thread(session_id)
         if policy is not None:
             self._thread.set_policy(policy)
 
@@ -103,3 +111,56 @@ class ContextureSession:
         except StoreError:
             if self._thread.exists():
                 raise
+
+
+class _RemoteThread:
+    """A thread of ``contexture serve`` with the methods of a local ``Thread`` the session
+    uses; items are converted to and from the server's OpenAI messages here, and a
+    missing thread is a ``StoreError`` as locally."""
+
+    def __init__(self, url: str, api_key: Optional[str], thread_id: str) -> None:
+        from .client import Client
+
+        self._client = Client(url, api_key=api_key)
+        self._id = thread_id
+
+    def _call(self, operation, *arguments, **options):
+        from .client import ApiError
+
+        try:
+            return operation(self._id, *arguments, **options)
+        except ApiError as problem:
+            if problem.status == 404:
+                raise StoreError(problem.message) from problem
+            raise
+
+    def append(self, items: List[Dict[str, Any]], *, format: str) -> None:
+        self._call(self._client.append, convert(items, source=format, target="openai"))
+
+    def context(self, model: str, *, format: str) -> Any:
+        fitted = self._call(self._client.context, model=model)
+        return Fitted(convert(fitted.messages, source="openai", target=format), fitted.fit)
+
+    def messages(self, *, limit: Optional[int], format: str) -> List[Dict[str, Any]]:
+        messages = self._call(self._client.messages, limit=limit)
+        return convert(messages, source="openai", target=format)
+
+    def pop_item(self, *, format: str) -> Optional[Dict[str, Any]]:
+        return self._call(self._client.pop, format=format)
+
+    def clear(self) -> Optional[int]:
+        return self._call(self._client.clear)
+
+    def exists(self) -> bool:
+        try:
+            self._call(self._client.thread)
+            return True
+        except StoreError:
+            return False
+
+    def set_policy(self, policy: Optional[Dict[str, Any]]) -> None:
+        try:
+            self._call(self._client.set_policy, policy)
+        except StoreError:
+            # A thread not there yet starts with the policy.
+            self._client.create_thread(self._id, policy=policy)

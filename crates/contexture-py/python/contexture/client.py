@@ -208,6 +208,24 @@ class _Calls:
         return _Call("PUT", path, lambda a: a, body=policy)
 
     @staticmethod
+    def pop(thread_id, format) -> _Call:
+        return _Call(
+            "POST",
+            f"/v1/threads/{_segment(thread_id, 'thread_id')}/pop",
+            lambda a: a["item"],
+            body={"format": format},
+        )
+
+    @staticmethod
+    def clear(thread_id) -> _Call:
+        return _Call(
+            "POST",
+            f"/v1/threads/{_segment(thread_id, 'thread_id')}/clear",
+            lambda a: a["seq"],
+            body={},
+        )
+
+    @staticmethod
     def fork(thread_id, new_id, at_seq) -> _Call:
         return _Call(
             "POST",
@@ -388,6 +406,17 @@ class Client:
         """Sets the thread's own policy (``None`` removes it)."""
         return self._run(_Calls.set_policy(thread_id, policy))
 
+    def pop(self, thread_id: str, *, format: str = "openai") -> Optional[Dict[str, Any]]:
+        """Takes the newest item off the conversation and returns it (``None`` when it is
+        empty): the last message (``openai``) or the last item of the last turn
+        (``responses``). One event; the log keeps it."""
+        return self._run(_Calls.pop(thread_id, format))
+
+    def clear(self, thread_id: str) -> Optional[int]:
+        """Empties the conversation (system prompt and pinned messages stay) as one event;
+        its seq, ``None`` when there was nothing to clear."""
+        return self._run(_Calls.clear(thread_id))
+
     def fork(self, thread_id: str, new_id: str, *, at_seq: Optional[int] = None) -> Any:
         """Forks the thread as ``new_id`` after event ``at_seq`` (default its last)."""
         return self._run(_Calls.fork(thread_id, new_id, at_seq))
@@ -538,6 +567,12 @@ class AsyncClient:
 
     async def set_policy(self, thread_id: str, policy: Optional[Dict[str, Any]]) -> Any:
         return await self._run(_Calls.set_policy(thread_id, policy))
+
+    async def pop(self, thread_id: str, *, format: str = "openai") -> Optional[Dict[str, Any]]:
+        return await self._run(_Calls.pop(thread_id, format))
+
+    async def clear(self, thread_id: str) -> Optional[int]:
+        return await self._run(_Calls.clear(thread_id))
 
     async def fork(self, thread_id: str, new_id: str, *, at_seq: Optional[int] = None) -> Any:
         return await self._run(_Calls.fork(thread_id, new_id, at_seq))

@@ -28,7 +28,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::fit_settings;
 use crate::routes::fresh_id;
 use crate::tenancy::{Actor, check_id};
-use crate::tenant_store::{StoreView, TenantStore};
+use crate::tenant_store::{ItemFormat, StoreView, TenantStore};
 use contexture_engine::fitting::{
     MessageView, ThreadFitError, ThreadReadError, fit_thread_on, thread_messages,
 };
@@ -756,6 +756,51 @@ pub async fn restore(
     let threads = state.tenant_store(&caller.tenant);
     threads.refuse_writes(&id)?;
     let seq = threads.restore(&id, body.before).await?;
+    Ok(Json(json!({ "seq": seq })))
+}
+
+/// `POST /v1/threads/{id}/pop` body.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PopItem {
+    /// The format of the item taken: `openai` (a message, the default) or `responses` (one
+    /// item of a turn).
+    #[serde(default)]
+    format: ItemFormat,
+}
+
+/// `POST /v1/threads/{id}/pop`: takes the newest item off the thread's conversation as one
+/// replace event (the log keeps it) and returns it (`null` when the conversation is
+/// empty): what a client's session does when it rewinds a turn.
+pub async fn pop(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<PopItem>,
+) -> ApiResult<Json<Value>> {
+    let threads = state.tenant_store(&caller.tenant);
+    threads.refuse_writes(&id)?;
+    let item = threads.pop(&id, body.format).await?;
+    Ok(Json(json!({ "item": item })))
+}
+
+/// `POST /v1/threads/{id}/clear` body: none of its own (an empty object).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClearThread {}
+
+/// `POST /v1/threads/{id}/clear`: empties the thread's conversation (its system prompt and
+/// pinned messages stay) as one replace event, which `restore` undoes; returns its seq
+/// (`null` when there was nothing to clear).
+pub async fn clear(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    JsonBody(ClearThread {}): JsonBody<ClearThread>,
+) -> ApiResult<Json<Value>> {
+    let threads = state.tenant_store(&caller.tenant);
+    threads.refuse_writes(&id)?;
+    let seq = threads.clear(&id).await?;
     Ok(Json(json!({ "seq": seq })))
 }
 
