@@ -134,7 +134,7 @@ thread_local! {
 /// Token counts of short pieces, per encoding: a piece's count depends on its bytes alone.
 #[derive(Default)]
 struct PieceCounts {
-    by_encoding: [std::collections::HashMap<Box<str>, usize>; Encoding::COUNT],
+    by_encoding: [rustc_hash::FxHashMap<Box<str>, usize>; Encoding::COUNT],
 }
 
 impl PieceCounts {
