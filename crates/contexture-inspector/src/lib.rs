@@ -16,9 +16,9 @@ use minijinja::{AutoEscape, Environment, Value};
 
 pub use budget_bar::BudgetBar;
 pub use execution::{CallView, ExecutionView, StepView, TreeRow};
-pub use home::{HomeView, ListRow, cursor_text, parse_cursor};
+pub use home::{HomeView, ListRow};
 pub use message_view::MessageView;
-pub use thread::{CONTEXT_MESSAGES_SHOWN, ContextView, EventRow, ForkRow, ThreadFacts, ThreadView};
+pub use thread::{CONTEXT_MESSAGES_SHOWN, ContextView, EventRow, ForkRow, ThreadView};
 
 /// The inspector's style sheet (served as a file by `/ui`, inlined into a saved page).
 pub const STYLE: &str = include_str!("../templates/inspector.css");

@@ -9,34 +9,12 @@ use contexture_core::message::Message;
 use contexture_core::thread::{
     Event, EventKind, FitRecord, ReplaceReason, RequestOutcome, RunStatus,
 };
+use contexture_store::ThreadInfo;
 use serde::Serialize;
 
 use crate::budget_bar::BudgetBar;
 use crate::execution::fit_lines;
 use crate::message_view::MessageView;
-
-/// What the store says of a thread, as the view needs it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ThreadFacts {
-    /// The thread's id.
-    pub id: String,
-    /// Whether it is an execution's log.
-    pub execution: bool,
-    /// The thread it was forked from, for a fork.
-    pub parent: Option<String>,
-    /// The parent's last event it shares, for a fork.
-    pub fork_seq: Option<u64>,
-    /// The seq of its last event.
-    pub last_seq: u64,
-    /// When it was created, in milliseconds since the Unix epoch.
-    pub created_at_ms: i64,
-    /// When it was last appended to, in milliseconds since the Unix epoch.
-    pub updated_at_ms: i64,
-    /// The bytes of its events as stored.
-    pub bytes: u64,
-    /// The bytes of its messages as stored.
-    pub message_bytes: u64,
-}
 
 /// One thread of a fork tree, at its depth.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -137,7 +115,9 @@ pub struct EventRow {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ThreadView {
     /// What it is.
-    pub facts: ThreadFacts,
+    pub facts: ThreadInfo,
+    /// Whether it is an execution's log.
+    pub execution: bool,
     /// When it was created, as a date.
     pub created: String,
     /// When it was last appended to, as a date.
@@ -169,7 +149,7 @@ impl ThreadView {
     /// `page_size`), `more` whether events follow it.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        facts: ThreadFacts,
+        facts: ThreadInfo,
         events: &[Event],
         events_after: u64,
         more: bool,
@@ -196,6 +176,7 @@ impl ThreadView {
             page_size,
             events: events.iter().map(EventRow::of).collect(),
             events_after,
+            execution: facts.execution,
             facts,
             forks,
             context,

@@ -5,9 +5,8 @@
 use contexture_core::budget::BudgetParts;
 use contexture_core::thread::{Event, Usage};
 use contexture_engine::report::{ExecutionStatus, ReadReport, UsageTree, report};
-use contexture_inspector::{
-    ContextView, ExecutionView, ForkRow, HomeView, Inspector, ThreadFacts, ThreadView,
-};
+use contexture_inspector::{ContextView, ExecutionView, ForkRow, HomeView, Inspector, ThreadView};
+use contexture_store::ThreadInfo;
 
 /// The agent-loop example's log: one step, seven calls that cut, clear and keep prefixes.
 fn events() -> Vec<Event> {
@@ -168,7 +167,7 @@ fn poison(value: &mut serde_json::Value, hostile: &str) {
 /// The agent-loop log read as a thread: its facts, a page of its events, a fork tree and
 /// its last request's messages as a fitted context.
 fn thread_view(events: &[Event], hostile: &str) -> ThreadView {
-    let facts = ThreadFacts {
+    let facts = ThreadInfo {
         id: format!("agent-loop{hostile}"),
         execution: true,
         parent: None,
@@ -178,6 +177,7 @@ fn thread_view(events: &[Event], hostile: &str) -> ThreadView {
         updated_at_ms: 1_764_000_060_000,
         bytes: 82_000,
         message_bytes: 40_000,
+        retention: None,
     };
     let record = events
         .iter()

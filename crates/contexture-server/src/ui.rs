@@ -14,9 +14,7 @@ use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{MethodRouter, get};
 use contexture_engine::report::{CallsKept, usage_tree_of};
-use contexture_inspector::{
-    ContextView, ExecutionView, ForkRow, HomeView, Inspector, ThreadFacts, ThreadView, parse_cursor,
-};
+use contexture_inspector::{ContextView, ExecutionView, ForkRow, HomeView, Inspector, ThreadView};
 use contexture_store::{RecentCursor, Store, ThreadInfo};
 use serde::Deserialize;
 use std::sync::LazyLock;
@@ -147,13 +145,10 @@ async fn home(
     }
     let cursor = match &query.before {
         Some(text) => {
-            let (updated_at_ms, id) = parse_cursor(text).ok_or_else(|| {
-                ApiError::invalid(
-                    "before",
-                    "before: not a place in the list (MILLISECONDS:ID, as the list's links give it)",
-                )
-            })?;
-            Some(RecentCursor { updated_at_ms, id })
+            let cursor: RecentCursor = text
+                .parse()
+                .map_err(|problem| ApiError::invalid("before", format!("before: {problem}")))?;
+            Some(cursor)
         }
         None => None,
     };
@@ -165,12 +160,7 @@ async fn home(
         .map_err(|error| threads.error(error))?;
     let more = page.len() > THREADS_PER_PAGE;
     page.truncate(THREADS_PER_PAGE);
-    let view = HomeView::new(
-        &query.q,
-        page.iter().map(facts).collect(),
-        more,
-        cursor.is_none(),
-    );
+    let view = HomeView::new(&query.q, page, more, cursor.is_none());
     let html = INSPECTOR
         .home_fragment(&view)
         .map_err(|error| ApiError::internal(error.to_string()))?;
@@ -286,7 +276,7 @@ async fn thread(
         Err(error) => return Err(error),
     };
     let view = ThreadView::new(
-        facts(&info),
+        info.clone(),
         &page.events,
         query.after,
         page.more,
@@ -299,20 +289,6 @@ async fn thread(
         .thread_fragment(&view)
         .map_err(|error| ApiError::internal(error.to_string()))?;
     Ok(Html(html))
-}
-
-fn facts(info: &ThreadInfo) -> ThreadFacts {
-    ThreadFacts {
-        id: info.id.clone(),
-        execution: info.execution,
-        parent: info.parent.clone(),
-        fork_seq: info.fork_seq,
-        last_seq: info.last_seq,
-        created_at_ms: info.created_at_ms,
-        updated_at_ms: info.updated_at_ms,
-        bytes: info.bytes,
-        message_bytes: info.message_bytes,
-    }
 }
 
 /// The fork tree `info` belongs to: from its root (its oldest ancestor), each thread's forks

@@ -236,6 +236,30 @@ impl RecentCursor {
     }
 }
 
+/// A cursor as text, `MILLISECONDS:ID` (what a page's link carries).
+impl std::fmt::Display for RecentCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.updated_at_ms, self.id)
+    }
+}
+
+/// Text that is not a cursor ([`RecentCursor`]'s `MILLISECONDS:ID`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a place in the list (MILLISECONDS:ID, as the list's links give it)")]
+pub struct NotACursor;
+
+impl std::str::FromStr for RecentCursor {
+    type Err = NotACursor;
+
+    fn from_str(text: &str) -> Result<RecentCursor, NotACursor> {
+        let (ms, id) = text.split_once(':').ok_or(NotACursor)?;
+        Ok(RecentCursor {
+            updated_at_ms: ms.parse().map_err(|_| NotACursor)?,
+            id: id.to_owned(),
+        })
+    }
+}
+
 /// `text` with ASCII letters lowercased: what [`Store::list_recent`] matches `contains`
 /// against (other letters keep their case, the same in every store).
 pub(crate) fn ascii_folded(text: &str) -> String {
@@ -635,4 +659,23 @@ pub(crate) fn migrations_up_to(
 pub(crate) fn epoch_ms(time: SystemTime) -> i64 {
     time.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod cursor_tests {
+    use super::{NotACursor, RecentCursor};
+
+    #[test]
+    fn cursors_read_back_ids_that_hold_colons() {
+        let cursor = RecentCursor {
+            updated_at_ms: 1_764_000_000_000,
+            id: "conversation:alice:support".to_owned(),
+        };
+        let text = cursor.to_string();
+        assert_eq!(text, "1764000000000:conversation:alice:support");
+        assert_eq!(text.parse::<RecentCursor>(), Ok(cursor));
+        for bad in ["", "12", "x:id", ":id"] {
+            assert_eq!(bad.parse::<RecentCursor>(), Err(NotACursor), "{bad}");
+        }
+    }
 }

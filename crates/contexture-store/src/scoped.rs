@@ -158,6 +158,20 @@ impl<S> Scoped<S> {
         info
     }
 
+    /// A list of threads the inner store answered, as the tenant sees it.
+    fn unscope_infos(
+        &self,
+        infos: Result<Vec<ThreadInfo>, StoreError>,
+    ) -> Result<Vec<ThreadInfo>, StoreError> {
+        match infos {
+            Ok(infos) => Ok(infos
+                .into_iter()
+                .map(|info| self.unscope_info(info))
+                .collect()),
+            Err(error) => Err(self.unscope_error(error)),
+        }
+    }
+
     /// A store error as the tenant sees it: the ids it names lose the tenant's prefix.
     fn unscope_error(&self, mut error: StoreError) -> StoreError {
         for id in error.thread_ids_mut() {
@@ -275,12 +289,8 @@ impl<S: Store> Store for Scoped<S> {
         let page = self
             .inner
             .list_page(&self.stored_id(prefix), &after, limit)
-            .await
-            .map_err(|e| self.unscope_error(e))?;
-        Ok(page
-            .into_iter()
-            .map(|info| self.unscope_info(info))
-            .collect())
+            .await;
+        self.unscope_infos(page)
     }
 
     /// The tenant's threads newest first. `contains` is looked for past the scoped prefix
@@ -299,24 +309,13 @@ impl<S: Store> Store for Scoped<S> {
         let page = self
             .inner
             .list_recent(&self.stored_id(prefix), contains, before.as_ref(), limit)
-            .await
-            .map_err(|e| self.unscope_error(e))?;
-        Ok(page
-            .into_iter()
-            .map(|info| self.unscope_info(info))
-            .collect())
+            .await;
+        self.unscope_infos(page)
     }
 
     async fn forks_of(&self, thread: &str) -> Result<Vec<ThreadInfo>, StoreError> {
-        let forks = self
-            .inner
-            .forks_of(&self.stored_id(thread))
-            .await
-            .map_err(|e| self.unscope_error(e))?;
-        Ok(forks
-            .into_iter()
-            .map(|info| self.unscope_info(info))
-            .collect())
+        let forks = self.inner.forks_of(&self.stored_id(thread)).await;
+        self.unscope_infos(forks)
     }
 
     async fn thread_info(&self, thread: &str) -> Result<Option<ThreadInfo>, StoreError> {
