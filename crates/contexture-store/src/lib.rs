@@ -31,6 +31,7 @@
 mod api_keys;
 mod calibration;
 mod error;
+mod execution_queue;
 mod forks;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -56,6 +57,7 @@ use contexture_core::tokens::Encoding;
 
 pub use api_keys::{ApiKeyRecord, ApiKeyStore};
 pub use error::{DriverError, StoreError};
+pub use execution_queue::{ExecutionClaim, ExecutionQueueStore, QueueState, QueuedExecution};
 #[cfg(feature = "postgres")]
 pub use postgres::PgStore;
 pub use retention::{

@@ -9,6 +9,7 @@
 //! they read back byte for byte.
 
 mod api_keys;
+mod execution_queue;
 mod pruning;
 mod reads;
 mod references;

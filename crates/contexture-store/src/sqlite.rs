@@ -9,6 +9,7 @@
 
 mod api_keys;
 mod checkpointer;
+mod execution_queue;
 mod projection_cache;
 mod pruning;
 mod reads;

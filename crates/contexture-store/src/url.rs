@@ -244,6 +244,54 @@ impl Store for AnyStore {
     }
 }
 
+impl crate::ExecutionQueueStore for AnyStore {
+    async fn enqueue_execution(
+        &self,
+        id: &str,
+        tenant: &str,
+        request: &serde_json::Value,
+    ) -> Result<(), StoreError> {
+        on_backend!(self, store => store.enqueue_execution(id, tenant, request).await)
+    }
+
+    async fn claim_executions(
+        &self,
+        node: &str,
+        most: usize,
+        tenant_limit: usize,
+        lease: std::time::Duration,
+    ) -> Result<Vec<crate::ExecutionClaim>, StoreError> {
+        on_backend!(self, store => store.claim_executions(node, most, tenant_limit, lease).await)
+    }
+
+    async fn renew_execution(
+        &self,
+        id: &str,
+        node: &str,
+        epoch: i64,
+        lease: std::time::Duration,
+    ) -> Result<bool, StoreError> {
+        on_backend!(self, store => store.renew_execution(id, node, epoch, lease).await)
+    }
+
+    async fn finish_execution(
+        &self,
+        id: &str,
+        node: &str,
+        epoch: i64,
+        outcome: &str,
+    ) -> Result<bool, StoreError> {
+        on_backend!(self, store => store.finish_execution(id, node, epoch, outcome).await)
+    }
+
+    async fn queued_execution(
+        &self,
+        id: &str,
+    ) -> Result<Option<crate::QueuedExecution>, StoreError> {
+        on_backend!(self, store => store.queued_execution(id).await)
+    }
+}
+
 impl crate::TurnQueueStore for AnyStore {
     async fn join_turn_queue(&self, thread: &str) -> Result<crate::TurnTicket, StoreError> {
         on_backend!(self, store => store.join_turn_queue(thread).await)

@@ -19,8 +19,8 @@ use contexture_core::thread::{
 use contexture_core::tokens::{Encoding, message_tokens};
 use contexture_core::{Message, Role, ToolCall};
 use contexture_store::{
-    ApiKeyRecord, ApiKeyStore, NewEvent, PruneReport, RecentCursor, RequestRetention,
-    RetentionRules, Store, StoreError, ThreadInfo, TurnQueueStore,
+    ApiKeyRecord, ApiKeyStore, ExecutionQueueStore, NewEvent, PruneReport, QueueState,
+    RecentCursor, RequestRetention, RetentionRules, Store, StoreError, ThreadInfo, TurnQueueStore,
 };
 use serde_json::json;
 
@@ -2029,6 +2029,229 @@ async fn turns_joining_at_once_from_two_processes_let_one_hold_the_thread(h: &im
     }
 }
 
+async fn executions_are_claimed_oldest_first_held_by_one_server_and_adopted_when_a_lease_runs_out(
+    h: &impl Harness,
+) {
+    let s = h.store();
+    // A second process sharing the database, as a second server would.
+    let other = h.reopen().await;
+    let lease = Duration::from_secs(30);
+    for (id, tenant) in [("run-a", "acme"), ("run-b", "acme"), ("run-c", "globex")] {
+        s.enqueue_execution(id, tenant, &json!({"workflow": id}))
+            .await
+            .unwrap();
+        // Enqueued in this order, whatever the clock's resolution.
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    assert!(matches!(
+        other.enqueue_execution("run-a", "acme", &json!({})).await,
+        Err(StoreError::AlreadyExists { .. })
+    ));
+    let queued = s.queued_execution("run-b").await.unwrap().unwrap();
+    assert_eq!(queued.state, QueueState::Queued);
+    assert_eq!((queued.attempts, queued.owner.as_deref()), (0, None));
+    assert_eq!(queued.request, json!({"workflow": "run-b"}));
+    assert_eq!(s.queued_execution("nope").await.unwrap(), None);
+
+    // Oldest first, up to the claim's count.
+    let first = s.claim_executions("node-1", 1, 10, lease).await.unwrap();
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].id, "run-a");
+    assert!(!first[0].adopted);
+    assert_eq!(first[0].request, json!({"workflow": "run-a"}));
+    // A tenant at its limit gets nothing more: the next claim skips run-b for run-c.
+    let second = other.claim_executions("node-2", 5, 1, lease).await.unwrap();
+    let ids: Vec<&str> = second.iter().map(|claim| claim.id.as_str()).collect();
+    assert_eq!(ids, ["run-c"]);
+    // A held run is nobody else's.
+    let third = other
+        .claim_executions("node-2", 5, 10, lease)
+        .await
+        .unwrap();
+    let ids: Vec<&str> = third.iter().map(|claim| claim.id.as_str()).collect();
+    assert_eq!(ids, ["run-b"]);
+    assert!(
+        other
+            .claim_executions("node-3", 5, 10, lease)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let held = s.queued_execution("run-a").await.unwrap().unwrap();
+    assert_eq!(held.state, QueueState::Running);
+    assert_eq!(held.owner.as_deref(), Some("node-1"));
+    assert!(held.lease_live);
+
+    // Renewals by the holder, with its epoch, succeed; anybody else's do nothing.
+    let a = &first[0];
+    assert!(
+        s.renew_execution("run-a", "node-1", a.epoch, lease)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !other
+            .renew_execution("run-a", "node-2", a.epoch, lease)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !s.renew_execution("run-a", "node-1", a.epoch + 1, lease)
+            .await
+            .unwrap()
+    );
+
+    // A lease that runs out cannot be renewed, and the next claim adopts the run with a new
+    // epoch; the earlier holder's finish then does nothing.
+    let short = Duration::from_millis(20);
+    let b = &third[0];
+    assert!(
+        other
+            .renew_execution("run-b", "node-2", b.epoch, short)
+            .await
+            .unwrap()
+    );
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert!(
+        !s.queued_execution("run-b")
+            .await
+            .unwrap()
+            .unwrap()
+            .lease_live
+    );
+    assert!(
+        !other
+            .renew_execution("run-b", "node-2", b.epoch, lease)
+            .await
+            .unwrap()
+    );
+    let adopted = s.claim_executions("node-1", 5, 10, lease).await.unwrap();
+    assert_eq!(adopted.len(), 1);
+    assert_eq!(adopted[0].id, "run-b");
+    assert!(adopted[0].adopted);
+    assert!(adopted[0].epoch > b.epoch);
+    assert!(
+        !other
+            .finish_execution("run-b", "node-2", b.epoch, "completed")
+            .await
+            .unwrap()
+    );
+    let row = s.queued_execution("run-b").await.unwrap().unwrap();
+    assert_eq!((row.attempts, row.owner.as_deref()), (2, Some("node-1")));
+
+    // A finish by the holder ends the run for good.
+    assert!(
+        s.finish_execution("run-b", "node-1", adopted[0].epoch, "completed")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !s.finish_execution("run-b", "node-1", adopted[0].epoch, "failed")
+            .await
+            .unwrap()
+    );
+    let done = s.queued_execution("run-b").await.unwrap().unwrap();
+    assert_eq!(done.state, QueueState::Finished);
+    assert_eq!(done.outcome.as_deref(), Some("completed"));
+    assert!(!done.lease_live && done.finished_at_ms.is_some());
+    assert!(
+        !s.renew_execution("run-b", "node-1", adopted[0].epoch, lease)
+            .await
+            .unwrap()
+    );
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    assert!(
+        s.claim_executions("node-9", 5, 10, short)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // Through either backend of `AnyStore` alike.
+    let any = h.any();
+    any.enqueue_execution("run-d", "globex", &json!(null))
+        .await
+        .unwrap();
+    let claims = any.claim_executions("node-4", 5, 10, lease).await.unwrap();
+    assert_eq!(claims.len(), 1);
+    assert!(
+        any.renew_execution("run-d", "node-4", claims[0].epoch, lease)
+            .await
+            .unwrap()
+    );
+    assert!(
+        any.finish_execution("run-d", "node-4", claims[0].epoch, "cancelled")
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        any.queued_execution("run-d").await.unwrap().unwrap().state,
+        QueueState::Finished
+    );
+}
+
+async fn claims_racing_from_two_processes_hold_each_run_once_and_the_tenant_limit(
+    h: &impl Harness,
+) {
+    // Four claimers in two processes take a tenant's 40 runs at once: every run is taken
+    // once, and never more than the limit of the tenant's leases live at a time.
+    let other = h.reopen().await;
+    let lease = Duration::from_secs(30);
+    for n in 0..40 {
+        h.store()
+            .enqueue_execution(&format!("race-{n:02}"), "acme", &json!({"n": n}))
+            .await
+            .unwrap();
+    }
+    let limit = 3;
+    let mut taken = Vec::new();
+    loop {
+        let mut claims = tokio::task::JoinSet::new();
+        for i in 0..4 {
+            let store = if i % 2 == 0 {
+                h.store().clone()
+            } else {
+                other.clone()
+            };
+            claims.spawn(async move {
+                let node = format!("node-{i}");
+                let claimed = store
+                    .claim_executions(&node, 2, limit, lease)
+                    .await
+                    .unwrap();
+                (node, claimed)
+            });
+        }
+        let mut round = Vec::new();
+        while let Some(claimed) = claims.join_next().await {
+            let (node, claimed) = claimed.unwrap();
+            round.extend(claimed.into_iter().map(|claim| (node.clone(), claim)));
+        }
+        assert!(
+            round.len() <= limit,
+            "{} leases of one tenant at once, over its limit of {limit}",
+            round.len()
+        );
+        if round.is_empty() {
+            break;
+        }
+        for (node, claim) in round {
+            assert!(
+                other
+                    .finish_execution(&claim.id, &node, claim.epoch, "completed")
+                    .await
+                    .unwrap(),
+                "{} finished by the node that claimed it",
+                claim.id
+            );
+            taken.push(claim.id);
+        }
+    }
+    taken.sort();
+    let expected: Vec<String> = (0..40).map(|n| format!("race-{n:02}")).collect();
+    assert_eq!(taken, expected, "every run taken exactly once");
+}
+
 /// Every page of `thread` after 0, with at most `limit` events and `max_bytes` bytes each.
 async fn pages_of(s: &impl Store, thread: &str, limit: usize, max_bytes: usize) -> Vec<Vec<Event>> {
     let mut pages = Vec::new();
@@ -2492,6 +2715,8 @@ conformance!(
     recent_threads_are_listed_newest_first_a_page_at_a_time,
     an_execution_is_a_thread_whose_first_event_starts_a_run,
     forks_are_listed_oldest_first,
+    executions_are_claimed_oldest_first_held_by_one_server_and_adopted_when_a_lease_runs_out,
+    claims_racing_from_two_processes_hold_each_run_once_and_the_tenant_limit,
     ],
     before_api_keys: [api_key_migration_applies_to_an_older_database],
 );

@@ -57,6 +57,10 @@ pub(super) const MIGRATIONS: &[(u32, &str)] = &[
         12,
         include_str!("../../migrations/postgres/0012_recent_threads.sql"),
     ),
+    (
+        13,
+        include_str!("../../migrations/postgres/0013_execution_queue.sql"),
+    ),
 ];
 
 impl PgStore {

@@ -57,6 +57,10 @@ pub(super) const MIGRATIONS: &[(u32, &str)] = &[
         13,
         include_str!("../../migrations/sqlite/0013_recent_threads.sql"),
     ),
+    (
+        14,
+        include_str!("../../migrations/sqlite/0014_execution_queue.sql"),
+    ),
 ];
 
 /// Creates the database file at `path`, when it does not exist, readable and writable by

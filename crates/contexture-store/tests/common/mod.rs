@@ -7,7 +7,8 @@ use std::future::Future;
 
 use contexture_store::testing::{self, TempDir};
 use contexture_store::{
-    AnyStore, ApiKeyStore, PgStore, SqliteStore, Store, StoreError, TurnQueueStore,
+    AnyStore, ApiKeyStore, ExecutionQueueStore, PgStore, SqliteStore, Store, StoreError,
+    TurnQueueStore,
 };
 
 pub use contexture_store::testing::pg_url;
@@ -15,7 +16,13 @@ pub use contexture_store::testing::pg_url;
 /// A store under test that can be opened again.
 pub trait Harness: Send + Sync {
     /// The store type.
-    type S: Store + ApiKeyStore + TurnQueueStore + Clone + std::fmt::Debug + 'static;
+    type S: Store
+        + ApiKeyStore
+        + TurnQueueStore
+        + ExecutionQueueStore
+        + Clone
+        + std::fmt::Debug
+        + 'static;
     /// The last schema version before the API keys' migration (what an older build left).
     const BEFORE_API_KEYS: u32;
     /// The store.

@@ -1,0 +1,200 @@
+//! The queue of workflow executions, kept in the store so that every server sharing it
+//! sees one queue: a run is enqueued ([`ExecutionQueueStore::enqueue_execution`]), a server
+//! claims runs up to its capacity ([`ExecutionQueueStore::claim_executions`]) and holds
+//! each by a lease it renews ([`ExecutionQueueStore::renew_execution`]) until it finishes
+//! the run ([`ExecutionQueueStore::finish_execution`]). A server that stops renewing (it
+//! died, lost the database, hung) loses the run when its lease runs out, and the next claim
+//! adopts it. Leases are measured by the database's clock (SQLite's: one process), so the
+//! servers need not agree on the time. Both stores implement it (SQLite migration 0014,
+//! PostgreSQL migration 0013).
+//!
+//! Guarantees, the same for both stores and checked by the conformance suite:
+//! - a run is held by at most one server at a time: claims are exclusive;
+//! - every claim gives the run a new epoch: a renewal or a finish by an earlier holder
+//!   does nothing, so a server that lost its lease can tell;
+//! - a lease that ran out cannot be renewed, only claimed again;
+//! - a tenant never holds more than the claim's tenant limit of live leases;
+//! - queued runs are claimed oldest first, lapsed ones adopted with them;
+//! - a finished run is never claimed again.
+
+use std::future::Future;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::StoreError;
+
+/// Where a run stands in the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QueueState {
+    /// Waiting for a server.
+    Queued,
+    /// Held by a server (its lease may have run out: see [`QueuedExecution::lease_live`]).
+    Running,
+    /// Ended.
+    Finished,
+}
+
+impl QueueState {
+    fn from_column(text: &str) -> Result<QueueState, StoreError> {
+        match text {
+            "queued" => Ok(QueueState::Queued),
+            "running" => Ok(QueueState::Running),
+            "finished" => Ok(QueueState::Finished),
+            other => Err(StoreError::Corrupt {
+                thread: String::new(),
+                seq: 0,
+                detail: format!("unknown execution queue state `{other}`"),
+            }),
+        }
+    }
+}
+
+/// A run as the queue holds it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct QueuedExecution {
+    /// The run's id (its log's thread id).
+    pub id: String,
+    /// The tenant it counts against.
+    pub tenant: String,
+    /// Where it stands.
+    pub state: QueueState,
+    /// The server holding it (or that last held it).
+    pub owner: Option<String>,
+    /// How many claims it has had: more than one means it was adopted.
+    pub attempts: u32,
+    /// The current holder's epoch.
+    pub epoch: i64,
+    /// What the server that claims it needs to run it.
+    pub request: Value,
+    /// When it was enqueued (milliseconds since the Unix epoch, the database's clock).
+    pub enqueued_at_ms: i64,
+    /// When it was first claimed.
+    pub started_at_ms: Option<i64>,
+    /// Until when its holder's lease lasts.
+    pub lease_until_ms: Option<i64>,
+    /// Whether that lease was still live when it was read.
+    pub lease_live: bool,
+    /// When it finished.
+    pub finished_at_ms: Option<i64>,
+    /// How it ended.
+    pub outcome: Option<String>,
+}
+
+/// A run a server claimed: it runs it (resuming it from its log when it was adopted) while
+/// it renews its lease with `epoch`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecutionClaim {
+    /// The run's id.
+    pub id: String,
+    /// The tenant it counts against.
+    pub tenant: String,
+    /// The claim's epoch, for renewing and finishing.
+    pub epoch: i64,
+    /// True when another server held it before (its lease ran out): it resumes from its log.
+    pub adopted: bool,
+    /// What it needs to run.
+    pub request: Value,
+}
+
+/// Storage of the queue of executions (see the module documentation).
+pub trait ExecutionQueueStore: Send + Sync {
+    /// Enqueues the run `id` of `tenant` with what it needs to run; a run of that id
+    /// enqueued before is [`StoreError::AlreadyExists`].
+    fn enqueue_execution(
+        &self,
+        id: &str,
+        tenant: &str,
+        request: &Value,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Claims for server `node` up to `most` runs, oldest first: queued ones, and running
+    /// ones whose lease ran out (adopted); none of a tenant that already holds
+    /// `tenant_limit` live leases. Each gets a lease of `lease` and a new epoch.
+    fn claim_executions(
+        &self,
+        node: &str,
+        most: usize,
+        tenant_limit: usize,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Vec<ExecutionClaim>, StoreError>> + Send;
+
+    /// Renews `node`'s lease of run `id` for `lease` from now. False when it no longer
+    /// holds it: the lease ran out (it may have been claimed again), or the run finished.
+    fn renew_execution(
+        &self,
+        id: &str,
+        node: &str,
+        epoch: i64,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Marks run `id` finished with `outcome`, when `node` still holds it with `epoch`
+    /// (false otherwise: another server holds it now).
+    fn finish_execution(
+        &self,
+        id: &str,
+        node: &str,
+        epoch: i64,
+        outcome: &str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// The run `id` as the queue holds it, if it was ever enqueued.
+    fn queued_execution(
+        &self,
+        id: &str,
+    ) -> impl Future<Output = Result<Option<QueuedExecution>, StoreError>> + Send;
+}
+
+/// The row columns a [`QueuedExecution`] is read from, in this order.
+pub(crate) const QUEUED_COLUMNS: &str = "id, tenant, state, owner, attempts, epoch, request, \
+     enqueued_at, started_at, lease_until, finished_at, outcome";
+
+/// The fields of a row read with [`QUEUED_COLUMNS`], before the request is parsed.
+pub(crate) struct QueuedRow {
+    pub id: String,
+    pub tenant: String,
+    pub state: String,
+    pub owner: Option<String>,
+    pub attempts: i64,
+    pub epoch: i64,
+    pub request: String,
+    pub enqueued_at: i64,
+    pub started_at: Option<i64>,
+    pub lease_until: Option<i64>,
+    pub finished_at: Option<i64>,
+    pub outcome: Option<String>,
+}
+
+impl QueuedRow {
+    /// The run, its lease judged at `now` (the database's clock).
+    pub fn into_execution(self, now: i64) -> Result<QueuedExecution, StoreError> {
+        let state = QueueState::from_column(&self.state)?;
+        Ok(QueuedExecution {
+            request: request_of(&self.id, &self.request)?,
+            lease_live: state == QueueState::Running
+                && self.lease_until.is_some_and(|until| until >= now),
+            id: self.id,
+            tenant: self.tenant,
+            state,
+            owner: self.owner,
+            attempts: u32::try_from(self.attempts).unwrap_or(u32::MAX),
+            epoch: self.epoch,
+            enqueued_at_ms: self.enqueued_at,
+            started_at_ms: self.started_at,
+            lease_until_ms: self.lease_until,
+            finished_at_ms: self.finished_at,
+            outcome: self.outcome,
+        })
+    }
+}
+
+/// A stored request read back.
+pub(crate) fn request_of(id: &str, text: &str) -> Result<Value, StoreError> {
+    serde_json::from_str(text).map_err(|error| StoreError::Corrupt {
+        thread: id.to_owned(),
+        seq: 0,
+        detail: format!("the queued run's request is not JSON: {error}"),
+    })
+}
