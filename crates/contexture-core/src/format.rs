@@ -202,6 +202,33 @@ impl FormatError {
     }
 }
 
+/// The format a client takes items off a conversation in, one at a time (a session that
+/// rewinds a turn).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ItemFormat {
+    /// Chat completions: an item is a message.
+    #[default]
+    Openai,
+    /// The Responses API: an item is one of a turn's items (its reasoning, its text, each
+    /// function call).
+    Responses,
+}
+
+impl ItemFormat {
+    /// `message` split into what stays of it and its last item in this format (`None` for a
+    /// message of no item): in the chat format the message is one item and nothing stays.
+    pub fn split_last_item(
+        self,
+        message: &Message,
+    ) -> Result<(Vec<Message>, Option<Value>), FormatError> {
+        match self {
+            ItemFormat::Openai => Ok((Vec::new(), Some(openai::to_value(message)))),
+            ItemFormat::Responses => responses::split_last_item(message),
+        }
+    }
+}
+
 /// The JSON type of `value`, with an article ("a string", "an object"), for error messages.
 pub fn json_type(value: &Value) -> &'static str {
     match value {

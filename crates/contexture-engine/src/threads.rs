@@ -5,6 +5,7 @@
 
 use contexture_core::Message;
 use contexture_core::compact::{RestoreError, restore_before};
+use contexture_core::format::{FormatError, ItemFormat};
 use contexture_core::thread::search::{SearchHit, SearchQuery};
 use contexture_core::thread::{
     ContextReplace, EventKind, MergeError, MergeSpec, PolicyChange, ReplaceReason, StoreChange,
@@ -74,6 +75,13 @@ pub enum ThreadOpError {
     /// A search's query holds nothing to look for.
     #[error("the query is empty: give the text to look for")]
     EmptyQuery,
+    /// The last message has no item in the format asked for.
+    #[error("the last message has no items to take: {source}")]
+    NoItem {
+        /// Why it cannot be written as items.
+        #[source]
+        source: FormatError,
+    },
     /// The thread policy given cannot be used.
     #[error("invalid thread policy: {field}: {problem}")]
     Policy {
@@ -168,6 +176,30 @@ pub async fn set_thread_policy<S: Store>(
     }
     let event = NewEvent::new(EventKind::PolicySet(PolicyChange { policy }));
     Ok(store.append_one(id, event).await?)
+}
+
+/// [`set_thread_policy`], or, for a thread that is not there yet, [`create_thread`] with
+/// the policy (a thread made meanwhile by another writer gets the policy set on it).
+pub async fn set_thread_policy_starting<S: Store>(
+    store: &S,
+    id: &str,
+    policy: Option<ThreadPolicy>,
+) -> Result<u64, ThreadOpError> {
+    match set_thread_policy(store, id, policy.clone()).await {
+        Err(ThreadOpError::Store(StoreError::NotFound { .. })) => {
+            let new = NewThread {
+                policy: policy.clone(),
+                ..NewThread::default()
+            };
+            match create_thread(store, id, new).await {
+                Err(ThreadOpError::Store(StoreError::AlreadyExists { .. })) => {
+                    set_thread_policy(store, id, policy).await
+                }
+                made => made,
+            }
+        }
+        done => done,
+    }
 }
 
 /// Messages appended to a thread by [`append_messages`].
@@ -410,22 +442,42 @@ pub async fn restore_thread<S: Store>(
         .await?)
 }
 
-/// Rewrites the last message of thread `id`'s active conversation into what `rewrite`
-/// returns for it (nothing: it is removed), as one replace event based on the thread's last
-/// seq, so messages appended meanwhile stay after it; the log keeps the message as it was.
-/// Returns the message rewritten, or `None` (and writes nothing) when the conversation is
-/// empty. A thread that does not exist is [`StoreError::NotFound`].
-pub async fn rewrite_last_message<S: Store>(
+/// Takes the newest item off thread `id`'s active conversation in `format` and returns it
+/// (the last message, or the last item of the last turn, whose other items stay), as one
+/// replace event based on the thread's last seq, so messages appended meanwhile stay after
+/// it; the log keeps the item. `None` (and nothing written) when the conversation is empty.
+/// A thread that does not exist is [`StoreError::NotFound`]; a last message with no item in
+/// `format` is [`ThreadOpError::NoItem`], with nothing written.
+pub async fn pop_item<S: Store>(
     store: &S,
     id: &str,
-    rewrite: impl FnOnce(&Message) -> Vec<Message>,
-) -> Result<Option<Message>, ThreadOpError> {
+    format: ItemFormat,
+) -> Result<Option<Value>, ThreadOpError> {
+    let popped = rewrite_last_message(store, id, |last| {
+        format
+            .split_last_item(last)
+            .map_err(|source| ThreadOpError::NoItem { source })
+    })
+    .await?;
+    Ok(popped.flatten())
+}
+
+/// Rewrites the last message of thread `id`'s active conversation into the messages
+/// `rewrite` returns for it (with what else it returns), as one replace event based on the
+/// thread's last seq. `None`, and nothing written, when the conversation is empty or
+/// `rewrite` fails.
+async fn rewrite_last_message<S: Store, T>(
+    store: &S,
+    id: &str,
+    rewrite: impl FnOnce(&Message) -> Result<(Vec<Message>, T), ThreadOpError>,
+) -> Result<Option<T>, ThreadOpError> {
     let thread = store.load(id).await?;
     let mut messages = thread.projection().messages;
     let Some(last) = messages.pop() else {
         return Ok(None);
     };
-    messages.extend(rewrite(&last));
+    let (rest, taken) = rewrite(&last)?;
+    messages.extend(rest);
     let based_on = thread.last_seq();
     let replace = ContextReplace::new(
         format!("rewrite-last:{based_on}"),
@@ -437,7 +489,7 @@ pub async fn rewrite_last_message<S: Store>(
     store
         .append_one(id, NewEvent::new(EventKind::ContextReplaced(replace)))
         .await?;
-    Ok(Some(last))
+    Ok(Some(taken))
 }
 
 /// Empties thread `id`'s active conversation as one replace event (its system prompt and

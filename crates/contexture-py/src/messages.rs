@@ -185,24 +185,6 @@ pub fn write<'py>(
     }
 }
 
-/// `message` split into what stays and its last item in `format`: a Responses turn is
-/// several items, and the item is the last of them; in the OpenAI format the message is
-/// one item and nothing stays.
-pub fn split_last_item(message: &Message, format: Format) -> PyResult<(Vec<Message>, Value)> {
-    match format {
-        Format::OpenAi => Ok((Vec::new(), openai::to_value(message))),
-        Format::Responses => {
-            let (rest, item) = responses::split_last_item(message)
-                .map_err(|problem| from_error(Kind::Input, &problem))?;
-            Ok((rest, item.unwrap_or(Value::Null)))
-        }
-        Format::Anthropic => Err(error(
-            Kind::Input,
-            "format: items are popped in the openai or responses format",
-        )),
-    }
-}
-
 /// Refuses `counts` that do not give one count per message.
 pub fn check_counts(counts: &[u32], messages: usize) -> PyResult<()> {
     if counts.len() == messages {

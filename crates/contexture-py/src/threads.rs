@@ -10,6 +10,7 @@ use std::future::Future;
 use std::sync::{Arc, OnceLock};
 
 use contexture_core::compact::{CompactionOutcome, CompactionPolicy};
+use contexture_core::format::ItemFormat;
 use contexture_core::thread::{ConflictPolicy, MergeKeys, MergePolicy, MergeSpec, ThreadPolicy};
 use contexture_engine::compaction::{CompactOptions, Compactor, compact_stored};
 use contexture_engine::estimates::Learner;
@@ -18,10 +19,10 @@ use contexture_engine::fitting::{
     FitOverrides, FitSettings, MessageView, ModelChoice, fit_thread_reporting, thread_messages,
 };
 use contexture_engine::threads::{
-    NewThread, ThreadOpError, append_messages, clear_thread, create_thread, fork_thread,
-    merge_thread, rewrite_last_message, set_thread_policy,
+    ThreadOpError, append_messages, clear_thread, fork_thread, merge_thread, pop_item,
+    set_thread_policy_starting,
 };
-use contexture_store::{AnyStore, Store as _, StoreError};
+use contexture_store::{AnyStore, Store as _};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use serde::de::DeserializeOwned;
@@ -395,37 +396,21 @@ impl Thread {
     /// replace event: the log keeps the item.
     #[pyo3(signature = (*, format="responses"))]
     fn pop_item<'py>(&self, py: Python<'py>, format: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
-        let format = Format::parse(format)?;
-        if format == Format::Anthropic {
-            return Err(error(
-                Kind::Input,
-                "format: items are popped in the openai or responses format",
-            ));
-        }
+        let format = match Format::parse(format)? {
+            Format::OpenAi => ItemFormat::Openai,
+            Format::Responses => ItemFormat::Responses,
+            Format::Anthropic => {
+                return Err(error(
+                    Kind::Input,
+                    "format: items are popped in the openai or responses format",
+                ));
+            }
+        };
         let store = self.store.clone();
         let id = self.id.clone();
-        let mut popped: Option<PyResult<Value>> = None;
-        let slot = &mut popped;
-        block_on(py, async move {
-            rewrite_last_message(&*store, &id, |last| {
-                match messages::split_last_item(last, format) {
-                    Ok((rest, item)) => {
-                        *slot = Some(Ok(item));
-                        rest
-                    }
-                    Err(problem) => {
-                        *slot = Some(Err(problem));
-                        vec![last.clone()]
-                    }
-                }
-            })
-            .await
-        })?
-        .map_err(|problem| store_error(&problem))?;
-        match popped {
-            None => Ok(None),
-            Some(item) => Ok(Some(to_python(py, &item?)?)),
-        }
+        let popped =
+            block_on(py, async move { pop_item(&*store, &id, format).await })?.map_err(op_error)?;
+        popped.map(|item| to_python(py, &item)).transpose()
     }
 
     /// Empties the conversation (its system prompt and pinned messages stay) as one
@@ -453,32 +438,22 @@ impl Thread {
         let store = self.store.clone();
         let id = self.id.clone();
         block_on(py, async move {
-            match set_thread_policy(&*store, &id, policy.clone()).await {
-                // A thread that is not there yet starts with the policy.
-                Err(ThreadOpError::Store(StoreError::NotFound { .. })) => {
-                    let new = NewThread {
-                        policy,
-                        ..NewThread::default()
-                    };
-                    match create_thread(&*store, &id, new.clone()).await {
-                        // Another writer made it meanwhile.
-                        Err(ThreadOpError::Store(StoreError::AlreadyExists { .. })) => {
-                            set_thread_policy(&*store, &id, new.policy).await
-                        }
-                        made => made,
-                    }
-                }
-                done => done,
-            }
+            set_thread_policy_starting(&*store, &id, policy).await
         })?
-        .map_err(|problem| match problem {
-            ThreadOpError::Store(store) => store_error(&store),
-            other => from_error(Kind::Input, &other),
-        })
+        .map_err(op_error)
     }
 
     fn __repr__(&self) -> String {
         format!("Thread({:?})", self.id)
+    }
+}
+
+/// A thread operation's error: the store's as a `StoreError`, what was asked as an
+/// `InputError`.
+fn op_error(problem: ThreadOpError) -> PyErr {
+    match problem {
+        ThreadOpError::Store(store) => store_error(&store),
+        other => from_error(Kind::Input, &other),
     }
 }
 

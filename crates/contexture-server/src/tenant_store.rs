@@ -5,12 +5,13 @@
 
 use axum::http::StatusCode;
 use contexture_core::Message;
+use contexture_core::format::ItemFormat;
 use contexture_core::thread::search::SearchHit;
 use contexture_core::thread::{MergeError, MergeSpec, ThreadPolicy};
 use contexture_core::tokens::Encoding;
 use contexture_engine::threads::{
     Appended, Forked, NewThread, Switched, ThreadOpError, append_messages, clear_thread,
-    create_thread, fork_thread, merge_thread, restore_thread, rewrite_last_message, search_thread,
+    create_thread, fork_thread, merge_thread, pop_item, restore_thread, search_thread,
     set_thread_policy, switch_context,
 };
 use contexture_store::{
@@ -140,6 +141,12 @@ impl<S: StoreView> TenantStore<'_, S> {
                 format!("policy.{field}"),
                 format!("policy.{field}: {problem}"),
             ),
+            error @ ThreadOpError::NoItem { .. } => ApiError {
+                status: StatusCode::UNPROCESSABLE_ENTITY,
+                code: "unprocessable",
+                message: error.to_string(),
+                param: None,
+            },
             error @ ThreadOpError::Restore { .. } => ApiError {
                 status: StatusCode::UNPROCESSABLE_ENTITY,
                 code: "unprocessable",
@@ -460,30 +467,16 @@ impl<S: StoreView> TenantStore<'_, S> {
             .map_err(|error| self.op_error(error))
     }
 
-    /// Takes the newest item off the tenant's thread `id` as one replace event and returns
-    /// it: in `format`, the last message (`openai`) or the last item of the last turn
-    /// (`responses`, whose turn keeps its other items); `None` when the conversation is
-    /// empty.
+    /// Takes the newest item off the tenant's thread `id` in `format` (see [`pop_item`]) and
+    /// returns it; `None` when the conversation is empty.
     pub(crate) async fn pop(
         &self,
         id: &str,
         format: ItemFormat,
     ) -> ApiResult<Option<serde_json::Value>> {
-        let mut popped: Option<Result<serde_json::Value, ApiError>> = None;
-        let slot = &mut popped;
-        rewrite_last_message(&self.store, id, |last| match format.split(last) {
-            Ok((rest, item)) => {
-                *slot = Some(Ok(item));
-                rest
-            }
-            Err(problem) => {
-                *slot = Some(Err(problem));
-                vec![last.clone()]
-            }
-        })
-        .await
-        .map_err(|error| self.op_error(error))?;
-        popped.transpose()
+        pop_item(&self.store, id, format)
+            .await
+            .map_err(|error| self.op_error(error))
     }
 
     /// Puts back what the replace event `before` of the tenant's thread `id` covered; the
@@ -492,38 +485,5 @@ impl<S: StoreView> TenantStore<'_, S> {
         restore_thread(&self.store, id, before)
             .await
             .map_err(|error| self.op_error(error))
-    }
-}
-
-/// The format an item is taken off a thread in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum ItemFormat {
-    /// Chat completions: an item is a message.
-    #[default]
-    Openai,
-    /// The Responses API: an item is one of a turn's items.
-    Responses,
-}
-
-impl ItemFormat {
-    /// `message` split into what stays of it and its last item.
-    fn split(self, message: &Message) -> ApiResult<(Vec<Message>, serde_json::Value)> {
-        match self {
-            ItemFormat::Openai => Ok((
-                Vec::new(),
-                contexture_core::format::openai::to_value(message),
-            )),
-            ItemFormat::Responses => {
-                let (rest, item) = contexture_core::format::responses::split_last_item(message)
-                    .map_err(|problem| ApiError {
-                        status: StatusCode::UNPROCESSABLE_ENTITY,
-                        code: "unprocessable",
-                        message: format!("the last message has no items to take: {problem}"),
-                        param: None,
-                    })?;
-                Ok((rest, item.unwrap_or(serde_json::Value::Null)))
-            }
-        }
     }
 }

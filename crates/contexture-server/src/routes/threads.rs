@@ -9,6 +9,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use contexture_core::budget::BudgetBreakdown;
 use contexture_core::compact::CompactionReport;
+use contexture_core::format::ItemFormat;
 use contexture_core::format::openai;
 use contexture_core::thread::{
     ConflictPolicy, FitRecord, MergeKeys, MergePolicy, MergeSpec, ThreadPolicy,
@@ -28,7 +29,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::fit_settings;
 use crate::routes::fresh_id;
 use crate::tenancy::{Actor, check_id};
-use crate::tenant_store::{ItemFormat, StoreView, TenantStore};
+use crate::tenant_store::{StoreView, TenantStore};
 use contexture_engine::fitting::{
     MessageView, ThreadFitError, ThreadReadError, fit_thread_on, thread_messages,
 };
