@@ -9,6 +9,7 @@ mod inspector_browser;
 mod mcp_door;
 mod real_model;
 mod run_cli;
+mod scale_out;
 mod serve_agents_sdk;
 mod serve_anthropic_sdk;
 mod serve_anthropic_tool_loop;

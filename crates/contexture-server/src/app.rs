@@ -32,6 +32,7 @@ use crate::active_runs::ActiveRuns;
 use crate::auth::{KeyCache, RateLimiter, authenticate};
 use crate::body::BodyTimeout;
 use crate::config::{ServerConfig, UpstreamKind};
+use crate::execution_worker::ExecutionWorker;
 use crate::metrics::{Metrics, track};
 use crate::routes::{
     chat, conversations, executions, messages, ops, responses, responses_compact, threads,
@@ -127,6 +128,8 @@ pub struct Shared {
     pub running: Arc<TenantSlots>,
     /// The executions running on this server, whose logs the thread routes do not write.
     pub active_runs: Arc<ActiveRuns>,
+    /// This server's share of the execution queue.
+    pub worker: ExecutionWorker,
     /// Each tenant's open event streams.
     pub streams: Arc<TenantSlots>,
     /// The queues of chat turns on each thread: one turn of a thread at a time.
@@ -323,6 +326,7 @@ impl AppState {
                 "executions.max_running",
             ),
             active_runs: Arc::new(ActiveRuns::default()),
+            worker: ExecutionWorker::default(),
             turns,
             cpu,
             streams: TenantSlots::new(
@@ -517,6 +521,8 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let grace = Duration::from_secs(state.config.shutdown_grace_secs);
     let pruner = prune_in_background(&state);
+    // Queued runs, and runs whose server died, are taken from the start.
+    state.worker.start(&state);
     let header_timeout = Duration::from_secs_f64(state.config.limits.header_read_timeout_secs);
     let in_flight = state.in_flight.clone();
     let app = router(state);

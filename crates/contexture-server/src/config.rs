@@ -247,9 +247,19 @@ pub struct ExecutionsConfig {
     /// The most seconds one execution may run before it is cancelled (a workflow may set
     /// fewer; default 600).
     pub max_seconds: f64,
-    /// Executions one tenant may have running at once on this server (default 8); past it,
-    /// a 429.
+    /// Executions one tenant may have running at once, across every server on the
+    /// database (default 8); past it, its new runs wait in the queue.
     pub max_running: usize,
+    /// Executions this server runs at once, of every tenant (default 32); past it, runs
+    /// wait in the queue for this server or another.
+    pub node_capacity: usize,
+    /// How long a server's hold on a run lasts without a renewal, in seconds (default 30;
+    /// renewed every third of it). When a server dies or loses the database, another takes
+    /// its runs over this long after its last renewal.
+    pub lease_secs: f64,
+    /// How often a server looks for queued runs and runs whose server died, in seconds
+    /// (default 1; a run started on this server is taken at once).
+    pub claim_interval_secs: f64,
     /// The program (and its arguments) that renders the templates and expressions of a
     /// workflow a client sent, in worker processes whose memory and time are bounded.
     /// `contexture serve` uses its own `template-worker` command unless this names another;
@@ -273,6 +283,9 @@ impl Default for ExecutionsConfig {
             max_tokens: 1_000_000,
             max_seconds: 600.0,
             max_running: 8,
+            node_capacity: 32,
+            lease_secs: 30.0,
+            claim_interval_secs: 1.0,
             template_worker: None,
             template_memory_mib: 1024,
             template_seconds: 5.0,
@@ -282,6 +295,16 @@ impl Default for ExecutionsConfig {
 }
 
 impl ExecutionsConfig {
+    /// How long a server's hold on a run lasts without a renewal.
+    pub fn lease(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.lease_secs)
+    }
+
+    /// How often a server looks for runs to take.
+    pub fn claim_interval(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.claim_interval_secs)
+    }
+
     /// The workers that render a client's templates, when a worker program is configured.
     pub fn render_workers(&self) -> Option<RenderWorkers> {
         let (program, args) = self.template_worker.as_ref()?.split_first()?;
@@ -727,6 +750,31 @@ impl ServerConfig {
         }
         if self.executions.max_running == 0 {
             return invalid("executions.max_running", "must be at least 1".into());
+        }
+        if self.executions.node_capacity == 0 {
+            return invalid("executions.node_capacity", "must be at least 1".into());
+        }
+        if !(self.executions.lease_secs.is_finite()
+            && (0.3..=86_400.0).contains(&self.executions.lease_secs))
+        {
+            return invalid(
+                "executions.lease_secs",
+                format!(
+                    "must be from 0.3 to 86400, not {}",
+                    self.executions.lease_secs
+                ),
+            );
+        }
+        if !(self.executions.claim_interval_secs.is_finite()
+            && (0.01..=3600.0).contains(&self.executions.claim_interval_secs))
+        {
+            return invalid(
+                "executions.claim_interval_secs",
+                format!(
+                    "must be from 0.01 to 3600, not {}",
+                    self.executions.claim_interval_secs
+                ),
+            );
         }
         if self.limits.max_thread_events == 0 {
             return invalid("limits.max_thread_events", "must be at least 1".into());

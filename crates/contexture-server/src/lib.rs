@@ -18,6 +18,7 @@ mod auth;
 mod body;
 mod config;
 mod error;
+mod execution_worker;
 mod fit_settings;
 mod json_shape;
 pub mod mcp;

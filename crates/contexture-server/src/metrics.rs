@@ -55,6 +55,9 @@ pub struct Metrics {
     store_errors: Counter,
     records_pruned: Counter,
     bytes_pruned: Counter,
+    executions_taken: Family<OutcomeLabels, Counter>,
+    executions_finished: Family<OutcomeLabels, Counter>,
+    execution_leases_lost: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -115,8 +118,29 @@ impl Default for Metrics {
             "Bytes of request records the retention policies freed",
             bytes_pruned.clone(),
         );
+        let executions_taken = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "executions_taken",
+            "Runs this server took from the execution queue, by how (queued: waiting; adopted: their server stopped renewing its lease)",
+            executions_taken.clone(),
+        );
+        let executions_finished = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "executions_finished",
+            "Runs this server finished in the execution queue, by outcome (completed, failed, cancelled)",
+            executions_finished.clone(),
+        );
+        let execution_leases_lost = Counter::default();
+        registry.register(
+            "execution_leases_lost",
+            "Runs this server stopped because it could not renew their lease in time",
+            execution_leases_lost.clone(),
+        );
         Metrics {
             registry,
+            executions_taken,
+            executions_finished,
+            execution_leases_lost,
             requests,
             latency,
             tokens_counted,
@@ -176,6 +200,30 @@ impl Metrics {
     pub fn count_pruned(&self, records: u64, bytes: u64) {
         self.records_pruned.inc_by(records);
         self.bytes_pruned.inc_by(bytes);
+    }
+
+    /// Counts a run taken from the execution queue: `adopted` when its server had stopped
+    /// renewing its lease.
+    pub fn count_taken_execution(&self, adopted: bool) {
+        self.executions_taken
+            .get_or_create(&OutcomeLabels {
+                outcome: if adopted { "adopted" } else { "queued" }.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts a run finished in the execution queue, by outcome.
+    pub fn count_finished_execution(&self, outcome: &str) {
+        self.executions_finished
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts a run stopped because its lease could not be renewed in time.
+    pub fn count_lost_lease(&self) {
+        self.execution_leases_lost.inc();
     }
 
     /// Counts a compaction that ended in an error before it could report (as `failed`).

@@ -691,7 +691,7 @@ async fn an_event_stream_resumed_at_or_past_the_end_of_a_finished_run_ends_at_on
 }
 
 #[tokio::test]
-async fn a_tenant_holds_at_most_its_share_of_running_executions_and_event_streams() {
+async fn a_tenant_runs_at_most_its_share_of_executions_and_holds_its_share_of_event_streams() {
     let dir = TempDir::new("contexture-hostile");
     let upstream = FakeUpstream::start().await;
     let base = upstream.base_url();
@@ -721,16 +721,42 @@ async fn a_tenant_holds_at_most_its_share_of_running_executions_and_event_stream
             )
         }
     };
-    assert_eq!(start(acme.clone(), "run-1").await.0, StatusCode::ACCEPTED);
-    let (status, error) = start(acme.clone(), "run-2").await;
-    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{error}");
-    let message = error["error"]["message"].as_str().unwrap();
-    assert!(
-        message.contains("1 running executions") && message.contains("`executions.max_running`"),
-        "{message}"
-    );
+    let status_of = |key: String, id: &'static str| {
+        let server_url = server.url(&format!("/v1/executions/{id}"));
+        async move {
+            client()
+                .get(server_url)
+                .bearer_auth(key)
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    };
+    let (status, started) = start(acme.clone(), "run-1").await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{started}");
+    assert_eq!(started["status"], "queued");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while status_of(acme.clone(), "run-1").await["status"] != "running" {
+        assert!(Instant::now() < deadline, "run-1 was never taken");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Past the tenant's limit a run waits in the queue: accepted, not run.
+    let (status, queued) = start(acme.clone(), "run-2").await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{queued}");
     // Another tenant is not held back.
     assert_eq!(start(globex.clone(), "run-1").await.0, StatusCode::ACCEPTED);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while status_of(globex.clone(), "run-1").await["status"] != "running" {
+        assert!(Instant::now() < deadline, "globex's run was never taken");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let waiting = status_of(acme.clone(), "run-2").await;
+    assert_eq!(waiting["status"], "queued", "{waiting}");
+    assert_eq!(waiting["queue"]["state"], "queued", "{waiting}");
+    assert_eq!(waiting["steps"], json!([]), "{waiting}");
 
     // One open stream per tenant; a closed one gives its slot back.
     let events = |key: &str| {
@@ -757,7 +783,7 @@ async fn a_tenant_holds_at_most_its_share_of_running_executions_and_event_stream
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    // A cancelled run gives its slot back.
+    // A cancelled run gives its place back: the queued run is taken.
     let cancel = client()
         .post(server.url("/v1/executions/run-1/cancel"))
         .bearer_auth(&acme)
@@ -767,17 +793,20 @@ async fn a_tenant_holds_at_most_its_share_of_running_executions_and_event_stream
     assert_eq!(cancel.status(), StatusCode::OK);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let (status, _) = start(acme.clone(), "run-3").await;
-        if status == StatusCode::ACCEPTED {
+        let waiting = status_of(acme.clone(), "run-2").await;
+        if waiting["queue"]["state"] != "queued" {
+            assert_eq!(waiting["queue"]["attempts"], 1, "{waiting}");
             break;
         }
-        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
         assert!(
             Instant::now() < deadline,
-            "the cancelled run's slot never came back"
+            "the cancelled run's place never came back: {waiting}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let cancelled = status_of(acme.clone(), "run-1").await;
+    assert_eq!(cancelled["queue"]["state"], "finished", "{cancelled}");
+    assert_eq!(cancelled["queue"]["outcome"], "cancelled", "{cancelled}");
     server.shutdown().await;
 }
 

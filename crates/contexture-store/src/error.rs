@@ -158,6 +158,16 @@ pub enum StoreError {
     /// the write was not done.
     #[error("the SQLite writer thread has stopped; the write was not done")]
     WriterStopped,
+    /// A run's writes were refused because the server running it no longer holds its lease
+    /// in the execution queue: another server may have adopted the run, and two writers of
+    /// one log would fork its history.
+    #[error(
+        "the lease of execution `{execution}` ran out or was lost: another server may be running it now, so nothing more of it is written here"
+    )]
+    LeaseLost {
+        /// The execution (its id in the whole store).
+        execution: String,
+    },
     /// A blocking database task panicked or was cancelled.
     #[error("database task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
@@ -189,6 +199,7 @@ impl StoreError {
             | StoreError::CreateFile { .. }
             | StoreError::WritePanicked { .. }
             | StoreError::WriterStopped
+            | StoreError::LeaseLost { .. }
             | StoreError::Task(_) => Vec::new(),
         }
     }

@@ -33,6 +33,7 @@ mod calibration;
 mod error;
 mod execution_queue;
 mod forks;
+mod leased;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod record;
@@ -58,6 +59,7 @@ use contexture_core::tokens::Encoding;
 pub use api_keys::{ApiKeyRecord, ApiKeyStore};
 pub use error::{DriverError, StoreError};
 pub use execution_queue::{ExecutionClaim, ExecutionQueueStore, QueueState, QueuedExecution};
+pub use leased::{HeldLease, Leased};
 #[cfg(feature = "postgres")]
 pub use postgres::PgStore;
 pub use retention::{

@@ -136,6 +136,17 @@ impl Server {
         self.stderr()
     }
 
+    /// Kills the server at once (SIGKILL: nothing of it runs after, as when its machine
+    /// dies) and returns its whole stderr.
+    pub fn kill(&mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(reader) = self.stderr_reader.take() {
+            let _ = reader.join();
+        }
+        self.stderr()
+    }
+
     /// `GET path` with the key; the JSON body of a 200.
     pub fn get_json(&self, path: &str, key: &str) -> Value {
         let (head, body) = self.request("GET", path, key, None);

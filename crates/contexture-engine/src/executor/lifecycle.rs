@@ -44,6 +44,15 @@ impl<S: Store> Executor<S> {
         self.begin(request, None, RunLimits::default()).await
     }
 
+    /// Writes the start of a run to its log (its workflow, input, limits, and the history
+    /// of the conversation it continues) without running a step, and returns its id: a
+    /// queued run, which [`Executor::resume`] then runs from its first step wherever it is
+    /// taken up.
+    pub async fn open(&self, request: RunRequest) -> Result<String, ExecError> {
+        let run = self.open_run(request, None, RunLimits::default()).await?;
+        Ok(run.id)
+    }
+
     /// Starts a run, as a child of `parent` when given, its limits held under `within`
     /// (what the parent has left).
     pub(crate) async fn begin(
@@ -52,6 +61,17 @@ impl<S: Store> Executor<S> {
         parent: Option<String>,
         within: RunLimits,
     ) -> Result<RunOutcome, ExecError> {
+        let mut run = self.open_run(request, parent, within).await?;
+        self.drive_and_close(&mut run).await
+    }
+
+    /// Writes the start of a run to its log and gives the run, ready to drive.
+    async fn open_run(
+        &self,
+        request: RunRequest,
+        parent: Option<String>,
+        within: RunLimits,
+    ) -> Result<Run, ExecError> {
         let workflow = self.validate(&request)?;
         let hooks = self.hooks_of(&workflow, &request.workflow_file)?;
         let id = request
@@ -126,7 +146,7 @@ impl<S: Store> Executor<S> {
             mcp: Arc::default(),
         };
         self.absorb(&mut run, &seqs, events).await?;
-        self.drive_and_close(&mut run).await
+        Ok(run)
     }
 
     /// Continues a run from its log: finished steps are not run again; the step that was

@@ -89,9 +89,11 @@ class FittedContext:
 
 @dataclass(frozen=True)
 class Execution:
-    """An execution's state: ``status`` (``running`` until it ends in ``completed``,
-    ``failed``, ``cancelled`` or ``interrupted``), its ``output`` or ``error``, steps,
-    usage and cost."""
+    """An execution's state: ``status`` (``queued`` until a server takes it, ``running``
+    until it ends in ``completed``, ``failed``, ``cancelled`` or ``interrupted``), its
+    ``output`` or ``error``, steps, usage and cost, and ``queue``: where it stands in the
+    servers' queue (``state``, ``attempts``, ``adopted`` when a server took it over from
+    one that stopped, ``node``, ``outcome``)."""
 
     id: str
     status: str
@@ -104,6 +106,7 @@ class Execution:
     children: List[Any] = field(default_factory=list)
     parent_execution_id: Optional[str] = None
     usage_tree: Optional[Dict[str, Any]] = None
+    queue: Optional[Dict[str, Any]] = None
 
     @property
     def finished(self) -> bool:

@@ -396,10 +396,10 @@ async fn call_on<S: StoreView>(
                 conversation: args.conversation,
                 ..StartSpec::default()
             };
-            let id = start_execution(state, threads, actor, choice, spec)
+            let (id, status) = start_execution(state, threads, actor, choice, spec)
                 .await
                 .map_err(|error| refusal(error, &[]))?;
-            Ok(json!({ "execution": id, "status": "running" }))
+            Ok(json!({ "execution": id, "status": status }))
         }
         "execution_result" => {
             let args: ResultArgs = arguments(args)?;
@@ -421,7 +421,7 @@ async fn call_on<S: StoreView>(
                 let status = execution_status(state, threads, &args.execution)
                     .await
                     .map_err(|error| refusal(error, renames))?;
-                let running = status["status"] == "running";
+                let running = matches!(status["status"].as_str(), Some("running" | "queued"));
                 if !running || Instant::now() >= deadline {
                     return Ok(status);
                 }

@@ -12,13 +12,16 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use contexture_core::thread::{Event, EventKind};
+use contexture_core::thread::{RunEnd, RunStatus};
 use contexture_engine::conversation::ConversationKey;
 use contexture_engine::executor::{
-    CHILD_SEPARATOR, ExecError, RunRequest, user_context_from_value,
+    CHILD_SEPARATOR, ExecError, Executor, RunRequest, user_context_from_value,
 };
-use contexture_engine::report::{CallsKept, ReadReport, read_report, usage_tree_of};
+use contexture_engine::report::{
+    CallsKept, ExecutionStatus, ReadReport, read_report, usage_tree_of,
+};
 use contexture_engine::workflow::{Workflow, WorkflowOrigin};
-use contexture_store::{Store, StoreError};
+use contexture_store::{ExecutionQueueStore, NewEvent, QueueState, Store, StoreError};
 use futures_util::stream::{self, Stream};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -27,6 +30,7 @@ use crate::app::AppState;
 use crate::auth::Caller;
 use crate::body::{BodyBytes, JsonBody, QueryParams};
 use crate::error::{ApiError, ApiResult};
+use crate::execution_worker::QueuedRun;
 use crate::routes::fresh_id;
 use crate::tenancy::{Actor, Tenant, check_id};
 use crate::tenant_store::{StoreView, TenantStore};
@@ -188,23 +192,24 @@ pub async fn start(
     };
     let threads = state.tenant_store(&caller.tenant);
     let actor = Actor::Tenant(caller.tenant.clone());
-    let id = start_execution(&state, &threads, &actor, choice, spec).await?;
+    let (id, status) = start_execution(&state, &threads, &actor, choice, spec).await?;
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({"id": id, "status": "running"})),
+        Json(json!({"id": id, "status": status})),
     )
         .into_response())
 }
 
-/// Validates the workflow (and its sub-workflows), then starts the run in the background
-/// on `threads`' store, and answers its id once its log exists.
+/// Validates the workflow (and its sub-workflows), writes the start of the run's log on
+/// `threads`' store, and queues it (a tenant's) or starts it here (the operator's); answers
+/// its id and where it stands (`queued` or `running`) once its log exists.
 pub(crate) async fn start_execution<S: StoreView>(
     state: &AppState,
     threads: &TenantStore<'_, S>,
     actor: &Actor,
     choice: WorkflowChoice,
     spec: StartSpec,
-) -> ApiResult<String> {
+) -> ApiResult<(String, &'static str)> {
     // Checked before the workflow is read: a bad body is refused whatever it names.
     let user_context = spec
         .user_context
@@ -255,9 +260,6 @@ pub(crate) async fn start_execution<S: StoreView>(
         }
         None => None,
     };
-    let slot = state.running.take(actor.key())?;
-    let active = state.active_runs.enter(&global);
-    let global_id = global.clone();
     request.input = input;
     request.execution_id = Some(id.clone());
     request.llm = Some(state.config.llm.clone());
@@ -265,21 +267,98 @@ pub(crate) async fn start_execution<S: StoreView>(
     request.user_context = user_context;
     // The run sees the actor's threads only.
     let executor = threads.executor(&state.executor);
+    let status = match actor {
+        Actor::Tenant(tenant) => {
+            queue_run(state, &executor, tenant, request, &id, &global).await?;
+            "queued"
+        }
+        Actor::Operator => {
+            run_here(state, threads, actor, executor, request, &id, &global).await?;
+            "running"
+        }
+    };
+    Ok((id, status))
+}
+
+/// Writes the start of a tenant's run to its log and queues it: this server or another
+/// takes it from the queue within the tenant's limit of running executions.
+async fn queue_run<S: StoreView>(
+    state: &AppState,
+    executor: &Executor<S>,
+    tenant: &Tenant,
+    request: RunRequest,
+    id: &str,
+    global: &str,
+) -> ApiResult<()> {
+    let opened = executor.open(request).await.map_err(|error| match error {
+        ExecError::AlreadyExists { .. } => {
+            ApiError::conflict(format!("execution `{id}` already exists"))
+        }
+        ExecError::Store(error) => ApiError::store(&error),
+        other => ApiError::invalid("workflow", other.to_string()),
+    })?;
+    debug_assert_eq!(opened, id);
+    let queued = serde_json::to_value(QueuedRun {
+        execution: id.to_owned(),
+    })
+    .map_err(ApiError::internal)?;
+    if let Err(error) = state
+        .store
+        .enqueue_execution(global, tenant.name(), &queued)
+        .await
+    {
+        // Its log says it ended, so that it is not taken for a run that waits.
+        let ended = executor
+            .store()
+            .append(
+                id,
+                vec![NewEvent::new(EventKind::RunEnded(RunEnd {
+                    status: RunStatus::Failed,
+                    output: None,
+                    error: Some(format!("the run could not be queued: {error}")),
+                }))],
+            )
+            .await;
+        if let Err(also) = ended {
+            tracing::error!(execution = %global, %also, "a run that could not be queued cannot be marked failed");
+        }
+        return Err(ApiError::store(&error));
+    }
+    state.worker.start(state);
+    state.worker.wake();
+    Ok(())
+}
+
+/// Runs the operator's run in this process at once (the operator's own door, at a
+/// terminal, serves one user; its runs are not queued for servers on other hosts, whose
+/// files its workflows may not name).
+async fn run_here<S: StoreView>(
+    state: &AppState,
+    threads: &TenantStore<'_, S>,
+    actor: &Actor,
+    executor: Executor<S>,
+    request: RunRequest,
+    id: &str,
+    global: &str,
+) -> ApiResult<()> {
+    let slot = state.running.take(actor.key())?;
+    let active = state.active_runs.enter(global);
+    let name = global.to_owned();
     let run = tokio::spawn(async move {
         let _slot = slot;
         let _active = active;
         match executor.start(request).await {
-            Ok(_) => tracing::info!(execution = %global, "execution completed"),
+            Ok(_) => tracing::info!(execution = %name, "execution completed"),
             Err(ExecError::Cancelled { .. }) => {
-                tracing::info!(execution = %global, "execution cancelled")
+                tracing::info!(execution = %name, "execution cancelled")
             }
-            Err(error) => tracing::warn!(execution = %global, %error, "execution failed"),
+            Err(error) => tracing::warn!(execution = %name, %error, "execution failed"),
         }
     });
     // Answer once the run's log exists, so that status, events and cancel find it at once.
     let logged = tokio::time::timeout(Duration::from_secs(10), async {
         while !run.is_finished() {
-            if matches!(threads.exists(&id).await, Ok(true)) {
+            if matches!(threads.exists(id).await, Ok(true)) {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
@@ -287,9 +366,9 @@ pub(crate) async fn start_execution<S: StoreView>(
     })
     .await;
     if logged.is_err() {
-        tracing::warn!(execution = %global_id, "the run's log did not appear within 10 s");
+        tracing::warn!(execution = %global, "the run's log did not appear within 10 s");
     }
-    Ok(id)
+    Ok(())
 }
 
 /// The first `limit` events of the tenant's execution `id` after seq `after` (a page, see
@@ -382,6 +461,24 @@ pub(crate) async fn execution_status<S: StoreView>(
         "parent_execution_id": report.parent_execution_id,
         "usage_tree": tree,
     });
+    if let Some(queued) = state
+        .store
+        .queued_execution(&threads.store().global_id(id))
+        .await
+        .map_err(|error| ApiError::store(&error))?
+    {
+        if queued.state == QueueState::Queued && report.status == ExecutionStatus::Running {
+            value["status"] = json!("queued");
+        }
+        value["queue"] = json!({
+            "state": queued.state,
+            "attempts": queued.attempts,
+            "adopted": queued.attempts > 1,
+            "node": queued.owner,
+            "lease_live": queued.lease_live,
+            "outcome": queued.outcome,
+        });
+    }
     strip_workflow_paths(state, &mut value);
     Ok(value)
 }

@@ -1,0 +1,289 @@
+//! This server's share of the execution queue: it takes queued runs (and runs whose
+//! server stopped renewing its lease) up to its capacity, runs each from its log while it
+//! renews the run's lease, and finishes it in the queue when the run ends. Every server on
+//! the database does the same, so a run goes on wherever there is room, and a run whose
+//! server died is taken over by another once its lease runs out.
+//!
+//! A run is only ever written while its lease is held: its executor writes through a
+//! [`Leased`] store, and a run whose lease is lost (a renewal refused, or no renewal
+//! through before the lease would end) is stopped where it is, its LLM call dropped. The
+//! server that takes it over resumes it from its log.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use contexture_engine::executor::{ExecError, RunOutcome};
+use contexture_store::{
+    ExecutionClaim, ExecutionQueueStore, HeldLease, Leased, Store, StoreError, Tenant,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+
+use crate::app::AppState;
+
+/// What the queue holds of a run, for the server that takes it: the run's log holds the
+/// rest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct QueuedRun {
+    /// The run's id as its tenant knows it.
+    pub execution: String,
+}
+
+/// How a run ended, as the queue records it.
+fn outcome_text(outcome: &Result<RunOutcome, ExecError>) -> &'static str {
+    match outcome {
+        Ok(_) => "completed",
+        Err(error) if error.is_cancelled() => "cancelled",
+        Err(_) => "failed",
+    }
+}
+
+/// This server's worker (one per server process).
+#[derive(Debug)]
+pub struct ExecutionWorker {
+    /// This server's name in the queue: fresh for every process, so that a restarted
+    /// server never mistakes its predecessor's leases for its own.
+    node: String,
+    /// The runs this server holds, by id in the whole store.
+    held: Mutex<HashMap<String, Arc<HeldLease>>>,
+    /// Set when a run was queued here: look at once instead of at the next interval.
+    wake: Notify,
+    started: AtomicBool,
+}
+
+impl Default for ExecutionWorker {
+    fn default() -> Self {
+        ExecutionWorker {
+            node: format!("node-{}", crate::routes::fresh_id()),
+            held: Mutex::default(),
+            wake: Notify::new(),
+            started: AtomicBool::new(false),
+        }
+    }
+}
+
+impl ExecutionWorker {
+    /// This server's name in the queue.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// How many runs this server holds now.
+    pub fn held(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Starts taking runs from the queue (once per process; later calls do nothing).
+    pub fn start(&self, state: &AppState) {
+        if self.started.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        tokio::spawn(claim_loop(state.clone()));
+    }
+
+    /// A run was queued: look for work now.
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<HeldLease>>> {
+        self.held
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Takes runs while there is room, every claim interval or when woken.
+async fn claim_loop(state: AppState) {
+    let worker = &state.worker;
+    let settings = &state.config.executions;
+    tracing::info!(
+        node = %worker.node,
+        capacity = settings.node_capacity,
+        lease_secs = settings.lease_secs,
+        "taking runs from the execution queue"
+    );
+    loop {
+        let room = settings.node_capacity.saturating_sub(worker.held());
+        if room > 0 {
+            let sent = Instant::now();
+            match state
+                .store
+                .claim_executions(&worker.node, room, settings.max_running, settings.lease())
+                .await
+            {
+                Ok(claims) => {
+                    for claim in claims {
+                        take(&state, claim, sent);
+                    }
+                }
+                Err(error) => tracing::warn!(%error, "cannot take runs from the execution queue"),
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(settings.claim_interval()) => {}
+            () = worker.wake.notified() => {}
+        }
+    }
+}
+
+/// Runs a claimed run here, renewing its lease, and finishes it in the queue.
+fn take(state: &AppState, claim: ExecutionClaim, sent: Instant) {
+    let lease = Arc::new(HeldLease::new(
+        claim.id.clone(),
+        state.config.executions.lease(),
+        sent,
+    ));
+    state.worker.lock().insert(claim.id.clone(), lease.clone());
+    let state = state.clone();
+    tokio::spawn(async move {
+        let id = claim.id.clone();
+        supervise(&state, claim, lease).await;
+        state.worker.lock().remove(&id);
+        // Room was made: another run may be waiting.
+        state.worker.wake();
+    });
+}
+
+/// The run of `claim` under `lease`, to its end or until the lease is lost.
+async fn supervise(state: &AppState, claim: ExecutionClaim, lease: Arc<HeldLease>) {
+    let settings = &state.config.executions;
+    let node = state.worker.node.clone();
+    let queued: QueuedRun = match serde_json::from_value(claim.request.clone()) {
+        Ok(queued) => queued,
+        Err(error) => {
+            tracing::error!(execution = %claim.id, %error, "a queued run cannot be read; it is finished as failed");
+            finish(state, &claim, &node, "failed").await;
+            return;
+        }
+    };
+    let tenant = match Tenant::new(claim.tenant.clone()) {
+        Ok(tenant) => tenant,
+        Err(error) => {
+            tracing::error!(execution = %claim.id, %error, "a queued run names no tenant; it is finished as failed");
+            finish(state, &claim, &node, "failed").await;
+            return;
+        }
+    };
+    state.metrics.count_taken_execution(claim.adopted);
+    tracing::info!(execution = %claim.id, node = %node, epoch = claim.epoch, "took a run from the execution queue");
+    if claim.adopted {
+        tracing::info!(execution = %claim.id, epoch = claim.epoch, "took over a run whose server stopped renewing its lease");
+    }
+    let store = Leased::new(state.store.clone().scoped(tenant), lease.clone());
+    let executor = state.executor.on_store(store);
+    let active = state.active_runs.enter(&claim.id);
+    let execution = queued.execution.clone();
+    let mut run = tokio::spawn(async move {
+        let _active = active;
+        executor.resume(&execution).await
+    });
+    let every = settings.lease() / 3;
+    let mut renewals = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    renewals.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let deadline = tokio::time::Instant::from_std(lease.deadline());
+        tokio::select! {
+            joined = &mut run => {
+                let outcome = match joined {
+                    Ok(outcome) => outcome,
+                    Err(error) => {
+                        tracing::error!(execution = %claim.id, %error, "a run's task stopped");
+                        // Held still: it finishes as failed; a panic is not retried forever.
+                        finish(state, &claim, &node, "failed").await;
+                        return;
+                    }
+                };
+                match &outcome {
+                    Err(ExecError::Store(StoreError::LeaseLost { .. })) => {
+                        tracing::warn!(execution = %claim.id, "stopped a run whose lease was lost; another server goes on with it");
+                    }
+                    Err(ExecError::Store(error)) if is_transient(error) => {
+                        // The database is away: the run is left to its lease, and resumed
+                        // from its log by whichever server takes it next.
+                        tracing::warn!(execution = %claim.id, %error, "a run stopped on a database error; it is taken up again once its lease runs out");
+                    }
+                    _ if !lease.holds() => {
+                        tracing::warn!(execution = %claim.id, "a run ended after its lease was lost; the server that took it over finishes it");
+                    }
+                    Ok(_) => {
+                        tracing::info!(execution = %claim.id, "execution completed");
+                        finish(state, &claim, &node, outcome_text(&outcome)).await;
+                    }
+                    Err(error) => {
+                        tracing::info!(execution = %claim.id, %error, "execution ended");
+                        finish(state, &claim, &node, outcome_text(&outcome)).await;
+                    }
+                }
+                return;
+            }
+            _ = renewals.tick() => {
+                let sent = Instant::now();
+                let renewal = tokio::time::timeout(
+                    every,
+                    state.store.renew_execution(&claim.id, &node, claim.epoch, settings.lease()),
+                )
+                .await;
+                match renewal {
+                    Ok(Ok(true)) => lease.renewed(sent),
+                    Ok(Ok(false)) => {
+                        lease.lose();
+                        run.abort();
+                        tracing::warn!(execution = %claim.id, "a run's lease was refused on renewal: stopped it here");
+                        return;
+                    }
+                    Ok(Err(error)) => tracing::warn!(execution = %claim.id, %error, "cannot renew a run's lease; trying again"),
+                    Err(_) => tracing::warn!(execution = %claim.id, "renewing a run's lease took too long; trying again"),
+                }
+            }
+            () = tokio::time::sleep_until(deadline) => {
+                if !lease.holds() {
+                    lease.lose();
+                    run.abort();
+                    state.metrics.count_lost_lease();
+                    tracing::warn!(execution = %claim.id, "a run's lease could not be renewed in time: stopped it here; another server takes it over");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A store error that says nothing about the run: the database was away or the writer
+/// stopped. Such a run is resumed, not finished as failed.
+fn is_transient(error: &StoreError) -> bool {
+    matches!(
+        error,
+        StoreError::Database { .. } | StoreError::WriterStopped | StoreError::Task(_)
+    )
+}
+
+/// How long finishing a run in the queue is tried before it is left to the lease: the
+/// server that takes the run over then finds it ended and finishes it.
+const FINISH_TRIES: u32 = 5;
+
+async fn finish(state: &AppState, claim: &ExecutionClaim, node: &str, outcome: &str) {
+    for attempt in 1..=FINISH_TRIES {
+        match state
+            .store
+            .finish_execution(&claim.id, node, claim.epoch, outcome)
+            .await
+        {
+            Ok(true) => {
+                state.metrics.count_finished_execution(outcome);
+                return;
+            }
+            Ok(false) => {
+                tracing::warn!(execution = %claim.id, "a run ended after another server took it over");
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(execution = %claim.id, %error, attempt, "cannot finish a run in the queue");
+                tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
+            }
+        }
+    }
+}
