@@ -1,15 +1,15 @@
-//! Scale-out: three `contexture serve` processes on one PostgreSQL schema share one
-//! execution queue. The server running an execution is killed (SIGKILL) in the middle of a
-//! step, again and again; each time another server takes the run over once its lease runs
-//! out and completes it from its log, and no finished step is run twice (the fake provider
-//! counts the calls of each step).
+//! Scale-out: `contexture serve` processes on one database share one execution queue. The
+//! server running an execution is killed (SIGKILL) or frozen (SIGSTOP) in the middle of a
+//! step; another server takes the run over once its lease runs out and completes it from
+//! its log, no finished step is run twice (the fake provider counts the calls of each
+//! step), and a frozen server that wakes up writes nothing more of the run.
 
 use std::time::{Duration, Instant};
 
 use crate::common;
 
 use common::serving::{Server, create_key, start_upstream};
-use common::write_file;
+use common::{sqlite_url, write_file};
 use contexture_fake_upstream::{FakeUpstream, Reply};
 use contexture_store::testing::{TempDir, in_ci, pg_url, unique};
 use serde_json::{Value, json};
@@ -81,6 +81,91 @@ fn start_server(db: &str, upstream: &str, config: &str) -> Server {
     Server::start_with(db, upstream, "sk-test", &[("CONTEXTURE_CONFIG", config)])
 }
 
+/// Writes the servers' configuration (short leases, frequent looks at the queue) in `dir`.
+fn server_config(dir: &TempDir) -> String {
+    write_file(
+        dir,
+        "server.toml",
+        format!("[executions]\nlease_secs = {LEASE_SECS}\nclaim_interval_secs = 0.2\n"),
+    )
+}
+
+/// The fake provider, each call taking [`CALL_TIME`].
+fn slow_upstream(runtime: &tokio::runtime::Runtime) -> FakeUpstream {
+    let upstream = start_upstream(runtime);
+    upstream.otherwise(|number, _| Reply::text(format!("reply {number}")).after(CALL_TIME));
+    upstream
+}
+
+/// Starts run `id` (its input names it) through `server`; its input.
+fn start_run(server: &Server, key: &str, id: &str) -> String {
+    let input = format!("input of {id}");
+    let body = json!({"workflow_yaml": WORKFLOW, "id": id, "input": input}).to_string();
+    let (head, answer) = server.request("POST", "/v1/executions", key, Some(&body));
+    assert!(head.starts_with("HTTP/1.1 202"), "{head}\n{answer}");
+    input
+}
+
+/// Waits until the second step's call of the run of `input` is in flight.
+fn wait_for_step_two(upstream: &FakeUpstream, input: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while calls_per_step(upstream, input)[1] == 0 {
+        assert!(Instant::now() < deadline, "{input}: step two never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits (through `server`) until run `id` ends, at most the lease plus 10 s after
+/// `stopped_at`; its status, checked: completed, taken over, every step finished once, the
+/// finished steps' calls made once and the interrupted one's at most twice.
+fn wait_for_takeover(
+    server: &Server,
+    key: &str,
+    id: &str,
+    upstream: &FakeUpstream,
+    input: &str,
+    stopped_at: Instant,
+) -> (Value, Duration) {
+    let limit = Duration::from_secs_f64(LEASE_SECS + 10.0);
+    let status = loop {
+        let status = server.get_json(&format!("/v1/executions/{id}"), key);
+        if !matches!(status["status"].as_str(), Some("running" | "queued")) {
+            break status;
+        }
+        assert!(
+            stopped_at.elapsed() < limit + Duration::from_secs(30),
+            "{id}: never completed after its server stopped: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let took = stopped_at.elapsed();
+    assert_eq!(status["status"], "completed", "{id}: {status}");
+    assert_eq!(status["queue"]["state"], "finished", "{id}: {status}");
+    assert_eq!(status["queue"]["outcome"], "completed", "{id}: {status}");
+    assert_eq!(status["queue"]["adopted"], true, "{id}: {status}");
+    assert!(
+        took < limit,
+        "{id}: completed {took:?} after its server stopped (lease {LEASE_SECS} s)"
+    );
+    let calls = calls_per_step(upstream, input);
+    assert_eq!(calls[0], 1, "{id}: step one's calls: {calls:?}");
+    assert!(
+        (1..=2).contains(&calls[1]),
+        "{id}: step two's calls: {calls:?}"
+    );
+    assert_eq!(calls[2], 1, "{id}: step three's calls: {calls:?}");
+    // The interrupted step shows without an output; every state finished once.
+    let finished: Vec<&str> = status["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|step| step.get("output").is_some())
+        .filter_map(|step| step["state_id"].as_str())
+        .collect();
+    assert_eq!(finished, ["one", "two", "three"], "{id}: {status}");
+    (status, took)
+}
+
 #[test]
 fn runs_survive_their_server_being_killed_mid_step_twenty_times() {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
@@ -88,13 +173,8 @@ fn runs_survive_their_server_being_killed_mid_step_twenty_times() {
         return;
     };
     let dir = TempDir::new("contexture-scale-out");
-    let config = write_file(
-        &dir,
-        "server.toml",
-        format!("[executions]\nlease_secs = {LEASE_SECS}\nclaim_interval_secs = 0.2\n"),
-    );
-    let upstream = start_upstream(&runtime);
-    upstream.otherwise(|number, _| Reply::text(format!("reply {number}")).after(CALL_TIME));
+    let config = server_config(&dir);
+    let upstream = slow_upstream(&runtime);
     let key = create_key(&db, "acme");
     let base = upstream.base_url();
     let mut servers: Vec<Server> = (0..3).map(|_| start_server(&db, &base, &config)).collect();
@@ -102,18 +182,8 @@ fn runs_survive_their_server_being_killed_mid_step_twenty_times() {
     let mut slowest = Duration::ZERO;
     for round in 1..=20 {
         let id = format!("run-{round}");
-        let input = format!("input of {id}");
-        let body = json!({"workflow_yaml": WORKFLOW, "id": id, "input": input}).to_string();
-        let (head, answer) =
-            servers[round % 3].request("POST", "/v1/executions", &key, Some(&body));
-        assert!(head.starts_with("HTTP/1.1 202"), "{head}\n{answer}");
-
-        // Wait until the second step's call is in flight.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while calls_per_step(&upstream, &input)[1] == 0 {
-            assert!(Instant::now() < deadline, "{id}: step two never started");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let input = start_run(&servers[round % 3], &key, &id);
+        wait_for_step_two(&upstream, &input);
         let status = servers[0].get_json(&format!("/v1/executions/{id}"), &key);
         let held_by = holder(&servers, &status)
             .unwrap_or_else(|| panic!("{id}: no server holds it: {status}"));
@@ -124,52 +194,14 @@ fn runs_survive_their_server_being_killed_mid_step_twenty_times() {
             "{id}: the holder's log:\n{log}"
         );
 
-        // Another server takes it over and completes it.
         let survivor = &servers[(held_by + 1) % 3];
-        let status = loop {
-            let status = survivor.get_json(&format!("/v1/executions/{id}"), &key);
-            if !matches!(status["status"].as_str(), Some("running" | "queued")) {
-                break status;
-            }
-            assert!(
-                killed_at.elapsed() < Duration::from_secs_f64(LEASE_SECS + 10.0 + 30.0),
-                "{id}: never completed after its server was killed: {status}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        let took = killed_at.elapsed();
+        let (status, took) = wait_for_takeover(survivor, &key, &id, &upstream, &input, killed_at);
         slowest = slowest.max(took);
-        assert_eq!(status["status"], "completed", "{id}: {status}");
-        assert_eq!(status["queue"]["state"], "finished", "{id}: {status}");
-        assert_eq!(status["queue"]["outcome"], "completed", "{id}: {status}");
-        assert_eq!(status["queue"]["adopted"], true, "{id}: {status}");
-        assert!(
-            took < Duration::from_secs_f64(LEASE_SECS + 10.0),
-            "{id}: completed {took:?} after its server was killed (lease {LEASE_SECS} s)"
-        );
-        // The finished step ran once; the one in flight at most twice; the last once.
-        let calls = calls_per_step(&upstream, &input);
-        assert_eq!(calls[0], 1, "{id}: step one's calls: {calls:?}");
-        assert!(
-            (1..=2).contains(&calls[1]),
-            "{id}: step two's calls: {calls:?}"
-        );
-        assert_eq!(calls[2], 1, "{id}: step three's calls: {calls:?}");
-        // The interrupted step shows without an output; every state finished once.
-        let finished: Vec<&str> = status["steps"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|step| step.get("output").is_some())
-            .filter_map(|step| step["state_id"].as_str())
-            .collect();
-        assert_eq!(finished, ["one", "two", "three"], "{id}: {status}");
         assert_eq!(
             status["output"],
             format!("reply {}", upstream.call_count()),
             "{id}: {status}"
         );
-
         // A new server takes the killed one's place.
         servers[held_by] = start_server(&db, &base, &config);
     }
@@ -180,4 +212,70 @@ fn runs_survive_their_server_being_killed_mid_step_twenty_times() {
     runtime
         .block_on(store.drop_schema())
         .expect("drop the test schema");
+}
+
+#[test]
+fn a_frozen_server_that_wakes_after_its_run_was_taken_over_writes_nothing_more_of_it() {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let Some((db, store)) = fresh_schema(&runtime) else {
+        return;
+    };
+    let dir = TempDir::new("contexture-scale-out");
+    let config = server_config(&dir);
+    let upstream = slow_upstream(&runtime);
+    let key = create_key(&db, "acme");
+    let base = upstream.base_url();
+    let servers: Vec<Server> = (0..2).map(|_| start_server(&db, &base, &config)).collect();
+
+    let id = "frozen-run";
+    let input = start_run(&servers[0], &key, id);
+    wait_for_step_two(&upstream, &input);
+    let status = servers[0].get_json(&format!("/v1/executions/{id}"), &key);
+    let held_by =
+        holder(&servers, &status).unwrap_or_else(|| panic!("{id}: no server holds it: {status}"));
+    let frozen_at = Instant::now();
+    servers[held_by].freeze(true);
+    let other = &servers[1 - held_by];
+    wait_for_takeover(other, &key, id, &upstream, &input, frozen_at);
+    let thread = other.get_json(&format!("/v1/threads/{id}"), &key);
+
+    // It wakes with its step's call answered and its lease long gone: the answer is not
+    // written, nothing is called again, and it says why.
+    servers[held_by].freeze(false);
+    std::thread::sleep(Duration::from_secs_f64(LEASE_SECS));
+    let after = other.get_json(&format!("/v1/threads/{id}"), &key);
+    assert_eq!(after["last_seq"], thread["last_seq"], "{after}");
+    let calls = calls_per_step(&upstream, &input);
+    assert!(calls[1] <= 2 && calls[2] == 1, "{calls:?}");
+    let log = servers[held_by].stderr();
+    assert!(
+        log.contains("lease"),
+        "the woken server's log says its lease was lost:\n{log}"
+    );
+    for mut server in servers {
+        server.stop();
+    }
+    runtime
+        .block_on(store.drop_schema())
+        .expect("drop the test schema");
+}
+
+#[test]
+fn on_sqlite_a_restarted_server_takes_up_the_runs_its_predecessor_left() {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let dir = TempDir::new("contexture-scale-out");
+    let db = sqlite_url(&dir, "runs.db");
+    let config = server_config(&dir);
+    let upstream = slow_upstream(&runtime);
+    let key = create_key(&db, "acme");
+    let base = upstream.base_url();
+    let mut server = start_server(&db, &base, &config);
+    let id = "restarted-run";
+    let input = start_run(&server, &key, id);
+    wait_for_step_two(&upstream, &input);
+    let killed_at = Instant::now();
+    server.kill();
+    let mut server = start_server(&db, &base, &config);
+    wait_for_takeover(&server, &key, id, &upstream, &input, killed_at);
+    server.stop();
 }

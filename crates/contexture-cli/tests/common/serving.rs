@@ -147,6 +147,17 @@ impl Server {
         self.stderr()
     }
 
+    /// Stops (`SIGSTOP`) or continues (`SIGCONT`) the server's process, as a machine that
+    /// hangs and comes back would.
+    #[cfg(unix)]
+    pub fn freeze(&self, frozen: bool) {
+        let signal = if frozen { libc::SIGSTOP } else { libc::SIGCONT };
+        // SAFETY: a plain signal to the child this test started.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, signal);
+        }
+    }
+
     /// `GET path` with the key; the JSON body of a 200.
     pub fn get_json(&self, path: &str, key: &str) -> Value {
         let (head, body) = self.request("GET", path, key, None);
