@@ -279,3 +279,123 @@ fn on_sqlite_a_restarted_server_takes_up_the_runs_its_predecessor_left() {
     wait_for_takeover(&server, &key, id, &upstream, &input, killed_at);
     server.stop();
 }
+
+#[test]
+fn three_servers_together_admit_the_configured_rate_not_three_times_it() {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let Some((db, store)) = fresh_schema(&runtime) else {
+        return;
+    };
+    let dir = TempDir::new("contexture-scale-out");
+    let (rate, burst) = (20.0, 10.0);
+    let config = write_file(
+        &dir,
+        "server.toml",
+        format!("[limits]\nrequests_per_second = {rate}\nburst = {burst}\n"),
+    );
+    let upstream = start_upstream(&runtime);
+    let key = create_key(&db, "acme");
+    let base = upstream.base_url();
+    let servers: Vec<Server> = (0..3).map(|_| start_server(&db, &base, &config)).collect();
+    let started = Instant::now();
+    let run = Duration::from_secs(3);
+    let admitted: usize = std::thread::scope(|scope| {
+        let handles: Vec<_> = servers
+            .iter()
+            .map(|server| {
+                let key = &key;
+                scope.spawn(move || {
+                    let mut admitted = 0;
+                    while started.elapsed() < run {
+                        let (head, _) = server.request("GET", "/v1/threads/nope", key, None);
+                        if head.starts_with("HTTP/1.1 404") {
+                            admitted += 1;
+                        } else {
+                            assert!(head.starts_with("HTTP/1.1 429"), "{head}");
+                        }
+                    }
+                    admitted
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    let elapsed = started.elapsed().as_secs_f64();
+    let allowed = burst + rate * elapsed;
+    eprintln!(
+        "admitted {admitted} in {elapsed:.2} s through three servers; the limit allows {allowed:.1}"
+    );
+    assert!(
+        (admitted as f64) <= allowed * 1.1 && (admitted as f64) >= allowed * 0.9,
+        "admitted {admitted} in {elapsed:.2} s; the limit allows {allowed:.1}"
+    );
+    for mut server in servers {
+        server.stop();
+    }
+    runtime
+        .block_on(store.drop_schema())
+        .expect("drop the test schema");
+}
+
+#[test]
+fn a_tenants_running_executions_stay_within_its_limit_across_three_servers() {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let Some((db, store)) = fresh_schema(&runtime) else {
+        return;
+    };
+    let dir = TempDir::new("contexture-scale-out");
+    let config = write_file(
+        &dir,
+        "server.toml",
+        "[executions]\nmax_running = 2\nclaim_interval_secs = 0.1\n",
+    );
+    let upstream = slow_upstream(&runtime);
+    let key = create_key(&db, "acme");
+    let other = create_key(&db, "globex");
+    let base = upstream.base_url();
+    let servers: Vec<Server> = (0..3).map(|_| start_server(&db, &base, &config)).collect();
+    let ids: Vec<String> = (1..=6).map(|n| format!("limited-{n}")).collect();
+    for (n, id) in ids.iter().enumerate() {
+        start_run(&servers[n % 3], &key, id);
+    }
+    // Another tenant's run is not held back by acme's.
+    start_run(&servers[0], &other, "globex-run");
+    let mut most = 0;
+    let mut globex_ran = false;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let statuses: Vec<Value> = ids
+            .iter()
+            .map(|id| servers[1].get_json(&format!("/v1/executions/{id}"), &key))
+            .collect();
+        let running = statuses
+            .iter()
+            .filter(|status| status["queue"]["state"] == "running")
+            .count();
+        most = most.max(running);
+        let globex = servers[2].get_json("/v1/executions/globex-run", &other);
+        globex_ran |= globex["queue"]["state"] != "queued";
+        if statuses
+            .iter()
+            .all(|status| status["status"] == "completed")
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the runs never all completed: {statuses:?}"
+        );
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    assert_eq!(
+        most, 2,
+        "at most two of acme's runs at once, and two did run at once"
+    );
+    assert!(globex_ran);
+    for mut server in servers {
+        server.stop();
+    }
+    runtime
+        .block_on(store.drop_schema())
+        .expect("drop the test schema");
+}

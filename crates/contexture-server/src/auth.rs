@@ -10,7 +10,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use contexture_store::{ApiKeyRecord, ApiKeyStore, StoreError};
+use contexture_store::{ApiKeyRecord, ApiKeyStore, RateLimit, RateLimitStore, StoreError};
 use sha2::{Digest, Sha256};
 
 use crate::app::AppState;
@@ -151,7 +151,11 @@ pub async fn authenticate(
             }
         },
     };
-    if let Err(wait) = state.rate_limiter.admit(&caller.key_id) {
+    if let Err(wait) = state
+        .rate_limiter
+        .admit_shared(&caller.key_id, state.store.shared_rate_limits())
+        .await
+    {
         let mut response = ApiError {
             status: axum::http::StatusCode::TOO_MANY_REQUESTS,
             code: "rate_limited",
@@ -248,6 +252,31 @@ impl RateLimiter {
     /// Takes one token from `key`'s bucket, or says how long until one is there.
     pub fn admit(&self, key: &str) -> Result<(), Duration> {
         self.admit_at(key, Instant::now())
+    }
+
+    /// [`RateLimiter::admit`] from the bucket every server on the database shares, when the
+    /// store holds shared limits (PostgreSQL); from this server's own when it does not, or
+    /// when the database cannot answer (the request then fails in the store anyway, or the
+    /// database is back by the next one).
+    pub async fn admit_shared(
+        &self,
+        key: &str,
+        shared: Option<&impl RateLimitStore>,
+    ) -> Result<(), Duration> {
+        let Some(store) = shared.filter(|_| self.rate > 0.0) else {
+            return self.admit(key);
+        };
+        let limit = RateLimit {
+            per_second: self.rate,
+            burst: self.burst as u32,
+        };
+        match store.take_rate_token(key, limit).await {
+            Ok(admitted) => admitted,
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the shared rate limit; using this server's own");
+                self.admit(key)
+            }
+        }
     }
 
     fn admit_at(&self, key: &str, now: Instant) -> Result<(), Duration> {

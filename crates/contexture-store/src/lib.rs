@@ -36,6 +36,7 @@ mod forks;
 mod leased;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod rate_limits;
 mod record;
 mod request_refs;
 mod retention;
@@ -62,6 +63,7 @@ pub use execution_queue::{ExecutionClaim, ExecutionQueueStore, QueueState, Queue
 pub use leased::{HeldLease, Leased};
 #[cfg(feature = "postgres")]
 pub use postgres::PgStore;
+pub use rate_limits::{RateLimit, RateLimitStore};
 pub use retention::{
     RequestPruneReport, RequestRetention, RequestsPruned, RetentionError, RetentionRules,
 };

@@ -11,6 +11,7 @@
 mod api_keys;
 mod execution_queue;
 mod pruning;
+mod rate_limits;
 mod reads;
 mod references;
 mod retention;

@@ -244,6 +244,19 @@ impl Store for AnyStore {
     }
 }
 
+impl AnyStore {
+    /// The store that holds rate limits shared by every server on the database: PostgreSQL's
+    /// (an SQLite file has one server, whose own buckets are exact).
+    #[cfg(feature = "postgres")]
+    pub fn shared_rate_limits(&self) -> Option<&PgStore> {
+        match self {
+            AnyStore::Postgres(store) => Some(store),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+}
+
 impl crate::ExecutionQueueStore for AnyStore {
     async fn enqueue_execution(
         &self,

@@ -61,6 +61,10 @@ pub(super) const MIGRATIONS: &[(u32, &str)] = &[
         13,
         include_str!("../../migrations/postgres/0013_execution_queue.sql"),
     ),
+    (
+        14,
+        include_str!("../../migrations/postgres/0014_rate_limits.sql"),
+    ),
 ];
 
 impl PgStore {
