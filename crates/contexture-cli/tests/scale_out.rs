@@ -399,3 +399,129 @@ fn a_tenants_running_executions_stay_within_its_limit_across_three_servers() {
         .block_on(store.drop_schema())
         .expect("drop the test schema");
 }
+
+/// A TCP proxy to PostgreSQL that a test can cut (every connection through it closed, new
+/// ones refused) and restore, as a network partition between a server and its database.
+struct CuttableProxy {
+    port: u16,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    open: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl CuttableProxy {
+    fn start(target: &str) -> CuttableProxy {
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+        let port = listener.local_addr().unwrap().port();
+        let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let open = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (flag, streams, target) = (cut.clone(), open.clone(), target.to_owned());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                if flag.load(Ordering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
+                let Ok(server) = std::net::TcpStream::connect(&target) else {
+                    continue;
+                };
+                let mut kept = streams.lock().unwrap();
+                kept.push(client.try_clone().unwrap());
+                kept.push(server.try_clone().unwrap());
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        CuttableProxy { port, cut, open }
+    }
+
+    /// Cuts every connection through it and refuses new ones until restored.
+    fn cut(&self, cut: bool) {
+        self.cut.store(cut, std::sync::atomic::Ordering::SeqCst);
+        if cut {
+            for stream in self.open.lock().unwrap().drain(..) {
+                let _ = stream.shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_server_cut_off_from_the_database_stops_its_run_and_another_completes_it() {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let Some((db, store)) = fresh_schema(&runtime) else {
+        return;
+    };
+    let dir = TempDir::new("contexture-scale-out");
+    let config = server_config(&dir);
+    let upstream = slow_upstream(&runtime);
+    let key = create_key(&db, "acme");
+    let base = upstream.base_url();
+    let host = db
+        .split_once('@')
+        .and_then(|(_, rest)| rest.split_once('/'))
+        .map(|(host, _)| host.to_owned())
+        .expect("a host in the test database's URL");
+    let proxy = CuttableProxy::start(&host);
+    let proxied = db.replacen(&host, &format!("127.0.0.1:{}", proxy.port), 1);
+    // The cut-off server starts alone, so that it takes the run.
+    let cut_off = start_server(&proxied, &base, &config);
+    let id = "partitioned-run";
+    let input = start_run(&cut_off, &key, id);
+    wait_for_step_two(&upstream, &input);
+    let other = start_server(&db, &base, &config);
+    let status = other.get_json(&format!("/v1/executions/{id}"), &key);
+    assert!(
+        cut_off
+            .stderr()
+            .contains(status["queue"]["node"].as_str().unwrap()),
+        "the cut-off server holds the run: {status}"
+    );
+    let cut_at = Instant::now();
+    proxy.cut(true);
+    wait_for_takeover(&other, &key, id, &upstream, &input, cut_at);
+    let thread = other.get_json(&format!("/v1/threads/{id}"), &key);
+    let log = cut_off.stderr();
+    assert!(
+        [
+            "could not be renewed in time",
+            "lease was refused",
+            "a run stopped on a database error"
+        ]
+        .iter()
+        .any(|said| log.contains(said)),
+        "the cut-off server stopped the run when its lease was lost:\n{log}"
+    );
+
+    // The network comes back: the cut-off server reconnects by itself and writes nothing
+    // more of the run.
+    proxy.cut(false);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (head, body) = cut_off.request("GET", &format!("/v1/threads/{id}"), &key, None);
+        if head.starts_with("HTTP/1.1 200") {
+            let after: Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(after["last_seq"], thread["last_seq"], "{after}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server never reconnected: {head}\n{body}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let calls = calls_per_step(&upstream, &input);
+    assert!(calls[1] <= 2 && calls[2] == 1, "{calls:?}");
+    drop((cut_off, other));
+    runtime
+        .block_on(store.drop_schema())
+        .expect("drop the test schema");
+}
