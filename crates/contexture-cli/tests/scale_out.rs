@@ -525,3 +525,218 @@ fn a_server_cut_off_from_the_database_stops_its_run_and_another_completes_it() {
         .block_on(store.drop_schema())
         .expect("drop the test schema");
 }
+
+/// A PostgreSQL cluster of the test's own (`initdb` in a temporary directory, run as the
+/// `postgres` user), so that restarting it stops no other test's database.
+struct PrivatePostgres {
+    dir: TempDir,
+    port: u16,
+}
+
+impl PrivatePostgres {
+    /// Starts one; `None` (after a loud message) when this machine cannot outside CI.
+    fn start() -> Option<PrivatePostgres> {
+        let dir = TempDir::new("contexture-private-pg");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a free port")
+            .port();
+        let owned = std::process::Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(dir.path())
+            .status()
+            .is_ok_and(|status| status.success());
+        let cluster = PrivatePostgres { dir, port };
+        let made = owned
+            && cluster
+                .as_postgres(&["initdb", "-A", "trust", "-U", "postgres", "-D"], &[])
+                .is_ok_and(|status| status.success());
+        if !made || !cluster.ctl("start") {
+            if in_ci() {
+                panic!("CI=true and a private PostgreSQL cluster cannot be started here");
+            }
+            eprintln!("\n!!! SKIPPING the PostgreSQL restart test: no private cluster here.\n");
+            return None;
+        }
+        Some(cluster)
+    }
+
+    fn data(&self) -> String {
+        self.dir.join("data").display().to_string()
+    }
+
+    /// Runs `program ARGS DATA MORE` as the `postgres` user.
+    fn as_postgres(
+        &self,
+        program_and_args: &[&str],
+        more: &[&str],
+    ) -> std::io::Result<std::process::ExitStatus> {
+        std::process::Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .args(program_and_args)
+            .arg(self.data())
+            .args(more)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+    }
+
+    /// `pg_ctl ACTION` (start, stop, restart), waiting for it.
+    fn ctl(&self, action: &str) -> bool {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=on",
+            self.port,
+            self.dir.path().display()
+        );
+        let log = self.dir.join("log").display().to_string();
+        self.as_postgres(
+            &["pg_ctl", "-w", "-m", "fast", "-D"],
+            &[action, "-o", &options, "-l", &log],
+        )
+        .is_ok_and(|status| status.success())
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        self.ctl("stop");
+    }
+}
+
+#[test]
+fn postgres_restarted_under_load_loses_no_acknowledged_write_and_runs_resume() {
+    let Some(postgres) = PrivatePostgres::start() else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let db = postgres.url();
+    let dir = TempDir::new("contexture-scale-out");
+    // No rate limit: the writers go as fast as the servers answer.
+    let config = write_file(
+        &dir,
+        "server.toml",
+        format!(
+            "[limits]\nrequests_per_second = 0.0\n[executions]\nlease_secs = {LEASE_SECS}\nclaim_interval_secs = 0.2\n"
+        ),
+    );
+    let upstream = slow_upstream(&runtime);
+    let key = create_key(&db, "acme");
+    let base = upstream.base_url();
+    let servers: Vec<Server> = (0..2).map(|_| start_server(&db, &base, &config)).collect();
+    let id = "restart-run";
+    let input = start_run(&servers[0], &key, id);
+    wait_for_step_two(&upstream, &input);
+
+    // Two writers append through the two servers while the database restarts.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (acknowledged, after_restart) = std::thread::scope(|scope| {
+        let writers: Vec<_> = servers
+            .iter()
+            .enumerate()
+            .map(|(n, server)| {
+                let (key, stop) = (&key, &stop);
+                scope.spawn(move || {
+                    let mut acknowledged = Vec::new();
+                    let mut refused_since: Option<Instant> = None;
+                    let mut last_refusal = String::new();
+                    let mut count = 0;
+                    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                        count += 1;
+                        let text = format!("m-{n}-{count}");
+                        let body = json!({"messages": [{"role": "user", "content": text}]});
+                        let (head, _) = server.request(
+                            "POST",
+                            &format!("/v1/threads/load-{n}/messages"),
+                            key,
+                            Some(&body.to_string()),
+                        );
+                        if head.starts_with("HTTP/1.1 200") {
+                            acknowledged.push((n, text));
+                            refused_since = None;
+                        } else {
+                            refused_since.get_or_insert_with(Instant::now);
+                            last_refusal = head;
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                    }
+                    if refused_since.is_some() {
+                        eprintln!("writer {n} still refused: {last_refusal}");
+                    }
+                    (acknowledged, refused_since.is_none())
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(800));
+        assert!(postgres.ctl("restart"), "pg_ctl restart failed");
+        // Writes go on after the restart: the servers reconnect by themselves.
+        std::thread::sleep(Duration::from_secs(3));
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut acknowledged = Vec::new();
+        let mut writing_again = true;
+        for writer in writers {
+            let (written, again) = writer.join().unwrap();
+            acknowledged.extend(written);
+            writing_again &= again;
+        }
+        (acknowledged, writing_again)
+    });
+    assert!(
+        after_restart,
+        "a server did not write again after the restart"
+    );
+    // Every acknowledged append is there.
+    for n in 0..2 {
+        let mut stored = String::new();
+        let mut after = 0;
+        loop {
+            let page = servers[0].get_json(
+                &format!("/v1/threads/load-{n}/events?after={after}&limit=1000"),
+                &key,
+            );
+            stored.push_str(&page.to_string());
+            match page["next_after"].as_u64() {
+                Some(next) if next > after => after = next,
+                _ => break,
+            }
+        }
+        for (_, text) in acknowledged.iter().filter(|(writer, _)| *writer == n) {
+            assert!(
+                stored.contains(&format!("\"{text}\"")),
+                "acknowledged append {text} is missing"
+            );
+        }
+    }
+    assert!(
+        acknowledged.len() > 20,
+        "too few appends: {}",
+        acknowledged.len()
+    );
+    // The run resumes and completes.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        let status = servers[1].get_json(&format!("/v1/executions/{id}"), &key);
+        if !matches!(status["status"].as_str(), Some("running" | "queued")) {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the run never completed: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(status["status"], "completed", "{status}");
+    let calls = calls_per_step(&upstream, &input);
+    assert!(
+        calls[0] == 1 && (1..=2).contains(&calls[1]) && calls[2] == 1,
+        "{calls:?}"
+    );
+    eprintln!(
+        "{} appends acknowledged through a restart of PostgreSQL",
+        acknowledged.len()
+    );
+    drop(servers);
+}
