@@ -740,3 +740,40 @@ fn postgres_restarted_under_load_loses_no_acknowledged_write_and_runs_resume() {
     );
     drop(servers);
 }
+
+#[test]
+fn a_server_shutting_down_hands_its_runs_over_without_waiting_for_their_leases() {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let Some((db, store)) = fresh_schema(&runtime) else {
+        return;
+    };
+    let dir = TempDir::new("contexture-scale-out");
+    // A long lease: a takeover that waited for it would take half a minute.
+    let config = write_file(
+        &dir,
+        "server.toml",
+        "[executions]\nlease_secs = 30.0\nclaim_interval_secs = 0.2\n",
+    );
+    let upstream = slow_upstream(&runtime);
+    let key = create_key(&db, "acme");
+    let base = upstream.base_url();
+    let mut leaving = start_server(&db, &base, &config);
+    let id = "handed-over";
+    let input = start_run(&leaving, &key, id);
+    wait_for_step_two(&upstream, &input);
+    let staying = start_server(&db, &base, &config);
+    let stopped_at = Instant::now();
+    let log = leaving.stop();
+    assert!(
+        log.contains("released a run for another server to take over"),
+        "{log}"
+    );
+    // Within the test's limit (the lease it did not wait for plus 10 s), and well within
+    // the 30 s lease.
+    let (_, took) = wait_for_takeover(&staying, &key, id, &upstream, &input, stopped_at);
+    assert!(took < Duration::from_secs(10), "taken over after {took:?}");
+    drop(staying);
+    runtime
+        .block_on(store.drop_schema())
+        .expect("drop the test schema");
+}

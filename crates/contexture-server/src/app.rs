@@ -525,6 +525,7 @@ pub async fn serve(
     state.worker.start(&state);
     let header_timeout = Duration::from_secs_f64(state.config.limits.header_read_timeout_secs);
     let in_flight = state.in_flight.clone();
+    let worker_state = state.clone();
     let app = router(state);
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -555,6 +556,8 @@ pub async fn serve(
     }
     tracing::info!("shutting down: finishing the requests in flight");
     drop(listener);
+    // The runs this server holds go to the other servers now, not when their leases end.
+    worker_state.worker.release_all(&worker_state.store).await;
     if let Some(pruner) = pruner {
         pruner.abort();
     }

@@ -47,8 +47,10 @@ pub struct ExecutionWorker {
     /// This server's name in the queue: fresh for every process, so that a restarted
     /// server never mistakes its predecessor's leases for its own.
     node: String,
-    /// The runs this server holds, by id in the whole store.
-    held: Mutex<HashMap<String, Arc<HeldLease>>>,
+    /// The runs this server holds, by id in the whole store: each one's lease and epoch.
+    held: Mutex<HashMap<String, (Arc<HeldLease>, i64)>>,
+    /// Set when the server shuts down: it takes no more runs.
+    stopping: AtomicBool,
     /// Set when a run was queued here: look at once instead of at the next interval.
     wake: Notify,
     started: AtomicBool,
@@ -59,6 +61,7 @@ impl Default for ExecutionWorker {
         ExecutionWorker {
             node: format!("node-{}", crate::routes::fresh_id()),
             held: Mutex::default(),
+            stopping: AtomicBool::new(false),
             wake: Notify::new(),
             started: AtomicBool::new(false),
         }
@@ -89,7 +92,30 @@ impl ExecutionWorker {
         self.wake.notify_one();
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<HeldLease>>> {
+    /// Gives up every run this server holds (it is shutting down): their writes stop here
+    /// at once, and each is released in the queue so that another server takes it over at
+    /// its next look instead of when its lease would have run out. Takes no more runs.
+    pub async fn release_all(&self, store: &impl ExecutionQueueStore) {
+        self.stopping.store(true, Ordering::SeqCst);
+        let held: Vec<(String, Arc<HeldLease>, i64)> = self
+            .lock()
+            .iter()
+            .map(|(id, (lease, epoch))| (id.clone(), lease.clone(), *epoch))
+            .collect();
+        for (id, lease, epoch) in held {
+            lease.lose();
+            match store.release_execution(&id, &self.node, epoch).await {
+                Ok(_) => {
+                    tracing::info!(execution = %id, "released a run for another server to take over")
+                }
+                Err(error) => {
+                    tracing::warn!(execution = %id, %error, "cannot release a run; it is taken over once its lease runs out")
+                }
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Arc<HeldLease>, i64)>> {
         self.held
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -107,6 +133,9 @@ async fn claim_loop(state: AppState) {
         "taking runs from the execution queue"
     );
     loop {
+        if worker.stopping.load(Ordering::SeqCst) {
+            return;
+        }
         let room = settings.node_capacity.saturating_sub(worker.held());
         if room > 0 {
             let sent = Instant::now();
@@ -137,7 +166,10 @@ fn take(state: &AppState, claim: ExecutionClaim, sent: Instant) {
         state.config.executions.lease(),
         sent,
     ));
-    state.worker.lock().insert(claim.id.clone(), lease.clone());
+    state
+        .worker
+        .lock()
+        .insert(claim.id.clone(), (lease.clone(), claim.epoch));
     let state = state.clone();
     tokio::spawn(async move {
         let id = claim.id.clone();

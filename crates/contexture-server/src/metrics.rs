@@ -12,6 +12,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -58,6 +59,13 @@ pub struct Metrics {
     executions_taken: Family<OutcomeLabels, Counter>,
     executions_finished: Family<OutcomeLabels, Counter>,
     execution_leases_lost: Counter,
+    execution_queue: Family<QueueLabels, Gauge>,
+    executions_held: Gauge,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabels {
+    state: String,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -136,8 +144,22 @@ impl Default for Metrics {
             "Runs this server stopped because it could not renew their lease in time",
             execution_leases_lost.clone(),
         );
+        let execution_queue = Family::<QueueLabels, Gauge>::default();
+        registry.register(
+            "execution_queue",
+            "Runs in the execution queue every server shares, by state (queued; running, its lease live; lapsed, its server gone and not yet adopted; finished), as of this scrape",
+            execution_queue.clone(),
+        );
+        let executions_held = Gauge::default();
+        registry.register(
+            "executions_held",
+            "Runs this server holds now",
+            executions_held.clone(),
+        );
         Metrics {
             registry,
+            execution_queue,
+            executions_held,
             executions_taken,
             executions_finished,
             execution_leases_lost,
@@ -219,6 +241,26 @@ impl Metrics {
                 outcome: outcome.to_owned(),
             })
             .inc();
+    }
+
+    /// Sets the queue's counts and this server's share, read for a scrape.
+    pub fn set_queue(&self, counts: Option<&contexture_store::QueueCounts>, held: usize) {
+        if let Some(counts) = counts {
+            for (state, count) in [
+                ("queued", counts.queued),
+                ("running", counts.running),
+                ("lapsed", counts.lapsed),
+                ("finished", counts.finished),
+            ] {
+                self.execution_queue
+                    .get_or_create(&QueueLabels {
+                        state: state.to_owned(),
+                    })
+                    .set(i64::try_from(count).unwrap_or(i64::MAX));
+            }
+        }
+        self.executions_held
+            .set(i64::try_from(held).unwrap_or(i64::MAX));
     }
 
     /// Counts a run stopped because its lease could not be renewed in time.

@@ -757,6 +757,24 @@ async fn a_tenant_runs_at_most_its_share_of_executions_and_holds_its_share_of_ev
     assert_eq!(waiting["status"], "queued", "{waiting}");
     assert_eq!(waiting["queue"]["state"], "queued", "{waiting}");
     assert_eq!(waiting["steps"], json!([]), "{waiting}");
+    // The queue shows in the metrics: two runs going, one waiting, both held here.
+    let metrics = client()
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        r#"contexture_execution_queue{state="queued"} 1"#,
+        r#"contexture_execution_queue{state="running"} 2"#,
+        r#"contexture_execution_queue{state="finished"} 0"#,
+        "contexture_executions_held 2",
+        r#"contexture_executions_taken_total{outcome="queued"} 2"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in:\n{metrics}");
+    }
 
     // One open stream per tenant; a closed one gives its slot back.
     let events = |key: &str| {

@@ -82,6 +82,19 @@ pub struct QueuedExecution {
     pub outcome: Option<String>,
 }
 
+/// How many runs the queue holds in each state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct QueueCounts {
+    /// Waiting for a server.
+    pub queued: u64,
+    /// Held by a server whose lease is live.
+    pub running: u64,
+    /// Held by a server whose lease ran out: the next claim adopts them.
+    pub lapsed: u64,
+    /// Ended.
+    pub finished: u64,
+}
+
 /// A run a server claimed: it runs it (resuming it from its log when it was adopted) while
 /// it renews its lease with `epoch`.
 #[derive(Debug, Clone, PartialEq)]
@@ -139,6 +152,21 @@ pub trait ExecutionQueueStore: Send + Sync {
         epoch: i64,
         outcome: &str,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Gives up `node`'s lease of run `id` (held with `epoch`) at once, so that the next
+    /// claim, of any server, adopts the run (a server shutting down). False when it no
+    /// longer held it.
+    fn release_execution(
+        &self,
+        id: &str,
+        node: &str,
+        epoch: i64,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// How many runs the queue holds in each state, judged by the database's clock.
+    fn execution_queue_counts(
+        &self,
+    ) -> impl Future<Output = Result<QueueCounts, StoreError>> + Send;
 
     /// The run `id` as the queue holds it, if it was ever enqueued.
     fn queued_execution(

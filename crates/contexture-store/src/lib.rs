@@ -59,7 +59,9 @@ use contexture_core::tokens::Encoding;
 
 pub use api_keys::{ApiKeyRecord, ApiKeyStore};
 pub use error::{DriverError, StoreError};
-pub use execution_queue::{ExecutionClaim, ExecutionQueueStore, QueueState, QueuedExecution};
+pub use execution_queue::{
+    ExecutionClaim, ExecutionQueueStore, QueueCounts, QueueState, QueuedExecution,
+};
 pub use leased::{HeldLease, Leased};
 #[cfg(feature = "postgres")]
 pub use postgres::PgStore;

@@ -297,6 +297,19 @@ impl crate::ExecutionQueueStore for AnyStore {
         on_backend!(self, store => store.finish_execution(id, node, epoch, outcome).await)
     }
 
+    async fn release_execution(
+        &self,
+        id: &str,
+        node: &str,
+        epoch: i64,
+    ) -> Result<bool, StoreError> {
+        on_backend!(self, store => store.release_execution(id, node, epoch).await)
+    }
+
+    async fn execution_queue_counts(&self) -> Result<crate::QueueCounts, StoreError> {
+        on_backend!(self, store => store.execution_queue_counts().await)
+    }
+
     async fn queued_execution(
         &self,
         id: &str,

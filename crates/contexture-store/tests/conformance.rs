@@ -19,7 +19,7 @@ use contexture_core::thread::{
 use contexture_core::tokens::{Encoding, message_tokens};
 use contexture_core::{Message, Role, ToolCall};
 use contexture_store::{
-    ApiKeyRecord, ApiKeyStore, ExecutionQueueStore, NewEvent, PruneReport, QueueState,
+    ApiKeyRecord, ApiKeyStore, ExecutionQueueStore, NewEvent, PruneReport, QueueCounts, QueueState,
     RecentCursor, RequestRetention, RetentionRules, Store, StoreError, ThreadInfo, TurnQueueStore,
 };
 use serde_json::json;
@@ -2167,8 +2167,44 @@ async fn executions_are_claimed_oldest_first_held_by_one_server_and_adopted_when
             .is_empty()
     );
 
+    // The queue's counts: run-a and run-c held, run-b finished.
+    assert_eq!(
+        other.execution_queue_counts().await.unwrap(),
+        QueueCounts {
+            queued: 0,
+            running: 2,
+            lapsed: 0,
+            finished: 1
+        }
+    );
+    // A server shutting down releases its run: the next claim adopts it at once, and the
+    // earlier holder can neither release nor renew it again.
+    assert!(
+        s.release_execution("run-a", "node-1", a.epoch)
+            .await
+            .unwrap()
+    );
+    assert_eq!(s.execution_queue_counts().await.unwrap().lapsed, 1);
+    let taken = other
+        .claim_executions("node-2", 5, 10, lease)
+        .await
+        .unwrap();
+    assert_eq!(taken.len(), 1);
+    assert!(taken[0].id == "run-a" && taken[0].adopted);
+    assert!(
+        !s.release_execution("run-a", "node-1", a.epoch)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !s.renew_execution("run-a", "node-1", a.epoch, lease)
+            .await
+            .unwrap()
+    );
+
     // Through either backend of `AnyStore` alike.
     let any = h.any();
+    assert_eq!(any.execution_queue_counts().await.unwrap().running, 2);
     any.enqueue_execution("run-d", "globex", &json!(null))
         .await
         .unwrap();

@@ -4,6 +4,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
+use contexture_store::ExecutionQueueStore;
 use contexture_store::Store;
 use serde_json::json;
 
@@ -38,8 +39,27 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
     }
 }
 
-/// `GET /metrics`: Prometheus text exposition.
+/// How long a scrape waits for the queue's counts before it answers without them.
+const QUEUE_COUNT_TIME: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `GET /metrics`: Prometheus text exposition, with the execution queue's counts as of the
+/// scrape.
 pub async fn metrics(State(state): State<AppState>) -> Response {
+    let counts =
+        match tokio::time::timeout(QUEUE_COUNT_TIME, state.store.execution_queue_counts()).await {
+            Ok(Ok(counts)) => Some(counts),
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "cannot count the execution queue for a scrape");
+                None
+            }
+            Err(_) => {
+                tracing::warn!("counting the execution queue took too long for a scrape");
+                None
+            }
+        };
+    state
+        .metrics
+        .set_queue(counts.as_ref(), state.worker.held());
     (
         [(
             header::CONTENT_TYPE,

@@ -11,7 +11,7 @@ use serde_json::Value;
 use super::PgStore;
 use crate::error::Action;
 use crate::execution_queue::{
-    ExecutionClaim, QUEUED_COLUMNS, QueuedExecution, QueuedRow, request_of,
+    ExecutionClaim, QUEUED_COLUMNS, QueueCounts, QueuedExecution, QueuedRow, request_of,
 };
 use crate::turn_queue::lease_ms;
 use crate::{ExecutionQueueStore, StoreError};
@@ -177,6 +177,51 @@ impl ExecutionQueueStore for PgStore {
             .await
             .doing("finish an execution")?;
         Ok(finished == 1)
+    }
+
+    async fn release_execution(
+        &self,
+        id: &str,
+        node: &str,
+        epoch: i64,
+    ) -> Result<bool, StoreError> {
+        let client = self.pool.get().await?;
+        let released = client
+            .execute(
+                &format!(
+                    "UPDATE execution_queue SET lease_until = {NOW_MS} - 1 \
+                     WHERE id = $1 AND owner = $2 AND epoch = $3 AND state = 'running'"
+                ),
+                &[&id, &node, &epoch],
+            )
+            .await
+            .doing("release an execution")?;
+        Ok(released == 1)
+    }
+
+    async fn execution_queue_counts(&self) -> Result<QueueCounts, StoreError> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_one(
+                &format!(
+                    "WITH clock AS (SELECT {NOW_MS} AS now) SELECT \
+                     count(*) FILTER (WHERE state = 'queued'), \
+                     count(*) FILTER (WHERE state = 'running' AND lease_until >= clock.now), \
+                     count(*) FILTER (WHERE state = 'running' AND lease_until < clock.now), \
+                     count(*) FILTER (WHERE state = 'finished') \
+                     FROM execution_queue, clock"
+                ),
+                &[],
+            )
+            .await
+            .doing("count the execution queue")?;
+        let count = |at: usize| u64::try_from(row.get::<_, i64>(at)).unwrap_or(0);
+        Ok(QueueCounts {
+            queued: count(0),
+            running: count(1),
+            lapsed: count(2),
+            finished: count(3),
+        })
     }
 
     async fn queued_execution(&self, id: &str) -> Result<Option<QueuedExecution>, StoreError> {

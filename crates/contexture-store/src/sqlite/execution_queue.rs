@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::SqliteStore;
 use crate::error::Action;
 use crate::execution_queue::{
-    ExecutionClaim, QUEUED_COLUMNS, QueuedExecution, QueuedRow, request_of,
+    ExecutionClaim, QUEUED_COLUMNS, QueueCounts, QueuedExecution, QueuedRow, request_of,
 };
 use crate::turn_queue::lease_ms;
 use crate::{ExecutionQueueStore, StoreError, epoch_ms};
@@ -172,6 +172,55 @@ impl ExecutionQueueStore for SqliteStore {
                 .execute(params![id, node, epoch, outcome, now])
                 .doing("finish an execution")?;
             Ok(finished == 1)
+        })
+        .await
+    }
+
+    async fn release_execution(
+        &self,
+        id: &str,
+        node: &str,
+        epoch: i64,
+    ) -> Result<bool, StoreError> {
+        let (id, node) = (id.to_owned(), node.to_owned());
+        let now = epoch_ms(SystemTime::now());
+        self.write(move |tx| {
+            let released = tx
+                .prepare_cached(
+                    "UPDATE execution_queue SET lease_until = ?4 - 1 \
+                     WHERE id = ?1 AND owner = ?2 AND epoch = ?3 AND state = 'running'",
+                )
+                .doing("prepare the release")?
+                .execute(params![id, node, epoch, now])
+                .doing("release an execution")?;
+            Ok(released == 1)
+        })
+        .await
+    }
+
+    async fn execution_queue_counts(&self) -> Result<QueueCounts, StoreError> {
+        let now = epoch_ms(SystemTime::now());
+        self.read(move |conn| {
+            conn.prepare_cached(
+                "SELECT \
+                 count(*) FILTER (WHERE state = 'queued'), \
+                 count(*) FILTER (WHERE state = 'running' AND lease_until >= ?1), \
+                 count(*) FILTER (WHERE state = 'running' AND lease_until < ?1), \
+                 count(*) FILTER (WHERE state = 'finished') \
+                 FROM execution_queue",
+            )
+            .doing("prepare the queue's count")?
+            .query_row(params![now], |row| {
+                let count =
+                    |at: usize| row.get::<_, i64>(at).map(|n| u64::try_from(n).unwrap_or(0));
+                Ok(QueueCounts {
+                    queued: count(0)?,
+                    running: count(1)?,
+                    lapsed: count(2)?,
+                    finished: count(3)?,
+                })
+            })
+            .doing("count the execution queue")
         })
         .await
     }
