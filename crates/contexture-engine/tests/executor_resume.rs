@@ -131,6 +131,189 @@ async fn a_run_interrupted_during_a_call_closes_the_call_and_runs_the_step_anew(
     assert_eq!(ends.len(), 4);
 }
 
+/// Answers its first `answered` calls from a script, then never answers again: the process
+/// "dies" during the next call.
+struct ScriptThenHang {
+    script: Arc<contexture_llm::ScriptedProvider>,
+    answered: usize,
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+impl Provider for ScriptThenHang {
+    fn name(&self) -> &str {
+        "script-then-hang"
+    }
+    fn complete<'a>(
+        &'a self,
+        request: &'a ChatRequest,
+    ) -> BoxFuture<'a, Result<ChatResponse, LlmError>> {
+        let call = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if call < self.answered {
+            self.script.complete(request)
+        } else {
+            Box::pin(std::future::pending())
+        }
+    }
+    fn stream<'a>(
+        &'a self,
+        request: &'a ChatRequest,
+        _on_delta: &'a mut (dyn FnMut(StreamDelta) + Send),
+    ) -> BoxFuture<'a, Result<ChatResponse, LlmError>> {
+        self.complete(request)
+    }
+}
+
+const TOOL_LOOP: &str = r#"
+assistants:
+  - {id: a, model: gpt-4o-mini, tools: [echo-tool]}
+tools:
+  - {id: echo-tool, tool: echo}
+states:
+  - {id: s, assistant_id: a, task: Go, next: {end: true}}
+"#;
+
+#[tokio::test]
+async fn a_step_interrupted_in_its_tool_loop_goes_on_from_its_log_without_calling_again() {
+    let (_dir, store) = sqlite().await;
+    // Two turns of tool calls answered, then the third call never comes back.
+    let first = Arc::new(ScriptThenHang {
+        script: script(
+            r#"
+- tool_calls: [{id: c1, name: echo-tool, arguments: {n: 1}}]
+- tool_calls: [{id: c2, name: echo-tool, arguments: {n: 2}}, {id: c3, name: echo-tool, arguments: {n: 3}}]
+"#,
+        ),
+        answered: 2,
+        calls: std::sync::atomic::AtomicUsize::new(0),
+    });
+    let exec = executor(store.clone(), first.clone());
+    let third_in_flight = async {
+        loop {
+            if let Ok(log) = exec.load("run-1").await
+                && log.thread().in_flight().is_some()
+                && log.open_step_messages().is_some_and(|m| m.len() == 5)
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::select! {
+        _ = start(&exec, TOOL_LOOP, "go") => panic!("the run cannot end: its third call never answers"),
+        reached = tokio::time::timeout(Duration::from_secs(30), third_in_flight) => {
+            reached.expect("the third call goes in flight");
+        }
+    }
+
+    // Resumed: only the call that was in flight is made again, with the loop so far.
+    let provider = script("[{content: finished}]");
+    let out = executor(store.clone(), provider.clone())
+        .resume("run-1")
+        .await
+        .unwrap();
+    assert_eq!(out.output, "finished");
+    let sent = provider.requests();
+    assert_eq!(
+        sent.len(),
+        1,
+        "the model's two answered turns were not asked for again"
+    );
+    let results: Vec<(String, String)> = sent[0]
+        .messages
+        .iter()
+        .filter_map(|m| Some((m.tool_call_id.clone()?.to_string(), m.text())))
+        .collect();
+    assert_eq!(
+        results,
+        [
+            ("c1".to_owned(), r#"{"n":1}"#.to_owned()),
+            ("c2".to_owned(), r#"{"n":2}"#.to_owned()),
+            ("c3".to_owned(), r#"{"n":3}"#.to_owned()),
+        ]
+    );
+    // Both attempts of the third call are in the log: the first closed as interrupted.
+    let log = events(&store, "run-1").await;
+    let ends: Vec<_> = log
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::RequestEnded(end) => Some((end.outcome, end.error.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ends.len(), 4, "{ends:?}");
+    assert_eq!(ends[2].0, RequestOutcome::Failed);
+    assert!(ends[2].1.as_deref().unwrap().starts_with("interrupted"));
+    let names = kinds(&log);
+    assert_eq!(names.iter().filter(|k| **k == "step_finished").count(), 1);
+    // The finished step's own log holds its whole loop.
+    let finished_step = log
+        .iter()
+        .rev()
+        .find_map(|e| match &e.kind {
+            EventKind::StepFinished(end) => Some(end.step),
+            _ => None,
+        })
+        .unwrap();
+    let own = log
+        .iter()
+        .filter(|e| matches!(&e.kind, EventKind::StepMessage(m) if m.step == finished_step))
+        .count();
+    assert_eq!(own, 5, "two turns and three results");
+}
+
+#[tokio::test]
+async fn a_step_interrupted_between_its_tool_calls_runs_only_the_calls_without_results() {
+    let (_dir, store) = sqlite().await;
+    let exec = executor(store.clone(), script("[]"));
+    // The log as a process that stopped after the first of two tool calls left it.
+    let request = RunRequest::new("workflow.yaml", TOOL_LOOP, "go");
+    let mut request = request;
+    request.execution_id = Some("run-1".into());
+    exec.open(request).await.unwrap();
+    let turn = contexture_core::Message::assistant_tool_calls(vec![
+        contexture_core::ToolCall::new("c1", "echo-tool", r#"{"n":1}"#),
+        contexture_core::ToolCall::new("c2", "echo-tool", r#"{"n":2}"#),
+    ]);
+    let step = |message| {
+        NewEvent::new(EventKind::StepMessage(
+            contexture_core::thread::StepMessage { step: 1, message },
+        ))
+    };
+    store
+        .append(
+            "run-1",
+            vec![
+                NewEvent::new(EventKind::StepStarted(contexture_core::thread::StepStart {
+                    step: 1,
+                    state_id: "s".into(),
+                    item: None,
+                    task: Some("Go".into()),
+                    arguments: None,
+                    child_execution_id: None,
+                    fork_thread: None,
+                })),
+                step(turn),
+                step(contexture_core::Message::tool_result("c1", r#"{"n":1}"#)),
+            ],
+        )
+        .await
+        .unwrap();
+    let provider = script("[{content: finished}]");
+    let out = executor(store.clone(), provider.clone())
+        .resume("run-1")
+        .await
+        .unwrap();
+    assert_eq!(out.output, "finished");
+    let sent = provider.requests();
+    assert_eq!(sent.len(), 1);
+    let answered: Vec<String> = sent[0]
+        .messages
+        .iter()
+        .filter_map(|m| m.tool_call_id.as_ref().map(|id| id.to_string()))
+        .collect();
+    assert_eq!(answered, ["c1", "c2"], "c1's result kept, c2 run once");
+}
+
 #[tokio::test]
 async fn an_iteration_resumes_at_the_first_unfinished_item() {
     let workflow = r#"

@@ -9,7 +9,7 @@ use contexture_core::thread::{
     CancelRequest, ContextReplace, EventKind, PrefixReuse, RecordedBudget, ReplaceReason,
     RequestEnd, RequestOutcome, RequestRecord, RunLimits, StepMessage, Usage,
 };
-use contexture_core::{Message, budget::BudgetBreakdown};
+use contexture_core::{Message, ToolCall, budget::BudgetBreakdown};
 use contexture_llm::{ChatRequest, ChatResponse, LlmError};
 use contexture_store::Store;
 use serde_json::Value;
@@ -146,7 +146,8 @@ impl<S: Store> Executor<S> {
         // and what the previous call sent.
         let mut memory = CutMemory::default();
         let mut previous: Option<Vec<Message>> = None;
-        for round in 0..assistant.max_iterations {
+        let first_round = self.carry_on(run, &setup, &mut own).await?;
+        for round in first_round..assistant.max_iterations {
             self.refresh(run).await?;
             if let Some(request) = run.log.cancel_requested().cloned() {
                 return Err(self.cancel_step(run, info.step, own.own(), request).await);
@@ -206,26 +207,92 @@ impl<S: Store> Executor<S> {
                 break;
             }
             own.push(reply.clone());
-            for tool_call in &reply.tool_calls {
-                let (id, seq) = run.cancel_source();
-                let text = tokio::select! {
-                    biased;
-                    text = self.run_tool_call(run, &setup, tool_call, &mut own) => text?,
-                    request = self.cancellation(&id, seq) => {
-                        return Err(self.cancel_step(run, info.step, own.own(), request).await);
-                    }
-                };
-                let result = Message::tool_result(tool_call.id.clone(), text);
-                self.record_step_message(run, info.step, result.clone())
-                    .await?;
-                own.push(result);
-            }
+            self.answer_tool_calls(run, &setup, &reply.tool_calls, &mut own)
+                .await?;
         }
         Err(StepError::MaxIterations {
             assistant: assistant.id.clone(),
             max: assistant.max_iterations,
         }
         .into())
+    }
+
+    /// Runs `calls` (a reply's tool calls) one after another, recording each result in the
+    /// step's log and its loop; a cancellation stops the step between them.
+    async fn answer_tool_calls(
+        &self,
+        run: &mut Run,
+        setup: &AssistantSetup<'_>,
+        calls: &[ToolCall],
+        own: &mut LoopView,
+    ) -> Result<(), Abort> {
+        let step = setup.step.info.step;
+        for tool_call in calls {
+            let (id, seq) = run.cancel_source();
+            let text = tokio::select! {
+                biased;
+                text = self.run_tool_call(run, setup, tool_call, own) => text?,
+                request = self.cancellation(&id, seq) => {
+                    return Err(self.cancel_step(run, step, own.own(), request).await);
+                }
+            };
+            let result = Message::tool_result(tool_call.id.clone(), text);
+            self.record_step_message(run, step, result.clone()).await?;
+            own.push(result);
+        }
+        Ok(())
+    }
+
+    /// Goes on from the tool loop an interrupted attempt of this step recorded (see
+    /// [`StepContext::carried`]): its messages are recorded again as this step's, so that
+    /// its log holds its whole loop, and the tool calls of its last turn that have no result
+    /// yet are run (they were in flight). Returns the round the loop goes on with: the
+    /// model's turns it had are not asked for again.
+    async fn carry_on(
+        &self,
+        run: &mut Run,
+        setup: &AssistantSetup<'_>,
+        own: &mut LoopView,
+    ) -> Result<u32, Abort> {
+        let carried = &setup.step.carried;
+        if carried.is_empty() {
+            return Ok(0);
+        }
+        let step = setup.step.info.step;
+        self.append(
+            run,
+            carried
+                .iter()
+                .map(|message| {
+                    EventKind::StepMessage(StepMessage {
+                        step,
+                        message: message.clone(),
+                    })
+                })
+                .collect(),
+        )
+        .await?;
+        for message in carried {
+            own.push(message.clone());
+        }
+        let turns = carried
+            .iter()
+            .filter(|message| !message.tool_calls.is_empty())
+            .count();
+        if let Some(last_turn) = carried.iter().rposition(|m| !m.tool_calls.is_empty()) {
+            let answered: Vec<&str> = carried[last_turn + 1..]
+                .iter()
+                .filter_map(|m| m.tool_call_id.as_deref())
+                .collect();
+            let unanswered: Vec<ToolCall> = carried[last_turn]
+                .tool_calls
+                .iter()
+                .filter(|call| !answered.contains(&&*call.id))
+                .cloned()
+                .collect();
+            self.answer_tool_calls(run, setup, &unanswered, own).await?;
+        }
+        Ok(u32::try_from(turns).unwrap_or(u32::MAX))
     }
 
     /// Fits the request, then passes it through the hooks.

@@ -149,9 +149,12 @@ impl<S: Store> Executor<S> {
         Ok(run)
     }
 
-    /// Continues a run from its log: finished steps are not run again; the step that was
-    /// running (or failed) runs anew. A completed run is returned as it is; a cancelled one
-    /// (or one whose cancellation was asked for) is not run again.
+    /// Continues a run from its log: finished steps are not run again; a failed step runs
+    /// anew; the step that was running when the run stopped starts again with the tool loop
+    /// it recorded (the model's turns of it are not asked for again, its tool calls without
+    /// a result run, and its call that was in flight is recorded as interrupted and made
+    /// again). A completed run is returned as it is; a cancelled one (or one whose
+    /// cancellation was asked for) is not run again.
     pub async fn resume(&self, execution_id: &str) -> Result<RunOutcome, ExecError> {
         self.resume_within(execution_id, RunLimits::default()).await
     }

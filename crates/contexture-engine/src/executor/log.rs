@@ -2,6 +2,7 @@
 //! store, usage) plus the step cursor. A resumed run starts from this fold, so it never
 //! re-runs a finished step.
 
+use contexture_core::Message;
 use contexture_core::context::{ContextStore, MergePolicy, parse_output};
 use std::collections::HashMap;
 
@@ -66,6 +67,9 @@ pub struct ExecutionLog {
     requests_started: u64,
     script_exhausted: u64,
     open_step: Option<StepStart>,
+    /// The open step's own messages as recorded (its tool loop), unless its loop was
+    /// compacted: what a resumed step continues from.
+    open_step_messages: Option<Vec<Message>>,
     last_output: Option<String>,
     failure: Option<StepFailure>,
     end: Option<RunEnd>,
@@ -116,6 +120,7 @@ impl ExecutionLog {
             requests_started: 0,
             script_exhausted: 0,
             open_step: None,
+            open_step_messages: None,
             last_output: None,
             failure: None,
             end: None,
@@ -165,10 +170,25 @@ impl ExecutionLog {
                     self.children.push(child.clone());
                 }
                 self.open_step = Some(step.clone());
+                self.open_step_messages = Some(Vec::new());
                 self.failure = None;
                 self.end = None;
             }
+            EventKind::StepMessage(recorded) => {
+                if self.open_step.as_ref().map(|s| s.step) == Some(recorded.step)
+                    && let Some(messages) = &mut self.open_step_messages
+                {
+                    messages.push(recorded.message.clone());
+                }
+            }
+            // A compacted loop is not continued: what it sends is no longer its messages.
+            EventKind::StepCompacted(compaction)
+                if self.open_step.as_ref().map(|s| s.step) == Some(compaction.step) =>
+            {
+                self.open_step_messages = None;
+            }
             EventKind::StepFinished(step) => {
+                self.open_step_messages = None;
                 let open = self.open_step.take();
                 if open.as_ref().map(|s| s.step) != Some(step.step) {
                     return Err(LogError::StepMismatch {
@@ -216,6 +236,7 @@ impl ExecutionLog {
             }
             EventKind::StepFailed(failure) => {
                 self.open_step = None;
+                self.open_step_messages = None;
                 self.failure = Some(failure.clone());
             }
             EventKind::RunEnded(end) => self.end = Some(end.clone()),
@@ -294,6 +315,14 @@ impl ExecutionLog {
     /// The step that started and has neither finished nor failed (a crash left it).
     pub fn open_step(&self) -> Option<&StepStart> {
         self.open_step.as_ref()
+    }
+
+    /// The messages the open step recorded of its tool loop (assistant turns that called
+    /// tools, and tools' results), in order; `None` when no step is open or its loop was
+    /// compacted.
+    pub fn open_step_messages(&self) -> Option<&[Message]> {
+        self.open_step.as_ref()?;
+        self.open_step_messages.as_deref()
     }
 
     /// The output of the last step (for a finished iteration, the items' outputs as a JSON

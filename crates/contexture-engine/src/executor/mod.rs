@@ -14,7 +14,8 @@
 //! - `step_failed` and `run_ended` when a step fails, `run_ended` when the run completes.
 //!
 //! Resuming folds the log ([`ExecutionLog`]) and continues with the step that has not
-//! finished: finished steps never run again.
+//! finished: finished steps never run again, and an interrupted assistant step goes on
+//! from the tool loop it recorded (its model turns are not asked for again).
 
 mod assistant;
 mod building;

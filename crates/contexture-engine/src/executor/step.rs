@@ -101,6 +101,10 @@ pub(crate) struct StepContext<'a> {
     pub store: ContextStore,
     /// How the step's templates render.
     pub options: RenderOptions,
+    /// The tool loop an interrupted attempt of this same step recorded (its process
+    /// stopped before the step ended): an assistant step goes on from it instead of
+    /// calling the model for those turns again.
+    pub carried: Vec<Message>,
 }
 
 /// A step's task, a tool state's arguments, or a sub-workflow's child, worked out before
@@ -315,13 +319,14 @@ impl<S: Store> Executor<S> {
                     .unwrap_or_default(),
                 problems: vec![format!("state `{state_id}` runs nothing")],
             })?;
-        let current = StepContext {
+        let mut current = StepContext {
             info,
             workflow: &workflow,
             state,
             kind,
             store: step_store,
             options,
+            carried: Vec::new(),
         };
         let prepared = self.prepare_step(&current, work, &run.log, &run.hooks);
         let (task, arguments, child) = match &prepared {
@@ -340,6 +345,20 @@ impl<S: Store> Executor<S> {
             .map(|_| format!("{}{CHILD_SEPARATOR}{state_id}.fork.{step}", run.id));
         // The state's named context becomes the active one with the step's start (no
         // request is in flight between steps, so it applies at once).
+        // The step an interrupted run left open, of this state (and item) with this task,
+        // goes on where its tool loop stopped. Not a step on a fork or an item run alongside
+        // others: those start over.
+        if fork_id.is_none()
+            && run.staging.is_none()
+            && let (Some(open), Some(messages)) =
+                (run.log.open_step(), run.log.open_step_messages())
+            && open.state_id == state_id
+            && open.item == current.info.item
+            && open.task == task
+            && open.fork_thread.is_none()
+        {
+            current.carried = messages.to_vec();
+        }
         let named = state.thread_context.as_deref().unwrap_or(DEFAULT_CONTEXT);
         let mut started = Vec::with_capacity(2);
         if run.log.thread().active_context() != named {
