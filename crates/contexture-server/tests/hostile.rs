@@ -775,6 +775,23 @@ async fn a_tenant_runs_at_most_its_share_of_executions_and_holds_its_share_of_ev
     ] {
         assert!(metrics.contains(line), "{line} in:\n{metrics}");
     }
+    // A queued run cancelled ends at once: no server ever takes it.
+    let (status, _) = start(acme.clone(), "run-3").await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let cancel = client()
+        .post(server.url("/v1/executions/run-3/cancel"))
+        .bearer_auth(&acme)
+        .json(&json!({"reason": "not needed"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cancel.status(), StatusCode::OK);
+    let cancelled = status_of(acme.clone(), "run-3").await;
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    assert_eq!(cancelled["error"], "cancelled: not needed", "{cancelled}");
+    assert_eq!(cancelled["queue"]["state"], "finished", "{cancelled}");
+    assert_eq!(cancelled["queue"]["outcome"], "cancelled", "{cancelled}");
+    assert_eq!(cancelled["queue"]["attempts"], 0, "{cancelled}");
 
     // One open stream per tenant; a closed one gives its slot back.
     let events = |key: &str| {

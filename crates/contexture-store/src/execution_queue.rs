@@ -163,6 +163,14 @@ pub trait ExecutionQueueStore: Send + Sync {
         epoch: i64,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
+    /// Finishes run `id` as `outcome` if it is still waiting in the queue (no server has
+    /// taken it): true when it was; false when it was taken, finished, or never queued.
+    fn finish_queued_execution(
+        &self,
+        id: &str,
+        outcome: &str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
     /// How many runs the queue holds in each state, judged by the database's clock.
     fn execution_queue_counts(
         &self,

@@ -306,6 +306,10 @@ impl crate::ExecutionQueueStore for AnyStore {
         on_backend!(self, store => store.release_execution(id, node, epoch).await)
     }
 
+    async fn finish_queued_execution(&self, id: &str, outcome: &str) -> Result<bool, StoreError> {
+        on_backend!(self, store => store.finish_queued_execution(id, outcome).await)
+    }
+
     async fn execution_queue_counts(&self) -> Result<crate::QueueCounts, StoreError> {
         on_backend!(self, store => store.execution_queue_counts().await)
     }

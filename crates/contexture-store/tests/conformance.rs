@@ -1987,6 +1987,32 @@ async fn turns_hold_a_thread_one_at_a_time_in_the_order_they_joined(h: &impl Har
     assert!(!other.renew_turn("t", b, lease).await.unwrap());
     assert_eq!(s.turns_ahead("t", c).await.unwrap(), Some(0));
     assert_eq!(s.turns_ahead("u", x).await.unwrap(), Some(0));
+    // A run still waiting can be finished (cancelled) before any server takes it; a taken
+    // one cannot.
+    s.enqueue_execution("run-e", "acme", &json!(null))
+        .await
+        .unwrap();
+    assert!(
+        other
+            .finish_queued_execution("run-e", "cancelled")
+            .await
+            .unwrap()
+    );
+    let cancelled = s.queued_execution("run-e").await.unwrap().unwrap();
+    assert_eq!(cancelled.state, QueueState::Finished);
+    assert_eq!(cancelled.outcome.as_deref(), Some("cancelled"));
+    assert!(
+        s.claim_executions("node-5", 5, 10, lease)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        !s.finish_queued_execution("run-a", "cancelled")
+            .await
+            .unwrap()
+    );
+
     // Through either backend of `AnyStore` alike.
     let any = h.any();
     let d = any.join_turn_queue("t").await.unwrap();
@@ -2202,9 +2228,36 @@ async fn executions_are_claimed_oldest_first_held_by_one_server_and_adopted_when
             .unwrap()
     );
 
+    // A run still waiting can be finished (cancelled) before any server takes it; a taken
+    // one cannot.
+    s.enqueue_execution("run-e", "acme", &json!(null))
+        .await
+        .unwrap();
+    assert!(
+        other
+            .finish_queued_execution("run-e", "cancelled")
+            .await
+            .unwrap()
+    );
+    let cancelled = s.queued_execution("run-e").await.unwrap().unwrap();
+    assert_eq!(cancelled.state, QueueState::Finished);
+    assert_eq!(cancelled.outcome.as_deref(), Some("cancelled"));
+    assert!(
+        s.claim_executions("node-5", 5, 10, lease)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        !s.finish_queued_execution("run-a", "cancelled")
+            .await
+            .unwrap()
+    );
+
     // Through either backend of `AnyStore` alike.
     let any = h.any();
     assert_eq!(any.execution_queue_counts().await.unwrap().running, 2);
+    assert_eq!(any.execution_queue_counts().await.unwrap().finished, 2);
     any.enqueue_execution("run-d", "globex", &json!(null))
         .await
         .unwrap();

@@ -255,6 +255,29 @@ impl<S: Store> Executor<S> {
         Ok(marked)
     }
 
+    /// Ends as cancelled a run whose cancellation was asked for before any of its steps
+    /// started (a queued run nobody took): it will never run, so its log says so now.
+    /// Returns false, and writes nothing, when it started a step, ended, or was not asked to
+    /// cancel.
+    pub async fn end_cancelled_before_start(&self, execution_id: &str) -> Result<bool, ExecError> {
+        let log = self.load(execution_id).await?;
+        let Some(request) = log.cancel_requested() else {
+            return Ok(false);
+        };
+        if log.end().is_some() || log.steps_started() > 0 {
+            return Ok(false);
+        }
+        let end = RunEnd {
+            status: RunStatus::Cancelled,
+            output: None,
+            error: Some(cancel_text(request.reason.as_deref())),
+        };
+        self.store
+            .append(execution_id, vec![NewEvent::new(EventKind::RunEnded(end))])
+            .await?;
+        Ok(true)
+    }
+
     /// The fold of an execution's log.
     pub async fn load(&self, execution_id: &str) -> Result<ExecutionLog, ExecError> {
         let events = self

@@ -563,14 +563,25 @@ pub async fn cancel(
     };
     check_execution(&state, tenant, &id).await?;
     let threads = state.tenant_store(tenant);
-    let marked = state
-        .tenant_executor(tenant)
-        .cancel(&id, reason)
+    let executor = state.tenant_executor(tenant);
+    let failed = |error: ExecError| match error {
+        ExecError::Store(error) => threads.error(error),
+        other => ApiError::conflict(other.to_string()),
+    };
+    let marked = executor.cancel(&id, reason).await.map_err(failed)?;
+    // A run still waiting in the queue will never run: it ends cancelled now, without
+    // waiting for a server to take it.
+    if state
+        .store
+        .finish_queued_execution(&threads.store().global_id(&id), "cancelled")
         .await
-        .map_err(|error| match error {
-            ExecError::Store(error) => threads.error(error),
-            other => ApiError::conflict(other.to_string()),
-        })?;
+        .map_err(|error| ApiError::store(&error))?
+    {
+        executor
+            .end_cancelled_before_start(&id)
+            .await
+            .map_err(failed)?;
+    }
     Ok(Json(json!({ "id": id, "cancel_requested": marked })))
 }
 

@@ -199,6 +199,21 @@ impl ExecutionQueueStore for PgStore {
         Ok(released == 1)
     }
 
+    async fn finish_queued_execution(&self, id: &str, outcome: &str) -> Result<bool, StoreError> {
+        let client = self.pool.get().await?;
+        let finished = client
+            .execute(
+                &format!(
+                    "UPDATE execution_queue SET state = 'finished', outcome = $2, \
+                     finished_at = {NOW_MS} WHERE id = $1 AND state = 'queued'"
+                ),
+                &[&id, &outcome],
+            )
+            .await
+            .doing("finish a queued execution")?;
+        Ok(finished == 1)
+    }
+
     async fn execution_queue_counts(&self) -> Result<QueueCounts, StoreError> {
         let client = self.pool.get().await?;
         let row = client

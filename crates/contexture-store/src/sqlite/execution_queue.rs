@@ -198,6 +198,23 @@ impl ExecutionQueueStore for SqliteStore {
         .await
     }
 
+    async fn finish_queued_execution(&self, id: &str, outcome: &str) -> Result<bool, StoreError> {
+        let (id, outcome) = (id.to_owned(), outcome.to_owned());
+        let now = epoch_ms(SystemTime::now());
+        self.write(move |tx| {
+            let finished = tx
+                .prepare_cached(
+                    "UPDATE execution_queue SET state = 'finished', outcome = ?2, \
+                     finished_at = ?3 WHERE id = ?1 AND state = 'queued'",
+                )
+                .doing("prepare the queued run's finish")?
+                .execute(params![id, outcome, now])
+                .doing("finish a queued execution")?;
+            Ok(finished == 1)
+        })
+        .await
+    }
+
     async fn execution_queue_counts(&self) -> Result<QueueCounts, StoreError> {
         let now = epoch_ms(SystemTime::now());
         self.read(move |conn| {
