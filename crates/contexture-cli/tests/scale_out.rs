@@ -50,7 +50,14 @@ fn fresh_schema(runtime: &tokio::runtime::Runtime) -> Option<(String, contexture
 
 /// The calls the provider received for `input`'s run, by the step they were for.
 fn calls_per_step(upstream: &FakeUpstream, input: &str) -> [usize; 3] {
-    let mut counts = [0; 3];
+    let counts = calls_per_task(upstream, input, &STEPS);
+    [counts[0], counts[1], counts[2]]
+}
+
+/// The calls the provider received for `input`'s run (or its children), by the task (of
+/// `tasks`) they were sent for.
+fn calls_per_task(upstream: &FakeUpstream, input: &str, tasks: &[&str]) -> Vec<usize> {
+    let mut counts = vec![0; tasks.len()];
     for request in upstream.calls() {
         let messages = request.messages();
         if !messages.iter().any(|(_, text)| text == input) {
@@ -62,7 +69,7 @@ fn calls_per_step(upstream: &FakeUpstream, input: &str) -> [usize; 3] {
             .find(|(role, _)| role == "user")
             .map(|(_, text)| text.as_str())
             .unwrap_or_default();
-        if let Some(step) = STEPS.iter().position(|step| last_user == *step) {
+        if let Some(step) = tasks.iter().position(|step| last_user == *step) {
             counts[step] += 1;
         }
     }
@@ -773,6 +780,86 @@ fn a_server_shutting_down_hands_its_runs_over_without_waiting_for_their_leases()
     let (_, took) = wait_for_takeover(&staying, &key, id, &upstream, &input, stopped_at);
     assert!(took < Duration::from_secs(10), "taken over after {took:?}");
     drop(staying);
+    runtime
+        .block_on(store.drop_schema())
+        .expect("drop the test schema");
+}
+
+#[test]
+fn a_sub_workflow_running_when_its_server_dies_is_taken_over_with_its_parent() {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let Some((db, store)) = fresh_schema(&runtime) else {
+        return;
+    };
+    let dir = TempDir::new("contexture-scale-out");
+    let config = server_config(&dir);
+    let workflows = dir.join("workflows");
+    std::fs::create_dir_all(&workflows).unwrap();
+    std::fs::write(
+        workflows.join("child.yaml"),
+        "assistants: [{id: a, model: gpt-4o-mini}]\nstates:\n  - {id: c1, assistant_id: a, task: child-one, next: {state_id: c2}}\n  - {id: c2, assistant_id: a, task: child-two, next: {end: true}}\n",
+    )
+    .unwrap();
+    let parent = "assistants: [{id: a, model: gpt-4o-mini}]\nstates:\n  - {id: sub, workflow: child.yaml, next: {state_id: after}}\n  - {id: after, assistant_id: a, task: parent-after, next: {end: true}}\n";
+    let upstream = slow_upstream(&runtime);
+    let key = create_key(&db, "acme");
+    let base = upstream.base_url();
+    let workflows_dir = workflows.display().to_string();
+    let start = || {
+        Server::start_with(
+            &db,
+            &base,
+            "sk-test",
+            &[
+                ("CONTEXTURE_CONFIG", config.as_str()),
+                ("CONTEXTURE_WORKFLOWS_DIR", workflows_dir.as_str()),
+            ],
+        )
+    };
+    let mut servers: Vec<Server> = (0..2).map(|_| start()).collect();
+    let id = "parent-run";
+    let input = format!("input of {id}");
+    let body = json!({"workflow_yaml": parent, "id": id, "input": input}).to_string();
+    let (head, answer) = servers[0].request("POST", "/v1/executions", &key, Some(&body));
+    assert!(head.starts_with("HTTP/1.1 202"), "{head}\n{answer}");
+    let tasks = ["child-one", "child-two", "parent-after"];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while calls_per_task(&upstream, &input, &tasks)[1] == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the child's second step never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = servers[0].get_json(&format!("/v1/executions/{id}"), &key);
+    let held_by =
+        holder(&servers, &status).unwrap_or_else(|| panic!("no server holds it: {status}"));
+    let killed_at = Instant::now();
+    servers[held_by].kill();
+    let other = &servers[1 - held_by];
+    let status = loop {
+        let status = other.get_json(&format!("/v1/executions/{id}"), &key);
+        if !matches!(status["status"].as_str(), Some("running" | "queued")) {
+            break status;
+        }
+        assert!(
+            killed_at.elapsed() < Duration::from_secs_f64(LEASE_SECS + 10.0),
+            "never completed after its server was killed: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status["status"], "completed", "{status}");
+    assert_eq!(status["queue"]["adopted"], true, "{status}");
+    let calls = calls_per_task(&upstream, &input, &tasks);
+    assert_eq!(calls[0], 1, "the child's finished step ran once: {calls:?}");
+    assert!((1..=2).contains(&calls[1]), "{calls:?}");
+    assert_eq!(calls[2], 1, "{calls:?}");
+    let child = status["children"][0].as_str().expect("a child").to_owned();
+    let child_status = other.get_json(&format!("/v1/executions/{child}"), &key);
+    assert_eq!(child_status["status"], "completed", "{child_status}");
+    for server in &mut servers {
+        server.stop();
+    }
     runtime
         .block_on(store.drop_schema())
         .expect("drop the test schema");
