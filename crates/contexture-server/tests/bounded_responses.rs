@@ -15,6 +15,10 @@ use contexture_store::{AnyStore, NewEvent, SqliteStore, Store};
 use reqwest::StatusCode;
 use serde_json::Value;
 
+/// Held by each test of this file while it runs: they measure the process's resident memory
+/// and time, which the other's 58 MB thread would blur if they ran at once.
+static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// This process's resident memory, in bytes (the server runs in it).
 fn resident_bytes() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
@@ -60,6 +64,7 @@ async fn thread_with_records(store: &AnyStore, thread: &str, turns: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_page_of_large_records_is_bounded_by_bytes_and_slow_readers_hold_little() {
+    let _alone = ALONE.lock().await;
     let dir = TempDir::new("contexture-bounded");
     let store = SqliteStore::open(dir.join("bounded.db")).await.unwrap();
     let server = TestServer::start(config(None), AnyStore::Sqlite(store)).await;
@@ -182,6 +187,7 @@ fn quantile(samples: &mut [Duration], q: f64) -> Duration {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_tenants_reads_of_a_huge_thread_leave_another_tenant_served() {
+    let _alone = ALONE.lock().await;
     let dir = TempDir::new("contexture-bounded");
     let store = SqliteStore::open(dir.join("bounded.db")).await.unwrap();
     let mut config = config(None);
