@@ -1,7 +1,8 @@
 //! `/v1/executions`: start a workflow run (202 with its id at once), its status with the
 //! usage tree, its events as server-sent events, cascading cancel, the log of its LLM
-//! requests. Runs go on in the server that started them; status, events and cancel work
-//! from any server on the same database.
+//! requests. A tenant's run is queued and taken by whichever server on the database has
+//! room (see the execution worker), and taken over by another when its server dies; status,
+//! events and cancel work from any server.
 
 use std::convert::Infallible;
 use std::time::Duration;
