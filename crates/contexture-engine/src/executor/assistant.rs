@@ -19,7 +19,7 @@ use super::item_budget::Decision;
 use super::request::check_view;
 use super::step::{Abort, StepContext};
 use super::tree_budget::Spent;
-use super::{Executor, McpProgress, Run, cancel_text, cancelled_results};
+use super::{Executor, McpProgress, Run, cancel_text, cancelled_results, unanswered_calls};
 use crate::calls::request_end;
 use crate::compaction::LoopView;
 use crate::fitting::{
@@ -279,19 +279,9 @@ impl<S: Store> Executor<S> {
             .iter()
             .filter(|message| !message.tool_calls.is_empty())
             .count();
-        if let Some(last_turn) = carried.iter().rposition(|m| !m.tool_calls.is_empty()) {
-            let answered: Vec<&str> = carried[last_turn + 1..]
-                .iter()
-                .filter_map(|m| m.tool_call_id.as_deref())
-                .collect();
-            let unanswered: Vec<ToolCall> = carried[last_turn]
-                .tool_calls
-                .iter()
-                .filter(|call| !answered.contains(&&*call.id))
-                .cloned()
-                .collect();
-            self.answer_tool_calls(run, setup, &unanswered, own).await?;
-        }
+        // The calls of its last turn that were in flight.
+        let unanswered: Vec<ToolCall> = unanswered_calls(carried).into_iter().cloned().collect();
+        self.answer_tool_calls(run, setup, &unanswered, own).await?;
         Ok(u32::try_from(turns).unwrap_or(u32::MAX))
     }
 

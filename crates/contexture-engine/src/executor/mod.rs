@@ -37,11 +37,11 @@ mod user_context;
 use std::sync::Arc;
 use std::time::Duration;
 
-use contexture_core::Message;
 use contexture_core::context::{ContextStore, RenderIsolation, RenderOptions};
 use contexture_core::fit::cancelled_result_text;
 use contexture_core::registry::Registry;
 use contexture_core::thread::{Event, EventKind, RunLimits, RunStart, Usage};
+use contexture_core::{Message, ToolCall};
 use contexture_llm::StreamDelta;
 use serde_json::{Map, Value};
 
@@ -328,28 +328,33 @@ pub(crate) fn cancel_text(reason: Option<&str>) -> String {
     }
 }
 
-/// A synthetic "cancelled" result for each call in `messages` that has no result, so the
-/// history stays valid for every provider.
-pub(crate) fn cancelled_results(messages: &[Message]) -> Vec<Message> {
+/// The tool calls of the last turn of `messages` that have no result after it: the calls
+/// left open at the end of a tool loop. None when the loop's end has moved on past them (a
+/// message that is not a tool result follows the turn: it was repaired or answered).
+pub(crate) fn unanswered_calls(messages: &[Message]) -> Vec<&ToolCall> {
     let Some(last_turn) = messages.iter().rposition(|m| !m.tool_calls.is_empty()) else {
         return Vec::new();
     };
-    let answered: Vec<&str> = messages[last_turn + 1..]
+    let after = &messages[last_turn + 1..];
+    if after.iter().any(|m| m.tool_call_id.is_none()) {
+        return Vec::new();
+    }
+    let answered: Vec<&str> = after
         .iter()
         .filter_map(|m| m.tool_call_id.as_deref())
         .collect();
-    // Only an open turn at the end needs answers; one followed by other turns was repaired
-    // or answered already.
-    if messages[last_turn + 1..]
-        .iter()
-        .any(|m| m.tool_call_id.is_none())
-    {
-        return Vec::new();
-    }
     messages[last_turn]
         .tool_calls
         .iter()
         .filter(|call| !answered.contains(&&*call.id))
+        .collect()
+}
+
+/// A synthetic "cancelled" result for each call in `messages` that has no result, so the
+/// history stays valid for every provider.
+pub(crate) fn cancelled_results(messages: &[Message]) -> Vec<Message> {
+    unanswered_calls(messages)
+        .into_iter()
         .map(|call| Message::tool_result(call.id.clone(), cancelled_result_text(&call.name)))
         .collect()
 }
