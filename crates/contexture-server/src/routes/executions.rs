@@ -478,6 +478,9 @@ pub(crate) async fn execution_status<S: StoreView>(
             "node": queued.owner,
             "lease_live": queued.lease_live,
             "outcome": queued.outcome,
+            "enqueued_at_ms": queued.enqueued_at_ms,
+            "started_at_ms": queued.started_at_ms,
+            "finished_at_ms": queued.finished_at_ms,
         });
     }
     strip_workflow_paths(state, &mut value);
