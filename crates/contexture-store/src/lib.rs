@@ -36,6 +36,8 @@ mod forks;
 mod leased;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod projection_cache;
 mod rate_limits;
 mod record;
 mod request_refs;

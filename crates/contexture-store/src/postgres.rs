@@ -28,6 +28,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
 use crate::error::Action;
+use crate::projection_cache::ProjectionCache;
 use crate::record::ThreadLimits;
 use crate::{
     EventOutline, KeyedEvent, NewEvent, ProjectionTail, PruneReport, RecentCursor,
@@ -46,6 +47,9 @@ pub struct PgStore {
     max_events: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// The most bytes of events a thread may hold (0: no limit), shared by clones.
     max_bytes: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Folds of recently read threads, checked against the database at each read and
+    /// shared by clones.
+    projections: std::sync::Arc<ProjectionCache>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -153,6 +157,7 @@ impl PgStore {
             schema: schema.map(str::to_string),
             max_events: Default::default(),
             max_bytes: Default::default(),
+            projections: Default::default(),
         };
         store.migrate(migrations).await?;
         Ok(store)

@@ -10,7 +10,6 @@
 mod api_keys;
 mod checkpointer;
 mod execution_queue;
-mod projection_cache;
 mod pruning;
 mod reads;
 mod references;
@@ -30,8 +29,8 @@ use contexture_core::tokens::Encoding;
 use rusqlite::Connection;
 
 use self::checkpointer::Checkpointer;
-use self::projection_cache::ProjectionCache;
 use self::writer::Writer;
+use crate::projection_cache::ProjectionCache;
 
 use crate::error::Action;
 use crate::record::{self, ThreadLimits};

@@ -13,6 +13,7 @@ use super::references;
 use crate::calibration;
 use crate::error::Action;
 use crate::forks::ForkChain;
+use crate::projection_cache;
 use crate::record::{self, db_seq, seq_of};
 use crate::tail::{TailStart, fold_sparse, watermark_of};
 use crate::{EventOutline, KeyedEvent, ProjectionTail, RecentCursor, StoreError, ThreadInfo};
@@ -22,7 +23,14 @@ pub(super) async fn chain(
     client: &impl GenericClient,
     thread: &str,
 ) -> Result<Vec<(String, Option<u64>)>, StoreError> {
-    let mut walk = ForkChain::new(thread);
+    walk_chain(client, ForkChain::new(thread)).await
+}
+
+/// The rest of `walk`, read a link at a time.
+async fn walk_chain(
+    client: &impl GenericClient,
+    mut walk: ForkChain,
+) -> Result<Vec<(String, Option<u64>)>, StoreError> {
     loop {
         let link = client
             .query_opt(
@@ -113,31 +121,152 @@ pub(super) async fn snapshot(
         .doing("begin a read")
 }
 
-/// The projection of `thread` read from its end (see [`Store::load_projection_tail`]), in
-/// one snapshot: the events other than ordinary messages, then the ordinary messages after
-/// the active context's anchor, from where their stored counts under `encoding`, added up
-/// from the newest, pass `tokens` (all of them without `tail`).
+/// The projection of `thread`, whole (`tail` `None`) or read from its end (see
+/// [`Store::load_projection_tail`]).
+///
+/// A fold of it kept in the store's cache from an earlier read is brought up to date with
+/// the events after it, read in one statement with the thread's last seq and the deletion
+/// count (see [`crate::projection_cache`]): one round trip. Otherwise it is read in one
+/// snapshot: the events other than ordinary messages, then the ordinary messages after the
+/// active context's anchor; a thread short enough to keep is read whole and kept, a longer
+/// one only from where the stored counts of its newest messages under the encoding, added
+/// up, pass the tokens asked for (a partial fold is never kept).
 pub(super) async fn read_projection_tail(
     store: &PgStore,
     thread: &str,
     tail: Option<(Encoding, u64)>,
 ) -> Result<ProjectionTail, StoreError> {
+    if let Some(kept_through) = store.projections.kept_through(thread)
+        && let Some(whole) = read_from_kept(store, thread, kept_through).await?
+    {
+        return Ok(whole);
+    }
     let mut client = store.pool.get().await?;
     let tx = snapshot(&mut client).await?;
-    let segments = chain(&tx, thread).await?;
+    let (segments, state) = chain_with_state(&tx, thread).await?;
     let special = events_in(&tx, thread, &segments, SPECIAL_EVENTS, 0).await?;
     let watermark = watermark_of(&special);
+    let keep = state.last_seq <= projection_cache::MAX_EVENTS_PER_FOLD;
     let (start, unread) = match tail {
-        Some((encoding, tokens)) => {
+        Some((encoding, tokens)) if !keep => {
             tail_start(&tx, thread, &segments, watermark, encoding, tokens).await?
         }
-        None => (1, 0),
+        _ => (1, 0),
     };
     let skipped_through = start.saturating_sub(1).max(watermark);
     let messages = events_in(&tx, thread, &segments, ORDINARY_MESSAGES, skipped_through).await?;
     tx.commit().await.doing("end the read")?;
     let fold = fold_sparse(thread, special, messages, skipped_through)?;
-    Ok(ProjectionTail::from_fold(&fold, unread))
+    let read = ProjectionTail::from_fold(&fold, unread);
+    if unread == 0 && start <= 1 {
+        store.projections.put(thread, state.deletions, fold);
+    }
+    Ok(read)
+}
+
+/// A thread's last seq and the database's deletion count, read with the first link of its
+/// fork chain.
+struct ThreadState {
+    last_seq: u64,
+    deletions: i64,
+}
+
+/// [`chain`], whose first query also reads the thread's [`ThreadState`] in the same
+/// snapshot.
+async fn chain_with_state(
+    client: &impl GenericClient,
+    thread: &str,
+) -> Result<(Vec<(String, Option<u64>)>, ThreadState), StoreError> {
+    let first = client
+        .prepare_cached(
+            "SELECT t.parent_id, t.fork_seq, t.last_seq, d.count
+             FROM threads t, deletions d WHERE t.id = $1 AND d.id = 1",
+        )
+        .await
+        .doing("prepare the thread's state query")?;
+    let row = client
+        .query_opt(&first, &[&thread])
+        .await
+        .doing("read the thread")?;
+    let mut walk = ForkChain::new(thread);
+    let state = match &row {
+        Some(row) => ThreadState {
+            last_seq: seq_of(thread, row.get(2))?,
+            deletions: row.get(3),
+        },
+        None => ThreadState {
+            last_seq: 0,
+            deletions: 0,
+        },
+    };
+    if !walk.step(row.map(|row| (row.get(0), row.get(1))))? {
+        return Ok((walk.segments(), state));
+    }
+    Ok((walk_chain(client, walk).await?, state))
+}
+
+/// The projection of `thread` from the fold of it the cache keeps through seq
+/// `kept_through`, brought up to date in one statement (one snapshot): the thread's last
+/// seq, the deletion count, and the events after the fold. `None` when the fold cannot be
+/// used (a delete since, another reader holding it, a thread gone): the caller reads in
+/// full.
+async fn read_from_kept(
+    store: &PgStore,
+    thread: &str,
+    kept_through: u64,
+) -> Result<Option<ProjectionTail>, StoreError> {
+    let client = store.pool.get().await?;
+    // The events after a fold are the thread's own (not its fork parent's): a fork's own
+    // events start right after its fork seq, and a fold of a fork holds at least the fork's
+    // first event. The fork seq is read to hold to that.
+    let select = client
+        .prepare_cached(
+            "SELECT d.count, t.last_seq, t.fork_seq, e.seq, e.kind, e.body, e.tokens
+             FROM deletions d
+             JOIN threads t ON t.id = $1
+             LEFT JOIN events e ON e.thread_id = t.id AND e.seq > $2 AND e.seq <= t.last_seq
+             WHERE d.id = 1
+             ORDER BY e.seq",
+        )
+        .await
+        .doing("prepare the read of a kept projection")?;
+    let rows = client
+        .query(&select, &[&thread, &db_seq(kept_through)])
+        .await
+        .doing("read the events after a kept projection")?;
+    let Some(first) = rows.first() else {
+        return Ok(None);
+    };
+    let deletions: i64 = first.get(0);
+    let last_seq = seq_of(thread, first.get(1))?;
+    let fork_seq: Option<i64> = first.get(2);
+    if fork_seq.is_some_and(|fork_seq| db_seq(kept_through) <= fork_seq) {
+        return Ok(None);
+    }
+    let Some(mut fold) = store.projections.take(thread, deletions, last_seq) else {
+        return Ok(None);
+    };
+    if fold.last_seq() < kept_through {
+        // Replaced meanwhile by an older read's fold: the events read do not reach it.
+        return Ok(None);
+    }
+    for row in &rows {
+        let Some(seq) = row.get::<_, Option<i64>>(3) else {
+            continue;
+        };
+        let seq = seq_of(thread, seq)?;
+        if seq <= fold.last_seq() {
+            continue;
+        }
+        let event = record::decode(thread, seq, row.get(4), row.get(5), row.get(6))?;
+        fold.apply(event).map_err(|source| StoreError::Replay {
+            thread: thread.to_string(),
+            source,
+        })?;
+    }
+    let whole = ProjectionTail::from_fold(&fold, 0);
+    store.projections.put(thread, deletions, fold);
+    Ok(Some(whole))
 }
 
 /// Where the tail of `thread`'s ordinary messages after `watermark` starts (see

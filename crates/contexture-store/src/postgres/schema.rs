@@ -65,6 +65,10 @@ pub(super) const MIGRATIONS: &[(u32, &str)] = &[
         14,
         include_str!("../../migrations/postgres/0014_rate_limits.sql"),
     ),
+    (
+        15,
+        include_str!("../../migrations/postgres/0015_deletions.sql"),
+    ),
 ];
 
 impl PgStore {

@@ -180,10 +180,16 @@ pub(super) async fn sizes_through(
     Ok(walk.finish(bytes_after, messages_after))
 }
 
+/// Deletes `thread`'s rows and counts the deletion (which drops cached folds of it, in
+/// every server: see [`crate::projection_cache`]), inside the caller's transaction.
 pub(super) async fn delete_thread(
     client: &impl GenericClient,
     thread: &str,
 ) -> Result<(), StoreError> {
+    client
+        .execute("UPDATE deletions SET count = count + 1 WHERE id = 1", &[])
+        .await
+        .doing("count the deletion")?;
     client
         .execute("DELETE FROM events WHERE thread_id = $1", &[&thread])
         .await

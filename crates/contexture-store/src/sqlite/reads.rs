@@ -7,11 +7,11 @@ use contexture_core::thread::Event;
 use contexture_core::tokens::Encoding;
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::projection_cache::{self, ProjectionCache};
 use super::references;
 use crate::calibration;
 use crate::error::Action;
 use crate::forks::ForkChain;
+use crate::projection_cache::{self, ProjectionCache};
 use crate::record::{self, db_seq, seq_of};
 use crate::tail::{TailStart, fold_sparse, watermark_of};
 use crate::{EventOutline, KeyedEvent, ProjectionTail, RecentCursor, StoreError, ThreadInfo};

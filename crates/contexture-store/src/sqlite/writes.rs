@@ -202,7 +202,7 @@ pub(super) fn sizes_through(
 }
 
 /// Deletes `thread`'s rows and counts the deletion (which drops cached folds of it, in
-/// every process: see [`projection_cache`]).
+/// every process: see [`crate::projection_cache`]).
 pub(super) fn delete_thread(conn: &Connection, thread: &str) -> Result<(), StoreError> {
     conn.execute("UPDATE deletions SET count = count + 1 WHERE id = 1", [])
         .doing("count the deletion")?;

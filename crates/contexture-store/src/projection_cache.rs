@@ -1,12 +1,13 @@
 //! Folds of recently read threads, so that reading a thread's projection again costs the
-//! events appended since, not the whole active context.
+//! events appended since, not the whole active context. Both stores keep one per store
+//! (per process): SQLite's readers share it, and so do a PostgreSQL store's clones.
 //!
 //! A projection is a pure function of a thread's events, and a thread only grows: a fold up
 //! to seq N stays the fold of the same events up to N for as long as the thread exists. The
 //! one way its events can change under an id is a delete (then, perhaps, a new thread with
-//! the same id). Every delete, by any process, bumps the database's deletion count in its
-//! own transaction; a fold is kept with the count it was read under and used only while the
-//! count, read in the same read transaction as the new events, is unchanged.
+//! the same id). Every delete, by any process or server, bumps the database's deletion count
+//! in its own transaction; a fold is kept with the count it was read under and used only
+//! while the count, read in the same snapshot as the new events, is unchanged.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -18,7 +19,7 @@ use contexture_core::thread::Thread;
 const MAX_CACHED_EVENTS: u64 = 200_000;
 
 /// Folds of threads longer than this are not kept.
-pub(super) const MAX_EVENTS_PER_FOLD: u64 = 20_000;
+pub(crate) const MAX_EVENTS_PER_FOLD: u64 = 20_000;
 
 struct Kept {
     deletions: i64,
@@ -27,7 +28,7 @@ struct Kept {
 
 /// The cache: thread id to its fold, shared by the store's readers.
 #[derive(Default)]
-pub(super) struct ProjectionCache {
+pub(crate) struct ProjectionCache {
     folds: Mutex<HashMap<String, Kept>>,
 }
 
@@ -39,14 +40,20 @@ impl ProjectionCache {
     }
 
     /// True when a fold of `thread` is kept (it may still turn out unusable to a reader).
-    pub(super) fn holds(&self, thread: &str) -> bool {
+    pub(crate) fn holds(&self, thread: &str) -> bool {
         self.folds().contains_key(thread)
+    }
+
+    /// The last seq of the fold of `thread` that is kept, if one is: a reader asks for the
+    /// events after it, then [`ProjectionCache::take`]s the fold.
+    pub(crate) fn kept_through(&self, thread: &str) -> Option<u64> {
+        self.folds().get(thread).map(|kept| kept.fold.last_seq())
     }
 
     /// Takes out the fold of `thread` when it can be brought up to `last_seq`: read under
     /// the same deletion count and not past `last_seq` (a fold from a newer snapshot than
     /// the caller's is left for others).
-    pub(super) fn take(&self, thread: &str, deletions: i64, last_seq: u64) -> Option<Thread> {
+    pub(crate) fn take(&self, thread: &str, deletions: i64, last_seq: u64) -> Option<Thread> {
         let mut folds = self.folds();
         let kept = folds.get(thread)?;
         if kept.deletions != deletions {
@@ -60,7 +67,7 @@ impl ProjectionCache {
     }
 
     /// Keeps `fold`, read under `deletions`, unless a fold at least as far along is there.
-    pub(super) fn put(&self, thread: &str, deletions: i64, fold: Thread) {
+    pub(crate) fn put(&self, thread: &str, deletions: i64, fold: Thread) {
         let size = fold.last_seq();
         if size > MAX_EVENTS_PER_FOLD {
             return;
