@@ -588,6 +588,42 @@ async fn a_thread_exists_from_its_first_write_until_it_is_deleted(h: &impl Harne
     assert!(s.exists("t").await.unwrap());
 }
 
+/// Appends to one thread racing deletes of it from another process: each append lands
+/// before a delete (and goes with it) or after it (in a new thread of the same id); none
+/// leaves events behind that a new thread would collide with or show.
+async fn appends_racing_deletes_leave_no_events_behind(h: &impl Harness) {
+    let s = h.store();
+    let other = h.reopen().await;
+    let appends = async {
+        for i in 0..300 {
+            s.append_one("r", user(&format!("a{i}"))).await.unwrap();
+        }
+    };
+    let deletes = async {
+        let mut deleted = 0;
+        for _ in 0..300 {
+            match other.delete("r").await {
+                Ok(()) => deleted += 1,
+                Err(StoreError::NotFound { .. }) => {}
+                Err(error) => panic!("delete: {error}"),
+            }
+            tokio::task::yield_now().await;
+        }
+        deleted
+    };
+    let ((), deleted) = tokio::join!(appends, deletes);
+    assert!(deleted > 0, "no delete met a thread");
+    match s.delete("r").await {
+        Ok(()) | Err(StoreError::NotFound { .. }) => {}
+        Err(error) => panic!("delete: {error}"),
+    }
+    s.append_one("r", user("fresh")).await.unwrap();
+    let events = other.events("r").await.unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].seq, 1);
+    assert_projection_replays(s, "r", "after the race").await;
+}
+
 async fn pruning_removes_idle_threads_forks_first(h: &impl Harness) {
     let s = h.store();
     s.append("a", vec![user("1")]).await.unwrap();
@@ -2774,6 +2810,7 @@ conformance!(
     list_describes_threads_and_forks,
     deleting_a_thread_with_forks_is_refused,
     a_thread_exists_from_its_first_write_until_it_is_deleted,
+    appends_racing_deletes_leave_no_events_behind,
     pruning_removes_idle_threads_forks_first,
     pruning_under_a_prefix_touches_only_its_threads,
     reopening_keeps_everything,

@@ -69,6 +69,10 @@ pub(super) const MIGRATIONS: &[(u32, &str)] = &[
         15,
         include_str!("../../migrations/postgres/0015_deletions.sql"),
     ),
+    (
+        16,
+        include_str!("../../migrations/postgres/0016_events_thread_lock.sql"),
+    ),
 ];
 
 impl PgStore {

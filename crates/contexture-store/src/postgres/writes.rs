@@ -181,7 +181,9 @@ pub(super) async fn sizes_through(
 }
 
 /// Deletes `thread`'s rows and counts the deletion (which drops cached folds of it, in
-/// every server: see [`crate::projection_cache`]), inside the caller's transaction.
+/// every server: see [`crate::projection_cache`]), inside the caller's transaction, which
+/// holds the thread row's lock (`FOR UPDATE`): no append can then add events the delete
+/// would leave without their thread.
 pub(super) async fn delete_thread(
     client: &impl GenericClient,
     thread: &str,
