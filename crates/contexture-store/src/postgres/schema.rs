@@ -73,6 +73,10 @@ pub(super) const MIGRATIONS: &[(u32, &str)] = &[
         16,
         include_str!("../../migrations/postgres/0016_events_thread_lock.sql"),
     ),
+    (
+        17,
+        include_str!("../../migrations/postgres/0017_partial_forks_index.sql"),
+    ),
 ];
 
 impl PgStore {
