@@ -415,3 +415,24 @@ async fn the_same_run_on_postgresql_gives_the_same_outcome_and_log() {
     assert_eq!(out.output, "c");
     pg.drop_schema().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_run_that_could_not_be_queued_ends_failed_with_the_reason() {
+    let (_dir, store) = sqlite().await;
+    let exec = executor(store.clone(), script("[]"));
+    let mut request = RunRequest::new("workflow.yaml", TOOL_LOOP, "go");
+    request.execution_id = Some("run-1".into());
+    exec.open(request).await.unwrap();
+    exec.end_unqueued("run-1", "the queue's database is gone")
+        .await
+        .unwrap();
+    let log = exec.load("run-1").await.unwrap();
+    let end = log.end().expect("the run ended");
+    assert_eq!(end.status, contexture_core::thread::RunStatus::Failed);
+    assert_eq!(
+        end.error.as_deref(),
+        Some("the run could not be queued: the queue's database is gone")
+    );
+    // No step ran: the run's whole log is its start and its end.
+    assert_eq!(log.steps_started(), 0);
+}

@@ -278,6 +278,21 @@ impl<S: Store> Executor<S> {
         Ok(true)
     }
 
+    /// Ends as failed a run that was opened ([`Executor::open`]) but could not be queued
+    /// for a worker to take, `reason` saying why: no worker will ever run it, so its log
+    /// says it ended rather than leaving it to look like a run that waits.
+    pub async fn end_unqueued(&self, execution_id: &str, reason: &str) -> Result<(), ExecError> {
+        let end = RunEnd {
+            status: RunStatus::Failed,
+            output: None,
+            error: Some(format!("the run could not be queued: {reason}")),
+        };
+        self.store
+            .append(execution_id, vec![NewEvent::new(EventKind::RunEnded(end))])
+            .await?;
+        Ok(())
+    }
+
     /// The fold of an execution's log.
     pub async fn load(&self, execution_id: &str) -> Result<ExecutionLog, ExecError> {
         let events = self

@@ -13,7 +13,6 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use contexture_core::thread::{Event, EventKind};
-use contexture_core::thread::{RunEnd, RunStatus};
 use contexture_engine::conversation::ConversationKey;
 use contexture_engine::executor::{
     CHILD_SEPARATOR, ExecError, Executor, RunRequest, user_context_from_value,
@@ -22,7 +21,7 @@ use contexture_engine::report::{
     CallsKept, ExecutionStatus, ReadReport, read_report, usage_tree_of,
 };
 use contexture_engine::workflow::{Workflow, WorkflowOrigin};
-use contexture_store::{ExecutionQueueStore, NewEvent, QueueState, Store, StoreError};
+use contexture_store::{ExecutionQueueStore, QueueState, Store, StoreError};
 use futures_util::stream::{self, Stream};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -308,19 +307,7 @@ async fn queue_run<S: StoreView>(
         .enqueue_execution(global, tenant.name(), &queued)
         .await
     {
-        // Its log says it ended, so that it is not taken for a run that waits.
-        let ended = executor
-            .store()
-            .append(
-                id,
-                vec![NewEvent::new(EventKind::RunEnded(RunEnd {
-                    status: RunStatus::Failed,
-                    output: None,
-                    error: Some(format!("the run could not be queued: {error}")),
-                }))],
-            )
-            .await;
-        if let Err(also) = ended {
+        if let Err(also) = executor.end_unqueued(id, &error.to_string()).await {
             tracing::error!(execution = %global, %also, "a run that could not be queued cannot be marked failed");
         }
         return Err(ApiError::store(&error));
