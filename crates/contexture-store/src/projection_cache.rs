@@ -66,6 +66,11 @@ impl ProjectionCache {
         folds.remove(thread).map(|kept| kept.fold)
     }
 
+    /// Drops the fold of `thread`, if one is kept (the thread is gone).
+    pub(crate) fn forget(&self, thread: &str) {
+        self.folds().remove(thread);
+    }
+
     /// Keeps `fold`, read under `deletions`, unless a fold at least as far along is there.
     pub(crate) fn put(&self, thread: &str, deletions: i64, fold: Thread) {
         let size = fold.last_seq();

@@ -237,6 +237,8 @@ async fn read_from_kept(
     // than the handful of rows a kept fold lacks costs the server.
     rows.sort_by_key(|row| row.get::<_, Option<i64>>(3));
     let Some(first) = rows.first() else {
+        // No such thread (deleted since it was kept): nothing to keep of it.
+        store.projections.forget(thread);
         return Ok(None);
     };
     let deletions: i64 = first.get(0);
