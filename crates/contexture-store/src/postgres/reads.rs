@@ -158,7 +158,8 @@ pub(super) async fn read_projection_tail(
     tx.commit().await.doing("end the read")?;
     let fold = fold_sparse(thread, special, messages, skipped_through)?;
     let read = ProjectionTail::from_fold(&fold, unread);
-    if unread == 0 && start <= 1 {
+    if keep {
+        // Read whole (`start` 1, nothing unread): the fold can serve the next read.
         store.projections.put(thread, state.deletions, fold);
     }
     Ok(read)
@@ -188,18 +189,17 @@ async fn chain_with_state(
         .query_opt(&first, &[&thread])
         .await
         .doing("read the thread")?;
-    let mut walk = ForkChain::new(thread);
-    let state = match &row {
-        Some(row) => ThreadState {
-            last_seq: seq_of(thread, row.get(2))?,
-            deletions: row.get(3),
-        },
-        None => ThreadState {
-            last_seq: 0,
-            deletions: 0,
-        },
+    let Some(row) = row else {
+        return Err(StoreError::NotFound {
+            thread: thread.to_owned(),
+        });
     };
-    if !walk.step(row.map(|row| (row.get(0), row.get(1))))? {
+    let state = ThreadState {
+        last_seq: seq_of(thread, row.get(2))?,
+        deletions: row.get(3),
+    };
+    let mut walk = ForkChain::new(thread);
+    if !walk.step(Some((row.get(0), row.get(1))))? {
         return Ok((walk.segments(), state));
     }
     Ok((walk_chain(client, walk).await?, state))
