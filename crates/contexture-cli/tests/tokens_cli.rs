@@ -37,6 +37,52 @@ fn counts_text_from_stdin_and_file() {
 }
 
 #[test]
+fn counts_a_large_file_read_in_parts_as_the_whole_text() {
+    // Several of the command's 1 MiB reads, with characters of 2, 3 and 4 bytes and white
+    // space runs falling across their ends.
+    let paragraph = "naïve café 東京 🚀🚀 fn main() {\n    println!(\"hi\");\n}\n\n\u{3000}  \t";
+    let text = paragraph.repeat(3 * (1 << 20) / paragraph.len() + 7);
+    let dir = TempDir::new("tokens-large");
+    let file = dir.path().join("large.txt");
+    std::fs::write(&file, &text).unwrap();
+    for encoding in contexture_core::Encoding::ALL {
+        let counted: usize = contexture(["tokens", "count", "--encoding", encoding.name()])
+            .arg(&file)
+            .run()
+            .expect_success()
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(counted, encoding.count(&text), "{encoding}");
+    }
+    // Standard input is read the same way.
+    let counted: usize = contexture(["tokens", "count"])
+        .run_with_input(text.as_bytes())
+        .expect_success()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(counted, contexture_core::Encoding::O200kBase.count(&text));
+}
+
+#[test]
+fn invalid_utf8_past_the_first_read_is_located() {
+    let mut bytes = "line of text\n".repeat(100_000).into_bytes();
+    let at = bytes.len();
+    bytes.extend_from_slice(b"ok \xe6\x9d");
+    let error = contexture(["tokens", "count"])
+        .run_with_input(&bytes)
+        .expect_failure();
+    assert!(
+        error.contains(&format!(
+            "standard input: not valid UTF-8 at byte {} (line 100001, column 4)",
+            at + 3
+        )),
+        "{error}"
+    );
+}
+
+#[test]
 fn counts_a_request_by_the_chat_recipe() {
     let total = contexture([
         "tokens",

@@ -1,5 +1,6 @@
-//! Token counting throughput: bpe-openai through
-//! `Encoding::count` against tiktoken-rs' `encode_ordinary`, in the same run, on a 10 MiB text
+//! Token counting throughput: `Encoding::count` (ASCII pieces cut without the regex, counts
+//! of short pieces remembered, bpe-openai's byte-pair encoding) against bpe-openai's own
+//! `Tokenizer::count` and tiktoken-rs' `encode_ordinary`, in the same run, on a 10 MiB text
 //! of mixed prose and source code, for cl100k_base and o200k_base.
 //!
 //! The text is built deterministically from files shipped in the repository (this crate's
@@ -91,11 +92,11 @@ fn thread_cpu_time() -> Option<Duration> {
     Some(Duration::from_millis((utime + stime) * 10))
 }
 
-/// Times both counters alternately, [`PAIRED_ROUNDS`] times each, and prints the best wall
-/// and CPU throughput of each and their ratios. On a shared machine the load changes between
-/// criterion's back-to-back groups; alternating runs and keeping each side's fastest run
-/// compares the two under the same conditions.
-fn paired_ratio(encoding: Encoding, tiktoken: &CoreBPE, text: &str) {
+/// Times the counters alternately, [`PAIRED_ROUNDS`] times each, and prints the best wall
+/// and CPU throughput of each and how many times faster the first is than each other. On a
+/// shared machine the load changes between criterion's back-to-back groups; alternating runs
+/// and keeping each side's fastest run compares them under the same conditions.
+fn paired_ratio(encoding: Encoding, counters: &[(&str, &dyn Fn() -> usize)], text: &str) {
     let time = |count: &dyn Fn() -> usize| {
         let cpu = thread_cpu_time();
         let start = Instant::now();
@@ -106,33 +107,41 @@ fn paired_ratio(encoding: Encoding, tiktoken: &CoreBPE, text: &str) {
             .map_or(wall, |(before, after)| after.saturating_sub(before));
         (wall, cpu.max(Duration::from_millis(1)))
     };
-    let mut best = [(Duration::MAX, Duration::MAX); 2];
+    let mut best = vec![(Duration::MAX, Duration::MAX); counters.len()];
     for _ in 0..PAIRED_ROUNDS {
-        for (side, count) in [
-            &(|| encoding.count(black_box(text))) as &dyn Fn() -> usize,
-            &|| tiktoken.encode_ordinary(black_box(text)).len(),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let (wall, cpu) = time(count);
+        for (side, (_, count)) in counters.iter().enumerate() {
+            let (wall, cpu) = time(*count);
             best[side] = (best[side].0.min(wall), best[side].1.min(cpu));
         }
     }
     let mib_per_s =
         |elapsed: Duration| text.len() as f64 / (1024.0 * 1024.0) / elapsed.as_secs_f64();
-    let [(bpe_wall, bpe_cpu), (tik_wall, tik_cpu)] = best;
+    let (first_wall, first_cpu) = best[0];
+    let sides: Vec<String> = counters
+        .iter()
+        .zip(&best)
+        .map(|((name, _), (wall, cpu))| {
+            format!(
+                "{name} wall {:.1} MiB/s cpu {:.1} MiB/s ({:.2}x / {:.2}x)",
+                mib_per_s(*wall),
+                mib_per_s(*cpu),
+                wall.as_secs_f64() / first_wall.as_secs_f64(),
+                cpu.as_secs_f64() / first_cpu.as_secs_f64(),
+            )
+        })
+        .collect();
     println!(
-        "{encoding} paired, best of {PAIRED_ROUNDS} alternating runs: \
-         wall: bpe-openai {:.1} MiB/s, tiktoken-rs {:.1} MiB/s, ratio {:.2}x; \
-         cpu: bpe-openai {:.1} MiB/s, tiktoken-rs {:.1} MiB/s, ratio {:.2}x",
-        mib_per_s(bpe_wall),
-        mib_per_s(tik_wall),
-        tik_wall.as_secs_f64() / bpe_wall.as_secs_f64(),
-        mib_per_s(bpe_cpu),
-        mib_per_s(tik_cpu),
-        tik_cpu.as_secs_f64() / bpe_cpu.as_secs_f64(),
+        "{encoding} paired, best of {PAIRED_ROUNDS} alternating runs (time against {}): {}",
+        counters[0].0,
+        sides.join("; ")
     );
+}
+
+fn plain_bpe_openai(encoding: Encoding) -> &'static bpe_openai::Tokenizer {
+    match encoding {
+        Encoding::Cl100kBase => bpe_openai::cl100k_base(),
+        Encoding::O200kBase => bpe_openai::o200k_base(),
+    }
 }
 
 fn counting_throughput(c: &mut Criterion) {
@@ -154,11 +163,28 @@ fn counting_throughput(c: &mut Criterion) {
             text.len(),
             text.len() as f64 / tokens as f64
         );
-        paired_ratio(encoding, tiktoken, &text);
+        let plain = plain_bpe_openai(encoding);
+        assert_eq!(tokens, plain.count(text.as_str()), "{encoding}");
+        paired_ratio(
+            encoding,
+            &[
+                ("contexture", &|| encoding.count(black_box(&text))),
+                ("bpe-openai", &|| plain.count(black_box(text.as_str()))),
+                ("tiktoken-rs", &|| {
+                    tiktoken.encode_ordinary(black_box(&text)).len()
+                }),
+            ],
+            &text,
+        );
+        group.bench_with_input(
+            BenchmarkId::new("contexture", encoding.name()),
+            &text,
+            |b, text| b.iter(|| encoding.count(black_box(text))),
+        );
         group.bench_with_input(
             BenchmarkId::new("bpe-openai", encoding.name()),
             &text,
-            |b, text| b.iter(|| encoding.count(black_box(text))),
+            |b, text| b.iter(|| plain.count(black_box(text.as_str()))),
         );
         group.bench_with_input(
             BenchmarkId::new("tiktoken-rs", encoding.name()),

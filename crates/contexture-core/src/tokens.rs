@@ -23,6 +23,8 @@ use serde_json::Value;
 
 use crate::message::{Content, Message, Part};
 
+mod pieces;
+
 /// Tokens every message costs beyond its fields' values (OpenAI's chat recipe).
 pub const TOKENS_PER_MESSAGE: u32 = 3;
 /// Extra tokens a message's `name` field costs (OpenAI's chat recipe).
@@ -96,21 +98,40 @@ impl Encoding {
         }
     }
 
+    fn pattern(self) -> pieces::Pattern {
+        match self {
+            Encoding::Cl100kBase => pieces::Pattern::Cl100k,
+            Encoding::O200kBase => pieces::Pattern::O200k,
+        }
+    }
+
     /// The exact number of tokens `text` encodes to.
     pub fn count(self, text: &str) -> usize {
+        self.count_pieces_through(text, text.len()).0
+    }
+
+    /// The tokens of `text`'s pieces that end at or before byte `bound`, and where the last
+    /// of them ends.
+    fn count_pieces_through(self, text: &str, bound: usize) -> (usize, usize) {
         if text.is_empty() {
-            return 0;
+            return (0, 0);
         }
-        // `Tokenizer::count`, with the counts of short pieces remembered: prose repeats its
-        // words, and counting a piece builds an encoder (allocations included) every time.
+        // `Tokenizer::count`, with ASCII pieces cut without the regex (see `pieces`) and the
+        // counts of short pieces remembered: prose repeats its words, and counting a piece
+        // builds an encoder (allocations included) every time. (Neither encoding normalizes
+        // its input.)
         let tokenizer = self.tokenizer();
-        let text = tokenizer.normalize(text);
         PIECE_COUNTS.with(|memo| {
             let mut memo = memo.borrow_mut();
-            tokenizer
-                .split(text.as_str())
-                .map(|piece| memo.count(self, piece, || tokenizer.bpe.count(piece.as_bytes())))
-                .sum()
+            let (mut tokens, mut end) = (0, 0);
+            for piece in pieces::pieces(self.pattern(), tokenizer, text) {
+                if end + piece.len() > bound {
+                    break;
+                }
+                end += piece.len();
+                tokens += memo.count(self, piece, || tokenizer.bpe.count(piece.as_bytes()));
+            }
+            (tokens, end)
         })
     }
 
@@ -134,7 +155,26 @@ thread_local! {
 /// Token counts of short pieces, per encoding: a piece's count depends on its bytes alone.
 #[derive(Default)]
 struct PieceCounts {
-    by_encoding: [rustc_hash::FxHashMap<Box<str>, usize>; Encoding::COUNT],
+    by_encoding: [rustc_hash::FxHashMap<PieceKey, usize>; Encoding::COUNT],
+}
+
+/// A piece of at most [`MEMO_PIECE_BYTES`] bytes packed into words (its bytes, zero-padded,
+/// then its length, which tells pieces that end in zero bytes apart): hashing and comparing
+/// it are a few word operations, and remembering one allocates nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct PieceKey([u64; 3], usize);
+
+impl PieceKey {
+    fn new(piece: &[u8]) -> PieceKey {
+        let mut padded = [0u8; MEMO_PIECE_BYTES];
+        padded[..piece.len()].copy_from_slice(piece);
+        let word = |at: usize| {
+            let mut bytes = [0u8; 8];
+            bytes.copy_from_slice(&padded[at..at + 8]);
+            u64::from_le_bytes(bytes)
+        };
+        PieceKey([word(0), word(8), word(16)], piece.len())
+    }
 }
 
 impl PieceCounts {
@@ -142,15 +182,16 @@ impl PieceCounts {
         if piece.len() > MEMO_PIECE_BYTES {
             return compute();
         }
+        let key = PieceKey::new(piece.as_bytes());
         let memo = &mut self.by_encoding[encoding.index()];
-        if let Some(&count) = memo.get(piece) {
+        if let Some(&count) = memo.get(&key) {
             return count;
         }
         let count = compute();
         if memo.len() >= MEMO_PIECES {
             memo.clear();
         }
-        memo.insert(piece.into(), count);
+        memo.insert(key, count);
         count
     }
 }
@@ -258,6 +299,19 @@ impl TokenCounter {
     /// The tokens of a plain text.
     pub fn count_text(&self, text: &str) -> u32 {
         self.scale(saturating_u32(self.encoding().count(text)))
+    }
+
+    /// A count of a text that arrives in parts (a file read a chunk at a time): it comes to
+    /// what [`TokenCounter::count_text`] gives for the whole text, and holds only the text
+    /// whose pieces are not yet settled.
+    pub fn text_in_parts(&self) -> TextInParts {
+        TextInParts {
+            counter: *self,
+            pending: String::new(),
+            counted: 0,
+            settle_bytes: SETTLE_BYTES,
+            settle_at: SETTLE_BYTES,
+        }
     }
 
     /// The tokens one message costs in a request, by the chat recipe (cached per encoding).
@@ -473,6 +527,68 @@ fn properties_tokens(
     total
 }
 
+/// Text held back before settling pieces: settling scans the held text, so it waits until
+/// there is this much of it.
+const SETTLE_BYTES: usize = 64 * 1024;
+
+/// Bytes past a piece's end that cutting it may read: a contraction after a word (`'re`,
+/// three characters of up to four bytes each) and the character after that.
+const PIECE_LOOKAHEAD_BYTES: usize = 16;
+
+/// A text counted as it arrives in parts; see [`TokenCounter::text_in_parts`].
+///
+/// A piece is settled (counted, and its text let go) once the text after it could not change
+/// where it ends: it ends at least [`PIECE_LOOKAHEAD_BYTES`] before the held text does, and a
+/// character that is not white space follows it (a run of white space is cut by where it
+/// ends, so one that reaches the end of the held text may still grow). What is held is the
+/// latest part plus the last unsettled piece: a single piece (a run of white space or of
+/// letters) is held whole, however long.
+#[derive(Debug, Clone)]
+pub struct TextInParts {
+    counter: TokenCounter,
+    /// Text not yet counted.
+    pending: String,
+    /// Tokens of the settled pieces.
+    counted: usize,
+    /// [`SETTLE_BYTES`], smaller in tests.
+    settle_bytes: usize,
+    /// Settle when this much text is held: `settle_bytes` more than was left unsettled,
+    /// or twice as much when more was (a long piece is then rescanned a logarithmic number of
+    /// times, not once per part).
+    settle_at: usize,
+}
+
+impl TextInParts {
+    /// Adds the next part of the text.
+    pub fn push(&mut self, part: &str) {
+        self.pending.push_str(part);
+        if self.pending.len() < self.settle_at {
+            return;
+        }
+        let last_word = self
+            .pending
+            .char_indices()
+            .rev()
+            .find(|(_, c)| !c.is_whitespace())
+            .map_or(0, |(at, _)| at);
+        let bound = last_word.min(self.pending.len().saturating_sub(PIECE_LOOKAHEAD_BYTES));
+        let (tokens, end) = self
+            .counter
+            .encoding()
+            .count_pieces_through(&self.pending, bound);
+        self.counted += tokens;
+        self.pending.drain(..end);
+        self.settle_at = self.pending.len() + self.pending.len().max(self.settle_bytes);
+    }
+
+    /// The count of the whole text, as [`TokenCounter::count_text`] gives it.
+    pub fn finish(self) -> u32 {
+        let rest = self.counter.encoding().count(&self.pending);
+        self.counter
+            .scale(saturating_u32(self.counted.saturating_add(rest)))
+    }
+}
+
 fn saturating_u32(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
@@ -481,6 +597,95 @@ fn saturating_u32(n: usize) -> u32 {
 mod tests {
     use super::*;
     use crate::message::{Message, ToolCall};
+
+    /// Counts `text` pushed as the parts that `cuts` (character indices) make, settling
+    /// whenever `settle_bytes` are held.
+    fn count_in_parts(
+        counter: TokenCounter,
+        text: &str,
+        cuts: &[usize],
+        settle_bytes: usize,
+    ) -> (u32, usize) {
+        let mut parts = counter.text_in_parts();
+        parts.settle_bytes = settle_bytes;
+        parts.settle_at = settle_bytes;
+        let boundaries: Vec<usize> = text.char_indices().map(|(at, _)| at).collect();
+        let mut cuts: Vec<usize> = cuts
+            .iter()
+            .filter_map(|cut| boundaries.get(*cut).copied())
+            .collect();
+        cuts.sort_unstable();
+        let (mut from, mut most_held) = (0, 0);
+        for cut in cuts.into_iter().chain([text.len()]) {
+            parts.push(&text[from..cut]);
+            most_held = most_held.max(parts.pending.len());
+            from = cut;
+        }
+        (parts.finish(), most_held)
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2_000))]
+
+        #[test]
+        fn a_text_counted_in_parts_comes_to_its_whole_count(
+            text in "([a-zA-Z]{1,8}|[0-9]{1,4}|'[sStTdDmMrRvVlL]{1,2}|[ \\t]{1,6}|[\\r\\n]{1,3}|[.,;:!?/()-]{1,3}|é|ſ|K|²|\u{a0}|\u{85}|\u{3000}|\u{301}|日本|🎉){0,120}",
+            cuts in proptest::collection::vec(0usize..400, 0..12),
+            settle_bytes in 1usize..80,
+        ) {
+            for encoding in Encoding::ALL {
+                let counter = TokenCounter::exact(encoding);
+                let whole = counter.count_text(&text);
+                let (in_parts, _) = count_in_parts(counter, &text, &cuts, settle_bytes);
+                proptest::prop_assert_eq!(in_parts, whole, "{} {:?} cut at {:?}", encoding, text, cuts);
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+
+        #[test]
+        fn a_text_cut_anywhere_in_two_comes_to_its_whole_count(
+            text in "([a-z]{1,3}|[A-Z]{1,2}|[0-9]{1,4}|'[sStTdDmMrRvVlL]{1,2}|[ \\t]{1,4}|[\\r\\n]{1,2}|[.!?/-]{1,2}|é|\u{a0}|\u{3000}|🎉){0,40}",
+        ) {
+            for encoding in Encoding::ALL {
+                let counter = TokenCounter::exact(encoding);
+                let whole = counter.count_text(&text);
+                for cut in 1..text.chars().count() {
+                    let (in_parts, _) = count_in_parts(counter, &text, &[cut], 1);
+                    proptest::prop_assert_eq!(in_parts, whole, "{} {:?} cut at {}", encoding, text, cut);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn prose_counted_in_parts_holds_little_of_it() {
+        let paragraph = "The deploy on Tuesday failed because the migration took a lock; \
+                         we're rolling it back at 14:05.\n\n    - step 1: revert\n";
+        let text = paragraph.repeat(20_000);
+        let cuts: Vec<usize> = (1..1_000).map(|i| i * 1_777).collect();
+        for encoding in Encoding::ALL {
+            let counter = TokenCounter::exact(encoding);
+            let (in_parts, most_held) = count_in_parts(counter, &text, &cuts, SETTLE_BYTES);
+            assert_eq!(in_parts, counter.count_text(&text), "{encoding}");
+            assert!(
+                most_held < SETTLE_BYTES + 2_000,
+                "{encoding}: held {most_held} bytes"
+            );
+        }
+        // An estimate scales the whole count once, as a count of the whole text does.
+        let estimate = TokenCounter::Estimate {
+            encoding: Encoding::Cl100kBase,
+            ratio: 1.15,
+            calibration: None,
+        };
+        assert_eq!(
+            count_in_parts(estimate, &text, &cuts, SETTLE_BYTES).0,
+            estimate.count_text(&text)
+        );
+    }
 
     #[test]
     fn known_counts() {
@@ -516,6 +721,9 @@ mod tests {
         }
         assert!(memo.by_encoding[Encoding::O200kBase.index()].len() <= MEMO_PIECES);
         assert!(memo.by_encoding[Encoding::Cl100kBase.index()].is_empty());
+        // Pieces that differ only by trailing zero bytes are different pieces.
+        assert_ne!(PieceKey::new(b"a"), PieceKey::new(b"a\0"));
+        assert_ne!(PieceKey::new(b""), PieceKey::new(b"\0"));
     }
 
     #[test]

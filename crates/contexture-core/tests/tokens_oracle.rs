@@ -2,12 +2,14 @@
 //!
 //! `Encoding::count` and `Encoding::encode` (bpe-openai, tables compiled into the binary) must
 //! give the same tokens as tiktoken-rs' `encode_ordinary` for both shipped encodings, on a
-//! table of texts known to trip tokenizers up and on random strings; and the chat recipe of
+//! table of texts known to trip tokenizers up and on random strings (100,000 of them drawn
+//! from ASCII and every Unicode general category); and the chat recipe of
 //! `TokenCounter::count_request` must give what tiktoken-rs' own chat helper gives.
 
 use contexture_core::{Encoding, Message, Role, TokenCounter};
 use proptest::prelude::*;
 use tiktoken_rs::{ChatCompletionRequestMessage, CoreBPE, num_tokens_from_messages};
+use unicode_general_category::get_general_category;
 
 fn oracle(encoding: Encoding) -> &'static CoreBPE {
     match encoding {
@@ -139,6 +141,59 @@ fn whole_source_files_match_tiktoken() {
 /// Characters that matter to the pre-tokenizer: letters of several scripts, digits,
 /// apostrophes, whitespace of every kind, punctuation, emoji, combining marks.
 const ALPHABET: &str = "[a-zA-Z0-9'’ \\t\\n\\r\\u{a0}\\u{3000}.,!?;:()\\[\\]{}<>\"_/\\\\=+*&#@$%^|~`\\-éüßçñøÆ\\u{301}\\u{308}日本語中文한국ไทยКиΩ🦀🚀👍\\u{1F3FD}\\u{200d}]{0,80}";
+
+/// Characters of each Unicode general category (up to 512 of each, spread over the
+/// category's code points), so that random strings reach every category, the rare ones
+/// included.
+fn category_samples() -> &'static [Vec<char>] {
+    static SAMPLES: std::sync::OnceLock<Vec<Vec<char>>> = std::sync::OnceLock::new();
+    SAMPLES.get_or_init(|| {
+        let mut by_category: std::collections::BTreeMap<&'static str, Vec<char>> =
+            std::collections::BTreeMap::new();
+        for c in (0..=0x10FFFFu32).filter_map(char::from_u32) {
+            let category = get_general_category(c).abbreviation();
+            by_category.entry(category).or_default().push(c);
+        }
+        by_category
+            .into_values()
+            .map(|chars| {
+                let step = chars.len().div_ceil(512);
+                chars.into_iter().step_by(step).collect()
+            })
+            .collect()
+    })
+}
+
+/// Mostly ASCII (where counting cuts pieces without the regex), with characters of every
+/// general category in between (where it hands pieces to the regex).
+fn every_category_text() -> impl Strategy<Value = String> {
+    let categories = category_samples().len();
+    let ascii = (0u8..0x80).prop_map(char::from);
+    let any_category =
+        (0..categories, any::<prop::sample::Index>()).prop_map(|(category, index)| {
+            let chars = &category_samples()[category];
+            chars[index.index(chars.len())]
+        });
+    prop::collection::vec(prop_oneof![3 => ascii, 1 => any_category], 0..40)
+        .prop_map(|chars| chars.into_iter().collect())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(100_000))]
+
+    #[test]
+    fn random_strings_of_every_unicode_category_match_tiktoken(text in every_category_text()) {
+        for encoding in Encoding::ALL {
+            assert_same(encoding, &text)?;
+        }
+    }
+}
+
+#[test]
+fn every_general_category_is_sampled() {
+    // Surrogates are not `char`s; every other category has characters.
+    assert_eq!(category_samples().len(), 29);
+}
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(1000))]

@@ -48,6 +48,72 @@ pub fn read_text(path: Option<&Path>) -> Result<String> {
     })
 }
 
+/// Bytes read at a time by [`read_text_in_parts`].
+const PART_BYTES: usize = 1 << 20;
+
+/// Reads `path` (or standard input) as UTF-8 text a part at a time, handing each part to
+/// `take`: memory stays bounded however large the input is. Parts end at character
+/// boundaries. Invalid UTF-8 is an error naming the byte offset, line and column of the first
+/// bad byte, as [`read_text`] reports it.
+pub fn read_text_in_parts(path: Option<&Path>, mut take: impl FnMut(&str)) -> Result<()> {
+    let named = path.filter(|p| p.as_os_str() != "-");
+    let mut reader: Box<dyn Read> = match named {
+        Some(path) => Box::new(
+            std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?,
+        ),
+        None => Box::new(std::io::stdin().lock()),
+    };
+    let mut buffer = vec![0u8; PART_BYTES];
+    // Bytes of a character cut by the last read, carried to the front of the buffer.
+    let mut carried = 0;
+    // Where the buffer starts in the input, and the lines before it, for error positions.
+    let (mut offset, mut lines, mut line_start) = (0usize, 1usize, 0usize);
+    loop {
+        let read = loop {
+            match reader.read(&mut buffer[carried..]) {
+                Ok(read) => break read,
+                Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(error) => {
+                    return Err(error).with_context(|| format!("cannot read {}", describe(path)));
+                }
+            }
+        };
+        let filled = carried + read;
+        let (valid, bad) = match std::str::from_utf8(&buffer[..filled]) {
+            Ok(text) => (text, false),
+            Err(error) => {
+                let valid_up_to = error.valid_up_to();
+                // A character cut at the end of what was read is fine unless the input ended.
+                let cut_short = error.error_len().is_none() && read > 0;
+                let text = std::str::from_utf8(&buffer[..valid_up_to]).unwrap_or_default();
+                (text, !cut_short)
+            }
+        };
+        if !valid.is_empty() {
+            take(valid);
+        }
+        for (at, _) in valid.bytes().enumerate().filter(|(_, byte)| *byte == b'\n') {
+            lines += 1;
+            line_start = offset + at + 1;
+        }
+        let used = valid.len();
+        if bad {
+            let at = offset + used;
+            return Err(anyhow!(
+                "{}: not valid UTF-8 at byte {at} (line {lines}, column {})",
+                describe(path),
+                at - line_start + 1
+            ));
+        }
+        if read == 0 {
+            return Ok(());
+        }
+        buffer.copy_within(used..filled, 0);
+        carried = filled - used;
+        offset += used;
+    }
+}
+
 /// Reads `path` (or standard input) as JSON and deserializes it; a syntax or shape error
 /// names the line and column.
 pub fn read_json<T: serde::de::DeserializeOwned>(path: Option<&Path>) -> Result<T> {

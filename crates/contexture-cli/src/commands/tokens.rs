@@ -69,8 +69,10 @@ fn count(args: CountArgs) -> Result<()> {
         (None, None) => TokenCounter::exact(Encoding::O200kBase),
     };
     if !args.messages {
-        let text = input::read_text(args.file.as_deref())?;
-        println!("{}", counter.count_text(&text));
+        // A part at a time: a file of any size is counted in bounded memory.
+        let mut text = counter.text_in_parts();
+        input::read_text_in_parts(args.file.as_deref(), |part| text.push(part))?;
+        println!("{}", text.finish());
         return Ok(());
     }
     let value: Value = input::read_json(args.file.as_deref())?;
