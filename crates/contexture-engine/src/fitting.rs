@@ -16,9 +16,10 @@ use contexture_core::fit::{
     Violation, clear_thinking, place_system_prompt, reasoning_turns, repair, shrink, trim,
     validate,
 };
+use contexture_core::message::{Content, Part};
 use contexture_core::registry::{ModelInfo, Registry, RegistryError};
 use contexture_core::thread::{FitRecord, Projection, UnknownContext};
-use contexture_core::{Message, Role};
+use contexture_core::{Encoding, Message, Role};
 use contexture_store::{ProjectionTail, Store, StoreError};
 use serde_json::Value;
 
@@ -1037,9 +1038,41 @@ pub async fn fit_thread_on<S: Store>(
     key: &str,
 ) -> Result<FittedRequest, ThreadFitError> {
     let (settings, tail) = load_for_fit(store, thread, settings).await?;
+    let weight = fit_weight(&tail.projection.messages, settings.model.counter.encoding());
     Ok(pool
-        .run(key, move || settings.fit_tail(tail, &[], &[]))
+        .run_weighed(key, weight, move || settings.fit_tail(tail, &[], &[]))
         .await?)
+}
+
+/// About how much work fitting `messages` is, in the units of [`crate::cpu::INLINE_WEIGHT`]:
+/// one per message, and one per 256 bytes of a message whose tokens under `encoding` are not
+/// counted yet (counting is most of what a fit does).
+pub fn fit_weight(messages: &[Message], encoding: Encoding) -> usize {
+    messages
+        .iter()
+        .map(|message| {
+            if message.cached_tokens(encoding).is_some() {
+                return 1;
+            }
+            let text: usize = match &message.content {
+                Some(Content::Text(text)) => text.len(),
+                Some(Content::Parts(parts)) => parts
+                    .iter()
+                    .map(|part| match part {
+                        Part::Text { text, .. } => text.len(),
+                        _ => 0,
+                    })
+                    .sum(),
+                None => 0,
+            };
+            let calls: usize = message
+                .tool_calls
+                .iter()
+                .map(|call| call.name.len() + call.arguments.len())
+                .sum();
+            1 + (text + calls) / 256
+        })
+        .sum()
 }
 
 /// What [`fit_thread`] fits: the settings under the thread's own policy, and the tail of
@@ -1158,6 +1191,28 @@ mod tests {
     use super::*;
     use contexture_core::ToolCall;
     use contexture_core::registry::Registry;
+
+    #[test]
+    fn a_fit_weighs_its_messages_and_the_text_it_must_still_count() {
+        let encoding = Encoding::O200kBase;
+        let counted = Message::user("x".repeat(100_000));
+        counted.set_cached_tokens(encoding, 12_500);
+        // Counted already: one unit, however long.
+        assert_eq!(fit_weight(std::slice::from_ref(&counted), encoding), 1);
+        // Not yet counted under this encoding: a unit per 256 bytes more.
+        assert_eq!(
+            fit_weight(&[counted], Encoding::Cl100kBase),
+            1 + 100_000 / 256
+        );
+        let call =
+            Message::assistant_tool_calls(vec![ToolCall::new("call_1", "search", "y".repeat(512))]);
+        assert_eq!(fit_weight(&[call], encoding), 1 + (6 + 512) / 256);
+        let short: Vec<Message> = (0..300)
+            .map(|i| Message::user(format!("turn {i}")))
+            .collect();
+        assert_eq!(fit_weight(&short, encoding), 300);
+        assert!(fit_weight(&short, encoding) <= crate::cpu::INLINE_WEIGHT);
+    }
 
     /// The settings for a model a request names and for one a workflow's route names: an
     /// unknown name is refused for the first and gets the registry's defaults for the
