@@ -16,10 +16,10 @@
 
 use std::hint::black_box;
 
+use contexture_core::Message;
 use contexture_core::budget::BudgetPolicy;
 use contexture_core::fit::{ClearPolicy, CutMemory, Hysteresis, Strategy};
 use contexture_core::registry::{ModelInfo, Registry};
-use contexture_core::{Message, ToolCall};
 use contexture_engine::fitting::{FitTarget, fit_request_in_loop};
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 
@@ -27,25 +27,9 @@ use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const USES: usize = 250;
-
-/// The step's task and `uses` tool uses, each result about 1,500 tokens.
-fn own(uses: usize) -> Vec<Message> {
-    let mut own = vec![Message::user("Search every source and report.")];
-    for use_ in 0..uses {
-        let id = format!("call_{use_}");
-        own.push(Message::assistant_tool_calls(vec![ToolCall::new(
-            id.clone(),
-            "search",
-            format!(r#"{{"q":"source {use_}"}}"#),
-        )]));
-        let text: String = (0..170)
-            .map(|hit| format!("hit {hit} for source {use_}\n"))
-            .collect();
-        own.push(Message::tool_result(id, text));
-    }
-    own
-}
+#[path = "common/loop_step.rs"]
+mod loop_step;
+use loop_step::{USES, own};
 
 fn loop_fit(c: &mut Criterion) {
     let model = ModelInfo {
