@@ -11,8 +11,8 @@ use tokio::sync::Semaphore;
 use crate::per_key::SharedPerKey;
 
 /// The most work [`CpuPool::run_weighed`] runs on the calling task. A fit's weight is its
-/// message count plus a unit per 256 bytes of text still to be counted
-/// ([`crate::fitting::fit_weight`]): work this small takes at most about a tenth of a
+/// message count plus a unit per 256 bytes of text still to be counted and per 4 KiB of
+/// counted text ([`crate::fitting::fit_weight`]): work this small takes at most about a tenth of a
 /// millisecond (the 500-message agent-loop call of the `loop_fit` benchmark fits in 100 µs),
 /// not long enough to hold up the other requests of a runtime thread for long.
 pub const INLINE_WEIGHT: usize = 512;

@@ -1045,15 +1045,13 @@ pub async fn fit_thread_on<S: Store>(
 }
 
 /// About how much work fitting `messages` is, in the units of [`crate::cpu::INLINE_WEIGHT`]:
-/// one per message, and one per 256 bytes of a message whose tokens under `encoding` are not
-/// counted yet (counting is most of what a fit does).
+/// one per message, one per 256 bytes of a message whose tokens under `encoding` are not
+/// counted yet (counting is most of what a fit does), and one per 4 KiB of a counted one (a
+/// long message may still have to be cut at a token boundary, which reads it).
 pub fn fit_weight(messages: &[Message], encoding: Encoding) -> usize {
     messages
         .iter()
         .map(|message| {
-            if message.cached_tokens(encoding).is_some() {
-                return 1;
-            }
             let text: usize = match &message.content {
                 Some(Content::Text(text)) => text.len(),
                 Some(Content::Parts(parts)) => parts
@@ -1070,7 +1068,12 @@ pub fn fit_weight(messages: &[Message], encoding: Encoding) -> usize {
                 .iter()
                 .map(|call| call.name.len() + call.arguments.len())
                 .sum();
-            1 + (text + calls) / 256
+            let bytes_per_unit = if message.cached_tokens(encoding).is_some() {
+                4096
+            } else {
+                256
+            };
+            1 + (text + calls) / bytes_per_unit
         })
         .sum()
 }
@@ -1197,9 +1200,16 @@ mod tests {
         let encoding = Encoding::O200kBase;
         let counted = Message::user("x".repeat(100_000));
         counted.set_cached_tokens(encoding, 12_500);
-        // Counted already: one unit, however long.
-        assert_eq!(fit_weight(std::slice::from_ref(&counted), encoding), 1);
-        // Not yet counted under this encoding: a unit per 256 bytes more.
+        // Counted already: a unit per 4 KiB (cutting it would still read it).
+        assert_eq!(
+            fit_weight(std::slice::from_ref(&counted), encoding),
+            1 + 100_000 / 4096
+        );
+        // A huge counted message sends the fit to the pool, whatever else it holds.
+        let huge = Message::user("z".repeat(4 << 20));
+        huge.set_cached_tokens(encoding, 500_000);
+        assert!(fit_weight(&[huge], encoding) > crate::cpu::INLINE_WEIGHT);
+        // Not yet counted under this encoding: a unit per 256 bytes.
         assert_eq!(
             fit_weight(&[counted], Encoding::Cl100kBase),
             1 + 100_000 / 256
