@@ -17,10 +17,6 @@
 use std::hint::black_box;
 
 use contexture_core::Message;
-use contexture_core::budget::BudgetPolicy;
-use contexture_core::fit::{ClearPolicy, CutMemory, Hysteresis, Strategy};
-use contexture_core::registry::{ModelInfo, Registry};
-use contexture_engine::fitting::{FitTarget, fit_request_in_loop};
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 
 /// The allocator the `contexture` binary runs with.
@@ -29,62 +25,11 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[path = "common/loop_step.rs"]
 mod loop_step;
-use loop_step::{USES, own};
+use loop_step::LoopStep;
 
 fn loop_fit(c: &mut Criterion) {
-    let model = ModelInfo {
-        context_window: 16_000,
-        ..Registry::builtin().resolve("gpt-4o-mini")
-    };
-    let policy = BudgetPolicy {
-        budget_ratio: 1.0,
-        reserve_output: Some(1_000),
-    };
-    let clear = ClearPolicy {
-        trigger_tokens: Some(9_000),
-        trigger_tool_uses: None,
-        min_cleared: None,
-        keep: 3,
-        clear_at_least: Some(2_000),
-        exclude_tools: Vec::new(),
-        clear_inputs: true.into(),
-    };
-    let hysteresis = Hysteresis {
-        high: 0.9,
-        low: 0.6,
-    };
-    let tools = vec![
-        serde_json::json!({"type": "function", "function": {"name": "search",
-        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}),
-    ];
-    let target = FitTarget {
-        enabled: true,
-        model: &model,
-        policy: &policy,
-        strategy: Strategy::Last,
-        rules: model.rules(),
-        tools: &tools,
-        clear: Some(&clear),
-        truncate: None,
-        hysteresis: Some(&hysteresis),
-        thinking: None,
-        shape: None,
-    };
-    let system = Message::system("You are a research agent. Use the search tool.");
-    let messages = own(USES);
-    // The loop as it ran: every call before this one fitted in turn, each counting its new
-    // messages once and leaving its cut memory to the next.
-    let mut memory = CutMemory::default();
-    for calls in 1..USES {
-        fit_request_in_loop(
-            Some(&system),
-            Vec::new(),
-            &messages[..1 + 2 * calls],
-            &target,
-            &mut memory,
-        )
-        .unwrap_or_else(|error| panic!("call {calls}: {error}"));
-    }
+    let step = LoopStep::new();
+    let memory = step.memory_before_last_call();
     let mut group = c.benchmark_group("loop_fit");
     group.bench_function("call_500_messages", |b| {
         b.iter_batched(
@@ -94,9 +39,7 @@ fn loop_fit(c: &mut Criterion) {
             // call. One call per batch: a batch of many keeps every request and memory until
             // it ends, and the fresh pages they take would be timed as the fit's.
             |mut memory| {
-                let fitted =
-                    fit_request_in_loop(Some(&system), Vec::new(), &messages, &target, &mut memory)
-                        .expect("the call fits");
+                let fitted = step.fit(step.messages.len(), &mut memory);
                 black_box(&fitted);
                 drop(fitted);
                 memory
@@ -106,8 +49,8 @@ fn loop_fit(c: &mut Criterion) {
     });
     // The floor of a fit that returns the request as owned messages: copying (and dropping)
     // the 501 messages it sends, nothing else.
-    let sent: Vec<Message> = std::iter::once(system.clone())
-        .chain(messages.iter().cloned())
+    let sent: Vec<Message> = std::iter::once(step.system.clone())
+        .chain(step.messages.iter().cloned())
         .collect();
     group.bench_function("copy_501_messages", |b| b.iter(|| black_box(sent.clone())));
     group.finish();
