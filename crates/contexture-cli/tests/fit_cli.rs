@@ -476,3 +476,107 @@ fn low_water_cuts_the_history_down_to_the_mark() {
         "{error}"
     );
 }
+
+/// A tool-calling history of `turns` four-message turns after a system prompt.
+fn long_history(turns: usize) -> Vec<Value> {
+    let mut messages =
+        vec![json!({"role": "system", "content": "You answer questions about orders."})];
+    for turn in 0..turns {
+        messages.extend([
+            json!({"role": "user", "content": format!("Where is order {turn}?")}),
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("call_{turn}"),
+                "type": "function", "function": {"name": "lookup", "arguments": format!("{{\"order\":{turn}}}")}}]}),
+            json!({"role": "tool", "tool_call_id": format!("call_{turn}"),
+                "content": format!("Order {turn}: shipped, \"in transit\".\nCarrier: DHL.")}),
+            json!({"role": "assistant", "content": format!("Order {turn} is in transit with DHL.")}),
+        ]);
+    }
+    messages
+}
+
+/// A long history is read from its end, as far back as the fit needs; a fit that reads every
+/// message (here: one with a pin) keeps the same messages.
+#[test]
+fn a_long_history_read_from_its_end_fits_as_when_read_whole() {
+    let dir = TempDir::new("contexture-fit-cli");
+    let path = write_input(&dir, "long.json", &Value::Array(long_history(2_000)));
+    let fit = |extra: &[&str]| {
+        let mut args = vec![
+            "fit",
+            "--model",
+            "gpt-4o-mini",
+            "--max-tokens",
+            "400",
+            "--start-on",
+            "user",
+            "--report",
+        ];
+        args.extend_from_slice(extra);
+        args.push(&path);
+        let output = contexture(args).run();
+        let report: Value = serde_json::from_str(&output.stderr).unwrap();
+        (output.expect_json(), report)
+    };
+    let (from_end, report) = fit(&[]);
+    let (whole, whole_report) = fit(&["--pin", "0"]);
+    assert_eq!(from_end, whole);
+    assert!(request_tokens(&from_end) <= 400);
+    assert_eq!(from_end[0]["role"], "system");
+    assert_eq!(from_end[1]["role"], "user");
+    assert_eq!(
+        from_end.as_array().unwrap().last().unwrap()["content"],
+        "Order 1999 is in transit with DHL."
+    );
+    // Only the end was read, so the count before the fit is a lower bound.
+    assert_eq!(report["tokens_before"], Value::Null);
+    assert!(report["tokens_before_at_least"].as_u64().unwrap() > 400);
+    assert_eq!(report["dropped_count"], whole_report["dropped_count"]);
+}
+
+/// The whole file is checked as JSON, but a message the fit leaves out is not read: its
+/// fields are checked only by a fit that reads it.
+#[test]
+fn the_file_is_checked_as_json_whole_and_each_message_when_it_is_read() {
+    let dir = TempDir::new("contexture-fit-cli");
+    let mut history = long_history(500);
+    history[3] = json!({"role": "robot", "content": "beep"});
+    let path = write_input(&dir, "robot.json", &Value::Array(history.clone()));
+    let base = ["fit", "--model", "gpt-4o-mini", "--max-tokens", "300"];
+    let fitted = contexture(base.iter().copied().chain([path.as_str()]))
+        .run()
+        .expect_json();
+    assert!(request_tokens(&fitted) <= 300);
+    for reads_all in [["--strategy", "first"], ["--pin", "1"]] {
+        let stderr = contexture(base.iter().copied().chain(reads_all).chain([path.as_str()]))
+            .run()
+            .expect_failure();
+        assert!(
+            stderr.contains("robot.json: not a chat message array")
+                && stderr.contains("messages[3].role: unknown role `robot`"),
+            "{stderr}"
+        );
+    }
+
+    // Bad JSON at the very end, far behind what the fit keeps.
+    let mut text = serde_json::to_string_pretty(&Value::Array(history)).unwrap();
+    text.truncate(text.len() - 1);
+    text.push_str(",\n  {\"role\": \"user\", \"content\": tru}\n]");
+    let lines = text.lines().count() - 1;
+    let path = write_file(&dir, "cut.json", &text);
+    let stderr = contexture(base.iter().copied().chain([path.as_str()]))
+        .run()
+        .expect_failure();
+    assert!(
+        stderr.contains(&format!("cut.json: invalid JSON at line {lines}")),
+        "{stderr}"
+    );
+
+    let path = write_file(&dir, "object.json", r#"{"role": "user", "content": "hi"}"#);
+    let stderr = contexture(base.iter().copied().chain([path.as_str()]))
+        .run()
+        .expect_failure();
+    assert!(
+        stderr.contains("object.json: not a chat message array: expected a JSON array"),
+        "{stderr}"
+    );
+}

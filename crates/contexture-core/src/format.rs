@@ -32,6 +32,7 @@ pub mod anthropic_edits;
 pub mod anthropic_request;
 pub mod openai;
 pub mod openai_completion;
+pub mod openai_raw;
 pub mod openai_request;
 pub mod responses;
 pub mod responses_answer;

@@ -1,8 +1,9 @@
 //! Token counting.
 //!
-//! Exact BPE counts for OpenAI's `cl100k_base` and `o200k_base` encodings come from
-//! `bpe-openai`, whose encoding tables are compiled into the binary: nothing is read from
-//! disk or the network at run time.
+//! Exact BPE counts for OpenAI's `cl100k_base` and `o200k_base` encodings: the text is cut
+//! into pieces by the encoding's pattern (`pieces`) and each piece merged by the encoding's
+//! ranks (`ranks`), whose tables the build compiles into the binary from OpenAI's rank files:
+//! nothing is read from disk or the network, nor built, at run time.
 //!
 //! A whole chat request is counted by OpenAI's published recipe: every message costs
 //! [`TOKENS_PER_MESSAGE`] plus the tokens of its role and of each field's value, a `name`
@@ -24,6 +25,8 @@ use serde_json::Value;
 use crate::message::{Content, Message, Part};
 
 mod pieces;
+mod rank_hash;
+mod ranks;
 
 /// Tokens every message costs beyond its fields' values (OpenAI's chat recipe).
 pub const TOKENS_PER_MESSAGE: u32 = 3;
@@ -91,10 +94,10 @@ impl Encoding {
         }
     }
 
-    fn tokenizer(self) -> &'static bpe_openai::Tokenizer {
+    fn ranks(self) -> &'static ranks::Ranks {
         match self {
-            Encoding::Cl100kBase => bpe_openai::cl100k_base(),
-            Encoding::O200kBase => bpe_openai::o200k_base(),
+            Encoding::Cl100kBase => &ranks::CL100K_BASE,
+            Encoding::O200kBase => &ranks::O200K_BASE,
         }
     }
 
@@ -116,20 +119,19 @@ impl Encoding {
         if text.is_empty() {
             return (0, 0);
         }
-        // `Tokenizer::count`, with ASCII pieces cut without the regex (see `pieces`) and the
-        // counts of short pieces remembered: prose repeats its words, and counting a piece
-        // builds an encoder (allocations included) every time. (Neither encoding normalizes
-        // its input.)
-        let tokenizer = self.tokenizer();
+        // Each piece (see `pieces`: ASCII ones are cut without the regex) is merged by its
+        // ranks (see `ranks`), with the counts of short pieces remembered: prose repeats its
+        // words, and a merge looks up every pair. (Neither encoding normalizes its input.)
+        let ranks = self.ranks();
         PIECE_COUNTS.with(|memo| {
             let mut memo = memo.borrow_mut();
             let (mut tokens, mut end) = (0, 0);
-            for piece in pieces::pieces(self.pattern(), tokenizer, text) {
+            for piece in pieces::pieces(self.pattern(), text) {
                 if end + piece.len() > bound {
                     break;
                 }
                 end += piece.len();
-                tokens += memo.count(self, piece, || tokenizer.bpe.count(piece.as_bytes()));
+                tokens += memo.count(self, piece, || ranks.count(piece.as_bytes()));
             }
             (tokens, end)
         })
@@ -137,7 +139,12 @@ impl Encoding {
 
     /// The token ids of `text` (used where text must be cut at a token boundary).
     pub fn encode(self, text: &str) -> Vec<u32> {
-        self.tokenizer().encode(text)
+        let ranks = self.ranks();
+        let mut ids = Vec::new();
+        for piece in pieces::pieces(self.pattern(), text) {
+            ranks.encode(piece.as_bytes(), &mut ids);
+        }
+        ids
     }
 }
 
@@ -146,7 +153,7 @@ impl Encoding {
 const MEMO_PIECE_BYTES: usize = 24;
 
 /// Pieces remembered per encoding and thread; past it the memo starts over.
-const MEMO_PIECES: usize = 16_384;
+const MEMO_PIECES: usize = 65_536;
 
 thread_local! {
     static PIECE_COUNTS: std::cell::RefCell<PieceCounts> = std::cell::RefCell::default();
@@ -707,7 +714,11 @@ mod tests {
         ];
         for encoding in Encoding::ALL {
             for text in &texts {
-                let direct = encoding.tokenizer().count(text.as_str());
+                let reference = match encoding {
+                    Encoding::Cl100kBase => bpe_openai::cl100k_base(),
+                    Encoding::O200kBase => bpe_openai::o200k_base(),
+                };
+                let direct = reference.count(text.as_str());
                 // Twice: the second count reads the remembered pieces.
                 assert_eq!(encoding.count(text), direct, "{encoding} {text:?}");
                 assert_eq!(encoding.count(text), direct, "{encoding} {text:?} (again)");

@@ -40,7 +40,7 @@ fn limit(measured: u64, slack: u64) -> LibraryBenchmarkConfig {
 }
 
 #[library_benchmark]
-#[bench::call_500_messages(setup = loop_before_last_call, config = limit(951_900, 2))]
+#[bench::call_500_messages(setup = loop_before_last_call, config = limit(935_500, 2))]
 fn loop_call((step, mut memory): (LoopStep, CutMemory)) -> usize {
     black_box(step.fit(step.messages.len(), &mut memory).messages.len())
 }

@@ -6,6 +6,11 @@
 //!   transaction, acknowledged after commit) at a time; throughput in appends/s.
 //! - `append/{sqlite,postgres}/8_writers`: 8 tasks appending to the same thread at once; an
 //!   iteration is one append by each writer (8 appends).
+//! - `append/{sqlite,postgres}/8_writers_8_threads`: the same, each writer on a thread of its
+//!   own.
+//! - `append/sqlite/raw_1_writer`: the floor under `1_writer`, plain rusqlite on a file of its
+//!   own with the store's settings (WAL, `synchronous = FULL`): one insert of a row like an
+//!   appended message's (thread, seq, kind, JSON body) per transaction, the statement cached.
 //! - `load_fit/sqlite/100k`: load a 100,000-event thread from SQLite (events read and
 //!   decoded, token counts restored from the store, replayed into a thread), project it and
 //!   fit the projection to an 8,000-token budget. Nothing is tokenized.
@@ -59,17 +64,22 @@ async fn one_writer(store: &impl Store, thread: &str, iters: u64) -> Duration {
     start.elapsed()
 }
 
-/// Eight writers at once: `iters` appends each.
+/// Eight writers at once: `iters` appends each, to `thread`, or each to a thread of its own
+/// (`thread` and its number) when `own_threads`.
 async fn eight_writers<S: Store + Clone + 'static>(
     store: &S,
     thread: &str,
     iters: u64,
+    own_threads: bool,
 ) -> Duration {
     let start = Instant::now();
     let tasks: Vec<_> = (0..WRITERS)
-        .map(|_| {
+        .map(|writer| {
             let store = store.clone();
-            let thread = thread.to_string();
+            let thread = match own_threads {
+                true => format!("{thread}-{writer}"),
+                false => thread.to_string(),
+            };
             tokio::spawn(async move {
                 for i in 0..iters {
                     store.append_one(&thread, message(i)).await.expect("append");
@@ -96,7 +106,41 @@ fn bench_appends<S: Store + Clone + 'static>(
     });
     group.throughput(Throughput::Elements(WRITERS));
     group.bench_function("8_writers", |b| {
-        b.iter_custom(|iters| runtime.block_on(eight_writers(store, "bench-eight", iters)))
+        b.iter_custom(|iters| runtime.block_on(eight_writers(store, "bench-eight", iters, false)))
+    });
+    group.bench_function("8_writers_8_threads", |b| {
+        b.iter_custom(|iters| runtime.block_on(eight_writers(store, "bench-own", iters, true)))
+    });
+    group.finish();
+}
+
+/// Plain rusqlite with the store's durability settings: one row like an appended message's
+/// per transaction.
+fn raw_sqlite_appends(c: &mut Criterion, dir: &std::path::Path) {
+    let conn = rusqlite::Connection::open(dir.join("raw.db")).expect("open raw sqlite");
+    conn.execute_batch(
+        "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; \
+         CREATE TABLE events (thread_id TEXT NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL, \
+         body TEXT NOT NULL, PRIMARY KEY (thread_id, seq));",
+    )
+    .expect("raw schema");
+    let mut seq = 0u64;
+    let mut group = c.benchmark_group("append/sqlite");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("raw_1_writer", |b| {
+        b.iter(|| {
+            seq += 1;
+            let NewEvent { kind, .. } = message(seq);
+            let body = serde_json::to_string(&kind).expect("body");
+            let tx = conn.unchecked_transaction().expect("begin");
+            tx.prepare_cached(
+                "INSERT INTO events (thread_id, seq, kind, body) VALUES ('raw', ?1, 'message', ?2)",
+            )
+            .expect("prepare")
+            .execute(rusqlite::params![seq as i64, body])
+            .expect("insert");
+            tx.commit().expect("commit");
+        })
     });
     group.finish();
 }
@@ -108,6 +152,7 @@ fn appends(c: &mut Criterion) {
         .block_on(SqliteStore::open(dir.join("bench.db")))
         .expect("open sqlite");
     bench_appends(c, &runtime, "sqlite", &sqlite);
+    raw_sqlite_appends(c, &dir);
     let _ = std::fs::remove_dir_all(&dir);
 
     let url = std::env::var("CONTEXTURE_TEST_PG")

@@ -20,25 +20,32 @@
 //! at a quarter of the window (the same rule as the budget breakdown of
 //! `contexture tokens count --json`); `--max-tokens` lowers it.
 //!
-//! Messages are counted lazily from the kept end: a message the fit drops is not tokenized
+//! The history is read from its end: the file is checked as JSON whole, then each message is
+//! read (its fields checked) and counted only when the fit needs it, so a long history costs
+//! about what the fit keeps. A message the fit drops is not read as a message nor tokenized
 //! (except the unit at the edge of the cut, which must be counted to know it does not fit),
 //! so the report's `tokens_before` is `null` when the input was not counted in full;
-//! `tokens_before_at_least` is then a lower bound.
+//! `tokens_before_at_least` is then a lower bound. A fit that can keep older messages (the
+//! strategies `first` and `head-tail`, cleared or cut tool results, pins) reads them all.
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result, bail};
+use std::io::{BufWriter, Write};
+
+use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, ValueEnum};
+use contexture_core::Role;
 use contexture_core::fit::{ClearPolicy, FitPolicy, Hysteresis, Rules, Strategy, TruncatePolicy};
 use contexture_core::format::openai;
+use contexture_core::format::openai_raw::RawMessages;
 use contexture_core::thread::Projection;
-use contexture_core::{Message, Role};
 use contexture_engine::estimates::Learner;
 use contexture_engine::fit_report::FitReport;
 use contexture_engine::fitting::{
     FitOverrides, FitSettings, HistoryShape, ModelChoice, SettingsError,
 };
 use serde_json::Value;
+use serde_json::error::Category;
 
 use super::input;
 use super::models::RegistryArgs;
@@ -154,17 +161,20 @@ pub fn run(args: FitArgs) -> Result<()> {
 async fn execute(args: FitArgs) -> Result<()> {
     let registry = args.registry.load()?;
     let source = input::describe(args.file.as_deref());
-    let value: Value = input::read_json(args.file.as_deref())?;
-    let mut messages: Vec<Message> = openai::parse_messages(&value)
-        .with_context(|| format!("{source}: not a chat message array"))?;
-    for &index in &args.pins {
-        match messages.get_mut(index) {
-            Some(message) => message.metadata.pinned = true,
-            None => bail!(
-                "--pin {index}: {source} has only {} messages",
-                messages.len()
-            ),
+    let text = input::read_text(args.file.as_deref())?;
+    let history = RawMessages::split(&text).map_err(|error| match error.classify() {
+        // Each element is taken as it is, so the only shape error is the whole not being an
+        // array (serde_json places it before the first byte).
+        Category::Data => {
+            anyhow!("{source}: not a chat message array: expected a JSON array of messages")
         }
+        _ => input::json_error(args.file.as_deref(), &error),
+    })?;
+    if let Some(&index) = args.pins.iter().find(|&&index| index >= history.len()) {
+        bail!(
+            "--pin {index}: {source} has only {} messages",
+            history.len()
+        );
     }
     let tools: Vec<Value> = match &args.tools {
         Some(path) => input::read_json(Some(path))?,
@@ -210,19 +220,44 @@ async fn execute(args: FitArgs) -> Result<()> {
         policy.hysteresis = Some(low_mark(low_water, limit, policy.hysteresis)?);
         settings.adopt(&policy)?;
     }
-    let messages_in = messages.len();
-    let projection = Projection::from_messages(messages);
-    let fitted = settings.fit(projection, &[], &tools).with_context(|| {
+    let messages_in = history.len();
+    let not_messages = || format!("{source}: not a chat message array");
+    let fitted = if args.pins.is_empty() {
+        // Read from its end, a message at a time, only as far back as the fit needs: a
+        // long history costs about what the fit keeps. Pinned messages can be anywhere, so
+        // a fit with pins reads every message.
+        let system = match history.is_empty() {
+            true => None,
+            false => Some(history.message(0).with_context(not_messages)?)
+                .filter(|first| first.role.is_system_like()),
+        };
+        let start = usize::from(system.is_some());
+        settings
+            .fit_read_back(
+                system,
+                messages_in - start,
+                |index| history.message(start + index),
+                &tools,
+            )
+            .with_context(not_messages)?
+    } else {
+        let mut messages = history.messages().with_context(not_messages)?;
+        for &index in &args.pins {
+            messages[index].metadata.pinned = true;
+        }
+        settings.fit(Projection::from_messages(messages), &[], &tools)
+    }
+    .with_context(|| {
         format!(
             "cannot fit {source} into {limit} tokens for {}",
             settings.model.id
         )
     })?;
 
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&openai::to_values(&fitted.messages))?
-    );
+    let mut out = BufWriter::new(std::io::stdout().lock());
+    serde_json::to_writer_pretty(&mut out, &openai::WireMessages(&fitted.messages))?;
+    writeln!(out)?;
+    out.flush()?;
     if args.report {
         let report = FitReport::new(&settings, &fitted, messages_in)?;
         eprintln!("{}", serde_json::to_string_pretty(&report)?);

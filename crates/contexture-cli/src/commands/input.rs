@@ -118,15 +118,19 @@ pub fn read_text_in_parts(path: Option<&Path>, mut take: impl FnMut(&str)) -> Re
 /// names the line and column.
 pub fn read_json<T: serde::de::DeserializeOwned>(path: Option<&Path>) -> Result<T> {
     let text = read_text(path)?;
-    serde_json::from_str(&text).map_err(|error| {
-        anyhow!(
-            "{}: invalid JSON at line {}, column {}: {}",
-            describe(path),
-            error.line(),
-            error.column(),
-            strip_position(&error.to_string())
-        )
-    })
+    serde_json::from_str(&text).map_err(|error| json_error(path, &error))
+}
+
+/// serde_json's `error` in reading the input from `path` (or standard input), with its line
+/// and column.
+pub fn json_error(path: Option<&Path>, error: &serde_json::Error) -> anyhow::Error {
+    anyhow!(
+        "{}: invalid JSON at line {}, column {}: {}",
+        describe(path),
+        error.line(),
+        error.column(),
+        strip_position(&error.to_string())
+    )
 }
 
 /// Reads `path` (or standard input) as YAML (JSON too: it is YAML) and deserializes it; a

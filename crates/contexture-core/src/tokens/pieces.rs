@@ -13,6 +13,11 @@
 //! turns within one text and give exactly the regex's pieces; a property test holds them
 //! to it.
 
+use std::sync::LazyLock;
+
+use regex_automata::meta::Regex;
+use regex_automata::{Anchored, Input};
+
 /// What the patterns tell apart among ASCII bytes (`\s` is Unicode's `White_Space`, which
 /// leaves out the ASCII separators 0x1C-0x1F).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,12 +221,71 @@ pub(super) enum Pattern {
     O200k,
 }
 
-/// The pieces of `text` under `pattern`, exactly as `tokenizer`'s regex cuts them.
-pub(super) fn pieces<'a>(
-    pattern: Pattern,
-    tokenizer: &'a bpe_openai::Tokenizer,
-    text: &'a str,
-) -> impl Iterator<Item = &'a str> + 'a {
+impl Pattern {
+    /// The pattern's regex, built on first use (ASCII text never needs it).
+    fn regex(self) -> &'static PatternRegex {
+        static CL100K: LazyLock<PatternRegex> = LazyLock::new(|| {
+            PatternRegex::new(&[
+                "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+$",
+            ])
+        });
+        static O200K: LazyLock<PatternRegex> = LazyLock::new(|| {
+            PatternRegex::new(&[
+                "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+                "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+                "\\p{N}{1,3}",
+                " ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*",
+                "\\s*[\\r\\n]+",
+                "\\s+$",
+            ])
+        });
+        match self {
+            Pattern::Cl100k => &CL100K,
+            Pattern::O200k => &O200K,
+        }
+    }
+}
+
+/// An encoding's published pattern, with its one look-ahead rewritten: the patterns end in
+/// `\s+(?!\S)` (white space not followed by a non-space), which the regex engine cannot
+/// run. It is the same as `\s+\s` with the last character given back (or `\s+` at the
+/// end of the text, which the plain `\s+` alternative after it covers). The three are
+/// tried as one regex with several patterns, which reports which one matched: faster than
+/// capture groups.
+pub(super) struct PatternRegex {
+    regex: Regex,
+}
+
+/// The index of the look-ahead pattern among [`PatternRegex`]'s three.
+const LOOKAHEAD_PATTERN: usize = 1;
+
+impl PatternRegex {
+    fn new(first: &[&str]) -> PatternRegex {
+        let first = first.join("|");
+        let patterns = [first.as_str(), "\\s+\\s", "\\s+"];
+        // The patterns are fixed and tested; they cannot fail to build.
+        let regex = Regex::new_many(&patterns).expect("the encoding's pattern is a valid regex");
+        PatternRegex { regex }
+    }
+
+    /// The piece `text` starts with (all of it when nothing matches, which the patterns
+    /// never allow on a text that is not empty).
+    fn first_piece<'a>(&self, text: &'a str) -> &'a str {
+        let input = Input::new(text).anchored(Anchored::Yes);
+        let Some(found) = self.regex.find(input) else {
+            return text;
+        };
+        let mut end = found.end();
+        if found.pattern().as_usize() == LOOKAHEAD_PATTERN {
+            // Give back the look-ahead character; the match is at least two characters.
+            end -= text[..end].chars().next_back().map_or(0, char::len_utf8);
+        }
+        &text[..end]
+    }
+}
+
+/// The pieces of `text` under `pattern`, exactly as the encoding's regex cuts them.
+pub(super) fn pieces(pattern: Pattern, text: &str) -> impl Iterator<Item = &str> {
     let bytes = text.as_bytes();
     let mut start = 0;
     std::iter::from_fn(move || {
@@ -234,11 +298,7 @@ pub(super) fn pieces<'a>(
         };
         let end = match by_hand {
             Some(end) => end,
-            None => {
-                let rest = &text[start..];
-                let piece = tokenizer.split(rest).next().unwrap_or(rest);
-                start + piece.len()
-            }
+            None => start + pattern.regex().first_piece(&text[start..]).len(),
         };
         let piece = &text[start..end];
         start = end;
@@ -256,7 +316,7 @@ mod tests {
             (Pattern::Cl100k, bpe_openai::cl100k_base()),
             (Pattern::O200k, bpe_openai::o200k_base()),
         ] {
-            let ours: Vec<&str> = pieces(pattern, tokenizer, text).collect();
+            let ours: Vec<&str> = pieces(pattern, text).collect();
             let regex: Vec<&str> = tokenizer.split(text).collect();
             assert_eq!(ours, regex, "{pattern:?} {text:?}");
         }
