@@ -7,7 +7,8 @@
 //! definition, and its results.
 //!
 //! The tables come from each encoding's tiktoken rank file, built by the build script: every
-//! token's bytes, where each starts, and a hash table from bytes to rank (see `build.rs`).
+//! token's bytes, and a hash table from bytes to rank whose slots say where each token's
+//! bytes are (see `build.rs`).
 //! They are part of the binary and read where they lie, so nothing is loaded or built when a
 //! process starts counting: a lookup touches a few of their pages.
 
