@@ -840,6 +840,36 @@ impl FitSettings {
         }))
     }
 
+    /// [`FitSettings::fit_read_back`] of a whole message list of `len` messages, `read(index)`
+    /// giving message `index`: the first message is the system prompt when it is a system or
+    /// developer message (as [`Projection::from_messages`] takes it), and is read once
+    /// either way.
+    pub fn fit_list_read_back<E>(
+        &self,
+        len: usize,
+        mut read: impl FnMut(usize) -> Result<Message, E>,
+        tools: &[Value],
+    ) -> Result<Result<FittedRequest, FitError>, E> {
+        let mut first = match len {
+            0 => None,
+            _ => Some(read(0)?),
+        };
+        let system = first.take_if(|message| message.role.is_system_like());
+        let start = usize::from(system.is_some());
+        self.fit_read_back(
+            system,
+            len - start,
+            |index| match (index + start, first.take()) {
+                (0, Some(message)) => Ok(message),
+                (place, unread) => {
+                    first = unread;
+                    read(place)
+                }
+            },
+            tools,
+        )
+    }
+
     /// True when a read for these settings needs more of a thread than one for `other`: the
     /// whole of it where `other` read a tail, or a longer tail.
     pub fn reads_more_than(&self, other: &FitSettings) -> bool {

@@ -9,7 +9,7 @@ use std::convert::Infallible;
 
 use contexture_core::fit::{ClearPolicy, FitPolicy, Strategy as Keep};
 use contexture_core::thread::Projection;
-use contexture_core::{Message, ToolCall};
+use contexture_core::{Message, Role, ToolCall};
 use contexture_engine::fitting::{FitOverrides, FitSettings};
 use proptest::prelude::*;
 
@@ -141,4 +141,44 @@ fn a_long_history_is_read_only_as_far_as_the_window() {
             + fitted.messages.len(),
         messages.len()
     );
+}
+
+/// A whole list read from its end takes a leading system or developer message as the system
+/// prompt, as [`Projection::from_messages`] does, and reads each message at most once (the
+/// first one too, when it is not a system prompt).
+#[test]
+fn a_list_read_back_takes_its_system_prompt_as_a_projection_does() {
+    let model = common::small_models().get("small-window").unwrap();
+    let policy = FitPolicy {
+        strategy: Keep::First,
+        ..FitPolicy::default()
+    };
+    let settings = FitSettings::new(model, policy, FitOverrides::default()).unwrap();
+    let turns = history(&[(5, Some(10), 5), (5, None, 5)]);
+    for lead in [
+        Some(Message::system("Be brief.")),
+        Some(Message::new(Role::Developer, "Answer in French.")),
+        None,
+    ] {
+        let list: Vec<Message> = lead.into_iter().chain(turns.iter().cloned()).collect();
+        let whole = settings
+            .fit(Projection::from_messages(list.clone()), &[], &[])
+            .unwrap();
+        let reads = std::cell::RefCell::new(vec![0usize; list.len()]);
+        let read_back = settings
+            .fit_list_read_back(
+                list.len(),
+                |index| {
+                    reads.borrow_mut()[index] += 1;
+                    Ok::<_, Infallible>(list[index].clone())
+                },
+                &[],
+            )
+            .unwrap()
+            .unwrap();
+        assert_eq!(read_back.messages, whole.messages);
+        assert_eq!(read_back.fit.dropped, whole.fit.dropped);
+        // The strategy keeps the oldest messages, so every one is read: once.
+        assert_eq!(reads.into_inner(), vec![1; list.len()]);
+    }
 }

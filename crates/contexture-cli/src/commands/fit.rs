@@ -28,9 +28,8 @@
 //! `tokens_before_at_least` is then a lower bound. A fit that can keep older messages (the
 //! strategies `first` and `head-tail`, cleared or cut tool results, pins) reads them all.
 
-use std::path::PathBuf;
-
 use std::io::{BufWriter, Write};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, ValueEnum};
@@ -226,19 +225,8 @@ async fn execute(args: FitArgs) -> Result<()> {
         // Read from its end, a message at a time, only as far back as the fit needs: a
         // long history costs about what the fit keeps. Pinned messages can be anywhere, so
         // a fit with pins reads every message.
-        let system = match history.is_empty() {
-            true => None,
-            false => Some(history.message(0).with_context(not_messages)?)
-                .filter(|first| first.role.is_system_like()),
-        };
-        let start = usize::from(system.is_some());
         settings
-            .fit_read_back(
-                system,
-                messages_in - start,
-                |index| history.message(start + index),
-                &tools,
-            )
+            .fit_list_read_back(messages_in, |index| history.message(index), &tools)
             .with_context(not_messages)?
     } else {
         let mut messages = history.messages().with_context(not_messages)?;
