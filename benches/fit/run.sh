@@ -16,6 +16,8 @@ cd "$(dirname "$0")/../.."
 BIN="${BIN:-$PWD/target/release/contexture}"
 VENV="${BENCH_VENV:-target/fit-bench-venv}"
 
+# Peak memory is GNU time's (Debian's `time`).
+[ -x /usr/bin/time ] || { echo "fit/run.sh: needs /usr/bin/time (apt-get install time)" >&2; exit 1; }
 if [[ -z "${SKIP_BUILD:-}" ]]; then
     cargo build --release -p contexture-cli >&2
 fi

@@ -8,6 +8,7 @@ pub mod inspect;
 pub mod keys;
 pub mod llm;
 pub mod mcp;
+pub mod message_array;
 pub mod models;
 pub mod output;
 pub mod run;

@@ -580,3 +580,55 @@ fn the_file_is_checked_as_json_whole_and_each_message_when_it_is_read() {
         "{stderr}"
     );
 }
+
+/// A file is read a part at a time and its kept messages read again from where they are:
+/// a history of several parts, with messages cut by the parts' ends, fits as the same text
+/// given on standard input (held whole) does; bad JSON parts into it is placed by line.
+#[test]
+fn a_history_of_many_parts_fits_as_when_given_whole_on_standard_input() {
+    let dir = TempDir::new("contexture-fit-cli");
+    let history = Value::Array(long_history(12_000));
+    let text = serde_json::to_string_pretty(&history).unwrap();
+    assert!(text.len() > 3 << 20, "several parts: {} bytes", text.len());
+    let path = write_file(&dir, "parts.json", &text);
+    let args = |extra: &[&'static str]| {
+        let mut args = vec!["fit", "--model", "gpt-4o-mini", "--max-tokens", "2000"];
+        args.extend_from_slice(extra);
+        args
+    };
+    for extra in [&[][..], &["--pin", "7"][..], &["--strategy", "first"][..]] {
+        let from_file = contexture(args(extra).into_iter().chain([path.as_str()]))
+            .run()
+            .expect_json();
+        let from_stdin = contexture(args(extra))
+            .run_with_input(text.as_bytes())
+            .expect_json();
+        assert_eq!(from_file, from_stdin, "{extra:?}");
+        assert!(request_tokens(&from_file) <= 2000, "{extra:?}");
+    }
+
+    // A missing comma two megabytes in, at a message's end.
+    let cut = text[2 << 20..].find("\n  },\n").unwrap() + (2 << 20);
+    let line = text[..cut].lines().count() + 1;
+    let mut bad = text.clone();
+    bad.replace_range(cut..cut + 6, "\n  }\n");
+    let path = write_file(&dir, "comma.json", &bad);
+    let stderr = contexture(args(&[]).into_iter().chain([path.as_str()]))
+        .run()
+        .expect_failure();
+    let stdin_stderr = contexture(args(&[]))
+        .run_with_input(bad.as_bytes())
+        .expect_failure();
+    let expected = format!(
+        "invalid JSON at line {}, column 3: expected `,` or `]`",
+        line + 1
+    );
+    assert!(
+        stderr.contains(&format!("comma.json: {expected}")),
+        "{stderr}"
+    );
+    assert!(
+        stdin_stderr.contains(&format!("standard input: {expected}")),
+        "{stdin_stderr}"
+    );
+}

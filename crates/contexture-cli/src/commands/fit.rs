@@ -20,9 +20,10 @@
 //! at a quarter of the window (the same rule as the budget breakdown of
 //! `contexture tokens count --json`); `--max-tokens` lowers it.
 //!
-//! The history is read from its end: the file is checked as JSON whole, then each message is
-//! read (its fields checked) and counted only when the fit needs it, so a long history costs
-//! about what the fit keeps. A message the fit drops is not read as a message nor tokenized
+//! The history is read from its end: the file is checked as JSON a part at a time, keeping
+//! only where each message is, then each message is read again from the file (its fields
+//! checked) and counted only when the fit needs it, so a long history costs about what the
+//! fit keeps, in time and in memory (standard input is held whole). A message the fit drops is not read as a message nor tokenized
 //! (except the unit at the edge of the cut, which must be counted to know it does not fit),
 //! so the report's `tokens_before` is `null` when the input was not counted in full;
 //! `tokens_before_at_least` is then a lower bound. A fit that can keep older messages (the
@@ -31,12 +32,11 @@
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use contexture_core::Role;
 use contexture_core::fit::{ClearPolicy, FitPolicy, Hysteresis, Rules, Strategy, TruncatePolicy};
 use contexture_core::format::openai;
-use contexture_core::format::openai_raw::RawMessages;
 use contexture_core::thread::Projection;
 use contexture_engine::estimates::Learner;
 use contexture_engine::fit_report::FitReport;
@@ -44,9 +44,9 @@ use contexture_engine::fitting::{
     FitOverrides, FitSettings, HistoryShape, ModelChoice, SettingsError,
 };
 use serde_json::Value;
-use serde_json::error::Category;
 
 use super::input;
+use super::message_array::MessageArray;
 use super::models::RegistryArgs;
 use super::runtime;
 use super::store_args::StoreArgs;
@@ -160,15 +160,7 @@ pub fn run(args: FitArgs) -> Result<()> {
 async fn execute(args: FitArgs) -> Result<()> {
     let registry = args.registry.load()?;
     let source = input::describe(args.file.as_deref());
-    let text = input::read_text(args.file.as_deref())?;
-    let history = RawMessages::split(&text).map_err(|error| match error.classify() {
-        // Each element is taken as it is, so the only shape error is the whole not being an
-        // array (serde_json places it before the first byte).
-        Category::Data => {
-            anyhow!("{source}: not a chat message array: expected a JSON array of messages")
-        }
-        _ => input::json_error(args.file.as_deref(), &error),
-    })?;
+    let history = MessageArray::read(args.file.as_deref())?;
     if let Some(&index) = args.pins.iter().find(|&&index| index >= history.len()) {
         bail!(
             "--pin {index}: {source} has only {} messages",
@@ -242,6 +234,7 @@ async fn execute(args: FitArgs) -> Result<()> {
         )
     })?;
 
+    history.check_unchanged()?;
     let mut out = BufWriter::new(std::io::stdout().lock());
     serde_json::to_writer_pretty(&mut out, &openai::WireMessages(&fitted.messages))?;
     writeln!(out)?;

@@ -53,9 +53,12 @@ const PART_BYTES: usize = 1 << 20;
 
 /// Reads `path` (or standard input) as UTF-8 text a part at a time, handing each part to
 /// `take`: memory stays bounded however large the input is. Parts end at character
-/// boundaries. Invalid UTF-8 is an error naming the byte offset, line and column of the first
-/// bad byte, as [`read_text`] reports it.
-pub fn read_text_in_parts(path: Option<&Path>, mut take: impl FnMut(&str)) -> Result<()> {
+/// boundaries; an error `take` returns stops the reading. Invalid UTF-8 is an error naming the
+/// byte offset, line and column of the first bad byte, as [`read_text`] reports it.
+pub fn read_text_in_parts(
+    path: Option<&Path>,
+    mut take: impl FnMut(&str) -> Result<()>,
+) -> Result<()> {
     let named = path.filter(|p| p.as_os_str() != "-");
     let mut reader: Box<dyn Read> = match named {
         Some(path) => Box::new(
@@ -90,7 +93,7 @@ pub fn read_text_in_parts(path: Option<&Path>, mut take: impl FnMut(&str)) -> Re
             }
         };
         if !valid.is_empty() {
-            take(valid);
+            take(valid)?;
         }
         for (at, _) in valid.bytes().enumerate().filter(|(_, byte)| *byte == b'\n') {
             lines += 1;

@@ -71,7 +71,10 @@ fn count(args: CountArgs) -> Result<()> {
     if !args.messages {
         // A part at a time: a file of any size is counted in bounded memory.
         let mut text = counter.text_in_parts();
-        input::read_text_in_parts(args.file.as_deref(), |part| text.push(part))?;
+        input::read_text_in_parts(args.file.as_deref(), |part| {
+            text.push(part);
+            Ok(())
+        })?;
         println!("{}", text.finish());
         return Ok(());
     }
