@@ -9,7 +9,7 @@
 //!   `cl100k_base=12,o200k_base=11`). Counted once at append time, restored on load.
 
 use contexture_core::Message;
-use contexture_core::thread::{Event, EventKind, EventType, RequestEnd};
+use contexture_core::thread::{Event, EventKind, EventType, RequestEnd, StepEnd};
 use contexture_core::tokens::{Encoding, message_tokens};
 
 use crate::request_refs::{MESSAGE_EVENT_KINDS, REQUEST_STARTED, StoredRequest, Unresolved};
@@ -23,6 +23,13 @@ const REQUEST_ENDED: &str = "request_ended";
 
 /// How a request end whose reply is the next event's message says so.
 const REPLY_IN_NEXT: &str = r#""reply_in_next":true"#;
+
+/// The type name of step ends.
+const STEP_FINISHED: &str = "step_finished";
+
+/// How a step end whose output is the text of an assistant message a few events before it
+/// says so: `"output_in": N`, the message being N events back.
+const OUTPUT_IN: &str = r#""output_in":"#;
 
 /// An event ready to be written.
 pub(crate) struct Row {
@@ -115,14 +122,56 @@ pub(crate) fn encode(thread: &str, event: NewEvent) -> Result<Row, StoreError> {
 }
 
 /// The events of one append, encoded: each serialized and counted, a request end's reply
-/// stored once (see [`share_replies`]).
+/// and a step end's output stored once (see [`share_replies`], [`share_outputs`]).
 pub(crate) fn encode_batch(thread: &str, events: Vec<NewEvent>) -> Result<Vec<Row>, StoreError> {
     let mut rows = events
         .into_iter()
         .map(|event| encode(thread, event))
         .collect::<Result<Vec<_>, _>>()?;
     share_replies(thread, &mut rows)?;
+    share_outputs(thread, &mut rows)?;
     Ok(rows)
+}
+
+/// Stores each step end's output once: when an earlier row of the batch is the assistant
+/// message whose text is the output (a step whose answer joins the shared history appends
+/// it with its end), and neither that row nor any after it up to the end has an idempotency
+/// key (so they are stored one after the other, whatever else the batch holds), the end
+/// says how many events back its output is.
+pub(crate) fn share_outputs(thread: &str, rows: &mut [Row]) -> Result<(), StoreError> {
+    for i in 0..rows.len() {
+        let EventKind::StepFinished(end) = &rows[i].event else {
+            continue;
+        };
+        if rows[i].key.is_some() {
+            continue;
+        }
+        let found = rows[..i]
+            .iter()
+            .rev()
+            .take_while(|row| row.key.is_none())
+            .position(|row| match &row.event {
+                EventKind::MessageAppended { message } => {
+                    message.role == contexture_core::Role::Assistant
+                        && matches!(&message.content, Some(contexture_core::Content::Text(text)) if **text == *end.output)
+                }
+                _ => false,
+            });
+        let Some(position) = found else { continue };
+        let back = position + 1;
+        let shell = StepEnd {
+            output: String::new(),
+            ..end.clone()
+        };
+        let mut value = serde_json::to_value(EventKind::StepFinished(shell))
+            .map_err(|error| unserializable(thread, "a step's end", &error))?;
+        if let serde_json::Value::Object(fields) = &mut value {
+            fields.insert("output_in".into(), serde_json::Value::from(back));
+        }
+        rows[i].body = serde_json::to_string(&value)
+            .map_err(|error| unserializable(thread, "a step's end", &error))?;
+    }
+    Ok(())
 }
 
 /// Stores each request end's reply once: when the next row of the batch is a message event
@@ -455,6 +504,28 @@ pub(crate) fn decode_row(
             marked.then_some(Unresolved::ReplyInNext),
         ));
     }
+    // As for a reply: only a key can hold these characters unescaped; a key of the same name
+    // inside the event's values is left where it is.
+    if kind == STEP_FINISHED && body.contains(OUTPUT_IN) {
+        let mut value: serde_json::Value = parse_stored(body).map_err(corrupt)?;
+        let back = value
+            .as_object_mut()
+            .and_then(|fields| fields.remove("output_in"))
+            .map(|back| {
+                back.as_u64()
+                    .filter(|back| (1..seq).contains(back))
+                    .ok_or_else(|| corrupt(format!("`output_in` is {back}, not a seq before it")))
+            })
+            .transpose()?;
+        let event: EventKind = serde_json::from_value(value).map_err(|e| corrupt(e.to_string()))?;
+        if event.type_name() != kind {
+            return Err(corrupt(format!(
+                "stored as `{kind}` but the body is a `{}`",
+                event.type_name()
+            )));
+        }
+        return Ok((Event::new(seq, event), back.map(Unresolved::OutputIn)));
+    }
     let event = if kind == MESSAGE_APPENDED {
         let message: Message = parse_stored(body).map_err(corrupt)?;
         EventKind::MessageAppended { message }
@@ -583,6 +654,50 @@ pub(crate) fn segments_through(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A step's end stores its output as the place of the assistant message of its append
+    /// that holds it (the nearest before it), and as text otherwise.
+    #[test]
+    fn a_step_end_refers_to_the_answer_its_append_holds() {
+        let end = |output: &str| {
+            NewEvent::new(EventKind::StepFinished(StepEnd {
+                step: 1,
+                state_id: "s".into(),
+                item: None,
+                output: output.into(),
+                next: None,
+                items: None,
+                merge: None,
+                item_keys: None,
+                item_concurrency: None,
+            }))
+        };
+        let said = |message: Message| NewEvent::new(EventKind::MessageAppended { message });
+        let answer = "A long answer that is stored once.";
+        let rows = encode_batch(
+            "t",
+            vec![
+                said(Message::assistant(answer)),
+                said(Message::user(answer)),
+                end(answer),
+                end("elsewhere"),
+            ],
+        )
+        .unwrap();
+        assert!(
+            rows[2].body.contains(r#""output_in":2"#),
+            "{}",
+            rows[2].body
+        );
+        assert!(!rows[2].body.contains(answer), "{}", rows[2].body);
+        assert!(rows[3].body.contains("elsewhere"), "{}", rows[3].body);
+        let (event, unresolved) = decode_row("t", 9, rows[2].kind, &rows[2].body, None).unwrap();
+        assert_eq!(unresolved, Some(Unresolved::OutputIn(2)));
+        assert!(matches!(event.kind, EventKind::StepFinished(end) if end.output.is_empty()));
+        // A mark that points at or before the thread's start is corrupt.
+        let body = rows[2].body.replace(r#""output_in":2"#, r#""output_in":9"#);
+        assert!(decode_row("t", 9, rows[2].kind, &body, None).is_err());
+    }
 
     /// A message nested as deep as a request could carry (the JSON parser's own limit), then
     /// recorded inside a request record, reads back.

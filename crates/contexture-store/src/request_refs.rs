@@ -170,6 +170,10 @@ pub(crate) enum Unresolved {
     /// `"reply_in_next": true`): the engine appends a reply that goes into the thread or
     /// the step's log with the request's end, so it is stored there only.
     ReplyInNext,
+    /// A step's end whose output is the text of the assistant message this many events
+    /// before it (stored as `"output_in": N`): the engine appends a step's answer to the
+    /// shared history with the step's end, so it is stored there only.
+    OutputIn(u64),
 }
 
 impl Unresolved {
@@ -179,6 +183,7 @@ impl Unresolved {
             Unresolved::Request(stored) if stored.is_whole() => Vec::new(),
             Unresolved::Request(stored) => stored.spans().collect(),
             Unresolved::ReplyInNext => vec![(seq + 1, seq + 1)],
+            Unresolved::OutputIn(back) => vec![(seq - back, seq - back)],
         }
     }
 }
@@ -723,6 +728,26 @@ impl Resolver {
                         )
                     })?;
                     end.reply = Some(reply.clone());
+                }
+                (EventKind::StepFinished(end), Some(Unresolved::OutputIn(back))) => {
+                    let at = Address {
+                        seq: seq - back,
+                        index: 0,
+                    };
+                    match messages.get(&at).map(|message| &message.content) {
+                        Some(Some(contexture_core::Content::Text(text))) => {
+                            end.output = text.to_string();
+                        }
+                        _ => {
+                            return Err(corrupt(
+                                seq,
+                                format!(
+                                    "its output is the text of the message at {}, and that event holds no text message",
+                                    at.seq
+                                ),
+                            ));
+                        }
+                    }
                 }
                 _ => {}
             }

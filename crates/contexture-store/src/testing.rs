@@ -130,6 +130,26 @@ pub fn sqlite_disk_bytes(path: &Path) -> u64 {
     u64::try_from(pages * page_size).unwrap_or(0)
 }
 
+/// The bytes of event bodies of each kind in the SQLite database at `path`, most first: where
+/// a thread's storage goes, for a test's log.
+pub fn sqlite_body_bytes_by_kind(path: &Path) -> Vec<(String, u64)> {
+    let conn = rusqlite::Connection::open(path).expect("open the database");
+    let mut select = conn
+        .prepare(
+            "SELECT kind, SUM(length(CAST(body AS BLOB))) FROM events
+             GROUP BY kind ORDER BY 2 DESC, 1",
+        )
+        .expect("prepare the sum");
+    select
+        .query_map([], |row| Ok((row.get(0)?, row.get::<_, i64>(1)?)))
+        .expect("sum the bodies")
+        .map(|row| {
+            let (kind, bytes) = row.expect("read a sum");
+            (kind, u64::try_from(bytes).unwrap_or(0))
+        })
+        .collect()
+}
+
 /// The bytes the threads of `schema` (of the test database) take on disk, after a `VACUUM`
 /// that frees what superseded row versions took: the `events` table whole (its indexes,
 /// out-of-line (TOAST) storage and maps included) and the `threads` table's rows. (That

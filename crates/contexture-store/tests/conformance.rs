@@ -2752,6 +2752,73 @@ async fn forks_are_listed_oldest_first(h: &impl Harness) {
     ));
 }
 
+/// A step's end whose output is the answer the same append put into the shared history
+/// reads back whole, from a read of the whole log or of the end alone; an output no message
+/// of the append holds, one held by a message that has an idempotency key, and an end whose
+/// values hold a key named as the store's mark, read back as they were.
+async fn a_step_output_the_history_holds_reads_back_whole(h: &impl Harness) {
+    let s = h.store();
+    let answer = "The report, part one.";
+    let end = |step: u64, output: &str| StepEnd {
+        step,
+        state_id: format!("s{step}"),
+        item: None,
+        output: output.into(),
+        next: Some("next".into()),
+        items: Some(vec![json!({"output_in": 2}), json!("\"output_in\":1")]),
+        merge: None,
+        item_keys: None,
+        item_concurrency: None,
+    };
+    let batch = vec![
+        user("Write part one."),
+        say(Message::assistant(answer)),
+        NewEvent::new(EventKind::StoreChanged(StoreChange::Set {
+            key: "part".into(),
+            value: json!(1),
+        })),
+        NewEvent::new(EventKind::StepFinished(end(1, answer))),
+    ];
+    s.append("t", batch).await.unwrap();
+    let others = vec![
+        say(Message::assistant("Another answer.")),
+        NewEvent::new(EventKind::StepFinished(end(2, "Not in the history."))),
+        say(Message::assistant("Keyed.")).with_key("k1"),
+        NewEvent::new(EventKind::StepFinished(end(3, "Keyed."))),
+        say(Message::assistant("Twice.")),
+        NewEvent::new(EventKind::StepFinished(end(4, "Twice."))),
+        NewEvent::new(EventKind::StepFinished(end(5, "Twice."))),
+    ];
+    s.append("t", others).await.unwrap();
+    let events = s.events("t").await.unwrap();
+    let outputs: Vec<(u64, String)> = events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::StepFinished(end) => Some((event.seq, end.output.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        outputs,
+        [
+            (4, answer.to_owned()),
+            (6, "Not in the history.".to_owned()),
+            (8, "Keyed.".to_owned()),
+            (10, "Twice.".to_owned()),
+            (11, "Twice.".to_owned()),
+        ]
+    );
+    for (seq, output) in &outputs {
+        let alone = s.events_through("t", seq - 1, *seq).await.unwrap();
+        assert_eq!(alone.len(), 1);
+        let EventKind::StepFinished(read) = &alone[0].kind else {
+            panic!("{:?}", alone[0]);
+        };
+        assert_eq!(&read.output, output, "the end at {seq} read alone");
+        assert_eq!(read, &end(read.step, output));
+    }
+}
+
 macro_rules! conformance {
     (
         fresh: [$($name:ident),* $(,)?],
@@ -2803,6 +2870,7 @@ conformance!(
     invalid_batches_store_nothing,
     every_event_kind_round_trips_and_replays,
     execution_log_events_round_trip_with_token_counts,
+    a_step_output_the_history_holds_reads_back_whole,
     events_after_a_seq_are_the_rest_of_the_log,
     a_threads_policy_is_read_with_its_tail_and_inherited_by_forks,
     forks_read_the_parent_prefix_without_copying,
