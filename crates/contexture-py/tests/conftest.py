@@ -23,18 +23,25 @@ TIKTOKEN_URL = "https://openaipublic.blob.core.windows.net/encodings/{}.tiktoken
 
 
 def _tiktoken_assets() -> pathlib.Path:
-    metadata = json.loads(
-        subprocess.run(
-            ["cargo", "metadata", "--format-version", "1", "--offline"],
-            cwd=WORKSPACE,
-            check=True,
-            capture_output=True,
-        ).stdout
+    # The version the workspace locks, found where Cargo unpacks registry crates (any
+    # build of the workspace's tests put it there). Not `cargo metadata`: offline, it needs
+    # every locked package, even those of other platforms, which a build never fetches.
+    lock = (WORKSPACE / "Cargo.lock").read_text()
+    version = None
+    for block in lock.split("[[package]]"):
+        if 'name = "tiktoken-rs"' in block:
+            version = block.split('version = "', 1)[1].split('"', 1)[0]
+    if version is None:
+        raise RuntimeError("tiktoken-rs is not in the workspace's Cargo.lock")
+    cargo_home = pathlib.Path(os.environ.get("CARGO_HOME", pathlib.Path.home() / ".cargo"))
+    for source in sorted((cargo_home / "registry" / "src").glob("*")):
+        assets = source / f"tiktoken-rs-{version}" / "assets"
+        if assets.is_dir():
+            return assets
+    raise RuntimeError(
+        f"tiktoken-rs {version} is not unpacked under {cargo_home}/registry/src: "
+        "build the workspace's tests first (cargo test --workspace --no-run)"
     )
-    for package in metadata["packages"]:
-        if package["name"] == "tiktoken-rs":
-            return pathlib.Path(package["manifest_path"]).parent / "assets"
-    raise RuntimeError("tiktoken-rs is not among the workspace's packages")
 
 
 def _seed_tiktoken_cache() -> None:
