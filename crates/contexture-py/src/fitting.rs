@@ -98,10 +98,8 @@ pub fn fit<'py>(
         Ok(list) if format == Format::OpenAi && pin.is_empty() => {
             let mut reader = messages::Reader::new(list, counts, encoding, convert)?;
             let count = reader.len();
-            let system = reader.system()?;
-            let history = count - usize::from(system.is_some());
             let fitted = settings
-                .fit_read_back(system, history, |index| reader.history(index), &tools)?
+                .fit_list_read_back(count, |index| reader.at(index), &tools)?
                 .map_err(cannot_fit)?;
             (fitted, count, reader.into_given())
         }

@@ -209,10 +209,6 @@ pub struct Reader<'py> {
     /// Turns an object of the list into a message dict when it is read (the LangChain
     /// adapter's messages).
     convert: Option<Bound<'py, PyAny>>,
-    /// The first message, read to know whether it is the system prompt and kept for when
-    /// it is history.
-    first: Option<Message>,
-    system: bool,
     read: Vec<(usize, Message)>,
 }
 
@@ -234,8 +230,6 @@ impl<'py> Reader<'py> {
             counts,
             encoding,
             convert,
-            first: None,
-            system: false,
             read: Vec::new(),
         })
     }
@@ -243,33 +237,6 @@ impl<'py> Reader<'py> {
     /// How many messages the list holds.
     pub fn len(&self) -> usize {
         self.objects.len()
-    }
-
-    /// The system prompt: the first message when it is a system or developer message.
-    pub fn system(&mut self) -> PyResult<Option<Message>> {
-        if self.objects.is_empty() {
-            return Ok(None);
-        }
-        let first = self.at(0)?;
-        if first.role.is_system_like() {
-            self.system = true;
-            Ok(Some(first))
-        } else {
-            self.first = Some(first);
-            Ok(None)
-        }
-    }
-
-    /// The history's message `index` (the history starts after the system prompt).
-    pub fn history(&mut self, index: usize) -> PyResult<Message> {
-        let place = index + usize::from(self.system);
-        match (place, self.first.take()) {
-            (0, Some(first)) => Ok(first),
-            (_, first) => {
-                self.first = first;
-                self.at(place)
-            }
-        }
     }
 
     /// What was read, for writing kept messages back as the objects given.
@@ -280,7 +247,9 @@ impl<'py> Reader<'py> {
         }
     }
 
-    fn at(&mut self, place: usize) -> PyResult<Message> {
+    /// Message `place` of the list, read (converted, checked, its count set) and
+    /// remembered as read.
+    pub fn at(&mut self, place: usize) -> PyResult<Message> {
         let path = format!("messages[{place}]");
         let mut object = self.objects.get_item(place)?;
         if let Some(convert) = &self.convert {

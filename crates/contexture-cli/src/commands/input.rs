@@ -55,17 +55,24 @@ const PART_BYTES: usize = 1 << 20;
 /// `take`: memory stays bounded however large the input is. Parts end at character
 /// boundaries; an error `take` returns stops the reading. Invalid UTF-8 is an error naming the
 /// byte offset, line and column of the first bad byte, as [`read_text`] reports it.
-pub fn read_text_in_parts(
-    path: Option<&Path>,
-    mut take: impl FnMut(&str) -> Result<()>,
-) -> Result<()> {
+pub fn read_text_in_parts(path: Option<&Path>, take: impl FnMut(&str) -> Result<()>) -> Result<()> {
     let named = path.filter(|p| p.as_os_str() != "-");
-    let mut reader: Box<dyn Read> = match named {
+    let reader: Box<dyn Read> = match named {
         Some(path) => Box::new(
             std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?,
         ),
         None => Box::new(std::io::stdin().lock()),
     };
+    read_reader_in_parts(reader, path, take)
+}
+
+/// [`read_text_in_parts`] of what `reader` gives, `path` naming it in errors (standard input
+/// when `None`).
+pub fn read_reader_in_parts(
+    mut reader: impl Read,
+    path: Option<&Path>,
+    mut take: impl FnMut(&str) -> Result<()>,
+) -> Result<()> {
     let mut buffer = vec![0u8; PART_BYTES];
     // Bytes of a character cut by the last read, carried to the front of the buffer.
     let mut carried = 0;

@@ -51,8 +51,10 @@ impl MessageArray {
                 let file =
                     File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
                 let stamp = stamp(&file, path)?;
+                // Split from the handle the messages are read back from: the same file even
+                // if its path is given to another meanwhile.
                 let mut splitter = ArraySplitter::new();
-                input::read_text_in_parts(Some(path), |part| {
+                input::read_reader_in_parts(&file, Some(path), |part| {
                     splitter
                         .feed(part)
                         .map_err(|error| split_error(&source, error))
