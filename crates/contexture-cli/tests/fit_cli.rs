@@ -632,3 +632,40 @@ fn a_history_of_many_parts_fits_as_when_given_whole_on_standard_input() {
         "{stdin_stderr}"
     );
 }
+
+/// A named input that cannot be read twice (a named pipe) is held and fits as the file does;
+/// text that is not JSON says where and why.
+#[test]
+fn a_named_pipe_fits_as_the_file_does_and_text_that_is_not_json_is_placed() {
+    let dir = TempDir::new("contexture-fit-cli");
+    let text = serde_json::to_string_pretty(&Value::Array(long_history(300))).unwrap();
+    let path = write_file(&dir, "history.json", &text);
+    let pipe = dir.join("history.pipe");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&pipe)
+        .status()
+        .expect("run mkfifo");
+    assert!(made.success());
+    let writer = {
+        let (pipe, text) = (pipe.clone(), text.clone());
+        std::thread::spawn(move || std::fs::write(pipe, text).expect("write the pipe"))
+    };
+    let args = ["fit", "--model", "gpt-4o-mini", "--max-tokens", "500"];
+    let from_pipe = contexture(args.iter().copied().chain([pipe.to_str().unwrap()]))
+        .run()
+        .expect_json();
+    writer.join().unwrap();
+    let from_file = contexture(args.iter().copied().chain([path.as_str()]))
+        .run()
+        .expect_json();
+    assert_eq!(from_pipe, from_file);
+
+    let path = write_file(&dir, "prose.json", "\n  hello");
+    let stderr = contexture(args.iter().copied().chain([path.as_str()]))
+        .run()
+        .expect_failure();
+    assert!(
+        stderr.contains("prose.json: invalid JSON at line 2, column 3: expected value"),
+        "{stderr}"
+    );
+}

@@ -31,7 +31,7 @@ enum Held {
         file: File,
         path: PathBuf,
         spans: Vec<ElementSpan>,
-        stamp: (u64, Option<SystemTime>),
+        stamp: Stamp,
     },
     /// In memory (standard input).
     Text {
@@ -42,7 +42,9 @@ enum Held {
 
 impl MessageArray {
     /// Reads `path` (standard input when `None` or `-`) and splits it; a text that is not
-    /// a JSON array, or not JSON, is an error with its line and column.
+    /// JSON is an error with its line and column, JSON that is not an array an error that
+    /// says so. A named input that is no regular file (a pipe, a process substitution)
+    /// cannot be read twice and is held, as standard input is.
     pub fn read(path: Option<&Path>) -> Result<MessageArray> {
         let source = input::describe(path);
         let named = path.filter(|path| path.as_os_str() != "-");
@@ -51,22 +53,32 @@ impl MessageArray {
                 let file =
                     File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
                 let stamp = stamp(&file, path)?;
+                let mut splitter = ArraySplitter::new();
                 // Split from the handle the messages are read back from: the same file even
                 // if its path is given to another meanwhile.
-                let mut splitter = ArraySplitter::new();
-                input::read_reader_in_parts(&file, Some(path), |part| {
-                    splitter
-                        .feed(part)
-                        .map_err(|error| split_error(&source, error))
-                })?;
-                let spans = splitter
-                    .finish()
-                    .map_err(|error| split_error(&source, error))?;
-                Held::File {
-                    file,
-                    path: path.to_owned(),
-                    spans,
-                    stamp,
+                if stamp.regular {
+                    input::read_reader_in_parts(&file, Some(path), |part| {
+                        splitter
+                            .feed(part)
+                            .map_err(|error| split_error(&source, error))
+                    })?;
+                    let spans = splitter
+                        .finish()
+                        .map_err(|error| split_error(&source, error))?;
+                    Held::File {
+                        file,
+                        path: path.to_owned(),
+                        spans,
+                        stamp,
+                    }
+                } else {
+                    let mut text = String::new();
+                    input::read_reader_in_parts(&file, Some(path), |part| {
+                        text.push_str(part);
+                        Ok(())
+                    })?;
+                    let spans = split_whole(&text).map_err(|error| split_error(&source, error))?;
+                    Held::Text { text, spans }
                 }
             }
             None => {
@@ -103,12 +115,19 @@ impl MessageArray {
             Held::File { file, path, .. } => {
                 let mut bytes = vec![0; span.len];
                 let mut reader = file;
-                reader
+                let read = reader
                     .seek(SeekFrom::Start(span.start))
-                    .and_then(|_| reader.read_exact(&mut bytes))
-                    .with_context(|| format!("cannot read {}", path.display()))?;
-                let element = String::from_utf8(bytes).map_err(|_| self.changed())?;
-                Ok(element_message(&element, index)?)
+                    .and_then(|_| reader.read_exact(&mut bytes));
+                // A message that cannot be read back as it was checked: say so when the file
+                // changed, which is then the cause.
+                let read = read
+                    .with_context(|| format!("cannot read {}", path.display()))
+                    .and_then(|()| String::from_utf8(bytes).map_err(|_| self.changed()))
+                    .and_then(|element| Ok(element_message(&element, index)?));
+                if read.is_err() {
+                    self.check_unchanged()?;
+                }
+                read
             }
         }
     }
@@ -137,12 +156,25 @@ impl MessageArray {
     }
 }
 
-/// A file's length and modification time.
-fn stamp(file: &File, path: &Path) -> Result<(u64, Option<SystemTime>)> {
+/// What tells a file's versions apart: its length and modification time, and whether it is
+/// a regular file (one that can be read twice).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    len: u64,
+    modified: Option<SystemTime>,
+    regular: bool,
+}
+
+/// `file`'s stamp.
+fn stamp(file: &File, path: &Path) -> Result<Stamp> {
     let metadata = file
         .metadata()
         .with_context(|| format!("cannot read {}", path.display()))?;
-    Ok((metadata.len(), metadata.modified().ok()))
+    Ok(Stamp {
+        len: metadata.len(),
+        modified: metadata.modified().ok(),
+        regular: metadata.is_file(),
+    })
 }
 
 /// The spans of `text`'s elements, split whole.

@@ -77,6 +77,10 @@ pub(super) const MIGRATIONS: &[(u32, &str)] = &[
         17,
         include_str!("../../migrations/postgres/0017_partial_forks_index.sql"),
     ),
+    (
+        18,
+        include_str!("../../migrations/postgres/0018_step_outputs_by_reference.sql"),
+    ),
 ];
 
 impl PgStore {

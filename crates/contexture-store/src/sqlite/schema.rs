@@ -61,6 +61,10 @@ pub(super) const MIGRATIONS: &[(u32, &str)] = &[
         14,
         include_str!("../../migrations/sqlite/0014_execution_queue.sql"),
     ),
+    (
+        15,
+        include_str!("../../migrations/sqlite/0015_step_outputs_by_reference.sql"),
+    ),
 ];
 
 /// Creates the database file at `path`, when it does not exist, readable and writable by

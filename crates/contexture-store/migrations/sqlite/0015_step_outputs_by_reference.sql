@@ -1,0 +1,6 @@
+-- No change of tables: a mark of a change of what rows hold. From this version on, a step's
+-- end (`step_finished`) whose output is the text of the assistant message its append put into
+-- the shared history a few events before it holds `"output_in": N` (that message is N events
+-- back) and an empty output, instead of the text again. A build that predates this version
+-- would read such an output as empty; it refuses the database instead, as it refuses any
+-- schema newer than it knows.
