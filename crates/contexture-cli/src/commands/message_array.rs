@@ -77,13 +77,15 @@ impl MessageArray {
                         text.push_str(part);
                         Ok(())
                     })?;
-                    let spans = split_whole(&text).map_err(|error| split_error(&source, error))?;
+                    let spans =
+                        ArraySplitter::split(&text).map_err(|error| split_error(&source, error))?;
                     Held::Text { text, spans }
                 }
             }
             None => {
                 let text = input::read_text(None)?;
-                let spans = split_whole(&text).map_err(|error| split_error(&source, error))?;
+                let spans =
+                    ArraySplitter::split(&text).map_err(|error| split_error(&source, error))?;
                 Held::Text { text, spans }
             }
         };
@@ -175,13 +177,6 @@ fn stamp(file: &File, path: &Path) -> Result<Stamp> {
         modified: metadata.modified().ok(),
         regular: metadata.is_file(),
     })
-}
-
-/// The spans of `text`'s elements, split whole.
-fn split_whole(text: &str) -> Result<Vec<ElementSpan>, SplitError> {
-    let mut splitter = ArraySplitter::new();
-    splitter.feed(text)?;
-    splitter.finish()
 }
 
 /// A split's `error` in reading `source`, in the words of the other JSON inputs' errors.

@@ -104,6 +104,13 @@ impl ArraySplitter {
         }
     }
 
+    /// The spans of the elements of `text`, a whole array held in memory.
+    pub fn split(text: &str) -> Result<Vec<ElementSpan>, SplitError> {
+        let mut splitter = ArraySplitter::new();
+        splitter.feed(text)?;
+        splitter.finish()
+    }
+
     /// Takes the next part of the text.
     pub fn feed(&mut self, part: &str) -> Result<(), SplitError> {
         if self.carried.is_empty() {
@@ -290,11 +297,9 @@ pub struct RawMessages<'a> {
 impl<'a> RawMessages<'a> {
     /// Splits `text`, a JSON array, into its elements.
     pub fn split(text: &'a str) -> Result<RawMessages<'a>, SplitError> {
-        let mut splitter = ArraySplitter::new();
-        splitter.feed(text)?;
         Ok(RawMessages {
             text,
-            spans: splitter.finish()?,
+            spans: ArraySplitter::split(text)?,
         })
     }
 
@@ -389,6 +394,15 @@ mod tests {
         }
     }
 
+    /// `text` split as parts of `size` bytes, stopping at the first error.
+    fn split_in_parts(text: &str, size: usize) -> Result<Vec<ElementSpan>, SplitError> {
+        let mut splitter = ArraySplitter::new();
+        for part in text.as_bytes().chunks(size) {
+            splitter.feed(std::str::from_utf8(part).unwrap())?;
+        }
+        splitter.finish()
+    }
+
     #[test]
     fn bad_json_anywhere_and_a_text_that_is_not_an_array_are_errors_with_a_place() {
         let problems = [
@@ -445,27 +459,16 @@ mod tests {
         let whole = RawMessages::split(text).unwrap().spans;
         assert_eq!(whole.len(), 8);
         for size in 1..text.len() {
-            let mut splitter = ArraySplitter::new();
-            for part in text.as_bytes().chunks(size) {
-                splitter.feed(std::str::from_utf8(part).unwrap()).unwrap();
-            }
-            assert_eq!(splitter.finish().unwrap(), whole, "parts of {size} bytes");
+            assert_eq!(
+                split_in_parts(text, size).unwrap(),
+                whole,
+                "parts of {size} bytes"
+            );
         }
         let bad = "[{\"a\": 1},\n {\"b\": 2}, \n {\"c\" 3}]";
         let expected = problem(bad);
         for size in 1..bad.len() {
-            let mut splitter = ArraySplitter::new();
-            let mut found = None;
-            for part in bad.as_bytes().chunks(size) {
-                if let Err(error) = splitter.feed(std::str::from_utf8(part).unwrap()) {
-                    found = Some(error);
-                    break;
-                }
-            }
-            let found = match found {
-                Some(error) => error,
-                None => splitter.finish().unwrap_err(),
-            };
+            let found = split_in_parts(bad, size).unwrap_err();
             let SplitError::Syntax { line, column, .. } = found else {
                 panic!("{found}");
             };
@@ -510,18 +513,7 @@ mod tests {
                 let place = place % (text.len() + 1);
                 text.insert(place, character);
             }
-            let mut splitter = ArraySplitter::new();
-            let mut failed = None;
-            for part in text.as_bytes().chunks(cut) {
-                if let Err(error) = splitter.feed(std::str::from_utf8(part).unwrap()) {
-                    failed = Some(error);
-                    break;
-                }
-            }
-            let split = match failed {
-                Some(error) => Err(error),
-                None => splitter.finish(),
-            };
+            let split = split_in_parts(&text, cut);
             match (serde_json::from_str::<Vec<&RawValue>>(&text), split) {
                 (Ok(theirs), Ok(spans)) => {
                     let ours: Vec<&str> = spans
