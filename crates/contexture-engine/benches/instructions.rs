@@ -1,7 +1,9 @@
-//! Instruction counts of fitting one call of a long agent loop under valgrind's callgrind
-//! (through gungraun): the call of the `loop_fit` criterion benchmark (a step of 250 tool
-//! uses, 500 messages, on gpt-4o-mini with a 16,000-token window, clearing with hysteresis,
-//! every count cached and the cut memory the previous call left). A count is deterministic for
+//! Instruction counts of the engine's hot paths under valgrind's callgrind (through gungraun):
+//! fitting one call of a long agent loop, the call of the `loop_fit` criterion benchmark (a
+//! step of 250 tool uses, 500 messages, on gpt-4o-mini with a 16,000-token window, clearing
+//! with hysteresis, every count cached and the cut memory the previous call left); and the
+//! engine's part of a chat turn on a 200-turn thread (see `common/chat_thread.rs`), its
+//! request holding the whole conversation or only the new question. A count is deterministic for
 //! a given build, so CI fails on a regression past the hard limit (a little above the count
 //! it was measured at; see "Instruction counts in CI" in docs/benchmarks.md) without the
 //! noise of timing.
@@ -24,6 +26,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod loop_step;
 use loop_step::LoopStep;
 
+#[path = "common/chat_thread.rs"]
+mod chat_thread;
+use chat_thread::ChatTurnInput;
+
 /// The step, and the cut memory its calls before the last left.
 fn loop_before_last_call() -> (LoopStep, CutMemory) {
     let step = LoopStep::new();
@@ -40,11 +46,19 @@ fn limit(measured: u64, slack: u64) -> LibraryBenchmarkConfig {
 }
 
 #[library_benchmark]
-#[bench::call_500_messages(setup = loop_before_last_call, config = limit(935_500, 2))]
+#[bench::call_500_messages(setup = loop_before_last_call, config = limit(952_500, 2))]
 fn loop_call((step, mut memory): (LoopStep, CutMemory)) -> usize {
     black_box(step.fit(step.messages.len(), &mut memory).messages.len())
 }
 
-library_benchmark_group!(name = loop_fit, benchmarks = [loop_call]);
+#[library_benchmark]
+#[bench::whole_conversation(setup = ChatTurnInput::new, args = (true), config = limit(336_700, 2))]
+#[bench::new_question(setup = ChatTurnInput::new, args = (false), config = limit(237_800, 2))]
+fn chat_turn(turn: ChatTurnInput) -> usize {
+    black_box(turn.run())
+}
 
-main!(library_benchmark_groups = loop_fit);
+library_benchmark_group!(name = loop_fit, benchmarks = [loop_call]);
+library_benchmark_group!(name = chat_turns, benchmarks = [chat_turn]);
+
+main!(library_benchmark_groups = loop_fit, chat_turns);

@@ -36,11 +36,11 @@ use contexture_core::thread::{
     EventKind, EventType, Projection, RecordedBudget, RequestEnd, RequestOutcome, RequestRecord,
     Usage,
 };
-use contexture_core::tokens::message_tokens;
+use contexture_core::tokens::{Encoding, message_tokens};
 use contexture_core::{Content, Message, Part, Role};
 use contexture_llm::passthrough::{Answer, PassthroughError};
 use contexture_llm::wire::WireFormat;
-use contexture_store::{EventOutline, KeyedEvent, NewEvent, Store, StoreError};
+use contexture_store::{EventOutline, KeyedEvent, NewEvent, ProjectionTail, Store, StoreError};
 use serde_json::Value;
 
 use crate::calls::{answered_end, priced_end};
@@ -610,12 +610,7 @@ impl<S: Store> ChatTurn<'_, S> {
     ) -> Result<PreparedTurn, ChatError> {
         let mut settings = self.settings.clone();
         let schemas = self.counted_schemas();
-        // The new turns are among the request's messages, and are kept whole.
-        let encoding = settings.model.counter.encoding();
-        let own_tokens = requested
-            .iter()
-            .map(|message| u64::from(message_tokens(message, encoding)))
-            .sum::<u64>();
+        let own_tokens = newest_turn_tokens(&requested, settings.model.counter.encoding());
         let loaded = settings
             .load_adopting(self.store, self.thread, own_tokens)
             .await;
@@ -663,39 +658,14 @@ impl<S: Store> ChatTurn<'_, S> {
             .and_then(|policy| policy.trigger.tokens)
             .map_or(0, |tokens| tokens.saturating_add(1));
         let load = || settings.load(self.store, self.thread, own_tokens, compaction_tokens);
-        let new = new_messages(&stored, requested);
-        check_tool_results(&stored, &new)?;
-        // Fitting fails only on what it must keep (the system prompt, the new turns, the
-        // tools), which compaction cannot shrink: a turn that cannot fit is refused before
-        // anything of it is stored.
-        let (new_system, new_turns): (Vec<&Message>, Vec<&Message>) = new
-            .iter()
-            .partition(|message| message.role.is_system_like());
-        let mut earlier: Vec<Message> = new_turns.into_iter().cloned().collect();
-        let turns = earlier.split_off(newest_turn_start(&earlier));
-        let mut history = stored.messages;
-        history.extend(earlier);
-        let preview = Projection {
-            context: stored.context.clone(),
-            system: call_system(
-                self.instructions,
-                new_system
-                    .last()
-                    .map(|message| (*message).clone())
-                    .or(stored.system),
-            ),
-            messages: history,
-        };
-        if settings.policy.enabled || compaction.is_none() {
-            settings.fit(preview, &turns, &schemas)?;
-        } else {
-            // With fitting off the whole history counts, and the compaction that runs before
-            // the request may still shrink it: only what it cannot shrink is checked here.
-            let mut trimming = settings.clone();
-            trimming.policy.enabled = true;
-            trimming.fit(preview, &turns, &schemas)?;
-        }
-        let new_count = turns.len();
+        let TurnPlan { new, newest_turn } = plan_turn(
+            &settings,
+            stored,
+            requested,
+            self.instructions,
+            &schemas,
+            compaction.is_some(),
+        )?;
         let ended = abandoned.len();
         let brought = !new.is_empty();
         let mut events: Vec<NewEvent> = abandoned.into_iter().map(abandoned_end).collect();
@@ -734,12 +704,15 @@ impl<S: Store> ChatTurn<'_, S> {
             compacted = Some(outcome);
         }
 
-        let split = tail.projection.messages.len().saturating_sub(new_count);
-        let own = tail.projection.messages.split_off(split);
+        let split = tail.projection.messages.len().saturating_sub(newest_turn);
         let mut memory = if settings.policy.shrinks() {
             let hysteresis = settings.policy.hysteresis.is_some();
-            self.carried_cuts(tail.last_request, &tail.projection.messages, hysteresis)
-                .await?
+            self.carried_cuts(
+                tail.last_request,
+                &tail.projection.messages[..split],
+                hysteresis,
+            )
+            .await?
         } else {
             CutMemory::default()
         };
@@ -747,14 +720,13 @@ impl<S: Store> ChatTurn<'_, S> {
             Some((pool, key)) => {
                 let settings = settings.clone();
                 let encoding = settings.model.counter.encoding();
-                let weight = crate::fitting::fit_weight(&tail.projection.messages, encoding)
-                    + crate::fitting::fit_weight(&own, encoding);
+                let weight = crate::fitting::fit_weight(&tail.projection.messages, encoding);
                 pool.run_weighed(key, weight, move || {
-                    settings.fit_tail_in_loop(tail, &own, &schemas, &mut memory)
+                    fit_turn(&settings, tail, newest_turn, &schemas, &mut memory)
                 })
                 .await?
             }
-            None => settings.fit_tail_in_loop(tail, &own, &schemas, &mut memory)?,
+            None => fit_turn(&settings, tail, newest_turn, &schemas, &mut memory)?,
         };
         let record = RequestRecord {
             request_id: request_id.clone(),
@@ -1158,6 +1130,100 @@ fn comparable(message: &Message) -> Value {
     value
 }
 
+/// What a request brings to its thread, found before anything of the turn is stored.
+#[derive(Debug)]
+pub struct TurnPlan {
+    /// The request's messages the thread does not hold yet, in order: what the turn stores.
+    pub new: Vec<Message>,
+    /// How many of the new messages, at their end, are the newest turn: the messages after
+    /// the last assistant one, system prompts aside, which the fit keeps whole.
+    pub newest_turn: usize,
+}
+
+/// The tokens of the request's newest turn (its messages after its last assistant
+/// message, system prompts aside): at least those of the new turns a turn keeps whole,
+/// whatever the thread holds, so the thread is read far enough back for them. Only they
+/// are counted: a stateless client sends the whole conversation again with every request,
+/// and counting all of it each turn would cost as much as the rest of the turn.
+pub fn newest_turn_tokens(requested: &[Message], encoding: Encoding) -> u64 {
+    let after_last_answer = requested
+        .iter()
+        .rposition(|message| message.role == Role::Assistant)
+        .map_or(0, |at| at + 1);
+    requested[after_last_answer..]
+        .iter()
+        .filter(|message| !message.role.is_system_like())
+        .map(|message| u64::from(message_tokens(message, encoding)))
+        .sum()
+}
+
+/// The engine's part of a turn before anything is stored, for the request's messages
+/// `requested` and the thread as `settings`' tail read shows it (`stored`): which messages
+/// are new ([`new_messages`]), whether their tool results answer calls
+/// ([`check_tool_results`]), and whether the turn can fit at all, with `instructions` (the
+/// call's own system prompt) and `schemas` counted. Fitting fails only on what it must keep
+/// (the system prompt, the newest turn, the tools), which compaction cannot shrink: a turn
+/// that cannot fit is refused before anything of it is stored. With fitting off and a
+/// compaction to run (`compacts`), only what compaction cannot shrink is checked.
+pub fn plan_turn(
+    settings: &FitSettings,
+    stored: Projection,
+    requested: Vec<Message>,
+    instructions: Option<&str>,
+    schemas: &[Value],
+    compacts: bool,
+) -> Result<TurnPlan, ChatError> {
+    let new = new_messages(&stored, requested);
+    check_tool_results(&stored, &new)?;
+    let (new_system, new_turns): (Vec<&Message>, Vec<&Message>) = new
+        .iter()
+        .partition(|message| message.role.is_system_like());
+    let mut earlier: Vec<Message> = new_turns.into_iter().cloned().collect();
+    let turns = earlier.split_off(newest_turn_start(&earlier));
+    let mut history = stored.messages;
+    history.extend(earlier);
+    let preview = Projection {
+        context: stored.context,
+        system: call_system(
+            instructions,
+            new_system
+                .last()
+                .map(|message| (*message).clone())
+                .or(stored.system),
+        ),
+        messages: history,
+    };
+    if settings.policy.enabled || !compacts {
+        settings.fit(preview, &turns, schemas)?;
+    } else {
+        // With fitting off the whole history counts, and the compaction that runs before
+        // the request may still shrink it.
+        let mut trimming = settings.clone();
+        trimming.policy.enabled = true;
+        trimming.fit(preview, &turns, schemas)?;
+    }
+    Ok(TurnPlan {
+        new,
+        newest_turn: turns.len(),
+    })
+}
+
+/// The engine's part of a turn after its messages are stored: the thread's `tail` as read
+/// back, whose last `newest_turn` messages are the newest turn (kept whole), fitted by
+/// `settings` with `schemas` counted, cutting again first what `memory` says the thread's
+/// previous request cut.
+pub fn fit_turn(
+    settings: &FitSettings,
+    mut tail: ProjectionTail,
+    newest_turn: usize,
+    schemas: &[Value],
+    memory: &mut CutMemory,
+) -> Result<FittedRequest, FitError> {
+    let split = tail.projection.messages.len().saturating_sub(newest_turn);
+    let own = tail.projection.messages.split_off(split);
+    settings.fit_tail_in_loop(tail, &own, schemas, memory)
+}
+
 /// The request's messages that the thread does not hold yet (see the module docs).
 pub fn new_messages(stored: &Projection, requested: Vec<Message>) -> Vec<Message> {
     let (system, turns): (Vec<Message>, Vec<Message>) = requested
@@ -1227,6 +1293,64 @@ mod tests {
             ],
         );
         assert_eq!(new.len(), 3);
+    }
+
+    /// A conversation of `roles` (0 user, 1 assistant, 2 system), each message's text its
+    /// place, so that no two are the same turn.
+    fn conversation(roles: &[u8]) -> Vec<Message> {
+        roles
+            .iter()
+            .enumerate()
+            .map(|(at, role)| match role {
+                0 => Message::user(format!("question {at} {}", "word ".repeat(at % 7))),
+                1 => Message::assistant(format!("answer {at}")),
+                _ => Message::system(format!("prompt {at}")),
+            })
+            .collect()
+    }
+
+    proptest::proptest! {
+        /// The tokens a turn reads the thread for, counted from the request's newest turn
+        /// only, cover the new messages the turn keeps whole, whatever part of the
+        /// conversation the thread holds and the request sends again.
+        #[test]
+        fn the_newest_turn_of_a_request_covers_the_new_turns_kept_whole(
+            roles in proptest::collection::vec(0u8..3, 1..14),
+            stored_len in 0usize..14,
+            resent_from in 0usize..14,
+        ) {
+            let whole = conversation(&roles);
+            let stored_len = stored_len.min(whole.len());
+            let stored_turns: Vec<Message> = whole[..stored_len]
+                .iter()
+                .filter(|message| !message.role.is_system_like())
+                .cloned()
+                .collect();
+            let stored = projection(None, stored_turns);
+            let requested = whole[resent_from.min(stored_len)..].to_vec();
+            let settings = FitSettings::new(
+                contexture_core::registry::Registry::builtin().resolve("gpt-4o-mini"),
+                contexture_core::fit::FitPolicy::default(),
+                crate::fitting::FitOverrides::default(),
+            )
+            .unwrap();
+            let encoding = settings.model.counter.encoding();
+            let read_for = newest_turn_tokens(&requested, encoding);
+            let plan = plan_turn(&settings, stored, requested, None, &[], false).unwrap();
+            let turns: Vec<&Message> = plan
+                .new
+                .iter()
+                .filter(|message| !message.role.is_system_like())
+                .collect();
+            let kept_whole: u64 = turns[turns.len() - plan.newest_turn..]
+                .iter()
+                .map(|message| u64::from(message_tokens(message, encoding)))
+                .sum();
+            proptest::prop_assert!(
+                read_for >= kept_whole,
+                "read for {} tokens, the newest turn holds {}", read_for, kept_whole
+            );
+        }
     }
 
     #[test]
