@@ -15,6 +15,7 @@
 #   recreated: every run starts from empty tables)
 #   BIN=target/release/contexture  SKIP_BUILD=1 (use BIN as it is)
 #   KEEP_DB=1 with SQLITE_DIR: go on with the SQLite file an earlier run left (a grown file)
+#   CONTEXTURE_LOG=warn (the server's log filter; its log is kept with the raw outputs)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -62,7 +63,7 @@ postgres_pids() { pgrep -x postgres || true; }
 
 start_server() { # DB_URL
     local db="$1" log="$work/server-$2.log"
-    CONTEXTURE_RATE_LIMIT=0 CONTEXTURE_LOG=warn "$BIN" serve --db "$db" --bind "$ADDR" \
+    CONTEXTURE_RATE_LIMIT=0 CONTEXTURE_LOG="${CONTEXTURE_LOG:-warn}" "$BIN" serve --db "$db" --bind "$ADDR" \
         2>"$log" &
     server_pid=$!
     for _ in $(seq 1 200); do

@@ -108,6 +108,16 @@ fn connect(path: &Path) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
+/// The writer's busy handler: waits for another writer (a restarting checkpoint, another
+/// process) a millisecond at a time, for at most [`BUSY_TIMEOUT`].
+fn writer_waits(waited: i32) -> bool {
+    if u128::try_from(waited).unwrap_or(u128::MAX) >= BUSY_TIMEOUT.as_millis() {
+        return false;
+    }
+    std::thread::sleep(Duration::from_millis(1));
+    true
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the lock cannot leave a connection half-way through a
     // transaction: rusqlite rolls back uncommitted transactions when they are dropped.
@@ -146,11 +156,21 @@ impl SqliteStore {
         schema::create_private(&path)?;
         let mut writer = connect(&path)?;
         schema::migrate(&mut writer, migrations)?;
-        // The checkpointer copies the log into the database; no commit waits for that.
+        // The checkpointer copies the log into the database; no commit waits for that. A
+        // log grown by a burst is cut back to the size a restart keeps when it starts over.
         writer
-            .execute_batch("PRAGMA wal_autocheckpoint = 0;")
+            .execute_batch(&format!(
+                "PRAGMA wal_autocheckpoint = 0; PRAGMA journal_size_limit = {};",
+                checkpointer::RESTART_FRAMES * 4096
+            ))
             .doing("configure the writer")?;
-        let checkpointer = Checkpointer::start(connect(&path)?)?;
+        // A checkpoint that starts the log over holds writes back for a few milliseconds;
+        // the writer looks again every millisecond instead of SQLite's backoff (which sleeps
+        // up to 100 ms at a time, most of it after the way is clear).
+        writer
+            .busy_handler(Some(writer_waits))
+            .doing("configure the writer")?;
+        let checkpointer = Checkpointer::start(connect(&path)?, checkpointer::RESTART_FRAMES)?;
         let committed = checkpointer.notifier();
         Ok(SqliteStore {
             inner: Arc::new(Inner {

@@ -4,6 +4,7 @@
 //! it with `--tenant`), `run_workflow` reads workflow files by their path, and workflows run
 //! programs and MCP servers as they declare them, as `contexture run` does.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use super::runtime;
@@ -39,6 +40,7 @@ pub fn run(args: McpArgs) -> Result<()> {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
     let mut config = ServerConfig::load(args.config.as_deref(), |name| std::env::var(name).ok())?;

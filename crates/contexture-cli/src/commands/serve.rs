@@ -1,6 +1,7 @@
 //! `contexture serve`: the HTTP API (see the server crate), configured by a TOML file and
 //! environment variables; with neither it serves on 127.0.0.1:8080 over `contexture.db`.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use super::runtime;
@@ -37,8 +38,10 @@ enum LogFormat {
 pub fn run(args: ServeArgs) -> Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_env("CONTEXTURE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours only on a terminal: a log sent to a file or a collector stays plain text.
     let subscriber = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match args.log_format {
         LogFormat::Json => subscriber.json().init(),

@@ -8,8 +8,17 @@
 //! a connection of its own, checkpoints instead: a `PASSIVE` checkpoint, which waits for no
 //! reader and no writer (writes go on appending to the log meanwhile), every
 //! [`INTERVAL`] while writes keep coming, each one copying only what was written since the
-//! last. The writer restarts the log from its beginning once a checkpoint has copied all of
-//! it, so the log stays about as large as [`INTERVAL`]'s writes.
+//! last.
+//!
+//! Copying is not enough to keep the log small: SQLite starts the log over from its
+//! beginning only when a write begins while no reader still reads frames of it, and under
+//! steady reads and writes (a server with a few dozen busy clients) some reader always
+//! does, so the log would grow without end (2.3 GB in a minute of such load, against a
+//! 144 MB database). Once the log holds more than [`Checkpointer::start`]'s `restart_frames`,
+//! the checkpoint is a `RESTART` one instead: it holds new writes back while the readers of
+//! the log's frames finish (new readers read the database file alone, the log being all
+//! copied), so the next write starts the log over. It waits at most [`RESTART_WAIT`] for
+//! them (a long read in another process) and tries again at the next interval.
 
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread::JoinHandle;
@@ -22,6 +31,12 @@ use crate::StoreError;
 /// The most time between a commit and the checkpoint that copies it into the database.
 pub(super) const INTERVAL: Duration = Duration::from_millis(200);
 
+/// The log's frames past which a checkpoint starts it over (64 MB of 4 KB pages).
+pub(super) const RESTART_FRAMES: i64 = 16_384;
+
+/// The longest a restarting checkpoint holds writes back waiting for readers.
+pub(super) const RESTART_WAIT: Duration = Duration::from_millis(100);
+
 /// The handle on the checkpointing thread. Dropping it stops the thread after one last
 /// checkpoint.
 pub(super) struct Checkpointer {
@@ -30,12 +45,20 @@ pub(super) struct Checkpointer {
 }
 
 impl Checkpointer {
-    /// Starts checkpointing on `conn`, a connection of its own to the database (in WAL mode).
-    pub(super) fn start(conn: Connection) -> Result<Checkpointer, StoreError> {
+    /// Starts checkpointing on `conn`, a connection of its own to the database (in WAL
+    /// mode), starting the log over once it holds more than `restart_frames` frames.
+    pub(super) fn start(
+        mut conn: Connection,
+        restart_frames: i64,
+    ) -> Result<Checkpointer, StoreError> {
+        // Only a restarting checkpoint waits (for readers, holding writes back): briefly,
+        // looking again every millisecond.
+        conn.busy_handler(Some(restart_waits))
+            .map_err(|error| StoreError::database("sqlite", "configure the checkpointer", error))?;
         let (commits, committed) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("contexture-sqlite-checkpointer".into())
-            .spawn(move || run(&conn, &committed))
+            .spawn(move || run(&conn, &committed, restart_frames))
             .map_err(|error| StoreError::WritePanicked {
                 detail: format!("cannot start the checkpointing thread: {error}"),
             })?;
@@ -62,7 +85,7 @@ impl Drop for Checkpointer {
 
 /// Checkpoints at most every [`INTERVAL`] while commits come, and once more when the last
 /// notifier is gone.
-fn run(conn: &Connection, committed: &mpsc::Receiver<()>) {
+fn run(conn: &Connection, committed: &mpsc::Receiver<()>, restart_frames: i64) {
     let mut pending = false;
     let mut last = Instant::now();
     loop {
@@ -80,25 +103,73 @@ fn run(conn: &Connection, committed: &mpsc::Receiver<()>) {
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => {
                 if pending {
-                    checkpoint(conn);
+                    checkpoint(conn, restart_frames);
                 }
                 return;
             }
         }
         if pending && last.elapsed() >= INTERVAL {
-            checkpoint(conn);
+            checkpoint(conn, restart_frames);
             pending = false;
             last = Instant::now();
         }
     }
 }
 
-/// One passive checkpoint. A failure (a reader in another process holding the log, a full
-/// disk) leaves the frames in the log, which the next checkpoint copies: nothing is lost.
-fn checkpoint(conn: &Connection) {
-    if let Err(error) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-        tracing::warn!(%error, "a checkpoint of the SQLite write-ahead log failed; the next one retries");
+/// The checkpointer's busy handler: a millisecond at a time, for at most [`RESTART_WAIT`].
+fn restart_waits(waited: i32) -> bool {
+    if u128::try_from(waited).unwrap_or(u128::MAX) >= RESTART_WAIT.as_millis() {
+        return false;
     }
+    std::thread::sleep(Duration::from_millis(1));
+    true
+}
+
+/// One passive checkpoint, then a restarting one when the log holds more than
+/// `restart_frames` frames. A failure (a reader in another process holding the log, a full
+/// disk) leaves the frames in the log, which the next checkpoint copies: nothing is lost.
+fn checkpoint(conn: &Connection, restart_frames: i64) {
+    let started = Instant::now();
+    let frames = match run_checkpoint(conn, "PASSIVE") {
+        Ok((_, frames, copied)) => {
+            tracing::debug!(
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                frames,
+                copied,
+                "checkpointed the SQLite write-ahead log"
+            );
+            frames
+        }
+        Err(error) => {
+            tracing::warn!(%error, "a checkpoint of the SQLite write-ahead log failed; the next one retries");
+            return;
+        }
+    };
+    if frames <= restart_frames {
+        return;
+    }
+    let restarting = Instant::now();
+    match run_checkpoint(conn, "RESTART") {
+        // Busy: a reader did not finish in time; the next interval tries again.
+        Ok((busy, frames, copied)) => tracing::debug!(
+            elapsed_ms = restarting.elapsed().as_millis() as u64,
+            restarted = busy == 0,
+            frames,
+            copied,
+            "checkpointed the SQLite write-ahead log to start it over"
+        ),
+        Err(error) => {
+            tracing::warn!(%error, "a checkpoint of the SQLite write-ahead log failed; the next one retries")
+        }
+    }
+}
+
+/// `PRAGMA wal_checkpoint(mode)`: whether it was kept from finishing (1) or not (0), the
+/// log's frames, and how many of them are in the database file.
+fn run_checkpoint(conn: &Connection, mode: &str) -> rusqlite::Result<(i64, i64, i64)> {
+    conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |row| {
+        Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+    })
 }
 
 #[cfg(test)]
@@ -119,7 +190,7 @@ mod tests {
         };
         let writer = open();
         writer.execute_batch("CREATE TABLE t (body TEXT)").unwrap();
-        let checkpointer = Checkpointer::start(open()).unwrap();
+        let checkpointer = Checkpointer::start(open(), RESTART_FRAMES).unwrap();
         let committed = checkpointer.notifier().unwrap();
         let row = "x".repeat(2_000);
         let mut largest_log = 0;
@@ -148,5 +219,81 @@ mod tests {
         );
         drop(committed);
         drop(checkpointer);
+    }
+
+    /// Under reads that never stop (some reader always holds frames of the log), the log
+    /// still starts over once it passes the restart size, instead of growing with every
+    /// write.
+    #[test]
+    fn the_log_starts_over_while_readers_keep_reading() {
+        let dir = crate::testing::TempDir::new("contexture-checkpointer-readers");
+        let path = dir.join("db.sqlite");
+        let open = || {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "PRAGMA journal_mode = WAL; PRAGMA wal_autocheckpoint = 0; \
+                 PRAGMA synchronous = OFF;",
+            )
+            .unwrap();
+            conn
+        };
+        let writer = open();
+        writer
+            .execute_batch("CREATE TABLE t (body TEXT); INSERT INTO t VALUES ('first');")
+            .unwrap();
+        // 256 frames of 4 KB: 1 MB.
+        let restart_frames = 256;
+        let checkpointer = Checkpointer::start(open(), restart_frames).unwrap();
+        let committed = checkpointer.notifier().unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // Two readers whose read transactions overlap: one of them is always reading.
+        let readers: Vec<_> = (0..2)
+            .map(|reader| {
+                let conn = open();
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut reads = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        conn.execute_batch("BEGIN").unwrap();
+                        let _: i64 = conn
+                            .query_row("SELECT count(*) FROM t", [], |row| row.get(0))
+                            .unwrap();
+                        std::thread::sleep(Duration::from_millis(2 + reader));
+                        conn.execute_batch("COMMIT").unwrap();
+                        reads += 1;
+                    }
+                    reads
+                })
+            })
+            .collect();
+        let row = "x".repeat(2_000);
+        let wal = dir.join("db.sqlite-wal");
+        let mut largest_log = 0;
+        let started = Instant::now();
+        // Writes that never pause either (the log is never all copied when a read begins):
+        // about 40 MB written to the log, 160 times the restart size.
+        for write in 0..8_000 {
+            writer.execute("INSERT INTO t VALUES (?1)", [&row]).unwrap();
+            committed.send(()).unwrap();
+            std::thread::sleep(Duration::from_micros(150));
+            if write % 100 == 0 {
+                largest_log = largest_log.max(std::fs::metadata(&wal).map_or(0, |m| m.len()));
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let reads: u64 = readers
+            .into_iter()
+            .map(|reader| reader.join().unwrap())
+            .sum();
+        assert!(reads > 100, "the readers read {reads} times");
+        drop(committed);
+        drop(checkpointer);
+        // The log restarts past 1 MB, checked every interval: it holds that and what an
+        // interval or two wrote, far from the 40 MB written.
+        assert!(
+            largest_log < 15_000_000,
+            "the log grew to {largest_log} bytes in {:?}",
+            started.elapsed()
+        );
     }
 }

@@ -13,6 +13,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 use tokio::sync::oneshot;
@@ -21,6 +22,9 @@ use crate::StoreError;
 
 /// The most writes committed together; a bound on how long the first of them waits.
 const MAX_BATCH: usize = 256;
+
+/// A commit that takes this long is logged as a warning.
+const SLOW_COMMIT: Duration = Duration::from_millis(100);
 
 /// A queued write: runs on the writer thread given the connection (inside the batch's
 /// transaction), or is told why it cannot run.
@@ -193,7 +197,18 @@ fn commit_batch(conn: &Connection, batch: Vec<Job>) {
             return;
         }
     }
-    match control(conn, "COMMIT") {
+    let committing = Instant::now();
+    let committed = control(conn, "COMMIT");
+    let took = committing.elapsed();
+    if took >= SLOW_COMMIT {
+        // Every write queued meanwhile waited as long: a slow disk shows here first.
+        tracing::warn!(
+            elapsed_ms = took.as_millis() as u64,
+            writes = ran.len(),
+            "a commit of the SQLite store took long (the file system's sync)"
+        );
+    }
+    match committed {
         Ok(()) => {
             for outcome in ran {
                 (outcome.answer)(Ok(()));
