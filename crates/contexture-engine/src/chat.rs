@@ -658,7 +658,9 @@ impl<S: Store> ChatTurn<'_, S> {
             .and_then(|policy| policy.trigger.tokens)
             .map_or(0, |tokens| tokens.saturating_add(1));
         let load = || settings.load(self.store, self.thread, own_tokens, compaction_tokens);
-        let TurnPlan { new, newest_turn } = plan_turn(
+        let TurnPlan {
+            new, newest_turn, ..
+        } = plan_turn(
             &settings,
             stored,
             requested,
@@ -811,20 +813,15 @@ impl<S: Store> ChatTurn<'_, S> {
             },
             Err(error) => return Err(error.into()),
         };
-        let new = new_messages(&stored, requested);
-        check_tool_results(&stored, &new)?;
-        let (new_system, turns): (Vec<Message>, Vec<Message>) = new
-            .into_iter()
-            .partition(|message| message.role.is_system_like());
-        let mut projection = stored;
-        if let Some(system) = new_system.into_iter().last() {
-            projection.system = Some(system);
-        }
-        let mut earlier = turns;
-        let turns = earlier.split_off(newest_turn_start(&earlier));
-        projection.messages.extend(earlier);
-        projection.system = call_system(self.instructions, projection.system.take());
-        Ok(settings.fit(projection, &turns, &self.counted_schemas())?)
+        let plan = plan_turn(
+            &settings,
+            stored,
+            requested,
+            self.instructions,
+            &self.counted_schemas(),
+            false,
+        )?;
+        Ok(plan.preview)
     }
 
     /// What the thread's previous request cut, for a policy that cuts the same way from one
@@ -1138,6 +1135,8 @@ pub struct TurnPlan {
     /// How many of the new messages, at their end, are the newest turn: the messages after
     /// the last assistant one, system prompts aside, which the fit keeps whole.
     pub newest_turn: usize,
+    /// The turn fitted to the thread as it was read, with nothing stored or compacted.
+    pub preview: FittedRequest,
 }
 
 /// The tokens of the request's newest turn (its messages after its last assistant
@@ -1193,18 +1192,19 @@ pub fn plan_turn(
         ),
         messages: history,
     };
-    if settings.policy.enabled || !compacts {
-        settings.fit(preview, &turns, schemas)?;
+    let preview = if settings.policy.enabled || !compacts {
+        settings.fit(preview, &turns, schemas)?
     } else {
         // With fitting off the whole history counts, and the compaction that runs before
         // the request may still shrink it.
         let mut trimming = settings.clone();
         trimming.policy.enabled = true;
-        trimming.fit(preview, &turns, schemas)?;
-    }
+        trimming.fit(preview, &turns, schemas)?
+    };
     Ok(TurnPlan {
         new,
         newest_turn: turns.len(),
+        preview,
     })
 }
 

@@ -111,7 +111,13 @@ fn connect(path: &Path) -> Result<Connection, StoreError> {
 /// The writer's busy handler: waits for another writer (a restarting checkpoint, another
 /// process) a millisecond at a time, for at most [`BUSY_TIMEOUT`].
 fn writer_waits(waited: i32) -> bool {
-    if u128::try_from(waited).unwrap_or(u128::MAX) >= BUSY_TIMEOUT.as_millis() {
+    wait_a_millisecond(waited, BUSY_TIMEOUT)
+}
+
+/// A busy handler's step: after `waited` tries, waits a millisecond and tries again, until
+/// about `limit` has gone by.
+fn wait_a_millisecond(waited: i32, limit: Duration) -> bool {
+    if u128::try_from(waited).unwrap_or(u128::MAX) >= limit.as_millis() {
         return false;
     }
     std::thread::sleep(Duration::from_millis(1));

@@ -118,11 +118,7 @@ fn run(conn: &Connection, committed: &mpsc::Receiver<()>, restart_frames: i64) {
 
 /// The checkpointer's busy handler: a millisecond at a time, for at most [`RESTART_WAIT`].
 fn restart_waits(waited: i32) -> bool {
-    if u128::try_from(waited).unwrap_or(u128::MAX) >= RESTART_WAIT.as_millis() {
-        return false;
-    }
-    std::thread::sleep(Duration::from_millis(1));
-    true
+    super::wait_a_millisecond(waited, RESTART_WAIT)
 }
 
 /// One passive checkpoint, then a restarting one when the log holds more than
