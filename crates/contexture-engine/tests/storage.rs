@@ -109,8 +109,12 @@ async fn an_agents_200_calls_take_at_most_three_times_their_text_on_postgres() {
 /// Steps of the shared-history workflow.
 const STEPS: usize = 60;
 
-/// The most bytes the shared-history workflow may add to a store per byte of its messages.
-const CHAIN_MOST: f64 = 10.0;
+/// The most bytes the shared-history workflow may add to a SQLite store per byte of its
+/// messages: a bound against regressions, above today's 3.46x (the target is 2x).
+const CHAIN_MOST_SQLITE: f64 = 3.8;
+
+/// The same for PostgreSQL, above today's 5.73x (its rows and maps cost more).
+const CHAIN_MOST_POSTGRES: f64 = 6.3;
 
 /// A workflow of `STEPS` assistant steps in a row, each adding its task and answer to the
 /// history the next one is sent.
@@ -194,7 +198,7 @@ async fn a_shared_history_workflow_of_60_steps_grows_its_store_linearly_on_sqlit
         "sqlite: event bodies by kind: {:?}",
         testing::sqlite_body_bytes_by_kind(&path)
     );
-    assert_growth("sqlite", empty, disk, message_bytes, CHAIN_MOST);
+    assert_growth("sqlite", empty, disk, message_bytes, CHAIN_MOST_SQLITE);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -206,5 +210,5 @@ async fn a_shared_history_workflow_of_60_steps_grows_its_store_linearly_on_postg
     let message_bytes = run_chain(store.clone()).await;
     let disk = testing::pg_disk_bytes(&schema).await;
     store.drop_schema().await.unwrap();
-    assert_growth("postgres", empty, disk, message_bytes, CHAIN_MOST);
+    assert_growth("postgres", empty, disk, message_bytes, CHAIN_MOST_POSTGRES);
 }

@@ -24,6 +24,11 @@ const REQUEST_ENDED: &str = "request_ended";
 /// How a request end whose reply is the next event's message says so.
 const REPLY_IN_NEXT: &str = r#""reply_in_next":true"#;
 
+/// How a request end whose reply is, without its metadata, the message of an event a few
+/// events after it says so: `"reply_in": N`, the message being N events on. Written when a
+/// step's answer joins the shared history with the step's end (see [`shared_reply`]).
+const REPLY_IN: &str = r#""reply_in":"#;
+
 /// The type name of step ends.
 const STEP_FINISHED: &str = "step_finished";
 
@@ -45,6 +50,10 @@ pub(crate) struct Row {
     pub message_bytes: u64,
     /// The idempotency key.
     pub key: Option<String>,
+    /// True for the assistant message a step's end of the same append takes its output from
+    /// (see [`share_outputs`]): the step's last request end may hold the same text, which the
+    /// append then stores by reference to this message (see [`shared_reply`]).
+    pub step_answer: bool,
     /// The event, for checks that need its seq.
     pub event: EventKind,
 }
@@ -117,6 +126,7 @@ pub(crate) fn encode(thread: &str, event: NewEvent) -> Result<Row, StoreError> {
             kind => count(kind),
         },
         key: event.idempotency_key,
+        step_answer: false,
         event: event.kind,
     })
 }
@@ -159,6 +169,7 @@ pub(crate) fn share_outputs(thread: &str, rows: &mut [Row]) -> Result<(), StoreE
             });
         let Some(position) = found else { continue };
         let back = position + 1;
+        rows[i - back].step_answer = true;
         let shell = StepEnd {
             output: String::new(),
             ..end.clone()
@@ -211,6 +222,62 @@ pub(crate) fn share_replies(thread: &str, rows: &mut [Row]) -> Result<(), StoreE
         row.tokens = None;
     }
     Ok(())
+}
+
+/// How many of a thread's newest request ends an append of a step's answer looks through
+/// for one holding it: the step's last call ended a few events before its end, after the
+/// calls that iteration items running at once may have ended meanwhile.
+pub(crate) const ANSWER_LOOKBACK: i64 = 4;
+
+/// The body to store in place of `body`, the stored request end at `end_seq` of `thread`,
+/// when its reply is `answer` (the message an append gives `answer_seq`) without its
+/// metadata: the end without its reply, saying how many events on the reply is (`"reply_in":
+/// N`). `None` when the end holds no reply, another one, or already refers to its reply.
+///
+/// A step's last call ends with the step's answer, which the step's end then appends to the
+/// shared history tagged with the step; stored this way, the text is held by the message
+/// alone, and the end reads back exactly as it was written.
+pub(crate) fn shared_reply(
+    thread: &str,
+    end_seq: u64,
+    body: &str,
+    answer_seq: u64,
+    answer: &Message,
+) -> Result<Option<String>, StoreError> {
+    if answer_seq <= end_seq || body.contains(REPLY_IN_NEXT) || body.contains(REPLY_IN) {
+        return Ok(None);
+    }
+    let event: EventKind = parse_stored(body).map_err(|detail| StoreError::Corrupt {
+        thread: thread.to_string(),
+        seq: end_seq,
+        detail,
+    })?;
+    let EventKind::RequestEnded(end) = event else {
+        return Ok(None);
+    };
+    let Some(reply) = &end.reply else {
+        return Ok(None);
+    };
+    let unserializable =
+        |error: serde_json::Error| unserializable(thread, "a request's end", &error);
+    let mut bare = answer.clone();
+    bare.metadata = contexture_core::Metadata::default();
+    if serde_json::to_string(reply).map_err(unserializable)?
+        != serde_json::to_string(&bare).map_err(unserializable)?
+    {
+        return Ok(None);
+    }
+    let shell = RequestEnd { reply: None, ..end };
+    let mut value = serde_json::to_value(EventKind::RequestEnded(shell)).map_err(unserializable)?;
+    if let serde_json::Value::Object(fields) = &mut value {
+        fields.insert(
+            "reply_in".into(),
+            serde_json::Value::from(answer_seq - end_seq),
+        );
+    }
+    serde_json::to_string(&value)
+        .map(Some)
+        .map_err(unserializable)
 }
 
 /// Refuses the event that would get `seq` in `thread` past the store's limit of
@@ -486,12 +553,26 @@ pub(crate) fn decode_row(
         ));
     }
     // Only a key can hold these characters unescaped: a string in JSON escapes its quotes.
-    if kind == REQUEST_ENDED && body.contains(REPLY_IN_NEXT) {
+    if kind == REQUEST_ENDED && (body.contains(REPLY_IN_NEXT) || body.contains(REPLY_IN)) {
         let mut value: serde_json::Value = parse_stored(body).map_err(corrupt)?;
-        let marked = value
-            .as_object_mut()
-            .and_then(|fields| fields.remove("reply_in_next"))
-            .is_some_and(|flag| flag == serde_json::Value::Bool(true));
+        let fields = value.as_object_mut();
+        let (next, later) = match fields {
+            Some(fields) => (fields.remove("reply_in_next"), fields.remove("reply_in")),
+            None => (None, None),
+        };
+        let later = later
+            .map(|on| {
+                on.as_u64()
+                    .filter(|on| *on >= 1 && seq.checked_add(*on).is_some())
+                    .ok_or_else(|| corrupt(format!("`reply_in` is {on}, not a count of events on")))
+            })
+            .transpose()?;
+        let unresolved = match later {
+            Some(on) => Some(Unresolved::ReplyIn(on)),
+            None => next
+                .is_some_and(|flag| flag == serde_json::Value::Bool(true))
+                .then_some(Unresolved::ReplyInNext),
+        };
         let event: EventKind = serde_json::from_value(value).map_err(|e| corrupt(e.to_string()))?;
         if event.type_name() != kind {
             return Err(corrupt(format!(
@@ -499,10 +580,7 @@ pub(crate) fn decode_row(
                 event.type_name()
             )));
         }
-        return Ok((
-            Event::new(seq, event),
-            marked.then_some(Unresolved::ReplyInNext),
-        ));
+        return Ok((Event::new(seq, event), unresolved));
     }
     // As for a reply: only a key can hold these characters unescaped; a key of the same name
     // inside the event's values is left where it is.
@@ -697,6 +775,52 @@ mod tests {
         // A mark that points at or before the thread's start is corrupt.
         let body = rows[2].body.replace(r#""output_in":2"#, r#""output_in":9"#);
         assert!(decode_row("t", 9, rows[2].kind, &body, None).is_err());
+    }
+
+    /// A step's last request end stores its reply as the place of the step's answer when
+    /// that answer is the reply tagged with its step, and reads back exactly; another
+    /// answer, or an end already stored by reference, is left as it is.
+    #[test]
+    fn a_request_end_refers_to_the_answer_its_step_appended() {
+        let reply = Message::assistant("The step's answer, stored once.");
+        let end = RequestEnd {
+            request_id: "run/step-1/call-0".into(),
+            outcome: contexture_core::thread::RequestOutcome::Completed,
+            usage: Default::default(),
+            usage_estimated: false,
+            reply: Some(reply.clone()),
+            finish_reason: Some("stop".into()),
+            error: None,
+            cost_usd: None,
+            attempts: None,
+        };
+        let body = serde_json::to_string(&EventKind::RequestEnded(end.clone())).unwrap();
+        let mut answer = reply.clone();
+        answer.metadata.origin_step = Some("s1".into());
+        let shared = shared_reply("t", 3, &body, 5, &answer).unwrap().unwrap();
+        assert!(shared.contains(r#""reply_in":2"#), "{shared}");
+        assert!(!shared.contains("stored once"), "{shared}");
+        let (event, unresolved) = decode_row("t", 3, REQUEST_ENDED, &shared, None).unwrap();
+        assert_eq!(unresolved, Some(Unresolved::ReplyIn(2)));
+        let answered = Event::new(
+            5,
+            EventKind::MessageAppended {
+                message: answer.clone(),
+            },
+        );
+        let mut resolver = crate::request_refs::Resolver::new(vec![(event, unresolved)]);
+        assert_eq!(resolver.missing(2), vec![(5, 5)]);
+        resolver.add_fetched(vec![(answered, None)]);
+        let resolved = resolver.resolve("t").unwrap();
+        assert_eq!(resolved[0].kind, EventKind::RequestEnded(end));
+        // Another answer, an answer before the end, and an end already shared stay.
+        let other = Message::assistant("Something else.");
+        assert_eq!(shared_reply("t", 3, &body, 5, &other).unwrap(), None);
+        assert_eq!(shared_reply("t", 3, &body, 3, &answer).unwrap(), None);
+        assert_eq!(shared_reply("t", 3, &shared, 7, &answer).unwrap(), None);
+        // A count that does not point on is corrupt.
+        let body = shared.replace(r#""reply_in":2"#, r#""reply_in":0"#);
+        assert!(decode_row("t", 3, REQUEST_ENDED, &body, None).is_err());
     }
 
     /// A message nested as deep as a request could carry (the JSON parser's own limit), then

@@ -170,6 +170,11 @@ pub(crate) enum Unresolved {
     /// `"reply_in_next": true`): the engine appends a reply that goes into the thread or
     /// the step's log with the request's end, so it is stored there only.
     ReplyInNext,
+    /// A request's end whose reply is, without its metadata, the message of the event this
+    /// many events after it (stored as `"reply_in": N`): a step's last call ends with the
+    /// step's answer, which the step's end appends to the shared history tagged with the step;
+    /// the append stores the text with the message only.
+    ReplyIn(u64),
     /// A step's end whose output is the text of the assistant message this many events
     /// before it (stored as `"output_in": N`): the engine appends a step's answer to the
     /// shared history with the step's end, so it is stored there only.
@@ -183,6 +188,7 @@ impl Unresolved {
             Unresolved::Request(stored) if stored.is_whole() => Vec::new(),
             Unresolved::Request(stored) => stored.spans().collect(),
             Unresolved::ReplyInNext => vec![(seq + 1, seq + 1)],
+            Unresolved::ReplyIn(on) => vec![(seq + on, seq + on)],
             Unresolved::OutputIn(back) => vec![(seq - back, seq - back)],
         }
     }
@@ -647,33 +653,41 @@ impl Resolver {
         missing
     }
 
-    /// The request ends whose reply is in the next event of a thread the chain leaves there,
-    /// each as the thread (of `segments`, a fork chain root first, as the stores read them)
-    /// and the seq of that next event: a fork made between an end and its reply shares the
-    /// end, not the reply, which is then fetched from that thread and given to
-    /// [`Resolver::add_reply_past_fork`].
+    /// The request ends whose reply is in a later event of a thread the chain leaves before
+    /// that event, each as the thread (of `segments`, a fork chain root first, as the stores
+    /// read them), the end's seq and the seq of the reply's event: a fork made between an end
+    /// and its reply shares the end, not the reply, which is then fetched from that thread and
+    /// given to [`Resolver::add_reply_past_fork`].
     pub(crate) fn replies_past_forks<'a>(
         &self,
         segments: &'a [(String, Option<u64>)],
-    ) -> Vec<(&'a str, u64)> {
+    ) -> Vec<(&'a str, u64, u64)> {
         self.rows
             .iter()
-            .filter(|(_, unresolved)| matches!(unresolved, Some(Unresolved::ReplyInNext)))
-            .filter_map(|(event, _)| {
+            .filter_map(|(event, unresolved)| {
                 let seq = event.seq;
+                let reply_at = match unresolved {
+                    Some(Unresolved::ReplyInNext) => seq + 1,
+                    Some(Unresolved::ReplyIn(on)) => seq + on,
+                    _ => return None,
+                };
                 let (owner, limit) = segments
                     .iter()
                     .find(|(_, limit)| limit.is_none_or(|limit| seq <= limit))?;
-                (*limit == Some(seq)).then_some((owner.as_str(), seq + 1))
+                limit.is_some_and(|limit| limit < reply_at).then_some((
+                    owner.as_str(),
+                    seq,
+                    reply_at,
+                ))
             })
             .collect()
     }
 
-    /// The event at `seq` of a thread the chain leaves before it (see
-    /// [`Resolver::replies_past_forks`]).
-    pub(crate) fn add_reply_past_fork(&mut self, seq: u64, event: &Event) {
+    /// The event holding the reply of the request end at `end_seq`, read from a thread the
+    /// chain leaves before it (see [`Resolver::replies_past_forks`]).
+    pub(crate) fn add_reply_past_fork(&mut self, end_seq: u64, event: &Event) {
         if let Some((_, message)) = addressed(event).next() {
-            self.past_forks.insert(seq - 1, message.clone());
+            self.past_forks.insert(end_seq, message.clone());
         }
     }
 
@@ -728,6 +742,24 @@ impl Resolver {
                         )
                     })?;
                     end.reply = Some(reply.clone());
+                }
+                (EventKind::RequestEnded(end), Some(Unresolved::ReplyIn(on))) => {
+                    let at = Address {
+                        seq: seq + on,
+                        index: 0,
+                    };
+                    let reply = self.past_forks.get(&seq).or_else(|| messages.get(&at));
+                    let mut reply = reply.cloned().ok_or_else(|| {
+                        corrupt(
+                            seq,
+                            format!(
+                                "its reply is the message at {}, and that event holds none",
+                                at.seq
+                            ),
+                        )
+                    })?;
+                    reply.metadata = contexture_core::Metadata::default();
+                    end.reply = Some(reply);
                 }
                 (EventKind::StepFinished(end), Some(Unresolved::OutputIn(back))) => {
                     let at = Address {

@@ -2819,6 +2819,94 @@ async fn a_step_output_the_history_holds_reads_back_whole(h: &impl Harness) {
     }
 }
 
+/// A step's last request end whose reply is the step's answer, which the step's end appends
+/// to the shared history tagged with the step, holds it by reference to that message (a
+/// change of the message's row shows in the end) and reads back whole, with the log or alone,
+/// from its thread and from a fork made between the end and the answer; an end a fork shares
+/// before the answer is appended keeps its reply.
+async fn a_step_answer_its_last_call_ended_with_is_stored_once(h: &impl Harness) {
+    let s = h.store();
+    let answer = "The report, part one.";
+    let end = RequestEnd {
+        request_id: "run/step-1/call-0".into(),
+        outcome: RequestOutcome::Completed,
+        usage: Usage::default(),
+        usage_estimated: false,
+        reply: Some(Message::assistant(answer)),
+        finish_reason: Some("stop".into()),
+        error: None,
+        cost_usd: Some(0.5),
+        attempts: None,
+    };
+    let mut tagged = Message::assistant(answer);
+    tagged.metadata.origin_step = Some("s1".into());
+    let step_end = StepEnd {
+        step: 1,
+        state_id: "s1".into(),
+        item: None,
+        output: answer.into(),
+        next: Some("next".into()),
+        items: None,
+        merge: None,
+        item_keys: None,
+        item_concurrency: None,
+    };
+    for thread in ["a", "b"] {
+        let ended = NewEvent::new(EventKind::RequestEnded(end.clone()));
+        s.append(thread, vec![ended]).await.unwrap();
+    }
+    s.fork("b", 1, "b-early").await.unwrap();
+    for thread in ["a", "b"] {
+        let batch = vec![
+            user("Write part one."),
+            say(tagged.clone()),
+            NewEvent::new(EventKind::StepFinished(step_end.clone())),
+        ];
+        assert_eq!(s.append(thread, batch).await.unwrap(), [2, 3, 4]);
+    }
+    s.fork("a", 2, "a-late").await.unwrap();
+    s.append("a-late", vec![say(Message::assistant("Another answer."))])
+        .await
+        .unwrap();
+    for thread in ["a", "b", "a-late", "b-early"] {
+        let events = s.events(thread).await.unwrap();
+        assert_eq!(
+            events[0].kind,
+            EventKind::RequestEnded(end.clone()),
+            "{thread}"
+        );
+        let alone = s.events_through(thread, 0, 1).await.unwrap();
+        assert_eq!(
+            alone[0].kind,
+            EventKind::RequestEnded(end.clone()),
+            "{thread}"
+        );
+    }
+    let answered = s.events("a").await.unwrap();
+    assert_eq!(
+        answered[2].kind,
+        EventKind::MessageAppended {
+            message: tagged.clone()
+        }
+    );
+    assert_eq!(answered[3].kind, EventKind::StepFinished(step_end));
+    h.execute_raw(
+        r#"UPDATE events SET body = '{"role":"assistant","content":"Changed.","metadata":{"origin_step":"s1"}}'
+           WHERE thread_id IN ('a', 'b') AND seq = 3"#,
+    )
+    .await;
+    let reply = |events: Vec<Event>| match &events[0].kind {
+        EventKind::RequestEnded(end) => end.reply.as_ref().map(Message::text),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(reply(s.events("a").await.unwrap()).unwrap(), "Changed.");
+    assert_eq!(
+        reply(s.events("a-late").await.unwrap()).unwrap(),
+        "Changed."
+    );
+    assert_eq!(reply(s.events("b").await.unwrap()).unwrap(), answer);
+}
+
 macro_rules! conformance {
     (
         fresh: [$($name:ident),* $(,)?],
@@ -2871,6 +2959,7 @@ conformance!(
     every_event_kind_round_trips_and_replays,
     execution_log_events_round_trip_with_token_counts,
     a_step_output_the_history_holds_reads_back_whole,
+    a_step_answer_its_last_call_ended_with_is_stored_once,
     events_after_a_seq_are_the_rest_of_the_log,
     a_threads_policy_is_read_with_its_tail_and_inherited_by_forks,
     forks_read_the_parent_prefix_without_copying,

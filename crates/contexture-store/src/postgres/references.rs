@@ -29,6 +29,16 @@ const REFERRED_EVENTS: &str = "SELECT seq, kind, body, tokens FROM events
                     'request_started')
      ORDER BY seq";
 
+/// The newest request ends of a thread before `$2`, newest first, at most `$3`: found
+/// through the index of events other than ordinary messages.
+const RECENT_ENDS: &str = "SELECT seq, body FROM events
+     WHERE thread_id = $1 AND ordinary_message IS NULL AND kind = 'request_ended' AND seq < $2
+     ORDER BY seq DESC LIMIT $3";
+
+/// Whether a fork of `$1` shares its events from `$2` on.
+const FORKED_FROM: &str =
+    "SELECT EXISTS (SELECT 1 FROM threads WHERE parent_id = $1 AND fork_seq >= $2)";
+
 /// A stored row: seq, kind, body, tokens.
 type StoredRow = (u64, String, String, Option<String>);
 
@@ -190,14 +200,61 @@ pub(super) async fn resolve(
         }
         resolver.add_fetched(fetched);
     }
-    for (owner, seq) in resolver.replies_past_forks(segments) {
+    for (owner, end, seq) in resolver.replies_past_forks(segments) {
         let own = [(owner.to_string(), None)];
         for (at, kind, body, tokens) in
             rows_in(client, thread, &own, REFERRED_EVENTS, seq, seq).await?
         {
             let (event, _) = record::decode_row(thread, at, &kind, &body, tokens.as_deref())?;
-            resolver.add_reply_past_fork(seq, &event);
+            resolver.add_reply_past_fork(end, &event);
         }
     }
     resolver.resolve(thread)
+}
+
+/// Stores the reply of a step's last request end by reference to `row`, the step's answer
+/// that gets `seq` in `thread` (see [`record::shared_reply`]), when one of the thread's
+/// newest request ends holds it and no fork shares that end: inside the append's
+/// transaction, which holds the thread's row lock. Returns the bytes the end no longer takes.
+pub(super) async fn share_answer(
+    client: &impl GenericClient,
+    thread: &str,
+    seq: u64,
+    row: &Row,
+) -> Result<u64, StoreError> {
+    let EventKind::MessageAppended { message } = &row.event else {
+        return Ok(0);
+    };
+    let select = client
+        .prepare_cached(RECENT_ENDS)
+        .await
+        .doing("prepare the request ends' query")?;
+    let ends = client
+        .query(&select, &[&thread, &db_seq(seq), &record::ANSWER_LOOKBACK])
+        .await
+        .doing("query the request ends")?;
+    for end in ends {
+        let end_seq = seq_of(thread, end.get(0))?;
+        let body: String = end.get(1);
+        let Some(shared) = record::shared_reply(thread, end_seq, &body, seq, message)? else {
+            continue;
+        };
+        let forked: bool = client
+            .query_one(FORKED_FROM, &[&thread, &db_seq(end_seq)])
+            .await
+            .doing("look for forks")?
+            .get(0);
+        if forked {
+            return Ok(0);
+        }
+        client
+            .execute(
+                "UPDATE events SET body = $3, tokens = NULL WHERE thread_id = $1 AND seq = $2",
+                &[&thread, &db_seq(end_seq), &shared],
+            )
+            .await
+            .doing("store the request end's reply by reference")?;
+        return Ok(record::body_bytes(&body).saturating_sub(record::body_bytes(&shared)));
+    }
+    Ok(0)
 }

@@ -81,6 +81,10 @@ pub(super) const MIGRATIONS: &[(u32, &str)] = &[
         18,
         include_str!("../../migrations/postgres/0018_step_outputs_by_reference.sql"),
     ),
+    (
+        19,
+        include_str!("../../migrations/postgres/0019_step_answers_by_reference.sql"),
+    ),
 ];
 
 impl PgStore {

@@ -218,7 +218,7 @@ impl PgStore {
         let mut client = self.pool.get().await?;
         if rows
             .iter()
-            .all(|row| row.key.is_none() && !needs_seq_check(&row.event))
+            .all(|row| row.key.is_none() && !row.step_answer && !needs_seq_check(&row.event))
         {
             return append_fast(&client, thread, rows, now, limits).await;
         }
@@ -270,6 +270,10 @@ impl PgStore {
             }
             // On an error the transaction is dropped: nothing of this append is stored.
             limits.admit(thread, seq, &mut bytes, &row)?;
+            if row.step_answer {
+                let saved = references::share_answer(&tx, thread, seq, &row).await?;
+                bytes = bytes.saturating_sub(saved);
+            }
             message_bytes += record::message_bytes(&row);
             tx.execute(
                 &insert,

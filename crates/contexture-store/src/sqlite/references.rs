@@ -29,6 +29,16 @@ const REFERRED_EVENTS: &str = "SELECT seq, kind, body, tokens FROM events
                     'request_started')
      ORDER BY seq";
 
+/// The newest request ends of a thread before `?2`, newest first, at most `?3`: found
+/// through the index of events other than ordinary messages.
+const RECENT_ENDS: &str = "SELECT seq, body FROM events
+     WHERE thread_id = ?1 AND ordinary_message IS NULL AND kind = 'request_ended' AND seq < ?2
+     ORDER BY seq DESC LIMIT ?3";
+
+/// Whether a fork of `?1` shares its events from `?2` on.
+const FORKED_FROM: &str =
+    "SELECT EXISTS (SELECT 1 FROM threads WHERE parent_id = ?1 AND fork_seq >= ?2)";
+
 /// A stored row: seq, kind, body, tokens.
 type StoredRow = (u64, String, String, Option<String>);
 
@@ -179,12 +189,58 @@ pub(super) fn resolve(
         }
         resolver.add_fetched(fetched);
     }
-    for (owner, seq) in resolver.replies_past_forks(segments) {
+    for (owner, end, seq) in resolver.replies_past_forks(segments) {
         let own = [(owner.to_string(), None)];
         for (at, kind, body, tokens) in rows_in(tx, thread, &own, REFERRED_EVENTS, seq, seq)? {
             let (event, _) = record::decode_row(thread, at, &kind, &body, tokens.as_deref())?;
-            resolver.add_reply_past_fork(seq, &event);
+            resolver.add_reply_past_fork(end, &event);
         }
     }
     resolver.resolve(thread)
+}
+
+/// Stores the reply of a step's last request end by reference to `row`, the step's answer
+/// that gets `seq` in `thread` (see [`record::shared_reply`]), when one of the thread's
+/// newest request ends holds it and no fork shares that end: inside the append's
+/// transaction. Returns the bytes the end no longer takes.
+pub(super) fn share_answer(
+    tx: &Connection,
+    thread: &str,
+    seq: u64,
+    row: &Row,
+) -> Result<u64, StoreError> {
+    let EventKind::MessageAppended { message } = &row.event else {
+        return Ok(0);
+    };
+    let ends: Vec<(i64, String)> = tx
+        .prepare_cached(RECENT_ENDS)
+        .doing("prepare the request ends' query")?
+        .query_map(params![thread, db_seq(seq), record::ANSWER_LOOKBACK], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .doing("query the request ends")?
+        .collect::<Result<_, _>>()
+        .doing("read a request end")?;
+    for (end_seq, body) in ends {
+        let end_seq = seq_of(thread, end_seq)?;
+        let Some(shared) = record::shared_reply(thread, end_seq, &body, seq, message)? else {
+            continue;
+        };
+        let forked: bool = tx
+            .prepare_cached(FORKED_FROM)
+            .doing("prepare the forks' query")?
+            .query_row(params![thread, db_seq(end_seq)], |r| r.get(0))
+            .doing("look for forks")?;
+        if forked {
+            return Ok(0);
+        }
+        tx.prepare_cached(
+            "UPDATE events SET body = ?3, tokens = NULL WHERE thread_id = ?1 AND seq = ?2",
+        )
+        .doing("prepare the request end's update")?
+        .execute(params![thread, db_seq(end_seq), shared])
+        .doing("store the request end's reply by reference")?;
+        return Ok(record::body_bytes(&body).saturating_sub(record::body_bytes(&shared)));
+    }
+    Ok(0)
 }

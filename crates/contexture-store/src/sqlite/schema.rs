@@ -65,6 +65,10 @@ pub(super) const MIGRATIONS: &[(u32, &str)] = &[
         15,
         include_str!("../../migrations/sqlite/0015_step_outputs_by_reference.sql"),
     ),
+    (
+        16,
+        include_str!("../../migrations/sqlite/0016_step_answers_by_reference.sql"),
+    ),
 ];
 
 /// Creates the database file at `path`, when it does not exist, readable and writable by

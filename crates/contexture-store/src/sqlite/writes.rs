@@ -66,6 +66,11 @@ pub(super) fn append_rows(
             }
             // On an error the savepoint of this write is rolled back: nothing of it is stored.
             limits.admit(thread, seq, &mut bytes, &row)?;
+            // Before the insert: the end's row shrinks where the new rows can still use the
+            // room it leaves (the newest pages), rather than leaving a hole behind them.
+            if row.step_answer {
+                bytes = bytes.saturating_sub(references::share_answer(tx, thread, seq, &row)?);
+            }
             message_bytes += record::message_bytes(&row);
             insert
                 .execute(params![

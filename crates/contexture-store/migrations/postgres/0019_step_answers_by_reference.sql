@@ -1,0 +1,6 @@
+-- No change of tables: a mark of a change of what rows hold. From this version on, the
+-- request end (`request_ended`) of a step's last call, whose reply is the step's answer that
+-- the step's end appends to the shared history, holds `"reply_in": N` (that message, without
+-- the metadata the step adds to it, is N events on) and no reply, instead of the text again.
+-- A build that predates this version would read such an end as one without a reply; it
+-- refuses the database instead, as it refuses any schema newer than it knows.
