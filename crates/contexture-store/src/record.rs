@@ -5,8 +5,10 @@
 //! - `body`: for `message_appended`, the message in Contexture's storage form; otherwise the
 //!   whole event (without its seq) as JSON. Kept as text, byte for byte;
 //! - `tokens`: for events carrying messages, each message's counts per encoding, messages
-//!   separated by `;`, encodings as `name=count` separated by `,` (for example
-//!   `cl100k_base=12,o200k_base=11`). Counted once at append time, restored on load.
+//!   separated by `;`: the counts in a fixed order of encodings separated by `,` (`12,11`
+//!   for cl100k_base, then o200k_base), or one number when they agree (`12`); rows of earlier
+//!   versions name each encoding (`cl100k_base=12,o200k_base=11`). Counted once at append
+//!   time, restored on load.
 
 use contexture_core::Message;
 use contexture_core::thread::{Event, EventKind, EventType, RequestEnd, StepEnd};
@@ -431,28 +433,62 @@ fn count_messages(messages: Vec<&Message>) -> Option<String> {
         if i > 0 {
             text.push(';');
         }
-        for (j, encoding) in Encoding::ALL.into_iter().enumerate() {
+        let counts = STORED_ORDER.map(|encoding| message_tokens(message, encoding));
+        if counts.iter().all(|count| *count == counts[0]) {
+            text.push_str(&counts[0].to_string());
+            continue;
+        }
+        for (j, count) in counts.iter().enumerate() {
             if j > 0 {
                 text.push(',');
             }
-            text.push_str(encoding.name());
-            text.push('=');
-            text.push_str(&message_tokens(message, encoding).to_string());
+            text.push_str(&count.to_string());
         }
     }
     Some(text)
 }
 
+/// The encodings whose counts a `tokens` column holds by position, in this order: their
+/// names would take most of the column (`cl100k_base=12,o200k_base=12` for `12`). An
+/// encoding added later is appended, or stored as `name=count`.
+const STORED_ORDER: [Encoding; 2] = [Encoding::Cl100kBase, Encoding::O200kBase];
+
+/// The counts of one message as stored (`12`: every encoding of [`STORED_ORDER`] counts 12;
+/// `12,13`: one count per encoding of it, in order; `name=count` pairs, as earlier versions
+/// wrote them), each with its encoding; `None` for a count under an encoding this build
+/// does not know (it would be recomputed). An error names what is malformed.
+fn parse_counts(
+    counts: &str,
+) -> impl Iterator<Item = Result<Option<(Encoding, u32)>, String>> + '_ {
+    let pairs: Vec<&str> = counts.split(',').collect();
+    let all = pairs.len() == 1 && !counts.contains('=');
+    let each = if all { STORED_ORDER.len() } else { pairs.len() };
+    (0..each).map(move |i| {
+        let pair = pairs[if all { 0 } else { i }];
+        let bad = || format!("bad token count `{pair}`");
+        match pair.split_once('=') {
+            Some((name, n)) => {
+                let n = n.parse::<u32>().map_err(|_| bad())?;
+                Ok(Encoding::from_name(name).ok().map(|encoding| (encoding, n)))
+            }
+            None => {
+                let n = pair.parse::<u32>().map_err(|_| bad())?;
+                let encoding = STORED_ORDER.get(i).ok_or_else(bad)?;
+                Ok(Some((*encoding, n)))
+            }
+        }
+    })
+}
+
 /// The stored token count under `encoding` of an event that holds one message (its
 /// `tokens` column), without decoding the event; 0 when none is stored for it.
 pub(crate) fn stored_message_tokens(tokens: Option<&str>, encoding: Encoding) -> u64 {
-    let name = encoding.name();
     tokens
         .and_then(|tokens| tokens.split(';').next())
         .and_then(|counts| {
-            counts.split(',').find_map(|pair| {
-                let (key, n) = pair.split_once('=')?;
-                (key == name).then(|| n.parse::<u64>().ok()).flatten()
+            parse_counts(counts).find_map(|parsed| match parsed {
+                Ok(Some((stored, n))) if stored == encoding => Some(u64::from(n)),
+                _ => None,
             })
         })
         .unwrap_or(0)
@@ -674,18 +710,9 @@ fn restore_counts(tokens: &str, messages: Vec<&Message>) -> Result<(), String> {
         ));
     }
     for (message, counts) in messages.into_iter().zip(counts) {
-        for pair in counts.split(',') {
-            let parsed = pair.split_once('=').and_then(|(name, n)| {
-                Some((Encoding::from_name(name).ok()?, n.parse::<u32>().ok()?))
-            });
-            // A count under an encoding this build does not know is skipped (it would be
-            // recomputed); a malformed one is an error.
-            match parsed {
-                Some((encoding, n)) => message.set_cached_tokens(encoding, n),
-                None if pair
-                    .split_once('=')
-                    .is_some_and(|(_, n)| n.parse::<u32>().is_ok()) => {}
-                None => return Err(format!("bad token count `{pair}`")),
+        for parsed in parse_counts(counts) {
+            if let Some((encoding, n)) = parsed? {
+                message.set_cached_tokens(encoding, n);
             }
         }
     }
@@ -821,6 +848,54 @@ mod tests {
         // A count that does not point on is corrupt.
         let body = shared.replace(r#""reply_in":2"#, r#""reply_in":0"#);
         assert!(decode_row("t", 3, REQUEST_ENDED, &body, None).is_err());
+    }
+
+    /// Token counts are stored by position, as one number when every encoding agrees, and
+    /// read back from that form and from the named pairs earlier versions wrote; a count
+    /// under an unknown encoding is skipped, a malformed one refused.
+    #[test]
+    fn token_counts_are_stored_by_position_and_read_in_every_form() {
+        assert_eq!(
+            STORED_ORDER.to_vec(),
+            Encoding::ALL.to_vec(),
+            "every encoding's count is stored"
+        );
+        let counted = |tokens: &str| {
+            let message = Message::assistant("x");
+            restore_counts(tokens, vec![&message])
+                .map(|()| Encoding::ALL.map(|encoding| message.cached_tokens(encoding)))
+        };
+        assert_eq!(counted("12").unwrap(), [Some(12), Some(12)]);
+        assert_eq!(counted("12,13").unwrap(), [Some(12), Some(13)]);
+        assert_eq!(
+            counted("cl100k_base=12,o200k_base=13").unwrap(),
+            [Some(12), Some(13)]
+        );
+        assert_eq!(
+            counted("o200k_base=13,p50k_base=9").unwrap(),
+            [None, Some(13)]
+        );
+        for bad in ["", "x", "12,13,14", "cl100k_base=x", "-1", "12;13"] {
+            assert!(counted(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(stored_message_tokens(Some("7;9"), Encoding::O200kBase), 7);
+        assert_eq!(stored_message_tokens(Some("7,8"), Encoding::O200kBase), 8);
+        assert_eq!(
+            stored_message_tokens(Some("cl100k_base=5,o200k_base=6"), Encoding::O200kBase),
+            6
+        );
+        assert_eq!(stored_message_tokens(None, Encoding::O200kBase), 0);
+        let hello = Message::user("Hello there, how are you today?");
+        let stored = count_messages(vec![&hello, &Message::assistant("")]).unwrap();
+        assert!(!stored.contains('='), "{stored}");
+        let read = Message::user("Hello there, how are you today?");
+        restore_counts(stored.split(';').next().unwrap(), vec![&read]).unwrap();
+        for encoding in Encoding::ALL {
+            assert_eq!(
+                read.cached_tokens(encoding),
+                Some(message_tokens(&hello, encoding))
+            );
+        }
     }
 
     /// A message nested as deep as a request could carry (the JSON parser's own limit), then

@@ -85,6 +85,10 @@ pub(super) const MIGRATIONS: &[(u32, &str)] = &[
         19,
         include_str!("../../migrations/postgres/0019_step_answers_by_reference.sql"),
     ),
+    (
+        20,
+        include_str!("../../migrations/postgres/0020_token_counts_by_position.sql"),
+    ),
 ];
 
 impl PgStore {

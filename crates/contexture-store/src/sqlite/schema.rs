@@ -69,6 +69,10 @@ pub(super) const MIGRATIONS: &[(u32, &str)] = &[
         16,
         include_str!("../../migrations/sqlite/0016_step_answers_by_reference.sql"),
     ),
+    (
+        17,
+        include_str!("../../migrations/sqlite/0017_token_counts_by_position.sql"),
+    ),
 ];
 
 /// Creates the database file at `path`, when it does not exist, readable and writable by

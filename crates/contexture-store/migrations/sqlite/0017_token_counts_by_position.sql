@@ -1,0 +1,6 @@
+-- No change of tables: a mark of a change of what rows hold. From this version on, the
+-- `tokens` column holds each message's counts by position (`12,13`: cl100k_base, then
+-- o200k_base), or one number when they agree (`12`), instead of `cl100k_base=12,o200k_base=13`;
+-- rows written before stay as they are and read as before. A build that predates this
+-- version would refuse such counts as malformed; it refuses the database instead, as it
+-- refuses any schema newer than it knows.
