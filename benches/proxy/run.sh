@@ -20,6 +20,8 @@
 #   LITELLM_VERSION=1.108.0 LITELLM_HOME=~/.cache/contexture-bench/litellm-$LITELLM_VERSION
 #   BIN=target/release/contexture SKIP_BUILD=1 (use the binary as it is)
 #   PORT_BASE=18190 (nginx: PORT_BASE and +1; Contexture +2; LiteLLM +3)
+#   WRK_CPUS, PROXY_CPUS: CPU lists (taskset) to keep the load and the proxies apart, e.g.
+#   WRK_CPUS=1 PROXY_CPUS=0: the proxies' tail without wrk's threads in their run queue
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -41,6 +43,10 @@ STREAM_PORT=$((PORT_BASE + 1))
 CONTEXTURE_PORT=$((PORT_BASE + 2))
 LITELLM_PORT=$((PORT_BASE + 3))
 SCRIPT="$here/proxy.lua"
+wrk_run=(wrk)
+proxy_run=()
+[[ -n "${WRK_CPUS:-}" ]] && wrk_run=(taskset -c "$WRK_CPUS" wrk)
+[[ -n "${PROXY_CPUS:-}" ]] && proxy_run=(taskset -c "$PROXY_CPUS")
 # A whole answer comes from one upstream port, a streamed one from the other: nginx answers
 # without reading the request, so each model is routed to the port of its answer's form.
 WHOLE_MODEL=gpt-4o-mini
@@ -171,7 +177,7 @@ requests_per_second = 0.0
 max_chat_turns = 256
 EOF
 contexture_key="$("$BIN" keys create --tenant bench --name bench --db "sqlite:$work/contexture.db" 2>/dev/null)"
-CONTEXTURE_LOG=warn setsid "$BIN" serve --config "$work/contexture.toml" \
+CONTEXTURE_LOG=warn setsid "${proxy_run[@]}" "$BIN" serve --config "$work/contexture.toml" \
     --db "sqlite:$work/contexture.db" --bind "127.0.0.1:$CONTEXTURE_PORT" \
     2>"$work/contexture.log" &
 pids+=($!)
@@ -198,7 +204,7 @@ general_settings:
   master_key: $litellm_key
 EOF
 LITELLM_LOCAL_MODEL_COST_MAP=True LITELLM_LOG=ERROR DISABLE_SCHEMA_UPDATE=true \
-    setsid "$LITELLM_HOME/bin/litellm" --config "$work/litellm.yaml" \
+    setsid "${proxy_run[@]}" "$LITELLM_HOME/bin/litellm" --config "$work/litellm.yaml" \
     --host 127.0.0.1 --port "$LITELLM_PORT" >"$work/litellm.log" 2>&1 &
 pids+=($!)
 litellm_pid=$!
@@ -221,14 +227,14 @@ run() { # PROXY SCENARIO STREAM CONNECTIONS
     [[ "$scenario" == *-thread ]] && prefix="$proxy-$stream-$connections"
     local name="$proxy-$scenario-$stream-$connections"
     export PROXY_BENCH_KEY="$key"
-    wrk -t"$connections" -c"$connections" -d"$WARMUP" -s "$SCRIPT" "http://127.0.0.1:$port" -- \
+    "${wrk_run[@]}" -t"$connections" -c"$connections" -d"$WARMUP" -s "$SCRIPT" "http://127.0.0.1:$port" -- \
         "$door" "$stream" "${prefix:+warm-$prefix}" "$TURNS_PER_THREAD" "$model" >"$work/$name.warm.txt"
     local procs before after
     # shellcheck disable=SC2046
     procs="$(group_of "$pid")"
     # shellcheck disable=SC2086
     before=$(cpu_of $procs)
-    wrk -t"$connections" -c"$connections" -d"$DURATION" --latency -s "$SCRIPT" \
+    "${wrk_run[@]}" -t"$connections" -c"$connections" -d"$DURATION" --latency -s "$SCRIPT" \
         "http://127.0.0.1:$port" -- "$door" "$stream" "$prefix" "$TURNS_PER_THREAD" "$model" \
         >"$work/$name.txt"
     # shellcheck disable=SC2086
