@@ -314,6 +314,31 @@ impl Thread {
         &self.id
     }
 
+    /// About how many bytes this fold holds in memory: its messages (see
+    /// [`Message::approximate_bytes`]) and a fixed cost per event applied. For bounding
+    /// caches of folds by memory; it walks the messages once.
+    pub fn approximate_bytes(&self) -> u64 {
+        /// What an event leaves behind besides messages (request ids, usage, seen ops).
+        const PER_EVENT: u64 = 64;
+        let messages: usize = self
+            .entries
+            .iter()
+            .map(|entry| entry.message.approximate_bytes())
+            .chain(
+                self.system
+                    .iter()
+                    .map(|(_, message)| message.approximate_bytes()),
+            )
+            .chain(self.contexts.values().flat_map(|state| {
+                let anchored = state.anchor.iter().flat_map(|anchor| &anchor.messages);
+                anchored
+                    .chain(state.system.iter().map(|(_, message)| message))
+                    .map(Message::approximate_bytes)
+            }))
+            .sum();
+        (messages as u64).saturating_add(self.last_seq.saturating_mul(PER_EVENT))
+    }
+
     /// The seq of the last event applied (0 for an empty thread).
     pub fn last_seq(&self) -> u64 {
         self.last_seq

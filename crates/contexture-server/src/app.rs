@@ -182,6 +182,7 @@ impl AppState {
     ) -> Result<AppState, StartError> {
         store.set_max_thread_events(Some(config.limits.max_thread_events));
         store.set_max_thread_bytes(Some(config.limits.max_thread_bytes));
+        store.set_projection_cache_bytes(config.limits.projection_cache_bytes);
         let mut registry = Registry::builtin();
         if let Some(path) = &config.models_file {
             let text = std::fs::read_to_string(path).map_err(|error| StartError::Models {

@@ -202,6 +202,10 @@ pub struct LimitsConfig {
     /// a page ends before the event that would pass it (its first event always goes in),
     /// and `next_after` continues it.
     pub max_page_bytes: usize,
+    /// About the most memory the store's cache of recently read threads holds (default
+    /// 32 MiB; 0 keeps none): a thread read again within it costs only its new events. Most
+    /// of a busy server's resident memory is this cache.
+    pub projection_cache_bytes: u64,
 }
 
 impl LimitsConfig {
@@ -226,6 +230,7 @@ impl Default for LimitsConfig {
             max_chat_turns: 16,
             max_contexts_per_thread: contexture_core::thread::DEFAULT_MAX_CONTEXTS,
             max_page_bytes: 8 * 1024 * 1024,
+            projection_cache_bytes: contexture_store::DEFAULT_PROJECTION_CACHE_BYTES,
         }
     }
 }

@@ -67,6 +67,7 @@ pub use execution_queue::{
 pub use leased::{HeldLease, Leased};
 #[cfg(feature = "postgres")]
 pub use postgres::PgStore;
+pub use projection_cache::DEFAULT_PROJECTION_CACHE_BYTES;
 pub use rate_limits::{RateLimit, RateLimitStore};
 pub use retention::{
     RequestPruneReport, RequestRetention, RequestsPruned, RetentionError, RetentionRules,

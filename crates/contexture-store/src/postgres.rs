@@ -83,6 +83,14 @@ impl PgStore {
             .store(max.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Bounds the memory of the folds of recently read threads the store keeps, so that a
+    /// thread read again costs only its new events, to about `bytes` (0: keep none; by
+    /// default [`crate::DEFAULT_PROJECTION_CACHE_BYTES`]). The least recently read are
+    /// dropped first. Clones share the cache.
+    pub fn set_projection_cache_bytes(&self, bytes: u64) {
+        self.projections.set_max_bytes(bytes);
+    }
+
     fn limits(&self) -> ThreadLimits {
         ThreadLimits {
             max_events: self.max_events.load(std::sync::atomic::Ordering::Relaxed),

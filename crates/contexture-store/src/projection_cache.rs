@@ -11,43 +11,122 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use contexture_core::thread::Thread;
 
 /// The most events, over all kept folds, the cache stands for (a fold counts its last
-/// seq); past it, folds are dropped until it is under again.
+/// seq); past it, the least recently used folds are dropped until it is under again.
 const MAX_CACHED_EVENTS: u64 = 200_000;
 
 /// Folds of threads longer than this are not kept.
 pub(crate) const MAX_EVENTS_PER_FOLD: u64 = 20_000;
 
+/// The memory the kept folds may hold by default (see [`Thread::approximate_bytes`]): a
+/// server's resident size is mostly this cache once it has served many threads.
+pub const DEFAULT_PROJECTION_CACHE_BYTES: u64 = 32 * 1024 * 1024;
+
+/// Past a bound, folds are dropped until the cache is this fraction (in eighths) of it, so
+/// that the scan for the least recently used is not made on every put.
+const EVICT_TO_EIGHTHS: u64 = 7;
+
 struct Kept {
     deletions: i64,
     fold: Thread,
+    /// The fold's [`Thread::approximate_bytes`] when it was put.
+    bytes: u64,
+    /// When it was put (the cache's tick): the smallest is the least recently used.
+    used: u64,
 }
 
-/// The cache: thread id to its fold, shared by the store's readers.
+/// The kept folds and their totals.
 #[derive(Default)]
+struct Folds {
+    kept: HashMap<String, Kept>,
+    events: u64,
+    bytes: u64,
+    tick: u64,
+}
+
+impl Folds {
+    fn remove(&mut self, thread: &str) -> Option<Kept> {
+        let kept = self.kept.remove(thread)?;
+        self.events -= kept.fold.last_seq();
+        self.bytes -= kept.bytes;
+        Some(kept)
+    }
+
+    /// Drops the least recently used folds but `keep` until both totals are within
+    /// [`EVICT_TO_EIGHTHS`] of their bounds, when either is past its bound.
+    fn evict(&mut self, keep: &str, max_bytes: u64) {
+        if self.events <= MAX_CACHED_EVENTS && self.bytes <= max_bytes {
+            return;
+        }
+        let events_to = MAX_CACHED_EVENTS / 8 * EVICT_TO_EIGHTHS;
+        let bytes_to = max_bytes / 8 * EVICT_TO_EIGHTHS;
+        let mut by_use: Vec<(u64, String)> = self
+            .kept
+            .iter()
+            .filter(|(id, _)| id.as_str() != keep)
+            .map(|(id, kept)| (kept.used, id.clone()))
+            .collect();
+        by_use.sort_unstable();
+        for (_, id) in by_use {
+            if self.events <= events_to && self.bytes <= bytes_to {
+                break;
+            }
+            self.remove(&id);
+        }
+    }
+}
+
+/// The cache: thread id to its fold, shared by the store's readers, bounded by events and
+/// by the memory its folds hold.
 pub(crate) struct ProjectionCache {
-    folds: Mutex<HashMap<String, Kept>>,
+    folds: Mutex<Folds>,
+    max_bytes: AtomicU64,
+}
+
+impl Default for ProjectionCache {
+    fn default() -> ProjectionCache {
+        ProjectionCache {
+            folds: Mutex::default(),
+            max_bytes: AtomicU64::new(DEFAULT_PROJECTION_CACHE_BYTES),
+        }
+    }
 }
 
 impl ProjectionCache {
-    fn folds(&self) -> std::sync::MutexGuard<'_, HashMap<String, Kept>> {
-        // A fold is replaced whole, never left half-updated in the map: a panic elsewhere
-        // cannot leave an entry wrong.
+    fn folds(&self) -> std::sync::MutexGuard<'_, Folds> {
+        // A fold is replaced whole, never left half-updated in the map, and the totals are
+        // updated with it: a panic elsewhere cannot leave an entry wrong.
         self.folds.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Bounds the memory the kept folds hold to about `bytes` (0: keep none), dropping
+    /// the least recently used ones now if they hold more.
+    pub(crate) fn set_max_bytes(&self, bytes: u64) {
+        self.max_bytes.store(bytes, Ordering::Relaxed);
+        let mut folds = self.folds();
+        if bytes == 0 {
+            *folds = Folds::default();
+        } else {
+            folds.evict("", bytes);
+        }
     }
 
     /// True when a fold of `thread` is kept (it may still turn out unusable to a reader).
     pub(crate) fn holds(&self, thread: &str) -> bool {
-        self.folds().contains_key(thread)
+        self.folds().kept.contains_key(thread)
     }
 
     /// The last seq of the fold of `thread` that is kept, if one is: a reader asks for the
     /// events after it, then [`ProjectionCache::take`]s the fold.
     pub(crate) fn kept_through(&self, thread: &str) -> Option<u64> {
-        self.folds().get(thread).map(|kept| kept.fold.last_seq())
+        self.folds()
+            .kept
+            .get(thread)
+            .map(|kept| kept.fold.last_seq())
     }
 
     /// Takes out the fold of `thread` when it can be brought up to `last_seq`: read under
@@ -55,7 +134,7 @@ impl ProjectionCache {
     /// the caller's is left for others).
     pub(crate) fn take(&self, thread: &str, deletions: i64, last_seq: u64) -> Option<Thread> {
         let mut folds = self.folds();
-        let kept = folds.get(thread)?;
+        let kept = folds.kept.get(thread)?;
         if kept.deletions != deletions {
             folds.remove(thread);
             return None;
@@ -71,33 +150,41 @@ impl ProjectionCache {
         self.folds().remove(thread);
     }
 
-    /// Keeps `fold`, read under `deletions`, unless a fold at least as far along is there.
+    /// Keeps `fold`, read under `deletions`, unless a fold at least as far along is there
+    /// or it alone would pass a bound.
     pub(crate) fn put(&self, thread: &str, deletions: i64, fold: Thread) {
-        let size = fold.last_seq();
-        if size > MAX_EVENTS_PER_FOLD {
+        let events = fold.last_seq();
+        let max_bytes = self.max_bytes.load(Ordering::Relaxed);
+        if events > MAX_EVENTS_PER_FOLD || max_bytes == 0 {
+            return;
+        }
+        // Measured outside the lock: it walks the fold's messages.
+        let bytes = fold.approximate_bytes();
+        if bytes > max_bytes / 8 * EVICT_TO_EIGHTHS {
             return;
         }
         let mut folds = self.folds();
-        if let Some(kept) = folds.get(thread)
+        if let Some(kept) = folds.kept.get(thread)
             && kept.deletions == deletions
-            && kept.fold.last_seq() >= size
+            && kept.fold.last_seq() >= events
         {
             return;
         }
-        folds.insert(thread.to_string(), Kept { deletions, fold });
-        let mut total: u64 = folds.values().map(|kept| kept.fold.last_seq()).sum();
-        if total > MAX_CACHED_EVENTS {
-            // No recency order is kept: drop others (any) until under the bound.
-            let others: Vec<String> = folds.keys().filter(|id| *id != thread).cloned().collect();
-            for id in others {
-                if total <= MAX_CACHED_EVENTS {
-                    break;
-                }
-                if let Some(dropped) = folds.remove(&id) {
-                    total -= dropped.fold.last_seq();
-                }
-            }
-        }
+        folds.remove(thread);
+        folds.tick += 1;
+        let used = folds.tick;
+        folds.events += events;
+        folds.bytes += bytes;
+        folds.kept.insert(
+            thread.to_string(),
+            Kept {
+                deletions,
+                fold,
+                bytes,
+                used,
+            },
+        );
+        folds.evict(thread, max_bytes);
     }
 }
 
@@ -158,12 +245,46 @@ mod tests {
         for i in 0..threads {
             cache.put(&format!("t{i}"), 0, fold(&format!("t{i}"), per));
         }
-        let total: u64 = cache.folds().values().map(|k| k.fold.last_seq()).sum();
+        let total: u64 = cache.folds().kept.values().map(|k| k.fold.last_seq()).sum();
         assert!(total <= MAX_CACHED_EVENTS, "{total} events kept");
+        assert_eq!(total, cache.folds().events);
         // The last one put is kept; a fold over the per-fold bound is not.
         let last = format!("t{}", threads - 1);
         assert!(cache.take(&last, 0, per).is_some());
         cache.put("huge", 0, fold("huge", per + 1));
         assert!(cache.take("huge", 0, per + 1).is_none());
+    }
+
+    #[test]
+    fn the_cache_stays_under_its_byte_bound_dropping_the_least_recently_used() {
+        let cache = ProjectionCache::default();
+        let one = fold("a", 100).approximate_bytes();
+        // Room for about four such folds.
+        cache.set_max_bytes(one * 4 + one / 2);
+        for id in ["a", "b", "c", "d"] {
+            cache.put(id, 0, fold(id, 100));
+        }
+        // `a` is read again (taken and put back): `b` is now the least recently used.
+        let a = cache.take("a", 0, 100).unwrap();
+        cache.put("a", 0, a);
+        cache.put("e", 0, fold("e", 100));
+        assert!(
+            !cache.holds("b"),
+            "the least recently used fold is dropped first"
+        );
+        assert!(cache.holds("a") && cache.holds("e"));
+        let folds = cache.folds();
+        let bytes: u64 = folds.kept.values().map(|kept| kept.bytes).sum();
+        assert_eq!(bytes, folds.bytes);
+        assert!(bytes <= one * 4 + one / 2, "{bytes} bytes kept");
+        drop(folds);
+        // A fold that alone passes the bound is not kept; a bound of 0 keeps nothing.
+        cache.put("big", 0, fold("big", 1_000));
+        assert!(!cache.holds("big"));
+        cache.set_max_bytes(0);
+        assert!(!cache.holds("a"));
+        cache.put("a", 0, fold("a", 1));
+        assert!(!cache.holds("a"));
+        assert_eq!(cache.folds().bytes, 0);
     }
 }

@@ -460,24 +460,28 @@ const STORED_ORDER: [Encoding; 2] = [Encoding::Cl100kBase, Encoding::O200kBase];
 fn parse_counts(
     counts: &str,
 ) -> impl Iterator<Item = Result<Option<(Encoding, u32)>, String>> + '_ {
-    let pairs: Vec<&str> = counts.split(',').collect();
-    let all = pairs.len() == 1 && !counts.contains('=');
-    let each = if all { STORED_ORDER.len() } else { pairs.len() };
-    (0..each).map(move |i| {
-        let pair = pairs[if all { 0 } else { i }];
-        let bad = || format!("bad token count `{pair}`");
-        match pair.split_once('=') {
-            Some((name, n)) => {
-                let n = n.parse::<u32>().map_err(|_| bad())?;
-                Ok(Encoding::from_name(name).ok().map(|encoding| (encoding, n)))
+    // One number stands for every encoding in the stored order; otherwise each pair is read
+    // in place (this runs for every message a read restores, so nothing is collected).
+    let shared = !counts.contains(',') && !counts.contains('=');
+    let pairs = if shared { "" } else { counts };
+    let repeated = std::iter::repeat_n(counts, if shared { STORED_ORDER.len() } else { 0 });
+    repeated
+        .chain(pairs.split(',').take(if shared { 0 } else { usize::MAX }))
+        .enumerate()
+        .map(|(i, pair)| {
+            let bad = || format!("bad token count `{pair}`");
+            match pair.split_once('=') {
+                Some((name, n)) => {
+                    let n = n.parse::<u32>().map_err(|_| bad())?;
+                    Ok(Encoding::from_name(name).ok().map(|encoding| (encoding, n)))
+                }
+                None => {
+                    let n = pair.parse::<u32>().map_err(|_| bad())?;
+                    let encoding = STORED_ORDER.get(i).ok_or_else(bad)?;
+                    Ok(Some((*encoding, n)))
+                }
             }
-            None => {
-                let n = pair.parse::<u32>().map_err(|_| bad())?;
-                let encoding = STORED_ORDER.get(i).ok_or_else(bad)?;
-                Ok(Some((*encoding, n)))
-            }
-        }
-    })
+        })
 }
 
 /// The stored token count under `encoding` of an event that holds one message (its

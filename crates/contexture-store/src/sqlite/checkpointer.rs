@@ -20,6 +20,8 @@
 //! copied), so the next write starts the log over. It waits at most [`RESTART_WAIT`] for
 //! them (a long read in another process) and tries again at the next interval.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -40,8 +42,30 @@ pub(super) const RESTART_WAIT: Duration = Duration::from_millis(100);
 /// The handle on the checkpointing thread. Dropping it stops the thread after one last
 /// checkpoint.
 pub(super) struct Checkpointer {
-    commits: Option<mpsc::Sender<()>>,
+    commits: Option<CommitNotifier>,
     thread: Option<JoinHandle<()>>,
+}
+
+/// How the writer tells the checkpointer of its commits. Only the first commit since the
+/// checkpointer last started a checkpoint wakes it: the checkpoint it then waits to run
+/// covers every commit made meanwhile, and waking it for each of them cost two thread
+/// switches per commit (a fifth of a one-client chat turn's).
+#[derive(Clone)]
+pub(super) struct CommitNotifier {
+    /// True from the first commit told until the checkpointer starts the checkpoint that
+    /// covers it.
+    pending: Arc<AtomicBool>,
+    wake: mpsc::Sender<()>,
+}
+
+impl CommitNotifier {
+    /// Tells of a commit that has returned.
+    pub(super) fn committed(&self) {
+        if !self.pending.swap(true, Ordering::AcqRel) {
+            // The checkpointer may have stopped; the writes stand either way.
+            let _ = self.wake.send(());
+        }
+    }
 }
 
 impl Checkpointer {
@@ -55,10 +79,15 @@ impl Checkpointer {
         // looking again every millisecond.
         conn.busy_handler(Some(restart_waits))
             .map_err(|error| StoreError::database("sqlite", "configure the checkpointer", error))?;
-        let (commits, committed) = mpsc::channel::<()>();
+        let (wake, committed) = mpsc::channel::<()>();
+        let pending = Arc::new(AtomicBool::new(false));
+        let commits = CommitNotifier {
+            pending: Arc::clone(&pending),
+            wake,
+        };
         let thread = std::thread::Builder::new()
             .name("contexture-sqlite-checkpointer".into())
-            .spawn(move || run(&conn, &committed, restart_frames))
+            .spawn(move || run(&conn, &committed, &pending, restart_frames))
             .map_err(|error| StoreError::WritePanicked {
                 detail: format!("cannot start the checkpointing thread: {error}"),
             })?;
@@ -69,7 +98,7 @@ impl Checkpointer {
     }
 
     /// A handle the writer tells of each commit through.
-    pub(super) fn notifier(&self) -> Option<mpsc::Sender<()>> {
+    pub(super) fn notifier(&self) -> Option<CommitNotifier> {
         self.commits.clone()
     }
 }
@@ -84,8 +113,8 @@ impl Drop for Checkpointer {
 }
 
 /// Checkpoints at most every [`INTERVAL`] while commits come, and once more when the last
-/// notifier is gone.
-fn run(conn: &Connection, committed: &mpsc::Receiver<()>, restart_frames: i64) {
+/// notifier is gone. `told` is the notifiers' [`CommitNotifier::pending`].
+fn run(conn: &Connection, committed: &mpsc::Receiver<()>, told: &AtomicBool, restart_frames: i64) {
     let mut pending = false;
     let mut last = Instant::now();
     loop {
@@ -109,6 +138,9 @@ fn run(conn: &Connection, committed: &mpsc::Receiver<()>, restart_frames: i64) {
             }
         }
         if pending && last.elapsed() >= INTERVAL {
+            // Cleared before the checkpoint starts: a commit made from here on wakes the
+            // thread again, one made before is in the log this checkpoint copies.
+            told.store(false, Ordering::Release);
             checkpoint(conn, restart_frames);
             pending = false;
             last = Instant::now();
@@ -194,7 +226,7 @@ mod tests {
         for _ in 0..40 {
             for _ in 0..25 {
                 writer.execute("INSERT INTO t VALUES (?1)", [&row]).unwrap();
-                committed.send(()).unwrap();
+                committed.committed();
             }
             std::thread::sleep(INTERVAL / 4);
             largest_log = largest_log.max(std::fs::metadata(&wal).map_or(0, |m| m.len()));
@@ -270,7 +302,7 @@ mod tests {
         // about 40 MB written to the log, 160 times the restart size.
         for write in 0..8_000 {
             writer.execute("INSERT INTO t VALUES (?1)", [&row]).unwrap();
-            committed.send(()).unwrap();
+            committed.committed();
             std::thread::sleep(Duration::from_micros(150));
             if write % 100 == 0 {
                 largest_log = largest_log.max(std::fs::metadata(&wal).map_or(0, |m| m.len()));

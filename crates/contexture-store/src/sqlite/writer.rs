@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
+use super::checkpointer::CommitNotifier;
 use crate::StoreError;
 
 /// The most writes committed together; a bound on how long the first of them waits.
@@ -48,7 +49,7 @@ impl Writer {
     /// Starts the writer thread on `conn`; it tells `committed` of each commit.
     pub(super) fn start(
         conn: Connection,
-        committed: Option<mpsc::Sender<()>>,
+        committed: Option<CommitNotifier>,
     ) -> Result<Writer, StoreError> {
         let (jobs, queue) = mpsc::channel::<Job>();
         let thread = std::thread::Builder::new()
@@ -126,15 +127,14 @@ fn control(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
-fn run(conn: &Connection, queue: &mpsc::Receiver<Job>, committed: Option<&mpsc::Sender<()>>) {
+fn run(conn: &Connection, queue: &mpsc::Receiver<Job>, committed: Option<&CommitNotifier>) {
     while let Ok(first) = queue.recv() {
         let mut batch = Vec::with_capacity(8);
         batch.push(first);
         batch.extend(queue.try_iter().take(MAX_BATCH - 1));
         commit_batch(conn, batch);
         if let Some(committed) = committed {
-            // The checkpointer may have stopped; the writes stand either way.
-            let _ = committed.send(());
+            committed.committed();
         }
     }
 }
