@@ -521,6 +521,45 @@ impl PartialEq for TokenCache {
     }
 }
 
+/// About how many bytes `part` holds in memory (see [`Message::approximate_bytes`]).
+fn part_bytes(part: &Part) -> usize {
+    32 + match part {
+        Part::Text { text, extra } => text.len() + map_bytes(extra),
+        Part::Image { url, detail, extra } => {
+            url.len() + detail.as_ref().map_or(0, String::len) + map_bytes(extra)
+        }
+        Part::Reasoning {
+            text,
+            signature,
+            redacted,
+            extra,
+        } => {
+            text.len()
+                + signature.as_ref().map_or(0, String::len)
+                + redacted.as_ref().map_or(0, String::len)
+                + map_bytes(extra)
+        }
+        Part::Other { value } => value_bytes(value),
+    }
+}
+
+/// About how many bytes a JSON object holds in memory.
+fn map_bytes(map: &Map<String, Value>) -> usize {
+    map.iter()
+        .map(|(key, value)| 32 + key.len() + value_bytes(value))
+        .sum()
+}
+
+/// About how many bytes a JSON value holds in memory.
+fn value_bytes(value: &Value) -> usize {
+    match value {
+        Value::String(text) => 24 + text.len(),
+        Value::Array(items) => 24 + items.iter().map(value_bytes).sum::<usize>(),
+        Value::Object(map) => 48 + map_bytes(map),
+        _ => 16,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -601,44 +640,5 @@ mod tests {
             Part::text("second"),
         ]);
         assert_eq!(content.text(), "first\nsecond");
-    }
-}
-
-/// About how many bytes `part` holds in memory (see [`Message::approximate_bytes`]).
-fn part_bytes(part: &Part) -> usize {
-    32 + match part {
-        Part::Text { text, extra } => text.len() + map_bytes(extra),
-        Part::Image { url, detail, extra } => {
-            url.len() + detail.as_ref().map_or(0, String::len) + map_bytes(extra)
-        }
-        Part::Reasoning {
-            text,
-            signature,
-            redacted,
-            extra,
-        } => {
-            text.len()
-                + signature.as_ref().map_or(0, String::len)
-                + redacted.as_ref().map_or(0, String::len)
-                + map_bytes(extra)
-        }
-        Part::Other { value } => value_bytes(value),
-    }
-}
-
-/// About how many bytes a JSON object holds in memory.
-fn map_bytes(map: &Map<String, Value>) -> usize {
-    map.iter()
-        .map(|(key, value)| 32 + key.len() + value_bytes(value))
-        .sum()
-}
-
-/// About how many bytes a JSON value holds in memory.
-fn value_bytes(value: &Value) -> usize {
-    match value {
-        Value::String(text) => 24 + text.len(),
-        Value::Array(items) => 24 + items.iter().map(value_bytes).sum::<usize>(),
-        Value::Object(map) => 48 + map_bytes(map),
-        _ => 16,
     }
 }
