@@ -22,7 +22,7 @@ use contexture_engine::tenant_slots::TenantSlots;
 use contexture_engine::turns::TurnQueue;
 use contexture_engine::workflow::Programs;
 use contexture_llm::RetryPolicy;
-use contexture_store::{AnyStore, RetentionRules, Store, StoreError};
+use contexture_store::{AnyStore, ExecutionQueueStore, RetentionRules, Store, StoreError};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
@@ -585,7 +585,8 @@ pub async fn serve(
     Ok(())
 }
 
-/// Prunes request records by the threads' policies and `[retention]` every
+/// Prunes request records by the threads' policies and `[retention]`, and finished runs'
+/// rows from the execution queue past `executions.queue_keep_finished_days`, every
 /// `retention.interval_secs` (none when it is 0). Several servers on one database may all
 /// prune: pruning is idempotent and each thread's batch is one short transaction.
 fn prune_in_background(state: &AppState) -> Option<tokio::task::JoinHandle<()>> {
@@ -618,6 +619,17 @@ fn prune_in_background(state: &AppState) -> Option<tokio::task::JoinHandle<()>> 
                     );
                 }
                 Err(error) => tracing::warn!(%error, "cannot prune request records"),
+            }
+            if let Some(kept) = state.config.executions.queue_keep_finished() {
+                match state.store.prune_finished_executions(kept).await {
+                    Ok(0) => {}
+                    Ok(runs) => {
+                        tracing::info!(runs, "pruned finished runs from the execution queue");
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot prune finished runs from the execution queue");
+                    }
+                }
             }
         }
     }))

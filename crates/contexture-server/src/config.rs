@@ -265,6 +265,10 @@ pub struct ExecutionsConfig {
     /// How often a server looks for queued runs and runs whose server died, in seconds
     /// (default 1; a run started on this server is taken at once).
     pub claim_interval_secs: f64,
+    /// How long a finished run's row stays in the queue, in days (default 7; 0 keeps them
+    /// for good): past it the background pruning (every `retention.interval_secs`)
+    /// deletes the row. The run's log stays; its status loses only its `queue` part.
+    pub queue_keep_finished_days: f64,
     /// The program (and its arguments) that renders the templates and expressions of a
     /// workflow a client sent, in worker processes whose memory and time are bounded.
     /// `contexture serve` uses its own `template-worker` command unless this names another;
@@ -291,6 +295,7 @@ impl Default for ExecutionsConfig {
             node_capacity: 32,
             lease_secs: 30.0,
             claim_interval_secs: 1.0,
+            queue_keep_finished_days: 7.0,
             template_worker: None,
             template_memory_mib: 1024,
             template_seconds: 5.0,
@@ -308,6 +313,12 @@ impl ExecutionsConfig {
     /// How often a server looks for runs to take.
     pub fn claim_interval(&self) -> std::time::Duration {
         std::time::Duration::from_secs_f64(self.claim_interval_secs)
+    }
+
+    /// How long a finished run's row stays in the queue; `None`: for good.
+    pub fn queue_keep_finished(&self) -> Option<std::time::Duration> {
+        (self.queue_keep_finished_days > 0.0)
+            .then(|| std::time::Duration::from_secs_f64(self.queue_keep_finished_days * 86_400.0))
     }
 
     /// The workers that render a client's templates, when a worker program is configured.
@@ -781,6 +792,17 @@ impl ServerConfig {
                 ),
             );
         }
+        if !(self.executions.queue_keep_finished_days.is_finite()
+            && (0.0..=36_500.0).contains(&self.executions.queue_keep_finished_days))
+        {
+            return invalid(
+                "executions.queue_keep_finished_days",
+                format!(
+                    "must be from 0 (keep for good) to 36500, not {}",
+                    self.executions.queue_keep_finished_days
+                ),
+            );
+        }
         if self.limits.max_thread_events == 0 {
             return invalid("limits.max_thread_events", "must be at least 1".into());
         }
@@ -969,6 +991,36 @@ mod tests {
             .to_string();
         assert!(error.starts_with("c.toml:2:"), "{error}");
         assert!(error.contains("unknown strategy `middle`"), "{error}");
+    }
+
+    #[test]
+    fn finished_runs_are_kept_in_the_queue_for_days_or_for_good() {
+        let parse = |text: &str| ServerConfig::parse(text, Path::new("c.toml"));
+        let days = |text: &str| parse(text).unwrap().executions.queue_keep_finished();
+        assert_eq!(
+            ServerConfig::default().executions.queue_keep_finished(),
+            Some(std::time::Duration::from_secs(7 * 86_400))
+        );
+        assert_eq!(days("[executions]\nqueue_keep_finished_days = 0\n"), None);
+        assert_eq!(
+            days("[executions]\nqueue_keep_finished_days = 0.5\n"),
+            Some(std::time::Duration::from_secs(43_200))
+        );
+        for bad in ["-1", "nan", "inf", "40000"] {
+            let error = parse(&format!("[executions]\nqueue_keep_finished_days = {bad}\n"))
+                .unwrap()
+                .check()
+                .unwrap_err()
+                .to_string();
+            assert!(
+                error.contains("executions.queue_keep_finished_days"),
+                "{bad}: {error}"
+            );
+        }
+        let error = parse("[executions]\nqueue_keep_finished_days = \"week\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(error.starts_with("c.toml:2:"), "{error}");
     }
 
     #[test]

@@ -846,6 +846,64 @@ async fn a_tenant_runs_at_most_its_share_of_executions_and_holds_its_share_of_ev
 }
 
 #[tokio::test]
+async fn a_finished_runs_queue_row_is_pruned_in_the_background_and_its_log_stays() {
+    let dir = TempDir::new("contexture-hostile");
+    let upstream = FakeUpstream::start().await;
+    let base = upstream.base_url();
+    upstream.push(Reply::text("done"));
+    let mut config = config(Some(&base));
+    config.llm = "openai:gpt-4o-mini".into();
+    config.retention.interval_secs = 1;
+    // About a fifth of a second.
+    config.executions.queue_keep_finished_days = 0.2 / 86_400.0;
+    let store = SqliteStore::open(dir.join("queue-pruning.db"))
+        .await
+        .unwrap();
+    let server = TestServer::start(config, AnyStore::Sqlite(store)).await;
+    let acme = server.key("acme").await;
+    let globex = server.key("globex").await;
+    let workflow = "assistants: [{id: a, model: gpt-4o-mini}]\nstates:\n  - {id: s, assistant_id: a, task: go, next: {state_id: end}}\n";
+    let started = client()
+        .post(server.url("/v1/executions"))
+        .bearer_auth(&acme)
+        .json(&json!({"workflow_yaml": workflow, "id": "run-1"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(started.status(), StatusCode::ACCEPTED);
+    let status_of = |key: &str| {
+        client()
+            .get(server.url("/v1/executions/run-1"))
+            .bearer_auth(key)
+            .send()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut saw_finished = false;
+    let pruned = loop {
+        let status: Value = status_of(&acme).await.unwrap().json().await.unwrap();
+        match status.get("queue") {
+            Some(queue) => saw_finished |= queue["state"] == "finished",
+            None if saw_finished => break status,
+            None => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the finished run's queue row was never pruned: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // Only the queue's row went: the run's status and output are read from its log.
+    assert_eq!(pruned["status"], "completed", "{pruned}");
+    assert_eq!(pruned["output"], "done", "{pruned}");
+    // Another tenant sees no such run, before pruning as after.
+    assert_eq!(
+        status_of(&globex).await.unwrap().status(),
+        StatusCode::NOT_FOUND
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_running_executions_log_is_read_only_through_the_thread_routes() {
     let dir = TempDir::new("contexture-hostile");
     let upstream = FakeUpstream::start().await;

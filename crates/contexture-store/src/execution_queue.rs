@@ -15,7 +15,9 @@
 //! - a lease that ran out cannot be renewed, only claimed again;
 //! - a tenant never holds more than the claim's tenant limit of live leases;
 //! - queued runs are claimed oldest first, lapsed ones adopted with them;
-//! - a finished run is never claimed again.
+//! - a finished run is never claimed again;
+//! - a finished run's row is deleted only once it has been finished for longer than asked
+//!   ([`ExecutionQueueStore::prune_finished_executions`]); no other row is.
 
 use std::future::Future;
 use std::time::Duration;
@@ -176,12 +178,25 @@ pub trait ExecutionQueueStore: Send + Sync {
         &self,
     ) -> impl Future<Output = Result<QueueCounts, StoreError>> + Send;
 
-    /// The run `id` as the queue holds it, if it was ever enqueued.
+    /// Deletes the queue's rows of runs that finished more than `kept` ago, by the
+    /// database's clock, in batches of [`PRUNE_BATCH`] (one short transaction each), and
+    /// returns how many. A run's log stays: its status and events are read from it, only
+    /// the `queue` part of its status (attempts, node, times in the queue) goes.
+    fn prune_finished_executions(
+        &self,
+        kept: Duration,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// The run `id` as the queue holds it, if it was ever enqueued (and not pruned since).
     fn queued_execution(
         &self,
         id: &str,
     ) -> impl Future<Output = Result<Option<QueuedExecution>, StoreError>> + Send;
 }
+
+/// The most finished rows one transaction of [`ExecutionQueueStore::prune_finished_executions`]
+/// deletes: writes queued behind it wait for no more than a batch.
+pub const PRUNE_BATCH: i64 = 1_000;
 
 /// The row columns a [`QueuedExecution`] is read from, in this order.
 pub(crate) const QUEUED_COLUMNS: &str = "id, tenant, state, owner, attempts, epoch, request, \

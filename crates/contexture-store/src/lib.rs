@@ -62,7 +62,7 @@ use contexture_core::tokens::Encoding;
 pub use api_keys::{ApiKeyRecord, ApiKeyStore};
 pub use error::{DriverError, StoreError};
 pub use execution_queue::{
-    ExecutionClaim, ExecutionQueueStore, QueueCounts, QueueState, QueuedExecution,
+    ExecutionClaim, ExecutionQueueStore, PRUNE_BATCH, QueueCounts, QueueState, QueuedExecution,
 };
 pub use leased::{HeldLease, Leased};
 #[cfg(feature = "postgres")]

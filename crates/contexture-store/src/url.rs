@@ -320,6 +320,13 @@ impl crate::ExecutionQueueStore for AnyStore {
         on_backend!(self, store => store.execution_queue_counts().await)
     }
 
+    async fn prune_finished_executions(
+        &self,
+        kept: std::time::Duration,
+    ) -> Result<u64, StoreError> {
+        on_backend!(self, store => store.prune_finished_executions(kept).await)
+    }
+
     async fn queued_execution(
         &self,
         id: &str,

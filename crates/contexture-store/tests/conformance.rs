@@ -19,8 +19,9 @@ use contexture_core::thread::{
 use contexture_core::tokens::{Encoding, message_tokens};
 use contexture_core::{Message, Role, ToolCall};
 use contexture_store::{
-    ApiKeyRecord, ApiKeyStore, ExecutionQueueStore, NewEvent, PruneReport, QueueCounts, QueueState,
-    RecentCursor, RequestRetention, RetentionRules, Store, StoreError, ThreadInfo, TurnQueueStore,
+    ApiKeyRecord, ApiKeyStore, ExecutionQueueStore, NewEvent, PRUNE_BATCH, PruneReport,
+    QueueCounts, QueueState, RecentCursor, RequestRetention, RetentionRules, Store, StoreError,
+    ThreadInfo, TurnQueueStore,
 };
 use serde_json::json;
 
@@ -2091,6 +2092,91 @@ async fn turns_joining_at_once_from_two_processes_let_one_hold_the_thread(h: &im
     }
 }
 
+async fn finished_runs_leave_the_queue_once_kept_long_enough_and_no_other_run_does(
+    h: &impl Harness,
+) {
+    let s = h.store();
+    let other = h.reopen().await;
+    let lease = Duration::from_secs(30);
+    for id in ["done-1", "done-2", "held", "waiting"] {
+        s.enqueue_execution(id, "acme", &json!({"workflow": id}))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    let claims = s.claim_executions("node-1", 3, 10, lease).await.unwrap();
+    assert_eq!(claims.len(), 3);
+    for claim in &claims[..2] {
+        assert!(
+            s.finish_execution(&claim.id, "node-1", claim.epoch, "completed")
+                .await
+                .unwrap()
+        );
+    }
+    // Finished a moment ago: kept for an hour, nothing goes.
+    assert_eq!(
+        other
+            .prune_finished_executions(Duration::from_secs(3_600))
+            .await
+            .unwrap(),
+        0
+    );
+    assert!(s.queued_execution("done-1").await.unwrap().is_some());
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    // Kept for less than they have been finished: both go, the held and the waiting run stay.
+    assert_eq!(
+        other
+            .prune_finished_executions(Duration::from_millis(10))
+            .await
+            .unwrap(),
+        2
+    );
+    assert_eq!(s.queued_execution("done-1").await.unwrap(), None);
+    assert_eq!(s.queued_execution("done-2").await.unwrap(), None);
+    let held = s.queued_execution("held").await.unwrap().unwrap();
+    assert_eq!(held.state, QueueState::Running);
+    assert_eq!(
+        s.queued_execution("waiting").await.unwrap().unwrap().state,
+        QueueState::Queued
+    );
+    assert_eq!(
+        s.execution_queue_counts().await.unwrap(),
+        QueueCounts {
+            queued: 1,
+            running: 1,
+            lapsed: 0,
+            finished: 0
+        }
+    );
+    // The held run finishes and is pruned in its turn, through either backend alike; more
+    // than a batch of finished runs goes in one call.
+    assert!(
+        s.finish_execution("held", "node-1", claims[2].epoch, "failed")
+            .await
+            .unwrap()
+    );
+    let many = usize::try_from(PRUNE_BATCH).unwrap() + 5;
+    for i in 0..many {
+        let id = format!("cancelled-{i}");
+        s.enqueue_execution(&id, "acme", &json!(null))
+            .await
+            .unwrap();
+        assert!(s.finish_queued_execution(&id, "cancelled").await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let any = h.any();
+    assert_eq!(
+        any.prune_finished_executions(Duration::from_millis(10))
+            .await
+            .unwrap(),
+        many as u64 + 1
+    );
+    assert_eq!(s.execution_queue_counts().await.unwrap().finished, 0);
+    assert_eq!(s.execution_queue_counts().await.unwrap().queued, 1);
+    // A kept time past any clock prunes nothing and does not overflow.
+    assert_eq!(s.prune_finished_executions(Duration::MAX).await.unwrap(), 0);
+}
+
 async fn executions_are_claimed_oldest_first_held_by_one_server_and_adopted_when_a_lease_runs_out(
     h: &impl Harness,
 ) {
@@ -2999,6 +3085,7 @@ conformance!(
     an_execution_is_a_thread_whose_first_event_starts_a_run,
     forks_are_listed_oldest_first,
     executions_are_claimed_oldest_first_held_by_one_server_and_adopted_when_a_lease_runs_out,
+    finished_runs_leave_the_queue_once_kept_long_enough_and_no_other_run_does,
     claims_racing_from_two_processes_hold_each_run_once_and_the_tenant_limit,
     ],
     before_api_keys: [api_key_migration_applies_to_an_older_database],

@@ -11,7 +11,8 @@ use serde_json::Value;
 use super::PgStore;
 use crate::error::Action;
 use crate::execution_queue::{
-    ExecutionClaim, QUEUED_COLUMNS, QueueCounts, QueuedExecution, QueuedRow, request_of,
+    ExecutionClaim, PRUNE_BATCH, QUEUED_COLUMNS, QueueCounts, QueuedExecution, QueuedRow,
+    request_of,
 };
 use crate::turn_queue::lease_ms;
 use crate::{ExecutionQueueStore, StoreError};
@@ -237,6 +238,29 @@ impl ExecutionQueueStore for PgStore {
             lapsed: count(2),
             finished: count(3),
         })
+    }
+
+    async fn prune_finished_executions(&self, kept: Duration) -> Result<u64, StoreError> {
+        // Far past any clock, without overflowing the subtraction.
+        let kept_ms = lease_ms(kept).min(i64::MAX / 2);
+        let mut pruned = 0;
+        loop {
+            let client = self.pool.get().await?;
+            let deleted = client
+                .execute(
+                    &format!(
+                        "DELETE FROM execution_queue WHERE id IN (SELECT id FROM execution_queue \
+                         WHERE state = 'finished' AND finished_at < {NOW_MS} - $1 LIMIT $2)"
+                    ),
+                    &[&kept_ms, &PRUNE_BATCH],
+                )
+                .await
+                .doing("delete finished runs from the execution queue")?;
+            pruned += deleted;
+            if deleted < PRUNE_BATCH as u64 {
+                return Ok(pruned);
+            }
+        }
     }
 
     async fn queued_execution(&self, id: &str) -> Result<Option<QueuedExecution>, StoreError> {

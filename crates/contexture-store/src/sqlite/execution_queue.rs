@@ -12,7 +12,8 @@ use serde_json::Value;
 use super::SqliteStore;
 use crate::error::Action;
 use crate::execution_queue::{
-    ExecutionClaim, QUEUED_COLUMNS, QueueCounts, QueuedExecution, QueuedRow, request_of,
+    ExecutionClaim, PRUNE_BATCH, QUEUED_COLUMNS, QueueCounts, QueuedExecution, QueuedRow,
+    request_of,
 };
 use crate::turn_queue::lease_ms;
 use crate::{ExecutionQueueStore, StoreError, epoch_ms};
@@ -240,6 +241,28 @@ impl ExecutionQueueStore for SqliteStore {
             .doing("count the execution queue")
         })
         .await
+    }
+
+    async fn prune_finished_executions(&self, kept: Duration) -> Result<u64, StoreError> {
+        let mut pruned = 0;
+        loop {
+            let before = epoch_ms(SystemTime::now()).saturating_sub(lease_ms(kept));
+            let deleted = self
+                .write(move |tx| {
+                    tx.prepare_cached(
+                        "DELETE FROM execution_queue WHERE id IN (SELECT id FROM execution_queue \
+                         WHERE state = 'finished' AND finished_at < ?1 LIMIT ?2)",
+                    )
+                    .doing("prepare the finished runs' delete")?
+                    .execute(params![before, PRUNE_BATCH])
+                    .doing("delete finished runs from the execution queue")
+                })
+                .await?;
+            pruned += deleted as u64;
+            if (deleted as i64) < PRUNE_BATCH {
+                return Ok(pruned);
+            }
+        }
     }
 
     async fn queued_execution(&self, id: &str) -> Result<Option<QueuedExecution>, StoreError> {
