@@ -203,8 +203,9 @@ pub struct LimitsConfig {
     /// and `next_after` continues it.
     pub max_page_bytes: usize,
     /// About the most memory the store's cache of recently read threads holds (default
-    /// 32 MiB; 0 keeps none): a thread read again within it costs only its new events. Most
-    /// of a busy server's resident memory is this cache.
+    /// 32 MiB; 0 keeps none): a thread read again within it costs only its new events (a
+    /// thread larger than the bound is kept alone). Most of a busy server's resident memory
+    /// is this cache.
     pub projection_cache_bytes: u64,
 }
 

@@ -150,8 +150,10 @@ impl ProjectionCache {
         self.folds().remove(thread);
     }
 
-    /// Keeps `fold`, read under `deletions`, unless a fold at least as far along is there
-    /// or it alone would pass a bound.
+    /// Keeps `fold`, read under `deletions`, unless a fold at least as far along is there,
+    /// dropping the least recently used others while the cache is past a bound. A fold
+    /// larger than the memory bound is kept alone: a thread read again and again costs its
+    /// new events only, however large, and the cache holds no more than that one thread.
     pub(crate) fn put(&self, thread: &str, deletions: i64, fold: Thread) {
         let events = fold.last_seq();
         let max_bytes = self.max_bytes.load(Ordering::Relaxed);
@@ -160,9 +162,6 @@ impl ProjectionCache {
         }
         // Measured outside the lock: it walks the fold's messages.
         let bytes = fold.approximate_bytes();
-        if bytes > max_bytes / 8 * EVICT_TO_EIGHTHS {
-            return;
-        }
         let mut folds = self.folds();
         if let Some(kept) = folds.kept.get(thread)
             && kept.deletions == deletions
@@ -278,9 +277,12 @@ mod tests {
         assert_eq!(bytes, folds.bytes);
         assert!(bytes <= one * 4 + one / 2, "{bytes} bytes kept");
         drop(folds);
-        // A fold that alone passes the bound is not kept; a bound of 0 keeps nothing.
+        // A fold that alone passes the bound is kept alone; a bound of 0 keeps nothing.
         cache.put("big", 0, fold("big", 1_000));
-        assert!(!cache.holds("big"));
+        assert!(cache.holds("big"));
+        assert_eq!(cache.folds().kept.len(), 1);
+        cache.put("a", 0, fold("a", 100));
+        assert!(cache.holds("a") && !cache.holds("big"));
         cache.set_max_bytes(0);
         assert!(!cache.holds("a"));
         cache.put("a", 0, fold("a", 1));
