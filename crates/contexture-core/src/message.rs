@@ -402,34 +402,6 @@ impl Message {
         MessageIdentity(Arc::as_ptr(&self.0) as usize)
     }
 
-    /// About how many bytes this message holds in memory: its texts, URLs, names,
-    /// arguments and extra fields, plus a fixed cost for its structure. For bounding caches
-    /// of messages by memory, not exact (shared copies count each time).
-    pub fn approximate_bytes(&self) -> usize {
-        /// The fixed part: the shared fields, the token cache and the allocator's overhead.
-        const STRUCTURE: usize = 256;
-        let content = match &self.content {
-            None => 0,
-            Some(Content::Text(text)) => text.len(),
-            Some(Content::Parts(parts)) => parts.iter().map(part_bytes).sum(),
-        };
-        let calls: usize = self
-            .tool_calls
-            .iter()
-            .map(|call| {
-                64 + call.id.len() + call.name.len() + call.arguments.len() + map_bytes(&call.extra)
-            })
-            .sum();
-        STRUCTURE
-            + content
-            + calls
-            + self.name.as_ref().map_or(0, String::len)
-            + self.tool_call_id.as_ref().map_or(0, |id| id.len())
-            + map_bytes(&self.extra)
-            + self.metadata.origin_step.as_ref().map_or(0, String::len)
-            + self.metadata.tags.iter().map(String::len).sum::<usize>()
-    }
-
     /// True when this message is pinned.
     pub fn is_pinned(&self) -> bool {
         self.metadata.pinned
@@ -521,71 +493,9 @@ impl PartialEq for TokenCache {
     }
 }
 
-/// About how many bytes `part` holds in memory (see [`Message::approximate_bytes`]).
-fn part_bytes(part: &Part) -> usize {
-    32 + match part {
-        Part::Text { text, extra } => text.len() + map_bytes(extra),
-        Part::Image { url, detail, extra } => {
-            url.len() + detail.as_ref().map_or(0, String::len) + map_bytes(extra)
-        }
-        Part::Reasoning {
-            text,
-            signature,
-            redacted,
-            extra,
-        } => {
-            text.len()
-                + signature.as_ref().map_or(0, String::len)
-                + redacted.as_ref().map_or(0, String::len)
-                + map_bytes(extra)
-        }
-        Part::Other { value } => value_bytes(value),
-    }
-}
-
-/// About how many bytes a JSON object holds in memory.
-fn map_bytes(map: &Map<String, Value>) -> usize {
-    map.iter()
-        .map(|(key, value)| 32 + key.len() + value_bytes(value))
-        .sum()
-}
-
-/// About how many bytes a JSON value holds in memory.
-fn value_bytes(value: &Value) -> usize {
-    match value {
-        Value::String(text) => 24 + text.len(),
-        Value::Array(items) => 24 + items.iter().map(value_bytes).sum::<usize>(),
-        Value::Object(map) => 48 + map_bytes(map),
-        _ => 16,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_message_s_approximate_bytes_follow_what_it_holds() {
-        let empty = Message::user("");
-        let base = empty.approximate_bytes();
-        assert_eq!(
-            Message::user("x".repeat(1_000)).approximate_bytes(),
-            base + 1_000
-        );
-        let call = Message::assistant_tool_calls(vec![ToolCall::new("c1", "f", "a".repeat(500))]);
-        assert!(call.approximate_bytes() >= base + 500 + 4);
-        let mut parts = Message::user("");
-        parts.content = Some(Content::Parts(vec![
-            Part::text("t".repeat(300)),
-            Part::image("u".repeat(200)),
-        ]));
-        assert!(parts.approximate_bytes() >= base + 500);
-        let mut extra = Message::user("");
-        extra
-            .extra
-            .insert("k".into(), serde_json::json!({"nested": ["v".repeat(100)]}));
-        assert!(extra.approximate_bytes() > base + 100);
-    }
 
     #[test]
     fn storage_form_round_trips_and_skips_the_cache() {

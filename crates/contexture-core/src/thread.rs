@@ -314,29 +314,18 @@ impl Thread {
         &self.id
     }
 
-    /// About how many bytes this fold holds in memory: its messages (see
-    /// [`Message::approximate_bytes`]) and a fixed cost per event applied. For bounding
-    /// caches of folds by memory; it walks the messages once.
-    pub fn approximate_bytes(&self) -> u64 {
-        /// What an event leaves behind besides messages (request ids, usage, seen ops).
-        const PER_EVENT: u64 = 64;
-        let messages: usize = self
-            .entries
+    /// Every message this fold holds: its entries, its system prompt, and each context's
+    /// replacement and system prompt. For sizing caches of folds by memory.
+    pub fn held_messages(&self) -> impl Iterator<Item = &Message> + '_ {
+        let contexts = self.contexts.values().flat_map(|state| {
+            let anchored = state.anchor.iter().flat_map(|anchor| &anchor.messages);
+            anchored.chain(state.system.iter().map(|(_, message)| message))
+        });
+        self.entries
             .iter()
-            .map(|entry| entry.message.approximate_bytes())
-            .chain(
-                self.system
-                    .iter()
-                    .map(|(_, message)| message.approximate_bytes()),
-            )
-            .chain(self.contexts.values().flat_map(|state| {
-                let anchored = state.anchor.iter().flat_map(|anchor| &anchor.messages);
-                anchored
-                    .chain(state.system.iter().map(|(_, message)| message))
-                    .map(Message::approximate_bytes)
-            }))
-            .sum();
-        (messages as u64).saturating_add(self.last_seq.saturating_mul(PER_EVENT))
+            .map(|entry| &entry.message)
+            .chain(self.system.iter().map(|(_, message)| message))
+            .chain(contexts)
     }
 
     /// The seq of the last event applied (0 for an empty thread).

@@ -13,7 +13,9 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use contexture_core::message::{Content, Message, Part};
 use contexture_core::thread::Thread;
+use serde_json::{Map, Value};
 
 /// The most events, over all kept folds, the cache stands for (a fold counts its last
 /// seq); past it, the least recently used folds are dropped until it is under again.
@@ -22,7 +24,7 @@ const MAX_CACHED_EVENTS: u64 = 200_000;
 /// Folds of threads longer than this are not kept.
 pub(crate) const MAX_EVENTS_PER_FOLD: u64 = 20_000;
 
-/// The memory the kept folds may hold by default (see [`Thread::approximate_bytes`]): a
+/// The memory the kept folds may hold by default (see [`fold_bytes`]): a
 /// server's resident size is mostly this cache once it has served many threads.
 pub const DEFAULT_PROJECTION_CACHE_BYTES: u64 = 32 * 1024 * 1024;
 
@@ -33,7 +35,7 @@ const EVICT_TO_EIGHTHS: u64 = 7;
 struct Kept {
     deletions: i64,
     fold: Thread,
-    /// The fold's [`Thread::approximate_bytes`] when it was put.
+    /// The fold's [`fold_bytes`] when it was put.
     bytes: u64,
     /// When it was put (the cache's tick): the smallest is the least recently used.
     used: u64,
@@ -161,7 +163,7 @@ impl ProjectionCache {
             return;
         }
         // Measured outside the lock: it walks the fold's messages.
-        let bytes = fold.approximate_bytes();
+        let bytes = fold_bytes(&fold);
         let mut folds = self.folds();
         if let Some(kept) = folds.kept.get(thread)
             && kept.deletions == deletions
@@ -184,6 +186,82 @@ impl ProjectionCache {
             },
         );
         folds.evict(thread, max_bytes);
+    }
+}
+
+/// About how many bytes `fold` holds in memory: its messages (see [`message_bytes`]) and a
+/// fixed cost per event applied. It walks the messages once.
+pub(crate) fn fold_bytes(fold: &Thread) -> u64 {
+    /// What an event leaves behind besides messages (request ids, usage, seen ops).
+    const PER_EVENT: u64 = 64;
+    let messages: usize = fold.held_messages().map(message_bytes).sum();
+    (messages as u64).saturating_add(fold.last_seq().saturating_mul(PER_EVENT))
+}
+
+/// About how many bytes `message` holds in memory: its texts, URLs, names, arguments and
+/// extra fields, plus a fixed cost for its structure. Not exact (copies that share their
+/// fields count each time): a bound on a cache, not an accounting.
+pub(crate) fn message_bytes(message: &Message) -> usize {
+    /// The fixed part: the shared fields, the token cache and the allocator's overhead.
+    const STRUCTURE: usize = 256;
+    let content = match &message.content {
+        None => 0,
+        Some(Content::Text(text)) => text.len(),
+        Some(Content::Parts(parts)) => parts.iter().map(part_bytes).sum(),
+    };
+    let calls: usize = message
+        .tool_calls
+        .iter()
+        .map(|call| {
+            64 + call.id.len() + call.name.len() + call.arguments.len() + map_bytes(&call.extra)
+        })
+        .sum();
+    STRUCTURE
+        + content
+        + calls
+        + message.name.as_ref().map_or(0, String::len)
+        + message.tool_call_id.as_ref().map_or(0, |id| id.len())
+        + map_bytes(&message.extra)
+        + message.metadata.origin_step.as_ref().map_or(0, String::len)
+        + message.metadata.tags.iter().map(String::len).sum::<usize>()
+}
+
+/// About how many bytes `part` holds in memory (see [`message_bytes`]).
+fn part_bytes(part: &Part) -> usize {
+    32 + match part {
+        Part::Text { text, extra } => text.len() + map_bytes(extra),
+        Part::Image { url, detail, extra } => {
+            url.len() + detail.as_ref().map_or(0, String::len) + map_bytes(extra)
+        }
+        Part::Reasoning {
+            text,
+            signature,
+            redacted,
+            extra,
+        } => {
+            text.len()
+                + signature.as_ref().map_or(0, String::len)
+                + redacted.as_ref().map_or(0, String::len)
+                + map_bytes(extra)
+        }
+        Part::Other { value } => value_bytes(value),
+    }
+}
+
+/// About how many bytes a JSON object holds in memory.
+fn map_bytes(map: &Map<String, Value>) -> usize {
+    map.iter()
+        .map(|(key, value)| 32 + key.len() + value_bytes(value))
+        .sum()
+}
+
+/// About how many bytes a JSON value holds in memory.
+fn value_bytes(value: &Value) -> usize {
+    match value {
+        Value::String(text) => 24 + text.len(),
+        Value::Array(items) => 24 + items.iter().map(value_bytes).sum::<usize>(),
+        Value::Object(map) => 48 + map_bytes(map),
+        _ => 16,
     }
 }
 
@@ -257,7 +335,7 @@ mod tests {
     #[test]
     fn the_cache_stays_under_its_byte_bound_dropping_the_least_recently_used() {
         let cache = ProjectionCache::default();
-        let one = fold("a", 100).approximate_bytes();
+        let one = fold_bytes(&fold("a", 100));
         // Room for about four such folds.
         cache.set_max_bytes(one * 4 + one / 2);
         for id in ["a", "b", "c", "d"] {
@@ -288,5 +366,33 @@ mod tests {
         cache.put("a", 0, fold("a", 1));
         assert!(!cache.holds("a"));
         assert_eq!(cache.folds().bytes, 0);
+    }
+
+    #[test]
+    fn a_message_s_estimated_bytes_follow_what_it_holds() {
+        let base = message_bytes(&Message::user(""));
+        assert_eq!(
+            message_bytes(&Message::user("x".repeat(1_000))),
+            base + 1_000
+        );
+        let call = Message::assistant_tool_calls(vec![contexture_core::message::ToolCall::new(
+            "c1",
+            "f",
+            "a".repeat(500),
+        )]);
+        assert!(message_bytes(&call) >= base + 504);
+        let mut parts = Message::user("");
+        parts.content = Some(Content::Parts(vec![
+            Part::text("t".repeat(300)),
+            Part::image("u".repeat(200)),
+        ]));
+        assert!(message_bytes(&parts) >= base + 500);
+        let mut extra = Message::user("");
+        extra
+            .extra
+            .insert("k".into(), serde_json::json!({"nested": ["v".repeat(100)]}));
+        assert!(message_bytes(&extra) > base + 100);
+        // A fold counts its messages and its events.
+        assert!(fold_bytes(&fold("t", 10)) >= 10 * (base as u64 + 64));
     }
 }
