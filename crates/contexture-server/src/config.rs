@@ -771,38 +771,32 @@ impl ServerConfig {
         if self.executions.node_capacity == 0 {
             return invalid("executions.node_capacity", "must be at least 1".into());
         }
-        if !(self.executions.lease_secs.is_finite()
-            && (0.3..=86_400.0).contains(&self.executions.lease_secs))
-        {
-            return invalid(
+        for (field, value, range, lowest) in [
+            (
                 "executions.lease_secs",
-                format!(
-                    "must be from 0.3 to 86400, not {}",
-                    self.executions.lease_secs
-                ),
-            );
-        }
-        if !(self.executions.claim_interval_secs.is_finite()
-            && (0.01..=3600.0).contains(&self.executions.claim_interval_secs))
-        {
-            return invalid(
+                self.executions.lease_secs,
+                0.3..=86_400.0,
+                "0.3",
+            ),
+            (
                 "executions.claim_interval_secs",
-                format!(
-                    "must be from 0.01 to 3600, not {}",
-                    self.executions.claim_interval_secs
-                ),
-            );
-        }
-        if !(self.executions.queue_keep_finished_days.is_finite()
-            && (0.0..=36_500.0).contains(&self.executions.queue_keep_finished_days))
-        {
-            return invalid(
+                self.executions.claim_interval_secs,
+                0.01..=3600.0,
+                "0.01",
+            ),
+            (
                 "executions.queue_keep_finished_days",
-                format!(
-                    "must be from 0 (keep for good) to 36500, not {}",
-                    self.executions.queue_keep_finished_days
-                ),
-            );
+                self.executions.queue_keep_finished_days,
+                0.0..=36_500.0,
+                "0 (keep for good)",
+            ),
+        ] {
+            if !(value.is_finite() && range.contains(&value)) {
+                return invalid(
+                    field,
+                    format!("must be from {lowest} to {}, not {value}", range.end()),
+                );
+            }
         }
         if self.limits.max_thread_events == 0 {
             return invalid("limits.max_thread_events", "must be at least 1".into());

@@ -463,10 +463,15 @@ fn parse_counts(
     // One number stands for every encoding in the stored order; otherwise each pair is read
     // in place (this runs for every message a read restores, so nothing is collected).
     let shared = !counts.contains(',') && !counts.contains('=');
-    let pairs = if shared { "" } else { counts };
-    let repeated = std::iter::repeat_n(counts, if shared { STORED_ORDER.len() } else { 0 });
-    repeated
-        .chain(pairs.split(',').take(if shared { 0 } else { usize::MAX }))
+    let each = if shared {
+        STORED_ORDER.len()
+    } else {
+        counts.matches(',').count() + 1
+    };
+    counts
+        .split(',')
+        .cycle()
+        .take(each)
         .enumerate()
         .map(|(i, pair)| {
             let bad = || format!("bad token count `{pair}`");
