@@ -205,7 +205,8 @@ pub struct LimitsConfig {
     /// About the most memory the store's cache of recently read threads holds (default
     /// 32 MiB; 0 keeps none): a thread read again within it costs only its new events (a
     /// thread larger than the bound is kept alone). Most of a busy server's resident memory
-    /// is this cache.
+    /// is this cache. An eighth more bounds the message bodies the SQLite writer keeps so
+    /// that a thread's next request record reads only the thread's new messages.
     pub projection_cache_bytes: u64,
 }
 

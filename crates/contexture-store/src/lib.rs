@@ -40,6 +40,7 @@ mod postgres;
 mod projection_cache;
 mod rate_limits;
 mod record;
+mod referable_cache;
 mod request_refs;
 mod retention;
 mod scoped;

@@ -30,6 +30,7 @@ use tokio_postgres::NoTls;
 use crate::error::Action;
 use crate::projection_cache::ProjectionCache;
 use crate::record::ThreadLimits;
+use crate::referable_cache::{ReferableCache, referable_bytes};
 use crate::{
     EventOutline, KeyedEvent, NewEvent, ProjectionTail, PruneReport, RecentCursor,
     RequestRetention, RequestsPruned, Store, StoreError, ThreadInfo,
@@ -50,6 +51,9 @@ pub struct PgStore {
     /// Folds of recently read threads, checked against the database at each read and
     /// shared by clones.
     projections: std::sync::Arc<ProjectionCache>,
+    /// The message bodies each thread's last request record, appended here, was compared
+    /// with; shared by clones.
+    referable: std::sync::Arc<ReferableCache>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -89,6 +93,7 @@ impl PgStore {
     /// dropped first. Clones share the cache.
     pub fn set_projection_cache_bytes(&self, bytes: u64) {
         self.projections.set_max_bytes(bytes);
+        self.referable.set_max_bytes(referable_bytes(bytes));
     }
 
     fn limits(&self) -> ThreadLimits {
@@ -166,6 +171,9 @@ impl PgStore {
             max_events: Default::default(),
             max_bytes: Default::default(),
             projections: Default::default(),
+            referable: std::sync::Arc::new(ReferableCache::new(referable_bytes(
+                crate::DEFAULT_PROJECTION_CACHE_BYTES,
+            ))),
         };
         store.migrate(migrations).await?;
         Ok(store)

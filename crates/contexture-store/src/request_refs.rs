@@ -506,6 +506,20 @@ impl Referable {
         self.messages = before.messages;
     }
 
+    /// Adds message events' messages as stored, already addressed: as [`Referable::push`].
+    pub(crate) fn extend(&mut self, messages: Vec<(Address, String)>) {
+        if self.messages.is_empty() {
+            self.messages = messages;
+        } else {
+            self.messages.extend(messages);
+        }
+    }
+
+    /// Takes out the message events' messages, in address order.
+    pub(crate) fn take_messages(&mut self) -> Vec<(Address, String)> {
+        std::mem::take(&mut self.messages)
+    }
+
     /// The record as stored: runs and earlier items for what the thread holds byte for byte,
     /// the rest inline; and whether an ordinary message (not a system or developer one) was
     /// left inline, which a wider [`Referable`] might have found.

@@ -30,7 +30,8 @@ use rusqlite::Connection;
 
 use self::checkpointer::Checkpointer;
 use self::writer::Writer;
-use crate::projection_cache::ProjectionCache;
+use crate::projection_cache::{DEFAULT_PROJECTION_CACHE_BYTES, ProjectionCache};
+use crate::referable_cache::{ReferableCache, referable_bytes};
 
 use crate::error::Action;
 use crate::record::{self, ThreadLimits};
@@ -69,6 +70,8 @@ struct Inner {
     readers: Mutex<Vec<Connection>>,
     reading: tokio::sync::Semaphore,
     projections: ProjectionCache,
+    /// The message bodies the writer compared each thread's last request record with.
+    referable: Arc<ReferableCache>,
     /// The most events a thread may hold (0: no limit).
     max_events: std::sync::atomic::AtomicU64,
     /// The most bytes of events a thread may hold (0: no limit).
@@ -178,14 +181,19 @@ impl SqliteStore {
             .doing("configure the writer")?;
         let checkpointer = Checkpointer::start(connect(&path)?, checkpointer::RESTART_FRAMES)?;
         let committed = checkpointer.notifier();
+        let referable = Arc::new(ReferableCache::new(referable_bytes(
+            DEFAULT_PROJECTION_CACHE_BYTES,
+        )));
+        let cleared = Arc::clone(&referable);
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 path,
-                writer: Writer::start(writer, committed)?,
+                writer: Writer::start(writer, committed, Box::new(move || cleared.clear()))?,
                 _checkpointer: checkpointer,
                 readers: Mutex::new(Vec::new()),
                 reading: tokio::sync::Semaphore::new(READERS),
                 projections: ProjectionCache::default(),
+                referable,
                 max_events: std::sync::atomic::AtomicU64::new(0),
                 max_bytes: std::sync::atomic::AtomicU64::new(0),
             }),
@@ -269,9 +277,11 @@ impl SqliteStore {
     /// Bounds the memory of the folds of recently read threads the store keeps, so that a
     /// thread read again costs only its new events, to about `bytes` (0: keep none; by
     /// default [`crate::DEFAULT_PROJECTION_CACHE_BYTES`]). The least recently read are
-    /// dropped first.
+    /// dropped first. An eighth more (`bytes / 8`) bounds the message bodies the writer
+    /// keeps so that a thread's next request record reads only its new messages.
     pub fn set_projection_cache_bytes(&self, bytes: u64) {
         self.inner.projections.set_max_bytes(bytes);
+        self.inner.referable.set_max_bytes(referable_bytes(bytes));
     }
 
     /// Runs `work` inside a write transaction, batched with other writes (see [`writer`]).
@@ -345,7 +355,8 @@ impl Store for SqliteStore {
                 .max_bytes
                 .load(std::sync::atomic::Ordering::Relaxed),
         };
-        self.write(move |conn| writes::append_rows(conn, &thread, rows, limits))
+        let referable = Arc::clone(&self.inner.referable);
+        self.write(move |conn| writes::append_rows(conn, &thread, rows, limits, &referable))
             .await
     }
 

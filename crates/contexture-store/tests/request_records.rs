@@ -136,13 +136,14 @@ fn at(items: usize, pick: u16) -> usize {
 /// Runs `ops` on a thread `id` of `store` (forks named after it), then checks that every
 /// thread reads back as appended: whole, after seqs, and by key; then, with `prune`, that
 /// pruning each thread's records past its last few (parents or forks first) leaves them
-/// reading back as appended or pruned, and later requests read back as appended.
+/// reading back as appended or pruned, and later requests read back as appended. Returns
+/// the threads that hold events.
 async fn run(
     store: &impl Store,
     id: &str,
     ops: Vec<Op>,
     prune: Option<(u8, bool)>,
-) -> Result<(), TestCaseError> {
+) -> Result<Vec<String>, TestCaseError> {
     let mut thread = id.to_string();
     let mut model = Model::default();
     let mut threads: Vec<(String, Model)> = Vec::new();
@@ -374,7 +375,11 @@ async fn run(
     if let Some((keep, forks_first)) = prune {
         check_pruning(store, &mut threads, u64::from(keep % 4), forks_first).await?;
     }
-    Ok(())
+    Ok(threads
+        .into_iter()
+        .filter(|(_, model)| !model.events.is_empty())
+        .map(|(thread, _)| thread)
+        .collect())
 }
 
 /// Records pruned in all the cases run, and threads where some were pruned and some kept:
@@ -518,7 +523,9 @@ fn check_random_threads(store: &impl Store, runtime: &tokio::runtime::Runtime, c
             ),
             |(ops, prune)| {
                 let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                runtime.block_on(run(store, &format!("case-{n}"), ops, prune))
+                runtime
+                    .block_on(run(store, &format!("case-{n}"), ops, prune))
+                    .map(|_| ())
             },
         )
         .unwrap();
@@ -535,6 +542,166 @@ fn sqlite_reads_request_records_back_as_appended() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let harness = runtime.block_on(common::Sqlite::new());
     check_random_threads(harness.store(), &runtime, 64);
+}
+
+/// A store keeps the message bodies a thread's last record was compared with, so that the
+/// next one reads only the newer messages: every record is stored exactly as a store that
+/// keeps none stores it (the same references, so the same bytes).
+fn check_kept_bodies_change_nothing(
+    kept: &impl Store,
+    unkept: &impl Store,
+    runtime: &tokio::runtime::Runtime,
+    cases: u32,
+) {
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases,
+        ..ProptestConfig::default()
+    });
+    let case = AtomicU64::new(0);
+    runner
+        .run(&prop::collection::vec(op(), 1..40), |ops| {
+            let id = format!("same-{}", case.fetch_add(1, Ordering::Relaxed));
+            runtime.block_on(async {
+                let threads = run(kept, &id, ops.clone(), None).await?;
+                run(unkept, &id, ops, None).await?;
+                for thread in threads {
+                    prop_assert_eq!(
+                        sizes(kept, &thread).await,
+                        sizes(unkept, &thread).await,
+                        "thread {}",
+                        thread
+                    );
+                }
+                Ok(())
+            })
+        })
+        .unwrap();
+}
+
+#[test]
+fn sqlite_kept_message_bodies_change_no_stored_record() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let kept = runtime.block_on(common::Sqlite::new());
+    let unkept = runtime.block_on(common::Sqlite::new());
+    unkept.store().set_projection_cache_bytes(0);
+    check_kept_bodies_change_nothing(kept.store(), unkept.store(), &runtime, 48);
+}
+
+#[test]
+fn postgres_kept_message_bodies_change_no_stored_record() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (Some(kept), Some(unkept)) = (
+        runtime.block_on(common::Pg::new()),
+        runtime.block_on(common::Pg::new()),
+    ) else {
+        return;
+    };
+    unkept.store().set_projection_cache_bytes(0);
+    check_kept_bodies_change_nothing(kept.store(), unkept.store(), &runtime, 24);
+    runtime.block_on(kept.cleanup());
+    runtime.block_on(unkept.cleanup());
+}
+
+fn request(id: &str, messages: &[&Message]) -> NewEvent {
+    NewEvent::new(EventKind::RequestStarted(RequestRecord {
+        request_id: id.into(),
+        messages: messages.iter().map(|m| (*m).clone()).collect(),
+        ..RequestRecord::default()
+    }))
+}
+
+fn said(message: &Message) -> NewEvent {
+    NewEvent::new(EventKind::MessageAppended {
+        message: message.clone(),
+    })
+}
+
+async fn sent_by(store: &impl Store, thread: &str, seq: u64) -> Vec<Message> {
+    let events = store.events(thread).await.unwrap();
+    match &events[seq as usize - 1].kind {
+        EventKind::RequestStarted(record) => record.messages.clone(),
+        other => panic!("seq {seq} is a {}", other.type_name()),
+    }
+}
+
+/// What a store kept of a write that was rolled back is not used: a message appended with a
+/// record that failed (the thread full, set by `limit`) is gone, and a record that sends it
+/// later is not stored as a reference to what took its seq.
+async fn rolled_back_write_leaves_no_kept_bodies(store: &impl Store, limit: impl Fn(Option<u64>)) {
+    let (a, b) = (Message::user("first"), Message::assistant("second"));
+    store
+        .append("t", vec![said(&a), said(&b), request("r1", &[&a, &b])])
+        .await
+        .unwrap();
+    let (x, y) = (Message::user("gone"), Message::user("in its place"));
+    limit(Some(4));
+    let failed = store
+        .append("t", vec![said(&x), request("r2", &[&a, &b, &x])])
+        .await;
+    assert!(
+        matches!(failed, Err(contexture_store::StoreError::ThreadFull { .. })),
+        "{failed:?}"
+    );
+    limit(None);
+    store
+        .append("t", vec![said(&y), request("r3", &[&a, &b, &x])])
+        .await
+        .unwrap();
+    assert_eq!(sent_by(store, "t", 5).await, vec![a, b, x]);
+}
+
+#[tokio::test]
+async fn sqlite_a_rolled_back_write_leaves_no_kept_bodies_behind() {
+    let h = common::Sqlite::new().await;
+    rolled_back_write_leaves_no_kept_bodies(h.store(), |max| h.store().set_max_thread_events(max))
+        .await;
+}
+
+#[tokio::test]
+async fn postgres_a_rolled_back_write_leaves_no_kept_bodies_behind() {
+    let Some(h) = common::Pg::new().await else {
+        return;
+    };
+    rolled_back_write_leaves_no_kept_bodies(h.store(), |max| h.store().set_max_thread_events(max))
+        .await;
+    h.cleanup().await;
+}
+
+/// Another process on the same database (`elsewhere`) appends to a thread, then deletes it
+/// and starts one with the same id: the bodies `here` kept of the old one stay right through
+/// the appends and are not used for the new one's records.
+async fn kept_bodies_of_a_thread_deleted_elsewhere_are_not_used<S: Store>(here: &S, elsewhere: &S) {
+    let (a, b) = (Message::user("old"), Message::user("new"));
+    here.append("t", vec![said(&a), request("r1", &[&a])])
+        .await
+        .unwrap();
+    let c = Message::assistant("from elsewhere");
+    elsewhere.append("t", vec![said(&c)]).await.unwrap();
+    here.append("t", vec![request("r2", &[&a, &c])])
+        .await
+        .unwrap();
+    assert_eq!(sent_by(here, "t", 4).await, vec![a.clone(), c]);
+    elsewhere.delete("t").await.unwrap();
+    // Longer than what was kept, so that only the deletion tells the bodies are stale.
+    let more: Vec<NewEvent> = (0..4).map(|_| said(&b)).collect();
+    elsewhere.append("t", more).await.unwrap();
+    here.append("t", vec![request("r3", &[&a])]).await.unwrap();
+    assert_eq!(sent_by(here, "t", 5).await, vec![a]);
+}
+
+#[tokio::test]
+async fn sqlite_kept_bodies_of_a_thread_deleted_elsewhere_are_not_used() {
+    let h = common::Sqlite::new().await;
+    kept_bodies_of_a_thread_deleted_elsewhere_are_not_used(h.store(), &h.reopen().await).await;
+}
+
+#[tokio::test]
+async fn postgres_kept_bodies_of_a_thread_deleted_elsewhere_are_not_used() {
+    let Some(h) = common::Pg::new().await else {
+        return;
+    };
+    kept_bodies_of_a_thread_deleted_elsewhere_are_not_used(h.store(), &h.reopen().await).await;
+    h.cleanup().await;
 }
 
 #[test]

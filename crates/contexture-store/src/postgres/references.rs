@@ -7,6 +7,7 @@ use deadpool_postgres::GenericClient;
 use crate::StoreError;
 use crate::error::Action;
 use crate::record::{self, Row, db_seq, seq_of};
+use crate::referable_cache::{DELETION_COUNT, Gathering, KeptBodies, ReferableCache};
 use crate::request_refs::{Prior, Referable, Resolver, Unresolved};
 
 /// The newest request records of a segment, newest first: `$1` the segment's thread, `$2`
@@ -84,15 +85,18 @@ async fn rows_in(
 
 /// Stores `row`, a `request_started` row that gets `seq` in `thread`, by reference to what
 /// the thread holds before it: inside the append's transaction (which holds the thread's row
-/// lock), so that what it refers to is what a read will find.
+/// lock), so that what it refers to is what a read will find. Uses the message bodies kept
+/// in `cache` for the thread, and gives back the ones to keep for its next record (with the
+/// deletion count they were read under) once the append commits.
 pub(super) async fn refer_request(
     client: &impl GenericClient,
     thread: &str,
     seq: u64,
     row: &mut Row,
-) -> Result<(), StoreError> {
+    cache: &ReferableCache,
+) -> Result<Option<(i64, KeptBodies)>, StoreError> {
     let EventKind::RequestStarted(record) = &row.event else {
-        return Ok(());
+        return Ok(None);
     };
     let segments = super::reads::chain(client, thread).await?;
     let select = client
@@ -133,13 +137,21 @@ pub(super) async fn refer_request(
         .referable()
         .map_err(|error| record::unserializable(thread, "a message", &error))?;
     let from = prior.first_seq();
+    let to = seq.saturating_sub(1);
+    let deletions: i64 = client
+        .query_one(DELETION_COUNT, &[])
+        .await
+        .doing("read the deletion count")?
+        .get(0);
+    let kept = cache.take(thread, deletions, from);
+    let mut gathering = Gathering::start(kept, from, to, &mut referable);
     add_messages(
         &mut referable,
         client,
         thread,
         &segments,
-        from,
-        seq.saturating_sub(1),
+        gathering.read_from,
+        to,
     )
     .await?;
     let (mut stored, missed) = referable
@@ -147,14 +159,16 @@ pub(super) async fn refer_request(
         .map_err(|error| record::unserializable(thread, "a message", &error))?;
     if missed && from > 1 {
         let mut before = Referable::default();
-        add_messages(&mut before, client, thread, &segments, 1, from - 1).await?;
-        referable.prepend(before);
+        let through = gathering.unread_before();
+        add_messages(&mut before, client, thread, &segments, 1, through).await?;
+        gathering.widen(&mut referable, before);
         stored = referable
             .refer(record)
             .map_err(|error| record::unserializable(thread, "a message", &error))?
             .0;
     }
-    record::store_request(thread, row, &stored)
+    record::store_request(thread, row, &stored)?;
+    Ok(Some((deletions, gathering.finish(&mut referable))))
 }
 
 /// Adds the message events of `thread` from `from` to `to` to `referable`.

@@ -253,6 +253,8 @@ impl PgStore {
             .await
             .doing("prepare the insert")?;
         let mut seqs = Vec::with_capacity(rows.len());
+        // The bodies a record was compared with, kept once the append has committed.
+        let mut to_keep = Vec::new();
         for mut row in rows {
             if let Some(key) = &row.key {
                 let stored = tx
@@ -266,7 +268,9 @@ impl PgStore {
             }
             let seq = last + 1;
             if row.kind == REQUEST_STARTED {
-                references::refer_request(&tx, thread, seq, &mut row).await?;
+                let kept =
+                    references::refer_request(&tx, thread, seq, &mut row, &self.referable).await?;
+                to_keep.extend(kept);
             }
             // On an error the transaction is dropped: nothing of this append is stored.
             limits.admit(thread, seq, &mut bytes, &row)?;
@@ -307,6 +311,9 @@ impl PgStore {
         .await
         .doing("update the thread")?;
         tx.commit().await.doing("commit the append")?;
+        for (deletions, kept) in to_keep {
+            self.referable.put(thread, deletions, kept);
+        }
         Ok(seqs)
     }
 

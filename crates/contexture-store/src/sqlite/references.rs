@@ -7,6 +7,7 @@ use rusqlite::{Connection, params};
 use crate::StoreError;
 use crate::error::Action;
 use crate::record::{self, Row, db_seq, seq_of};
+use crate::referable_cache::{DELETION_COUNT, Gathering, ReferableCache};
 use crate::request_refs::{Prior, Referable, Resolver, Unresolved};
 
 /// The newest request records of a segment, newest first: `?1` the segment's thread, `?2`
@@ -77,12 +78,14 @@ fn rows_in(
 
 /// Stores `row`, a `request_started` row that gets `seq` in `thread`, by reference to what
 /// the thread holds before it: inside the append's transaction, so that what it refers to
-/// is what a read will find.
+/// is what a read will find. The message bodies compared with are kept in `cache` for the
+/// thread's next record, which then reads only the message events after them.
 pub(super) fn refer_request(
     tx: &Connection,
     thread: &str,
     seq: u64,
     row: &mut Row,
+    cache: &ReferableCache,
 ) -> Result<(), StoreError> {
     let EventKind::RequestStarted(record) = &row.event else {
         return Ok(());
@@ -125,26 +128,43 @@ pub(super) fn refer_request(
         .referable()
         .map_err(|error| record::unserializable(thread, "a message", &error))?;
     let from = prior.first_seq();
+    let to = seq.saturating_sub(1);
+    let deletions: i64 = tx
+        .prepare_cached(DELETION_COUNT)
+        .doing("prepare the deletion count's query")?
+        .query_row([], |r| r.get(0))
+        .doing("read the deletion count")?;
+    let kept = cache.take(thread, deletions, from);
+    let mut gathering = Gathering::start(kept, from, to, &mut referable);
     add_messages(
         &mut referable,
         tx,
         thread,
         &segments,
-        from,
-        seq.saturating_sub(1),
+        gathering.read_from,
+        to,
     )?;
     let (mut stored, missed) = referable
         .refer(record)
         .map_err(|error| record::unserializable(thread, "a message", &error))?;
     if missed && from > 1 {
         let mut before = Referable::default();
-        add_messages(&mut before, tx, thread, &segments, 1, from - 1)?;
-        referable.prepend(before);
+        add_messages(
+            &mut before,
+            tx,
+            thread,
+            &segments,
+            1,
+            gathering.unread_before(),
+        )?;
+        gathering.widen(&mut referable, before);
         stored = referable
             .refer(record)
             .map_err(|error| record::unserializable(thread, "a message", &error))?
             .0;
     }
+    // Kept at once: the writer clears the cache if this write is rolled back.
+    cache.put(thread, deletions, gathering.finish(&mut referable));
     record::store_request(thread, row, &stored)
 }
 

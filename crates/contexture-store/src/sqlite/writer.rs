@@ -31,6 +31,10 @@ const SLOW_COMMIT: Duration = Duration::from_millis(100);
 /// transaction), or is told why it cannot run.
 type Job = Box<dyn FnOnce(Result<&Connection, StoreError>) -> Ran + Send>;
 
+/// Told of every rollback of a write (its savepoint, or a whole batch), before the next
+/// write runs: what a cache kept from a write's reads may be gone.
+pub(super) type OnRollback = Box<dyn Fn() + Send>;
+
 /// A write that ran: whether it succeeded (its savepoint is kept), and how to answer its
 /// caller once the batch's commit is known.
 struct Ran {
@@ -46,15 +50,17 @@ pub(super) struct Writer {
 }
 
 impl Writer {
-    /// Starts the writer thread on `conn`; it tells `committed` of each commit.
+    /// Starts the writer thread on `conn`; it tells `committed` of each commit, and
+    /// `rolled_back` of each rollback.
     pub(super) fn start(
         conn: Connection,
         committed: Option<CommitNotifier>,
+        rolled_back: OnRollback,
     ) -> Result<Writer, StoreError> {
         let (jobs, queue) = mpsc::channel::<Job>();
         let thread = std::thread::Builder::new()
             .name("contexture-sqlite-writer".into())
-            .spawn(move || run(&conn, &queue, committed.as_ref()))
+            .spawn(move || run(&conn, &queue, committed.as_ref(), &rolled_back))
             .map_err(|error| StoreError::WritePanicked {
                 detail: format!("cannot start the writer thread: {error}"),
             })?;
@@ -127,12 +133,17 @@ fn control(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
-fn run(conn: &Connection, queue: &mpsc::Receiver<Job>, committed: Option<&CommitNotifier>) {
+fn run(
+    conn: &Connection,
+    queue: &mpsc::Receiver<Job>,
+    committed: Option<&CommitNotifier>,
+    rolled_back: &dyn Fn(),
+) {
     while let Ok(first) = queue.recv() {
         let mut batch = Vec::with_capacity(8);
         batch.push(first);
         batch.extend(queue.try_iter().take(MAX_BATCH - 1));
-        commit_batch(conn, batch);
+        commit_batch(conn, batch, rolled_back);
         if let Some(committed) = committed {
             committed.committed();
         }
@@ -157,7 +168,7 @@ fn fail(action: &'static str, error: &rusqlite::Error) -> StoreError {
 }
 
 /// Runs `batch` in one transaction, each write in a savepoint, commits, then answers each.
-fn commit_batch(conn: &Connection, batch: Vec<Job>) {
+fn commit_batch(conn: &Connection, batch: Vec<Job>, rolled_back: &dyn Fn()) {
     if let Err(error) = control(conn, "BEGIN IMMEDIATE") {
         for job in batch {
             let ran = job(Err(fail("begin a write", &error)));
@@ -184,15 +195,19 @@ fn commit_batch(conn: &Connection, batch: Vec<Job>) {
                 ),
             ))
         } else {
+            if !outcome.succeeded {
+                rolled_back();
+            }
             end_savepoint(conn, outcome.succeeded)
                 .map_err(|error| ("end a write's savepoint", error))
         };
         ran.push(outcome);
         if let Err((action, error)) = ended {
+            rolled_back();
             abandon(conn, ran, action, &error);
             let rest: Vec<Job> = jobs.collect();
             if !rest.is_empty() {
-                commit_batch(conn, rest);
+                commit_batch(conn, rest, rolled_back);
             }
             return;
         }
@@ -216,6 +231,7 @@ fn commit_batch(conn: &Connection, batch: Vec<Job>) {
         }
         Err(error) => {
             let _ = control(conn, "ROLLBACK");
+            rolled_back();
             for outcome in ran {
                 (outcome.answer)(Err(fail("commit a batch of writes", &error)));
             }
@@ -271,7 +287,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_failed_or_panicking_write_is_rolled_back_alone_in_its_batch() {
-        let writer = std::sync::Arc::new(Writer::start(table(), None).unwrap());
+        let rollbacks = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = rollbacks.clone();
+        let on_rollback: OnRollback = Box::new(move || {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        let writer = std::sync::Arc::new(Writer::start(table(), None, on_rollback).unwrap());
         let (release, wait) = std_mpsc::channel::<()>();
         let (started, running) = oneshot::channel::<()>();
         let gate = {
@@ -333,6 +354,8 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(ids, vec![1, 2, 5]);
+        // Each rolled-back write was told of, before the writes after it ran.
+        assert_eq!(rollbacks.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
 
     #[tokio::test]
@@ -345,7 +368,12 @@ mod tests {
                  t_id INTEGER REFERENCES t(id) DEFERRABLE INITIALLY DEFERRED);",
         )
         .unwrap();
-        let writer = std::sync::Arc::new(Writer::start(conn, None).unwrap());
+        let rollbacks = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = rollbacks.clone();
+        let on_rollback: OnRollback = Box::new(move || {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        let writer = std::sync::Arc::new(Writer::start(conn, None, on_rollback).unwrap());
         let (release, wait) = std_mpsc::channel::<()>();
         let (started, running) = oneshot::channel::<()>();
         let gate = {
@@ -393,6 +421,8 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(children, 0);
+        // The failed commit was told of as a rollback.
+        assert_eq!(rollbacks.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 
     #[tokio::test]
@@ -404,7 +434,7 @@ mod tests {
         let conn = Connection::open(&path).unwrap();
         conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT NOT NULL)")
             .unwrap();
-        let writer = std::sync::Arc::new(Writer::start(conn, None).unwrap());
+        let writer = std::sync::Arc::new(Writer::start(conn, None, Box::new(|| {})).unwrap());
         let writes: Vec<_> = (0..50)
             .map(|id| {
                 let writer = writer.clone();

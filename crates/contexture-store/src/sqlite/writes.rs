@@ -11,6 +11,7 @@ use crate::calibration;
 use crate::error::Action;
 use crate::forks::{ForkPlan, PrefixSize, SizeRow};
 use crate::record::{self, Row, ThreadLimits, db_bytes, db_seq, seq_of};
+use crate::referable_cache::ReferableCache;
 use crate::request_refs::REQUEST_STARTED;
 use crate::{StoreError, epoch_ms};
 
@@ -20,6 +21,7 @@ pub(super) fn append_rows(
     thread: &str,
     rows: Vec<Row>,
     limits: ThreadLimits,
+    referable: &ReferableCache,
 ) -> Result<Vec<u64>, StoreError> {
     let now = epoch_ms(SystemTime::now());
     // Creates the thread when it is new, and reads its last seq and size either way.
@@ -62,7 +64,7 @@ pub(super) fn append_rows(
             }
             let seq = last + 1;
             if row.kind == REQUEST_STARTED {
-                references::refer_request(tx, thread, seq, &mut row)?;
+                references::refer_request(tx, thread, seq, &mut row, referable)?;
             }
             // On an error the savepoint of this write is rolled back: nothing of it is stored.
             limits.admit(thread, seq, &mut bytes, &row)?;
