@@ -56,6 +56,10 @@ pub(crate) struct Row {
     /// (see [`share_outputs`]): the step's last request end may hold the same text, which the
     /// append then stores by reference to this message (see [`shared_reply`]).
     pub step_answer: bool,
+    /// For a request record, each message it sent serialized on its own: what the append
+    /// compares with the thread's messages. Made with the rest of the encoding, before the
+    /// write, rather than on SQLite's writer thread, whose time every write shares.
+    pub sent_bodies: Vec<String>,
     /// The event, for checks that need its seq.
     pub event: EventKind,
 }
@@ -129,6 +133,15 @@ pub(crate) fn encode(thread: &str, event: NewEvent) -> Result<Row, StoreError> {
         },
         key: event.idempotency_key,
         step_answer: false,
+        sent_bodies: match &event.kind {
+            EventKind::RequestStarted(record) => record
+                .messages
+                .iter()
+                .map(serde_json::to_string)
+                .collect::<Result<_, _>>()
+                .map_err(|error| unserializable(thread, "a message", &error))?,
+            _ => Vec::new(),
+        },
         event: event.kind,
     })
 }

@@ -522,11 +522,14 @@ impl Referable {
 
     /// The record as stored: runs and earlier items for what the thread holds byte for byte,
     /// the rest inline; and whether an ordinary message (not a system or developer one) was
-    /// left inline, which a wider [`Referable`] might have found.
+    /// left inline, which a wider [`Referable`] might have found. `bodies` are the record's
+    /// messages, each serialized on its own ([`crate::record::Row::sent_bodies`]).
     pub(crate) fn refer(
         &self,
         record: &RequestRecord,
+        bodies: &[String],
     ) -> Result<(StoredRequest, bool), serde_json::Error> {
+        assert_eq!(bodies.len(), record.messages.len(), "one body per message");
         // Built when a message does not go on from the last one referred to: a request
         // that sends a stretch of the thread in order never needs it.
         let mut positions: Option<HashMap<&str, Vec<usize>>> = None;
@@ -539,13 +542,12 @@ impl Referable {
         // The position in `messages` of the last message referred to.
         let mut cursor: Option<usize> = None;
         let mut missed_ordinary = false;
-        for message in &record.messages {
-            let body = serde_json::to_string(message)?;
+        for (message, body) in record.messages.iter().zip(bodies) {
             let next = cursor.map_or(0, |at| at + 1);
             if self
                 .messages
                 .get(next)
-                .is_some_and(|(_, held)| *held == body)
+                .is_some_and(|(_, held)| *held == *body)
             {
                 let at = self.messages[next].0;
                 match sent.last_mut() {

@@ -155,7 +155,7 @@ pub(super) async fn refer_request(
     )
     .await?;
     let (mut stored, missed) = referable
-        .refer(record)
+        .refer(record, &row.sent_bodies)
         .map_err(|error| record::unserializable(thread, "a message", &error))?;
     if missed && from > 1 {
         let mut before = Referable::default();
@@ -163,7 +163,7 @@ pub(super) async fn refer_request(
         add_messages(&mut before, client, thread, &segments, 1, through).await?;
         gathering.widen(&mut referable, before);
         stored = referable
-            .refer(record)
+            .refer(record, &row.sent_bodies)
             .map_err(|error| record::unserializable(thread, "a message", &error))?
             .0;
     }

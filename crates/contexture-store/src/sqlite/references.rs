@@ -145,7 +145,7 @@ pub(super) fn refer_request(
         to,
     )?;
     let (mut stored, missed) = referable
-        .refer(record)
+        .refer(record, &row.sent_bodies)
         .map_err(|error| record::unserializable(thread, "a message", &error))?;
     if missed && from > 1 {
         let mut before = Referable::default();
@@ -159,7 +159,7 @@ pub(super) fn refer_request(
         )?;
         gathering.widen(&mut referable, before);
         stored = referable
-            .refer(record)
+            .refer(record, &row.sent_bodies)
             .map_err(|error| record::unserializable(thread, "a message", &error))?
             .0;
     }
