@@ -583,6 +583,57 @@ pub(crate) fn decode(
     Ok(event)
 }
 
+/// Decodes a stored event for a fold, which is all the reads of projections make: as
+/// [`decode`], but a request's start is read for its id only and a request's end for its id,
+/// outcome and usage, what a fold keeps of them. Their other fields (a record's budget, fit
+/// and references; an end's reply) are skipped over, not built, since a thread's turns
+/// bring two of them each.
+pub(crate) fn decode_for_fold(
+    thread: &str,
+    seq: u64,
+    kind: &str,
+    body: &str,
+    tokens: Option<&str>,
+) -> Result<Event, StoreError> {
+    /// What a fold keeps of a request's start: the `request_id` every stored form names.
+    #[derive(serde::Deserialize)]
+    struct Started {
+        request_id: String,
+    }
+    /// What a fold keeps of a request's end.
+    #[derive(serde::Deserialize)]
+    struct Ended {
+        request_id: String,
+        outcome: contexture_core::thread::RequestOutcome,
+        #[serde(default)]
+        usage: contexture_core::thread::Usage,
+    }
+    let corrupt = |error: serde_json::Error| StoreError::Corrupt {
+        thread: thread.to_string(),
+        seq,
+        detail: error.to_string(),
+    };
+    let event = match kind {
+        REQUEST_STARTED => {
+            let started: Started = serde_json::from_str(body).map_err(corrupt)?;
+            EventKind::RequestStarted(contexture_core::thread::RequestRecord {
+                request_id: started.request_id,
+                ..Default::default()
+            })
+        }
+        REQUEST_ENDED => {
+            let ended: Ended = serde_json::from_str(body).map_err(corrupt)?;
+            EventKind::RequestEnded(RequestEnd::new(
+                ended.request_id,
+                ended.outcome,
+                ended.usage,
+            ))
+        }
+        _ => return decode(thread, seq, kind, body, tokens),
+    };
+    Ok(Event::new(seq, event))
+}
+
 /// Decodes a stored event and restores its messages' token counts; with what it leaves for
 /// [`crate::request_refs::Resolver`] to resolve: a request record's references (its messages
 /// are left empty until then), a request end's reply stored in the next event.
@@ -951,6 +1002,61 @@ mod tests {
         let too_deep = format!("{}1{}", "[".repeat(300), "]".repeat(300));
         let error = parse_stored::<serde_json::Value>(&too_deep).unwrap_err();
         assert!(error.contains("300 levels"), "{error}");
+    }
+
+    /// A fold's decode of a request's start and end keeps what the whole decode gives of
+    /// them that a fold uses (id; id, outcome and usage), in every stored form; a body that
+    /// is not one is an error naming the seq.
+    #[test]
+    fn a_fold_decodes_requests_as_the_whole_decode_does_for_what_it_keeps() {
+        use contexture_core::thread::{RequestOutcome, RequestRecord, Usage};
+        let record = RequestRecord {
+            request_id: "r1".into(),
+            model: Some("m".into()),
+            messages: vec![Message::user("hi")],
+            ..Default::default()
+        };
+        let whole = StoredRequest::whole(record.clone()).to_body().unwrap();
+        let change = r#"{"type":"request_started","request_id":"r2","sent":[[1,0,1,0]],"base":2}"#;
+        let end = |reply_in_next: bool| {
+            let mut end = RequestEnd::new("r1", RequestOutcome::Failed, Usage::new(7, 9));
+            end.reply = Some(Message::assistant("answer"));
+            let mut value = serde_json::to_value(EventKind::RequestEnded(end)).unwrap();
+            if reply_in_next {
+                value["reply_in_next"] = true.into();
+                value.as_object_mut().unwrap().remove("reply");
+            }
+            value.to_string()
+        };
+        for (kind, body) in [
+            (REQUEST_STARTED, whole),
+            (REQUEST_STARTED, change.to_string()),
+            (REQUEST_ENDED, end(false)),
+            (REQUEST_ENDED, end(true)),
+        ] {
+            let full = decode("t", 3, kind, &body, None).unwrap().kind;
+            let folded = decode_for_fold("t", 3, kind, &body, None).unwrap().kind;
+            match (full, folded) {
+                (EventKind::RequestStarted(full), EventKind::RequestStarted(folded)) => {
+                    assert_eq!(folded.request_id, full.request_id);
+                }
+                (EventKind::RequestEnded(full), EventKind::RequestEnded(folded)) => {
+                    assert_eq!(
+                        (&folded.request_id, &folded.outcome, folded.usage),
+                        (&full.request_id, &full.outcome, full.usage)
+                    );
+                }
+                other => panic!("different kinds: {other:?}"),
+            }
+        }
+        for kind in [REQUEST_STARTED, REQUEST_ENDED] {
+            match decode_for_fold("t", 3, kind, r#"{"type":"x"}"#, None) {
+                Err(StoreError::Corrupt { seq: 3, detail, .. }) => {
+                    assert!(detail.contains("request_id"), "{detail}")
+                }
+                other => panic!("expected a corrupt row, got {other:?}"),
+            }
+        }
     }
 
     /// SQLite's migration 0002 backfills `ordinary_message` from these body prefixes.

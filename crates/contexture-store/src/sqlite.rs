@@ -426,6 +426,15 @@ impl Store for SqliteStore {
         tokens: u64,
     ) -> Result<ProjectionTail, StoreError> {
         let thread = thread.to_string();
+        if self.inner.projections.holds(&thread) {
+            // As for a projection: only the events since the kept fold are read.
+            let projections = &self.inner.projections;
+            return self
+                .read_inline(|conn| {
+                    reads::read_projection_tail(conn, &thread, projections, encoding, tokens)
+                })
+                .await;
+        }
         let inner = Arc::clone(&self.inner);
         self.read(move |conn| {
             reads::read_projection_tail(conn, &thread, &inner.projections, encoding, tokens)

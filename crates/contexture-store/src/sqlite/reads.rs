@@ -133,8 +133,8 @@ pub(super) const ORDINARY_MESSAGES: &str = "SELECT seq, kind, body, tokens FROM 
 /// The events `select` (one of [`ALL_EVENTS`], [`SPECIAL_EVENTS`], [`ORDINARY_MESSAGES`])
 /// finds in `segments` (of `thread`'s chain) with seq above `after`, in order.
 ///
-/// A request record's references are left unresolved (see [`record::decode`]): the reads
-/// that use this fold projections, which need no record's messages.
+/// Decoded for a fold (see [`record::decode_for_fold`]): the reads that use this fold
+/// projections, which need no record's messages and no end's reply.
 pub(super) fn events_in(
     tx: &Connection,
     thread: &str,
@@ -142,7 +142,7 @@ pub(super) fn events_in(
     select: &str,
     after: u64,
 ) -> Result<Vec<Event>, StoreError> {
-    decoded_in(tx, thread, segments, select, after, record::decode)
+    decoded_in(tx, thread, segments, select, after, record::decode_for_fold)
 }
 
 /// The rows `select` finds (as for [`events_in`]), each decoded by `decode`.
