@@ -132,11 +132,35 @@ pub enum RequestBody<'a> {
         body: &'a Map<String, Value>,
         /// The fields written over it.
         over: Map<String, Value>,
+        /// The messages, already written as JSON, in the place of the client's `messages`.
+        messages: Option<WrittenMessages>,
         /// The client's fields left out (unless `over` writes them).
         dropped: &'static [&'static str],
     },
     /// A body of its own.
     Written(Map<String, Value>),
+}
+
+/// Messages written in the chat-completions format as JSON text, serialized in place: a long
+/// history goes to the upstream without a tree of `Value`s built for it first.
+#[derive(Debug, Clone)]
+pub struct WrittenMessages(Box<serde_json::value::RawValue>);
+
+impl WrittenMessages {
+    /// `messages` written in the chat-completions format.
+    pub fn openai(messages: &[Message]) -> Result<WrittenMessages, PassthroughError> {
+        serde_json::value::to_raw_value(&openai::WireMessages(messages))
+            .map(WrittenMessages)
+            .map_err(|error| PassthroughError::Unsupported {
+                detail: format!("the messages cannot be written as JSON: {error}"),
+            })
+    }
+}
+
+impl PartialEq for WrittenMessages {
+    fn eq(&self, other: &WrittenMessages) -> bool {
+        self.0.get() == other.0.get()
+    }
 }
 
 impl<'a> RequestBody<'a> {
@@ -145,17 +169,23 @@ impl<'a> RequestBody<'a> {
         RequestBody::Client {
             body,
             over: Map::new(),
+            messages: None,
             dropped: &[],
         }
     }
 
-    /// The value of the body's field `key`, as it is serialized.
+    /// The value of the body's field `key`, as it is serialized; `None` for `messages`
+    /// written as JSON text ([`WrittenMessages`]), which is no `Value`.
     pub fn get(&self, key: &str) -> Option<&Value> {
         match self {
+            RequestBody::Client {
+                messages: Some(_), ..
+            } if key == "messages" => None,
             RequestBody::Client {
                 body,
                 over,
                 dropped,
+                ..
             } => over
                 .get(key)
                 .or_else(|| body.get(key).filter(|_| !dropped.contains(&key))),
@@ -176,18 +206,27 @@ impl Serialize for RequestBody<'_> {
             RequestBody::Client {
                 body,
                 over,
+                messages,
                 dropped,
             } => {
                 let mut map = serializer.serialize_map(None)?;
                 for (key, value) in body.iter() {
-                    match over.get(key) {
-                        Some(written) => map.serialize_entry(key, written)?,
-                        None if dropped.contains(&key.as_str()) => {}
-                        None => map.serialize_entry(key, value)?,
+                    match (over.get(key), messages) {
+                        (_, Some(written)) if key == "messages" => {
+                            map.serialize_entry(key, &written.0)?
+                        }
+                        (Some(over), _) => map.serialize_entry(key, over)?,
+                        (None, _) if dropped.contains(&key.as_str()) => {}
+                        (None, _) => map.serialize_entry(key, value)?,
                     }
                 }
                 for (key, value) in over.iter().filter(|(key, _)| !body.contains_key(*key)) {
                     map.serialize_entry(key, value)?;
+                }
+                if let Some(written) = messages
+                    && !body.contains_key("messages")
+                {
+                    map.serialize_entry("messages", &written.0)?;
                 }
                 map.end()
             }
@@ -220,11 +259,10 @@ impl ChatCall {
 
     fn openai_body(&self, messages: &[Message]) -> Result<RequestBody<'_>, PassthroughError> {
         if self.client.format.is(WireFormat::OpenAiChat) {
-            let mut over = Map::new();
-            over.insert("messages".into(), openai::to_values(messages));
             return Ok(RequestBody::Client {
                 body: &self.client.body,
-                over,
+                over: Map::new(),
+                messages: Some(WrittenMessages::openai(messages)?),
                 dropped: &[],
             });
         }
@@ -310,6 +348,7 @@ impl ChatCall {
             return Ok(RequestBody::Client {
                 body: &self.client.body,
                 over: written,
+                messages: None,
                 dropped: &["system"],
             });
         }

@@ -219,7 +219,11 @@ impl Gathering {
         referable: &mut Referable,
     ) -> Gathering {
         match kept {
-            Some(mut kept) if kept.from <= from && kept.through <= to => {
+            // Only bodies that run on into what is read from the database: a gap between
+            // them would let a run cover messages never compared.
+            Some(mut kept)
+                if kept.from <= from && kept.through <= to && kept.through + 1 >= from =>
+            {
                 let split = kept.messages.partition_point(|(at, _)| at.seq < from);
                 referable.extend(kept.messages.split_off(split));
                 Gathering {
@@ -289,6 +293,60 @@ mod tests {
             through,
             widened: false,
         }
+    }
+
+    fn seqs(messages: &[(Address, String)]) -> Vec<u64> {
+        messages.iter().map(|(at, _)| at.seq).collect()
+    }
+
+    #[test]
+    fn a_gathering_reads_only_past_the_kept_bodies_and_never_leaves_a_gap() {
+        // Kept through 5, the record's span from 3: 3 to 5 from memory, 6 on read.
+        let mut referable = Referable::default();
+        let gathering = Gathering::start(Some(bodies(3, 5)), 3, 8, &mut referable);
+        assert_eq!(gathering.read_from, 6);
+        referable.extend(bodies(6, 8).messages);
+        let kept = gathering.finish(&mut referable);
+        assert_eq!((kept.from, kept.through, kept.widened), (3, 8, false));
+        assert_eq!(seqs(&kept.messages), (3..=8).collect::<Vec<_>>());
+
+        // Kept through 5 but the span starts at 9: the bodies would leave 6 to 8 out.
+        let mut referable = Referable::default();
+        let gathering = Gathering::start(Some(bodies(1, 5)), 9, 12, &mut referable);
+        assert_eq!(gathering.read_from, 9);
+        assert!(referable.take_messages().is_empty());
+
+        // Newer than the record (kept past `to`): not used either.
+        let mut referable = Referable::default();
+        let gathering = Gathering::start(Some(bodies(1, 9)), 1, 5, &mut referable);
+        assert_eq!(gathering.read_from, 1);
+        assert!(referable.take_messages().is_empty());
+
+        // Widened bodies: the older ones stay aside for the comparison, and are kept whole.
+        let widened = KeptBodies {
+            widened: true,
+            ..bodies(1, 5)
+        };
+        let mut referable = Referable::default();
+        let gathering = Gathering::start(Some(widened), 3, 6, &mut referable);
+        assert_eq!(gathering.read_from, 6);
+        assert_eq!(seqs(&referable.take_messages()), vec![3, 4, 5]);
+        referable.extend(bodies(3, 6).messages);
+        let kept = gathering.finish(&mut referable);
+        assert_eq!((kept.from, kept.through, kept.widened), (1, 6, true));
+        assert_eq!(seqs(&kept.messages), (1..=6).collect::<Vec<_>>());
+
+        // A comparison widened to the first seq reads what lies before the bodies in hand.
+        let mut referable = Referable::default();
+        let mut gathering = Gathering::start(Some(bodies(4, 5)), 4, 6, &mut referable);
+        assert_eq!(gathering.unread_before(), 3);
+        let mut before = Referable::default();
+        before.extend(bodies(1, 3).messages);
+        gathering.widen(&mut referable, before);
+        referable.extend(bodies(6, 6).messages);
+        let kept = gathering.finish(&mut referable);
+        assert_eq!((kept.from, kept.through, kept.widened), (1, 6, true));
+        assert_eq!(seqs(&kept.messages), (1..=6).collect::<Vec<_>>());
     }
 
     #[test]
