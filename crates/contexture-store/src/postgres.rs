@@ -90,7 +90,9 @@ impl PgStore {
     /// Bounds the memory of the folds of recently read threads the store keeps, so that a
     /// thread read again costs only its new events, to about `bytes` (0: keep none; by
     /// default [`crate::DEFAULT_PROJECTION_CACHE_BYTES`]). The least recently read are
-    /// dropped first. Clones share the cache.
+    /// dropped first. Clones share the cache. An eighth more (`bytes / 8`) bounds the
+    /// message bodies kept so that a thread's next request record reads only its new
+    /// messages.
     pub fn set_projection_cache_bytes(&self, bytes: u64) {
         self.projections.set_max_bytes(bytes);
         self.referable.set_max_bytes(referable_bytes(bytes));

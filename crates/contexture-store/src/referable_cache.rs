@@ -5,17 +5,18 @@
 //! [`crate::request_refs`]): the append compares each message the request sent with the
 //! message events' messages, byte for byte, from where the thread's recent records start
 //! their runs. Read from the database every time, that is a read of most of the thread per
-//! turn. The writer keeps what the last append of a thread compared with here instead, and
+//! turn. Each store keeps what the last append of a thread compared with here instead, and
 //! the next one reads only the message events after it.
 //!
 //! What is kept must stay what the database holds:
 //! - a thread's events only grow, and a message event is never rewritten; a delete (then,
 //!   perhaps, a new thread with the same id) bumps the database's deletion count, and
 //!   bodies are used only under the count they were read under (as the projection cache
-//!   does);
-//! - the bodies are read inside a write that may still be rolled back (its savepoint, or
-//!   its whole batch when the commit fails): the writer drops everything kept on any
-//!   rollback ([`ReferableCache::clear`]), before another write runs.
+//!   does), whichever process or server deleted;
+//! - the bodies are read inside a write that may still be rolled back. SQLite's writer
+//!   keeps them at once and drops everything kept on any rollback (a write's savepoint, or
+//!   its whole batch when the commit fails: [`ReferableCache::clear`]), before another write
+//!   runs; PostgreSQL keeps them only once the append has committed.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
