@@ -89,6 +89,9 @@
       return;
     }
     showSignedIn();
+    // Where the focus was when the view was asked for: a user who has since gone on to
+    // type elsewhere (the open form, while the list loads) keeps the focus.
+    const focusedBefore = document.activeElement;
     let response;
     try {
       response = await fetch(viewUrl(route), authorized());
@@ -113,7 +116,9 @@
     const opened = quiet ? openDetails() : [];
     content.innerHTML = html;
     reopen(opened);
-    if (!quiet) {
+    const typing =
+      document.activeElement !== focusedBefore && Boolean(document.activeElement?.closest("form"));
+    if (!quiet && !typing) {
       window.scrollTo(0, 0);
       content.focus({ preventScroll: true });
     }
