@@ -29,6 +29,7 @@
 #![cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 
 mod api_keys;
+mod bounded_map;
 mod calibration;
 mod error;
 mod execution_queue;

@@ -9,13 +9,11 @@
 //! in its own transaction; a fold is kept with the count it was read under and used only
 //! while the count, read in the same snapshot as the new events, is unchanged.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use contexture_core::message::{Content, Message, Part};
 use contexture_core::thread::Thread;
 use serde_json::{Map, Value};
+
+use crate::bounded_map::BoundedMap;
 
 /// The most events, over all kept folds, the cache stands for (a fold counts its last
 /// seq); past it, the least recently used folds are dropped until it is under again.
@@ -28,105 +26,42 @@ pub(crate) const MAX_EVENTS_PER_FOLD: u64 = 20_000;
 /// server's resident size is mostly this cache once it has served many threads.
 pub const DEFAULT_PROJECTION_CACHE_BYTES: u64 = 32 * 1024 * 1024;
 
-/// Past a bound, folds are dropped until the cache is this fraction (in eighths) of it, so
-/// that the scan for the least recently used is not made on every put.
-const EVICT_TO_EIGHTHS: u64 = 7;
-
 struct Kept {
     deletions: i64,
     fold: Thread,
-    /// The fold's [`fold_bytes`] when it was put.
-    bytes: u64,
-    /// When it was put (the cache's tick): the smallest is the least recently used.
-    used: u64,
-}
-
-/// The kept folds and their totals.
-#[derive(Default)]
-struct Folds {
-    kept: HashMap<String, Kept>,
-    events: u64,
-    bytes: u64,
-    tick: u64,
-}
-
-impl Folds {
-    fn remove(&mut self, thread: &str) -> Option<Kept> {
-        let kept = self.kept.remove(thread)?;
-        self.events -= kept.fold.last_seq();
-        self.bytes -= kept.bytes;
-        Some(kept)
-    }
-
-    /// Drops the least recently used folds but `keep` until both totals are within
-    /// [`EVICT_TO_EIGHTHS`] of their bounds, when either is past its bound.
-    fn evict(&mut self, keep: &str, max_bytes: u64) {
-        if self.events <= MAX_CACHED_EVENTS && self.bytes <= max_bytes {
-            return;
-        }
-        let events_to = MAX_CACHED_EVENTS / 8 * EVICT_TO_EIGHTHS;
-        let bytes_to = max_bytes / 8 * EVICT_TO_EIGHTHS;
-        let mut by_use: Vec<(u64, String)> = self
-            .kept
-            .iter()
-            .filter(|(id, _)| id.as_str() != keep)
-            .map(|(id, kept)| (kept.used, id.clone()))
-            .collect();
-        by_use.sort_unstable();
-        for (_, id) in by_use {
-            if self.events <= events_to && self.bytes <= bytes_to {
-                break;
-            }
-            self.remove(&id);
-        }
-    }
 }
 
 /// The cache: thread id to its fold, shared by the store's readers, bounded by events and
 /// by the memory its folds hold.
 pub(crate) struct ProjectionCache {
-    folds: Mutex<Folds>,
-    max_bytes: AtomicU64,
+    folds: BoundedMap<Kept>,
 }
 
 impl Default for ProjectionCache {
     fn default() -> ProjectionCache {
         ProjectionCache {
-            folds: Mutex::default(),
-            max_bytes: AtomicU64::new(DEFAULT_PROJECTION_CACHE_BYTES),
+            folds: BoundedMap::new(DEFAULT_PROJECTION_CACHE_BYTES, MAX_CACHED_EVENTS),
         }
     }
 }
 
 impl ProjectionCache {
-    fn folds(&self) -> std::sync::MutexGuard<'_, Folds> {
-        // A fold is replaced whole, never left half-updated in the map, and the totals are
-        // updated with it: a panic elsewhere cannot leave an entry wrong.
-        self.folds.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Bounds the memory the kept folds hold to about `bytes` (0: keep none), dropping
     /// the least recently used ones now if they hold more.
     pub(crate) fn set_max_bytes(&self, bytes: u64) {
-        self.max_bytes.store(bytes, Ordering::Relaxed);
-        let mut folds = self.folds();
-        if bytes == 0 {
-            *folds = Folds::default();
-        } else {
-            folds.evict("", bytes);
-        }
+        self.folds.set_max_bytes(bytes);
     }
 
     /// True when a fold of `thread` is kept (it may still turn out unusable to a reader).
     pub(crate) fn holds(&self, thread: &str) -> bool {
-        self.folds().kept.contains_key(thread)
+        self.folds.lock().get(thread).is_some()
     }
 
     /// The last seq of the fold of `thread` that is kept, if one is: a reader asks for the
     /// events after it, then [`ProjectionCache::take`]s the fold.
     pub(crate) fn kept_through(&self, thread: &str) -> Option<u64> {
-        self.folds()
-            .kept
+        self.folds
+            .lock()
             .get(thread)
             .map(|kept| kept.fold.last_seq())
     }
@@ -135,8 +70,8 @@ impl ProjectionCache {
     /// the same deletion count and not past `last_seq` (a fold from a newer snapshot than
     /// the caller's is left for others).
     pub(crate) fn take(&self, thread: &str, deletions: i64, last_seq: u64) -> Option<Thread> {
-        let mut folds = self.folds();
-        let kept = folds.kept.get(thread)?;
+        let mut folds = self.folds.lock();
+        let kept = folds.get(thread)?;
         if kept.deletions != deletions {
             folds.remove(thread);
             return None;
@@ -149,7 +84,7 @@ impl ProjectionCache {
 
     /// Drops the fold of `thread`, if one is kept (the thread is gone).
     pub(crate) fn forget(&self, thread: &str) {
-        self.folds().remove(thread);
+        self.folds.lock().remove(thread);
     }
 
     /// Keeps `fold`, read under `deletions`, unless a fold at least as far along is there,
@@ -158,34 +93,19 @@ impl ProjectionCache {
     /// new events only, however large, and the cache holds no more than that one thread.
     pub(crate) fn put(&self, thread: &str, deletions: i64, fold: Thread) {
         let events = fold.last_seq();
-        let max_bytes = self.max_bytes.load(Ordering::Relaxed);
-        if events > MAX_EVENTS_PER_FOLD || max_bytes == 0 {
+        if events > MAX_EVENTS_PER_FOLD || self.folds.max_bytes() == 0 {
             return;
         }
         // Measured outside the lock: it walks the fold's messages.
         let bytes = fold_bytes(&fold);
-        let mut folds = self.folds();
-        if let Some(kept) = folds.kept.get(thread)
+        let mut folds = self.folds.lock();
+        if let Some(kept) = folds.get(thread)
             && kept.deletions == deletions
             && kept.fold.last_seq() >= events
         {
             return;
         }
-        folds.remove(thread);
-        folds.tick += 1;
-        let used = folds.tick;
-        folds.events += events;
-        folds.bytes += bytes;
-        folds.kept.insert(
-            thread.to_string(),
-            Kept {
-                deletions,
-                fold,
-                bytes,
-                used,
-            },
-        );
-        folds.evict(thread, max_bytes);
+        folds.insert(thread, Kept { deletions, fold }, bytes, events);
     }
 }
 
@@ -322,9 +242,9 @@ mod tests {
         for i in 0..threads {
             cache.put(&format!("t{i}"), 0, fold(&format!("t{i}"), per));
         }
-        let total: u64 = cache.folds().kept.values().map(|k| k.fold.last_seq()).sum();
+        let total: u64 = cache.folds.lock().values().map(|k| k.fold.last_seq()).sum();
         assert!(total <= MAX_CACHED_EVENTS, "{total} events kept");
-        assert_eq!(total, cache.folds().events);
+        assert_eq!(total, cache.folds.lock().totals().1);
         // The last one put is kept; a fold over the per-fold bound is not.
         let last = format!("t{}", threads - 1);
         assert!(cache.take(&last, 0, per).is_some());
@@ -350,22 +270,25 @@ mod tests {
             "the least recently used fold is dropped first"
         );
         assert!(cache.holds("a") && cache.holds("e"));
-        let folds = cache.folds();
-        let bytes: u64 = folds.kept.values().map(|kept| kept.bytes).sum();
-        assert_eq!(bytes, folds.bytes);
+        let bytes: u64 = cache
+            .folds
+            .lock()
+            .values()
+            .map(|k| fold_bytes(&k.fold))
+            .sum();
+        assert_eq!(bytes, cache.folds.lock().totals().0);
         assert!(bytes <= one * 4 + one / 2, "{bytes} bytes kept");
-        drop(folds);
         // A fold that alone passes the bound is kept alone; a bound of 0 keeps nothing.
         cache.put("big", 0, fold("big", 1_000));
         assert!(cache.holds("big"));
-        assert_eq!(cache.folds().kept.len(), 1);
+        assert_eq!(cache.folds.lock().len(), 1);
         cache.put("a", 0, fold("a", 100));
         assert!(cache.holds("a") && !cache.holds("big"));
         cache.set_max_bytes(0);
         assert!(!cache.holds("a"));
         cache.put("a", 0, fold("a", 1));
         assert!(!cache.holds("a"));
-        assert_eq!(cache.folds().bytes, 0);
+        assert_eq!(cache.folds.lock().totals().0, 0);
     }
 
     #[test]

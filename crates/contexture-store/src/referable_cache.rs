@@ -18,10 +18,7 @@
 //!   its whole batch when the commit fails: [`ReferableCache::clear`]), before another write
 //!   runs; PostgreSQL keeps them only once the append has committed.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
-
+use crate::bounded_map::BoundedMap;
 use crate::request_refs::{Address, Referable};
 
 /// The database's deletion count, which bodies are kept under (both stores' SQL).
@@ -29,9 +26,6 @@ pub(crate) const DELETION_COUNT: &str = "SELECT count FROM deletions WHERE id = 
 
 /// What a body costs besides its text in the bound (its address and the vector's slot).
 const PER_BODY: u64 = 48;
-
-/// Past the bound, threads are dropped until the cache is this fraction (in eighths) of it.
-const EVICT_TO_EIGHTHS: u64 = 7;
 
 /// The bodies of one thread's message events from one seq through another.
 #[derive(Debug, Default, PartialEq)]
@@ -61,45 +55,6 @@ impl KeptBodies {
 struct Kept {
     deletions: i64,
     bodies: KeptBodies,
-    bytes: u64,
-    /// When it was put: the smallest is the least recently used.
-    used: u64,
-}
-
-#[derive(Default)]
-struct Threads {
-    kept: HashMap<String, Kept>,
-    bytes: u64,
-    tick: u64,
-}
-
-impl Threads {
-    fn remove(&mut self, thread: &str) -> Option<Kept> {
-        let kept = self.kept.remove(thread)?;
-        self.bytes -= kept.bytes;
-        Some(kept)
-    }
-
-    /// Drops the least recently used threads until the total is within [`EVICT_TO_EIGHTHS`]
-    /// of `max_bytes`, when it is past it.
-    fn evict(&mut self, max_bytes: u64) {
-        if self.bytes <= max_bytes {
-            return;
-        }
-        let to = max_bytes / 8 * EVICT_TO_EIGHTHS;
-        let mut by_use: Vec<(u64, String)> = self
-            .kept
-            .iter()
-            .map(|(id, kept)| (kept.used, id.clone()))
-            .collect();
-        by_use.sort_unstable();
-        for (_, id) in by_use {
-            if self.bytes <= to {
-                break;
-            }
-            self.remove(&id);
-        }
-    }
 }
 
 /// The bound on the bodies kept beside a projection cache of `projection_bytes`: an eighth
@@ -110,39 +65,26 @@ pub(crate) fn referable_bytes(projection_bytes: u64) -> u64 {
 
 /// The kept bodies, by thread, bounded by the memory they hold.
 pub(crate) struct ReferableCache {
-    threads: Mutex<Threads>,
-    max_bytes: AtomicU64,
+    threads: BoundedMap<Kept>,
 }
 
 impl ReferableCache {
     /// A cache holding about `max_bytes` of bodies (0: none).
     pub(crate) fn new(max_bytes: u64) -> ReferableCache {
         ReferableCache {
-            threads: Mutex::default(),
-            max_bytes: AtomicU64::new(max_bytes),
+            threads: BoundedMap::new(max_bytes, u64::MAX),
         }
-    }
-
-    fn threads(&self) -> std::sync::MutexGuard<'_, Threads> {
-        // An entry is replaced whole with the total: a panic elsewhere cannot leave one wrong.
-        self.threads.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Bounds the memory to about `bytes` (0: keep nothing), dropping threads now if needed.
     pub(crate) fn set_max_bytes(&self, bytes: u64) {
-        self.max_bytes.store(bytes, Ordering::Relaxed);
-        let mut threads = self.threads();
-        if bytes == 0 {
-            *threads = Threads::default();
-        } else {
-            threads.evict(bytes);
-        }
+        self.threads.set_max_bytes(bytes);
     }
 
     /// Takes out the bodies of `thread` when they were read under `deletions` and cover
     /// `from` (their older ones are dropped unless they were widened); `None` otherwise.
     pub(crate) fn take(&self, thread: &str, deletions: i64, from: u64) -> Option<KeptBodies> {
-        let kept = self.threads().remove(thread)?;
+        let kept = self.threads.lock().remove(thread)?;
         if kept.deletions != deletions || kept.bodies.from > from {
             return None;
         }
@@ -158,34 +100,18 @@ impl ReferableCache {
     /// Keeps `bodies` of `thread`, read under `deletions`, dropping the least recently used
     /// others while past the bound. Bodies larger than the bound are not kept.
     pub(crate) fn put(&self, thread: &str, deletions: i64, bodies: KeptBodies) {
-        let max_bytes = self.max_bytes.load(Ordering::Relaxed);
         let bytes = bodies.bytes();
-        if max_bytes == 0 || bytes > max_bytes {
+        if bytes > self.threads.max_bytes() {
             return;
         }
-        let mut threads = self.threads();
-        threads.remove(thread);
-        threads.tick += 1;
-        let used = threads.tick;
-        threads.bytes += bytes;
-        threads.kept.insert(
-            thread.to_string(),
-            Kept {
-                deletions,
-                bodies,
-                bytes,
-                used,
-            },
-        );
-        threads.evict(max_bytes);
+        self.threads
+            .lock()
+            .insert(thread, Kept { deletions, bodies }, bytes, 0);
     }
 
     /// Drops everything kept: a write was rolled back, and what it read may be gone.
     pub(crate) fn clear(&self) {
-        let mut threads = self.threads();
-        if !threads.kept.is_empty() {
-            *threads = Threads::default();
-        }
+        self.threads.lock().clear();
     }
 }
 
