@@ -22,7 +22,9 @@ use contexture_engine::tenant_slots::TenantSlots;
 use contexture_engine::turns::TurnQueue;
 use contexture_engine::workflow::Programs;
 use contexture_llm::RetryPolicy;
-use contexture_store::{AnyStore, ExecutionQueueStore, RetentionRules, Store, StoreError};
+use contexture_store::{
+    AnyStore, ExecutionQueueStore, RedisRateLimits, RetentionRules, Store, StoreError,
+};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
@@ -115,6 +117,9 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
     /// The per-key rate limit.
     pub rate_limiter: RateLimiter,
+    /// The Redis server the rate limits are shared through, when the operator named one
+    /// (`limits.rate_limit_redis`); otherwise the store's, when it shares them.
+    pub redis_limits: Option<RedisRateLimits>,
     /// API keys verified lately.
     pub key_cache: KeyCache,
     /// The tenant of requests without a key, when allowed.
@@ -158,7 +163,9 @@ impl AppState {
         AppState::open(config, Audience::Clients).await
     }
 
-    /// Opens the store and builds everything the configuration names, for `audience`.
+    /// Opens the store (and the Redis server the rate limits are shared through, when the
+    /// configuration names one) and builds everything the configuration names, for
+    /// `audience`.
     pub async fn open(config: ServerConfig, audience: Audience) -> Result<AppState, StartError> {
         let store = AnyStore::open(&config.database)
             .await
@@ -166,7 +173,17 @@ impl AppState {
                 url: crate::config::redacted_database(&config.database),
                 source,
             })?;
-        AppState::with_store_for(config, store, audience)
+        let redis_limits =
+            match &config.limits.rate_limit_redis {
+                Some(url) => Some(RedisRateLimits::connect(url).await.map_err(|source| {
+                    StartError::Store {
+                        url: crate::config::redacted_database(url),
+                        source,
+                    }
+                })?),
+                None => None,
+            };
+        AppState::build(config, store, audience, redis_limits)
     }
 
     /// Builds the state over an open store, for clients over the network.
@@ -174,11 +191,29 @@ impl AppState {
         AppState::with_store_for(config, store, Audience::Clients)
     }
 
-    /// Builds the state over an open store, for `audience`.
+    /// Builds the state over an open store, for `audience`. Rate limits shared through
+    /// Redis need [`AppState::open`], which connects to it: a configuration that names a
+    /// Redis server is refused here.
     pub fn with_store_for(
         config: ServerConfig,
         store: AnyStore,
         audience: Audience,
+    ) -> Result<AppState, StartError> {
+        if config.limits.rate_limit_redis.is_some() {
+            return Err(StartError::Config(
+                "limits.rate_limit_redis is connected to when the server opens its store; \
+                 build the state with AppState::open"
+                    .into(),
+            ));
+        }
+        AppState::build(config, store, audience, None)
+    }
+
+    fn build(
+        config: ServerConfig,
+        store: AnyStore,
+        audience: Audience,
+        redis_limits: Option<RedisRateLimits>,
     ) -> Result<AppState, StartError> {
         store.set_max_thread_events(Some(config.limits.max_thread_events));
         store.set_max_thread_bytes(Some(config.limits.max_thread_bytes));
@@ -316,6 +351,7 @@ impl AppState {
             compactor,
             chat,
             rate_limiter: RateLimiter::new(config.limits.requests_per_second, config.limits.burst),
+            redis_limits,
             key_cache: KeyCache::new(config.auth.key_cache()),
             metrics,
             anonymous,

@@ -151,11 +151,21 @@ pub async fn authenticate(
             }
         },
     };
-    if let Err(wait) = state
-        .rate_limiter
-        .admit_shared(&caller.key_id, state.store.shared_rate_limits())
-        .await
-    {
+    let admitted = match &state.redis_limits {
+        Some(redis) => {
+            state
+                .rate_limiter
+                .admit_shared(&caller.key_id, Some(redis))
+                .await
+        }
+        None => {
+            state
+                .rate_limiter
+                .admit_shared(&caller.key_id, state.store.shared_rate_limits())
+                .await
+        }
+    };
+    if let Err(wait) = admitted {
         let mut response = ApiError {
             status: axum::http::StatusCode::TOO_MANY_REQUESTS,
             code: "rate_limited",
@@ -254,10 +264,9 @@ impl RateLimiter {
         self.admit_at(key, Instant::now())
     }
 
-    /// [`RateLimiter::admit`] from the bucket every server on the database shares, when the
-    /// store holds shared limits (PostgreSQL); from this server's own when it does not, or
-    /// when the database cannot answer (the request then fails in the store anyway, or the
-    /// database is back by the next one).
+    /// [`RateLimiter::admit`] from the bucket every server shares in `shared` (a Redis
+    /// server, or a PostgreSQL database); from this server's own when there is none, or
+    /// when it cannot answer (logged: the shared one is back by a later request).
     pub async fn admit_shared(
         &self,
         key: &str,

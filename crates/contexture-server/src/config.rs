@@ -173,6 +173,12 @@ pub struct LimitsConfig {
     pub requests_per_second: f64,
     /// Requests per API key allowed in a burst above the sustained rate.
     pub burst: u32,
+    /// A Redis server (`redis://host:port[/db]`) that holds the rate limits, shared by
+    /// every server configured with the same one (`CONTEXTURE_RATE_LIMIT_REDIS`; default
+    /// none). Without it, servers on one PostgreSQL database share their limits through
+    /// it, and a server on SQLite keeps its own. A server that cannot reach it at start
+    /// does not start; one that loses it later judges by its own bucket until it is back.
+    pub rate_limit_redis: Option<String>,
     /// Seconds a client has to send a request's headers (and, on a kept-alive connection,
     /// the next request's) before the connection is closed (default 10).
     pub header_read_timeout_secs: f64,
@@ -223,6 +229,7 @@ impl Default for LimitsConfig {
             max_body_bytes: 4 * 1024 * 1024,
             requests_per_second: 100.0,
             burst: 200,
+            rate_limit_redis: None,
             header_read_timeout_secs: 10.0,
             body_read_timeout_secs: 30.0,
             max_event_streams: 16,
@@ -628,6 +635,9 @@ impl ServerConfig {
         if let Some(rate) = number("CONTEXTURE_RATE_LIMIT", "requests per second")? {
             self.limits.requests_per_second = rate;
         }
+        if let Some(url) = set("CONTEXTURE_RATE_LIMIT_REDIS") {
+            self.limits.rate_limit_redis = Some(url);
+        }
         Ok(())
     }
 
@@ -716,6 +726,17 @@ impl ServerConfig {
         let invalid = |field, problem: String| Err(ConfigError::Invalid { field, problem });
         if self.limits.max_body_bytes == 0 {
             return invalid("limits.max_body_bytes", "must be above 0".into());
+        }
+        if let Some(url) = &self.limits.rate_limit_redis
+            && !(url.starts_with("redis://") || url.starts_with("rediss://"))
+        {
+            return invalid(
+                "limits.rate_limit_redis",
+                format!(
+                    "`{}` is not a Redis URL (redis://host:port)",
+                    redacted_database(url)
+                ),
+            );
         }
         if !(self.limits.requests_per_second.is_finite() && self.limits.requests_per_second >= 0.0)
         {
@@ -987,6 +1008,42 @@ mod tests {
             .to_string();
         assert!(error.starts_with("c.toml:2:"), "{error}");
         assert!(error.contains("unknown strategy `middle`"), "{error}");
+    }
+
+    #[test]
+    fn a_redis_for_rate_limits_is_a_redis_url_from_the_file_or_the_environment() {
+        let config = ServerConfig::parse(
+            "[limits]\nrate_limit_redis = \"redis://127.0.0.1:6379/2\"\n",
+            Path::new("c.toml"),
+        )
+        .unwrap();
+        config.check().unwrap();
+        assert_eq!(
+            config.limits.rate_limit_redis.as_deref(),
+            Some("redis://127.0.0.1:6379/2")
+        );
+        let error = ServerConfig::parse(
+            "[limits]\nrate_limit_redis = \"http://user:secret@cache:6379\"\n",
+            Path::new("c.toml"),
+        )
+        .unwrap()
+        .check()
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("limits.rate_limit_redis"), "{error}");
+        assert!(
+            !error.contains("secret"),
+            "the password is not shown: {error}"
+        );
+        let config = ServerConfig::load(None, |name| {
+            (name == "CONTEXTURE_RATE_LIMIT_REDIS").then(|| "redis://cache:6379".to_owned())
+        })
+        .unwrap();
+        assert_eq!(
+            config.limits.rate_limit_redis.as_deref(),
+            Some("redis://cache:6379")
+        );
+        assert_eq!(ServerConfig::default().limits.rate_limit_redis, None);
     }
 
     #[test]

@@ -29,7 +29,7 @@ mod tenant_store;
 mod ui;
 
 pub use app::{AppState, Audience, StartError, bind, router, serve, shutdown_signal};
-pub use auth::{IssuedKey, issue_key};
+pub use auth::{IssuedKey, hash_key, issue_key};
 pub use config::{
     McpEndpointConfig, RegisteredTool, RoutedUpstream, ServerConfig, UpstreamConfig, UpstreamKind,
     redacted_database,

@@ -594,6 +594,89 @@ async fn each_key_has_its_rate_limit() {
 }
 
 #[tokio::test]
+async fn servers_sharing_a_redis_share_each_key_s_rate_limit() {
+    let Some(redis) = contexture_store::testing::redis_url() else {
+        return;
+    };
+    let dir = TempDir::new("contexture-server-redis-limits");
+    let mut config = config(None);
+    config.limits.requests_per_second = 1.0;
+    config.limits.burst = 4;
+    config.limits.rate_limit_redis = Some(redis);
+    // Two servers that share nothing but the Redis server: a database file each.
+    let open = |name: &str| {
+        let mut config = config.clone();
+        config.database = format!("sqlite:{}", dir.join(name).display());
+        TestServer::open(config)
+    };
+    let (a, b) = (open("a.db").await, open("b.db").await);
+    // The same key on both (as one database would give them).
+    let issued = contexture_server::issue_key(&a.state.store, "acme", "shared")
+        .await
+        .unwrap();
+    b.state
+        .store
+        .create_api_key(
+            &issued.record.id,
+            "acme",
+            "shared",
+            &contexture_server::hash_key(&issued.key),
+        )
+        .await
+        .unwrap();
+    let mut statuses = Vec::new();
+    for server in [&a, &b, &a, &b] {
+        statuses.push(server.call(&issued.key, "GET", "/v1/threads", None).await.0);
+    }
+    assert_eq!(statuses, [StatusCode::OK; 4], "the burst of 4, over both");
+    // Each server alone would still admit this key; together they do not.
+    for server in [&a, &b] {
+        let response = client()
+            .get(server.url("/v1/threads"))
+            .bearer_auth(&issued.key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(response.headers().get("retry-after").is_some());
+    }
+    // Another key, of the same tenant or another, has a bucket of its own.
+    for tenant in ["acme", "globex"] {
+        let other = b.key(tenant).await;
+        assert_eq!(
+            b.call(&other, "GET", "/v1/threads", None).await.0,
+            StatusCode::OK
+        );
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_server_whose_redis_does_not_answer_does_not_start() {
+    let dir = TempDir::new("contexture-server-no-redis");
+    let mut config = config(None);
+    config.database = format!("sqlite:{}", dir.join("a.db").display());
+    // A port nothing listens on, with a password that must not be shown.
+    config.limits.rate_limit_redis = Some("redis://:hunter2@127.0.0.1:9".into());
+    let error = contexture_server::AppState::new(config.clone())
+        .await
+        .err()
+        .expect("no server without its Redis")
+        .to_string();
+    assert!(error.contains("redis://:***@127.0.0.1:9"), "{error}");
+    assert!(!error.contains("hunter2"), "{error}");
+    // A state built over a store it did not open cannot connect to Redis: refused, not
+    // run with limits of its own.
+    let (_dir, store) = sqlite().await;
+    let error = contexture_server::AppState::with_store(config, store)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(error.contains("limits.rate_limit_redis"), "{error}");
+}
+
+#[tokio::test]
 async fn every_operation_the_openapi_document_describes_is_served() {
     let (_dir, store) = sqlite().await;
     let server = TestServer::start(config(None), store).await;

@@ -41,6 +41,8 @@ mod postgres;
 mod projection_cache;
 mod rate_limits;
 mod record;
+#[cfg(feature = "redis")]
+mod redis_rate_limits;
 mod referable_cache;
 mod request_refs;
 mod retention;
@@ -71,6 +73,8 @@ pub use leased::{HeldLease, Leased};
 pub use postgres::PgStore;
 pub use projection_cache::DEFAULT_PROJECTION_CACHE_BYTES;
 pub use rate_limits::{RateLimit, RateLimitStore};
+#[cfg(feature = "redis")]
+pub use redis_rate_limits::{REDIS_KEY_PREFIX, RedisRateLimits};
 pub use retention::{
     RequestPruneReport, RequestRetention, RequestsPruned, RetentionError, RetentionRules,
 };

@@ -40,12 +40,16 @@ impl RateLimit {
     /// The wait before a request is admitted, for a key whose theoretical arrival time is
     /// `tat_us` at `now_us` (zero when it would be admitted now).
     pub fn wait(&self, tat_us: i64, now_us: i64) -> Duration {
-        let next = tat_us.max(now_us).saturating_add(self.interval_us());
-        let ahead = next
-            .saturating_sub(self.tolerance_us())
-            .saturating_sub(now_us);
-        Duration::from_micros(u64::try_from(ahead).unwrap_or(0))
+        wait_for(self.interval_us(), self.tolerance_us(), tat_us, now_us)
     }
+}
+
+/// [`RateLimit::wait`] for a bucket of `interval_us` and `tolerance_us` (which a store may
+/// have narrowed to what it can count).
+pub(crate) fn wait_for(interval_us: i64, tolerance_us: i64, tat_us: i64, now_us: i64) -> Duration {
+    let next = tat_us.max(now_us).saturating_add(interval_us);
+    let ahead = next.saturating_sub(tolerance_us).saturating_sub(now_us);
+    Duration::from_micros(u64::try_from(ahead).unwrap_or(0))
 }
 
 /// Storage of shared rate limits (see the module documentation).

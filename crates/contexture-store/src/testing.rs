@@ -58,6 +58,41 @@ pub fn pg_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string())
 }
 
+/// The Redis server tests use: `CONTEXTURE_TEST_REDIS`, or the local default, when it
+/// answers a connection. `None`, after a loud message, when it does not outside CI; a panic
+/// under `CI=true`.
+pub fn redis_url() -> Option<String> {
+    let url = std::env::var("CONTEXTURE_TEST_REDIS")
+        .unwrap_or_else(|_| "redis://127.0.0.1:6379".to_string());
+    let address = url
+        .trim_start_matches("redis://")
+        .split(['/', '?'])
+        .next()
+        .unwrap_or_default()
+        .rsplit('@')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let reachable = std::net::ToSocketAddrs::to_socket_addrs(&address)
+        .ok()
+        .and_then(|mut addresses| addresses.next())
+        .is_some_and(|address| {
+            std::net::TcpStream::connect_timeout(&address, std::time::Duration::from_secs(2))
+                .is_ok()
+        });
+    if reachable {
+        return Some(url);
+    }
+    if in_ci() {
+        panic!("CI=true and Redis at {url} is unreachable");
+    }
+    eprintln!(
+        "\n!!! SKIPPING a Redis test: {url} is unreachable. \
+         Set CONTEXTURE_TEST_REDIS; under CI=true this fails.\n"
+    );
+    None
+}
+
 /// True when `CI=true`: unreachable services fail tests instead of skipping them.
 pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true")

@@ -23,7 +23,16 @@ pub struct TestServer {
 impl TestServer {
     /// Serves `store` with `config` on a free port.
     pub async fn start(config: ServerConfig, store: AnyStore) -> TestServer {
-        let state = AppState::with_store(config, store).expect("server state");
+        TestServer::serve(AppState::with_store(config, store).expect("server state")).await
+    }
+
+    /// Opens what `config` names (its database, its Redis) as `contexture serve` does, and
+    /// serves it on a free port.
+    pub async fn open(config: ServerConfig) -> TestServer {
+        TestServer::serve(AppState::new(config).await.expect("server state")).await
+    }
+
+    async fn serve(state: AppState) -> TestServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
