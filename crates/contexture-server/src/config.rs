@@ -274,6 +274,13 @@ pub struct ExecutionsConfig {
     /// How often a server looks for queued runs and runs whose server died, in seconds
     /// (default 1; a run started on this server is taken at once).
     pub claim_interval_secs: f64,
+    /// How many times a run may stop on a database error while the database still answers
+    /// (an error of the run's own, such as a value the database refuses) before it is
+    /// ended as failed, the last error in its log (default 5). Each time, it is taken up
+    /// again from its log a claim interval later, by this server or another, so that a
+    /// passing error costs a retry, not the run. A database that does not answer at all
+    /// counts nothing: the run waits for its lease, as when its server dies.
+    pub max_database_failures: u32,
     /// How long a finished run's row stays in the queue, in days (default 7; 0 keeps them
     /// for good): past it the background pruning (every `retention.interval_secs`)
     /// deletes the row. The run's log stays; its status loses only its `queue` part.
@@ -304,6 +311,7 @@ impl Default for ExecutionsConfig {
             node_capacity: 32,
             lease_secs: 30.0,
             claim_interval_secs: 1.0,
+            max_database_failures: 5,
             queue_keep_finished_days: 7.0,
             template_worker: None,
             template_memory_mib: 1024,
@@ -792,6 +800,12 @@ impl ServerConfig {
         }
         if self.executions.node_capacity == 0 {
             return invalid("executions.node_capacity", "must be at least 1".into());
+        }
+        if self.executions.max_database_failures == 0 {
+            return invalid(
+                "executions.max_database_failures",
+                "must be at least 1 (the first failure ends the run)".into(),
+            );
         }
         for (field, value, range, lowest) in [
             (

@@ -234,9 +234,8 @@ async fn supervise(state: &AppState, claim: ExecutionClaim, lease: Arc<HeldLease
                         tracing::warn!(execution = %claim.id, "stopped a run whose lease was lost; another server goes on with it");
                     }
                     Err(ExecError::Store(error)) if is_transient(error) => {
-                        // The database is away: the run is left to its lease, and resumed
-                        // from its log by whichever server takes it next.
-                        tracing::warn!(execution = %claim.id, %error, "a run stopped on a database error; it is taken up again once its lease runs out");
+                        stopped_on_database_error(state, &claim, &node, &queued, &lease, error)
+                            .await;
                     }
                     _ if !lease.holds() => {
                         tracing::warn!(execution = %claim.id, "a run ended after its lease was lost; the server that took it over finishes it");
@@ -282,6 +281,67 @@ async fn supervise(state: &AppState, claim: ExecutionClaim, lease: Arc<HeldLease
             }
         }
     }
+}
+
+/// A run of `claim` that stopped on a database `error` while this server held it. When the
+/// database answers (the error is the run's own, or passing), the stop is counted in the
+/// queue and the run is taken up again from its log a claim interval later, by any server;
+/// the stop that reaches `executions.max_database_failures` ends the run as failed instead,
+/// its log saying why. When it does not answer, nothing is counted: the run is left to its
+/// lease, and resumed by whichever server takes it next, as when a server dies.
+async fn stopped_on_database_error(
+    state: &AppState,
+    claim: &ExecutionClaim,
+    node: &str,
+    queued: &QueuedRun,
+    lease: &Arc<HeldLease>,
+    error: &StoreError,
+) {
+    let settings = &state.config.executions;
+    let last = claim.failures.saturating_add(1) >= settings.max_database_failures;
+    // The last stop keeps the lease while the run is ended; any other lets it be claimed
+    // again soon.
+    let retry_after = if last {
+        settings.lease()
+    } else {
+        settings.claim_interval()
+    };
+    let sent = Instant::now();
+    let counted = state
+        .store
+        .count_execution_failure(&claim.id, node, claim.epoch, retry_after)
+        .await;
+    let failures = match counted {
+        Ok(Some(failures)) => failures,
+        Ok(None) => {
+            tracing::warn!(execution = %claim.id, %error, "a run stopped on a database error after another server took it over");
+            return;
+        }
+        Err(also) => {
+            tracing::warn!(execution = %claim.id, %error, %also, "a run stopped on a database error and the database does not answer; it is taken up again once its lease runs out");
+            return;
+        }
+    };
+    if !last {
+        tracing::warn!(execution = %claim.id, %error, failures, "a run stopped on a database error; it is taken up again from its log");
+        return;
+    }
+    lease.renewed(sent);
+    let Ok(tenant) = Tenant::new(claim.tenant.clone()) else {
+        return;
+    };
+    let executor = state.executor.on_store(Leased::new(
+        state.store.clone().scoped(tenant),
+        lease.clone(),
+    ));
+    let reason = format!(
+        "the run stopped on a database error {failures} times (executions.max_database_failures); the last: {error}"
+    );
+    tracing::error!(execution = %claim.id, %error, failures, "a run stopped on database errors too many times; it is ended as failed");
+    if let Err(also) = executor.end_failed(&queued.execution, &reason).await {
+        tracing::error!(execution = %claim.id, %also, "cannot write a failed run's end to its log; it is finished in the queue all the same");
+    }
+    finish(state, claim, node, "failed").await;
 }
 
 /// A store error that says nothing about the run: the database was away or the writer

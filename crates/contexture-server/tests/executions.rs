@@ -319,6 +319,64 @@ async fn each_run_and_its_children_read_their_own_user_context() {
     server.shutdown().await;
 }
 
+/// A run that stops on a database error of its own (the database answers, but refuses what
+/// the run writes) is taken up again from its log, and ended as failed, its log saying why,
+/// once it has stopped `executions.max_database_failures` times, instead of being taken up
+/// forever. Another tenant's run on the same server is untouched.
+#[tokio::test]
+async fn a_run_refused_by_the_database_again_and_again_ends_failed_after_its_retries() {
+    let dir = TempDir::new("contexture-database-failures");
+    let upstream = FakeUpstream::start().await;
+    upstream.otherwise(|number, _| Reply::text(format!("reply {number}")));
+    let mut config = config(Some(&upstream.base_url()));
+    config.llm = "openai:gpt-4o-mini".into();
+    config.executions.max_database_failures = 3;
+    config.executions.claim_interval_secs = 0.1;
+    let path = dir.join("exec.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    let server = TestServer::start(config, AnyStore::Sqlite(store)).await;
+    let key = server.key("acme").await;
+    // Every step's finish is refused from now on: no run can get past its first step.
+    contexture_store::testing::sqlite_refuse_events_of_kind(&path, "step_finished").unwrap();
+    let (status, body) = post(
+        &server,
+        &key,
+        "/v1/executions",
+        json!({"workflow_yaml": WORKFLOW, "input": {"topic": "tides"}, "id": "refused"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let status = wait_for_status(&server, &key, "refused", "failed").await;
+    let error = status["error"].as_str().unwrap();
+    assert!(
+        error.contains("stopped on a database error 3 times")
+            && error.contains("refused by a test"),
+        "{status}"
+    );
+    // The queue row is finished, not left to be claimed again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let queue = loop {
+        let (_, status) = get(&server, &key, "/v1/executions/refused").await;
+        if status["queue"]["state"] == "finished" || Instant::now() > deadline {
+            break status["queue"].clone();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(queue["state"], "finished", "{queue}");
+    assert_eq!(queue["outcome"], "failed", "{queue}");
+    assert_eq!(queue["database_failures"], 3, "{queue}");
+    assert_eq!(queue["attempts"], 3, "{queue}");
+    // Each attempt ran the first step's call again, from the log: three in all, and no more
+    // once the run has ended.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(upstream.bodies().len(), 3);
+    // Another tenant's ids stay its own.
+    let other = server.key("globex").await;
+    let (status, _) = get(&server, &other, "/v1/executions/refused").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    server.shutdown().await;
+}
+
 #[tokio::test]
 async fn items_run_at_once_under_the_servers_token_ceiling_and_the_budget_holds() {
     // Every execution the server runs has a token budget (its ceiling, or the workflow's

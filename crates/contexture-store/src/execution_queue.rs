@@ -66,6 +66,9 @@ pub struct QueuedExecution {
     pub owner: Option<String>,
     /// How many claims it has had: more than one means it was adopted.
     pub attempts: u32,
+    /// How many times a holder gave it up on a database error of its own
+    /// ([`ExecutionQueueStore::count_execution_failure`]).
+    pub failures: u32,
     /// The current holder's epoch.
     pub epoch: i64,
     /// What the server that claims it needs to run it.
@@ -109,6 +112,9 @@ pub struct ExecutionClaim {
     pub epoch: i64,
     /// True when another server held it before (its lease ran out): it resumes from its log.
     pub adopted: bool,
+    /// How many times a holder gave it up on a database error of its own so far
+    /// ([`ExecutionQueueStore::count_execution_failure`]).
+    pub failures: u32,
     /// What it needs to run.
     pub request: Value,
 }
@@ -165,6 +171,19 @@ pub trait ExecutionQueueStore: Send + Sync {
         epoch: i64,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
+    /// Counts one more time `node` gave up run `id` (held with `epoch`) on a database error
+    /// while the database still answered, and lets the run be claimed again `retry_after`
+    /// from now (by the database's clock): the count, or `None` when `node` no longer held
+    /// it. A server ends the run as failed once the count reaches its cap, instead of
+    /// taking it up again forever.
+    fn count_execution_failure(
+        &self,
+        id: &str,
+        node: &str,
+        epoch: i64,
+        retry_after: Duration,
+    ) -> impl Future<Output = Result<Option<u32>, StoreError>> + Send;
+
     /// Finishes run `id` as `outcome` if it is still waiting in the queue (no server has
     /// taken it): true when it was; false when it was taken, finished, or never queued.
     fn finish_queued_execution(
@@ -200,7 +219,7 @@ pub const PRUNE_BATCH: i64 = 1_000;
 
 /// The row columns a [`QueuedExecution`] is read from, in this order.
 pub(crate) const QUEUED_COLUMNS: &str = "id, tenant, state, owner, attempts, epoch, request, \
-     enqueued_at, started_at, lease_until, finished_at, outcome";
+     enqueued_at, started_at, lease_until, finished_at, outcome, failures";
 
 /// The fields of a row read with [`QUEUED_COLUMNS`], before the request is parsed.
 pub(crate) struct QueuedRow {
@@ -216,6 +235,7 @@ pub(crate) struct QueuedRow {
     pub lease_until: Option<i64>,
     pub finished_at: Option<i64>,
     pub outcome: Option<String>,
+    pub failures: i64,
 }
 
 impl QueuedRow {
@@ -231,6 +251,7 @@ impl QueuedRow {
             state,
             owner: self.owner,
             attempts: u32::try_from(self.attempts).unwrap_or(u32::MAX),
+            failures: u32::try_from(self.failures).unwrap_or(u32::MAX),
             epoch: self.epoch,
             enqueued_at_ms: self.enqueued_at,
             started_at_ms: self.started_at,

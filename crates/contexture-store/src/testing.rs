@@ -126,6 +126,24 @@ fn unreachable_pg<T>(error: StoreError) -> Option<T> {
     None
 }
 
+/// Makes the SQLite database at `path` refuse, with a database error, every event of
+/// `kind` (`step_finished`, say) stored from now on, as a database refuses a value it cannot
+/// hold: for tests of what a run does on a database error of its own while the database
+/// still answers. Stores already open on the file see the change at their next statement.
+pub fn sqlite_refuse_events_of_kind(path: &Path, kind: &str) -> Result<(), StoreError> {
+    let conn = rusqlite::Connection::open(path)
+        .map_err(|error| StoreError::database("sqlite", "open the database", error))?;
+    conn.busy_timeout(std::time::Duration::from_secs(10))
+        .map_err(|error| StoreError::database("sqlite", "open the database", error))?;
+    let kind = kind.replace('\'', "''");
+    conn.execute_batch(&format!(
+        "CREATE TRIGGER IF NOT EXISTS refuse_{name} BEFORE INSERT ON events \
+         WHEN NEW.kind = '{kind}' BEGIN SELECT RAISE(ABORT, 'refused by a test'); END;",
+        name = kind.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+    ))
+    .map_err(|error| StoreError::database("sqlite", "add a refusing trigger", error))
+}
+
 /// Opens (creating when missing) the SQLite database at `path` as a build that knows only the
 /// migrations up to `version` would: for tests that a new migration applies to a database an
 /// older build left. A database at a newer version is refused with

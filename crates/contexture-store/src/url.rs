@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use contexture_core::calibration::{Calibration, Observation};
 use contexture_core::thread::{Event, Projection};
@@ -310,6 +310,16 @@ impl crate::ExecutionQueueStore for AnyStore {
         epoch: i64,
     ) -> Result<bool, StoreError> {
         on_backend!(self, store => store.release_execution(id, node, epoch).await)
+    }
+
+    async fn count_execution_failure(
+        &self,
+        id: &str,
+        node: &str,
+        epoch: i64,
+        retry_after: Duration,
+    ) -> Result<Option<u32>, StoreError> {
+        on_backend!(self, store => store.count_execution_failure(id, node, epoch, retry_after).await)
     }
 
     async fn finish_queued_execution(&self, id: &str, outcome: &str) -> Result<bool, StoreError> {

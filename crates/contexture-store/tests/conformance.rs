@@ -2177,6 +2177,91 @@ async fn finished_runs_leave_the_queue_once_kept_long_enough_and_no_other_run_do
     assert_eq!(s.prune_finished_executions(Duration::MAX).await.unwrap(), 0);
 }
 
+async fn a_runs_failures_are_counted_by_its_holder_only_and_it_waits_before_its_next_claim(
+    h: &impl Harness,
+) {
+    let s = h.store();
+    let other = h.reopen().await;
+    let lease = Duration::from_secs(30);
+    s.enqueue_execution("run-f", "acme", &json!({}))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.queued_execution("run-f").await.unwrap().unwrap().failures,
+        0
+    );
+    // Not held by anyone: nothing to count.
+    assert_eq!(
+        s.count_execution_failure("run-f", "node-1", 1, Duration::ZERO)
+            .await
+            .unwrap(),
+        None
+    );
+    let claim = s.claim_executions("node-1", 1, 10, lease).await.unwrap();
+    let epoch = claim[0].epoch;
+    // Another server, or the holder with another epoch, counts nothing.
+    assert_eq!(
+        other
+            .count_execution_failure("run-f", "node-2", epoch, Duration::ZERO)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        s.count_execution_failure("run-f", "node-1", epoch + 1, Duration::ZERO)
+            .await
+            .unwrap(),
+        None
+    );
+    // The holder's count: the run waits its retry time before anyone claims it again.
+    assert_eq!(
+        s.count_execution_failure("run-f", "node-1", epoch, Duration::from_millis(300))
+            .await
+            .unwrap(),
+        Some(1)
+    );
+    assert!(
+        other
+            .claim_executions("node-2", 5, 10, lease)
+            .await
+            .unwrap()
+            .is_empty(),
+        "claimed before its retry time"
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let again = other
+        .claim_executions("node-2", 5, 10, lease)
+        .await
+        .unwrap();
+    assert_eq!(again.len(), 1);
+    assert!(again[0].adopted && again[0].epoch > epoch);
+    assert_eq!(again[0].failures, 1, "the claim says how many so far");
+    // The count stays with the run across claims, and the new holder adds to it.
+    assert_eq!(
+        other
+            .count_execution_failure("run-f", "node-2", again[0].epoch, Duration::ZERO)
+            .await
+            .unwrap(),
+        Some(2)
+    );
+    let row = s.queued_execution("run-f").await.unwrap().unwrap();
+    assert_eq!((row.failures, row.attempts), (2, 2));
+    // A finished run counts nothing more (claimed once its retry time, now, has passed).
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let last = s.claim_executions("node-1", 1, 10, lease).await.unwrap();
+    assert!(
+        s.finish_execution("run-f", "node-1", last[0].epoch, "failed")
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        s.count_execution_failure("run-f", "node-1", last[0].epoch, Duration::ZERO)
+            .await
+            .unwrap(),
+        None
+    );
+}
+
 async fn executions_are_claimed_oldest_first_held_by_one_server_and_adopted_when_a_lease_runs_out(
     h: &impl Harness,
 ) {
@@ -3087,6 +3172,7 @@ conformance!(
     executions_are_claimed_oldest_first_held_by_one_server_and_adopted_when_a_lease_runs_out,
     finished_runs_leave_the_queue_once_kept_long_enough_and_no_other_run_does,
     claims_racing_from_two_processes_hold_each_run_once_and_the_tenant_limit,
+    a_runs_failures_are_counted_by_its_holder_only_and_it_waits_before_its_next_claim,
     ],
     before_api_keys: [api_key_migration_applies_to_an_older_database],
 );

@@ -293,6 +293,46 @@ impl<S: Store> Executor<S> {
         Ok(())
     }
 
+    /// Ends as failed, `reason` saying why, a run no server will go on with (it stopped
+    /// on database errors more times than the server allows), and each of its sub-workflow
+    /// runs that has not ended: their logs say they ended rather than leaving them to look
+    /// like runs that wait. False, with nothing written, when the run had already ended.
+    pub async fn end_failed(&self, execution_id: &str, reason: &str) -> Result<bool, ExecError> {
+        let log = self.load(execution_id).await?;
+        if log.end().is_some() {
+            return Ok(false);
+        }
+        let mut children: Vec<String> = log.children().to_vec();
+        while let Some(id) = children.pop() {
+            let child = match self.load(&id).await {
+                Ok(child) => child,
+                // A child its parent named but never started.
+                Err(ExecError::NotFound { .. }) => continue,
+                Err(other) => return Err(other),
+            };
+            children.extend(child.children().iter().cloned());
+            if child.end().is_none() {
+                let end = RunEnd {
+                    status: RunStatus::Failed,
+                    output: None,
+                    error: Some(format!("its parent run `{execution_id}` failed: {reason}")),
+                };
+                self.store
+                    .append(&id, vec![NewEvent::new(EventKind::RunEnded(end))])
+                    .await?;
+            }
+        }
+        let end = RunEnd {
+            status: RunStatus::Failed,
+            output: None,
+            error: Some(reason.to_owned()),
+        };
+        self.store
+            .append(execution_id, vec![NewEvent::new(EventKind::RunEnded(end))])
+            .await?;
+        Ok(true)
+    }
+
     /// The fold of an execution's log.
     pub async fn load(&self, execution_id: &str) -> Result<ExecutionLog, ExecError> {
         let events = self

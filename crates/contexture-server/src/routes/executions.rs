@@ -462,6 +462,7 @@ pub(crate) async fn execution_status<S: StoreView>(
             "state": queued.state,
             "attempts": queued.attempts,
             "adopted": queued.attempts > 1,
+            "database_failures": queued.failures,
             "node": queued.owner,
             "lease_live": queued.lease_live,
             "outcome": queued.outcome,

@@ -114,7 +114,7 @@ impl ExecutionQueueStore for PgStore {
                      epoch = epoch + 1, attempts = attempts + 1, lease_until = $3, \
                      started_at = coalesce(started_at, $4) \
                      WHERE id = $1 AND (state = 'queued' OR (state = 'running' AND lease_until < $4)) \
-                     RETURNING epoch, attempts, request",
+                     RETURNING epoch, attempts, request, failures",
                     &[&id, &node, &lease_until, &now],
                 )
                 .await
@@ -129,6 +129,7 @@ impl ExecutionQueueStore for PgStore {
                 tenant,
                 epoch: claimed.get(0),
                 adopted: attempts > 1,
+                failures: u32::try_from(claimed.get::<_, i64>(3)).unwrap_or(u32::MAX),
             });
         }
         tx.commit().await.doing("commit the claims")?;
@@ -198,6 +199,30 @@ impl ExecutionQueueStore for PgStore {
             .await
             .doing("release an execution")?;
         Ok(released == 1)
+    }
+
+    async fn count_execution_failure(
+        &self,
+        id: &str,
+        node: &str,
+        epoch: i64,
+        retry_after: Duration,
+    ) -> Result<Option<u32>, StoreError> {
+        let client = self.pool.get().await?;
+        let retry_ms = lease_ms(retry_after);
+        let failures = client
+            .query_opt(
+                &format!(
+                    "UPDATE execution_queue SET failures = failures + 1, \
+                     lease_until = {NOW_MS} + $4 \
+                     WHERE id = $1 AND owner = $2 AND epoch = $3 AND state = 'running' \
+                     RETURNING failures"
+                ),
+                &[&id, &node, &epoch, &retry_ms],
+            )
+            .await
+            .doing("count an execution's failure")?;
+        Ok(failures.map(|row| u32::try_from(row.get::<_, i64>(0)).unwrap_or(u32::MAX)))
     }
 
     async fn finish_queued_execution(&self, id: &str, outcome: &str) -> Result<bool, StoreError> {
@@ -273,7 +298,7 @@ impl ExecutionQueueStore for PgStore {
             .await
             .doing("read a queued execution")?;
         let Some(row) = row else { return Ok(None) };
-        let now: i64 = row.get(12);
+        let now: i64 = row.get(13);
         QueuedRow {
             id: row.get(0),
             tenant: row.get(1),
@@ -287,6 +312,7 @@ impl ExecutionQueueStore for PgStore {
             lease_until: row.get(9),
             finished_at: row.get(10),
             outcome: row.get(11),
+            failures: row.get(12),
         }
         .into_execution(now)
         .map(Some)

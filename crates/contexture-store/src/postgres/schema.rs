@@ -89,6 +89,10 @@ pub(super) const MIGRATIONS: &[(u32, &str)] = &[
         20,
         include_str!("../../migrations/postgres/0020_token_counts_by_position.sql"),
     ),
+    (
+        21,
+        include_str!("../../migrations/postgres/0021_execution_failures.sql"),
+    ),
 ];
 
 impl PgStore {

@@ -93,7 +93,7 @@ impl ExecutionQueueStore for SqliteStore {
                      epoch = epoch + 1, attempts = attempts + 1, lease_until = ?3, \
                      started_at = coalesce(started_at, ?4) \
                      WHERE id = ?1 AND (state = 'queued' OR (state = 'running' AND lease_until < ?4)) \
-                     RETURNING epoch, attempts, request",
+                     RETURNING epoch, attempts, request, failures",
                 )
                 .doing("prepare the claim")?;
             let mut claims = Vec::new();
@@ -105,13 +105,13 @@ impl ExecutionQueueStore for SqliteStore {
                 if *count >= tenant_limit {
                     continue;
                 }
-                let claimed: Option<(i64, i64, String)> = claim
+                let claimed: Option<(i64, i64, String, i64)> = claim
                     .query_row(params![id, node, lease_until, now], |row| {
-                        Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+                        Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
                     })
                     .optional()
                     .doing("claim an execution")?;
-                let Some((epoch, attempts, request)) = claimed else {
+                let Some((epoch, attempts, request, failures)) = claimed else {
                     continue;
                 };
                 *count += 1;
@@ -121,6 +121,7 @@ impl ExecutionQueueStore for SqliteStore {
                     tenant,
                     epoch,
                     adopted: attempts > 1,
+                    failures: u32::try_from(failures).unwrap_or(u32::MAX),
                 });
             }
             Ok(claims)
@@ -195,6 +196,31 @@ impl ExecutionQueueStore for SqliteStore {
                 .execute(params![id, node, epoch, now])
                 .doing("release an execution")?;
             Ok(released == 1)
+        })
+        .await
+    }
+
+    async fn count_execution_failure(
+        &self,
+        id: &str,
+        node: &str,
+        epoch: i64,
+        retry_after: Duration,
+    ) -> Result<Option<u32>, StoreError> {
+        let (id, node) = (id.to_owned(), node.to_owned());
+        let until = epoch_ms(SystemTime::now()) + lease_ms(retry_after);
+        self.write(move |tx| {
+            let failures: Option<i64> = tx
+                .prepare_cached(
+                    "UPDATE execution_queue SET failures = failures + 1, lease_until = ?4 \
+                     WHERE id = ?1 AND owner = ?2 AND epoch = ?3 AND state = 'running' \
+                     RETURNING failures",
+                )
+                .doing("prepare the failure count")?
+                .query_row(params![id, node, epoch, until], |row| row.get(0))
+                .optional()
+                .doing("count an execution's failure")?;
+            Ok(failures.map(|count| u32::try_from(count).unwrap_or(u32::MAX)))
         })
         .await
     }
@@ -288,6 +314,7 @@ impl ExecutionQueueStore for SqliteStore {
                         lease_until: row.get(9)?,
                         finished_at: row.get(10)?,
                         outcome: row.get(11)?,
+                        failures: row.get(12)?,
                     })
                 })
                 .optional()

@@ -73,6 +73,10 @@ pub(super) const MIGRATIONS: &[(u32, &str)] = &[
         17,
         include_str!("../../migrations/sqlite/0017_token_counts_by_position.sql"),
     ),
+    (
+        18,
+        include_str!("../../migrations/sqlite/0018_execution_failures.sql"),
+    ),
 ];
 
 /// Creates the database file at `path`, when it does not exist, readable and writable by
