@@ -15,6 +15,7 @@ use sha2::{Digest, Sha256};
 
 use crate::app::AppState;
 use crate::error::ApiError;
+use crate::metrics::Metrics;
 use crate::tenancy::Tenant;
 
 /// A newly made key: the secret to hand out once, and what is stored.
@@ -155,13 +156,17 @@ pub async fn authenticate(
         Some(redis) => {
             state
                 .rate_limiter
-                .admit_shared(&caller.key_id, Some(redis))
+                .admit_shared(&caller.key_id, Some(redis), &state.metrics)
                 .await
         }
         None => {
             state
                 .rate_limiter
-                .admit_shared(&caller.key_id, state.store.shared_rate_limits())
+                .admit_shared(
+                    &caller.key_id,
+                    state.store.shared_rate_limits(),
+                    &state.metrics,
+                )
                 .await
         }
     };
@@ -266,11 +271,13 @@ impl RateLimiter {
 
     /// [`RateLimiter::admit`] from the bucket every server shares in `shared` (a Redis
     /// server, or a PostgreSQL database); from this server's own when there is none, or
-    /// when it cannot answer (logged: the shared one is back by a later request).
+    /// when it cannot answer (logged and counted in `metrics`: the shared one is back by a
+    /// later request).
     pub async fn admit_shared(
         &self,
         key: &str,
         shared: Option<&impl RateLimitStore>,
+        metrics: &Metrics,
     ) -> Result<(), Duration> {
         let Some(store) = shared.filter(|_| self.rate > 0.0) else {
             return self.admit(key);
@@ -283,6 +290,7 @@ impl RateLimiter {
             Ok(admitted) => admitted,
             Err(error) => {
                 tracing::warn!(%error, "cannot read the shared rate limit; using this server's own");
+                metrics.count_shared_rate_limit_miss();
                 self.admit(key)
             }
         }

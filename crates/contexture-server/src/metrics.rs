@@ -59,6 +59,7 @@ pub struct Metrics {
     executions_taken: Family<OutcomeLabels, Counter>,
     executions_finished: Family<OutcomeLabels, Counter>,
     execution_leases_lost: Counter,
+    shared_rate_limit_misses: Counter,
     execution_queue: Family<QueueLabels, Gauge>,
     executions_held: Gauge,
 }
@@ -144,6 +145,12 @@ impl Default for Metrics {
             "Runs this server stopped because it could not renew their lease in time",
             execution_leases_lost.clone(),
         );
+        let shared_rate_limit_misses = Counter::default();
+        registry.register(
+            "shared_rate_limit_misses",
+            "Requests judged by this server's own rate limit bucket because the shared one (Redis or the database) did not answer",
+            shared_rate_limit_misses.clone(),
+        );
         let execution_queue = Family::<QueueLabels, Gauge>::default();
         registry.register(
             "execution_queue",
@@ -163,6 +170,7 @@ impl Default for Metrics {
             executions_taken,
             executions_finished,
             execution_leases_lost,
+            shared_rate_limit_misses,
             requests,
             latency,
             tokens_counted,
@@ -261,6 +269,12 @@ impl Metrics {
         }
         self.executions_held
             .set(i64::try_from(held).unwrap_or(i64::MAX));
+    }
+
+    /// Counts a request judged by this server's own rate limit bucket because the shared one
+    /// did not answer.
+    pub fn count_shared_rate_limit_miss(&self) {
+        self.shared_rate_limit_misses.inc();
     }
 
     /// Counts a run stopped because its lease could not be renewed in time.

@@ -652,6 +652,122 @@ async fn servers_sharing_a_redis_share_each_key_s_rate_limit() {
     b.shutdown().await;
 }
 
+/// A Redis server of the test's own on a free port, stopped when dropped.
+struct OwnRedis {
+    port: u16,
+    child: std::process::Child,
+}
+
+impl OwnRedis {
+    async fn start(port: u16) -> OwnRedis {
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server (Debian's redis-server package) runs");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "redis-server never listened"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        OwnRedis { port, child }
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+async fn shared_rate_limit_misses(server: &TestServer) -> u64 {
+    let metrics = client()
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("contexture_shared_rate_limit_misses_total "))
+        .expect("the counter is exported")
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_server_that_loses_its_redis_judges_by_its_own_bucket_then_shares_again() {
+    // Redis must be on this machine (CI installs it); this test runs one of its own, which
+    // it stops and starts again.
+    if contexture_store::testing::redis_url().is_none() {
+        return;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut redis = OwnRedis::start(port).await;
+    let dir = TempDir::new("contexture-server-lost-redis");
+    let mut config = config(None);
+    config.database = format!("sqlite:{}", dir.join("a.db").display());
+    config.limits.requests_per_second = 0.5;
+    config.limits.burst = 2;
+    config.limits.rate_limit_redis = Some(format!("redis://127.0.0.1:{}", redis.port));
+    let server = TestServer::open(config).await;
+    let key = server.key("acme").await;
+    let threads = |server: &TestServer| {
+        let key = key.clone();
+        let url = server.url("/v1/threads");
+        async move { call(reqwest::Method::GET, url, &key, None).await.0 }
+    };
+    assert_eq!(threads(&server).await, StatusCode::OK);
+    assert_eq!(threads(&server).await, StatusCode::OK);
+    assert_eq!(threads(&server).await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(shared_rate_limit_misses(&server).await, 0);
+
+    // Redis gone: the server's own bucket (full) judges, and each such request is counted.
+    redis.stop();
+    assert_eq!(threads(&server).await, StatusCode::OK);
+    assert_eq!(threads(&server).await, StatusCode::OK);
+    assert_eq!(threads(&server).await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(shared_rate_limit_misses(&server).await, 3);
+
+    // Redis back (empty): the server reconnects by itself and shares again.
+    let _redis = OwnRedis::start(port).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        let before = shared_rate_limit_misses(&server).await;
+        let status = threads(&server).await;
+        if shared_rate_limit_misses(&server).await == before {
+            // Judged by Redis, whose bucket for the key is new.
+            assert_eq!(status, StatusCode::OK);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server never used Redis again"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    server.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_server_whose_redis_does_not_answer_does_not_start() {
     let dir = TempDir::new("contexture-server-no-redis");

@@ -70,12 +70,18 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .local_addr()
             .context("cannot read the bound address")?;
         let database = redacted_database(&config.database);
+        let rate_limit_redis = config
+            .limits
+            .rate_limit_redis
+            .as_deref()
+            .map_or_else(|| "none".to_owned(), redacted_database);
         let upstream = config.upstream.base_url().to_owned();
         let routed_upstreams = config.upstreams.len();
         let state = AppState::new(config).await?;
         tracing::info!(
             %address,
             %database,
+            %rate_limit_redis,
             %upstream,
             routed_upstreams,
             "contexture serve listening"
