@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use contexture_engine::executor::{ExecError, RunOutcome};
 use contexture_store::{
-    ExecutionClaim, ExecutionQueueStore, HeldLease, Leased, Store, StoreError, Tenant,
+    AnyStore, ExecutionClaim, ExecutionQueueStore, HeldLease, Leased, Scoped, Store, StoreError,
+    Tenant,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
@@ -206,7 +207,7 @@ async fn supervise(state: &AppState, claim: ExecutionClaim, lease: Arc<HeldLease
         tracing::info!(execution = %claim.id, epoch = claim.epoch, "took over a run whose server stopped renewing its lease");
     }
     let store = Leased::new(state.store.clone().scoped(tenant), lease.clone());
-    let executor = state.executor.on_store(store);
+    let executor = state.executor.on_store(store.clone());
     let active = state.active_runs.enter(&claim.id);
     let execution = queued.execution.clone();
     let mut run = tokio::spawn(async move {
@@ -234,7 +235,7 @@ async fn supervise(state: &AppState, claim: ExecutionClaim, lease: Arc<HeldLease
                         tracing::warn!(execution = %claim.id, "stopped a run whose lease was lost; another server goes on with it");
                     }
                     Err(ExecError::Store(error)) if is_transient(error) => {
-                        stopped_on_database_error(state, &claim, &node, &queued, &lease, error)
+                        stopped_on_database_error(state, &claim, &node, &queued, &store, error)
                             .await;
                     }
                     _ if !lease.holds() => {
@@ -294,7 +295,7 @@ async fn stopped_on_database_error(
     claim: &ExecutionClaim,
     node: &str,
     queued: &QueuedRun,
-    lease: &Arc<HeldLease>,
+    store: &Leased<Scoped<AnyStore>>,
     error: &StoreError,
 ) {
     let settings = &state.config.executions;
@@ -326,14 +327,8 @@ async fn stopped_on_database_error(
         tracing::warn!(execution = %claim.id, %error, failures, "a run stopped on a database error; it is taken up again from its log");
         return;
     }
-    lease.renewed(sent);
-    let Ok(tenant) = Tenant::new(claim.tenant.clone()) else {
-        return;
-    };
-    let executor = state.executor.on_store(Leased::new(
-        state.store.clone().scoped(tenant),
-        lease.clone(),
-    ));
+    store.lease().renewed(sent);
+    let executor = state.executor.on_store(store.clone());
     let reason = format!(
         "the run stopped on a database error {failures} times (executions.max_database_failures); the last: {error}"
     );

@@ -542,14 +542,7 @@ async fn bad_requests_get_json_errors_that_name_the_field() {
     assert_eq!(answer["error"]["type"], "not_found");
 
     // The metrics counted it all, by route pattern (never by raw id).
-    let metrics = client()
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = server.metrics().await;
     assert!(metrics.contains(r#"contexture_http_requests_total{method="POST",route="/v1/threads/{id}/messages",status="400"}"#), "{metrics}");
     assert!(
         metrics.contains("contexture_tokens_counted_total"),
@@ -693,14 +686,7 @@ impl Drop for OwnRedis {
 }
 
 async fn shared_rate_limit_misses(server: &TestServer) -> u64 {
-    let metrics = client()
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = server.metrics().await;
     metrics
         .lines()
         .find_map(|line| line.strip_prefix("contexture_shared_rate_limit_misses_total "))

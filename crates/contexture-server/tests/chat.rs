@@ -251,14 +251,7 @@ async fn requests_are_fitted_to_the_models_window_and_every_turn_is_stored() {
     let error: Value = response.json().await.unwrap();
     assert_eq!(error["error"]["param"], "model");
     assert_eq!(upstream.bodies().len(), sent);
-    let metrics = client()
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = server.metrics().await;
     let trims = metrics
         .lines()
         .find(|l| l.starts_with("contexture_trims_total"))
@@ -431,14 +424,7 @@ async fn a_long_chat_thread_is_compacted_by_the_policy() {
     );
     // Every turn is still in the log.
     assert_eq!(stored_messages(&server, &key, "long-chat").await.len(), 10);
-    let metrics = client()
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = server.metrics().await;
     assert!(
         metrics.contains(r#"contexture_compactions_total{outcome="compacted"}"#),
         "{metrics}"

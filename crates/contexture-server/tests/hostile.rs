@@ -576,14 +576,7 @@ async fn bad_numbers_ids_and_methods_are_refused_and_labels_stay_fixed() {
         let (status, _) = send(&server, &key, method, "/v1/threads", None, vec![]).await;
         assert!(status.is_client_error(), "{method}: {status}");
     }
-    let metrics = client()
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = server.metrics().await;
     assert!(!metrics.contains("FOOBAR"), "{metrics}");
     assert!(!metrics.contains("MADE-UP"), "{metrics}");
     assert!(metrics.contains(r#"method="other""#), "{metrics}");
@@ -758,14 +751,7 @@ async fn a_tenant_runs_at_most_its_share_of_executions_and_holds_its_share_of_ev
     assert_eq!(waiting["queue"]["state"], "queued", "{waiting}");
     assert_eq!(waiting["steps"], json!([]), "{waiting}");
     // The queue shows in the metrics: two runs going, one waiting, both held here.
-    let metrics = client()
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = server.metrics().await;
     for line in [
         r#"contexture_execution_queue{state="queued"} 1"#,
         r#"contexture_execution_queue{state="running"} 2"#,

@@ -8,7 +8,7 @@ use crate::common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::{TestServer, client, config};
+use common::{TestServer, config};
 use contexture_fake_upstream::{FakeUpstream, Reply};
 use contexture_store::testing::{TempDir, pg_store};
 use contexture_store::{AnyStore, RequestRetention, SqliteStore};
@@ -197,14 +197,7 @@ async fn the_server_prunes_each_thread_by_its_policy_in_the_background(store: An
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-    let metrics = client()
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = server.metrics().await;
     assert!(
         metrics.contains("contexture_request_records_pruned_total 7"),
         "{metrics}"

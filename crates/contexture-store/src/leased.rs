@@ -119,6 +119,11 @@ impl<S> Leased<S> {
     pub fn inner(&self) -> &S {
         &self.inner
     }
+
+    /// The lease its writes are allowed under.
+    pub fn lease(&self) -> &HeldLease {
+        &self.lease
+    }
 }
 
 impl<S: Store> Store for Leased<S> {

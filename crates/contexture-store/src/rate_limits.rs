@@ -63,6 +63,58 @@ pub trait RateLimitStore: Send + Sync {
     ) -> impl Future<Output = Result<Result<(), Duration>, StoreError>> + Send;
 }
 
+/// What every store of shared limits is tested for, with the servers that share it.
+#[cfg(test)]
+pub(crate) mod sharing_tests {
+    use std::time::{Duration, Instant};
+
+    use super::{RateLimit, RateLimitStore};
+
+    /// Drives `key` for 1.5 s from two stores of one shared limit (as two servers would),
+    /// four tasks each, and checks that together they admit the limit's burst and rate,
+    /// within 10%, not twice it.
+    pub(crate) async fn two_servers_admit_the_rate_not_twice_it<S>(first: &S, second: &S, key: &str)
+    where
+        S: RateLimitStore + Clone + 'static,
+    {
+        let limit = RateLimit {
+            per_second: 20.0,
+            burst: 5,
+        };
+        let started = Instant::now();
+        let run = Duration::from_millis(1500);
+        let mut tasks = Vec::new();
+        for store in [first, second] {
+            for _ in 0..4 {
+                let store = store.clone();
+                let key = key.to_owned();
+                tasks.push(tokio::spawn(async move {
+                    let mut admitted = 0u32;
+                    while started.elapsed() < run {
+                        match store.take_rate_token(&key, limit).await.unwrap() {
+                            Ok(()) => admitted += 1,
+                            Err(wait) => {
+                                tokio::time::sleep(wait.min(Duration::from_millis(20))).await
+                            }
+                        }
+                    }
+                    admitted
+                }));
+            }
+        }
+        let mut admitted = 0;
+        for task in tasks {
+            admitted += task.await.unwrap();
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        let allowed = f64::from(limit.burst) + limit.per_second * elapsed;
+        assert!(
+            f64::from(admitted) <= allowed + 1.0 && f64::from(admitted) >= allowed * 0.9 - 1.0,
+            "admitted {admitted} in {elapsed:.2} s; the limit allows {allowed:.1}"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -120,6 +120,7 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
+    use crate::rate_limits::sharing_tests::two_servers_admit_the_rate_not_twice_it;
     use crate::testing::redis_url;
 
     async fn connect() -> Option<RedisRateLimits> {
@@ -145,42 +146,11 @@ mod tests {
             return;
         };
         let second = connect().await.unwrap();
-        let key = fresh_key("rate");
+        two_servers_admit_the_rate_not_twice_it(&first, &second, &fresh_key("rate")).await;
         let limit = RateLimit {
             per_second: 20.0,
             burst: 5,
         };
-        let started = Instant::now();
-        let run = Duration::from_millis(1500);
-        let mut tasks = Vec::new();
-        for store in [first.clone(), second.clone()] {
-            for _ in 0..4 {
-                let store = store.clone();
-                let key = key.clone();
-                tasks.push(tokio::spawn(async move {
-                    let mut admitted = 0u32;
-                    while started.elapsed() < run {
-                        match store.take_rate_token(&key, limit).await.unwrap() {
-                            Ok(()) => admitted += 1,
-                            Err(wait) => {
-                                tokio::time::sleep(wait.min(Duration::from_millis(20))).await
-                            }
-                        }
-                    }
-                    admitted
-                }));
-            }
-        }
-        let mut admitted = 0;
-        for task in tasks {
-            admitted += task.await.unwrap();
-        }
-        let elapsed = started.elapsed().as_secs_f64();
-        let allowed = f64::from(limit.burst) + limit.per_second * elapsed;
-        assert!(
-            f64::from(admitted) <= allowed + 1.0 && f64::from(admitted) >= allowed * 0.9 - 1.0,
-            "admitted {admitted} in {elapsed:.2} s; the limit allows {allowed:.1}"
-        );
         // Another key has its own bucket.
         assert_eq!(
             second

@@ -84,6 +84,18 @@ impl TestServer {
         )
     }
 
+    /// The text of `GET /metrics`.
+    pub async fn metrics(&self) -> String {
+        client()
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     /// Stops accepting, waits for requests in flight, and returns.
     pub async fn shutdown(mut self) {
         if let Some(stop) = self.stop.take() {
