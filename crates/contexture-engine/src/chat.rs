@@ -40,7 +40,9 @@ use contexture_core::tokens::{Encoding, message_tokens};
 use contexture_core::{Content, Message, Part, Role};
 use contexture_llm::passthrough::{Answer, PassthroughError};
 use contexture_llm::wire::WireFormat;
-use contexture_store::{EventOutline, KeyedEvent, NewEvent, ProjectionTail, Store, StoreError};
+use contexture_store::{
+    EventOutline, KeyedEvent, NewEvent, ProjectionTail, Store, StoreError, TurnQueueStore,
+};
 use serde_json::Value;
 
 use crate::calls::{answered_end, priced_end};
@@ -877,7 +879,7 @@ impl<S: Store> ChatTurn<'_, S> {
         S: Clone,
     {
         TurnRecorder {
-            _lease: std::sync::Arc::clone(&prepared.lease),
+            lease: std::sync::Arc::clone(&prepared.lease),
             learner: self.learner.clone(),
             store: self.store.clone(),
             thread: self.thread.to_owned(),
@@ -913,8 +915,9 @@ pub const SHUT_DOWN: &str = "the server shut down before the answer ended";
 /// Records how a turn's call ended in its thread.
 #[derive(Debug, Clone)]
 pub struct TurnRecorder<S> {
-    /// Held until the last copy of the recorder is dropped, after the end is recorded.
-    _lease: std::sync::Arc<TurnLease>,
+    /// Held until the last copy of the recorder is dropped, after the end is recorded; its
+    /// ticket leaves the thread's queue with the end.
+    lease: std::sync::Arc<TurnLease>,
     learner: crate::estimates::Learner,
     store: S,
     thread: String,
@@ -926,7 +929,7 @@ pub struct TurnRecorder<S> {
     estimated: u64,
 }
 
-impl<S: Store> TurnRecorder<S> {
+impl<S: Store + TurnQueueStore> TurnRecorder<S> {
     /// The answer: the request's end (its usage, or the request's and the reply's counts
     /// when the upstream reported none, and its cost) and the assistant message, in one
     /// transaction.
@@ -957,7 +960,7 @@ impl<S: Store> TurnRecorder<S> {
             None => answer,
         };
         let events = vec![NewEvent::new(EventKind::RequestEnded(end)), answer];
-        self.store.append(&self.thread, events).await.map(|_| ())
+        self.append_last(events).await
     }
 
     /// A whole (not streamed) successful response's `body`, in `format`: its answer, or why it holds
@@ -1042,10 +1045,22 @@ impl<S: Store> TurnRecorder<S> {
     }
 
     async fn record_end(&self, end: RequestEnd) -> Result<(), StoreError> {
-        self.store
-            .append_one(&self.thread, NewEvent::new(EventKind::RequestEnded(end)))
+        self.append_last(vec![NewEvent::new(EventKind::RequestEnded(end))])
             .await
-            .map(|_| ())
+    }
+
+    /// Appends the turn's end, its last write: the turn's ticket leaves the thread's queue
+    /// in the same write (one commit fewer per turn), and the next turn may begin once it
+    /// is stored. A recorder whose lease holds another thread appends alone.
+    async fn append_last(&self, events: Vec<NewEvent>) -> Result<(), StoreError> {
+        if self.lease.thread() != self.thread {
+            return self.store.append(&self.thread, events).await.map(|_| ());
+        }
+        self.store
+            .append_leaving_turn(&self.thread, events, self.lease.ticket())
+            .await?;
+        self.lease.left_with_write();
+        Ok(())
     }
 }
 

@@ -16,6 +16,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use contexture_store::{StoreError, TurnQueueStore, TurnTicket};
@@ -182,6 +183,8 @@ trait Place: Send + Sync {
     fn renew(&self, ticket: TurnTicket) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
     /// Gives `ticket` back and wakes the turns of this process waiting behind it.
     fn leave(self: Arc<Self>, ticket: TurnTicket);
+    /// Wakes the turns of this process waiting behind a ticket that was given back.
+    fn wake(&self);
     /// How long a ticket stays without being renewed.
     fn lease(&self) -> Duration;
 }
@@ -218,6 +221,10 @@ impl<S: TurnQueueStore + Clone + 'static> Place for StorePlace<S> {
         });
     }
 
+    fn wake(&self) {
+        self.waker.notify_waiters();
+    }
+
     fn lease(&self) -> Duration {
         self.lease
     }
@@ -228,7 +235,11 @@ impl<S: TurnQueueStore + Clone + 'static> Place for StorePlace<S> {
 /// the next turn.
 pub struct TurnLease {
     ticket: TurnTicket,
+    thread: String,
     place: Arc<dyn Place>,
+    /// Set once the ticket left the queue with the turn's last write
+    /// ([`TurnLease::left_with_write`]): dropping the lease then only wakes the next turn.
+    left: AtomicBool,
     /// Renews the ticket while the turn holds the thread.
     heartbeat: Option<tokio::task::JoinHandle<()>>,
 }
@@ -261,7 +272,9 @@ impl TurnLease {
         };
         TurnLease {
             ticket,
+            thread: thread.to_owned(),
             place: Arc::new(place),
+            left: AtomicBool::new(false),
             heartbeat: None,
         }
     }
@@ -287,6 +300,18 @@ impl TurnLease {
     pub fn ticket(&self) -> TurnTicket {
         self.ticket
     }
+
+    /// The thread held (as the store the turn waited on names it).
+    pub fn thread(&self) -> &str {
+        &self.thread
+    }
+
+    /// The ticket left the queue in the same write as the turn's last events
+    /// ([`contexture_store::TurnQueueStore::append_leaving_turn`]): dropping the lease gives
+    /// nothing back, it only wakes the turns waiting here.
+    pub fn left_with_write(&self) {
+        self.left.store(true, Ordering::SeqCst);
+    }
 }
 
 impl Drop for TurnLease {
@@ -294,6 +319,10 @@ impl Drop for TurnLease {
         if let Some(heartbeat) = self.heartbeat.take() {
             heartbeat.abort();
         }
-        Arc::clone(&self.place).leave(self.ticket);
+        if self.left.load(Ordering::SeqCst) {
+            self.place.wake();
+        } else {
+            Arc::clone(&self.place).leave(self.ticket);
+        }
     }
 }

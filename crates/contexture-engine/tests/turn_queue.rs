@@ -186,6 +186,14 @@ impl TurnQueueStore for SlowToAnswer {
     ) -> Result<(), contexture_store::StoreError> {
         self.0.leave_turn_queue(thread, ticket).await
     }
+    async fn append_leaving_turn(
+        &self,
+        thread: &str,
+        events: Vec<contexture_store::NewEvent>,
+        ticket: i64,
+    ) -> Result<Vec<u64>, contexture_store::StoreError> {
+        self.0.append_leaving_turn(thread, events, ticket).await
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,9 @@
 //! A run is only ever written while its lease is held: its executor writes through a
 //! [`Leased`] store, and a run whose lease is lost (a renewal refused, or no renewal
 //! through before the lease would end) is stopped where it is, its LLM call dropped. The
-//! server that takes it over resumes it from its log.
+//! server that takes it over resumes it from its log. The write of the run's end also
+//! finishes it in the queue, in one transaction; the server finishes a run itself only
+//! when it stopped without writing an end.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use contexture_engine::executor::{ExecError, RunOutcome};
 use contexture_store::{
-    AnyStore, ExecutionClaim, ExecutionQueueStore, HeldLease, Leased, Scoped, Store, StoreError,
-    Tenant,
+    AnyStore, ExecutionClaim, ExecutionQueueStore, HeldLease, Leased, QueueHold, Scoped, Store,
+    StoreError, Tenant,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
@@ -162,8 +164,13 @@ async fn claim_loop(state: AppState) {
 
 /// Runs a claimed run here, renewing its lease, and finishes it in the queue.
 fn take(state: &AppState, claim: ExecutionClaim, sent: Instant) {
+    let hold = QueueHold {
+        node: state.worker.node.clone(),
+        epoch: claim.epoch,
+    };
     let lease = Arc::new(HeldLease::new(
         claim.id.clone(),
+        hold,
         state.config.executions.lease(),
         sent,
     ));
@@ -221,38 +228,16 @@ async fn supervise(state: &AppState, claim: ExecutionClaim, lease: Arc<HeldLease
         let deadline = tokio::time::Instant::from_std(lease.deadline());
         tokio::select! {
             joined = &mut run => {
-                let outcome = match joined {
-                    Ok(outcome) => outcome,
-                    Err(error) => {
-                        tracing::error!(execution = %claim.id, %error, "a run's task stopped");
-                        // Held still: it finishes as failed; a panic is not retried forever.
-                        finish(state, &claim, &node, "failed").await;
-                        return;
-                    }
-                };
-                match &outcome {
-                    Err(ExecError::Store(StoreError::LeaseLost { .. })) => {
-                        tracing::warn!(execution = %claim.id, "stopped a run whose lease was lost; another server goes on with it");
-                    }
-                    Err(ExecError::Store(error)) if is_transient(error) => {
-                        stopped_on_database_error(state, &claim, &node, &queued, &store, error)
-                            .await;
-                    }
-                    _ if !lease.holds() => {
-                        tracing::warn!(execution = %claim.id, "a run ended after its lease was lost; the server that took it over finishes it");
-                    }
-                    Ok(_) => {
-                        tracing::info!(execution = %claim.id, "execution completed");
-                        finish(state, &claim, &node, outcome_text(&outcome)).await;
-                    }
-                    Err(error) => {
-                        tracing::info!(execution = %claim.id, %error, "execution ended");
-                        finish(state, &claim, &node, outcome_text(&outcome)).await;
-                    }
-                }
+                concluded(state, &claim, &node, &queued, &store, joined).await;
                 return;
             }
             _ = renewals.tick() => {
+                if lease.finished().is_some() {
+                    // The run's end finished it in the queue: there is no lease to renew,
+                    // and the run has only its return left.
+                    concluded(state, &claim, &node, &queued, &store, (&mut run).await).await;
+                    return;
+                }
                 let sent = Instant::now();
                 let renewal = tokio::time::timeout(
                     every,
@@ -261,6 +246,8 @@ async fn supervise(state: &AppState, claim: ExecutionClaim, lease: Arc<HeldLease
                 .await;
                 match renewal {
                     Ok(Ok(true)) => lease.renewed(sent),
+                    // Refused because the run's end finished it meanwhile.
+                    Ok(Ok(false)) if lease.finished().is_some() => {}
                     Ok(Ok(false)) => {
                         lease.lose();
                         run.abort();
@@ -272,6 +259,10 @@ async fn supervise(state: &AppState, claim: ExecutionClaim, lease: Arc<HeldLease
                 }
             }
             () = tokio::time::sleep_until(deadline) => {
+                if lease.finished().is_some() {
+                    concluded(state, &claim, &node, &queued, &store, (&mut run).await).await;
+                    return;
+                }
                 if !lease.holds() {
                     lease.lose();
                     run.abort();
@@ -280,6 +271,53 @@ async fn supervise(state: &AppState, claim: ExecutionClaim, lease: Arc<HeldLease
                     return;
                 }
             }
+        }
+    }
+}
+
+/// The run of `claim` returned (`joined`): counts it when its end finished it in the queue,
+/// finishes it there when that write did not (it stopped before writing an end, or its
+/// task stopped), or leaves it as a database error or a lost lease asks.
+async fn concluded(
+    state: &AppState,
+    claim: &ExecutionClaim,
+    node: &str,
+    queued: &QueuedRun,
+    store: &Leased<Scoped<AnyStore>>,
+    joined: Result<Result<RunOutcome, ExecError>, tokio::task::JoinError>,
+) {
+    let lease = store.lease();
+    if let Some(outcome) = lease.finished() {
+        tracing::info!(execution = %claim.id, outcome, "execution ended; its end finished it in the queue");
+        state.metrics.count_finished_execution(outcome);
+        return;
+    }
+    let outcome = match joined {
+        Ok(outcome) => outcome,
+        Err(error) => {
+            tracing::error!(execution = %claim.id, %error, "a run's task stopped");
+            // Held still: it finishes as failed; a panic is not retried forever.
+            finish(state, claim, node, "failed").await;
+            return;
+        }
+    };
+    match &outcome {
+        Err(ExecError::Store(StoreError::LeaseLost { .. })) => {
+            tracing::warn!(execution = %claim.id, "stopped a run whose lease was lost; another server goes on with it");
+        }
+        Err(ExecError::Store(error)) if is_transient(error) => {
+            stopped_on_database_error(state, claim, node, queued, store, error).await;
+        }
+        _ if !lease.holds() => {
+            tracing::warn!(execution = %claim.id, "a run ended after its lease was lost; the server that took it over finishes it");
+        }
+        Ok(_) => {
+            tracing::info!(execution = %claim.id, "execution completed");
+            finish(state, claim, node, outcome_text(&outcome)).await;
+        }
+        Err(error) => {
+            tracing::info!(execution = %claim.id, %error, "execution ended");
+            finish(state, claim, node, outcome_text(&outcome)).await;
         }
     }
 }
@@ -336,7 +374,10 @@ async fn stopped_on_database_error(
     if let Err(also) = executor.end_failed(&queued.execution, &reason).await {
         tracing::error!(execution = %claim.id, %also, "cannot write a failed run's end to its log; it is finished in the queue all the same");
     }
-    finish(state, claim, node, "failed").await;
+    match store.lease().finished() {
+        Some(outcome) => state.metrics.count_finished_execution(outcome),
+        None => finish(state, claim, node, "failed").await,
+    }
 }
 
 /// A store error that says nothing about the run: the database was away or the writer

@@ -17,14 +17,17 @@
 //! - queued runs are claimed oldest first, lapsed ones adopted with them;
 //! - a finished run is never claimed again;
 //! - a finished run's row is deleted only once it has been finished for longer than asked
-//!   ([`ExecutionQueueStore::prune_finished_executions`]); no other row is.
+//!   ([`ExecutionQueueStore::prune_finished_executions`]); no other row is;
+//! - a run's end written by its holder ([`RunEndStore::append_ending_run`]) and its row's
+//!   finish are one transaction: a server that dies after writing the end leaves no row
+//!   for another server to adopt, and a holder that lost its lease writes neither.
 
 use std::future::Future;
 use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::StoreError;
+use crate::{NewEvent, Store, StoreError};
 
 /// Where a run stands in the queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -117,6 +120,31 @@ pub struct ExecutionClaim {
     pub failures: u32,
     /// What it needs to run.
     pub request: Value,
+}
+
+/// Who holds a run in the queue: the server and the epoch of its claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueHold {
+    /// The server's name in the queue.
+    pub node: String,
+    /// The claim's epoch.
+    pub epoch: i64,
+}
+
+/// A store that ends a queued run in its log and in the queue at once.
+pub trait RunEndStore: Store {
+    /// Appends `events`, which end a run, to `thread`, the run's log, and in the same
+    /// transaction finishes the run in the queue (its id there is
+    /// [`Store::global_id`] of `thread`) as `outcome`, when `hold` still holds it. When it
+    /// does not (its lease ran out and another server claimed it, or it finished), nothing
+    /// is appended: [`StoreError::LeaseLost`].
+    fn append_ending_run(
+        &self,
+        thread: &str,
+        events: Vec<NewEvent>,
+        hold: &QueueHold,
+        outcome: &str,
+    ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
 }
 
 /// Storage of the queue of executions (see the module documentation).

@@ -3,24 +3,30 @@
 //! execution it runs ([`HeldLease`]), so that a server cut off from the database, hung, or
 //! too slow to renew never writes to a log another server has adopted.
 //!
+//! The write that ends the run (its `run_ended` event, in the run's own log) also finishes
+//! the run in the queue, in the same transaction and only while the database still names
+//! this server's claim as the holder ([`RunEndStore::append_ending_run`]): a server that
+//! dies just after the end leaves nothing for another to adopt, and one whose claim was
+//! taken over writes no end at all.
+//!
 //! A lease is granted by the database's clock, but a server can only judge it by its own:
 //! it counts the lease from the moment it *sent* the claim or renewal (the database granted
 //! it later, so it lasts at least that long there), less a margin for the write in flight
 //! and for clocks that tick at slightly different rates. Elapsed times are compared, never
 //! the clocks' readings, so skew between machines does not matter.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use contexture_core::calibration::{Calibration, Observation};
-use contexture_core::thread::{Event, Projection, Thread};
+use contexture_core::thread::{Event, EventKind, Projection, RunStatus, Thread};
 use contexture_core::tokens::Encoding;
 
 use crate::retention::{RequestRetention, RequestsPruned};
 use crate::{
-    EventOutline, EventPage, KeyedEvent, NewEvent, ProjectionTail, PruneReport, RecentCursor,
-    Store, StoreError, ThreadInfo, TurnQueueStore, TurnTicket,
+    EventOutline, EventPage, KeyedEvent, NewEvent, ProjectionTail, PruneReport, QueueHold,
+    RecentCursor, RunEndStore, Store, StoreError, ThreadInfo, TurnQueueStore, TurnTicket,
 };
 
 /// The share of a lease kept back: a write checked just before the lease ends still has
@@ -31,22 +37,32 @@ const MARGIN_SHARE: u32 = 5;
 #[derive(Debug)]
 pub struct HeldLease {
     execution: String,
+    hold: QueueHold,
     lease: Duration,
     /// Until when writes are allowed.
     deadline: Mutex<Instant>,
     /// Set when the server learned that the lease is gone (a renewal was refused).
     lost: AtomicBool,
+    /// The outcome the run was finished with in the queue, once its end was written.
+    finished: OnceLock<&'static str>,
 }
 
 impl HeldLease {
-    /// The lease of `execution` (its id in the whole store), `lease` long, claimed by a
-    /// request sent at `sent`.
-    pub fn new(execution: impl Into<String>, lease: Duration, sent: Instant) -> HeldLease {
+    /// The lease of `execution` (its id in the whole store) held as `hold`, `lease` long,
+    /// claimed by a request sent at `sent`.
+    pub fn new(
+        execution: impl Into<String>,
+        hold: QueueHold,
+        lease: Duration,
+        sent: Instant,
+    ) -> HeldLease {
         HeldLease {
             execution: execution.into(),
+            hold,
             lease,
             deadline: Mutex::new(Self::usable_until(lease, sent)),
             lost: AtomicBool::new(false),
+            finished: OnceLock::new(),
         }
     }
 
@@ -66,6 +82,12 @@ impl HeldLease {
         if until > *deadline {
             *deadline = until;
         }
+    }
+
+    /// The outcome the run was finished with in the queue, in the same write as its end
+    /// (`completed`, `failed` or `cancelled`); `None` until then.
+    pub fn finished(&self) -> Option<&'static str> {
+        self.finished.get().copied()
     }
 
     /// The lease is gone (a renewal was refused): nothing more is written.
@@ -126,10 +148,42 @@ impl<S> Leased<S> {
     }
 }
 
-impl<S: Store> Store for Leased<S> {
+/// How a queued run ends, in the queue's words, when `events` end it.
+fn run_outcome(events: &[NewEvent]) -> Option<&'static str> {
+    events.iter().find_map(|event| match &event.kind {
+        EventKind::RunEnded(end) => Some(match end.status {
+            RunStatus::Completed => "completed",
+            RunStatus::Failed => "failed",
+            RunStatus::Cancelled => "cancelled",
+        }),
+        _ => None,
+    })
+}
+
+impl<S: RunEndStore> Store for Leased<S> {
     async fn append(&self, thread: &str, events: Vec<NewEvent>) -> Result<Vec<u64>, StoreError> {
         self.lease.check()?;
-        self.inner.append(thread, events).await
+        let ending =
+            run_outcome(&events).filter(|_| self.inner.global_id(thread) == self.lease.execution);
+        let Some(outcome) = ending else {
+            return self.inner.append(thread, events).await;
+        };
+        match self
+            .inner
+            .append_ending_run(thread, events, &self.lease.hold, outcome)
+            .await
+        {
+            Ok(seqs) => {
+                let _ = self.lease.finished.set(outcome);
+                Ok(seqs)
+            }
+            Err(error) => {
+                if matches!(error, StoreError::LeaseLost { .. }) {
+                    self.lease.lose();
+                }
+                Err(error)
+            }
+        }
     }
 
     async fn events(&self, thread: &str) -> Result<Vec<Event>, StoreError> {
@@ -316,6 +370,17 @@ impl<S: TurnQueueStore> TurnQueueStore for Leased<S> {
     async fn leave_turn_queue(&self, thread: &str, ticket: TurnTicket) -> Result<(), StoreError> {
         self.inner.leave_turn_queue(thread, ticket).await
     }
+
+    // A write to the thread like any other: refused once the lease is lost.
+    async fn append_leaving_turn(
+        &self,
+        thread: &str,
+        events: Vec<NewEvent>,
+        ticket: TurnTicket,
+    ) -> Result<Vec<u64>, StoreError> {
+        self.lease.check()?;
+        self.inner.append_leaving_turn(thread, events, ticket).await
+    }
 }
 
 #[cfg(test)]
@@ -326,7 +391,24 @@ mod tests {
     use contexture_core::thread::EventKind;
 
     use super::*;
-    use crate::SqliteStore;
+    use crate::{ExecutionQueueStore, SqliteStore};
+
+    fn hold(epoch: i64) -> QueueHold {
+        QueueHold {
+            node: "node-1".into(),
+            epoch,
+        }
+    }
+
+    fn ended(status: RunStatus) -> Vec<NewEvent> {
+        vec![NewEvent::new(EventKind::RunEnded(
+            contexture_core::thread::RunEnd {
+                status,
+                output: None,
+                error: None,
+            },
+        ))]
+    }
 
     fn appended(text: &str) -> Vec<NewEvent> {
         vec![NewEvent::new(EventKind::MessageAppended {
@@ -337,7 +419,7 @@ mod tests {
     #[test]
     fn a_lease_is_usable_until_its_margin_before_it_ends() {
         let sent = Instant::now();
-        let lease = HeldLease::new("run-1", Duration::from_secs(10), sent);
+        let lease = HeldLease::new("run-1", hold(1), Duration::from_secs(10), sent);
         assert_eq!(lease.deadline(), sent + Duration::from_secs(8));
         assert!(lease.holds());
         // A renewal sent earlier than the claim never shortens the lease.
@@ -359,6 +441,7 @@ mod tests {
         let store = SqliteStore::open(dir.join("leased.db")).await.unwrap();
         let lease = Arc::new(HeldLease::new(
             "run-1",
+            hold(1),
             Duration::from_secs(60),
             Instant::now(),
         ));
@@ -388,6 +471,7 @@ mod tests {
         let store = SqliteStore::open(dir.join("leased.db")).await.unwrap();
         let lease = Arc::new(HeldLease::new(
             "run-1",
+            hold(1),
             Duration::from_millis(50),
             Instant::now(),
         ));
@@ -397,5 +481,74 @@ mod tests {
             leased.append("run-1", appended("late")).await,
             Err(StoreError::LeaseLost { .. })
         ));
+    }
+
+    #[tokio::test]
+    async fn the_runs_own_end_finishes_it_in_the_queue_and_a_childs_does_not() {
+        let dir = crate::testing::TempDir::new("contexture-leased");
+        let store = SqliteStore::open(dir.join("leased.db")).await.unwrap();
+        store
+            .enqueue_execution("run-1", "acme", &serde_json::json!({}))
+            .await
+            .unwrap();
+        let claim = store
+            .claim_executions("node-1", 1, 10, Duration::from_secs(60))
+            .await
+            .unwrap();
+        let lease = Arc::new(HeldLease::new(
+            "run-1",
+            hold(claim[0].epoch),
+            Duration::from_secs(60),
+            Instant::now(),
+        ));
+        let leased = Leased::new(store.clone(), lease.clone());
+        // A sub-workflow's end is its own log's: the queue row stays the run's.
+        leased
+            .append("run-1~child", ended(RunStatus::Failed))
+            .await
+            .unwrap();
+        let row = store.queued_execution("run-1").await.unwrap().unwrap();
+        assert_eq!(row.state, crate::QueueState::Running);
+        assert_eq!(lease.finished(), None);
+        leased
+            .append("run-1", ended(RunStatus::Completed))
+            .await
+            .unwrap();
+        let row = store.queued_execution("run-1").await.unwrap().unwrap();
+        assert_eq!(row.state, crate::QueueState::Finished);
+        assert_eq!(row.outcome.as_deref(), Some("completed"));
+        assert_eq!(lease.finished(), Some("completed"));
+    }
+
+    #[tokio::test]
+    async fn an_end_refused_by_the_queue_loses_the_lease_and_stores_nothing() {
+        let dir = crate::testing::TempDir::new("contexture-leased");
+        let store = SqliteStore::open(dir.join("leased.db")).await.unwrap();
+        store
+            .enqueue_execution("run-1", "acme", &serde_json::json!({}))
+            .await
+            .unwrap();
+        let claim = store
+            .claim_executions("node-1", 1, 10, Duration::from_secs(60))
+            .await
+            .unwrap();
+        // This server's clock says it holds the run; the queue says another claim does.
+        let lease = Arc::new(HeldLease::new(
+            "run-1",
+            hold(claim[0].epoch + 1),
+            Duration::from_secs(60),
+            Instant::now(),
+        ));
+        let leased = Leased::new(store.clone(), lease.clone());
+        leased.append("run-1", appended("step")).await.unwrap();
+        assert!(matches!(
+            leased.append("run-1", ended(RunStatus::Completed)).await,
+            Err(StoreError::LeaseLost { .. })
+        ));
+        assert!(!lease.holds());
+        assert_eq!(lease.finished(), None);
+        assert_eq!(store.events("run-1").await.unwrap().len(), 1);
+        let row = store.queued_execution("run-1").await.unwrap().unwrap();
+        assert_eq!(row.state, crate::QueueState::Running);
     }
 }

@@ -66,7 +66,8 @@ use contexture_core::tokens::Encoding;
 pub use api_keys::{ApiKeyRecord, ApiKeyStore};
 pub use error::{DriverError, StoreError};
 pub use execution_queue::{
-    ExecutionClaim, ExecutionQueueStore, PRUNE_BATCH, QueueCounts, QueueState, QueuedExecution,
+    ExecutionClaim, ExecutionQueueStore, PRUNE_BATCH, QueueCounts, QueueHold, QueueState,
+    QueuedExecution, RunEndStore,
 };
 pub use leased::{HeldLease, Leased};
 #[cfg(feature = "postgres")]

@@ -20,8 +20,8 @@ use contexture_core::tokens::Encoding;
 
 use crate::retention::{RequestRetention, RequestsPruned};
 use crate::{
-    EventOutline, EventPage, KeyedEvent, NewEvent, ProjectionTail, PruneReport, RecentCursor,
-    Store, StoreError, ThreadInfo, TurnQueueStore, TurnTicket,
+    EventOutline, EventPage, KeyedEvent, NewEvent, ProjectionTail, PruneReport, QueueHold,
+    RecentCursor, RunEndStore, Store, StoreError, ThreadInfo, TurnQueueStore, TurnTicket,
 };
 
 /// The separator between a tenant's name and the id the tenant knows, in stored ids.
@@ -432,6 +432,22 @@ impl<S: Store> Store for Scoped<S> {
     }
 }
 
+impl<S: RunEndStore> RunEndStore for Scoped<S> {
+    async fn append_ending_run(
+        &self,
+        thread: &str,
+        events: Vec<NewEvent>,
+        hold: &QueueHold,
+        outcome: &str,
+    ) -> Result<Vec<u64>, StoreError> {
+        let events = events.into_iter().map(|e| self.scope_event(e)).collect();
+        self.inner
+            .append_ending_run(&self.stored_id(thread), events, hold, outcome)
+            .await
+            .map_err(|e| self.unscope_error(e))
+    }
+}
+
 impl<S: TurnQueueStore> TurnQueueStore for Scoped<S> {
     async fn join_turn_queue(&self, thread: &str) -> Result<TurnTicket, StoreError> {
         self.inner
@@ -466,6 +482,19 @@ impl<S: TurnQueueStore> TurnQueueStore for Scoped<S> {
     async fn leave_turn_queue(&self, thread: &str, ticket: TurnTicket) -> Result<(), StoreError> {
         self.inner
             .leave_turn_queue(&self.stored_id(thread), ticket)
+            .await
+            .map_err(|e| self.unscope_error(e))
+    }
+
+    async fn append_leaving_turn(
+        &self,
+        thread: &str,
+        events: Vec<NewEvent>,
+        ticket: TurnTicket,
+    ) -> Result<Vec<u64>, StoreError> {
+        let events = events.into_iter().map(|e| self.scope_event(e)).collect();
+        self.inner
+            .append_leaving_turn(&self.stored_id(thread), events, ticket)
             .await
             .map_err(|e| self.unscope_error(e))
     }

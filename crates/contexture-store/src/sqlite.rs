@@ -336,8 +336,15 @@ impl Inner {
     }
 }
 
-impl Store for SqliteStore {
-    async fn append(&self, thread: &str, events: Vec<NewEvent>) -> Result<Vec<u64>, StoreError> {
+impl SqliteStore {
+    /// Appends `events` to `thread` and runs `then` in the same write (after the rows are
+    /// inserted): an error of `then` stores none of them.
+    pub(crate) async fn append_then(
+        &self,
+        thread: &str,
+        events: Vec<NewEvent>,
+        then: impl FnOnce(&Connection) -> Result<(), StoreError> + Send + 'static,
+    ) -> Result<Vec<u64>, StoreError> {
         if events.is_empty() {
             return Ok(Vec::new());
         }
@@ -356,8 +363,18 @@ impl Store for SqliteStore {
                 .load(std::sync::atomic::Ordering::Relaxed),
         };
         let referable = Arc::clone(&self.inner.referable);
-        self.write(move |conn| writes::append_rows(conn, &thread, rows, limits, &referable))
-            .await
+        self.write(move |conn| {
+            let seqs = writes::append_rows(conn, &thread, rows, limits, &referable)?;
+            then(conn)?;
+            Ok(seqs)
+        })
+        .await
+    }
+}
+
+impl Store for SqliteStore {
+    async fn append(&self, thread: &str, events: Vec<NewEvent>) -> Result<Vec<u64>, StoreError> {
+        self.append_then(thread, events, |_| Ok(())).await
     }
 
     async fn events(&self, thread: &str) -> Result<Vec<Event>, StoreError> {

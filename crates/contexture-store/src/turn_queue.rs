@@ -2,7 +2,8 @@
 //! sees one queue: a turn joins with [`TurnQueueStore::join_turn_queue`] and gets a ticket,
 //! holds its thread while no ticket before it is left ([`TurnQueueStore::turns_ahead`]),
 //! keeps its place alive with [`TurnQueueStore::renew_turn`], and leaves with
-//! [`TurnQueueStore::leave_turn_queue`]. A turn whose server stopped stops renewing; once its
+//! [`TurnQueueStore::leave_turn_queue`], or with its last write
+//! ([`TurnQueueStore::append_leaving_turn`]). A turn whose server stopped stops renewing; once its
 //! heartbeat is older than the lease, the next turn that renews removes it. Both stores
 //! implement it (SQLite migration 0011, PostgreSQL migration 0010).
 //!
@@ -14,7 +15,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::StoreError;
+use crate::{NewEvent, StoreError};
 
 /// A place in a thread's queue of turns.
 pub type TurnTicket = i64;
@@ -52,6 +53,16 @@ pub trait TurnQueueStore: Send + Sync {
         thread: &str,
         ticket: TurnTicket,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Appends `events` to `thread` and leaves its queue with `ticket`, in one write: a
+    /// turn's last write (its end), after which the next turn may hold the thread. The
+    /// ticket is left only when the events are stored.
+    fn append_leaving_turn(
+        &self,
+        thread: &str,
+        events: Vec<NewEvent>,
+        ticket: TurnTicket,
+    ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
 }
 
 /// `lease` in whole milliseconds, for the stores' arithmetic.

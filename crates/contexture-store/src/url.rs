@@ -263,6 +263,18 @@ impl AnyStore {
     }
 }
 
+impl crate::RunEndStore for AnyStore {
+    async fn append_ending_run(
+        &self,
+        thread: &str,
+        events: Vec<NewEvent>,
+        hold: &crate::QueueHold,
+        outcome: &str,
+    ) -> Result<Vec<u64>, StoreError> {
+        on_backend!(self, store => store.append_ending_run(thread, events, hold, outcome).await)
+    }
+}
+
 impl crate::ExecutionQueueStore for AnyStore {
     async fn enqueue_execution(
         &self,
@@ -373,6 +385,15 @@ impl crate::TurnQueueStore for AnyStore {
         ticket: crate::TurnTicket,
     ) -> Result<(), StoreError> {
         on_backend!(self, store => store.leave_turn_queue(thread, ticket).await)
+    }
+
+    async fn append_leaving_turn(
+        &self,
+        thread: &str,
+        events: Vec<NewEvent>,
+        ticket: crate::TurnTicket,
+    ) -> Result<Vec<u64>, StoreError> {
+        on_backend!(self, store => store.append_leaving_turn(thread, events, ticket).await)
     }
 }
 

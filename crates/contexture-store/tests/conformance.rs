@@ -20,8 +20,8 @@ use contexture_core::tokens::{Encoding, message_tokens};
 use contexture_core::{Message, Role, ToolCall};
 use contexture_store::{
     ApiKeyRecord, ApiKeyStore, ExecutionQueueStore, NewEvent, PRUNE_BATCH, PruneReport,
-    QueueCounts, QueueState, RecentCursor, RequestRetention, RetentionRules, Store, StoreError,
-    ThreadInfo, TurnQueueStore,
+    QueueCounts, QueueHold, QueueState, RecentCursor, RequestRetention, RetentionRules,
+    RunEndStore, Store, StoreError, ThreadInfo, TurnQueueStore,
 };
 use serde_json::json;
 
@@ -2177,6 +2177,197 @@ async fn finished_runs_leave_the_queue_once_kept_long_enough_and_no_other_run_do
     assert_eq!(s.prune_finished_executions(Duration::MAX).await.unwrap(), 0);
 }
 
+async fn a_turns_last_write_leaves_its_queue_only_when_its_events_are_stored(h: &impl Harness) {
+    let s = h.any();
+    s.set_max_thread_events(Some(4));
+    let first = s.join_turn_queue("t").await.unwrap();
+    let second = s.join_turn_queue("t").await.unwrap();
+    let other_thread = s.join_turn_queue("u").await.unwrap();
+    assert_eq!(s.turns_ahead("t", second).await.unwrap(), Some(1));
+    // Plain events (one statement on PostgreSQL) and keyed ones (a transaction).
+    assert_eq!(
+        s.append_leaving_turn("t", vec![user("a"), user("b")], first)
+            .await
+            .unwrap(),
+        [1, 2]
+    );
+    assert_eq!(s.turns_ahead("t", first).await.unwrap(), None);
+    assert_eq!(s.turns_ahead("t", second).await.unwrap(), Some(0));
+    // Events that are not stored leave the ticket where it was.
+    for batch in [
+        vec![user("c"), user("d"), user("e")],
+        vec![
+            user("c").with_key("k1"),
+            user("d").with_key("k2"),
+            user("e"),
+        ],
+    ] {
+        assert!(matches!(
+            s.append_leaving_turn("t", batch, second).await,
+            Err(StoreError::ThreadFull { .. })
+        ));
+        assert_eq!(s.turns_ahead("t", second).await.unwrap(), Some(0));
+    }
+    assert_eq!(
+        s.append_leaving_turn("t", vec![user("c").with_key("k1")], second)
+            .await
+            .unwrap(),
+        [3]
+    );
+    assert_eq!(s.turns_ahead("t", second).await.unwrap(), None);
+    assert_eq!(
+        texts(&s.load("t").await.unwrap().projection().messages),
+        ["a", "b", "c"]
+    );
+    // Another thread's queue is its own, and a ticket of another thread is not left.
+    s.append_leaving_turn("t", vec![user("d")], other_thread)
+        .await
+        .unwrap();
+    assert_eq!(s.turns_ahead("u", other_thread).await.unwrap(), Some(0));
+    // Through a tenant's view the queue is the tenant's thread's.
+    let acme = s
+        .clone()
+        .scoped(contexture_store::Tenant::new("acme").unwrap());
+    let ticket = acme.join_turn_queue("t").await.unwrap();
+    assert_eq!(
+        acme.append_leaving_turn("t", vec![user("x")], ticket)
+            .await
+            .unwrap(),
+        [1]
+    );
+    assert_eq!(acme.turns_ahead("t", ticket).await.unwrap(), None);
+    assert_eq!(s.events("acme/t").await.unwrap().len(), 1);
+    s.set_max_thread_events(None);
+}
+
+fn run_ended(status: RunStatus) -> NewEvent {
+    NewEvent::new(EventKind::RunEnded(RunEnd {
+        status,
+        output: None,
+        error: None,
+    }))
+}
+
+async fn a_runs_end_and_its_finish_in_the_queue_are_one_write_by_its_holder_only(h: &impl Harness) {
+    let s = h.store();
+    let other = h.reopen().await;
+    let lease = Duration::from_secs(30);
+    s.enqueue_execution("run-e", "acme", &json!({}))
+        .await
+        .unwrap();
+    s.append("run-e", vec![user("started")]).await.unwrap();
+    let first = s.claim_executions("node-1", 1, 10, lease).await.unwrap();
+    let held = QueueHold {
+        node: "node-1".into(),
+        epoch: first[0].epoch,
+    };
+    // The holder loses the run: its lease is given up and another server claims it.
+    assert!(
+        s.release_execution("run-e", "node-1", held.epoch)
+            .await
+            .unwrap()
+    );
+    let second = other
+        .claim_executions("node-2", 1, 10, lease)
+        .await
+        .unwrap();
+    assert_eq!(second.len(), 1);
+    // The earlier holder's end is refused whole: neither the event nor the finish is stored.
+    let refused = s
+        .append_ending_run(
+            "run-e",
+            vec![run_ended(RunStatus::Completed)],
+            &held,
+            "completed",
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::LeaseLost { ref execution }) if execution == "run-e"),
+        "{refused:?}"
+    );
+    assert_eq!(s.events("run-e").await.unwrap().len(), 1);
+    let row = s.queued_execution("run-e").await.unwrap().unwrap();
+    assert_eq!(row.state, QueueState::Running);
+    assert_eq!(row.owner.as_deref(), Some("node-2"));
+    // The holder's end: the event and the finish at once.
+    let holder = QueueHold {
+        node: "node-2".into(),
+        epoch: second[0].epoch,
+    };
+    let seqs = other
+        .append_ending_run(
+            "run-e",
+            vec![user("last words"), run_ended(RunStatus::Failed)],
+            &holder,
+            "failed",
+        )
+        .await
+        .unwrap();
+    assert_eq!(seqs, [2, 3]);
+    let row = s.queued_execution("run-e").await.unwrap().unwrap();
+    assert_eq!(row.state, QueueState::Finished);
+    assert_eq!(row.outcome.as_deref(), Some("failed"));
+    assert!(row.finished_at_ms.is_some());
+    // A finished run takes no second end, and is never claimed again.
+    assert!(matches!(
+        other
+            .append_ending_run(
+                "run-e",
+                vec![run_ended(RunStatus::Completed)],
+                &holder,
+                "completed"
+            )
+            .await,
+        Err(StoreError::LeaseLost { .. })
+    ));
+    assert_eq!(s.events("run-e").await.unwrap().len(), 3);
+    assert!(
+        s.claim_executions("node-3", 5, 10, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // A run never queued has no holder: its end is refused too.
+    assert!(matches!(
+        s.append_ending_run(
+            "never-queued",
+            vec![run_ended(RunStatus::Completed)],
+            &holder,
+            "completed"
+        )
+        .await,
+        Err(StoreError::LeaseLost { .. })
+    ));
+    assert!(!s.exists("never-queued").await.unwrap());
+    // The same through a tenant's view: the run's id in the queue is its id in the store.
+    let scoped = h
+        .any()
+        .scoped(contexture_store::Tenant::new("acme").unwrap());
+    s.enqueue_execution("acme/run-t", "acme", &json!({}))
+        .await
+        .unwrap();
+    let third = s.claim_executions("node-1", 1, 10, lease).await.unwrap();
+    let hold = QueueHold {
+        node: "node-1".into(),
+        epoch: third[0].epoch,
+    };
+    scoped
+        .append_ending_run(
+            "run-t",
+            vec![run_ended(RunStatus::Cancelled)],
+            &hold,
+            "cancelled",
+        )
+        .await
+        .unwrap();
+    let row = s.queued_execution("acme/run-t").await.unwrap().unwrap();
+    assert_eq!(
+        (row.state, row.outcome.as_deref()),
+        (QueueState::Finished, Some("cancelled"))
+    );
+    assert_eq!(scoped.events("run-t").await.unwrap().len(), 1);
+}
+
 async fn a_runs_failures_are_counted_by_its_holder_only_and_it_waits_before_its_next_claim(
     h: &impl Harness,
 ) {
@@ -3173,6 +3364,8 @@ conformance!(
     finished_runs_leave_the_queue_once_kept_long_enough_and_no_other_run_does,
     claims_racing_from_two_processes_hold_each_run_once_and_the_tenant_limit,
     a_runs_failures_are_counted_by_its_holder_only_and_it_waits_before_its_next_claim,
+    a_runs_end_and_its_finish_in_the_queue_are_one_write_by_its_holder_only,
+    a_turns_last_write_leaves_its_queue_only_when_its_events_are_stored,
     ],
     before_api_keys: [api_key_migration_applies_to_an_older_database],
 );

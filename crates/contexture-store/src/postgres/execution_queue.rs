@@ -6,19 +6,57 @@
 
 use std::time::Duration;
 
+use deadpool_postgres::GenericClient;
 use serde_json::Value;
 
 use super::PgStore;
+use super::writes::AlsoWritten;
 use crate::error::Action;
 use crate::execution_queue::{
-    ExecutionClaim, PRUNE_BATCH, QUEUED_COLUMNS, QueueCounts, QueuedExecution, QueuedRow,
-    request_of,
+    ExecutionClaim, PRUNE_BATCH, QUEUED_COLUMNS, QueueCounts, QueueHold, QueuedExecution,
+    QueuedRow, RunEndStore, request_of,
 };
 use crate::turn_queue::lease_ms;
-use crate::{ExecutionQueueStore, StoreError};
+use crate::{ExecutionQueueStore, NewEvent, StoreError};
 
 /// The database's clock in milliseconds since the Unix epoch.
 const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
+
+/// Finishes run `id` as `outcome` when `node` holds it with `epoch` (in the caller's
+/// transaction, if any): false when it does not.
+pub(super) async fn finish_held(
+    client: &impl GenericClient,
+    id: &str,
+    node: &str,
+    epoch: i64,
+    outcome: &str,
+) -> Result<bool, StoreError> {
+    let finished = client
+        .execute(
+            &format!(
+                "UPDATE execution_queue SET state = 'finished', outcome = $4, \
+                 finished_at = {NOW_MS}, lease_until = NULL \
+                 WHERE id = $1 AND owner = $2 AND epoch = $3 AND state = 'running'"
+            ),
+            &[&id, &node, &epoch, &outcome],
+        )
+        .await
+        .doing("finish an execution")?;
+    Ok(finished == 1)
+}
+
+impl RunEndStore for PgStore {
+    async fn append_ending_run(
+        &self,
+        thread: &str,
+        events: Vec<NewEvent>,
+        hold: &QueueHold,
+        outcome: &str,
+    ) -> Result<Vec<u64>, StoreError> {
+        self.append_events_with(thread, events, AlsoWritten::RunFinished { hold, outcome })
+            .await
+    }
+}
 
 /// Runs a claim looks at in one go: past them, the next claim goes on.
 const CLAIM_WINDOW: i64 = 1_000;
@@ -167,18 +205,7 @@ impl ExecutionQueueStore for PgStore {
         outcome: &str,
     ) -> Result<bool, StoreError> {
         let client = self.pool.get().await?;
-        let finished = client
-            .execute(
-                &format!(
-                    "UPDATE execution_queue SET state = 'finished', outcome = $4, \
-                     finished_at = {NOW_MS}, lease_until = NULL \
-                     WHERE id = $1 AND owner = $2 AND epoch = $3 AND state = 'running'"
-                ),
-                &[&id, &node, &epoch, &outcome],
-            )
-            .await
-            .doing("finish an execution")?;
-        Ok(finished == 1)
+        finish_held(&client, id, node, epoch, outcome).await
     }
 
     async fn release_execution(

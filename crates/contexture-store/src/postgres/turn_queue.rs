@@ -5,9 +5,10 @@
 use std::time::Duration;
 
 use super::PgStore;
+use super::writes::AlsoWritten;
 use crate::error::Action;
 use crate::turn_queue::lease_ms;
-use crate::{StoreError, TurnQueueStore, TurnTicket};
+use crate::{NewEvent, StoreError, TurnQueueStore, TurnTicket};
 
 /// The database's clock in milliseconds since the Unix epoch.
 const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
@@ -105,5 +106,15 @@ impl TurnQueueStore for PgStore {
             .await
             .doing("leave a thread's turn queue")?;
         Ok(())
+    }
+
+    async fn append_leaving_turn(
+        &self,
+        thread: &str,
+        events: Vec<NewEvent>,
+        ticket: TurnTicket,
+    ) -> Result<Vec<u64>, StoreError> {
+        self.append_events_with(thread, events, AlsoWritten::TurnLeft(ticket))
+            .await
     }
 }

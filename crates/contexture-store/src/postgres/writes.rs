@@ -9,13 +9,14 @@ use contexture_core::thread::EventKind;
 use deadpool_postgres::GenericClient;
 
 use super::PgStore;
+use super::execution_queue::finish_held;
 use super::references;
 use crate::calibration;
 use crate::error::Action;
 use crate::forks::{ForkPlan, PrefixSize, SizeRow};
 use crate::record::{self, Row, ThreadLimits, db_bytes, db_seq, seq_of};
 use crate::request_refs::REQUEST_STARTED;
-use crate::{NewEvent, StoreError, epoch_ms};
+use crate::{NewEvent, QueueHold, StoreError, TurnTicket, epoch_ms};
 
 /// True for events whose validity depends on the seq they get, and for request records,
 /// stored by reference to the events before them.
@@ -26,15 +27,33 @@ pub(super) fn needs_seq_check(event: &EventKind) -> bool {
     )
 }
 
+/// What an append writes besides its events, in the same transaction.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum AlsoWritten<'a> {
+    /// Nothing else.
+    Nothing,
+    /// The run whose log the thread is finished in the queue as `outcome`, when `hold`
+    /// still holds it (see [`crate::RunEndStore`]); else nothing is stored.
+    RunFinished {
+        hold: &'a QueueHold,
+        outcome: &'a str,
+    },
+    /// The turn holding the thread leaves its queue (see
+    /// [`crate::TurnQueueStore::append_leaving_turn`]).
+    TurnLeft(TurnTicket),
+}
+
 /// Appends events that need neither an idempotency lookup nor a seq-dependent check in one
 /// statement (its own transaction): the upsert of the thread's row takes the row lock and
-/// reserves the seqs, and the events are inserted with them.
+/// reserves the seqs, and the events are inserted with them; with `leaving`, that ticket
+/// leaves the thread's queue of turns in the same statement, when the events are stored.
 pub(super) async fn append_fast(
     client: &impl GenericClient,
     thread: &str,
     rows: Vec<Row>,
     now: i64,
     limits: ThreadLimits,
+    leaving: Option<TurnTicket>,
 ) -> Result<Vec<u64>, StoreError> {
     let count = i64::try_from(rows.len()).unwrap_or(i64::MAX);
     let added: u64 = rows.iter().map(|row| record::body_bytes(&row.body)).sum();
@@ -58,8 +77,16 @@ pub(super) async fn append_fast(
         tokens.push(row.tokens);
         ordinary.push(row.ordinary_message.then_some(1i16));
     }
+    // A data-modifying part of a statement runs whether or not the rest reads it.
+    let leave = if leaving.is_some() {
+        ", left_queue AS (
+             DELETE FROM turn_queue
+             WHERE thread_id = $1 AND ticket = $12 AND EXISTS (SELECT 1 FROM reserved))"
+    } else {
+        ""
+    };
     let statement = client
-        .prepare_cached(
+        .prepare_cached(&format!(
             "WITH reserved AS (
                  INSERT INTO threads (id, last_seq, created_at, updated_at, bytes, message_bytes)
                  VALUES ($1, $2, $3, $3, $9, $11)
@@ -69,34 +96,37 @@ pub(super) async fn append_fast(
                      message_bytes = threads.message_bytes + EXCLUDED.message_bytes
                  WHERE threads.last_seq + EXCLUDED.last_seq <= $7
                    AND threads.bytes + EXCLUDED.bytes <= $8
-                 RETURNING last_seq)
+                 RETURNING last_seq){leave}
              INSERT INTO events
                  (thread_id, seq, kind, body, tokens, idempotency_key, created_at, ordinary_message)
              SELECT $1, reserved.last_seq - $2 + e.ord, e.kind, e.body, e.tokens, NULL, $3, e.ordinary
              FROM reserved,
                   UNNEST($4::text[], $5::text[], $6::text[], $10::smallint[])
                       WITH ORDINALITY AS e (kind, body, tokens, ordinary, ord)
-             RETURNING seq",
-        )
+             RETURNING seq"
+        ))
         .await
         .doing("prepare the append")?;
+    let (max_events, max_bytes) = (cap(limits.max_events), cap(limits.max_bytes));
+    let (added_bytes, added_message_bytes) = (db_bytes(added), db_bytes(added_messages));
+    let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![
+        &thread,
+        &count,
+        &now,
+        &kinds,
+        &bodies,
+        &tokens,
+        &max_events,
+        &max_bytes,
+        &added_bytes,
+        &ordinary,
+        &added_message_bytes,
+    ];
+    if let Some(ticket) = &leaving {
+        params.push(ticket);
+    }
     let rows = client
-        .query(
-            &statement,
-            &[
-                &thread,
-                &count,
-                &now,
-                &kinds,
-                &bodies,
-                &tokens,
-                &cap(limits.max_events),
-                &cap(limits.max_bytes),
-                &db_bytes(added),
-                &ordinary,
-                &db_bytes(added_messages),
-            ],
-        )
+        .query(&statement, &params)
         .await
         .doing("append events")?;
     // The thread's row was not updated (it would pass a limit), so nothing was inserted.
@@ -209,6 +239,17 @@ impl PgStore {
         thread: &str,
         events: Vec<NewEvent>,
     ) -> Result<Vec<u64>, StoreError> {
+        self.append_events_with(thread, events, AlsoWritten::Nothing)
+            .await
+    }
+
+    /// Appends `events` to `thread` and writes `also` in the same transaction.
+    pub(super) async fn append_events_with(
+        &self,
+        thread: &str,
+        events: Vec<NewEvent>,
+        also: AlsoWritten<'_>,
+    ) -> Result<Vec<u64>, StoreError> {
         if events.is_empty() {
             return Ok(Vec::new());
         }
@@ -216,11 +257,17 @@ impl PgStore {
         let now = epoch_ms(SystemTime::now());
         let limits = self.limits();
         let mut client = self.pool.get().await?;
-        if rows
+        let fast = rows
             .iter()
-            .all(|row| row.key.is_none() && !row.step_answer && !needs_seq_check(&row.event))
-        {
-            return append_fast(&client, thread, rows, now, limits).await;
+            .all(|row| row.key.is_none() && !row.step_answer && !needs_seq_check(&row.event));
+        match also {
+            AlsoWritten::Nothing if fast => {
+                return append_fast(&client, thread, rows, now, limits, None).await;
+            }
+            AlsoWritten::TurnLeft(ticket) if fast => {
+                return append_fast(&client, thread, rows, now, limits, Some(ticket)).await;
+            }
+            _ => {}
         }
         let tx = client.transaction().await.doing("begin an append")?;
         tx.execute(
@@ -310,6 +357,25 @@ impl PgStore {
         )
         .await
         .doing("update the thread")?;
+        match also {
+            AlsoWritten::Nothing => {}
+            AlsoWritten::RunFinished { hold, outcome } => {
+                if !finish_held(&tx, thread, &hold.node, hold.epoch, outcome).await? {
+                    // Dropping the transaction rolls the append back.
+                    return Err(StoreError::LeaseLost {
+                        execution: thread.to_owned(),
+                    });
+                }
+            }
+            AlsoWritten::TurnLeft(ticket) => {
+                tx.execute(
+                    "DELETE FROM turn_queue WHERE ticket = $2 AND thread_id = $1",
+                    &[&thread, &ticket],
+                )
+                .await
+                .doing("leave a thread's turn queue")?;
+            }
+        }
         tx.commit().await.doing("commit the append")?;
         for (deletions, kept) in to_keep {
             self.referable.put(thread, deletions, kept);

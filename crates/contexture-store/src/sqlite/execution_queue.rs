@@ -6,17 +6,59 @@
 
 use std::time::{Duration, SystemTime};
 
-use rusqlite::{OptionalExtension, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
 
 use super::SqliteStore;
 use crate::error::Action;
 use crate::execution_queue::{
-    ExecutionClaim, PRUNE_BATCH, QUEUED_COLUMNS, QueueCounts, QueuedExecution, QueuedRow,
-    request_of,
+    ExecutionClaim, PRUNE_BATCH, QUEUED_COLUMNS, QueueCounts, QueueHold, QueuedExecution,
+    QueuedRow, RunEndStore, request_of,
 };
 use crate::turn_queue::lease_ms;
-use crate::{ExecutionQueueStore, StoreError, epoch_ms};
+use crate::{ExecutionQueueStore, NewEvent, Store, StoreError, epoch_ms};
+
+/// Finishes run `id` as `outcome` when `node` holds it with `epoch`, inside the caller's
+/// write: false when it does not.
+fn finish_held(
+    tx: &Connection,
+    id: &str,
+    node: &str,
+    epoch: i64,
+    outcome: &str,
+) -> Result<bool, StoreError> {
+    let now = epoch_ms(SystemTime::now());
+    let finished = tx
+        .prepare_cached(
+            "UPDATE execution_queue SET state = 'finished', outcome = ?4, \
+             finished_at = ?5, lease_until = NULL \
+             WHERE id = ?1 AND owner = ?2 AND epoch = ?3 AND state = 'running'",
+        )
+        .doing("prepare the finish")?
+        .execute(params![id, node, epoch, outcome, now])
+        .doing("finish an execution")?;
+    Ok(finished == 1)
+}
+
+impl RunEndStore for SqliteStore {
+    async fn append_ending_run(
+        &self,
+        thread: &str,
+        events: Vec<NewEvent>,
+        hold: &QueueHold,
+        outcome: &str,
+    ) -> Result<Vec<u64>, StoreError> {
+        let (id, hold, outcome) = (self.global_id(thread), hold.clone(), outcome.to_owned());
+        self.append_then(thread, events, move |tx| {
+            if finish_held(tx, &id, &hold.node, hold.epoch, &outcome)? {
+                Ok(())
+            } else {
+                Err(StoreError::LeaseLost { execution: id })
+            }
+        })
+        .await
+    }
+}
 
 /// Runs a claim looks at in one go: past them, the next claim goes on.
 const CLAIM_WINDOW: i64 = 1_000;
@@ -162,20 +204,8 @@ impl ExecutionQueueStore for SqliteStore {
         outcome: &str,
     ) -> Result<bool, StoreError> {
         let (id, node, outcome) = (id.to_owned(), node.to_owned(), outcome.to_owned());
-        let now = epoch_ms(SystemTime::now());
-        self.write(move |tx| {
-            let finished = tx
-                .prepare_cached(
-                    "UPDATE execution_queue SET state = 'finished', outcome = ?4, \
-                     finished_at = ?5, lease_until = NULL \
-                     WHERE id = ?1 AND owner = ?2 AND epoch = ?3 AND state = 'running'",
-                )
-                .doing("prepare the finish")?
-                .execute(params![id, node, epoch, outcome, now])
-                .doing("finish an execution")?;
-            Ok(finished == 1)
-        })
-        .await
+        self.write(move |tx| finish_held(tx, &id, &node, epoch, &outcome))
+            .await
     }
 
     async fn release_execution(

@@ -4,12 +4,12 @@
 
 use std::time::{Duration, SystemTime};
 
-use rusqlite::{OptionalExtension, params};
+use rusqlite::{Connection, OptionalExtension, params};
 
 use super::SqliteStore;
 use crate::error::Action;
 use crate::turn_queue::lease_ms;
-use crate::{StoreError, TurnQueueStore, TurnTicket, epoch_ms};
+use crate::{NewEvent, StoreError, TurnQueueStore, TurnTicket, epoch_ms};
 
 impl TurnQueueStore for SqliteStore {
     async fn join_turn_queue(&self, thread: &str) -> Result<TurnTicket, StoreError> {
@@ -86,13 +86,26 @@ impl TurnQueueStore for SqliteStore {
 
     async fn leave_turn_queue(&self, thread: &str, ticket: TurnTicket) -> Result<(), StoreError> {
         let thread = thread.to_owned();
-        self.write(move |tx| {
-            tx.prepare_cached("DELETE FROM turn_queue WHERE ticket = ?2 AND thread_id = ?1")
-                .doing("prepare the turn queue removal")?
-                .execute(params![thread, ticket])
-                .doing("leave a thread's turn queue")?;
-            Ok(())
-        })
-        .await
+        self.write(move |tx| leave(tx, &thread, ticket)).await
     }
+
+    async fn append_leaving_turn(
+        &self,
+        thread: &str,
+        events: Vec<NewEvent>,
+        ticket: TurnTicket,
+    ) -> Result<Vec<u64>, StoreError> {
+        let queue = thread.to_owned();
+        self.append_then(thread, events, move |tx| leave(tx, &queue, ticket))
+            .await
+    }
+}
+
+/// Removes `ticket` from `thread`'s queue, inside the caller's write.
+fn leave(tx: &Connection, thread: &str, ticket: TurnTicket) -> Result<(), StoreError> {
+    tx.prepare_cached("DELETE FROM turn_queue WHERE ticket = ?2 AND thread_id = ?1")
+        .doing("prepare the turn queue removal")?
+        .execute(params![thread, ticket])
+        .doing("leave a thread's turn queue")?;
+    Ok(())
 }

@@ -7,8 +7,8 @@ use std::future::Future;
 
 use contexture_store::testing::{self, TempDir};
 use contexture_store::{
-    AnyStore, ApiKeyStore, ExecutionQueueStore, PgStore, SqliteStore, Store, StoreError,
-    TurnQueueStore,
+    AnyStore, ApiKeyStore, ExecutionQueueStore, PgStore, RunEndStore, SqliteStore, Store,
+    StoreError, TurnQueueStore,
 };
 
 pub use contexture_store::testing::pg_url;
@@ -20,6 +20,7 @@ pub trait Harness: Send + Sync {
         + ApiKeyStore
         + TurnQueueStore
         + ExecutionQueueStore
+        + RunEndStore
         + Clone
         + std::fmt::Debug
         + 'static;
