@@ -13,7 +13,8 @@
 #
 # Needs wrk and curl. Settings (environment):
 #   BUILDS="NAME=BIN ..." (default: this tree's release build) DOORS="chat responses"
-#   ROUNDS=3 CLIENTS=8
+#   ROUNDS=3 CLIENTS=8 MAX_CHAT_TURNS=256 (the tenant's turns in flight; over CLIENTS, so
+#   that no turn is refused)
 #   DURATION=20s WARMUP=5s TURNS_PER_THREAD=50 MODEL=gpt-4o-mini PORT=18089
 #   UPSTREAM_PORT=18090 UPSTREAM_BIN=target/release/contexture-fake-upstream
 #   SKIP_BUILD=1 (use the binaries as they are)
@@ -25,6 +26,7 @@ cd "$root"
 
 ROUNDS="${ROUNDS:-3}"
 CLIENTS="${CLIENTS:-8}"
+MAX_CHAT_TURNS="${MAX_CHAT_TURNS:-256}"
 DURATION="${DURATION:-20s}"
 WARMUP="${WARMUP:-5s}"
 TURNS_PER_THREAD="${TURNS_PER_THREAD:-50}"
@@ -71,6 +73,7 @@ sleep 0.5
 kill -0 "$upstream_pid" 2>/dev/null || { cat "$work/upstream.log" >&2; exit 1; }
 
 results="$work/results.tsv"
+printf '[limits]\nmax_chat_turns = %d\n' "$MAX_CHAT_TURNS" >"$work/serve.toml"
 : >"$results"
 
 run_build() { # NAME BIN ROUND DOOR
@@ -80,7 +83,8 @@ run_build() { # NAME BIN ROUND DOOR
     export CONTEXTURE_BENCH_KEY="$key"
     CONTEXTURE_RATE_LIMIT=0 CONTEXTURE_LOG=warn \
         CONTEXTURE_UPSTREAM_URL="http://127.0.0.1:$UPSTREAM_PORT/v1" \
-        "$bin" serve --db "sqlite:$dir/chat.db" --bind "$ADDR" 2>"$dir/server.log" &
+        "$bin" serve --config "$work/serve.toml" --db "sqlite:$dir/chat.db" --bind "$ADDR" \
+        2>"$dir/server.log" &
     server_pid=$!
     local ready=""
     for _ in $(seq 1 200); do

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use contexture_store::{StoreError, TurnQueueStore, TurnTicket};
+use contexture_store::{JoinedTurn, StoreError, TurnQueueStore, TurnTicket};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -105,25 +105,37 @@ impl TurnQueue {
         // Two tenants' threads of one name share a waker: being woken only makes a turn
         // look at its own queue again.
         let waker = self.wakers.get(thread, Notify::new);
-        let mut ticket = join(store, thread).await?;
+        // Registered before the queue is read (by the join, then by each look), so a turn
+        // leaving in between still wakes this one.
+        let mut notified = Box::pin(waker.notified());
+        notified.as_mut().enable();
+        let joined = join(store, thread).await?;
+        let mut ticket = joined.ticket;
         // From here on the ticket leaves the queue however the wait ends (an error, a
         // timeout, the waiting task dropped).
         let mut lease = TurnLease::new(store, thread, ticket, &waker, self.lease);
         let mut renewed = Instant::now();
+        // The join counted the turns ahead: the first look needs no read of its own.
+        let mut counted = Some(joined.ahead);
         loop {
-            let notified = waker.notified();
-            tokio::pin!(notified);
-            // Registered before the queue is read, so a turn leaving in between still wakes
-            // this one.
-            notified.as_mut().enable();
-            let ahead = match store.turns_ahead(thread, ticket).await? {
+            let ahead = match counted.take() {
                 Some(ahead) => ahead,
                 None => {
-                    // The ticket lapsed (this process stalled for a whole lease): join again.
-                    ticket = join(store, thread).await?;
-                    lease.rejoined(ticket);
-                    renewed = Instant::now();
-                    continue;
+                    notified = Box::pin(waker.notified());
+                    notified.as_mut().enable();
+                    match store.turns_ahead(thread, ticket).await? {
+                        Some(ahead) => ahead,
+                        None => {
+                            // The ticket lapsed (this process stalled for a whole lease):
+                            // join again.
+                            let joined = join(store, thread).await?;
+                            ticket = joined.ticket;
+                            lease.rejoined(ticket);
+                            renewed = Instant::now();
+                            counted = Some(joined.ahead);
+                            continue;
+                        }
+                    }
                 }
             };
             if ahead == 0 {
@@ -146,7 +158,7 @@ impl TurnQueue {
             }
             let next = deadline.min(now + self.poll).min(renewed + self.lease / 3);
             tokio::select! {
-                () = &mut notified => {}
+                () = notified.as_mut() => {}
                 () = tokio::time::sleep_until(next) => {}
             }
         }
@@ -156,7 +168,7 @@ impl TurnQueue {
 /// Joins `thread`'s queue in a task of its own: a caller that stops waiting while the
 /// ticket is being taken (a client that left) does not leave a ticket behind to hold the
 /// thread until it lapses; the task gives it back.
-async fn join<S>(store: &S, thread: &str) -> Result<TurnTicket, StoreError>
+async fn join<S>(store: &S, thread: &str) -> Result<JoinedTurn, StoreError>
 where
     S: TurnQueueStore + Clone + 'static,
 {
@@ -164,8 +176,8 @@ where
     let (store, thread) = (store.clone(), thread.to_owned());
     tokio::spawn(async move {
         let result = store.join_turn_queue(&thread).await;
-        if let Err(Ok(ticket)) = joined.send(result) {
-            let _ = store.leave_turn_queue(&thread, ticket).await;
+        if let Err(Ok(joined)) = joined.send(result) {
+            let _ = store.leave_turn_queue(&thread, joined.ticket).await;
         }
     });
     match ticket.await {

@@ -127,7 +127,7 @@ async fn a_ticket_no_server_renews_lapses_after_the_lease() {
     let dir = TempDir::new("contexture-turn-queue");
     let store = store(&dir).await;
     // A server that joined and stopped: its ticket is never renewed.
-    let stopped = store.join_turn_queue("t").await.unwrap();
+    let stopped = store.join_turn_queue("t").await.unwrap().ticket;
     let lease = Duration::from_millis(300);
     let queue = TurnQueue::with_timing(lease, Duration::from_millis(20));
     let started = Instant::now();
@@ -159,10 +159,13 @@ async fn a_ticket_no_server_renews_lapses_after_the_lease() {
 struct SlowToAnswer(SqliteStore);
 
 impl TurnQueueStore for SlowToAnswer {
-    async fn join_turn_queue(&self, thread: &str) -> Result<i64, contexture_store::StoreError> {
-        let ticket = self.0.join_turn_queue(thread).await?;
+    async fn join_turn_queue(
+        &self,
+        thread: &str,
+    ) -> Result<contexture_store::JoinedTurn, contexture_store::StoreError> {
+        let joined = self.0.join_turn_queue(thread).await?;
         tokio::time::sleep(Duration::from_millis(100)).await;
-        Ok(ticket)
+        Ok(joined)
     }
     async fn turns_ahead(
         &self,

@@ -25,8 +25,9 @@ use contexture_core::tokens::Encoding;
 
 use crate::retention::{RequestRetention, RequestsPruned};
 use crate::{
-    EventOutline, EventPage, KeyedEvent, NewEvent, ProjectionTail, PruneReport, QueueHold,
-    RecentCursor, RunEndStore, Store, StoreError, ThreadInfo, TurnQueueStore, TurnTicket,
+    EventOutline, EventPage, JoinedTurn, KeyedEvent, NewEvent, ProjectionTail, PruneReport,
+    QueueHold, RecentCursor, RunEndStore, Store, StoreError, ThreadInfo, TurnQueueStore,
+    TurnTicket,
 };
 
 /// The share of a lease kept back: a write checked just before the lease ends still has
@@ -344,7 +345,7 @@ impl<S: RunEndStore> Store for Leased<S> {
 }
 
 impl<S: TurnQueueStore> TurnQueueStore for Leased<S> {
-    async fn join_turn_queue(&self, thread: &str) -> Result<TurnTicket, StoreError> {
+    async fn join_turn_queue(&self, thread: &str) -> Result<JoinedTurn, StoreError> {
         self.lease.check()?;
         self.inner.join_turn_queue(thread).await
     }

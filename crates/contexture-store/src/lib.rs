@@ -83,7 +83,7 @@ pub use scoped::{Scoped, Tenant, TenantNameError, tenant_of};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use tail::ProjectionTail;
-pub use turn_queue::{TurnQueueStore, TurnTicket};
+pub use turn_queue::{JoinedTurn, TurnQueueStore, TurnTicket};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use url::{AnyStore, StoreUrl};
 

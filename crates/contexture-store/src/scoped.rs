@@ -20,8 +20,9 @@ use contexture_core::tokens::Encoding;
 
 use crate::retention::{RequestRetention, RequestsPruned};
 use crate::{
-    EventOutline, EventPage, KeyedEvent, NewEvent, ProjectionTail, PruneReport, QueueHold,
-    RecentCursor, RunEndStore, Store, StoreError, ThreadInfo, TurnQueueStore, TurnTicket,
+    EventOutline, EventPage, JoinedTurn, KeyedEvent, NewEvent, ProjectionTail, PruneReport,
+    QueueHold, RecentCursor, RunEndStore, Store, StoreError, ThreadInfo, TurnQueueStore,
+    TurnTicket,
 };
 
 /// The separator between a tenant's name and the id the tenant knows, in stored ids.
@@ -449,7 +450,7 @@ impl<S: RunEndStore> RunEndStore for Scoped<S> {
 }
 
 impl<S: TurnQueueStore> TurnQueueStore for Scoped<S> {
-    async fn join_turn_queue(&self, thread: &str) -> Result<TurnTicket, StoreError> {
+    async fn join_turn_queue(&self, thread: &str) -> Result<JoinedTurn, StoreError> {
         self.inner
             .join_turn_queue(&self.stored_id(thread))
             .await

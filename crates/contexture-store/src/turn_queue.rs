@@ -20,14 +20,25 @@ use crate::{NewEvent, StoreError};
 /// A place in a thread's queue of turns.
 pub type TurnTicket = i64;
 
+/// A turn's place in its thread's queue as it joined ([`TurnQueueStore::join_turn_queue`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JoinedTurn {
+    /// The turn's ticket.
+    pub ticket: TurnTicket,
+    /// How many turns of the thread were ahead of it as it joined (0: it holds the thread),
+    /// as [`TurnQueueStore::turns_ahead`] would have said right then.
+    pub ahead: u64,
+}
+
 /// Storage of each thread's queue of turns (see the module documentation).
 pub trait TurnQueueStore: Send + Sync {
     /// Joins `thread`'s queue (the thread need not exist yet) and returns the turn's ticket,
-    /// renewed as of now.
+    /// renewed as of now, with the turns ahead of it: a turn that finds none holds the
+    /// thread without asking again.
     fn join_turn_queue(
         &self,
         thread: &str,
-    ) -> impl Future<Output = Result<TurnTicket, StoreError>> + Send;
+    ) -> impl Future<Output = Result<JoinedTurn, StoreError>> + Send;
 
     /// How many turns of `thread` are ahead of `ticket` (0: the turn holds the thread), or
     /// `None` when the ticket is no longer in the queue (it left, or its heartbeat lapsed and

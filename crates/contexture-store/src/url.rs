@@ -358,7 +358,7 @@ impl crate::ExecutionQueueStore for AnyStore {
 }
 
 impl crate::TurnQueueStore for AnyStore {
-    async fn join_turn_queue(&self, thread: &str) -> Result<crate::TurnTicket, StoreError> {
+    async fn join_turn_queue(&self, thread: &str) -> Result<crate::JoinedTurn, StoreError> {
         on_backend!(self, store => store.join_turn_queue(thread).await)
     }
 

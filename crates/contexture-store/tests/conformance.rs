@@ -1990,6 +1990,9 @@ async fn turns_hold_a_thread_one_at_a_time_in_the_order_they_joined(h: &impl Har
     let b = other.join_turn_queue("t").await.unwrap();
     let c = s.join_turn_queue("t").await.unwrap();
     let x = other.join_turn_queue("u").await.unwrap();
+    // Each join counted the turns ahead of it as it joined.
+    assert_eq!((a.ahead, b.ahead, c.ahead, x.ahead), (0, 1, 2, 0));
+    let (a, b, c, x) = (a.ticket, b.ticket, c.ticket, x.ticket);
     assert!(
         a < b && b < c,
         "tickets in the order turns joined: {a} {b} {c}"
@@ -2053,6 +2056,8 @@ async fn turns_hold_a_thread_one_at_a_time_in_the_order_they_joined(h: &impl Har
     // Through either backend of `AnyStore` alike.
     let any = h.any();
     let d = any.join_turn_queue("t").await.unwrap();
+    assert_eq!(d.ahead, 1);
+    let d = d.ticket;
     assert_eq!(any.turns_ahead("t", d).await.unwrap(), Some(1));
     assert!(any.renew_turn("t", d, lease).await.unwrap());
     any.leave_turn_queue("t", c).await.unwrap();
@@ -2075,8 +2080,11 @@ async fn turns_joining_at_once_from_two_processes_let_one_hold_the_thread(h: &im
             };
             let thread = thread.clone();
             joins.spawn(async move {
-                let ticket = store.join_turn_queue(&thread).await.unwrap();
-                store.turns_ahead(&thread, ticket).await.unwrap()
+                let joined = store.join_turn_queue(&thread).await.unwrap();
+                let ahead = store.turns_ahead(&thread, joined.ticket).await.unwrap();
+                // Nobody leaves: the count at the join is the count after it.
+                assert_eq!(ahead, Some(joined.ahead));
+                ahead
             });
         }
         let mut holding = 0;
@@ -2180,9 +2188,9 @@ async fn finished_runs_leave_the_queue_once_kept_long_enough_and_no_other_run_do
 async fn a_turns_last_write_leaves_its_queue_only_when_its_events_are_stored(h: &impl Harness) {
     let s = h.any();
     s.set_max_thread_events(Some(4));
-    let first = s.join_turn_queue("t").await.unwrap();
-    let second = s.join_turn_queue("t").await.unwrap();
-    let other_thread = s.join_turn_queue("u").await.unwrap();
+    let first = s.join_turn_queue("t").await.unwrap().ticket;
+    let second = s.join_turn_queue("t").await.unwrap().ticket;
+    let other_thread = s.join_turn_queue("u").await.unwrap().ticket;
     assert_eq!(s.turns_ahead("t", second).await.unwrap(), Some(1));
     // Plain events (one statement on PostgreSQL) and keyed ones (a transaction).
     assert_eq!(
@@ -2228,7 +2236,7 @@ async fn a_turns_last_write_leaves_its_queue_only_when_its_events_are_stored(h: 
     let acme = s
         .clone()
         .scoped(contexture_store::Tenant::new("acme").unwrap());
-    let ticket = acme.join_turn_queue("t").await.unwrap();
+    let ticket = acme.join_turn_queue("t").await.unwrap().ticket;
     assert_eq!(
         acme.append_leaving_turn("t", vec![user("x")], ticket)
             .await

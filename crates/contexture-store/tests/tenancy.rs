@@ -304,7 +304,8 @@ async fn check_moved_under_the_tenant(
     let ticket = acme
         .join_turn_queue("conversation:alice:support")
         .await
-        .unwrap();
+        .unwrap()
+        .ticket;
     assert_eq!(
         acme.turns_ahead("conversation:alice:support", ticket)
             .await

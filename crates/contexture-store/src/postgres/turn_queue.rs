@@ -8,13 +8,13 @@ use super::PgStore;
 use super::writes::AlsoWritten;
 use crate::error::Action;
 use crate::turn_queue::lease_ms;
-use crate::{NewEvent, StoreError, TurnQueueStore, TurnTicket};
+use crate::{JoinedTurn, NewEvent, StoreError, TurnQueueStore, TurnTicket};
 
 /// The database's clock in milliseconds since the Unix epoch.
 const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
 
 impl TurnQueueStore for PgStore {
-    async fn join_turn_queue(&self, thread: &str) -> Result<TurnTicket, StoreError> {
+    async fn join_turn_queue(&self, thread: &str) -> Result<JoinedTurn, StoreError> {
         let mut client = self.pool.get().await?;
         // Tickets come from a sequence, and a sequence hands out numbers before their rows
         // commit: two joins could commit in the other order, and the later ticket, counting
@@ -31,11 +31,18 @@ impl TurnQueueStore for PgStore {
         )
         .await
         .doing("order the joins of a thread's turn queue")?;
+        // Counted in the same statement, whose snapshot is taken with the lock held: every
+        // earlier join of the thread has committed.
         let row = tx
             .query_one(
                 &format!(
-                    "INSERT INTO turn_queue (thread_id, heartbeat_at) VALUES ($1, {NOW_MS}) \
-                     RETURNING ticket"
+                    "WITH joined AS ( \
+                         INSERT INTO turn_queue (thread_id, heartbeat_at) VALUES ($1, {NOW_MS}) \
+                         RETURNING ticket) \
+                     SELECT joined.ticket, \
+                            (SELECT count(*) FROM turn_queue q \
+                             WHERE q.thread_id = $1 AND q.ticket < joined.ticket) \
+                     FROM joined"
                 ),
                 &[&thread],
             )
@@ -44,7 +51,10 @@ impl TurnQueueStore for PgStore {
         tx.commit()
             .await
             .doing("commit joining a thread's turn queue")?;
-        Ok(row.get(0))
+        Ok(JoinedTurn {
+            ticket: row.get(0),
+            ahead: u64::try_from(row.get::<_, i64>(1)).unwrap_or(0),
+        })
     }
 
     async fn turns_ahead(

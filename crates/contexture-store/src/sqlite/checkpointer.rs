@@ -223,6 +223,7 @@ mod tests {
         let row = "x".repeat(2_000);
         let mut largest_log = 0;
         let wal = dir.join("db.sqlite-wal");
+        let restarts_before = log_restarts(&wal);
         for _ in 0..40 {
             for _ in 0..25 {
                 writer.execute("INSERT INTO t VALUES (?1)", [&row]).unwrap();
@@ -239,10 +240,14 @@ mod tests {
             database > 2_000_000,
             "the database file holds {database} bytes"
         );
-        // The commits wrote about 8 MB to the log (two pages each); restarted after each
-        // checkpoint that copied all of it, the log held what a few intervals wrote.
+        // The commits wrote about 8 MB to the log (two pages each). Restarted after each
+        // checkpoint that copied all of it, the log starts over again and again; how large
+        // it gets between restarts depends on how often the checkpointer's thread runs on
+        // a busy machine, so it is only held well under what was written.
+        let restarts = log_restarts(&wal) - restarts_before;
+        assert!(restarts >= 3, "the log started over {restarts} times");
         assert!(
-            largest_log < 3_000_000,
+            largest_log < 6_000_000,
             "the log grew to {largest_log} bytes"
         );
         drop(committed);

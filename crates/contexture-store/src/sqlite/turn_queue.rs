@@ -9,19 +9,24 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::SqliteStore;
 use crate::error::Action;
 use crate::turn_queue::lease_ms;
-use crate::{NewEvent, StoreError, TurnQueueStore, TurnTicket, epoch_ms};
+use crate::{JoinedTurn, NewEvent, StoreError, TurnQueueStore, TurnTicket, epoch_ms};
 
 impl TurnQueueStore for SqliteStore {
-    async fn join_turn_queue(&self, thread: &str) -> Result<TurnTicket, StoreError> {
+    async fn join_turn_queue(&self, thread: &str) -> Result<JoinedTurn, StoreError> {
         let thread = thread.to_owned();
         let now = epoch_ms(SystemTime::now());
+        // One writer at a time on the file, every process's: the turns counted are all those
+        // that joined before.
         self.write(move |tx| {
-            tx.prepare_cached(
-                "INSERT INTO turn_queue (thread_id, heartbeat_at) VALUES (?1, ?2) RETURNING ticket",
-            )
-            .doing("prepare the turn queue insert")?
-            .query_row(params![thread, now], |row| row.get(0))
-            .doing("join a thread's turn queue")
+            let ticket: TurnTicket = tx
+                .prepare_cached(
+                    "INSERT INTO turn_queue (thread_id, heartbeat_at) VALUES (?1, ?2) RETURNING ticket",
+                )
+                .doing("prepare the turn queue insert")?
+                .query_row(params![thread, now], |row| row.get(0))
+                .doing("join a thread's turn queue")?;
+            let ahead = count_ahead(tx, &thread, ticket)?;
+            Ok(JoinedTurn { ticket, ahead })
         })
         .await
     }
@@ -44,14 +49,7 @@ impl TurnQueueStore for SqliteStore {
             if queued.is_none() {
                 return Ok(None);
             }
-            let ahead: i64 = conn
-                .prepare_cached(
-                    "SELECT count(*) FROM turn_queue WHERE thread_id = ?1 AND ticket < ?2",
-                )
-                .doing("prepare the turn queue count")?
-                .query_row(params![thread, ticket], |row| row.get(0))
-                .doing("count the turns ahead")?;
-            Ok(Some(u64::try_from(ahead).unwrap_or(0)))
+            count_ahead(conn, &thread, ticket).map(Some)
         })
         .await
     }
@@ -99,6 +97,16 @@ impl TurnQueueStore for SqliteStore {
         self.append_then(thread, events, move |tx| leave(tx, &queue, ticket))
             .await
     }
+}
+
+/// How many turns of `thread` are ahead of `ticket`.
+fn count_ahead(conn: &Connection, thread: &str, ticket: TurnTicket) -> Result<u64, StoreError> {
+    let ahead: i64 = conn
+        .prepare_cached("SELECT count(*) FROM turn_queue WHERE thread_id = ?1 AND ticket < ?2")
+        .doing("prepare the turn queue count")?
+        .query_row(params![thread, ticket], |row| row.get(0))
+        .doing("count the turns ahead")?;
+    Ok(u64::try_from(ahead).unwrap_or(0))
 }
 
 /// Removes `ticket` from `thread`'s queue, inside the caller's write.
