@@ -394,6 +394,20 @@ mod tests {
     use super::*;
     use crate::{ExecutionQueueStore, SqliteStore};
 
+    /// A store holding `run-1` in its queue, claimed by `node-1`, and the claim's epoch.
+    async fn claimed_run(dir: &crate::testing::TempDir) -> (SqliteStore, i64) {
+        let store = SqliteStore::open(dir.join("leased.db")).await.unwrap();
+        store
+            .enqueue_execution("run-1", "acme", &serde_json::json!({}))
+            .await
+            .unwrap();
+        let claim = store
+            .claim_executions("node-1", 1, 10, Duration::from_secs(60))
+            .await
+            .unwrap();
+        (store, claim[0].epoch)
+    }
+
     fn hold(epoch: i64) -> QueueHold {
         QueueHold {
             node: "node-1".into(),
@@ -487,18 +501,10 @@ mod tests {
     #[tokio::test]
     async fn the_runs_own_end_finishes_it_in_the_queue_and_a_childs_does_not() {
         let dir = crate::testing::TempDir::new("contexture-leased");
-        let store = SqliteStore::open(dir.join("leased.db")).await.unwrap();
-        store
-            .enqueue_execution("run-1", "acme", &serde_json::json!({}))
-            .await
-            .unwrap();
-        let claim = store
-            .claim_executions("node-1", 1, 10, Duration::from_secs(60))
-            .await
-            .unwrap();
+        let (store, epoch) = claimed_run(&dir).await;
         let lease = Arc::new(HeldLease::new(
             "run-1",
-            hold(claim[0].epoch),
+            hold(epoch),
             Duration::from_secs(60),
             Instant::now(),
         ));
@@ -524,19 +530,11 @@ mod tests {
     #[tokio::test]
     async fn an_end_refused_by_the_queue_loses_the_lease_and_stores_nothing() {
         let dir = crate::testing::TempDir::new("contexture-leased");
-        let store = SqliteStore::open(dir.join("leased.db")).await.unwrap();
-        store
-            .enqueue_execution("run-1", "acme", &serde_json::json!({}))
-            .await
-            .unwrap();
-        let claim = store
-            .claim_executions("node-1", 1, 10, Duration::from_secs(60))
-            .await
-            .unwrap();
+        let (store, epoch) = claimed_run(&dir).await;
         // This server's clock says it holds the run; the queue says another claim does.
         let lease = Arc::new(HeldLease::new(
             "run-1",
-            hold(claim[0].epoch + 1),
+            hold(epoch + 1),
             Duration::from_secs(60),
             Instant::now(),
         ));
