@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use deadpool_postgres::GenericClient;
+
 use super::PgStore;
 use super::writes::AlsoWritten;
 use crate::error::Action;
@@ -108,14 +110,7 @@ impl TurnQueueStore for PgStore {
 
     async fn leave_turn_queue(&self, thread: &str, ticket: TurnTicket) -> Result<(), StoreError> {
         let client = self.pool.get().await?;
-        client
-            .execute(
-                "DELETE FROM turn_queue WHERE ticket = $2 AND thread_id = $1",
-                &[&thread, &ticket],
-            )
-            .await
-            .doing("leave a thread's turn queue")?;
-        Ok(())
+        leave(&client, thread, ticket).await
     }
 
     async fn append_leaving_turn(
@@ -127,4 +122,20 @@ impl TurnQueueStore for PgStore {
         self.append_events_with(thread, events, AlsoWritten::TurnLeft(ticket))
             .await
     }
+}
+
+/// Removes `ticket` from `thread`'s queue (in the caller's transaction, if any).
+pub(super) async fn leave(
+    client: &impl GenericClient,
+    thread: &str,
+    ticket: TurnTicket,
+) -> Result<(), StoreError> {
+    client
+        .execute(
+            "DELETE FROM turn_queue WHERE ticket = $2 AND thread_id = $1",
+            &[&thread, &ticket],
+        )
+        .await
+        .doing("leave a thread's turn queue")?;
+    Ok(())
 }

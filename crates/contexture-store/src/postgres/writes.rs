@@ -2,6 +2,7 @@
 //! transaction otherwise), forking a thread (with the sizes its shared prefix brings),
 //! deleting one, and folding an observation into a calibration.
 
+use std::sync::LazyLock;
 use std::time::SystemTime;
 
 use contexture_core::calibration::{Calibration, Observation};
@@ -11,6 +12,7 @@ use deadpool_postgres::GenericClient;
 use super::PgStore;
 use super::execution_queue::finish_held;
 use super::references;
+use super::turn_queue;
 use crate::calibration;
 use crate::error::Action;
 use crate::forks::{ForkPlan, PrefixSize, SizeRow};
@@ -42,6 +44,44 @@ pub(super) enum AlsoWritten<'a> {
     /// [`crate::TurnQueueStore::append_leaving_turn`]).
     TurnLeft(TurnTicket),
 }
+
+/// The statement of [`append_fast`]: the upsert of the thread's row reserves the seqs, the
+/// events are inserted with them; `leave` is a further part of it, or nothing.
+fn fast_append_statement(leave: &str) -> String {
+    format!(
+        "WITH reserved AS (
+             INSERT INTO threads (id, last_seq, created_at, updated_at, bytes, message_bytes)
+             VALUES ($1, $2, $3, $3, $9, $11)
+             ON CONFLICT (id) DO UPDATE
+             SET last_seq = threads.last_seq + EXCLUDED.last_seq, updated_at = EXCLUDED.updated_at,
+                 bytes = threads.bytes + EXCLUDED.bytes,
+                 message_bytes = threads.message_bytes + EXCLUDED.message_bytes
+             WHERE threads.last_seq + EXCLUDED.last_seq <= $7
+               AND threads.bytes + EXCLUDED.bytes <= $8
+             RETURNING last_seq){leave}
+         INSERT INTO events
+             (thread_id, seq, kind, body, tokens, idempotency_key, created_at, ordinary_message)
+         SELECT $1, reserved.last_seq - $2 + e.ord, e.kind, e.body, e.tokens, NULL, $3, e.ordinary
+         FROM reserved,
+              UNNEST($4::text[], $5::text[], $6::text[], $10::smallint[])
+                  WITH ORDINALITY AS e (kind, body, tokens, ordinary, ord)
+         RETURNING seq"
+    )
+}
+
+/// [`append_fast`]'s plain statement, built once rather than on every append.
+static FAST_APPEND: LazyLock<String> = LazyLock::new(|| fast_append_statement(""));
+
+/// [`append_fast`]'s statement that also leaves the thread's queue of turns (ticket `$12`)
+/// when the events were inserted. A data-modifying part of a statement runs whether or not
+/// the rest reads it.
+static FAST_APPEND_LEAVING: LazyLock<String> = LazyLock::new(|| {
+    fast_append_statement(
+        ", left_queue AS (
+             DELETE FROM turn_queue
+             WHERE thread_id = $1 AND ticket = $12 AND EXISTS (SELECT 1 FROM reserved))",
+    )
+});
 
 /// Appends events that need neither an idempotency lookup nor a seq-dependent check in one
 /// statement (its own transaction): the upsert of the thread's row takes the row lock and
@@ -77,34 +117,13 @@ pub(super) async fn append_fast(
         tokens.push(row.tokens);
         ordinary.push(row.ordinary_message.then_some(1i16));
     }
-    // A data-modifying part of a statement runs whether or not the rest reads it.
-    let leave = if leaving.is_some() {
-        ", left_queue AS (
-             DELETE FROM turn_queue
-             WHERE thread_id = $1 AND ticket = $12 AND EXISTS (SELECT 1 FROM reserved))"
+    let text = if leaving.is_some() {
+        &*FAST_APPEND_LEAVING
     } else {
-        ""
+        &*FAST_APPEND
     };
     let statement = client
-        .prepare_cached(&format!(
-            "WITH reserved AS (
-                 INSERT INTO threads (id, last_seq, created_at, updated_at, bytes, message_bytes)
-                 VALUES ($1, $2, $3, $3, $9, $11)
-                 ON CONFLICT (id) DO UPDATE
-                 SET last_seq = threads.last_seq + EXCLUDED.last_seq, updated_at = EXCLUDED.updated_at,
-                     bytes = threads.bytes + EXCLUDED.bytes,
-                     message_bytes = threads.message_bytes + EXCLUDED.message_bytes
-                 WHERE threads.last_seq + EXCLUDED.last_seq <= $7
-                   AND threads.bytes + EXCLUDED.bytes <= $8
-                 RETURNING last_seq){leave}
-             INSERT INTO events
-                 (thread_id, seq, kind, body, tokens, idempotency_key, created_at, ordinary_message)
-             SELECT $1, reserved.last_seq - $2 + e.ord, e.kind, e.body, e.tokens, NULL, $3, e.ordinary
-             FROM reserved,
-                  UNNEST($4::text[], $5::text[], $6::text[], $10::smallint[])
-                      WITH ORDINALITY AS e (kind, body, tokens, ordinary, ord)
-             RETURNING seq"
-        ))
+        .prepare_cached(text)
         .await
         .doing("prepare the append")?;
     let (max_events, max_bytes) = (cap(limits.max_events), cap(limits.max_bytes));
@@ -367,14 +386,7 @@ impl PgStore {
                     });
                 }
             }
-            AlsoWritten::TurnLeft(ticket) => {
-                tx.execute(
-                    "DELETE FROM turn_queue WHERE ticket = $2 AND thread_id = $1",
-                    &[&thread, &ticket],
-                )
-                .await
-                .doing("leave a thread's turn queue")?;
-            }
+            AlsoWritten::TurnLeft(ticket) => turn_queue::leave(&tx, thread, ticket).await?,
         }
         tx.commit().await.doing("commit the append")?;
         for (deletions, kept) in to_keep {
