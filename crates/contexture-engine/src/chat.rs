@@ -27,6 +27,8 @@
 //! thread's last message are taken as already stored; the rest are new. A system message
 //! that differs from the thread's system prompt replaces it.
 
+use std::sync::Arc;
+
 use contexture_core::compact::CompactionPolicy;
 use contexture_core::fit::{CutMemory, HistoryCut};
 use contexture_core::format::openai;
@@ -34,7 +36,7 @@ use contexture_core::format::openai_completion::CompletionAnswer;
 use contexture_core::registry::ModelInfo;
 use contexture_core::thread::{
     EventKind, EventType, Projection, RecordedBudget, RequestEnd, RequestOutcome, RequestRecord,
-    Usage,
+    ThreadPolicy, Usage,
 };
 use contexture_core::tokens::{Encoding, message_tokens};
 use contexture_core::{Content, Message, Part, Role};
@@ -604,6 +606,12 @@ impl<S: Store> ChatTurn<'_, S> {
     /// Steps 1 to 3 of the turn for the request's messages `requested`, holding the thread
     /// with `lease` (step 0, [`crate::turns::TurnQueue::wait_for_turn`]): stores what is
     /// new, compacts when the trigger fires, fits, and records the request as `request_id`.
+    ///
+    /// A turn with no compaction to consider, no idempotency key and no abandoned request to
+    /// end is fitted on the thread as read plus its new messages, and stores them with the
+    /// request's record in one write, made only if nothing was written to the thread since
+    /// it was read ([`Store::append_after`]); otherwise, or when something was, the new
+    /// messages are stored first and the thread read back.
     pub async fn prepare(
         &self,
         requested: Vec<Message>,
@@ -611,25 +619,65 @@ impl<S: Store> ChatTurn<'_, S> {
         lease: TurnLease,
     ) -> Result<PreparedTurn, ChatError> {
         let mut settings = self.settings.clone();
-        let schemas = self.counted_schemas();
+        let schemas: Arc<[Value]> = self.counted_schemas().into();
         let own_tokens = newest_turn_tokens(&requested, settings.model.counter.encoding());
         let loaded = settings
             .load_adopting(self.store, self.thread, own_tokens)
             .await;
-        let (stored, policy, abandoned) = match loaded {
-            Ok(tail) => (tail.projection, tail.policy, tail.in_flight),
-            Err(ThreadFitError::Store(StoreError::NotFound { .. })) => (
-                Projection {
+        let mut tail = match loaded {
+            Ok(tail) => tail,
+            Err(ThreadFitError::Store(StoreError::NotFound { .. })) => ProjectionTail {
+                projection: Projection {
                     context: "main".into(),
                     system: None,
                     messages: Vec::new(),
                 },
-                None,
-                Vec::new(),
-            ),
+                unread: 0,
+                last_seq: 0,
+                store: Default::default(),
+                fork: None,
+                policy: None,
+                last_request: None,
+                in_flight: Vec::new(),
+            },
             Err(ThreadFitError::Store(error)) => return Err(error.into()),
             Err(ThreadFitError::Fit(error)) => return Err(error.into()),
         };
+        let compaction = self.compaction_policy(tail.policy.take());
+        if compaction.is_none() && self.key.is_none() && tail.in_flight.is_empty() {
+            return self
+                .prepare_in_one_write(settings, tail, requested, request_id, lease, schemas)
+                .await;
+        }
+        let TurnPlan {
+            new, newest_turn, ..
+        } = plan_turn(
+            &settings,
+            tail.projection,
+            requested,
+            self.instructions,
+            &schemas,
+            compaction.is_some(),
+        )?;
+        let ended = tail.in_flight.len();
+        let brought = !new.is_empty();
+        let mut events: Vec<NewEvent> = tail.in_flight.into_iter().map(abandoned_end).collect();
+        events.extend(NewEvent::messages(new, self.key));
+        let stored = StoredTurn {
+            events,
+            ended,
+            brought,
+            newest_turn,
+        };
+        self.store_then_fit(
+            settings, schemas, own_tokens, compaction, stored, request_id, lease,
+        )
+        .await
+    }
+
+    /// The compaction the turn considers: the thread's own policy's (`policy`), else the
+    /// turn's, with the request's threshold over either.
+    fn compaction_policy(&self, policy: Option<ThreadPolicy>) -> Option<CompactionPolicy> {
         let mut compaction = policy
             .and_then(|policy| policy.compaction)
             .or_else(|| self.compaction.cloned());
@@ -654,26 +702,114 @@ impl<S: Store> ChatTurn<'_, S> {
             }
             compaction = Some(asked);
         }
+        compaction
+    }
+
+    /// The turn fitted on `tail` (the thread as read, `settings` following its policy) with
+    /// the request's new messages after it, its new messages and request record stored in
+    /// one write if the thread is still as read; else as [`ChatTurn::store_then_fit`] does.
+    /// The tail of the thread read back after the messages' append would be the same
+    /// messages, or fewer of the oldest: a fit reads a history from its end, and reports
+    /// the whole history's indices, so it is the same fit.
+    async fn prepare_in_one_write(
+        &self,
+        settings: FitSettings,
+        tail: ProjectionTail,
+        requested: Vec<Message>,
+        request_id: String,
+        lease: TurnLease,
+        schemas: Arc<[Value]>,
+    ) -> Result<PreparedTurn, ChatError> {
+        let read_up_to = tail.last_seq;
+        let SplitTurn {
+            new,
+            history,
+            newest_turn,
+        } = split_turn(tail.projection, requested, self.instructions)?;
+        let newest_turn_len = newest_turn.len();
+        let mut messages = history.messages;
+        messages.extend(newest_turn);
+        let tail = ProjectionTail {
+            projection: Projection {
+                messages,
+                ..history
+            },
+            last_seq: read_up_to.saturating_add(u64::try_from(new.len()).unwrap_or(u64::MAX)),
+            ..tail
+        };
+        let newest_turn = newest_turn_len;
+        let last_request = tail.last_request;
+        let fitted = self
+            .fit_tail(&settings, tail, newest_turn, &schemas, last_request)
+            .await?;
+        let input_from = (!new.is_empty()).then(|| read_up_to + 1);
+        let record = self.request_record(&settings, request_id.clone(), &fitted, input_from);
+        let mut events = NewEvent::messages(new.iter().cloned(), None);
+        events.push(NewEvent::new(EventKind::RequestStarted(record)));
+        let seqs = match self
+            .store
+            .append_after(self.thread, read_up_to, events)
+            .await
+        {
+            Ok(seqs) => seqs,
+            Err(StoreError::Moved { .. }) => {
+                // Another write came after the read: the turn is fitted on the thread as it
+                // is after its messages are stored.
+                let stored = StoredTurn {
+                    brought: !new.is_empty(),
+                    events: NewEvent::messages(new, None),
+                    ended: 0,
+                    newest_turn,
+                };
+                let own_tokens = 0;
+                return self
+                    .store_then_fit(
+                        settings, schemas, own_tokens, None, stored, request_id, lease,
+                    )
+                    .await;
+            }
+            Err(error) => return Err(error.into()),
+        };
+        let request_seq = seqs.last().copied().ok_or_else(|| StoreError::Corrupt {
+            thread: self.thread.to_owned(),
+            seq: read_up_to,
+            detail: "an append returned no seq".into(),
+        })?;
+        Ok(PreparedTurn {
+            lease: std::sync::Arc::new(lease),
+            fitted,
+            request_id,
+            compaction: None,
+            summary: None,
+            request_seq,
+        })
+    }
+
+    /// Steps 1 to 3 after the turn's plan: stores `stored`'s events, reads the thread back,
+    /// compacts when `compaction`'s trigger fires, fits, and records the request.
+    #[allow(clippy::too_many_arguments)]
+    async fn store_then_fit(
+        &self,
+        settings: FitSettings,
+        schemas: Arc<[Value]>,
+        own_tokens: u64,
+        compaction: Option<CompactionPolicy>,
+        stored: StoredTurn,
+        request_id: String,
+        lease: TurnLease,
+    ) -> Result<PreparedTurn, ChatError> {
+        let StoredTurn {
+            events,
+            ended,
+            brought,
+            newest_turn,
+        } = stored;
         // A cut thread must still be over the token trigger, as the whole thread is.
         let compaction_tokens = compaction
             .as_ref()
             .and_then(|policy| policy.trigger.tokens)
             .map_or(0, |tokens| tokens.saturating_add(1));
         let load = || settings.load(self.store, self.thread, own_tokens, compaction_tokens);
-        let TurnPlan {
-            new, newest_turn, ..
-        } = plan_turn(
-            &settings,
-            stored,
-            requested,
-            self.instructions,
-            &schemas,
-            compaction.is_some(),
-        )?;
-        let ended = abandoned.len();
-        let brought = !new.is_empty();
-        let mut events: Vec<NewEvent> = abandoned.into_iter().map(abandoned_end).collect();
-        events.extend(NewEvent::messages(new, self.key));
         let mut input_from = None;
         if !events.is_empty() {
             let seqs = self.store.append(self.thread, events).await?;
@@ -708,21 +844,50 @@ impl<S: Store> ChatTurn<'_, S> {
             compacted = Some(outcome);
         }
 
+        let last_request = tail.last_request;
+        let fitted = self
+            .fit_tail(&settings, tail, newest_turn, &schemas, last_request)
+            .await?;
+        let record = self.request_record(&settings, request_id.clone(), &fitted, input_from);
+        let started = NewEvent::new(EventKind::RequestStarted(record));
+        let started = match self.key {
+            Some(key) if self.first_attempt => started.with_key(request_key(key)),
+            _ => started,
+        };
+        let request_seq = self.store.append_one(self.thread, started).await?;
+        Ok(PreparedTurn {
+            lease: std::sync::Arc::new(lease),
+            fitted,
+            request_id,
+            compaction: compacted,
+            summary,
+            request_seq,
+        })
+    }
+
+    /// Step 3's fit of `tail`, whose last `newest_turn` messages are the newest turn, with
+    /// the cuts carried from the thread's request at `last_request`; on the CPU pool when
+    /// the turn has one.
+    async fn fit_tail(
+        &self,
+        settings: &FitSettings,
+        tail: ProjectionTail,
+        newest_turn: usize,
+        schemas: &Arc<[Value]>,
+        last_request: Option<u64>,
+    ) -> Result<FittedRequest, ChatError> {
         let split = tail.projection.messages.len().saturating_sub(newest_turn);
         let mut memory = if settings.policy.shrinks() {
             let hysteresis = settings.policy.hysteresis.is_some();
-            self.carried_cuts(
-                tail.last_request,
-                &tail.projection.messages[..split],
-                hysteresis,
-            )
-            .await?
+            self.carried_cuts(last_request, &tail.projection.messages[..split], hysteresis)
+                .await?
         } else {
             CutMemory::default()
         };
-        let fitted = match &self.cpu {
+        Ok(match &self.cpu {
             Some((pool, key)) => {
                 let settings = settings.clone();
+                let schemas = Arc::clone(schemas);
                 let encoding = settings.model.counter.encoding();
                 let weight = crate::fitting::fit_weight(&tail.projection.messages, encoding);
                 pool.run_weighed(key, weight, move || {
@@ -730,10 +895,20 @@ impl<S: Store> ChatTurn<'_, S> {
                 })
                 .await?
             }
-            None => fit_turn(&settings, tail, newest_turn, &schemas, &mut memory)?,
-        };
-        let record = RequestRecord {
-            request_id: request_id.clone(),
+            None => fit_turn(settings, tail, newest_turn, schemas, &mut memory)?,
+        })
+    }
+
+    /// The record of the request `fitted`, as it will be sent.
+    fn request_record(
+        &self,
+        settings: &FitSettings,
+        request_id: String,
+        fitted: &FittedRequest,
+        input_from: Option<u64>,
+    ) -> RequestRecord {
+        RequestRecord {
+            request_id,
             model: Some(settings.model.id.clone()),
             messages: fitted.messages.clone(),
             budget: Some(RecordedBudget {
@@ -754,21 +929,7 @@ impl<S: Store> ChatTurn<'_, S> {
                 reasoning_parts(&fitted.messages)
             },
             ..RequestRecord::default()
-        };
-        let started = NewEvent::new(EventKind::RequestStarted(record));
-        let started = match self.key {
-            Some(key) if self.first_attempt => started.with_key(request_key(key)),
-            _ => started,
-        };
-        let request_seq = self.store.append_one(self.thread, started).await?;
-        Ok(PreparedTurn {
-            lease: std::sync::Arc::new(lease),
-            fitted,
-            request_id,
-            compaction: compacted,
-            summary,
-            request_seq,
-        })
+        }
     }
 
     /// The messages the context replace at `seq` put in the place of what it covered.
@@ -1142,6 +1303,18 @@ fn comparable(message: &Message) -> Value {
     value
 }
 
+/// What a turn that stores its messages before it is fitted stores first.
+struct StoredTurn {
+    /// The abandoned requests' ends, then the new messages.
+    events: Vec<NewEvent>,
+    /// How many of `events` are abandoned requests' ends.
+    ended: usize,
+    /// True when the request brought new messages.
+    brought: bool,
+    /// How many of the new messages, at their end, are the newest turn.
+    newest_turn: usize,
+}
+
 /// What a request brings to its thread, found before anything of the turn is stored.
 #[derive(Debug)]
 pub struct TurnPlan {
@@ -1187,16 +1360,59 @@ pub fn plan_turn(
     schemas: &[Value],
     compacts: bool,
 ) -> Result<TurnPlan, ChatError> {
+    let SplitTurn {
+        new,
+        history,
+        newest_turn,
+    } = split_turn(stored, requested, instructions)?;
+    let preview = if settings.policy.enabled || !compacts {
+        settings.fit(history, &newest_turn, schemas)?
+    } else {
+        // With fitting off the whole history counts, and the compaction that runs before
+        // the request may still shrink it.
+        let mut trimming = settings.clone();
+        trimming.policy.enabled = true;
+        trimming.fit(history, &newest_turn, schemas)?
+    };
+    Ok(TurnPlan {
+        new,
+        newest_turn: newest_turn.len(),
+        preview,
+    })
+}
+
+/// A request's messages against the thread as read.
+#[derive(Debug)]
+pub struct SplitTurn {
+    /// The request's messages the thread does not hold yet, in order ([`new_messages`]).
+    pub new: Vec<Message>,
+    /// The thread as read with the new messages before the newest turn after it, and the
+    /// call's system prompt: what the newest turn is fitted after.
+    pub history: Projection,
+    /// The newest turn: the new messages after the last assistant one, system prompts
+    /// aside, which the fit keeps whole.
+    pub newest_turn: Vec<Message>,
+}
+
+/// Splits the request's messages `requested` against `stored`, the thread as read: which
+/// are new (their tool results checked, [`check_tool_results`]), the history they make
+/// with it (a new system prompt replacing the stored one, `instructions` over both), and
+/// the newest turn.
+pub fn split_turn(
+    stored: Projection,
+    requested: Vec<Message>,
+    instructions: Option<&str>,
+) -> Result<SplitTurn, ChatError> {
     let new = new_messages(&stored, requested);
     check_tool_results(&stored, &new)?;
     let (new_system, new_turns): (Vec<&Message>, Vec<&Message>) = new
         .iter()
         .partition(|message| message.role.is_system_like());
     let mut earlier: Vec<Message> = new_turns.into_iter().cloned().collect();
-    let turns = earlier.split_off(newest_turn_start(&earlier));
-    let mut history = stored.messages;
-    history.extend(earlier);
-    let preview = Projection {
+    let newest_turn = earlier.split_off(newest_turn_start(&earlier));
+    let mut messages = stored.messages;
+    messages.extend(earlier);
+    let history = Projection {
         context: stored.context,
         system: call_system(
             instructions,
@@ -1205,21 +1421,12 @@ pub fn plan_turn(
                 .map(|message| (*message).clone())
                 .or(stored.system),
         ),
-        messages: history,
+        messages,
     };
-    let preview = if settings.policy.enabled || !compacts {
-        settings.fit(preview, &turns, schemas)?
-    } else {
-        // With fitting off the whole history counts, and the compaction that runs before
-        // the request may still shrink it.
-        let mut trimming = settings.clone();
-        trimming.policy.enabled = true;
-        trimming.fit(preview, &turns, schemas)?
-    };
-    Ok(TurnPlan {
+    Ok(SplitTurn {
         new,
-        newest_turn: turns.len(),
-        preview,
+        history,
+        newest_turn,
     })
 }
 

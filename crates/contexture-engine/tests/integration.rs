@@ -3,6 +3,7 @@
 
 mod agent_loop;
 mod chat_branches;
+mod chat_one_write;
 mod chat_turns;
 mod common;
 mod compaction;

@@ -92,9 +92,9 @@ impl<S: StoreView> TenantStore<'_, S> {
         let text = || error.to_string();
         match &error {
             StoreError::NotFound { thread } => ApiError::not_found("thread", thread),
-            StoreError::AlreadyExists { .. } | StoreError::HasForks { .. } => {
-                ApiError::conflict(text())
-            }
+            StoreError::AlreadyExists { .. }
+            | StoreError::HasForks { .. }
+            | StoreError::Moved { .. } => ApiError::conflict(text()),
             StoreError::ForkBeyondEnd { .. } => ApiError::invalid("at_seq", text()),
             StoreError::ThreadFull { max_events, .. } => ApiError {
                 status: StatusCode::PAYLOAD_TOO_LARGE,

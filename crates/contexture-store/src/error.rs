@@ -58,6 +58,19 @@ pub enum StoreError {
         /// Its forks.
         forks: Vec<String>,
     },
+    /// A conditional append ([`crate::Store::append_after`]) found the thread moved on:
+    /// another write came after the event it was built on. Nothing was stored.
+    #[error(
+        "thread `{thread}` moved on: the append was built on its event {expected}, but its last event is {last_seq}"
+    )]
+    Moved {
+        /// The thread.
+        thread: String,
+        /// The last seq the append was built on (0: a thread with no events).
+        expected: u64,
+        /// The thread's last seq when the append was refused.
+        last_seq: u64,
+    },
     /// An event cannot be appended at the seq it would get.
     #[error("thread `{thread}`: {source}")]
     InvalidEvent {
@@ -182,6 +195,7 @@ impl StoreError {
             | StoreError::ThreadTooLarge { thread, .. }
             | StoreError::NotFound { thread }
             | StoreError::AlreadyExists { thread }
+            | StoreError::Moved { thread, .. }
             | StoreError::InvalidEvent { thread, .. }
             | StoreError::ForkedEventAppended { thread }
             | StoreError::Corrupt { thread, .. }

@@ -187,6 +187,19 @@ impl<S: RunEndStore> Store for Leased<S> {
         }
     }
 
+    /// Checked against the lease as [`Store::append`] is; a run's end written this way is
+    /// not finished in the queue with it (the worker finishes a run whose end it did not
+    /// see written, in a write of its own), so the executor writes its end with `append`.
+    async fn append_after(
+        &self,
+        thread: &str,
+        after: u64,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<u64>, StoreError> {
+        self.lease.check()?;
+        self.inner.append_after(thread, after, events).await
+    }
+
     async fn events(&self, thread: &str) -> Result<Vec<Event>, StoreError> {
         self.inner.events(thread).await
     }

@@ -325,6 +325,18 @@ pub trait Store: Send + Sync {
         events: Vec<NewEvent>,
     ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
 
+    /// Appends `events` to `thread` as [`Store::append`] does, but only when the thread's
+    /// last event is still the one at seq `after` (0: the thread does not exist yet or holds
+    /// no events): the write of a caller that read the thread and built these events on what
+    /// it read. When another write came first, nothing is stored and the error is
+    /// [`StoreError::Moved`].
+    fn append_after(
+        &self,
+        thread: &str,
+        after: u64,
+        events: Vec<NewEvent>,
+    ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
+
     /// Every event of `thread`, oldest first; for a fork, the parent's events up to the fork
     /// point come first.
     fn events(&self, thread: &str) -> impl Future<Output = Result<Vec<Event>, StoreError>> + Send;

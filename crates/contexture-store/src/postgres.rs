@@ -200,6 +200,16 @@ impl Store for PgStore {
         self.append_events(thread, events).await
     }
 
+    async fn append_after(
+        &self,
+        thread: &str,
+        after: u64,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<u64>, StoreError> {
+        self.append_events_with(thread, events, Some(after), writes::AlsoWritten::Nothing)
+            .await
+    }
+
     async fn events(&self, thread: &str) -> Result<Vec<Event>, StoreError> {
         self.events_after(thread, 0).await
     }

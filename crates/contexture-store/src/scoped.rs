@@ -191,6 +191,19 @@ impl<S: Store> Store for Scoped<S> {
             .map_err(|e| self.unscope_error(e))
     }
 
+    async fn append_after(
+        &self,
+        thread: &str,
+        after: u64,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<u64>, StoreError> {
+        let events = events.into_iter().map(|e| self.scope_event(e)).collect();
+        self.inner
+            .append_after(&self.stored_id(thread), after, events)
+            .await
+            .map_err(|e| self.unscope_error(e))
+    }
+
     async fn events(&self, thread: &str) -> Result<Vec<Event>, StoreError> {
         self.inner
             .events(&self.stored_id(thread))

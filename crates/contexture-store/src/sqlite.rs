@@ -345,6 +345,18 @@ impl SqliteStore {
         events: Vec<NewEvent>,
         then: impl FnOnce(&Connection) -> Result<(), StoreError> + Send + 'static,
     ) -> Result<Vec<u64>, StoreError> {
+        self.append_after_then(thread, None, events, then).await
+    }
+
+    /// [`SqliteStore::append_then`], only when the thread's last seq is still `after`
+    /// (when given; see [`Store::append_after`]).
+    async fn append_after_then(
+        &self,
+        thread: &str,
+        after: Option<u64>,
+        events: Vec<NewEvent>,
+        then: impl FnOnce(&Connection) -> Result<(), StoreError> + Send + 'static,
+    ) -> Result<Vec<u64>, StoreError> {
         if events.is_empty() {
             return Ok(Vec::new());
         }
@@ -364,7 +376,7 @@ impl SqliteStore {
         };
         let referable = Arc::clone(&self.inner.referable);
         self.write(move |conn| {
-            let seqs = writes::append_rows(conn, &thread, rows, limits, &referable)?;
+            let seqs = writes::append_rows(conn, &thread, rows, after, limits, &referable)?;
             then(conn)?;
             Ok(seqs)
         })
@@ -375,6 +387,16 @@ impl SqliteStore {
 impl Store for SqliteStore {
     async fn append(&self, thread: &str, events: Vec<NewEvent>) -> Result<Vec<u64>, StoreError> {
         self.append_then(thread, events, |_| Ok(())).await
+    }
+
+    async fn append_after(
+        &self,
+        thread: &str,
+        after: u64,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<u64>, StoreError> {
+        self.append_after_then(thread, Some(after), events, |_| Ok(()))
+            .await
     }
 
     async fn events(&self, thread: &str) -> Result<Vec<Event>, StoreError> {

@@ -175,6 +175,15 @@ impl Store for AnyStore {
         on_backend!(self, store => store.append(thread, events).await)
     }
 
+    async fn append_after(
+        &self,
+        thread: &str,
+        after: u64,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<u64>, StoreError> {
+        on_backend!(self, store => store.append_after(thread, after, events).await)
+    }
+
     async fn events(&self, thread: &str) -> Result<Vec<Event>, StoreError> {
         on_backend!(self, store => store.events(thread).await)
     }

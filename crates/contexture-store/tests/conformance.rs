@@ -2248,6 +2248,87 @@ async fn a_turns_last_write_leaves_its_queue_only_when_its_events_are_stored(h: 
     s.set_max_thread_events(None);
 }
 
+async fn a_conditional_append_stores_only_on_the_thread_it_was_built_on(h: &impl Harness) {
+    let s = h.any();
+    let first = s.append("t", vec![user("a"), user("b")]).await.unwrap();
+    assert_eq!(first, [1, 2]);
+    // Built on seq 1, but the thread moved on to 2: nothing of it is stored, whichever way
+    // the store writes it (plain, keyed, or with a record stored by reference).
+    for batch in [
+        vec![user("late")],
+        vec![user("late").with_key("k")],
+        vec![
+            user("late"),
+            NewEvent::new(EventKind::RequestStarted(RequestRecord {
+                request_id: "r".into(),
+                messages: vec![Message::user("a"), Message::user("late")],
+                ..Default::default()
+            })),
+        ],
+    ] {
+        let refused = s.append_after("t", 1, batch).await;
+        assert!(
+            matches!(
+                &refused,
+                Err(StoreError::Moved { thread, expected: 1, last_seq: 2 }) if thread == "t"
+            ),
+            "{refused:?}"
+        );
+    }
+    assert_eq!(s.events("t").await.unwrap().len(), 2);
+    assert!(s.keyed_event("t", "k").await.unwrap().is_none());
+    // Built on the last event: the new messages and a record that refers to them are
+    // stored in one write, and the record reads back whole.
+    let record = RequestRecord {
+        request_id: "r".into(),
+        messages: vec![Message::user("a"), Message::user("b"), Message::user("c")],
+        input_from: Some(3),
+        ..Default::default()
+    };
+    let stored = s
+        .append_after(
+            "t",
+            2,
+            vec![
+                user("c"),
+                NewEvent::new(EventKind::RequestStarted(record.clone())),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(stored, [3, 4]);
+    let events = s.events("t").await.unwrap();
+    assert!(matches!(&events[3].kind, EventKind::RequestStarted(read) if *read == record));
+    // A thread that does not exist is created only by a write built on nothing (seq 0).
+    let refused = s.append_after("fresh", 3, vec![user("x")]).await;
+    assert!(
+        matches!(refused, Err(StoreError::Moved { last_seq: 0, .. })),
+        "{refused:?}"
+    );
+    assert!(
+        !s.exists("fresh").await.unwrap(),
+        "a refused write creates nothing"
+    );
+    assert_eq!(
+        s.append_after("fresh", 0, vec![user("x")]).await.unwrap(),
+        [1]
+    );
+    // Through a tenant's view the seqs are the tenant's thread's, and so is the error.
+    let acme = s
+        .clone()
+        .scoped(contexture_store::Tenant::new("acme").unwrap());
+    assert_eq!(
+        acme.append_after("t", 0, vec![user("y")]).await.unwrap(),
+        [1]
+    );
+    let refused = acme.append_after("t", 0, vec![user("z")]).await;
+    assert!(
+        matches!(&refused, Err(StoreError::Moved { thread, last_seq: 1, .. }) if thread == "t"),
+        "{refused:?}"
+    );
+    assert_eq!(s.events("acme/t").await.unwrap().len(), 1);
+}
+
 fn run_ended(status: RunStatus) -> NewEvent {
     NewEvent::new(EventKind::RunEnded(RunEnd {
         status,
@@ -3374,6 +3455,7 @@ conformance!(
     a_runs_failures_are_counted_by_its_holder_only_and_it_waits_before_its_next_claim,
     a_runs_end_and_its_finish_in_the_queue_are_one_write_by_its_holder_only,
     a_turns_last_write_leaves_its_queue_only_when_its_events_are_stored,
+    a_conditional_append_stores_only_on_the_thread_it_was_built_on,
     ],
     before_api_keys: [api_key_migration_applies_to_an_older_database],
 );

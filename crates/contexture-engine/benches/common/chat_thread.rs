@@ -10,7 +10,7 @@ use contexture_core::fit::{CutMemory, FitPolicy};
 use contexture_core::registry::{ModelInfo, Registry};
 use contexture_core::thread::Projection;
 use contexture_core::tokens::message_tokens;
-use contexture_engine::chat::{fit_turn, newest_turn_tokens, plan_turn};
+use contexture_engine::chat::{fit_turn, newest_turn_tokens, split_turn};
 use contexture_engine::fitting::{FitOverrides, FitSettings};
 use contexture_store::ProjectionTail;
 
@@ -49,12 +49,11 @@ fn question() -> Message {
     Message::user("And how would an iterative parser with its own stack compare?")
 }
 
-/// What one turn is given: the settings, the thread's tail as read before the turn and
-/// as read back after its messages are stored, and the request's messages.
+/// What one turn is given: the settings, the thread's tail as read before the turn, and
+/// the request's messages.
 pub struct ChatTurnInput {
     settings: FitSettings,
     before: ProjectionTail,
-    after: ProjectionTail,
     requested: Vec<Message>,
 }
 
@@ -115,36 +114,33 @@ impl ChatTurnInput {
         requested.push(question());
         let own = u64::from(message_tokens(&question(), encoding));
         let before = tail_of(&settings, &stored, needed + own);
-        let mut stored = stored;
-        stored.push(question());
-        let after = tail_of(&settings, &stored, needed + own);
         ChatTurnInput {
             settings,
             before,
-            after,
             requested,
         }
     }
 
-    /// The engine's part of the turn: the tokens to read for, what is new and whether it
-    /// fits, then the fit of the tail read back. Returns how many messages are sent.
+    /// The engine's part of the turn: the tokens to read for, what is new, then the fit of
+    /// the tail as read with the new messages after it (what the turn stores in one write
+    /// with its record). Returns how many messages are sent.
     pub fn run(self) -> usize {
         let encoding = self.settings.model.counter.encoding();
         std::hint::black_box(newest_turn_tokens(&self.requested, encoding));
-        let plan = plan_turn(
-            &self.settings,
-            self.before.projection,
-            self.requested,
-            None,
-            &[],
-            false,
-        )
-        .expect("the turn fits");
-        assert_eq!(plan.new.len(), 1, "the new question alone is new");
+        let split =
+            split_turn(self.before.projection, self.requested, None).expect("the turn splits");
+        assert_eq!(split.new.len(), 1, "the new question alone is new");
+        let newest_turn = split.newest_turn.len();
+        let mut projection = split.history;
+        projection.messages.extend(split.newest_turn);
+        let tail = ProjectionTail {
+            projection,
+            ..self.before
+        };
         let fitted = fit_turn(
             &self.settings,
-            self.after,
-            plan.newest_turn,
+            tail,
+            newest_turn,
             &[],
             &mut CutMemory::default(),
         )

@@ -53,8 +53,13 @@ impl RunEndStore for PgStore {
         hold: &QueueHold,
         outcome: &str,
     ) -> Result<Vec<u64>, StoreError> {
-        self.append_events_with(thread, events, AlsoWritten::RunFinished { hold, outcome })
-            .await
+        self.append_events_with(
+            thread,
+            events,
+            None,
+            AlsoWritten::RunFinished { hold, outcome },
+        )
+        .await
     }
 }
 

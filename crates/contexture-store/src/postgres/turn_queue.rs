@@ -119,7 +119,7 @@ impl TurnQueueStore for PgStore {
         events: Vec<NewEvent>,
         ticket: TurnTicket,
     ) -> Result<Vec<u64>, StoreError> {
-        self.append_events_with(thread, events, AlsoWritten::TurnLeft(ticket))
+        self.append_events_with(thread, events, None, AlsoWritten::TurnLeft(ticket))
             .await
     }
 }

@@ -258,15 +258,17 @@ impl PgStore {
         thread: &str,
         events: Vec<NewEvent>,
     ) -> Result<Vec<u64>, StoreError> {
-        self.append_events_with(thread, events, AlsoWritten::Nothing)
+        self.append_events_with(thread, events, None, AlsoWritten::Nothing)
             .await
     }
 
-    /// Appends `events` to `thread` and writes `also` in the same transaction.
+    /// Appends `events` to `thread` and writes `also` in the same transaction; with
+    /// `after`, only when the thread's last seq is still that ([`StoreError::Moved`]).
     pub(super) async fn append_events_with(
         &self,
         thread: &str,
         events: Vec<NewEvent>,
+        after: Option<u64>,
         also: AlsoWritten<'_>,
     ) -> Result<Vec<u64>, StoreError> {
         if events.is_empty() {
@@ -276,9 +278,10 @@ impl PgStore {
         let now = epoch_ms(SystemTime::now());
         let limits = self.limits();
         let mut client = self.pool.get().await?;
-        let fast = rows
-            .iter()
-            .all(|row| row.key.is_none() && !row.step_answer && !needs_seq_check(&row.event));
+        let fast = after.is_none()
+            && rows
+                .iter()
+                .all(|row| row.key.is_none() && !row.step_answer && !needs_seq_check(&row.event));
         match also {
             AlsoWritten::Nothing if fast => {
                 return append_fast(&client, thread, rows, now, limits, None).await;
@@ -304,6 +307,16 @@ impl PgStore {
             .await
             .doing("lock the thread")?;
         let mut last = seq_of(thread, row.get(0))?;
+        if let Some(expected) = after
+            && expected != last
+        {
+            // Dropping the transaction rolls back the thread's creation, if it made it.
+            return Err(StoreError::Moved {
+                thread: thread.to_owned(),
+                expected,
+                last_seq: last,
+            });
+        }
         let mut bytes = u64::try_from(row.get::<_, i64>(1)).unwrap_or(0);
         let mut message_bytes = u64::try_from(row.get::<_, i64>(2)).unwrap_or(0);
         let find = tx

@@ -15,11 +15,13 @@ use crate::referable_cache::ReferableCache;
 use crate::request_refs::REQUEST_STARTED;
 use crate::{StoreError, epoch_ms};
 
-/// Appends `rows` to `thread` (creating it), inside the caller's write transaction.
+/// Appends `rows` to `thread` (creating it), inside the caller's write transaction; with
+/// `after`, only when the thread's last seq is still that ([`StoreError::Moved`]).
 pub(super) fn append_rows(
     tx: &Connection,
     thread: &str,
     rows: Vec<Row>,
+    after: Option<u64>,
     limits: ThreadLimits,
     referable: &ReferableCache,
 ) -> Result<Vec<u64>, StoreError> {
@@ -37,6 +39,16 @@ pub(super) fn append_rows(
         })
         .doing("create the thread or read its last seq")?;
     let mut last = seq_of(thread, last)?;
+    if let Some(expected) = after
+        && expected != last
+    {
+        // The write's savepoint is rolled back: the thread's creation too, if it made it.
+        return Err(StoreError::Moved {
+            thread: thread.to_owned(),
+            expected,
+            last_seq: last,
+        });
+    }
     let mut bytes = u64::try_from(bytes).unwrap_or(0);
     let mut message_bytes = u64::try_from(message_bytes).unwrap_or(0);
     let mut seqs = Vec::with_capacity(rows.len());
