@@ -9,7 +9,9 @@
 //! 1. The request's new messages ([`new_messages`]) are checked ([`check_tool_results`]) and
 //!    appended to the thread (each with the turn's idempotency key, when it has one) before
 //!    anything is sent, so a failed call loses nothing the client said. A turn that cannot
-//!    be fitted is refused first, with nothing stored.
+//!    be fitted is refused first, with nothing stored. A turn with nothing to compact, no
+//!    key and no abandoned request to end stores them with its request's record (step 3)
+//!    in one write, made only when nothing was written to the thread since it was read.
 //! 2. The thread is compacted when the policy's trigger fires; a failed compaction replaces
 //!    nothing and the request is still trimmed to fit.
 //! 3. The projection is fitted to the model ([`crate::fitting`]) with the newest turn (the

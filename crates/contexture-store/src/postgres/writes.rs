@@ -292,20 +292,20 @@ impl PgStore {
             _ => {}
         }
         let tx = client.transaction().await.doing("begin an append")?;
-        tx.execute(
-            "INSERT INTO threads (id, last_seq, created_at, updated_at) VALUES ($1, 0, $2, $2)
-             ON CONFLICT (id) DO NOTHING",
-            &[&thread, &now],
-        )
-        .await
-        .doing("create the thread")?;
-        let row = tx
-            .query_one(
-                "SELECT last_seq, bytes, message_bytes FROM threads WHERE id = $1 FOR UPDATE",
-                &[&thread],
+        // One round trip creates the thread or takes its row's lock (an upsert's update
+        // locks the row as `FOR UPDATE` does), and reads its last seq and sizes.
+        let lock = tx
+            .prepare_cached(
+                "INSERT INTO threads (id, last_seq, created_at, updated_at) VALUES ($1, 0, $2, $2)
+                 ON CONFLICT (id) DO UPDATE SET last_seq = threads.last_seq
+                 RETURNING last_seq, bytes, message_bytes",
             )
             .await
-            .doing("lock the thread")?;
+            .doing("prepare the thread's creation")?;
+        let row = tx
+            .query_one(&lock, &[&thread, &now])
+            .await
+            .doing("create or lock the thread")?;
         let mut last = seq_of(thread, row.get(0))?;
         if let Some(expected) = after
             && expected != last
