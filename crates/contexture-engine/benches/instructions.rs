@@ -52,8 +52,8 @@ fn loop_call((step, mut memory): (LoopStep, CutMemory)) -> usize {
 }
 
 #[library_benchmark]
-#[bench::whole_conversation(setup = ChatTurnInput::new, args = (true), config = limit(336_700, 2))]
-#[bench::new_question(setup = ChatTurnInput::new, args = (false), config = limit(237_800, 2))]
+#[bench::whole_conversation(setup = ChatTurnInput::new, args = (true), config = limit(238_200, 2))]
+#[bench::new_question(setup = ChatTurnInput::new, args = (false), config = limit(139_300, 2))]
 fn chat_turn(turn: ChatTurnInput) -> usize {
     black_box(turn.run())
 }
