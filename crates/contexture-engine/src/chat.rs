@@ -647,9 +647,14 @@ impl<S: Store> ChatTurn<'_, S> {
         };
         let compaction = self.compaction_policy(tail.policy.take());
         if compaction.is_none() && self.key.is_none() && tail.in_flight.is_empty() {
-            return self
-                .prepare_in_one_write(settings, tail, requested, request_id, lease, schemas)
-                .await;
+            let start = TurnStart {
+                settings,
+                schemas,
+                own_tokens,
+                request_id,
+                lease,
+            };
+            return self.prepare_in_one_write(start, tail, requested).await;
         }
         let TurnPlan {
             new, newest_turn, ..
@@ -671,10 +676,14 @@ impl<S: Store> ChatTurn<'_, S> {
             brought,
             newest_turn,
         };
-        self.store_then_fit(
-            settings, schemas, own_tokens, compaction, stored, request_id, lease,
-        )
-        .await
+        let start = TurnStart {
+            settings,
+            schemas,
+            own_tokens,
+            request_id,
+            lease,
+        };
+        self.store_then_fit(start, compaction, stored).await
     }
 
     /// The compaction the turn considers: the thread's own policy's (`policy`), else the
@@ -715,12 +724,9 @@ impl<S: Store> ChatTurn<'_, S> {
     /// the whole history's indices, so it is the same fit.
     async fn prepare_in_one_write(
         &self,
-        settings: FitSettings,
+        start: TurnStart,
         tail: ProjectionTail,
         requested: Vec<Message>,
-        request_id: String,
-        lease: TurnLease,
-        schemas: Arc<[Value]>,
     ) -> Result<PreparedTurn, ChatError> {
         let read_up_to = tail.last_seq;
         let SplitTurn {
@@ -742,10 +748,16 @@ impl<S: Store> ChatTurn<'_, S> {
         let newest_turn = newest_turn_len;
         let last_request = tail.last_request;
         let fitted = self
-            .fit_tail(&settings, tail, newest_turn, &schemas, last_request)
+            .fit_tail(
+                &start.settings,
+                tail,
+                newest_turn,
+                &start.schemas,
+                last_request,
+            )
             .await?;
         let input_from = (!new.is_empty()).then(|| read_up_to + 1);
-        let record = self.request_record(&settings, request_id.clone(), &fitted, input_from);
+        let record = self.request_record(&start, &fitted, input_from);
         let mut events = NewEvent::messages(new.iter().cloned(), None);
         events.push(NewEvent::new(EventKind::RequestStarted(record)));
         let seqs = match self
@@ -763,12 +775,7 @@ impl<S: Store> ChatTurn<'_, S> {
                     ended: 0,
                     newest_turn,
                 };
-                let own_tokens = 0;
-                return self
-                    .store_then_fit(
-                        settings, schemas, own_tokens, None, stored, request_id, lease,
-                    )
-                    .await;
+                return self.store_then_fit(start, None, stored).await;
             }
             Err(error) => return Err(error.into()),
         };
@@ -778,9 +785,9 @@ impl<S: Store> ChatTurn<'_, S> {
             detail: "an append returned no seq".into(),
         })?;
         Ok(PreparedTurn {
-            lease: std::sync::Arc::new(lease),
+            lease: std::sync::Arc::new(start.lease),
             fitted,
-            request_id,
+            request_id: start.request_id,
             compaction: None,
             summary: None,
             request_seq,
@@ -789,16 +796,11 @@ impl<S: Store> ChatTurn<'_, S> {
 
     /// Steps 1 to 3 after the turn's plan: stores `stored`'s events, reads the thread back,
     /// compacts when `compaction`'s trigger fires, fits, and records the request.
-    #[allow(clippy::too_many_arguments)]
     async fn store_then_fit(
         &self,
-        settings: FitSettings,
-        schemas: Arc<[Value]>,
-        own_tokens: u64,
+        start: TurnStart,
         compaction: Option<CompactionPolicy>,
         stored: StoredTurn,
-        request_id: String,
-        lease: TurnLease,
     ) -> Result<PreparedTurn, ChatError> {
         let StoredTurn {
             events,
@@ -811,7 +813,11 @@ impl<S: Store> ChatTurn<'_, S> {
             .as_ref()
             .and_then(|policy| policy.trigger.tokens)
             .map_or(0, |tokens| tokens.saturating_add(1));
-        let load = || settings.load(self.store, self.thread, own_tokens, compaction_tokens);
+        let load = || {
+            start
+                .settings
+                .load(self.store, self.thread, start.own_tokens, compaction_tokens)
+        };
         let mut input_from = None;
         if !events.is_empty() {
             let seqs = self.store.append(self.thread, events).await?;
@@ -824,13 +830,13 @@ impl<S: Store> ChatTurn<'_, S> {
         let mut summary = None;
         if let Some(policy) = &compaction
             && let Some(reason) = policy.trigger.fires_for(
-                &settings.model,
+                &start.settings.model,
                 tail.projection
                     .system
                     .iter()
                     .chain(&tail.projection.messages),
                 tail.projection.messages.len() + tail.unread,
-                &schemas,
+                &start.schemas,
             )
         {
             let request = CompactRequest::new(policy.clone(), reason);
@@ -848,9 +854,15 @@ impl<S: Store> ChatTurn<'_, S> {
 
         let last_request = tail.last_request;
         let fitted = self
-            .fit_tail(&settings, tail, newest_turn, &schemas, last_request)
+            .fit_tail(
+                &start.settings,
+                tail,
+                newest_turn,
+                &start.schemas,
+                last_request,
+            )
             .await?;
-        let record = self.request_record(&settings, request_id.clone(), &fitted, input_from);
+        let record = self.request_record(&start, &fitted, input_from);
         let started = NewEvent::new(EventKind::RequestStarted(record));
         let started = match self.key {
             Some(key) if self.first_attempt => started.with_key(request_key(key)),
@@ -858,9 +870,9 @@ impl<S: Store> ChatTurn<'_, S> {
         };
         let request_seq = self.store.append_one(self.thread, started).await?;
         Ok(PreparedTurn {
-            lease: std::sync::Arc::new(lease),
+            lease: std::sync::Arc::new(start.lease),
             fitted,
-            request_id,
+            request_id: start.request_id,
             compaction: compacted,
             summary,
             request_seq,
@@ -904,14 +916,13 @@ impl<S: Store> ChatTurn<'_, S> {
     /// The record of the request `fitted`, as it will be sent.
     fn request_record(
         &self,
-        settings: &FitSettings,
-        request_id: String,
+        start: &TurnStart,
         fitted: &FittedRequest,
         input_from: Option<u64>,
     ) -> RequestRecord {
         RequestRecord {
-            request_id,
-            model: Some(settings.model.id.clone()),
+            request_id: start.request_id.clone(),
+            model: Some(start.settings.model.id.clone()),
             messages: fitted.messages.clone(),
             budget: Some(RecordedBudget {
                 context_window: fitted.limits.context_window,
@@ -1303,6 +1314,20 @@ fn comparable(message: &Message) -> Value {
         }
     }
     value
+}
+
+/// What a turn carries from its first read to its request's record.
+struct TurnStart {
+    /// The model and the fit policy (the thread's own, when it has one).
+    settings: FitSettings,
+    /// The tool and structured-output schemas counted with the request.
+    schemas: Arc<[Value]>,
+    /// The tokens of the request's newest turn, which the thread's reads reach back for.
+    own_tokens: u64,
+    /// The id the request is recorded with.
+    request_id: String,
+    /// The turn's hold on its thread.
+    lease: TurnLease,
 }
 
 /// What a turn that stores its messages before it is fitted stores first.

@@ -228,15 +228,28 @@ fn conversation(turns: usize) -> Vec<NewEvent> {
     NewEvent::messages(messages, None)
 }
 
-/// Prepares one turn asking `question` on `thread` of `store`, holding the thread through
-/// `queue` (whose tickets `inner` keeps).
+/// Prepares one turn asking `question` on `thread` of `store`, for gpt-4o-mini.
 async fn prepare(
     store: &Watched,
     thread: &str,
     question: &str,
 ) -> contexture_engine::chat::PreparedTurn {
+    prepare_for(store, thread, question, None).await
+}
+
+/// Prepares one turn asking `question` on `thread` of `store`, for gpt-4o-mini with a
+/// context window of `window` tokens when given.
+async fn prepare_for(
+    store: &Watched,
+    thread: &str,
+    question: &str,
+    window: Option<u32>,
+) -> contexture_engine::chat::PreparedTurn {
     let registry = Arc::new(Registry::builtin());
-    let model = registry.resolve("gpt-4o-mini");
+    let mut model = registry.resolve("gpt-4o-mini");
+    if let Some(window) = window {
+        model.context_window = window;
+    }
     let settings = FitSettings::new(model, FitPolicy::default(), FitOverrides::default())
         .expect("the default policy fits the model");
     let summarizer = Arc::new(FixedRouter::new(Arc::new(ScriptedProvider::texts(["-"]))));
@@ -378,4 +391,45 @@ async fn a_write_between_the_turns_read_and_its_write_is_read_back_before_the_fi
         ["A note appended meanwhile.", "And 3 squared?"],
         "the fit saw the write that came in between"
     );
+}
+
+#[tokio::test]
+async fn a_turn_sent_the_other_way_by_a_write_in_between_is_fitted_as_one_that_read_after_it() {
+    // A window far smaller than the thread, and a long question: the thread is read only
+    // back as far as the fit can reach, the question's own tokens included.
+    let window = Some(2_000);
+    let question = format!(
+        "Now go through every answer again: {}",
+        "and then ".repeat(150)
+    );
+    let note = || NewEvent::messages([Message::user("A note appended meanwhile.")], None);
+
+    // The note is stored before the turn reads the thread: the turn's one write.
+    let (_a, inner) = common::sqlite().await;
+    inner.append("t", conversation(150)).await.unwrap();
+    inner.append("t", note()).await.unwrap();
+    let read_after = Watched::new(inner, None);
+    let one_write = prepare_for(&read_after, "t", &question, window).await;
+    assert_eq!(read_after.writes(), (0, 1));
+
+    // The note lands between the turn's read and its write: the turn stores its question
+    // and reads the thread back.
+    let (_b, inner) = common::sqlite().await;
+    inner.append("t", conversation(150)).await.unwrap();
+    let between = Watched::new(inner, Some(note()));
+    let other_way = prepare_for(&between, "t", &question, window).await;
+    assert_eq!(between.writes(), (2, 1));
+
+    assert_eq!(one_write.request_seq, other_way.request_seq);
+    let (a, b) = (
+        record_at(&read_after.inner, "t", one_write.request_seq).await,
+        record_at(&between.inner, "t", other_way.request_seq).await,
+    );
+    assert!(
+        a.messages.len() < 1 + 300,
+        "the fit left history out ({} messages sent)",
+        a.messages.len()
+    );
+    assert_eq!(a, b, "the same request, fitted and recorded the same");
+    assert_eq!(one_write.fitted.fit, other_way.fitted.fit);
 }
