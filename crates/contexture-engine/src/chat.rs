@@ -628,20 +628,7 @@ impl<S: Store> ChatTurn<'_, S> {
             .await;
         let mut tail = match loaded {
             Ok(tail) => tail,
-            Err(ThreadFitError::Store(StoreError::NotFound { .. })) => ProjectionTail {
-                projection: Projection {
-                    context: "main".into(),
-                    system: None,
-                    messages: Vec::new(),
-                },
-                unread: 0,
-                last_seq: 0,
-                store: Default::default(),
-                fork: None,
-                policy: None,
-                last_request: None,
-                in_flight: Vec::new(),
-            },
+            Err(ThreadFitError::Store(StoreError::NotFound { .. })) => ProjectionTail::empty(),
             Err(ThreadFitError::Store(error)) => return Err(error.into()),
             Err(ThreadFitError::Fit(error)) => return Err(error.into()),
         };
@@ -746,16 +733,7 @@ impl<S: Store> ChatTurn<'_, S> {
             ..tail
         };
         let newest_turn = newest_turn_len;
-        let last_request = tail.last_request;
-        let fitted = self
-            .fit_tail(
-                &start.settings,
-                tail,
-                newest_turn,
-                &start.schemas,
-                last_request,
-            )
-            .await?;
+        let fitted = self.fit_tail(&start, tail, newest_turn).await?;
         let input_from = (!new.is_empty()).then(|| read_up_to + 1);
         let record = self.request_record(&start, &fitted, input_from);
         let mut events = NewEvent::messages(new.iter().cloned(), None);
@@ -852,16 +830,7 @@ impl<S: Store> ChatTurn<'_, S> {
             compacted = Some(outcome);
         }
 
-        let last_request = tail.last_request;
-        let fitted = self
-            .fit_tail(
-                &start.settings,
-                tail,
-                newest_turn,
-                &start.schemas,
-                last_request,
-            )
-            .await?;
+        let fitted = self.fit_tail(&start, tail, newest_turn).await?;
         let record = self.request_record(&start, &fitted, input_from);
         let started = NewEvent::new(EventKind::RequestStarted(record));
         let started = match self.key {
@@ -880,16 +849,16 @@ impl<S: Store> ChatTurn<'_, S> {
     }
 
     /// Step 3's fit of `tail`, whose last `newest_turn` messages are the newest turn, with
-    /// the cuts carried from the thread's request at `last_request`; on the CPU pool when
-    /// the turn has one.
+    /// the cuts carried from the thread's last request; on the CPU pool when the turn has
+    /// one.
     async fn fit_tail(
         &self,
-        settings: &FitSettings,
+        start: &TurnStart,
         tail: ProjectionTail,
         newest_turn: usize,
-        schemas: &Arc<[Value]>,
-        last_request: Option<u64>,
     ) -> Result<FittedRequest, ChatError> {
+        let (settings, schemas) = (&start.settings, &start.schemas);
+        let last_request = tail.last_request;
         let split = tail.projection.messages.len().saturating_sub(newest_turn);
         let mut memory = if settings.policy.shrinks() {
             let hysteresis = settings.policy.hysteresis.is_some();

@@ -35,6 +35,25 @@ pub struct ProjectionTail {
 }
 
 impl ProjectionTail {
+    /// The tail of a thread with no events (one that does not exist yet): the default
+    /// context, empty.
+    pub fn empty() -> ProjectionTail {
+        ProjectionTail {
+            projection: Projection {
+                context: contexture_core::thread::DEFAULT_CONTEXT.to_owned(),
+                system: None,
+                messages: Vec::new(),
+            },
+            unread: 0,
+            last_seq: 0,
+            store: Map::new(),
+            fork: None,
+            policy: None,
+            last_request: None,
+            in_flight: Vec::new(),
+        }
+    }
+
     /// The tail of `fold`, a thread folded with its `unread` oldest ordinary messages left
     /// out. Tool results left at the head of a cut projection are dropped too: the call they
     /// answer was not read, so they could never be sent (a fit never reaches the cut), and a

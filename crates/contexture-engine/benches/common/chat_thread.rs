@@ -8,7 +8,6 @@
 use contexture_core::Message;
 use contexture_core::fit::{CutMemory, FitPolicy};
 use contexture_core::registry::{ModelInfo, Registry};
-use contexture_core::thread::Projection;
 use contexture_core::tokens::message_tokens;
 use contexture_engine::chat::{fit_turn, newest_turn_tokens, split_turn};
 use contexture_engine::fitting::{FitOverrides, FitSettings};
@@ -73,20 +72,11 @@ fn tail_of(settings: &FitSettings, messages: &[Message], needed: u64) -> Project
     }
     let system = system();
     message_tokens(&system, encoding);
-    ProjectionTail {
-        projection: Projection {
-            context: "main".into(),
-            system: Some(system),
-            messages: read,
-        },
-        unread: start,
-        last_seq: 0,
-        store: Default::default(),
-        fork: None,
-        policy: None,
-        last_request: None,
-        in_flight: Vec::new(),
-    }
+    let mut tail = ProjectionTail::empty();
+    tail.projection.system = Some(system);
+    tail.projection.messages = read;
+    tail.unread = start;
+    tail
 }
 
 impl ChatTurnInput {
