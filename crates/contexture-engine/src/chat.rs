@@ -632,25 +632,25 @@ impl<S: Store> ChatTurn<'_, S> {
             Err(ThreadFitError::Store(error)) => return Err(error.into()),
             Err(ThreadFitError::Fit(error)) => return Err(error.into()),
         };
+        let start = TurnStart {
+            settings,
+            schemas,
+            own_tokens,
+            request_id,
+            lease,
+        };
         let compaction = self.compaction_policy(tail.policy.take());
         if compaction.is_none() && self.key.is_none() && tail.in_flight.is_empty() {
-            let start = TurnStart {
-                settings,
-                schemas,
-                own_tokens,
-                request_id,
-                lease,
-            };
             return self.prepare_in_one_write(start, tail, requested).await;
         }
         let TurnPlan {
             new, newest_turn, ..
         } = plan_turn(
-            &settings,
+            &start.settings,
             tail.projection,
             requested,
             self.instructions,
-            &schemas,
+            &start.schemas,
             compaction.is_some(),
         )?;
         let ended = tail.in_flight.len();
@@ -662,13 +662,6 @@ impl<S: Store> ChatTurn<'_, S> {
             ended,
             brought,
             newest_turn,
-        };
-        let start = TurnStart {
-            settings,
-            schemas,
-            own_tokens,
-            request_id,
-            lease,
         };
         self.store_then_fit(start, compaction, stored).await
     }
@@ -721,6 +714,7 @@ impl<S: Store> ChatTurn<'_, S> {
             history,
             newest_turn,
         } = split_turn(tail.projection, requested, self.instructions)?;
+        let brought = !new.is_empty();
         let newest_turn_len = newest_turn.len();
         let mut messages = history.messages;
         messages.extend(newest_turn);
@@ -732,9 +726,8 @@ impl<S: Store> ChatTurn<'_, S> {
             last_seq: read_up_to.saturating_add(u64::try_from(new.len()).unwrap_or(u64::MAX)),
             ..tail
         };
-        let newest_turn = newest_turn_len;
-        let fitted = self.fit_tail(&start, tail, newest_turn).await?;
-        let input_from = (!new.is_empty()).then(|| read_up_to + 1);
+        let fitted = self.fit_tail(&start, tail, newest_turn_len).await?;
+        let input_from = brought.then(|| read_up_to + 1);
         let record = self.request_record(&start, &fitted, input_from);
         let mut events = NewEvent::messages(new.iter().cloned(), None);
         events.push(NewEvent::new(EventKind::RequestStarted(record)));
@@ -748,10 +741,10 @@ impl<S: Store> ChatTurn<'_, S> {
                 // Another write came after the read: the turn is fitted on the thread as it
                 // is after its messages are stored.
                 let stored = StoredTurn {
-                    brought: !new.is_empty(),
+                    brought,
                     events: NewEvent::messages(new, None),
                     ended: 0,
-                    newest_turn,
+                    newest_turn: newest_turn_len,
                 };
                 return self.store_then_fit(start, None, stored).await;
             }
