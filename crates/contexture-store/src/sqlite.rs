@@ -292,6 +292,19 @@ impl SqliteStore {
         self.inner.writer.write(work).await
     }
 
+    /// [`SqliteStore::write`] for state that lapses by itself (a turn's place in its
+    /// thread's queue): answered once committed, synced to disk by the next synced commit
+    /// (see [`writer::Durability::Lapsing`]).
+    async fn write_lapsing<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        self.inner
+            .writer
+            .write_with(writer::Durability::Lapsing, work)
+            .await
+    }
+
     /// Runs `work` on a pooled read connection, on tokio's blocking pool.
     async fn read<T: Send + 'static>(
         &self,

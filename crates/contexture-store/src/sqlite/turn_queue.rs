@@ -1,6 +1,7 @@
 //! The SQLite store's queue of turns: [`TurnQueueStore`] over the `turn_queue` table. Joining,
-//! renewing and leaving are writes like any other (batched by the writer thread); where a
-//! ticket stands is a read.
+//! renewing and leaving are writes batched by the writer thread like any other, but not
+//! synced to disk on their own: a ticket lapses by itself, and a crash of the machine that
+//! loses one also ends the turn it stood for. Where a ticket stands is a read.
 
 use std::time::{Duration, SystemTime};
 
@@ -17,7 +18,7 @@ impl TurnQueueStore for SqliteStore {
         let now = epoch_ms(SystemTime::now());
         // One writer at a time on the file, every process's: the turns counted are all those
         // that joined before.
-        self.write(move |tx| {
+        self.write_lapsing(move |tx| {
             let ticket: TurnTicket = tx
                 .prepare_cached(
                     "INSERT INTO turn_queue (thread_id, heartbeat_at) VALUES (?1, ?2) RETURNING ticket",
@@ -63,7 +64,7 @@ impl TurnQueueStore for SqliteStore {
         let thread = thread.to_owned();
         let now = epoch_ms(SystemTime::now());
         let lapsed_before = now.saturating_sub(lease_ms(lease));
-        self.write(move |tx| {
+        self.write_lapsing(move |tx| {
             tx.prepare_cached(
                 "DELETE FROM turn_queue WHERE thread_id = ?1 AND ticket <> ?2 AND heartbeat_at < ?3",
             )
@@ -84,7 +85,8 @@ impl TurnQueueStore for SqliteStore {
 
     async fn leave_turn_queue(&self, thread: &str, ticket: TurnTicket) -> Result<(), StoreError> {
         let thread = thread.to_owned();
-        self.write(move |tx| leave(tx, &thread, ticket)).await
+        self.write_lapsing(move |tx| leave(tx, &thread, ticket))
+            .await
     }
 
     async fn append_leaving_turn(

@@ -9,6 +9,12 @@
 //! batch. No caller hears back before the commit that holds its write has returned, so an
 //! answered write is on disk exactly as before; a failed commit fails every write of its
 //! batch, none of which is then stored.
+//!
+//! A write of state that lapses by itself (a turn's place in its thread's queue) may ask for
+//! less ([`Durability::Lapsing`]): a batch of such writes only is committed without the sync
+//! (`synchronous = NORMAL`), so it survives the process but not the machine; the next synced
+//! commit (or checkpoint) puts it on disk with everything before it. A batch with any other
+//! write is synced whole.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::mpsc;
@@ -31,6 +37,33 @@ const SLOW_COMMIT: Duration = Duration::from_millis(100);
 /// transaction), or is told why it cannot run.
 type Job = Box<dyn FnOnce(Result<&Connection, StoreError>) -> Ran + Send>;
 
+/// How far a write has reached when its caller hears back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Durability {
+    /// On disk: the commit holding it synced the write-ahead log (`synchronous = FULL`).
+    Synced,
+    /// In the write-ahead log, in the operating system's hands: it survives the process
+    /// but not a crash of the machine, until the next synced commit or checkpoint. For
+    /// state that lapses by itself, which a crash of the machine makes moot.
+    Lapsing,
+}
+
+impl Durability {
+    /// The `synchronous` setting a commit of this durability runs under.
+    fn pragma(self) -> &'static str {
+        match self {
+            Durability::Synced => "PRAGMA synchronous = FULL",
+            Durability::Lapsing => "PRAGMA synchronous = NORMAL",
+        }
+    }
+}
+
+/// A write waiting for its batch, with what its commit must do for it.
+struct Queued {
+    job: Job,
+    durability: Durability,
+}
+
 /// Told of every rollback of a write (its savepoint, or a whole batch), before the next
 /// write runs: what a cache kept from a write's reads may be gone.
 pub(super) type OnRollback = Box<dyn Fn() + Send>;
@@ -45,7 +78,7 @@ struct Ran {
 /// The handle on the writer thread. Dropping it lets the thread finish the queued writes
 /// and close the connection, and waits for that.
 pub(super) struct Writer {
-    jobs: Option<mpsc::Sender<Job>>,
+    jobs: Option<mpsc::Sender<Queued>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -57,7 +90,7 @@ impl Writer {
         committed: Option<CommitNotifier>,
         rolled_back: OnRollback,
     ) -> Result<Writer, StoreError> {
-        let (jobs, queue) = mpsc::channel::<Job>();
+        let (jobs, queue) = mpsc::channel::<Queued>();
         let thread = std::thread::Builder::new()
             .name("contexture-sqlite-writer".into())
             .spawn(move || run(&conn, &queue, committed.as_ref(), &rolled_back))
@@ -70,10 +103,20 @@ impl Writer {
         })
     }
 
-    /// Runs `work` in the next batch and answers once that batch is committed. `work` runs
-    /// inside a transaction (and a savepoint of its own): it must not begin or end one.
+    /// Runs `work` in the next batch and answers once that batch is committed and synced.
+    /// `work` runs inside a transaction (and a savepoint of its own): it must not begin or
+    /// end one.
     pub(super) async fn write<T: Send + 'static>(
         &self,
+        work: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        self.write_with(Durability::Synced, work).await
+    }
+
+    /// [`Writer::write`], answered once the batch is committed as far as `durability` asks.
+    pub(super) async fn write_with<T: Send + 'static>(
+        &self,
+        durability: Durability,
         work: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let (reply, answer) = oneshot::channel();
@@ -101,7 +144,7 @@ impl Writer {
         let queued = self
             .jobs
             .as_ref()
-            .is_some_and(|jobs| jobs.send(job).is_ok());
+            .is_some_and(|jobs| jobs.send(Queued { job, durability }).is_ok());
         if !queued {
             return Err(StoreError::WriterStopped);
         }
@@ -135,14 +178,37 @@ fn control(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
 
 fn run(
     conn: &Connection,
-    queue: &mpsc::Receiver<Job>,
+    queue: &mpsc::Receiver<Queued>,
     committed: Option<&CommitNotifier>,
     rolled_back: &dyn Fn(),
 ) {
+    // The connection is opened with `synchronous = FULL`.
+    let mut syncing = Durability::Synced;
     while let Ok(first) = queue.recv() {
         let mut batch = Vec::with_capacity(8);
         batch.push(first);
         batch.extend(queue.try_iter().take(MAX_BATCH - 1));
+        let durability = if batch
+            .iter()
+            .any(|queued| queued.durability == Durability::Synced)
+        {
+            Durability::Synced
+        } else {
+            Durability::Lapsing
+        };
+        let batch: Vec<Job> = batch.into_iter().map(|queued| queued.job).collect();
+        if durability != syncing {
+            if let Err(error) = control(conn, durability.pragma()) {
+                // Not knowing how the next commit would sync, none runs: each write is
+                // told why.
+                for job in batch {
+                    let ran = job(Err(fail("set how a commit syncs", &error)));
+                    (ran.answer)(Ok(()));
+                }
+                continue;
+            }
+            syncing = durability;
+        }
         commit_batch(conn, batch, rolled_back);
         if let Some(committed) = committed {
             committed.committed();
@@ -423,6 +489,52 @@ mod tests {
         assert_eq!(children, 0);
         // The failed commit was told of as a rollback.
         assert_eq!(rollbacks.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    /// The `synchronous` setting a write sees inside its batch: 1 is NORMAL, 2 is FULL.
+    fn synchronous(conn: &Connection) -> Result<i64, StoreError> {
+        conn.query_row("PRAGMA synchronous", [], |row| row.get(0))
+            .doing("read how commits sync")
+    }
+
+    #[tokio::test]
+    async fn a_batch_of_lapsing_writes_alone_is_committed_without_the_sync() {
+        let writer = std::sync::Arc::new(Writer::start(table(), None, Box::new(|| {})).unwrap());
+        let lapsing = writer.write_with(Durability::Lapsing, synchronous);
+        assert_eq!(lapsing.await.unwrap(), 1);
+        assert_eq!(writer.write(synchronous).await.unwrap(), 2);
+
+        // A lapsing write batched with a synced one is synced with it.
+        let (release, wait) = std_mpsc::channel::<()>();
+        let (started, running) = oneshot::channel::<()>();
+        let gate = {
+            let writer = writer.clone();
+            tokio::spawn(async move {
+                writer
+                    .write_with(Durability::Lapsing, move |conn| {
+                        let _ = started.send(());
+                        let _ = wait.recv();
+                        synchronous(conn)
+                    })
+                    .await
+            })
+        };
+        running.await.unwrap();
+        let queued = |durability: Durability| {
+            let writer = writer.clone();
+            tokio::spawn(async move { writer.write_with(durability, synchronous).await })
+        };
+        let lapsing = queued(Durability::Lapsing);
+        let synced = queued(Durability::Synced);
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        release.send(()).unwrap();
+        assert_eq!(gate.await.unwrap().unwrap(), 1);
+        assert_eq!(lapsing.await.unwrap().unwrap(), 2);
+        assert_eq!(synced.await.unwrap().unwrap(), 2);
+
+        // And a lapsing batch after it goes without the sync again.
+        let lapsing = writer.write_with(Durability::Lapsing, synchronous);
+        assert_eq!(lapsing.await.unwrap(), 1);
     }
 
     #[tokio::test]
