@@ -209,9 +209,10 @@ pub struct LimitsConfig {
     /// and `next_after` continues it.
     pub max_page_bytes: usize,
     /// About the most memory the store's cache of recently read threads holds (default
-    /// 32 MiB; 0 keeps none): a thread read again within it costs only its new events (a
-    /// thread larger than the bound is kept alone). Most of a busy server's resident memory
-    /// is this cache. An eighth more bounds the message bodies the SQLite writer keeps so
+    /// 16 MiB, the folds of some hundreds of conversations; 0 keeps none): a thread read
+    /// again within it costs only its new events (a thread larger than the bound is kept
+    /// alone). Once a server has served more threads than it holds, this cache is full, and
+    /// is most of the server's resident memory: raise it for many long threads in use at once. An eighth more bounds the message bodies the SQLite writer keeps so
     /// that a thread's next request record reads only the thread's new messages.
     pub projection_cache_bytes: u64,
 }

@@ -24,7 +24,7 @@ pub(crate) const MAX_EVENTS_PER_FOLD: u64 = 20_000;
 
 /// The memory the kept folds may hold by default (see [`fold_bytes`]): a
 /// server's resident size is mostly this cache once it has served many threads.
-pub const DEFAULT_PROJECTION_CACHE_BYTES: u64 = 32 * 1024 * 1024;
+pub const DEFAULT_PROJECTION_CACHE_BYTES: u64 = 16 * 1024 * 1024;
 
 struct Kept {
     deletions: i64,
