@@ -9,9 +9,10 @@
 //! 1. The request's new messages ([`new_messages`]) are checked ([`check_tool_results`]) and
 //!    appended to the thread (each with the turn's idempotency key, when it has one) before
 //!    anything is sent, so a failed call loses nothing the client said. A turn that cannot
-//!    be fitted is refused first, with nothing stored. A turn with nothing to compact, no
-//!    key and no abandoned request to end stores them with its request's record (step 3)
-//!    in one write, made only when nothing was written to the thread since it was read.
+//!    be fitted is refused first, with nothing stored. A turn with no key, no abandoned
+//!    request to end, and no compaction that fires on the whole thread as read with its
+//!    new messages stores them with its request's record (step 3) in one write, made only
+//!    when nothing was written to the thread since it was read.
 //! 2. The thread is compacted when the policy's trigger fires; a failed compaction replaces
 //!    nothing and the request is still trimmed to fit.
 //! 3. The projection is fitted to the model ([`crate::fitting`]) with the newest turn (the
@@ -609,11 +610,12 @@ impl<S: Store> ChatTurn<'_, S> {
     /// with `lease` (step 0, [`crate::turns::TurnQueue::wait_for_turn`]): stores what is
     /// new, compacts when the trigger fires, fits, and records the request as `request_id`.
     ///
-    /// A turn with no compaction to consider, no idempotency key and no abandoned request to
-    /// end is fitted on the thread as read plus its new messages, and stores them with the
-    /// request's record in one write, made only if nothing was written to the thread since
-    /// it was read ([`Store::append_after`]); otherwise, or when something was, the new
-    /// messages are stored first and the thread read back.
+    /// A turn with no idempotency key and no abandoned request to end, whose compaction (if
+    /// any) does not fire on the whole thread as read plus its new messages, is fitted on
+    /// them and stores its new messages with the request's record in one write, made only
+    /// if nothing was written to the thread since it was read ([`Store::append_after`]);
+    /// otherwise, or when something was, the new messages are stored first and the thread
+    /// read back.
     pub async fn prepare(
         &self,
         requested: Vec<Message>,
@@ -640,8 +642,10 @@ impl<S: Store> ChatTurn<'_, S> {
             lease,
         };
         let compaction = self.compaction_policy(tail.policy.take());
-        if compaction.is_none() && self.key.is_none() && tail.in_flight.is_empty() {
-            return self.prepare_in_one_write(start, tail, requested).await;
+        if self.key.is_none() && tail.in_flight.is_empty() {
+            return self
+                .prepare_in_one_write(start, tail, requested, compaction)
+                .await;
         }
         let TurnPlan {
             new, newest_turn, ..
@@ -702,11 +706,18 @@ impl<S: Store> ChatTurn<'_, S> {
     /// The tail of the thread read back after the messages' append would be the same
     /// messages, or fewer of the oldest: a fit reads a history from its end, and reports
     /// the whole history's indices, so it is the same fit.
+    ///
+    /// With a `compaction` to consider, that holds only when the tail is the whole thread
+    /// (the trigger counts it all) and the trigger does not fire on it with the new
+    /// messages: the thread read back would show the same, and nothing would be compacted.
+    /// Otherwise the turn is checked as [`plan_turn`] checks it and goes the other way,
+    /// where the trigger is evaluated on the thread read back and the compaction runs.
     async fn prepare_in_one_write(
         &self,
         start: TurnStart,
         tail: ProjectionTail,
         requested: Vec<Message>,
+        compaction: Option<CompactionPolicy>,
     ) -> Result<PreparedTurn, ChatError> {
         let read_up_to = tail.last_seq;
         let SplitTurn {
@@ -726,6 +737,37 @@ impl<S: Store> ChatTurn<'_, S> {
             last_seq: read_up_to.saturating_add(u64::try_from(new.len()).unwrap_or(u64::MAX)),
             ..tail
         };
+        if let Some(policy) = &compaction {
+            let whole = tail.unread == 0;
+            let fires = || {
+                policy
+                    .trigger
+                    .fires_for(
+                        &start.settings.model,
+                        tail.projection
+                            .system
+                            .iter()
+                            .chain(&tail.projection.messages),
+                        tail.projection.messages.len(),
+                        &start.schemas,
+                    )
+                    .is_some()
+            };
+            if !whole || fires() {
+                let mut history = tail.projection;
+                let newest_turn = history
+                    .messages
+                    .split_off(history.messages.len() - newest_turn_len);
+                check_fits(&start.settings, history, &newest_turn, &start.schemas, true)?;
+                let stored = StoredTurn {
+                    brought,
+                    events: NewEvent::messages(new, None),
+                    ended: 0,
+                    newest_turn: newest_turn_len,
+                };
+                return self.store_then_fit(start, compaction, stored).await;
+            }
+        }
         let fitted = self.fit_tail(&start, tail, newest_turn_len).await?;
         let input_from = brought.then(|| read_up_to + 1);
         let record = self.request_record(&start, &fitted, input_from);
@@ -746,7 +788,7 @@ impl<S: Store> ChatTurn<'_, S> {
                     ended: 0,
                     newest_turn: newest_turn_len,
                 };
-                return self.store_then_fit(start, None, stored).await;
+                return self.store_then_fit(start, compaction, stored).await;
             }
             Err(error) => return Err(error.into()),
         };
@@ -1354,19 +1396,32 @@ pub fn plan_turn(
         history,
         newest_turn,
     } = split_turn(stored, requested, instructions)?;
-    let preview = if settings.policy.enabled || !compacts {
-        settings.fit(history, &newest_turn, schemas)?
+    let preview = check_fits(settings, history, &newest_turn, schemas, compacts)?;
+    Ok(TurnPlan {
+        new,
+        newest_turn: newest_turn.len(),
+        preview,
+    })
+}
+
+/// [`plan_turn`]'s check: `newest_turn` fitted after `history` by `settings`, with
+/// `schemas` counted. With fitting off and a compaction to run (`compacts`), only what
+/// compaction cannot shrink is checked.
+fn check_fits(
+    settings: &FitSettings,
+    history: Projection,
+    newest_turn: &[Message],
+    schemas: &[Value],
+    compacts: bool,
+) -> Result<FittedRequest, ChatError> {
+    Ok(if settings.policy.enabled || !compacts {
+        settings.fit(history, newest_turn, schemas)?
     } else {
         // With fitting off the whole history counts, and the compaction that runs before
         // the request may still shrink it.
         let mut trimming = settings.clone();
         trimming.policy.enabled = true;
-        trimming.fit(history, &newest_turn, schemas)?
-    };
-    Ok(TurnPlan {
-        new,
-        newest_turn: newest_turn.len(),
-        preview,
+        trimming.fit(history, newest_turn, schemas)?
     })
 }
 

@@ -1,7 +1,7 @@
-//! A chat turn with nothing to compact and no idempotency key stores its new messages and
-//! its request's record in one write, made only if nothing was written to the thread since
-//! the turn read it; a write that comes in between is read back, as when the messages are
-//! stored first.
+//! A chat turn with no idempotency key, and no compaction that fires on the thread as read,
+//! stores its new messages and its request's record in one write, made only if nothing was
+//! written to the thread since the turn read it; a write that comes in between is read
+//! back, as when the messages are stored first.
 
 use crate::common;
 
@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use contexture_core::calibration::{Calibration, Observation};
+use contexture_core::compact::{CompactionPolicy, Trigger};
 use contexture_core::fit::FitPolicy;
 use contexture_core::registry::Registry;
 use contexture_core::thread::{Event, EventKind, Projection, RequestRecord, Thread};
@@ -245,6 +246,17 @@ async fn prepare_for(
     question: &str,
     window: Option<u32>,
 ) -> contexture_engine::chat::PreparedTurn {
+    prepare_with(store, thread, question, window, None).await
+}
+
+/// [`prepare_for`], with `compaction` to consider.
+async fn prepare_with(
+    store: &Watched,
+    thread: &str,
+    question: &str,
+    window: Option<u32>,
+    compaction: Option<&CompactionPolicy>,
+) -> contexture_engine::chat::PreparedTurn {
     let registry = Arc::new(Registry::builtin());
     let mut model = registry.resolve("gpt-4o-mini");
     if let Some(window) = window {
@@ -264,7 +276,7 @@ async fn prepare_for(
         settings,
         tools: &[],
         response_format: None,
-        compaction: None,
+        compaction,
         compactor: &compactor,
         key: None,
         first_attempt: false,
@@ -432,4 +444,69 @@ async fn a_turn_sent_the_other_way_by_a_write_in_between_is_fitted_as_one_that_r
     );
     assert_eq!(a, b, "the same request, fitted and recorded the same");
     assert_eq!(one_write.fitted.fit, other_way.fitted.fit);
+}
+
+/// A compaction that fires once a request passes `tokens` tokens.
+fn compaction_over(tokens: u64) -> CompactionPolicy {
+    CompactionPolicy {
+        trigger: Trigger {
+            tokens: Some(tokens),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn a_turn_whose_compaction_does_not_fire_is_one_write_recorded_as_without_one() {
+    let (_a, inner) = common::sqlite().await;
+    inner.append("t", conversation(3)).await.unwrap();
+    let plain = Watched::new(inner, None);
+    let without = prepare(&plain, "t", "And 3 squared?").await;
+
+    let (_b, inner) = common::sqlite().await;
+    inner.append("t", conversation(3)).await.unwrap();
+    let configured = Watched::new(inner, None);
+    let policy = compaction_over(100_000);
+    let with = prepare_with(&configured, "t", "And 3 squared?", None, Some(&policy)).await;
+
+    assert_eq!(
+        configured.writes(),
+        (0, 1),
+        "one conditional write, nothing else"
+    );
+    assert!(with.compaction.is_none(), "nothing was compacted");
+    assert_eq!(with.request_seq, without.request_seq);
+    assert_eq!(
+        record_at(&configured.inner, "t", with.request_seq).await,
+        record_at(&plain.inner, "t", without.request_seq).await,
+        "the same request, fitted and recorded the same"
+    );
+}
+
+#[tokio::test]
+async fn a_turn_whose_compaction_fires_on_the_thread_as_read_stores_first_and_compacts() {
+    let (_dir, inner) = common::sqlite().await;
+    let seqs = inner.append("t", conversation(30)).await.unwrap();
+    let last = *seqs.last().unwrap();
+    let store = Watched::new(inner, None);
+    let policy = compaction_over(200);
+
+    let prepared = prepare_with(&store, "t", "And 30 squared?", None, Some(&policy)).await;
+
+    let (appends, conditional) = store.writes();
+    assert_eq!(conditional, 0, "no conditional write");
+    assert!(
+        appends >= 2,
+        "the question, then the record ({appends} appends)"
+    );
+    assert!(prepared.compaction.is_some(), "the trigger fired");
+    // The question was stored before the compaction, and the record names it.
+    let events = store.inner.events_after("t", last).await.unwrap();
+    assert!(matches!(
+        &events[0].kind,
+        EventKind::MessageAppended { message } if user_text(message).as_deref() == Some("And 30 squared?")
+    ));
+    let record = record_at(&store.inner, "t", prepared.request_seq).await;
+    assert_eq!(record.input_from, Some(last + 1));
 }
