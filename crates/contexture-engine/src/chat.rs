@@ -737,6 +737,13 @@ impl<S: Store> ChatTurn<'_, S> {
             last_seq: read_up_to.saturating_add(u64::try_from(new.len()).unwrap_or(u64::MAX)),
             ..tail
         };
+        // The other way, when this one cannot be taken: the new messages stored first.
+        let stored_first = |new: Vec<Message>| StoredTurn {
+            brought,
+            events: NewEvent::messages(new, None),
+            ended: 0,
+            newest_turn: newest_turn_len,
+        };
         if let Some(policy) = &compaction {
             let whole = tail.unread == 0;
             let fires = || {
@@ -759,13 +766,9 @@ impl<S: Store> ChatTurn<'_, S> {
                     .messages
                     .split_off(history.messages.len() - newest_turn_len);
                 check_fits(&start.settings, history, &newest_turn, &start.schemas, true)?;
-                let stored = StoredTurn {
-                    brought,
-                    events: NewEvent::messages(new, None),
-                    ended: 0,
-                    newest_turn: newest_turn_len,
-                };
-                return self.store_then_fit(start, compaction, stored).await;
+                return self
+                    .store_then_fit(start, compaction, stored_first(new))
+                    .await;
             }
         }
         let fitted = self.fit_tail(&start, tail, newest_turn_len).await?;
@@ -782,13 +785,9 @@ impl<S: Store> ChatTurn<'_, S> {
             Err(StoreError::Moved { .. }) => {
                 // Another write came after the read: the turn is fitted on the thread as it
                 // is after its messages are stored.
-                let stored = StoredTurn {
-                    brought,
-                    events: NewEvent::messages(new, None),
-                    ended: 0,
-                    newest_turn: newest_turn_len,
-                };
-                return self.store_then_fit(start, compaction, stored).await;
+                return self
+                    .store_then_fit(start, compaction, stored_first(new))
+                    .await;
             }
             Err(error) => return Err(error.into()),
         };

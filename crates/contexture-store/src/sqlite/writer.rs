@@ -351,6 +351,33 @@ mod tests {
 
     type TestWrite = Box<dyn FnOnce(&Connection) -> Result<i64, StoreError> + Send>;
 
+    /// Starts a write of `durability` that holds the writer, once running, until the
+    /// returned sender sends: the writes queued meanwhile form the next batch. Then it runs
+    /// `work`.
+    async fn held<T: Send + 'static>(
+        writer: &std::sync::Arc<Writer>,
+        durability: Durability,
+        work: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> (
+        std_mpsc::Sender<()>,
+        tokio::task::JoinHandle<Result<T, StoreError>>,
+    ) {
+        let (release, wait) = std_mpsc::channel::<()>();
+        let (started, running) = oneshot::channel::<()>();
+        let writer = writer.clone();
+        let gate = tokio::spawn(async move {
+            writer
+                .write_with(durability, move |conn| {
+                    let _ = started.send(());
+                    let _ = wait.recv();
+                    work(conn)
+                })
+                .await
+        });
+        running.await.unwrap();
+        (release, gate)
+    }
+
     #[tokio::test]
     async fn a_failed_or_panicking_write_is_rolled_back_alone_in_its_batch() {
         let rollbacks = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -359,21 +386,7 @@ mod tests {
             counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         });
         let writer = std::sync::Arc::new(Writer::start(table(), None, on_rollback).unwrap());
-        let (release, wait) = std_mpsc::channel::<()>();
-        let (started, running) = oneshot::channel::<()>();
-        let gate = {
-            let writer = writer.clone();
-            tokio::spawn(async move {
-                writer
-                    .write(move |conn| {
-                        let _ = started.send(());
-                        let _ = wait.recv();
-                        insert(conn, 1)
-                    })
-                    .await
-            })
-        };
-        running.await.unwrap();
+        let (release, gate) = held(&writer, Durability::Synced, |conn| insert(conn, 1)).await;
         // Queued while the writer is held: these form one batch.
         let spawn = |work: TestWrite| {
             let writer = writer.clone();
@@ -440,21 +453,7 @@ mod tests {
             counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         });
         let writer = std::sync::Arc::new(Writer::start(conn, None, on_rollback).unwrap());
-        let (release, wait) = std_mpsc::channel::<()>();
-        let (started, running) = oneshot::channel::<()>();
-        let gate = {
-            let writer = writer.clone();
-            tokio::spawn(async move {
-                writer
-                    .write(move |conn| {
-                        let _ = started.send(());
-                        let _ = wait.recv();
-                        insert(conn, 1)
-                    })
-                    .await
-            })
-        };
-        running.await.unwrap();
+        let (release, gate) = held(&writer, Durability::Synced, |conn| insert(conn, 1)).await;
         let orphan = {
             let writer = writer.clone();
             tokio::spawn(async move {
@@ -505,21 +504,7 @@ mod tests {
         assert_eq!(writer.write(synchronous).await.unwrap(), 2);
 
         // A lapsing write batched with a synced one is synced with it.
-        let (release, wait) = std_mpsc::channel::<()>();
-        let (started, running) = oneshot::channel::<()>();
-        let gate = {
-            let writer = writer.clone();
-            tokio::spawn(async move {
-                writer
-                    .write_with(Durability::Lapsing, move |conn| {
-                        let _ = started.send(());
-                        let _ = wait.recv();
-                        synchronous(conn)
-                    })
-                    .await
-            })
-        };
-        running.await.unwrap();
+        let (release, gate) = held(&writer, Durability::Lapsing, synchronous).await;
         let queued = |durability: Durability| {
             let writer = writer.clone();
             tokio::spawn(async move { writer.write_with(durability, synchronous).await })
