@@ -18,6 +18,8 @@
 #   DURATION=20s WARMUP=5s TURNS_PER_THREAD=50 MODEL=gpt-4o-mini PORT=18089
 #   UPSTREAM_PORT=18090 UPSTREAM_BIN=target/release/contexture-fake-upstream
 #   SKIP_BUILD=1 (use the binaries as they are)
+#   SERVE_CONFIG="[compaction]\ntrigger = { window_share = 0.8 }" (more of the server's
+#   configuration, after its `[limits]`; printf escapes)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -73,7 +75,7 @@ sleep 0.5
 kill -0 "$upstream_pid" 2>/dev/null || { cat "$work/upstream.log" >&2; exit 1; }
 
 results="$work/results.tsv"
-printf '[limits]\nmax_chat_turns = %d\n' "$MAX_CHAT_TURNS" >"$work/serve.toml"
+printf '[limits]\nmax_chat_turns = %d\n%b\n' "$MAX_CHAT_TURNS" "${SERVE_CONFIG:-}" >"$work/serve.toml"
 : >"$results"
 
 run_build() { # NAME BIN ROUND DOOR
