@@ -201,10 +201,7 @@ fn run(
             if let Err(error) = control(conn, durability.pragma()) {
                 // Not knowing how the next commit would sync, none runs: each write is
                 // told why.
-                for job in batch {
-                    let ran = job(Err(fail("set how a commit syncs", &error)));
-                    (ran.answer)(Ok(()));
-                }
+                refuse(batch, "set how a commit syncs", &error);
                 continue;
             }
             syncing = durability;
@@ -233,13 +230,18 @@ fn fail(action: &'static str, error: &rusqlite::Error) -> StoreError {
     StoreError::database("sqlite", action, copy_error(error))
 }
 
+/// Tells each write of `batch` that it cannot run, since `action` failed with `error`.
+fn refuse(batch: Vec<Job>, action: &'static str, error: &rusqlite::Error) {
+    for job in batch {
+        let ran = job(Err(fail(action, error)));
+        (ran.answer)(Ok(()));
+    }
+}
+
 /// Runs `batch` in one transaction, each write in a savepoint, commits, then answers each.
 fn commit_batch(conn: &Connection, batch: Vec<Job>, rolled_back: &dyn Fn()) {
     if let Err(error) = control(conn, "BEGIN IMMEDIATE") {
-        for job in batch {
-            let ran = job(Err(fail("begin a write", &error)));
-            (ran.answer)(Ok(()));
-        }
+        refuse(batch, "begin a write", &error);
         return;
     }
     let mut ran: Vec<Ran> = Vec::with_capacity(batch.len());
