@@ -112,9 +112,10 @@ fn connect(path: &Path) -> Result<Connection, StoreError> {
 }
 
 /// The writer's busy handler: waits for another writer (a restarting checkpoint, another
-/// process) a millisecond at a time, for at most [`BUSY_TIMEOUT`].
+/// process) a millisecond at a time, for at most [`BUSY_TIMEOUT`]; on the writer thread
+/// only, never on a caller's thread committing its own write ([`writer::may_wait`]).
 fn writer_waits(waited: i32) -> bool {
-    wait_a_millisecond(waited, BUSY_TIMEOUT)
+    writer::may_wait() && wait_a_millisecond(waited, BUSY_TIMEOUT)
 }
 
 /// A busy handler's step: after `waited` tries, waits a millisecond and tries again, until

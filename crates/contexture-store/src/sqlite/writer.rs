@@ -16,15 +16,19 @@
 //! commit (or checkpoint) puts it on disk with everything before it. A batch with any other
 //! write is synced whole.
 //!
-//! A write that finds nothing queued and the connection free is committed on the calling
-//! thread instead, as a batch of its own: the writer thread would have committed it alone
-//! too, and handing it over and waking its caller back costs two thread switches, which on
-//! a virtual machine took about as long as the commit of a small write. Writes that find
-//! the connection taken queue for the writer thread, which takes them all once it is free,
-//! so the batches under load are what they were. On a multi-threaded tokio runtime the
-//! calling thread blocks for the commit; on a single-threaded one (where a write blocked on
-//! anything the runtime must do would never end) writes always go to the writer thread.
+//! A write that finds nothing queued, the connection free and the file's write lock free at
+//! once is committed on the calling thread instead, as a batch of its own: the writer thread
+//! would have committed it alone too, and handing it over and waking its caller back costs
+//! two thread switches, which on a virtual machine took about as long as the commit of a
+//! small write. Writes that find the connection taken, or the file locked (a checkpoint
+//! starting the log over, a vacuum, another process), go to the writer thread, which waits
+//! for the lock and takes every write queued meanwhile, so the batches under load are what
+//! they were and no caller's thread waits for a lock. The calling thread blocks only for its
+//! own commit, and only on a tokio runtime with more than one worker (or outside one): on a
+//! single-threaded runtime, where a blocked thread stops every task, writes always go to the
+//! writer thread.
 
+use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError, mpsc};
@@ -196,37 +200,69 @@ impl Writer {
         answer.await.map_err(|_| StoreError::WriterStopped)?
     }
 
-    /// Commits `queued` on the calling thread when no write waits for the writer thread and
-    /// the connection is free; else gives it back, to be sent there.
+    /// Commits `queued` on the calling thread when no write waits for the writer thread, the
+    /// connection is free and the file's write lock is taken at once; else gives it back,
+    /// to be sent there.
     fn commit_here(&self, queued: Queued) -> Option<Queued> {
         if !blocking_allowed() || self.shared.queued.load(Ordering::Acquire) != 0 {
             return Some(queued);
         }
         let mut committer = match self.shared.committer.try_lock() {
             Ok(committer) => committer,
-            // A panic while committing left no transaction open (see [`lock`]).
-            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::Poisoned(poisoned)) => recovered(&self.shared.committer, poisoned),
             Err(TryLockError::WouldBlock) => return Some(queued),
         };
-        committer.commit(vec![queued]);
-        None
+        // A write sent meanwhile goes first: the writer thread is about to take the lock.
+        if self.shared.queued.load(Ordering::Acquire) != 0 {
+            return Some(queued);
+        }
+        committer.commit_alone_now(queued)
     }
 }
 
-/// Whether the calling thread may block for a commit: not on a single-threaded tokio
-/// runtime, whose tasks (some perhaps needed by the write) would all wait.
+/// Whether the calling thread may block for a commit: outside a tokio runtime, or on a
+/// multi-threaded one with another worker to go on with the other tasks. Not on a
+/// single-threaded runtime, whose tasks (some perhaps needed by the write) would all wait.
 fn blocking_allowed() -> bool {
     tokio::runtime::Handle::try_current().map_or(true, |runtime| {
-        runtime.runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread
+        runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
+            && runtime.metrics().num_workers() > 1
     })
 }
 
-/// Locks the committer; a panic while it was held left no transaction open: every batch
-/// ends with a commit or a rollback, and each write runs under `catch_unwind`.
+thread_local! {
+    /// True while a caller begins a commit on its own thread: the write connection's busy
+    /// handler ([`may_wait`]) then gives up at once, and the write goes to the writer thread.
+    static BEGINNING_HERE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the write connection's busy handler may wait for the file's write lock on this
+/// thread: not while a caller tries to commit on its own thread, which must not wait.
+pub(super) fn may_wait() -> bool {
+    !BEGINNING_HERE.with(Cell::get)
+}
+
+/// Locks the committer.
 fn lock(committer: &Mutex<Committer>) -> MutexGuard<'_, Committer> {
     committer
         .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .unwrap_or_else(|poisoned| recovered(committer, poisoned))
+}
+
+/// The committer after a panic while it was held, outside the writes' own `catch_unwind`
+/// (a rollback or commit hook, the log): a transaction it left open is rolled back, so
+/// that the file's write lock is let go and the next batch can begin.
+fn recovered<'a>(
+    committer: &'a Mutex<Committer>,
+    poisoned: std::sync::PoisonError<MutexGuard<'a, Committer>>,
+) -> MutexGuard<'a, Committer> {
+    let guard = poisoned.into_inner();
+    if !guard.conn.is_autocommit() {
+        let _ = control(&guard.conn, "ROLLBACK");
+        (guard.rolled_back)();
+    }
+    committer.clear_poison();
+    guard
 }
 
 impl Drop for Writer {
@@ -279,16 +315,43 @@ impl Committer {
             Durability::Lapsing
         };
         let batch: Vec<Job> = batch.into_iter().map(|queued| queued.job).collect();
-        if durability != self.syncing {
-            if let Err(error) = control(&self.conn, durability.pragma()) {
-                // Not knowing how the next commit would sync, none runs: each write is
-                // told why.
-                refuse(batch, "set how a commit syncs", &error);
-                return;
-            }
-            self.syncing = durability;
+        if let Err(error) = self.sync_as(durability) {
+            // Not knowing how the next commit would sync, none runs: each write is told why.
+            refuse(batch, "set how a commit syncs", &error);
+            return;
         }
         commit_batch(&self.conn, batch, &*self.rolled_back);
+        self.tell_committed();
+    }
+
+    /// Commits `queued` alone when the file's write lock is taken at once, without waiting
+    /// for it; else gives it back untouched, for the writer thread (which waits, and tells
+    /// the write of any error).
+    fn commit_alone_now(&mut self, queued: Queued) -> Option<Queued> {
+        if self.sync_as(queued.durability).is_err() {
+            return Some(queued);
+        }
+        BEGINNING_HERE.set(true);
+        let begun = control(&self.conn, "BEGIN IMMEDIATE");
+        BEGINNING_HERE.set(false);
+        if begun.is_err() {
+            return Some(queued);
+        }
+        commit_begun(&self.conn, vec![queued.job], &*self.rolled_back);
+        self.tell_committed();
+        None
+    }
+
+    /// Sets how the next commit syncs, when it differs from the last.
+    fn sync_as(&mut self, durability: Durability) -> rusqlite::Result<()> {
+        if durability != self.syncing {
+            control(&self.conn, durability.pragma())?;
+            self.syncing = durability;
+        }
+        Ok(())
+    }
+
+    fn tell_committed(&self) {
         if let Some(committed) = &self.committed {
             committed.committed();
         }
@@ -326,6 +389,11 @@ fn commit_batch(conn: &Connection, batch: Vec<Job>, rolled_back: &dyn Fn()) {
         refuse(batch, "begin a write", &error);
         return;
     }
+    commit_begun(conn, batch, rolled_back);
+}
+
+/// [`commit_batch`] in the transaction already begun.
+fn commit_begun(conn: &Connection, batch: Vec<Job>, rolled_back: &dyn Fn()) {
     let mut ran: Vec<Ran> = Vec::with_capacity(batch.len());
     let mut jobs = batch.into_iter();
     for job in jobs.by_ref() {
@@ -481,6 +549,19 @@ mod tests {
         (release, gate)
     }
 
+    /// Waits until `count` writes are queued for the writer thread (while a held write keeps
+    /// it from taking them): the writes that will form its next batch.
+    async fn queued_for_the_thread(writer: &Writer, count: usize) {
+        let waited = std::time::Instant::now();
+        while writer.shared.queued.load(Ordering::Acquire) < count {
+            assert!(
+                waited.elapsed() < std::time::Duration::from_secs(10),
+                "the writes were not queued"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+    }
+
     on_both_runtimes!(a_failed_or_panicking_write_is_rolled_back_alone_in_its_batch);
     async fn a_failed_or_panicking_write_is_rolled_back_alone_in_its_batch() {
         let rollbacks = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -505,7 +586,7 @@ mod tests {
             panic!("boom")
         }));
         let ok_b = spawn(Box::new(|conn| insert(conn, 5)));
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        queued_for_the_thread(&writer, 4).await;
         release.send(()).unwrap();
 
         assert_eq!(gate.await.unwrap().unwrap(), 1);
@@ -568,7 +649,7 @@ mod tests {
                     .await
             })
         };
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        queued_for_the_thread(&writer, 1).await;
         release.send(()).unwrap();
         // The gate's write ran alone in the first batch; the orphan's batch fails at COMMIT.
         assert_eq!(gate.await.unwrap().unwrap(), 1);
@@ -614,7 +695,7 @@ mod tests {
         };
         let lapsing = queued(Durability::Lapsing);
         let synced = queued(Durability::Synced);
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        queued_for_the_thread(&writer, 2).await;
         release.send(()).unwrap();
         assert_eq!(gate.await.unwrap().unwrap(), 1);
         assert_eq!(lapsing.await.unwrap().unwrap(), 2);
@@ -656,10 +737,100 @@ mod tests {
             let writer = writer.clone();
             tokio::spawn(async move { writer.write(thread_name).await })
         };
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        queued_for_the_thread(&writer, 1).await;
         release.send(()).unwrap();
         assert_ne!(gate.await.unwrap().unwrap(), "contexture-sqlite-writer");
         assert_eq!(queued.await.unwrap().unwrap(), "contexture-sqlite-writer");
+    }
+
+    /// The writer's busy handler as the store sets it: waits a millisecond at a time, but
+    /// not on a caller's thread committing its own write.
+    fn waits_unless_beginning_here(waited: i32) -> bool {
+        if !may_wait() || waited > 10_000 {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        true
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_that_finds_the_file_locked_waits_on_the_writer_thread_not_its_callers() {
+        let dir =
+            std::env::temp_dir().join(format!("contexture-writer-lock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("locked.db");
+        let _ = std::fs::remove_file(&path);
+        let mut conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL; CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT NOT NULL)",
+        )
+        .unwrap();
+        conn.busy_handler(Some(waits_unless_beginning_here))
+            .unwrap();
+        let writer = std::sync::Arc::new(Writer::start(conn, None, Box::new(|| {})).unwrap());
+        // Another connection (another process, a vacuum) holds the file's write lock.
+        let other = Connection::open(&path).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let write = {
+            let writer = writer.clone();
+            tokio::spawn(async move {
+                writer
+                    .write(|conn| {
+                        insert(conn, 1)?;
+                        thread_name(conn)
+                    })
+                    .await
+            })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!write.is_finished(), "the write waits for the lock");
+        other.execute_batch("COMMIT").unwrap();
+        assert_eq!(write.await.unwrap().unwrap(), "contexture-sqlite-writer");
+        drop(writer);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panic_while_committing_leaves_no_transaction_open_for_the_next_write() {
+        // The rollback hook panics once, in the middle of a batch: outside the writes' own
+        // `catch_unwind`, so the commit's lock is poisoned with the transaction open.
+        let panicked = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let once = panicked.clone();
+        let on_rollback: OnRollback = Box::new(move || {
+            if !once.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                panic!("a rollback hook panicked");
+            }
+        });
+        let writer = std::sync::Arc::new(Writer::start(table(), None, on_rollback).unwrap());
+        let failing = {
+            let writer = writer.clone();
+            tokio::spawn(async move {
+                writer
+                    .write(|conn| {
+                        insert(conn, 1)?;
+                        insert(conn, 1)
+                    })
+                    .await
+            })
+        };
+        assert!(failing.await.is_err(), "the caller's commit panicked");
+        assert!(panicked.load(std::sync::atomic::Ordering::SeqCst));
+        // The next write begins a transaction of its own and commits; the failed one left
+        // nothing.
+        let ids = writer
+            .write(|conn| {
+                insert(conn, 2)?;
+                let mut select = conn.prepare("SELECT id FROM t ORDER BY id").unwrap();
+                let ids = select
+                    .query_map([], |r| r.get::<_, i64>(0))
+                    .unwrap()
+                    .collect::<Result<Vec<_>, _>>()
+                    .unwrap();
+                Ok(ids)
+            })
+            .await
+            .unwrap();
+        assert_eq!(ids, vec![2]);
     }
 
     #[tokio::test]
