@@ -520,6 +520,17 @@ mod tests {
         Ok(id)
     }
 
+    /// The ids in the table, in order.
+    fn ids(conn: &Connection) -> Result<Vec<i64>, StoreError> {
+        let mut select = conn.prepare("SELECT id FROM t ORDER BY id").unwrap();
+        let ids = select
+            .query_map([], |r| r.get::<_, i64>(0))
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        Ok(ids)
+    }
+
     type TestWrite = Box<dyn FnOnce(&Connection) -> Result<i64, StoreError> + Send>;
 
     /// Starts a write of `durability` that holds the writer, once running, until the
@@ -604,19 +615,7 @@ mod tests {
             other => panic!("expected a panic's error, got {other:?}"),
         }
         assert_eq!(ok_b.await.unwrap().unwrap(), 5);
-        let ids = writer
-            .write(|conn| {
-                let mut select = conn.prepare("SELECT id FROM t ORDER BY id").unwrap();
-                let ids = select
-                    .query_map([], |r| r.get::<_, i64>(0))
-                    .unwrap()
-                    .collect::<Result<Vec<_>, _>>()
-                    .unwrap();
-                Ok(ids)
-            })
-            .await
-            .unwrap();
-        assert_eq!(ids, vec![1, 2, 5]);
+        assert_eq!(writer.write(ids).await.unwrap(), vec![1, 2, 5]);
         // Each rolled-back write was told of, before the writes after it ran.
         assert_eq!(rollbacks.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
@@ -817,20 +816,11 @@ mod tests {
         assert!(panicked.load(std::sync::atomic::Ordering::SeqCst));
         // The next write begins a transaction of its own and commits; the failed one left
         // nothing.
-        let ids = writer
-            .write(|conn| {
-                insert(conn, 2)?;
-                let mut select = conn.prepare("SELECT id FROM t ORDER BY id").unwrap();
-                let ids = select
-                    .query_map([], |r| r.get::<_, i64>(0))
-                    .unwrap()
-                    .collect::<Result<Vec<_>, _>>()
-                    .unwrap();
-                Ok(ids)
-            })
-            .await
-            .unwrap();
-        assert_eq!(ids, vec![2]);
+        let stored = writer.write(|conn| {
+            insert(conn, 2)?;
+            ids(conn)
+        });
+        assert_eq!(stored.await.unwrap(), vec![2]);
     }
 
     #[tokio::test]
