@@ -746,21 +746,7 @@ impl<S: Store> ChatTurn<'_, S> {
         };
         if let Some(policy) = &compaction {
             let whole = tail.unread == 0;
-            let fires = || {
-                policy
-                    .trigger
-                    .fires_for(
-                        &start.settings.model,
-                        tail.projection
-                            .system
-                            .iter()
-                            .chain(&tail.projection.messages),
-                        tail.projection.messages.len(),
-                        &start.schemas,
-                    )
-                    .is_some()
-            };
-            if !whole || fires() {
+            if !whole || compaction_fires(policy, &start, &tail).is_some() {
                 let mut history = tail.projection;
                 let newest_turn = history
                     .messages
@@ -841,15 +827,7 @@ impl<S: Store> ChatTurn<'_, S> {
         let mut compacted = None;
         let mut summary = None;
         if let Some(policy) = &compaction
-            && let Some(reason) = policy.trigger.fires_for(
-                &start.settings.model,
-                tail.projection
-                    .system
-                    .iter()
-                    .chain(&tail.projection.messages),
-                tail.projection.messages.len() + tail.unread,
-                &start.schemas,
-            )
+            && let Some(reason) = compaction_fires(policy, &start, &tail)
         {
             let request = CompactRequest::new(policy.clone(), reason);
             let outcome = compact_stored(self.compactor, self.store, self.thread, &request)
@@ -1401,6 +1379,26 @@ pub fn plan_turn(
         newest_turn: newest_turn.len(),
         preview,
     })
+}
+
+/// Why `policy`'s trigger fires on `tail` (its system prompt and messages, with the
+/// messages before them left unread counted as history) for the turn's model and schemas,
+/// if it does. Both ways of a turn decide with this one call, so the one-write way is taken
+/// only where the other would compact nothing.
+fn compaction_fires(
+    policy: &CompactionPolicy,
+    start: &TurnStart,
+    tail: &ProjectionTail,
+) -> Option<String> {
+    policy.trigger.fires_for(
+        &start.settings.model,
+        tail.projection
+            .system
+            .iter()
+            .chain(&tail.projection.messages),
+        tail.projection.messages.len() + tail.unread,
+        &start.schemas,
+    )
 }
 
 /// [`plan_turn`]'s check: `newest_turn` fitted after `history` by `settings`, with
