@@ -17,8 +17,11 @@
 //! 144 MB database). Once the log holds more than [`Checkpointer::start`]'s `restart_frames`,
 //! the checkpoint is a `RESTART` one instead: it holds new writes back while the readers of
 //! the log's frames finish (new readers read the database file alone, the log being all
-//! copied), so the next write starts the log over. It waits at most [`RESTART_WAIT`] for
-//! them (a long read in another process) and tries again at the next interval.
+//! copied), so the next write starts the log over. Every write waits while it does, so it
+//! waits for them only briefly: [`RESTART_FIRST_WAIT`] at first, twice as long after each
+//! attempt that readers outlasted (a long read, a reader the machine did not schedule in
+//! time), up to [`RESTART_WAIT`], trying again at the next interval meanwhile; once the log
+//! starts over, the next restart waits briefly again.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,8 +39,17 @@ pub(super) const INTERVAL: Duration = Duration::from_millis(200);
 /// The log's frames past which a checkpoint starts it over (64 MB of 4 KB pages).
 pub(super) const RESTART_FRAMES: i64 = 16_384;
 
+/// How long a restarting checkpoint first holds writes back waiting for readers.
+pub(super) const RESTART_FIRST_WAIT: Duration = Duration::from_millis(4);
+
 /// The longest a restarting checkpoint holds writes back waiting for readers.
 pub(super) const RESTART_WAIT: Duration = Duration::from_millis(100);
+
+thread_local! {
+    /// How long the checkpointing thread's current checkpoint may wait (its connection's
+    /// busy handler is a plain function, which reads it here).
+    static WAIT_LIMIT: std::cell::Cell<Duration> = const { std::cell::Cell::new(RESTART_FIRST_WAIT) };
+}
 
 /// The handle on the checkpointing thread. Dropping it stops the thread after one last
 /// checkpoint.
@@ -115,6 +127,7 @@ impl Drop for Checkpointer {
 /// Checkpoints at most every [`INTERVAL`] while commits come, and once more when the last
 /// notifier is gone. `told` is the notifiers' [`CommitNotifier::pending`].
 fn run(conn: &Connection, committed: &mpsc::Receiver<()>, told: &AtomicBool, restart_frames: i64) {
+    let mut restart_wait = RESTART_FIRST_WAIT;
     let mut pending = false;
     let mut last = Instant::now();
     loop {
@@ -132,7 +145,7 @@ fn run(conn: &Connection, committed: &mpsc::Receiver<()>, told: &AtomicBool, res
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => {
                 if pending {
-                    checkpoint(conn, restart_frames);
+                    checkpoint(conn, restart_frames, RESTART_WAIT);
                 }
                 return;
             }
@@ -141,22 +154,39 @@ fn run(conn: &Connection, committed: &mpsc::Receiver<()>, told: &AtomicBool, res
             // Cleared before the checkpoint starts: a commit made from here on wakes the
             // thread again, one made before is in the log this checkpoint copies.
             told.store(false, Ordering::Release);
-            checkpoint(conn, restart_frames);
+            restart_wait = match checkpoint(conn, restart_frames, restart_wait) {
+                Restart::Outlasted => (restart_wait * 2).min(RESTART_WAIT),
+                Restart::Done | Restart::NotNeeded => RESTART_FIRST_WAIT,
+            };
             pending = false;
             last = Instant::now();
         }
     }
 }
 
-/// The checkpointer's busy handler: a millisecond at a time, for at most [`RESTART_WAIT`].
+/// The checkpointer's busy handler: a millisecond at a time, for at most the current
+/// checkpoint's limit.
 fn restart_waits(waited: i32) -> bool {
-    super::wait_a_millisecond(waited, RESTART_WAIT)
+    super::wait_a_millisecond(waited, WAIT_LIMIT.get())
 }
 
-/// One passive checkpoint, then a restarting one when the log holds more than
-/// `restart_frames` frames. A failure (a reader in another process holding the log, a full
-/// disk) leaves the frames in the log, which the next checkpoint copies: nothing is lost.
-fn checkpoint(conn: &Connection, restart_frames: i64) {
+/// What became of starting the log over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Restart {
+    /// The log was small enough to go on.
+    NotNeeded,
+    /// The log starts over at the next write.
+    Done,
+    /// Readers of the log's frames (or the writer, or a failure) kept it from starting over
+    /// within the wait.
+    Outlasted,
+}
+
+/// One passive checkpoint, then a restarting one, waiting at most `restart_wait`, when the
+/// log holds more than `restart_frames` frames. A failure (a reader in another process
+/// holding the log, a full disk) leaves the frames in the log, which the next checkpoint
+/// copies: nothing is lost.
+fn checkpoint(conn: &Connection, restart_frames: i64, restart_wait: Duration) -> Restart {
     let started = Instant::now();
     let frames = match run_checkpoint(conn, "PASSIVE") {
         Ok((_, frames, copied)) => {
@@ -170,24 +200,36 @@ fn checkpoint(conn: &Connection, restart_frames: i64) {
         }
         Err(error) => {
             tracing::warn!(%error, "a checkpoint of the SQLite write-ahead log failed; the next one retries");
-            return;
+            return Restart::NotNeeded;
         }
     };
     if frames <= restart_frames {
-        return;
+        return Restart::NotNeeded;
     }
     let restarting = Instant::now();
-    match run_checkpoint(conn, "RESTART") {
-        // Busy: a reader did not finish in time; the next interval tries again.
-        Ok((busy, frames, copied)) => tracing::debug!(
-            elapsed_ms = restarting.elapsed().as_millis() as u64,
-            restarted = busy == 0,
-            frames,
-            copied,
-            "checkpointed the SQLite write-ahead log to start it over"
-        ),
+    WAIT_LIMIT.set(restart_wait);
+    let restarted = run_checkpoint(conn, "RESTART");
+    WAIT_LIMIT.set(RESTART_FIRST_WAIT);
+    match restarted {
+        Ok((busy, frames, copied)) => {
+            tracing::debug!(
+                elapsed_ms = restarting.elapsed().as_millis() as u64,
+                wait_ms = restart_wait.as_millis() as u64,
+                restarted = busy == 0,
+                frames,
+                copied,
+                "checkpointed the SQLite write-ahead log to start it over"
+            );
+            // Busy: a reader did not finish in time; the next interval tries again, waiting
+            // longer.
+            match busy {
+                0 => Restart::Done,
+                _ => Restart::Outlasted,
+            }
+        }
         Err(error) => {
-            tracing::warn!(%error, "a checkpoint of the SQLite write-ahead log failed; the next one retries")
+            tracing::warn!(%error, "a checkpoint of the SQLite write-ahead log failed; the next one retries");
+            Restart::Outlasted
         }
     }
 }
@@ -337,6 +379,70 @@ mod tests {
             largest_log < 25_000_000,
             "the log grew to {largest_log} bytes in {elapsed:?}, starting over {restarts} times"
         );
+    }
+
+    /// Readers that each read for longer than a restart first waits, one of them always
+    /// reading: the restarts wait longer each time until they outlast them, and the log
+    /// starts over. With the first wait kept, it never would (a restart needs every reader
+    /// of the log's frames gone, and one of two readers staggered by half their 24 ms always
+    /// has 12 ms or more to go).
+    #[test]
+    fn restarts_wait_longer_for_readers_that_outlast_them() {
+        let dir = crate::testing::TempDir::new("contexture-checkpointer-long-readers");
+        let path = dir.join("db.sqlite");
+        let open = || {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "PRAGMA journal_mode = WAL; PRAGMA wal_autocheckpoint = 0; \
+                 PRAGMA synchronous = OFF;",
+            )
+            .unwrap();
+            conn
+        };
+        let writer = open();
+        writer
+            .execute_batch("CREATE TABLE t (body TEXT); INSERT INTO t VALUES ('first');")
+            .unwrap();
+        let restart_frames = 64;
+        let checkpointer = Checkpointer::start(open(), restart_frames).unwrap();
+        let committed = checkpointer.notifier().unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let read_for = Duration::from_millis(24);
+        assert!(read_for / 2 > RESTART_FIRST_WAIT * 2);
+        let readers: Vec<_> = (0..2)
+            .map(|reader| {
+                let conn = open();
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    std::thread::sleep(read_for / 2 * reader);
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        conn.execute_batch("BEGIN").unwrap();
+                        let _: i64 = conn
+                            .query_row("SELECT count(*) FROM t", [], |row| row.get(0))
+                            .unwrap();
+                        std::thread::sleep(read_for);
+                        conn.execute_batch("COMMIT").unwrap();
+                    }
+                })
+            })
+            .collect();
+        let row = "x".repeat(2_000);
+        let wal = dir.join("db.sqlite-wal");
+        let first_restarts = log_restarts(&wal);
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(4) {
+            writer.execute("INSERT INTO t VALUES (?1)", [&row]).unwrap();
+            committed.committed();
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        let restarts = log_restarts(&wal) - first_restarts;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for reader in readers {
+            reader.join().unwrap();
+        }
+        drop(committed);
+        drop(checkpointer);
+        assert!(restarts >= 2, "the log started over {restarts} times");
     }
 
     /// How many times the log at `wal` has started over since it was created: its header's
