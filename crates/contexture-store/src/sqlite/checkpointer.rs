@@ -301,70 +301,29 @@ mod tests {
     /// write.
     #[test]
     fn the_log_starts_over_while_readers_keep_reading() {
-        let dir = crate::testing::TempDir::new("contexture-checkpointer-readers");
-        let path = dir.join("db.sqlite");
-        let open = || {
-            let conn = Connection::open(&path).unwrap();
-            conn.execute_batch(
-                "PRAGMA journal_mode = WAL; PRAGMA wal_autocheckpoint = 0; \
-                 PRAGMA synchronous = OFF;",
-            )
-            .unwrap();
-            conn
-        };
-        let writer = open();
-        writer
-            .execute_batch("CREATE TABLE t (body TEXT); INSERT INTO t VALUES ('first');")
-            .unwrap();
         // 256 frames of 4 KB: 1 MB.
-        let restart_frames = 256;
-        let checkpointer = Checkpointer::start(open(), restart_frames).unwrap();
-        let committed = checkpointer.notifier().unwrap();
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let logged = Logged::new("contexture-checkpointer-readers", 256);
         // Two readers whose read transactions overlap: one of them is always reading.
-        let readers: Vec<_> = (0..2)
-            .map(|reader| {
-                let conn = open();
-                let stop = stop.clone();
-                std::thread::spawn(move || {
-                    let mut reads = 0u64;
-                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        conn.execute_batch("BEGIN").unwrap();
-                        let _: i64 = conn
-                            .query_row("SELECT count(*) FROM t", [], |row| row.get(0))
-                            .unwrap();
-                        std::thread::sleep(Duration::from_millis(2 + reader));
-                        conn.execute_batch("COMMIT").unwrap();
-                        reads += 1;
-                    }
-                    reads
-                })
-            })
-            .collect();
-        let row = "x".repeat(2_000);
-        let wal = dir.join("db.sqlite-wal");
+        let readers = Readers::start(&logged.path, Duration::ZERO, |reader| {
+            Duration::from_millis(2 + u64::from(reader))
+        });
+        let wal = logged.wal();
         let mut largest_log = 0;
         let first_restarts = log_restarts(&wal);
         let started = Instant::now();
         // Writes that never pause either (the log is never all copied when a read begins):
         // about 40 MB written to the log, 160 times the restart size.
         for write in 0..8_000 {
-            writer.execute("INSERT INTO t VALUES (?1)", [&row]).unwrap();
-            committed.committed();
+            logged.write();
             std::thread::sleep(Duration::from_micros(150));
             if write % 100 == 0 {
                 largest_log = largest_log.max(std::fs::metadata(&wal).map_or(0, |m| m.len()));
             }
         }
         let restarts = log_restarts(&wal) - first_restarts;
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let reads: u64 = readers
-            .into_iter()
-            .map(|reader| reader.join().unwrap())
-            .sum();
+        let reads = readers.stop();
         assert!(reads > 100, "the readers read {reads} times");
-        drop(committed);
-        drop(checkpointer);
+        drop(logged);
         // The log restarts past 1 MB, checked every interval: a restart every interval or
         // two while the writes go on (how many depends on how the machine schedules the
         // threads, which the tests running beside this one share), and the log never held
@@ -388,61 +347,120 @@ mod tests {
     /// has 12 ms or more to go).
     #[test]
     fn restarts_wait_longer_for_readers_that_outlast_them() {
-        let dir = crate::testing::TempDir::new("contexture-checkpointer-long-readers");
-        let path = dir.join("db.sqlite");
-        let open = || {
-            let conn = Connection::open(&path).unwrap();
-            conn.execute_batch(
-                "PRAGMA journal_mode = WAL; PRAGMA wal_autocheckpoint = 0; \
-                 PRAGMA synchronous = OFF;",
-            )
-            .unwrap();
-            conn
-        };
-        let writer = open();
-        writer
-            .execute_batch("CREATE TABLE t (body TEXT); INSERT INTO t VALUES ('first');")
-            .unwrap();
-        let restart_frames = 64;
-        let checkpointer = Checkpointer::start(open(), restart_frames).unwrap();
-        let committed = checkpointer.notifier().unwrap();
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let read_for = Duration::from_millis(24);
-        assert!(read_for / 2 > RESTART_FIRST_WAIT * 2);
-        let readers: Vec<_> = (0..2)
-            .map(|reader| {
-                let conn = open();
-                let stop = stop.clone();
-                std::thread::spawn(move || {
-                    std::thread::sleep(read_for / 2 * reader);
-                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        conn.execute_batch("BEGIN").unwrap();
-                        let _: i64 = conn
-                            .query_row("SELECT count(*) FROM t", [], |row| row.get(0))
-                            .unwrap();
-                        std::thread::sleep(read_for);
-                        conn.execute_batch("COMMIT").unwrap();
-                    }
-                })
-            })
-            .collect();
-        let row = "x".repeat(2_000);
-        let wal = dir.join("db.sqlite-wal");
+        const READ_FOR: Duration = Duration::from_millis(24);
+        assert!(READ_FOR / 2 > RESTART_FIRST_WAIT * 2);
+        let logged = Logged::new("contexture-checkpointer-long-readers", 64);
+        let readers = Readers::start(&logged.path, READ_FOR / 2, |_| READ_FOR);
+        let wal = logged.wal();
         let first_restarts = log_restarts(&wal);
         let started = Instant::now();
         while started.elapsed() < Duration::from_secs(4) {
-            writer.execute("INSERT INTO t VALUES (?1)", [&row]).unwrap();
-            committed.committed();
+            logged.write();
             std::thread::sleep(Duration::from_micros(500));
         }
         let restarts = log_restarts(&wal) - first_restarts;
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        for reader in readers {
-            reader.join().unwrap();
-        }
-        drop(committed);
-        drop(checkpointer);
+        readers.stop();
+        drop(logged);
         assert!(restarts >= 2, "the log started over {restarts} times");
+    }
+
+    /// A database in WAL mode that never checkpoints by itself, holding a table `t`, and a
+    /// checkpointer on it. Its log is not synced: these tests are about its size.
+    struct Logged {
+        // Dropped in this order: the checkpointer's thread ends once the last notifier is
+        // gone, and the directory goes after every connection to the file in it.
+        writer: Connection,
+        committed: CommitNotifier,
+        _checkpointer: Checkpointer,
+        path: std::path::PathBuf,
+        _dir: crate::testing::TempDir,
+    }
+
+    impl Logged {
+        fn new(name: &str, restart_frames: i64) -> Logged {
+            let dir = crate::testing::TempDir::new(name);
+            let path = dir.join("db.sqlite");
+            let writer = open_unsynced(&path);
+            writer
+                .execute_batch("CREATE TABLE t (body TEXT); INSERT INTO t VALUES ('first');")
+                .unwrap();
+            let checkpointer = Checkpointer::start(open_unsynced(&path), restart_frames).unwrap();
+            Logged {
+                committed: checkpointer.notifier().unwrap(),
+                _checkpointer: checkpointer,
+                writer,
+                path,
+                _dir: dir,
+            }
+        }
+
+        fn wal(&self) -> std::path::PathBuf {
+            self.path.with_extension("sqlite-wal")
+        }
+
+        /// Commits a row of 2 KB and tells the checkpointer.
+        fn write(&self) {
+            self.writer
+                .execute("INSERT INTO t VALUES (?1)", [&"x".repeat(2_000)])
+                .unwrap();
+            self.committed.committed();
+        }
+    }
+
+    fn open_unsynced(path: &std::path::Path) -> Connection {
+        let conn = Connection::open(path).unwrap();
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL; PRAGMA wal_autocheckpoint = 0; PRAGMA synchronous = OFF;",
+        )
+        .unwrap();
+        conn
+    }
+
+    /// Two readers of `t`, reading again and again until stopped, each read transaction
+    /// held for `read_for(reader)`; the second starts `stagger` after the first.
+    struct Readers {
+        stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        threads: Vec<JoinHandle<u64>>,
+    }
+
+    impl Readers {
+        fn start(
+            path: &std::path::Path,
+            stagger: Duration,
+            read_for: fn(u32) -> Duration,
+        ) -> Readers {
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let threads = (0..2)
+                .map(|reader| {
+                    let conn = open_unsynced(path);
+                    let stop = stop.clone();
+                    std::thread::spawn(move || {
+                        std::thread::sleep(stagger * reader);
+                        let mut reads = 0u64;
+                        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            conn.execute_batch("BEGIN").unwrap();
+                            let _: i64 = conn
+                                .query_row("SELECT count(*) FROM t", [], |row| row.get(0))
+                                .unwrap();
+                            std::thread::sleep(read_for(reader));
+                            conn.execute_batch("COMMIT").unwrap();
+                            reads += 1;
+                        }
+                        reads
+                    })
+                })
+                .collect();
+            Readers { stop, threads }
+        }
+
+        /// Stops the readers; how many reads they made.
+        fn stop(self) -> u64 {
+            self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            self.threads
+                .into_iter()
+                .map(|reader| reader.join().unwrap())
+                .sum()
+        }
     }
 
     /// How many times the log at `wal` has started over since it was created: its header's
