@@ -173,7 +173,7 @@ fn restart_waits(waited: i32) -> bool {
 /// What became of starting the log over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Restart {
-    /// The log was small enough to go on.
+    /// None was tried: the log was small enough to go on, or copying it failed (logged).
     NotNeeded,
     /// The log starts over at the next write.
     Done,
