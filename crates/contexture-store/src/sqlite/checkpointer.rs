@@ -250,32 +250,19 @@ mod tests {
     /// the log starts over instead of growing with every write.
     #[test]
     fn commits_reach_the_database_file_without_the_writer_checkpointing() {
-        let dir = crate::testing::TempDir::new("contexture-checkpointer");
-        let path = dir.join("db.sqlite");
-        let open = || {
-            let conn = Connection::open(&path).unwrap();
-            conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA wal_autocheckpoint = 0;")
-                .unwrap();
-            conn
-        };
-        let writer = open();
-        writer.execute_batch("CREATE TABLE t (body TEXT)").unwrap();
-        let checkpointer = Checkpointer::start(open(), RESTART_FRAMES).unwrap();
-        let committed = checkpointer.notifier().unwrap();
-        let row = "x".repeat(2_000);
+        let logged = Logged::new("contexture-checkpointer", RESTART_FRAMES);
         let mut largest_log = 0;
-        let wal = dir.join("db.sqlite-wal");
+        let wal = logged.wal();
         let restarts_before = log_restarts(&wal);
         for _ in 0..40 {
             for _ in 0..25 {
-                writer.execute("INSERT INTO t VALUES (?1)", [&row]).unwrap();
-                committed.committed();
+                logged.write();
             }
             std::thread::sleep(INTERVAL / 4);
             largest_log = largest_log.max(std::fs::metadata(&wal).map_or(0, |m| m.len()));
         }
         std::thread::sleep(INTERVAL * 3);
-        let database = std::fs::metadata(&path).unwrap().len();
+        let database = std::fs::metadata(&logged.path).unwrap().len();
         // 1,000 rows of 2 KB: two megabytes in the file, where no checkpoint would have left
         // them in the log.
         assert!(
@@ -292,8 +279,6 @@ mod tests {
             largest_log < 6_000_000,
             "the log grew to {largest_log} bytes"
         );
-        drop(committed);
-        drop(checkpointer);
     }
 
     /// Under reads that never stop (some reader always holds frames of the log), the log
