@@ -31,6 +31,7 @@
 mod api_keys;
 mod bounded_map;
 mod calibration;
+mod derived_numbers;
 mod error;
 mod execution_queue;
 mod forks;
@@ -53,6 +54,7 @@ mod tail;
 #[cfg(all(feature = "testing", feature = "sqlite", feature = "postgres"))]
 pub mod testing;
 mod turn_queue;
+mod untyped_bodies;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod url;
 

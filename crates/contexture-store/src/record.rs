@@ -15,6 +15,7 @@ use contexture_core::thread::{Event, EventKind, EventType, RequestEnd, StepEnd};
 use contexture_core::tokens::{Encoding, message_tokens};
 
 use crate::request_refs::{MESSAGE_EVENT_KINDS, REQUEST_STARTED, StoredRequest, Unresolved};
+use crate::untyped_bodies::{typed, untyped};
 use crate::{NewEvent, StoreError};
 
 /// The type name of message events, stored with the message alone as the body.
@@ -103,7 +104,7 @@ pub(crate) fn encode(thread: &str, event: NewEvent) -> Result<Row, StoreError> {
         // Written by [`store_request`] inside the append, once the store has found what the
         // record refers to; until then it has no body.
         EventKind::RequestStarted(_) => Ok(String::new()),
-        other => serde_json::to_string(other),
+        other => serde_json::to_string(other).map(|json| untyped(other.type_name(), json)),
     }
     .map_err(|error| unserializable(thread, "the event", &error))?;
     let ordinary_message = matches!(
@@ -195,6 +196,7 @@ pub(crate) fn share_outputs(thread: &str, rows: &mut [Row]) -> Result<(), StoreE
             fields.insert("output_in".into(), serde_json::Value::from(back));
         }
         rows[i].body = serde_json::to_string(&value)
+            .map(|json| untyped(STEP_FINISHED, json))
             .map_err(|error| unserializable(thread, "a step's end", &error))?;
     }
     Ok(())
@@ -233,7 +235,10 @@ pub(crate) fn share_replies(thread: &str, rows: &mut [Row]) -> Result<(), StoreE
         if let serde_json::Value::Object(fields) = &mut value {
             fields.insert("reply_in_next".into(), serde_json::Value::Bool(true));
         }
-        row.body = serde_json::to_string(&value).map_err(unserializable)?;
+        row.body = untyped(
+            REQUEST_ENDED,
+            serde_json::to_string(&value).map_err(unserializable)?,
+        );
         row.tokens = None;
     }
     Ok(())
@@ -262,11 +267,12 @@ pub(crate) fn shared_reply(
     if answer_seq <= end_seq || body.contains(REPLY_IN_NEXT) || body.contains(REPLY_IN) {
         return Ok(None);
     }
-    let event: EventKind = parse_stored(body).map_err(|detail| StoreError::Corrupt {
-        thread: thread.to_string(),
-        seq: end_seq,
-        detail,
-    })?;
+    let event: EventKind =
+        parse_stored(&typed(REQUEST_ENDED, body)).map_err(|detail| StoreError::Corrupt {
+            thread: thread.to_string(),
+            seq: end_seq,
+            detail,
+        })?;
     let EventKind::RequestEnded(end) = event else {
         return Ok(None);
     };
@@ -291,7 +297,7 @@ pub(crate) fn shared_reply(
         );
     }
     serde_json::to_string(&value)
-        .map(Some)
+        .map(|json| Some(untyped(REQUEST_ENDED, json)))
         .map_err(unserializable)
 }
 
@@ -390,7 +396,8 @@ pub(crate) fn stored_message_bytes(
 
 /// Encodes the `forked` event [`crate::Store::fork`] writes.
 pub(crate) fn forked_body(parent: &str, at_seq: u64) -> String {
-    serde_json::json!({"type": "forked", "parent": parent, "at_seq": at_seq}).to_string()
+    // Without its type, as every event body is stored (see [`untyped`]).
+    serde_json::json!({"parent": parent, "at_seq": at_seq}).to_string()
 }
 
 /// Stores `row`, a `request_started` row, as `stored`: the record with references in place
@@ -661,6 +668,15 @@ pub(crate) fn decode_row(
             Some(Unresolved::Request(Box::new(stored))),
         ));
     }
+    if kind == MESSAGE_APPENDED {
+        let message: Message = parse_stored(body).map_err(corrupt)?;
+        let event = EventKind::MessageAppended { message };
+        if let Some(tokens) = tokens {
+            restore_counts(tokens, event.messages()).map_err(corrupt)?;
+        }
+        return Ok((Event::new(seq, event), None));
+    }
+    let body: &str = &typed(kind, body);
     // Only a key can hold these characters unescaped: a string in JSON escapes its quotes.
     if kind == REQUEST_ENDED && (body.contains(REPLY_IN_NEXT) || body.contains(REPLY_IN)) {
         let mut value: serde_json::Value = parse_stored(body).map_err(corrupt)?;
@@ -713,19 +729,13 @@ pub(crate) fn decode_row(
         }
         return Ok((Event::new(seq, event), back.map(Unresolved::OutputIn)));
     }
-    let event = if kind == MESSAGE_APPENDED {
-        let message: Message = parse_stored(body).map_err(corrupt)?;
-        EventKind::MessageAppended { message }
-    } else {
-        let event: EventKind = parse_stored(body).map_err(corrupt)?;
-        if event.type_name() != kind {
-            return Err(corrupt(format!(
-                "stored as `{kind}` but the body is a `{}`",
-                event.type_name()
-            )));
-        }
-        event
-    };
+    let event: EventKind = parse_stored(body).map_err(corrupt)?;
+    if event.type_name() != kind {
+        return Err(corrupt(format!(
+            "stored as `{kind}` but the body is a `{}`",
+            event.type_name()
+        )));
+    }
     if let Some(tokens) = tokens {
         restore_counts(tokens, event.messages()).map_err(corrupt)?;
     }
@@ -1002,6 +1012,92 @@ mod tests {
         let too_deep = format!("{}1{}", "[".repeat(300), "]".repeat(300));
         let error = parse_stored::<serde_json::Value>(&too_deep).unwrap_err();
         assert!(error.contains("300 levels"), "{error}");
+    }
+
+    /// Request records written before derived numbers (every number stored, no `"d"`) read
+    /// as before, beside ones written after that leave them out; a mark no build writes is
+    /// an error naming the record.
+    #[test]
+    fn records_with_and_without_derived_numbers_read_back_alike() {
+        use crate::request_refs::Resolver;
+        let numbers = |messages: u32| {
+            serde_json::json!({
+                "budget": {"context_window": 1000, "max_output_tokens": 100, "input_tokens": messages + 3},
+                "breakdown": {
+                    "model": "m", "exact": true, "encoding": "o200k_base",
+                    "context_window": 1000, "budget_ratio": 1.0, "usable": 1000,
+                    "reserve_output": 100, "limit": 900,
+                    "system": 0, "tools": 0, "pinned": 0, "summary": 0,
+                    "messages": messages, "reply_priming": 3,
+                    "used": messages + 3, "remaining": 900 - i64::from(messages) - 3
+                },
+                "fit": {"limit": 900, "tokens_before": messages + 3, "tokens_after": messages + 3}
+            })
+        };
+        let record = |id: &str, messages: u32| {
+            let mut value = numbers(messages);
+            value["type"] = "request_started".into();
+            value["request_id"] = id.into();
+            value["messages"] = serde_json::json!([{"role": "user", "content": "hi"}]);
+            match serde_json::from_value(value).unwrap() {
+                EventKind::RequestStarted(record) => record,
+                other => panic!("{other:?}"),
+            }
+        };
+        let said = serde_json::to_string(&Message::user("hi")).unwrap();
+        let bodies = [
+            (MESSAGE_APPENDED, said),
+            // Before: a base stored whole and a change of it, every number stored.
+            (REQUEST_STARTED, {
+                let mut body = numbers(5);
+                body["type"] = "request_started".into();
+                body["request_id"] = "old-base".into();
+                body["sent"] = serde_json::json!([[1, 0, 1, 0]]);
+                body.to_string()
+            }),
+            (
+                REQUEST_STARTED,
+                r#"{"type":"request_started","request_id":"old-change","budget":{"input_tokens":9},"breakdown":{"messages":6,"used":9,"remaining":891},"fit":{"tokens_before":9,"tokens_after":9},"sent":[[1,0,1,0]],"base":2}"#.to_string(),
+            ),
+            // After: a change of the same base naming its derived numbers only.
+            (
+                REQUEST_STARTED,
+                r#"{"type":"request_started","request_id":"new-change","breakdown":{"messages":7},"sent":[[1,0,1,0]],"base":2,"d":31}"#.to_string(),
+            ),
+            // After: a base stored whole without its derived numbers.
+            (REQUEST_STARTED, {
+                let mut stored = StoredRequest::whole(record("new-base", 8));
+                stored.sent = vec![crate::request_refs::Sent::Run(
+                    crate::request_refs::Address { seq: 1, index: 0 },
+                    crate::request_refs::Address { seq: 1, index: 0 },
+                )];
+                let body = stored.to_body().unwrap();
+                assert!(body.contains(r#""d":31"#) && !body.contains("used"), "{body}");
+                body
+            }),
+        ];
+        let rows = bodies
+            .iter()
+            .enumerate()
+            .map(|(i, (kind, body))| decode_row("t", i as u64 + 1, kind, body, None).unwrap())
+            .collect();
+        let events = Resolver::new(rows).resolve("t").unwrap();
+        let expected = [
+            record("old-base", 5),
+            record("old-change", 6),
+            record("new-change", 7),
+            record("new-base", 8),
+        ];
+        for (event, expected) in events[1..].iter().zip(expected) {
+            assert_eq!(event.kind, EventKind::RequestStarted(expected));
+        }
+        let unknown = r#"{"type":"request_started","request_id":"r","sent":[],"d":99}"#;
+        match decode_row("t", 6, REQUEST_STARTED, unknown, None) {
+            Err(StoreError::Corrupt { seq: 6, detail, .. }) => {
+                assert!(detail.contains("`d` is 99"), "{detail}")
+            }
+            other => panic!("expected a corrupt row, got {other:?}"),
+        }
     }
 
     /// A fold's decode of a request's start and end keeps what the whole decode gives of

@@ -16,7 +16,8 @@
 //! thread's earlier requests: a record is stored as its change from an earlier one, a
 //! **base** (`"base": seq`), when that is shorter: a JSON merge patch of the base's fields,
 //! which always names the request's id. A base is itself stored whole, so a record resolves
-//! in one step.
+//! in one step. Either way, the numbers that follow from the record's other fields are left
+//! out and named in a mark ([`crate::derived_numbers`]).
 //!
 //! The store finds the references itself, inside the append's transaction, by comparing each
 //! message's stored JSON byte for byte with what the thread holds ([`Referable`]): a
@@ -30,6 +31,8 @@ use std::collections::{BTreeMap, HashMap};
 use contexture_core::Message;
 use contexture_core::thread::{Event, EventKind, RequestRecord};
 use serde_json::{Map, Value};
+
+use crate::derived_numbers::Derived;
 
 /// The events whose messages a run covers, the order of a thread's messages: a request's
 /// history is these events' messages, in the order the thread holds them.
@@ -74,9 +77,19 @@ pub(crate) struct StoredRequest {
     pub record: RequestRecord,
     /// What was sent, in order.
     pub sent: Vec<Sent>,
-    /// For a record stored as a change: the seq of its base and the change, a JSON merge
-    /// patch of the base's fields.
-    pub change: Option<(u64, Map<String, Value>)>,
+    /// For a record stored as a change of an earlier one, that change.
+    pub change: Option<Change>,
+}
+
+/// A record stored as its change from an earlier record, its base.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Change {
+    /// The seq of the base, a record stored whole.
+    pub base: u64,
+    /// A JSON merge patch of the base's fields, without the numbers `derived` marks.
+    pub patch: Map<String, Value>,
+    /// The record's numbers that follow from its other fields once the patch is applied.
+    pub derived: Derived,
 }
 
 /// A record's fields as stored (its messages and type left out).
@@ -240,18 +253,31 @@ impl StoredRequest {
             Sent::Run(from, to) => Some((from.seq, to.seq)),
             Sent::Earlier(at) => Some((at.seq, at.seq)),
         });
-        items.chain(self.change.as_ref().map(|(seq, _)| (*seq, *seq)))
+        items.chain(
+            self.change
+                .as_ref()
+                .map(|change| (change.base, change.base)),
+        )
     }
 
     /// The record as stored: a JSON body with `sent` in place of `messages`, and for a
     /// record stored as a change, the change and its `base`.
     pub(crate) fn to_body(&self) -> Result<String, serde_json::Error> {
+        // Without its type, as every event body is stored (the row's kind names it).
         let mut fields = Map::new();
-        fields.insert("type".into(), Value::String(REQUEST_STARTED.into()));
-        match &self.change {
-            Some((_, change)) => fields.extend(change.clone()),
-            None => fields.extend(record_fields(&self.record)?),
-        }
+        let derived = match &self.change {
+            Some(change) => {
+                fields.extend(change.patch.clone());
+                change.derived
+            }
+            None => {
+                let mut whole = record_fields(&self.record)?;
+                let derived = Derived::of(&whole);
+                derived.strip(&mut whole, false);
+                fields.extend(whole);
+                derived
+            }
+        };
         let mut sent = Vec::with_capacity(self.sent.len());
         for item in &self.sent {
             sent.push(match item {
@@ -261,8 +287,11 @@ impl StoredRequest {
             });
         }
         fields.insert("sent".into(), Value::Array(sent));
-        if let Some((base, _)) = &self.change {
-            fields.insert("base".into(), (*base).into());
+        if let Some(change) = &self.change {
+            fields.insert("base".into(), change.base.into());
+        }
+        if let Some(mark) = derived.to_stored() {
+            fields.insert("d".into(), mark);
         }
         serde_json::to_string(&Value::Object(fields))
     }
@@ -289,12 +318,20 @@ impl StoredRequest {
                     .ok_or_else(|| format!("`base` is not a seq: {seq}"))?,
             ),
         };
+        let derived = match fields.remove("d") {
+            None => Derived::NONE,
+            Some(mark) => Derived::from_stored(&mark)?,
+        };
         match fields.remove("type") {
+            None => {}
             Some(Value::String(kind)) if kind == REQUEST_STARTED => {}
             other => return Err(format!("stored as `{REQUEST_STARTED}` but typed {other:?}")),
         }
         let (record, change) = match base {
-            None => (record_from_fields(fields)?, None),
+            None => {
+                derived.restore(&mut fields)?;
+                (record_from_fields(fields)?, None)
+            }
             Some(base) => {
                 // Until the change is applied to its base, the record is its id.
                 let request_id = match fields.get("request_id") {
@@ -305,7 +342,12 @@ impl StoredRequest {
                     request_id,
                     ..RequestRecord::default()
                 };
-                (record, Some((base, fields)))
+                let change = Change {
+                    base,
+                    patch: fields,
+                    derived,
+                };
+                (record, Some(change))
             }
         };
         let Value::Array(items) = sent else {
@@ -422,7 +464,7 @@ impl Prior {
                 Sent::Earlier(at) => Some(at.seq),
                 _ => None,
             })
-            .chain(newest.change.as_ref().map(|(base, _)| *base))
+            .chain(newest.change.as_ref().map(|change| change.base))
             .filter(|seq| !self.holders.contains_key(seq))
             .collect();
         seqs.sort_unstable();
@@ -482,8 +524,10 @@ impl Prior {
         // are stored whole, so that a record resolves in one step.
         referable.base = match &newest.change {
             None => Some((*seq, base_fields(&newest.record)?)),
-            Some((base, _)) => match self.holders.get(base) {
-                Some(held) if held.change.is_none() => Some((*base, base_fields(&held.record)?)),
+            Some(change) => match self.holders.get(&change.base) {
+                Some(held) if held.change.is_none() => {
+                    Some((change.base, base_fields(&held.record)?))
+                }
                 _ => None,
             },
         };
@@ -591,15 +635,25 @@ impl Referable {
         let mut change = None;
         if let Some((base, held)) = &self.base {
             let target = record_fields(&stored)?;
+            let derived = Derived::of(&target);
             let mut patch = merge_patch(held, &target);
+            derived.strip(&mut patch, true);
             // A read that does not resolve the record (a projection's) still needs its id.
             if let Some(id) = target.get("request_id") {
                 patch.insert("request_id".into(), id.clone());
             }
-            if apply_patch(held, &patch) == target
-                && serde_json::to_string(&patch)?.len() < serde_json::to_string(&target)?.len()
+            let mut read_back = apply_patch(held, &patch);
+            let mut whole = target.clone();
+            derived.strip(&mut whole, false);
+            if derived.restore(&mut read_back).is_ok()
+                && read_back == target
+                && serde_json::to_string(&patch)?.len() < serde_json::to_string(&whole)?.len()
             {
-                change = Some((*base, patch));
+                change = Some(Change {
+                    base: *base,
+                    patch,
+                    derived,
+                });
             }
         }
         Ok((
@@ -839,7 +893,12 @@ fn resolve_request(
             }
         }
     }
-    if let Some((base, change)) = &stored.change {
+    if let Some(Change {
+        base,
+        patch,
+        derived,
+    }) = &stored.change
+    {
         let held = requests
             .get(base)
             .filter(|held| held.change.is_none())
@@ -847,7 +906,9 @@ fn resolve_request(
                 format!("is a change of a request record at {base} that is not stored whole")
             })?;
         let fields = base_fields(&held.record).map_err(|error| error.to_string())?;
-        *record = record_from_fields(apply_patch(&fields, change))?;
+        let mut fields = apply_patch(&fields, patch);
+        derived.restore(&mut fields)?;
+        *record = record_from_fields(fields)?;
     }
     record.messages = sent;
     Ok(())

@@ -256,7 +256,7 @@ impl StoredRequest {
             || self
                 .change
                 .as_ref()
-                .is_some_and(|(_, change)| change.get("pruned").is_some_and(|v| !v.is_null()))
+                .is_some_and(|change| change.patch.get("pruned").is_some_and(|v| !v.is_null()))
     }
 
     /// The seqs of the request records this one takes inline messages from.
@@ -296,9 +296,9 @@ impl StoredRequest {
     pub(crate) fn pruned(mut self, pruned: PrunedRequest) -> Result<StoredRequest, String> {
         self.sent.clear();
         match &mut self.change {
-            Some((_, change)) => {
+            Some(change) => {
                 let mark = serde_json::to_value(pruned).map_err(|error| error.to_string())?;
-                change.insert("pruned".into(), mark);
+                change.patch.insert("pruned".into(), mark);
             }
             None => self.record.pruned = Some(pruned),
         }

@@ -8,8 +8,9 @@
 mod common;
 
 use common::Harness;
+use contexture_core::budget::{BudgetBreakdown, Limits};
 use contexture_core::thread::{
-    ContextReplace, Event, EventKind, Merge, RecordedBudget, ReplaceReason, RequestEnd,
+    ContextReplace, Event, EventKind, FitRecord, Merge, RecordedBudget, ReplaceReason, RequestEnd,
     RequestOutcome, RequestRecord, StepMessage, Usage,
 };
 use contexture_core::{Message, ToolCall};
@@ -56,6 +57,66 @@ fn tools(set: u8) -> Vec<serde_json::Value> {
             json!({"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}),
             json!({"type": "function", "function": {"name": "fetch", "parameters": {"type": "object", "properties": {"url": {"type": "string"}}}}}),
         ],
+    }
+}
+
+/// A request's counted tokens: the sum of its breakdown's parts (see [`breakdown`]).
+fn used_tokens(set: u8, n: u32) -> u32 {
+    u32::from(set % 3) + u32::from(set % 3) * 20 + n * 7 + u32::from(set) + 3
+}
+
+/// A request's breakdown, whose numbers mostly follow from each other as counting makes
+/// them (`used` the sum of the parts, `remaining` the limit less `used`), and sometimes not:
+/// an over-limit request, and numbers written by some other counting.
+fn breakdown(set: u8, n: u32, used: u32) -> BudgetBreakdown {
+    let limit = if set.is_multiple_of(17) {
+        used / 2
+    } else {
+        100_000
+    };
+    BudgetBreakdown {
+        model: "gpt-4o".into(),
+        exact: true,
+        encoding: "o200k_base".into(),
+        limits: Limits {
+            context_window: 128_000,
+            budget_ratio: 0.9,
+            usable: 115_200,
+            reserve_output: 15_200,
+            limit,
+        },
+        system: u32::from(set % 3),
+        tools: u32::from(set % 3) * 20,
+        pinned: 0,
+        summary: 0,
+        messages: n * 7 + u32::from(set),
+        reply_priming: 3,
+        used: if set.is_multiple_of(11) {
+            used + 1
+        } else {
+            used
+        },
+        remaining: if set.is_multiple_of(13) {
+            7
+        } else {
+            i64::from(limit) - i64::from(used)
+        },
+    }
+}
+
+/// What a fit did: mostly nothing (`tokens_before` and `tokens_after` are `used`), sometimes
+/// a trim or an uncounted start.
+fn fit(set: u8, used: u32) -> FitRecord {
+    let used = u64::from(used);
+    FitRecord {
+        limit: 100_000,
+        tokens_before: match set % 4 {
+            0 => None,
+            1 => Some(used + 50),
+            _ => Some(used),
+        },
+        tokens_after: if set % 8 == 5 { used - 1 } else { used },
+        ..FitRecord::default()
     }
 }
 
@@ -231,6 +292,7 @@ async fn run(
                 model.last_sent = sent.clone();
                 requests += 1;
                 let request_id = format!("r{requests}");
+                let used = used_tokens(set, n as u32);
                 // Fields that change from request to request, and fields that come and go.
                 let record = RequestRecord {
                     request_id: request_id.clone(),
@@ -240,8 +302,14 @@ async fn run(
                     budget: (set % 7 != 6).then_some(RecordedBudget {
                         context_window: 128_000,
                         max_output_tokens: 4_096,
-                        input_tokens: u32::from(set) * 10 + n as u32,
+                        input_tokens: if set.is_multiple_of(2) {
+                            used
+                        } else {
+                            u32::from(set) * 10 + n as u32
+                        },
                     }),
+                    breakdown: (set % 5 != 4).then(|| breakdown(set, n as u32, used)),
+                    fit: (set % 3 != 0).then(|| fit(set, used)),
                     tools: tools(set),
                     purpose: Some("chat".into()),
                     ..RequestRecord::default()

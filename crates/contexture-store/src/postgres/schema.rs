@@ -93,6 +93,14 @@ pub(super) const MIGRATIONS: &[(u32, &str)] = &[
         21,
         include_str!("../../migrations/postgres/0021_execution_failures.sql"),
     ),
+    (
+        22,
+        include_str!("../../migrations/postgres/0022_request_numbers_derived.sql"),
+    ),
+    (
+        23,
+        include_str!("../../migrations/postgres/0023_bodies_without_type.sql"),
+    ),
 ];
 
 impl PgStore {

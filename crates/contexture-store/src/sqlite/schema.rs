@@ -77,6 +77,14 @@ pub(super) const MIGRATIONS: &[(u32, &str)] = &[
         18,
         include_str!("../../migrations/sqlite/0018_execution_failures.sql"),
     ),
+    (
+        19,
+        include_str!("../../migrations/sqlite/0019_request_numbers_derived.sql"),
+    ),
+    (
+        20,
+        include_str!("../../migrations/sqlite/0020_bodies_without_type.sql"),
+    ),
 ];
 
 /// Creates the database file at `path`, when it does not exist, readable and writable by

@@ -1,0 +1,7 @@
+-- No change of tables: a mark of a change of what rows hold. From this version on, a request
+-- record (`request_started`) leaves out the numbers that follow from its other fields (the
+-- breakdown's `used` and `remaining`, the budget's `input_tokens`, the fit's `tokens_before`
+-- and `tokens_after`, when they equal `used`) and names them in its `"d"` mark; reads put them
+-- back. Rows written before stay as they are and read as before. A build that predates this
+-- version would refuse such a record as missing fields; it refuses the database instead, as
+-- it refuses any schema newer than it knows.

@@ -1,0 +1,6 @@
+-- No change of tables: a mark of a change of what rows hold. From this version on, the body
+-- of an event other than a message (`message_appended` bodies are the message itself) leaves
+-- out the `"type"` key its JSON starts with: the row's `kind` column names the type. Rows
+-- written before stay as they are and read as before. A build that predates this version
+-- would refuse such a body as untyped; it refuses the database instead, as it refuses any
+-- schema newer than it knows.
