@@ -668,15 +668,13 @@ pub(crate) fn decode_row(
             Some(Unresolved::Request(Box::new(stored))),
         ));
     }
-    if kind == MESSAGE_APPENDED {
-        let message: Message = parse_stored(body).map_err(corrupt)?;
-        let event = EventKind::MessageAppended { message };
-        if let Some(tokens) = tokens {
-            restore_counts(tokens, event.messages()).map_err(corrupt)?;
-        }
-        return Ok((Event::new(seq, event), None));
-    }
-    let body: &str = &typed(kind, body);
+    // A message's body is the message itself; every other body is read with its type.
+    let typed_body = if kind == MESSAGE_APPENDED {
+        std::borrow::Cow::Borrowed(body)
+    } else {
+        typed(kind, body)
+    };
+    let body: &str = &typed_body;
     // Only a key can hold these characters unescaped: a string in JSON escapes its quotes.
     if kind == REQUEST_ENDED && (body.contains(REPLY_IN_NEXT) || body.contains(REPLY_IN)) {
         let mut value: serde_json::Value = parse_stored(body).map_err(corrupt)?;
@@ -729,13 +727,19 @@ pub(crate) fn decode_row(
         }
         return Ok((Event::new(seq, event), back.map(Unresolved::OutputIn)));
     }
-    let event: EventKind = parse_stored(body).map_err(corrupt)?;
-    if event.type_name() != kind {
-        return Err(corrupt(format!(
-            "stored as `{kind}` but the body is a `{}`",
-            event.type_name()
-        )));
-    }
+    let event = if kind == MESSAGE_APPENDED {
+        let message: Message = parse_stored(body).map_err(corrupt)?;
+        EventKind::MessageAppended { message }
+    } else {
+        let event: EventKind = parse_stored(body).map_err(corrupt)?;
+        if event.type_name() != kind {
+            return Err(corrupt(format!(
+                "stored as `{kind}` but the body is a `{}`",
+                event.type_name()
+            )));
+        }
+        event
+    };
     if let Some(tokens) = tokens {
         restore_counts(tokens, event.messages()).map_err(corrupt)?;
     }
